@@ -1,0 +1,166 @@
+// Argument checks shared by every device's entry points (see ops.h).
+#include <c10/util/Exception.h>
+
+#include "ops.h"
+
+namespace domino {
+namespace {
+
+bool is_float_or_bf16(const at::Tensor& t) {
+  return t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16;
+}
+
+void check_tensor(const at::Tensor& t, const char* name, int64_t dim, const at::Device& device) {
+  TORCH_CHECK(t.dim() == dim, name, " must have ", dim, " dimensions, got shape ", t.sizes());
+  TORCH_CHECK(t.device() == device, name, " is on ", t.device(), " but the op runs on ", device);
+  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
+}
+
+void check_sampling_params(double temperature, int64_t top_k, double top_p) {
+  TORCH_CHECK(temperature >= 0.0, "temperature must be >= 0, got ", temperature);
+  TORCH_CHECK(top_k >= 0, "top_k must be >= 0, got ", top_k);
+  TORCH_CHECK(top_p > 0.0 && top_p <= 1.0, "top_p must be in (0, 1], got ", top_p);
+}
+
+void check_uniforms(const std::optional<at::Tensor>& uniforms, double temperature,
+                    at::IntArrayRef shape, const at::Device& device) {
+  if (temperature == 0.0) return;
+  TORCH_CHECK(uniforms.has_value(), "uniforms are required when temperature > 0");
+  check_tensor(*uniforms, "uniforms", static_cast<int64_t>(shape.size()), device);
+  TORCH_CHECK(uniforms->scalar_type() == at::kDouble, "uniforms must be float64");
+  TORCH_CHECK(uniforms->sizes() == shape, "uniforms must have shape ", shape, ", got ",
+              uniforms->sizes());
+}
+
+}  // namespace
+
+void check_head_rollout_args(const at::Tensor& base_logits, const at::Tensor& hproj,
+                             const at::Tensor& state, const at::Tensor& gru_input,
+                             const std::optional<at::Tensor>& w_ih, const at::Tensor& w_hh,
+                             const at::Tensor& w1s, const at::Tensor& w2, double temperature,
+                             int64_t top_k, double top_p,
+                             const std::optional<at::Tensor>& uniforms,
+                             const at::Tensor& tokens, const at::Tensor& logprobs,
+                             const at::Tensor& state_out) {
+  const at::Device dev = base_logits.device();
+  check_tensor(base_logits, "base_logits", 3, dev);
+  check_tensor(hproj, "hproj", 3, dev);
+  check_tensor(state, "state", 2, dev);
+  check_tensor(gru_input, "gru_input", 2, dev);
+  check_tensor(w_hh, "w_hh", 2, dev);
+  check_tensor(w1s, "w1s", 2, dev);
+  check_tensor(w2, "w2", 2, dev);
+  check_tensor(tokens, "tokens", 2, dev);
+  check_tensor(logprobs, "logprobs", 2, dev);
+  check_tensor(state_out, "state_out", 2, dev);
+  check_sampling_params(temperature, top_k, top_p);
+  const int64_t b = base_logits.size(0), k = base_logits.size(1), V = base_logits.size(2);
+  const int64_t r = w1s.size(0), G = w1s.size(1);
+  TORCH_CHECK(b > 0 && k > 0 && V > 0, "base_logits must be non-empty, got shape ", base_logits.sizes());
+  TORCH_CHECK(r > 0 && G > 0, "w1s must be non-empty, got shape ", w1s.sizes());
+  TORCH_CHECK(is_float_or_bf16(base_logits), "base_logits must be float32 or bfloat16");
+  TORCH_CHECK(is_float_or_bf16(hproj), "hproj must be float32 or bfloat16");
+  TORCH_CHECK(state.scalar_type() == at::kFloat, "state must be float32");
+  const auto wt = w2.scalar_type();
+  TORCH_CHECK(wt == at::kFloat || wt == at::kBFloat16, "w2 must be float32 or bfloat16");
+  TORCH_CHECK(w1s.scalar_type() == wt && w_hh.scalar_type() == wt && gru_input.scalar_type() == wt,
+              "w1s, w_hh and gru_input must have the dtype of w2");
+  TORCH_CHECK(hproj.size(0) == b && hproj.size(1) == k && hproj.size(2) == r,
+              "hproj must have shape [", b, ", ", k, ", ", r, "], got ", hproj.sizes());
+  TORCH_CHECK(state.size(0) == b && state.size(1) == G, "state must have shape [", b, ", ", G,
+              "], got ", state.sizes());
+  TORCH_CHECK(w_hh.size(0) == 3 * G && w_hh.size(1) == G, "w_hh must have shape [", 3 * G,
+              ", ", G, "], got ", w_hh.sizes());
+  TORCH_CHECK(w2.size(0) == V && w2.size(1) == r, "w2 must have shape [", V, ", ", r, "], got ",
+              w2.sizes());
+  TORCH_CHECK(gru_input.size(0) == V, "gru_input must have ", V, " rows, got ", gru_input.sizes());
+  if (w_ih.has_value()) {
+    check_tensor(*w_ih, "w_ih", 2, dev);
+    TORCH_CHECK(w_ih->scalar_type() == wt, "w_ih must have the dtype of w2");
+    TORCH_CHECK(w_ih->size(0) == 3 * G && w_ih->size(1) == gru_input.size(1),
+                "w_ih must have shape [", 3 * G, ", ", gru_input.size(1), "], got ", w_ih->sizes());
+  } else {
+    TORCH_CHECK(gru_input.size(1) == 3 * G, "gru_input without w_ih is the table E @ w_ih.T and "
+                "must have shape [", V, ", ", 3 * G, "], got ", gru_input.sizes());
+  }
+  check_uniforms(uniforms, temperature, {b, k}, dev);
+  TORCH_CHECK(tokens.scalar_type() == at::kLong && tokens.size(0) == b && tokens.size(1) == k,
+              "tokens must be int64 of shape [", b, ", ", k, "]");
+  TORCH_CHECK(logprobs.scalar_type() == at::kFloat && logprobs.size(0) == b && logprobs.size(1) == k,
+              "logprobs must be float32 of shape [", b, ", ", k, "]");
+  TORCH_CHECK(state_out.scalar_type() == at::kFloat && state_out.sizes() == state.sizes(),
+              "state_out must be float32 of shape ", state.sizes());
+}
+
+void check_sample_args(const at::Tensor& logits, double temperature, int64_t top_k,
+                       double top_p, const std::optional<at::Tensor>& uniforms,
+                       const at::Tensor& tokens) {
+  const at::Device dev = logits.device();
+  check_tensor(logits, "logits", 2, dev);
+  check_tensor(tokens, "tokens", 1, dev);
+  TORCH_CHECK(is_float_or_bf16(logits), "logits must be float32 or bfloat16");
+  TORCH_CHECK(logits.size(0) > 0 && logits.size(1) > 0, "logits must be non-empty, got shape ",
+              logits.sizes());
+  check_sampling_params(temperature, top_k, top_p);
+  check_uniforms(uniforms, temperature, {logits.size(0)}, dev);
+  TORCH_CHECK(tokens.scalar_type() == at::kLong && tokens.size(0) == logits.size(0),
+              "tokens must be int64 of shape [", logits.size(0), "]");
+}
+
+namespace {
+void check_verify_outputs(int64_t b, int64_t k, const at::Tensor& out_tokens,
+                          const at::Tensor& num_accepted, const at::Device& dev) {
+  check_tensor(out_tokens, "out_tokens", 2, dev);
+  check_tensor(num_accepted, "num_accepted", 1, dev);
+  TORCH_CHECK(out_tokens.scalar_type() == at::kLong && out_tokens.size(0) == b &&
+                  out_tokens.size(1) == k + 1,
+              "out_tokens must be int64 of shape [", b, ", ", k + 1, "]");
+  TORCH_CHECK(num_accepted.scalar_type() == at::kLong && num_accepted.size(0) == b,
+              "num_accepted must be int64 of shape [", b, "]");
+}
+}  // namespace
+
+void check_verify_greedy_args(const at::Tensor& draft_tokens, const at::Tensor& target_logits,
+                              const at::Tensor& out_tokens, const at::Tensor& num_accepted) {
+  const at::Device dev = target_logits.device();
+  check_tensor(draft_tokens, "draft_tokens", 2, dev);
+  check_tensor(target_logits, "target_logits", 3, dev);
+  TORCH_CHECK(draft_tokens.scalar_type() == at::kLong, "draft_tokens must be int64");
+  TORCH_CHECK(is_float_or_bf16(target_logits), "target_logits must be float32 or bfloat16");
+  const int64_t b = draft_tokens.size(0), k = draft_tokens.size(1);
+  TORCH_CHECK(b > 0 && k > 0, "draft_tokens must be non-empty, got shape ", draft_tokens.sizes());
+  TORCH_CHECK(target_logits.size(0) == b && target_logits.size(1) == k + 1 && target_logits.size(2) > 0,
+              "target_logits must have shape [", b, ", ", k + 1, ", V], got ", target_logits.sizes());
+  check_verify_outputs(b, k, out_tokens, num_accepted, dev);
+}
+
+void check_verify_sampling_args(const at::Tensor& draft_tokens, const at::Tensor& draft_probs,
+                                const at::Tensor& target_probs,
+                                const at::Tensor& uniforms_accept,
+                                const at::Tensor& uniforms_resample,
+                                const at::Tensor& out_tokens, const at::Tensor& num_accepted) {
+  const at::Device dev = target_probs.device();
+  check_tensor(draft_tokens, "draft_tokens", 2, dev);
+  check_tensor(draft_probs, "draft_probs", 3, dev);
+  check_tensor(target_probs, "target_probs", 3, dev);
+  check_tensor(uniforms_accept, "uniforms_accept", 2, dev);
+  check_tensor(uniforms_resample, "uniforms_resample", 1, dev);
+  TORCH_CHECK(draft_tokens.scalar_type() == at::kLong, "draft_tokens must be int64");
+  TORCH_CHECK(draft_probs.scalar_type() == at::kFloat, "draft_probs must be float32");
+  TORCH_CHECK(target_probs.scalar_type() == at::kFloat, "target_probs must be float32");
+  TORCH_CHECK(uniforms_accept.scalar_type() == at::kDouble &&
+                  uniforms_resample.scalar_type() == at::kDouble,
+              "uniforms_accept and uniforms_resample must be float64");
+  const int64_t b = draft_tokens.size(0), k = draft_tokens.size(1), V = target_probs.size(2);
+  TORCH_CHECK(b > 0 && k > 0 && V > 0, "draft_tokens must be non-empty, got shape ", draft_tokens.sizes());
+  TORCH_CHECK(draft_probs.size(0) == b && draft_probs.size(1) == k && draft_probs.size(2) == V,
+              "draft_probs must have shape [", b, ", ", k, ", ", V, "], got ", draft_probs.sizes());
+  TORCH_CHECK(target_probs.size(0) == b && target_probs.size(1) == k + 1,
+              "target_probs must have shape [", b, ", ", k + 1, ", V], got ", target_probs.sizes());
+  TORCH_CHECK(uniforms_accept.size(0) == b && uniforms_accept.size(1) == k,
+              "uniforms_accept must have shape [", b, ", ", k, "]");
+  TORCH_CHECK(uniforms_resample.size(0) == b, "uniforms_resample must have shape [", b, "]");
+  check_verify_outputs(b, k, out_tokens, num_accepted, dev);
+}
+
+}  // namespace domino

@@ -1,0 +1,58 @@
+// Entry points of every op, per device, and the argument checks they share.
+//
+// The Python wrappers in python/domino_ops/ validate arguments with friendly exceptions
+// before calling these; the checks here keep a direct torch.ops caller from reading or
+// writing out of bounds (they raise RuntimeError naming the argument).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <optional>
+
+namespace domino {
+
+void check_head_rollout_args(const at::Tensor& base_logits, const at::Tensor& hproj,
+                             const at::Tensor& state, const at::Tensor& gru_input,
+                             const std::optional<at::Tensor>& w_ih, const at::Tensor& w_hh,
+                             const at::Tensor& w1s, const at::Tensor& w2, double temperature,
+                             int64_t top_k, double top_p,
+                             const std::optional<at::Tensor>& uniforms,
+                             const at::Tensor& tokens, const at::Tensor& logprobs,
+                             const at::Tensor& state_out);
+void check_sample_args(const at::Tensor& logits, double temperature, int64_t top_k,
+                       double top_p, const std::optional<at::Tensor>& uniforms,
+                       const at::Tensor& tokens);
+void check_verify_greedy_args(const at::Tensor& draft_tokens, const at::Tensor& target_logits,
+                              const at::Tensor& out_tokens, const at::Tensor& num_accepted);
+void check_verify_sampling_args(const at::Tensor& draft_tokens, const at::Tensor& draft_probs,
+                                const at::Tensor& target_probs,
+                                const at::Tensor& uniforms_accept,
+                                const at::Tensor& uniforms_resample,
+                                const at::Tensor& out_tokens, const at::Tensor& num_accepted);
+
+namespace cpu {
+void domino_head_rollout_cpu(at::Tensor base_logits, const at::Tensor& hproj,
+                             const at::Tensor& state, const at::Tensor& gru_input,
+                             const std::optional<at::Tensor>& w_ih, const at::Tensor& w_hh,
+                             const at::Tensor& w1s, const at::Tensor& w2, double temperature,
+                             int64_t top_k, double top_p,
+                             const std::optional<at::Tensor>& uniforms, bool write_logits,
+                             at::Tensor tokens, at::Tensor logprobs, at::Tensor state_out);
+void sample_cpu(const at::Tensor& logits, double temperature, int64_t top_k, double top_p,
+                const std::optional<at::Tensor>& uniforms, at::Tensor tokens);
+void verify_greedy_cpu(const at::Tensor& draft_tokens, const at::Tensor& target_logits,
+                       at::Tensor out_tokens, at::Tensor num_accepted);
+void verify_sampling_cpu(const at::Tensor& draft_tokens, const at::Tensor& draft_probs,
+                         const at::Tensor& target_probs, const at::Tensor& uniforms_accept,
+                         const at::Tensor& uniforms_resample, at::Tensor out_tokens,
+                         at::Tensor num_accepted);
+}  // namespace cpu
+
+#ifdef DOMINO_WITH_CUDA
+namespace cuda {
+void verify_greedy_cuda(const at::Tensor& draft_tokens, const at::Tensor& target_logits,
+                        at::Tensor out_tokens, at::Tensor num_accepted);
+}  // namespace cuda
+#endif
+
+}  // namespace domino
