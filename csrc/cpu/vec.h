@@ -2,8 +2,9 @@
 // bf16 weight rows, and a vectorisable exp.
 //
 // Everything here is written with GCC vector extensions (16 floats per vector) and is
-// compiled once per instruction set through `target_clones`, so the same source runs as
-// AVX-512, AVX2+FMA or SSE2 code chosen at load time by the CPU it lands on. The weight
+// compiled once per instruction set through `target_clones` on the out-of-line functions
+// in vec.cpp, so the same source runs as AVX-512 (x86-64-v4), AVX2+FMA (x86-64-v3) or
+// SSE2 code, chosen at load time by the CPU it lands on. The weight
 // stream is the only large operand, so each weight chunk is loaded and converted once and
 // multiplied into up to kBatchBlock input vectors held in registers.
 #pragma once
@@ -15,7 +16,7 @@
 #include <cstring>
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define DOMINO_MULTIVERSION __attribute__((target_clones("arch=sapphirerapids", "avx512f", "avx2,fma", "default")))
+#define DOMINO_MULTIVERSION __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define DOMINO_MULTIVERSION
 #endif
@@ -59,62 +60,85 @@ DOMINO_INLINE float hsum(v16f v) {
   return (s4[0] + s4[2]) + (s4[1] + s4[3]);
 }
 
-// y[row * y_stride + j] = dot(w[row, :cols], x[j, :cols]) for rows in [row0, row1) and
-// j in [0, JN). w is row-major with leading dimension `cols`; x has stride x_stride.
-// JN is a compile-time count so the JN accumulators stay in registers.
-template <int JN, typename W>
+// Reduces 8 vectors to their 8 lane sums with a shuffle butterfly (8 adds, 16 shuffles):
+// far cheaper than 8 scalar horizontal sums, which dominate a GEMV with short rows.
+DOMINO_INLINE void hsum8(const v16f (&a)[8], float (&out)[8]) {
+  v16f c[4], d[2];
+  for (int p = 0; p < 4; ++p)  // lanes 0-7: a[2p], 8-15: a[2p+1]
+    c[p] = __builtin_shufflevector(a[2 * p], a[2 * p + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+           __builtin_shufflevector(a[2 * p], a[2 * p + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  for (int q = 0; q < 2; ++q)  // 4 lanes per vector
+    d[q] = __builtin_shufflevector(c[2 * q], c[2 * q + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+           __builtin_shufflevector(c[2 * q], c[2 * q + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+  const v16f e =  // 2 lanes per vector
+      __builtin_shufflevector(d[0], d[1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
+      __builtin_shufflevector(d[0], d[1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+  for (int i = 0; i < 8; ++i) out[i] = e[2 * i] + e[2 * i + 1];
+}
+
+// y[row * y_stride + j] = dot(w[row, :cols], x[j, :cols]) for JN inputs and RB rows at a
+// time (JN * RB <= 8 accumulators, all in registers), rows in [row0, row1).
+template <int JN, int RB, typename W>
 DOMINO_INLINE void rows_dot_block(const W* __restrict w, int64_t row0, int64_t row1, int64_t cols,
                                   const float* __restrict x, int64_t x_stride,
                                   float* __restrict y, int64_t y_stride) {
+  static_assert(JN * RB <= 8, "at most 8 accumulators");
   const int64_t cols_vec = cols - cols % kLanes;
-  for (int64_t row = row0; row < row1; ++row) {
-    const W* wr = w + row * cols;
-    v16f acc[JN];
-    for (int j = 0; j < JN; ++j) acc[j] = v16f{};
-    for (int64_t c = 0; c < cols_vec; c += kLanes) {
-      const v16f wv = load16(wr + c);
-      for (int j = 0; j < JN; ++j) acc[j] += wv * load16(x + j * x_stride + c);
+  for (int64_t row = row0; row + RB <= row1; row += RB) {
+    v16f acc[8];
+    for (int a = 0; a < 8; ++a) acc[a] = v16f{};
+    // Row by row, so the weight stream is read strictly in address order.
+    for (int rr = 0; rr < RB; ++rr) {
+      for (int64_t c = 0; c < cols_vec; c += kLanes) {
+        const v16f wv = load16(w + (row + rr) * cols + c);
+        for (int j = 0; j < JN; ++j) acc[rr * JN + j] += wv * load16(x + j * x_stride + c);
+      }
     }
-    for (int j = 0; j < JN; ++j) {
-      float s = hsum(acc[j]);
-      const float* xj = x + j * x_stride;
-      for (int64_t c = cols_vec; c < cols; ++c) s += to_float(wr[c]) * xj[c];
-      y[row * y_stride + j] = s;
+    float sums[8];
+    hsum8(acc, sums);
+    for (int rr = 0; rr < RB; ++rr) {
+      const W* wr = w + (row + rr) * cols;
+      for (int j = 0; j < JN; ++j) {
+        float s = sums[rr * JN + j];
+        const float* xj = x + j * x_stride;
+        for (int64_t c = cols_vec; c < cols; ++c) s += to_float(wr[c]) * xj[c];
+        y[(row + rr) * y_stride + j] = s;
+      }
     }
   }
+}
+
+template <int JN, typename W>
+DOMINO_INLINE void rows_dot_rows(const W* w, int64_t row0, int64_t row1, int64_t cols,
+                                 const float* x, int64_t x_stride, float* y, int64_t y_stride) {
+  constexpr int RB = 8 / JN;
+  const int64_t main_end = row0 + (row1 - row0) / RB * RB;
+  rows_dot_block<JN, RB>(w, row0, main_end, cols, x, x_stride, y, y_stride);
+  rows_dot_block<JN, 1>(w, main_end, row1, cols, x, x_stride, y, y_stride);
 }
 
 template <typename W>
 DOMINO_INLINE void rows_dot_impl(const W* w, int64_t row0, int64_t row1, int64_t cols,
                                  const float* x, int64_t x_stride, int64_t nb, float* y,
                                  int64_t y_stride) {
-  // Rows outer, batch blocks inner: a weight row is read from memory once and re-read
-  // from L1 for the next batch block, so the weight stream crosses the bus once per call
-  // whatever the batch.
-  constexpr int64_t kRowChunk = 16;
+  // Rows outer, batch blocks inner: a chunk of weight rows is read from memory once and
+  // re-read from L1 for the next batch block, so the weight stream crosses the memory
+  // bus once per call whatever the batch. Batch blocks are 8, 4, 2 or 1 inputs.
+  constexpr int64_t kRowChunk = 32;
   for (int64_t r0 = row0; r0 < row1; r0 += kRowChunk) {
     const int64_t r1 = r0 + kRowChunk < row1 ? r0 + kRowChunk : row1;
-    for (int64_t j0 = 0; j0 < nb; j0 += kBatchBlock) {
-      const float* xj = x + j0 * x_stride;
-      float* yj = y + j0;
-      switch (nb - j0 < kBatchBlock ? nb - j0 : kBatchBlock) {
-        case 1: rows_dot_block<1>(w, r0, r1, cols, xj, x_stride, yj, y_stride); break;
-        case 2: rows_dot_block<2>(w, r0, r1, cols, xj, x_stride, yj, y_stride); break;
-        case 3: rows_dot_block<3>(w, r0, r1, cols, xj, x_stride, yj, y_stride); break;
-        case 4: rows_dot_block<4>(w, r0, r1, cols, xj, x_stride, yj, y_stride); break;
-        case 5: rows_dot_block<5>(w, r0, r1, cols, xj, x_stride, yj, y_stride); break;
-        case 6: rows_dot_block<6>(w, r0, r1, cols, xj, x_stride, yj, y_stride); break;
-        case 7: rows_dot_block<7>(w, r0, r1, cols, xj, x_stride, yj, y_stride); break;
-        default: rows_dot_block<8>(w, r0, r1, cols, xj, x_stride, yj, y_stride); break;
-      }
-    }
+    int64_t j0 = 0;
+    for (; j0 + 8 <= nb; j0 += 8) rows_dot_rows<8>(w, r0, r1, cols, x + j0 * x_stride, x_stride, y + j0, y_stride);
+    if (j0 + 4 <= nb) { rows_dot_rows<4>(w, r0, r1, cols, x + j0 * x_stride, x_stride, y + j0, y_stride); j0 += 4; }
+    if (j0 + 2 <= nb) { rows_dot_rows<2>(w, r0, r1, cols, x + j0 * x_stride, x_stride, y + j0, y_stride); j0 += 2; }
+    if (j0 < nb) rows_dot_rows<1>(w, r0, r1, cols, x + j0 * x_stride, x_stride, y + j0, y_stride);
   }
 }
 
-DOMINO_MULTIVERSION void rows_dot(const float* w, int64_t row0, int64_t row1, int64_t cols,
+void rows_dot(const float* w, int64_t row0, int64_t row1, int64_t cols,
                                   const float* x, int64_t x_stride, int64_t nb, float* y,
                                   int64_t y_stride);
-DOMINO_MULTIVERSION void rows_dot(const c10::BFloat16* w, int64_t row0, int64_t row1,
+void rows_dot(const c10::BFloat16* w, int64_t row0, int64_t row1,
                                   int64_t cols, const float* x, int64_t x_stride, int64_t nb,
                                   float* y, int64_t y_stride);
 
@@ -142,7 +166,7 @@ DOMINO_INLINE v16f exp_approx(v16f x) {
 }
 
 // sum_i exp(v[i] - m) over n values.
-DOMINO_MULTIVERSION float sum_exp_shifted(const float* v, int64_t n, float m);
+float sum_exp_shifted(const float* v, int64_t n, float m);
 
 DOMINO_INLINE float silu(float x) { return x / (1.0f + std::exp(-x)); }
 DOMINO_INLINE float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }

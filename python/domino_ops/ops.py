@@ -1,0 +1,176 @@
+"""Public ops: validate, allocate outputs, dispatch by device.
+
+Each op runs its native kernel (``torch.ops.domino_ops.<op>``) when one is registered
+for the tensors' device, and otherwise its PyTorch reference from
+``domino_ops.reference``, so every op works on every device torch supports.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from domino_ops import _checks, reference
+from domino_ops.reference import draw_uniforms
+
+__all__ = ["domino_head_rollout", "sample", "verify_greedy", "verify_sampling", "has_kernel"]
+
+
+def has_kernel(op: str, device: torch.device | str) -> bool:
+    """Whether ``op`` has a native kernel for ``device`` (e.g. "cpu", "cuda")."""
+    key = {"cpu": "CPU", "cuda": "CUDA"}.get(torch.device(device).type)
+    return key is not None and torch._C._dispatch_has_kernel_for_dispatch_key(f"domino_ops::{op}", key)
+
+
+def domino_head_rollout(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w2, *,
+                        temperature=0.0, top_k=0, top_p=1.0, generator=None, write_logits=False):
+    """Drafts k tokens with the Domino head, one GRU step per token.
+
+    For i in 0..k-1: ``L = base_logits[:, i] + w2 @ silu(hproj[:, i] + w1s @ S)``; the
+    token is ``argmax(L)`` at temperature 0, else a sample of
+    ``softmax(filter(L / temperature))`` (top-k, then top-p); then
+    ``S = GRUCell(E[token], S)`` (torch.nn.GRUCell gate order, no biases).
+
+    Args:
+        base_logits: [b, k, V] float32 or bfloat16, contiguous. Overwritten with the final
+            logits L when ``write_logits``.
+        hproj: [b, k, r] float32 or bfloat16, ``W1[:, :H] @ h_i`` for each position.
+        state: [b, G] float32, the GRU state after the tokens already fixed.
+        gru_input: the token embedding [V, H] (then ``w_ih`` [3G, H] is required) or the
+            table ``E @ w_ih.T`` [V, 3G] (then ``w_ih`` is None).
+        w_ih, w_hh ([3G, G]), w1s ([r, G], ``W1[:, H:]``), w2 ([V, r]): float32 or
+            bfloat16, one dtype for all weights, contiguous.
+        temperature: 0 for greedy. top_k: 0 disables. top_p: in (0, 1].
+        generator: torch.Generator for the uniforms consumed at temperature > 0.
+    Returns:
+        tokens [b, k] int64; logprobs [b, k] float32, the log-probability of each token
+        under the distribution it was drawn from (at temperature 0, under softmax(L));
+        state [b, G] float32 after the GRU has consumed all k tokens.
+    """
+    t = _checks.tensor("base_logits", base_logits, ndim=3, dtypes=_checks.FLOAT_OR_BF16, contiguous=True)
+    dev = t.device
+    b, k, V = base_logits.shape
+    hproj = _checks.tensor("hproj", hproj, ndim=3, dtypes=_checks.FLOAT_OR_BF16, device=dev)
+    state = _checks.tensor("state", state, ndim=2, dtypes=(torch.float32,), device=dev)
+    w2 = _checks.tensor("w2", w2, ndim=2, dtypes=_checks.FLOAT_OR_BF16, device=dev, contiguous=True)
+    wdt = (w2.dtype,)
+    w1s = _checks.tensor("w1s", w1s, ndim=2, dtypes=wdt, device=dev, contiguous=True)
+    w_hh = _checks.tensor("w_hh", w_hh, ndim=2, dtypes=wdt, device=dev, contiguous=True)
+    gru_input = _checks.tensor("gru_input", gru_input, ndim=2, dtypes=wdt, device=dev, contiguous=True)
+    r, G = w1s.shape
+    _checks.shape("hproj", hproj, (b, k, r))
+    _checks.shape("state", state, (b, G))
+    _checks.shape("w_hh", w_hh, (3 * G, G))
+    _checks.shape("w2", w2, (V, r))
+    if w_ih is None:
+        _checks.shape("gru_input (the table E @ w_ih.T, since w_ih is None)", gru_input, (V, 3 * G))
+    else:
+        w_ih = _checks.tensor("w_ih", w_ih, ndim=2, dtypes=wdt, device=dev, contiguous=True)
+        _checks.shape("gru_input (the embedding, since w_ih is given)", gru_input, (V, None))
+        _checks.shape("w_ih", w_ih, (3 * G, gru_input.shape[1]))
+    _checks.sampling_params(temperature, top_k, top_p)
+    _checks.generator(generator, dev)
+    if not isinstance(write_logits, bool):
+        raise TypeError(f"write_logits must be a bool, got {type(write_logits).__name__}")
+
+    if not has_kernel("domino_head_rollout", dev):
+        return reference.domino_head_rollout(
+            base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w2, temperature=temperature,
+            top_k=top_k, top_p=top_p, generator=generator, write_logits=write_logits)
+    uniforms = draw_uniforms((b, k), dev, generator) if temperature > 0 else None
+    tokens = torch.empty(b, k, dtype=torch.int64, device=dev)
+    logprobs = torch.empty(b, k, dtype=torch.float32, device=dev)
+    state_out = torch.empty(b, G, dtype=torch.float32, device=dev)
+    torch.ops.domino_ops.domino_head_rollout(
+        base_logits, hproj.contiguous(), state.contiguous(), gru_input, w_ih, w_hh, w1s, w2,
+        float(temperature), int(top_k), float(top_p), uniforms, write_logits, tokens, logprobs,
+        state_out)
+    return tokens, logprobs, state_out
+
+
+def sample(logits, *, temperature=0.0, top_k=0, top_p=1.0, generator=None):
+    """Samples one token per row.
+
+    Args:
+        logits: [b, V] float32 or bfloat16.
+        temperature: 0 for argmax (top_k/top_p ignored). top_k: 0 disables. top_p: (0, 1].
+        generator: torch.Generator for the one uniform per row consumed at temperature > 0.
+    Returns:
+        tokens [b] int64.
+    """
+    logits = _checks.tensor("logits", logits, ndim=2, dtypes=_checks.FLOAT_OR_BF16)
+    _checks.sampling_params(temperature, top_k, top_p)
+    _checks.generator(generator, logits.device)
+    if not has_kernel("sample", logits.device):
+        return reference.sample(logits, temperature=temperature, top_k=top_k, top_p=top_p,
+                                generator=generator)
+    b = logits.shape[0]
+    uniforms = draw_uniforms((b,), logits.device, generator) if temperature > 0 else None
+    tokens = torch.empty(b, dtype=torch.int64, device=logits.device)
+    torch.ops.domino_ops.sample(logits.contiguous(), float(temperature), int(top_k), float(top_p),
+                                uniforms, tokens)
+    return tokens
+
+
+def _draft_tokens(draft_tokens, dev, vocab_size):
+    draft_tokens = _checks.tensor("draft_tokens", draft_tokens, ndim=2, dtypes=(torch.int64,), device=dev)
+    _checks.token_ids("draft_tokens", draft_tokens, vocab_size)
+    return draft_tokens.contiguous()
+
+
+def verify_greedy(draft_tokens, target_logits):
+    """Greedy verification: the longest draft prefix equal to the target's argmax.
+
+    Args:
+        draft_tokens: [b, k] int64.
+        target_logits: [b, k+1, V] float32 or bfloat16, the target's logits at the anchor
+            and at each draft position.
+    Returns:
+        out_tokens [b, k+1] int64: the accepted drafts, then the target's token at the
+        first mismatch (or after the last draft), then -1; num_accepted [b] int64, the
+        number of accepted drafts (the sequence advances by num_accepted + 1).
+    """
+    target_logits = _checks.tensor("target_logits", target_logits, ndim=3, dtypes=_checks.FLOAT_OR_BF16)
+    dev = target_logits.device
+    b, k1, V = target_logits.shape
+    draft_tokens = _draft_tokens(draft_tokens, dev, V)
+    _checks.shape("target_logits", target_logits, (draft_tokens.shape[0], draft_tokens.shape[1] + 1, V))
+    if not has_kernel("verify_greedy", dev):
+        return reference.verify_greedy(draft_tokens, target_logits)
+    out_tokens = torch.empty(b, k1, dtype=torch.int64, device=dev)
+    num_accepted = torch.empty(b, dtype=torch.int64, device=dev)
+    torch.ops.domino_ops.verify_greedy(draft_tokens, target_logits.contiguous(), out_tokens, num_accepted)
+    return out_tokens, num_accepted
+
+
+def verify_sampling(draft_tokens, draft_probs, target_probs, *, generator=None):
+    """Lossless rejection sampling (Leviathan et al. 2023).
+
+    Accepts draft i with probability min(1, p_i(x_i) / q_i(x_i)); at the first rejection
+    samples from normalize(max(0, p_i - q_i)); if all k are accepted, samples a bonus
+    token from p_k. The output is distributed exactly as sampling from the target.
+
+    Args:
+        draft_tokens: [b, k] int64, drawn from draft_probs.
+        draft_probs: [b, k, V] float32, the draft distributions q.
+        target_probs: [b, k+1, V] float32, the target distributions p.
+        generator: torch.Generator for the uniforms ([b, k] accept, then [b] resample).
+    Returns:
+        (out_tokens [b, k+1] int64 padded with -1, num_accepted [b] int64), as verify_greedy.
+    """
+    target_probs = _checks.tensor("target_probs", target_probs, ndim=3, dtypes=(torch.float32,))
+    dev = target_probs.device
+    b, k1, V = target_probs.shape
+    draft_tokens = _draft_tokens(draft_tokens, dev, V)
+    draft_probs = _checks.tensor("draft_probs", draft_probs, ndim=3, dtypes=(torch.float32,), device=dev)
+    _checks.shape("target_probs", target_probs, (draft_tokens.shape[0], draft_tokens.shape[1] + 1, V))
+    _checks.shape("draft_probs", draft_probs, (b, k1 - 1, V))
+    _checks.generator(generator, dev)
+    if not has_kernel("verify_sampling", dev):
+        return reference.verify_sampling(draft_tokens, draft_probs, target_probs, generator=generator)
+    u_accept = draw_uniforms((b, k1 - 1), dev, generator)
+    u_resample = draw_uniforms((b,), dev, generator)
+    out_tokens = torch.empty(b, k1, dtype=torch.int64, device=dev)
+    num_accepted = torch.empty(b, dtype=torch.int64, device=dev)
+    torch.ops.domino_ops.verify_sampling(draft_tokens, draft_probs.contiguous(), target_probs.contiguous(),
+                                         u_accept, u_resample, out_tokens, num_accepted)
+    return out_tokens, num_accepted

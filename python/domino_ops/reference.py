@@ -1,0 +1,141 @@
+"""Pure-PyTorch references of every op, with the same signatures as ``domino_ops.<op>``.
+
+They define the semantics the kernels are tested against and run on any device. Matmuls
+run in the weights' dtype (as a plain eager loop would); pass float64 weights for an
+exact oracle. Randomness is drawn from ``generator`` in the same order and shapes as the
+kernels' wrappers draw it, so with equal generator states the reference and a kernel
+make the same choices (up to float rounding at a CDF boundary).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["domino_head_rollout", "sample", "verify_greedy", "verify_sampling", "sample_from_logits"]
+
+
+def draw_uniforms(shape, device, generator) -> torch.Tensor:
+    """The uniforms [*shape] float64 in [0, 1) that a sampling op consumes."""
+    return torch.rand(shape, dtype=torch.float64, device=device, generator=generator)
+
+
+def sample_from_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
+                       uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Samples one token per row of ``logits`` [b, V] with uniforms [b] float64.
+
+    z = logits / temperature (float32); top-k keeps z >= the k-th largest; top-p sorts the
+    survivors by z (descending, stable) and drops a token once the mass before it reaches
+    top_p; the token is the first index whose CDF exceeds u * total. Returns (tokens [b]
+    int64, logprobs [b] float32) with the log-probability under the filtered distribution.
+    """
+    V = logits.shape[-1]
+    z = logits.float() / temperature
+    if 0 < top_k < V:
+        kth = z.topk(top_k, dim=-1).values[:, -1:]
+        z = z.masked_fill(z < kth, float("-inf"))
+    m = z.max(dim=-1, keepdim=True).values
+    w = torch.exp((z - m).double())
+    if top_p < 1.0:
+        order = torch.sort(z, dim=-1, descending=True, stable=True).indices
+        ws = w.gather(-1, order)
+        before = torch.cumsum(ws, dim=-1) - ws
+        drop_sorted = before >= top_p * ws.sum(dim=-1, keepdim=True)
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        w = w.masked_fill(drop, 0.0)
+    total = w.sum(dim=-1, keepdim=True)
+    cdf = torch.cumsum(w, dim=-1)
+    tokens = torch.searchsorted(cdf, uniforms.unsqueeze(-1) * total, right=True).clamp(max=V - 1)
+    # Rounding can leave the target past the last positive weight: take that weight.
+    last_positive = (V - 1) - torch.argmax((w > 0).flip(-1).to(torch.int8), dim=-1, keepdim=True)
+    tokens = torch.minimum(tokens, last_positive).squeeze(-1)
+    logprobs = (torch.log(w.gather(-1, tokens.unsqueeze(-1))) - torch.log(total)).squeeze(-1)
+    return tokens, logprobs.float()
+
+
+def _gru_cell(gi: torch.Tensor, gh: torch.Tensor, S: torch.Tensor) -> torch.Tensor:
+    """torch.nn.GRUCell without biases, from precomputed input and hidden projections."""
+    ir, iz, in_ = gi.chunk(3, dim=-1)
+    hr, hz, hn = gh.chunk(3, dim=-1)
+    r = torch.sigmoid(ir + hr)
+    z = torch.sigmoid(iz + hz)
+    n = torch.tanh(in_ + r * hn)
+    return (1 - z) * n + z * S
+
+
+def domino_head_rollout(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w2, *,
+                        temperature=0.0, top_k=0, top_p=1.0, generator=None, write_logits=False):
+    """Reference of :func:`domino_ops.domino_head_rollout` (see there for shapes)."""
+    b, k, V = base_logits.shape
+    acc = torch.float64 if w2.dtype == torch.float64 else torch.float32
+    uniforms = draw_uniforms((b, k), base_logits.device, generator) if temperature > 0 else None
+    S = state.to(acc).clone()
+    tokens = torch.empty(b, k, dtype=torch.int64, device=base_logits.device)
+    logprobs = torch.empty(b, k, dtype=torch.float32, device=base_logits.device)
+    for i in range(k):
+        a = F.silu(hproj[:, i].to(acc) + F.linear(S.to(w1s.dtype), w1s).to(acc))
+        L = base_logits[:, i].to(acc) + F.linear(a.to(w2.dtype), w2).to(acc)
+        if write_logits:
+            base_logits[:, i] = L.to(base_logits.dtype)
+        if temperature == 0:
+            x = L.argmax(dim=-1)
+            lp = torch.log_softmax(L, dim=-1).gather(-1, x.unsqueeze(-1)).squeeze(-1)
+        else:
+            x, lp = sample_from_logits(L.float(), temperature, top_k, top_p, uniforms[:, i])
+        tokens[:, i] = x
+        logprobs[:, i] = lp.float()
+        if w_ih is None:
+            gi = gru_input[x].to(acc)
+        else:
+            gi = F.linear(gru_input[x], w_ih).to(acc)
+        gh = F.linear(S.to(w_hh.dtype), w_hh).to(acc)
+        S = _gru_cell(gi, gh, S)
+    return tokens, logprobs, S.float()
+
+
+def sample(logits, *, temperature=0.0, top_k=0, top_p=1.0, generator=None):
+    """Reference of :func:`domino_ops.sample`."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    uniforms = draw_uniforms((logits.shape[0],), logits.device, generator)
+    return sample_from_logits(logits, temperature, top_k, top_p, uniforms)[0]
+
+
+def _pad_after(out: torch.Tensor, num_accepted: torch.Tensor) -> torch.Tensor:
+    pos = torch.arange(out.shape[1], device=out.device)
+    return out.masked_fill(pos > num_accepted.unsqueeze(-1), -1)
+
+
+def verify_greedy(draft_tokens, target_logits):
+    """Reference of :func:`domino_ops.verify_greedy`."""
+    target = target_logits.argmax(dim=-1)
+    match = (draft_tokens == target[:, :-1]).to(torch.int64)
+    num_accepted = torch.cumprod(match, dim=-1).sum(dim=-1)
+    return _pad_after(target, num_accepted), num_accepted
+
+
+def verify_sampling(draft_tokens, draft_probs, target_probs, *, generator=None):
+    """Reference of :func:`domino_ops.verify_sampling`."""
+    b, k = draft_tokens.shape
+    dev = target_probs.device
+    u_accept = draw_uniforms((b, k), dev, generator)
+    u_resample = draw_uniforms((b,), dev, generator)
+    p = target_probs.double()
+    q = draft_probs.double()
+    px = p[:, :k].gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)
+    qx = q.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)
+    accepted = (u_accept * qx < px).to(torch.int64)
+    num_accepted = torch.cumprod(accepted, dim=-1).sum(dim=-1)
+    out = torch.cat([draft_tokens, draft_tokens.new_zeros(b, 1)], dim=1)
+    for s in range(b):
+        n = int(num_accepted[s])
+        row = p[s, n]
+        w = (row - q[s, n]).clamp(min=0) if n < k else torch.zeros_like(row)
+        if not w.sum() > 0:
+            w = row.clamp(min=0)
+        cdf = torch.cumsum(w, dim=0)
+        tok = int(torch.searchsorted(cdf, u_resample[s] * cdf[-1], right=True).clamp(max=row.numel() - 1))
+        while w[tok] <= 0:  # rounding past the last positive weight
+            tok -= 1
+        out[s, n] = tok
+    return _pad_after(out, num_accepted), num_accepted

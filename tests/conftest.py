@@ -1,0 +1,20 @@
+import os
+
+import pytest
+import torch
+from hypothesis import HealthCheck, settings
+
+# Kernels are timed in benchmarks/, never here: no deadlines. CI runs a moderate number of
+# examples per property; DOMINO_HYPOTHESIS_PROFILE=thorough runs many more.
+settings.register_profile("ci", max_examples=25, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+settings.register_profile("thorough", max_examples=300, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+settings.load_profile(os.environ.get("DOMINO_HYPOTHESIS_PROFILE", "ci"))
+
+POISON_TOKEN = -7
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)

@@ -1,0 +1,159 @@
+"""Bad input raises a clear Python exception naming the argument, never a crash."""
+
+import pytest
+import torch
+
+import domino_ops
+
+
+def head(b=2, k=3, V=50, r=4, G=6, H=5, table=True):
+    args = dict(base_logits=torch.randn(b, k, V), hproj=torch.randn(b, k, r), state=torch.randn(b, G),
+                gru_input=torch.randn(V, 3 * G) if table else torch.randn(V, H),
+                w_ih=None if table else torch.randn(3 * G, H), w_hh=torch.randn(3 * G, G),
+                w1s=torch.randn(r, G), w2=torch.randn(V, r))
+    return args
+
+
+def call_head(**over):
+    kw = {k: over.pop(k) for k in ["temperature", "top_k", "top_p", "generator", "write_logits"] if k in over}
+    args = head(table=over.pop("table", True))
+    args.update(over)
+    return domino_ops.domino_head_rollout(*args.values(), **kw)
+
+
+HEAD_CASES = [
+    (dict(base_logits=torch.randn(2, 50)), ValueError, "base_logits must have 3 dimensions"),
+    (dict(base_logits=torch.randn(2, 3, 50, dtype=torch.float64)), TypeError, "base_logits must be float32 or bfloat16"),
+    (dict(base_logits=torch.randn(2, 50, 3).transpose(1, 2)), ValueError, "base_logits must be contiguous"),
+    (dict(base_logits=torch.randn(2, 0, 50)), ValueError, "base_logits must not be empty"),
+    (dict(hproj=torch.randn(2, 3, 5)), ValueError, r"hproj must have shape \[2, 3, 4\]"),
+    (dict(hproj=torch.randn(1, 3, 4)), ValueError, "hproj must have shape"),
+    (dict(state=torch.randn(2, 7)), ValueError, r"state must have shape \[2, 6\]"),
+    (dict(state=torch.randn(2, 6, dtype=torch.bfloat16)), TypeError, "state must be float32"),
+    (dict(w2=torch.randn(49, 4)), ValueError, r"w2 must have shape \[50, 4\]"),
+    (dict(w2=torch.randn(50, 4).to(torch.int32)), TypeError, "w2 must be"),
+    (dict(w1s=torch.randn(4, 6, dtype=torch.bfloat16)), TypeError, "w1s must be float32"),
+    (dict(w_hh=torch.randn(17, 6)), ValueError, r"w_hh must have shape \[18, 6\]"),
+    (dict(w_hh=torch.randn(6, 18).T), ValueError, "w_hh must be contiguous"),
+    (dict(gru_input=torch.randn(50, 17)), ValueError, "gru_input .*table.* must have shape"),
+    (dict(table=False, w_ih=torch.randn(18, 4)), ValueError, r"w_ih must have shape \[18, 5\]"),
+    (dict(table=False, gru_input=torch.randn(49, 5)), ValueError, "gru_input .*embedding.* must have shape"),
+    (dict(w2="w2"), TypeError, "w2 must be a torch.Tensor"),
+    (dict(temperature=-0.1), ValueError, "temperature must be >= 0"),
+    (dict(temperature=float("nan")), ValueError, "temperature must be >= 0"),
+    (dict(top_p=0.0), ValueError, r"top_p must be in \(0, 1\]"),
+    (dict(top_p=1.5), ValueError, r"top_p must be in \(0, 1\]"),
+    (dict(top_k=-1), ValueError, "top_k must be >= 0"),
+    (dict(top_k=2.5), TypeError, "top_k must be an int"),
+    (dict(generator="seed"), TypeError, "generator must be a torch.Generator"),
+    (dict(write_logits=1), TypeError, "write_logits must be a bool"),
+]
+
+
+@pytest.mark.parametrize("over,exc,msg", HEAD_CASES)
+def test_head_rollout_bad_input(over, exc, msg):
+    with pytest.raises(exc, match=msg):
+        call_head(**over)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a second device")
+def test_head_rollout_mixed_devices():
+    with pytest.raises(ValueError, match="w2 is on"):
+        call_head(w2=torch.randn(50, 4, device="cuda"))
+
+
+def test_mixed_devices_meta():
+    """Mixed devices are caught before any kernel runs (meta stands in for a GPU here)."""
+    with pytest.raises(ValueError, match="w2 is on meta"):
+        call_head(w2=torch.randn(50, 4, device="meta"))
+    with pytest.raises(ValueError, match="draft_tokens is on meta"):
+        domino_ops.verify_greedy(torch.zeros(1, 2, dtype=torch.int64, device="meta"), torch.randn(1, 3, 5))
+
+
+SAMPLE_CASES = [
+    (dict(logits=torch.randn(5)), ValueError, "logits must have 2 dimensions"),
+    (dict(logits=torch.randn(2, 5, dtype=torch.float16)), TypeError, "logits must be float32 or bfloat16"),
+    (dict(logits=torch.randn(0, 5)), ValueError, "logits must not be empty"),
+    (dict(temperature=-1.0), ValueError, "temperature"),
+    (dict(top_p=-0.5), ValueError, "top_p"),
+    (dict(top_k=-3), ValueError, "top_k"),
+]
+
+
+@pytest.mark.parametrize("over,exc,msg", SAMPLE_CASES)
+def test_sample_bad_input(over, exc, msg):
+    kw = dict(logits=torch.randn(2, 5))
+    kw.update(over)
+    logits = kw.pop("logits")
+    with pytest.raises(exc, match=msg):
+        domino_ops.sample(logits, **kw)
+
+
+def greedy_args():
+    return dict(draft_tokens=torch.zeros(2, 3, dtype=torch.int64), target_logits=torch.randn(2, 4, 10))
+
+
+GREEDY_CASES = [
+    (dict(draft_tokens=torch.zeros(2, 3, dtype=torch.int32)), TypeError, "draft_tokens must be int64"),
+    (dict(draft_tokens=torch.zeros(6, dtype=torch.int64)), ValueError, "draft_tokens must have 2 dimensions"),
+    (dict(draft_tokens=torch.zeros(2, 0, dtype=torch.int64), target_logits=torch.randn(2, 1, 10)), ValueError,
+     "draft_tokens must not be empty"),
+    (dict(target_logits=torch.randn(2, 3, 10)), ValueError, r"target_logits must have shape \[2, 4, 10\]"),
+    (dict(target_logits=torch.randn(3, 4, 10)), ValueError, "target_logits must have shape"),
+    (dict(draft_tokens=torch.tensor([[0, 1, 10], [0, 0, 0]])), ValueError, r"draft_tokens must hold token ids in \[0, 10\)"),
+    (dict(draft_tokens=torch.tensor([[0, -1, 2], [0, 0, 0]])), ValueError, "draft_tokens must hold token ids"),
+    (dict(target_logits=torch.randn(2, 4, 10).long()), TypeError, "target_logits must be float32 or bfloat16"),
+]
+
+
+@pytest.mark.parametrize("over,exc,msg", GREEDY_CASES)
+def test_verify_greedy_bad_input(over, exc, msg):
+    args = greedy_args()
+    args.update(over)
+    with pytest.raises(exc, match=msg):
+        domino_ops.verify_greedy(**args)
+
+
+def sampling_args():
+    return dict(draft_tokens=torch.zeros(2, 3, dtype=torch.int64), draft_probs=torch.full((2, 3, 10), 0.1),
+                target_probs=torch.full((2, 4, 10), 0.1))
+
+
+SAMPLING_CASES = [
+    (dict(draft_probs=torch.full((2, 3, 9), 0.1)), ValueError, r"draft_probs must have shape \[2, 3, 10\]"),
+    (dict(target_probs=torch.full((2, 3, 10), 0.1)), ValueError, r"target_probs must have shape \[2, 4, 10\]"),
+    (dict(draft_probs=torch.full((2, 3, 10), 0.1, dtype=torch.bfloat16)), TypeError, "draft_probs must be float32"),
+    (dict(target_probs=torch.full((2, 4, 10), 0.1, dtype=torch.float64)), TypeError, "target_probs must be float32"),
+    (dict(draft_tokens=torch.full((2, 3), 10)), ValueError, "draft_tokens must hold token ids"),
+    (dict(draft_tokens=torch.zeros(2, 3)), TypeError, "draft_tokens must be int64"),
+    (dict(generator=3), TypeError, "generator must be a torch.Generator"),
+]
+
+
+@pytest.mark.parametrize("over,exc,msg", SAMPLING_CASES)
+def test_verify_sampling_bad_input(over, exc, msg):
+    args = sampling_args()
+    args.update(over)
+    with pytest.raises(exc, match=msg):
+        domino_ops.verify_sampling(**args)
+
+
+def test_direct_dispatcher_call_is_checked_too():
+    """torch.ops callers skip the wrapper; the C++ checks still refuse, naming the argument."""
+    out = torch.empty(2, 4, dtype=torch.int64)
+    acc = torch.empty(2, dtype=torch.int64)
+    with pytest.raises(RuntimeError, match="target_logits must have shape"):
+        torch.ops.domino_ops.verify_greedy(torch.zeros(2, 3, dtype=torch.int64), torch.randn(2, 3, 10), out, acc)
+    with pytest.raises(RuntimeError, match="draft_tokens must be in"):
+        torch.ops.domino_ops.verify_greedy(torch.full((2, 3), 99), torch.randn(2, 4, 10), out, acc)
+    with pytest.raises(RuntimeError, match="out_tokens must be int64"):
+        torch.ops.domino_ops.verify_greedy(torch.zeros(2, 3, dtype=torch.int64), torch.randn(2, 4, 10),
+                                           torch.empty(2, 3, dtype=torch.int64), acc)
+    a = head()
+    with pytest.raises(RuntimeError, match="uniforms are required"):
+        torch.ops.domino_ops.domino_head_rollout(*a.values(), 1.0, 0, 1.0, None, False, torch.empty(2, 3, dtype=torch.int64),
+                                                 torch.empty(2, 3), torch.empty(2, 6))
+    with pytest.raises(RuntimeError, match="w2 must have shape"):
+        a["w2"] = torch.randn(49, 4)
+        torch.ops.domino_ops.domino_head_rollout(*a.values(), 0.0, 0, 1.0, None, False, torch.empty(2, 3, dtype=torch.int64),
+                                                 torch.empty(2, 3), torch.empty(2, 6))

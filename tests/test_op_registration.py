@@ -1,0 +1,56 @@
+"""The ops are registered with the dispatcher correctly: schemas, fake kernels, compile."""
+
+import pytest
+import torch
+
+import domino_ops
+from test_domino_head_rollout import make_inputs
+
+
+def head_op_args(temperature=0.0):
+    inputs = make_inputs(2, 3, 40, 4, 6, 5, torch.float32, torch.float32, True, 0)
+    b, k, _ = inputs[0].shape
+    u = torch.rand(b, k, dtype=torch.float64) if temperature > 0 else None
+    return (*inputs, temperature, 0, 1.0, u, False, torch.empty(b, k, dtype=torch.int64), torch.empty(b, k),
+            torch.empty(b, 6))
+
+
+OPCHECK_CASES = {
+    "domino_head_rollout": lambda: head_op_args(),
+    "domino_head_rollout_sampled": lambda: head_op_args(0.7),
+    "sample": lambda: (torch.randn(3, 20), 0.8, 5, 0.9, torch.rand(3, dtype=torch.float64),
+                       torch.empty(3, dtype=torch.int64)),
+    "verify_greedy": lambda: (torch.randint(0, 20, (3, 4)), torch.randn(3, 5, 20), torch.empty(3, 5, dtype=torch.int64),
+                              torch.empty(3, dtype=torch.int64)),
+    "verify_sampling": lambda: (torch.randint(0, 20, (3, 4)), torch.softmax(torch.randn(3, 4, 20), -1),
+                                torch.softmax(torch.randn(3, 5, 20), -1), torch.rand(3, 4, dtype=torch.float64),
+                                torch.rand(3, dtype=torch.float64), torch.empty(3, 5, dtype=torch.int64),
+                                torch.empty(3, dtype=torch.int64)),
+}
+
+
+@pytest.mark.parametrize("case", list(OPCHECK_CASES))
+def test_opcheck(case):
+    op = getattr(torch.ops.domino_ops, case.replace("_sampled", "")).default
+    torch.library.opcheck(op, OPCHECK_CASES[case](),
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
+
+
+def test_torch_compile_traces_the_ops():
+    inputs = make_inputs(2, 4, 64, 8, 8, 8, torch.float32, torch.float32, True, 1)
+
+    def draft_and_verify(*args):
+        tokens, logprobs, state = domino_ops.domino_head_rollout(*args)
+        target = torch.randn(2, 5, 64, generator=torch.Generator().manual_seed(0))
+        return domino_ops.verify_greedy(tokens, target)
+
+    eager = draft_and_verify(*inputs)
+    compiled = torch.compile(draft_and_verify, fullgraph=False)(*inputs)
+    assert torch.equal(eager[0], compiled[0]) and torch.equal(eager[1], compiled[1])
+
+
+def test_cpu_kernels_registered_and_cuda_reported():
+    for op in ["domino_head_rollout", "sample", "verify_greedy", "verify_sampling"]:
+        assert domino_ops.has_kernel(op, "cpu")
+    # a CUDA build registers its CUDA kernels even on a machine without a GPU
+    assert domino_ops.has_kernel("verify_greedy", "cuda") == domino_ops.cuda_compiled

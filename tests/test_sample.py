@@ -1,0 +1,72 @@
+"""sample: greedy exactness and sampling statistics against the exact distribution."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import domino_ops
+from domino_ops import reference
+from conftest import POISON_TOKEN
+from stats import assert_matches_distribution
+from test_domino_head_rollout import filtered_probs
+
+
+@given(b=st.sampled_from([1, 2, 7, 33, 64]), V=st.sampled_from([1, 2, 3, 31, 1000, 4099, 50257]),
+       dtype=st.sampled_from([torch.float32, torch.bfloat16]), seed=st.integers(0, 2**31 - 1))
+def test_greedy_is_argmax(b, V, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(b, V, generator=g) * 4).to(dtype)
+    tokens = torch.full((b,), POISON_TOKEN, dtype=torch.int64)
+    torch.ops.domino_ops.sample(logits, 0.0, 0, 1.0, None, tokens)
+    assert torch.equal(tokens, logits.argmax(-1))  # first index on ties, as torch.argmax
+    assert torch.equal(domino_ops.sample(logits), reference.sample(logits))
+
+
+def test_greedy_ties_pick_first_index():
+    logits = torch.tensor([[1.0, 3.0, 3.0, 0.0], [5.0, 5.0, 5.0, 5.0]])
+    assert domino_ops.sample(logits).tolist() == [1, 0]
+
+
+CASES = [(1.0, 0, 1.0), (0.5, 0, 1.0), (2.0, 0, 1.0), (1.0, 3, 1.0), (1.0, 0, 0.6), (0.8, 5, 0.7), (1.0, 1, 1.0),
+         (1.0, 0, 0.01)]
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", CASES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sampling_matches_exact_distribution(temperature, top_k, top_p, dtype):
+    V, N = 12, 30000
+    row = (torch.randn(V, generator=torch.Generator().manual_seed(3)) * 1.5).to(dtype)
+    logits = row.expand(N, V).contiguous()
+    tokens = torch.full((N,), POISON_TOKEN, dtype=torch.int64)
+    u = torch.rand(N, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    torch.ops.domino_ops.sample(logits, temperature, top_k, top_p, u, tokens)
+    exact = filtered_probs(row.float().numpy(), temperature, top_k, top_p)
+    assert_matches_distribution(tokens.numpy(), exact, what=f"T={temperature} k={top_k} p={top_p}")
+
+
+def test_statistical_check_rejects_a_wrong_distribution():
+    """Negative control: the same check fails when the temperature is ignored."""
+    V, N = 12, 30000
+    row = torch.randn(V, generator=torch.Generator().manual_seed(3)) * 1.5
+    tokens = domino_ops.sample(row.expand(N, V).contiguous(), temperature=2.0,
+                               generator=torch.Generator().manual_seed(0))
+    with pytest.raises(AssertionError):
+        assert_matches_distribution(tokens.numpy(), filtered_probs(row.numpy(), 1.0, 0, 1.0))
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", CASES)
+def test_sampling_same_uniforms_as_reference(temperature, top_k, top_p):
+    logits = torch.randn(257, 1001, generator=torch.Generator().manual_seed(8)) * 3
+    got = domino_ops.sample(logits, temperature=temperature, top_k=top_k, top_p=top_p,
+                            generator=torch.Generator().manual_seed(1))
+    want = reference.sample(logits, temperature=temperature, top_k=top_k, top_p=top_p,
+                            generator=torch.Generator().manual_seed(1))
+    assert (got == want).float().mean() >= 0.99
+
+
+def test_filtered_tokens_are_never_drawn():
+    logits = torch.tensor([[0.0, 5.0, 4.0, -1.0, 4.5]]).expand(5000, 5).contiguous()
+    tokens = domino_ops.sample(logits, temperature=1.0, top_k=2, generator=torch.Generator().manual_seed(0))
+    assert set(np.unique(tokens.numpy()).tolist()) <= {1, 4}
