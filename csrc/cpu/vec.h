@@ -14,6 +14,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
+#include <vector>
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define DOMINO_MULTIVERSION __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
@@ -78,20 +80,45 @@ DOMINO_INLINE void hsum8(const v16f (&a)[8], float (&out)[8]) {
 
 // y[row * y_stride + j] = dot(w[row, :cols], x[j, :cols]) for JN inputs and RB rows at a
 // time (JN * RB <= 8 accumulators, all in registers), rows in [row0, row1).
+// Columns per vector step: 16 fp32 weights, or 32 bf16 weights split into even and odd
+// lanes (see rows_dot_impl), which needs no shuffles to widen.
+template <typename W>
+constexpr int64_t kColsPerStep = std::is_same_v<W, c10::BFloat16> ? 2 * kLanes : kLanes;
+
+// y[row * y_stride + j] = dot(w[row, :cols], x[j, :cols]) for JN inputs and RB rows at a
+// time (JN * RB <= 8 accumulators, all in registers), rows in [row0, row1). For bf16
+// weights x must be in the even/odd-permuted layout made by rows_dot_impl.
 template <int JN, int RB, typename W>
 DOMINO_INLINE void rows_dot_block(const W* __restrict w, int64_t row0, int64_t row1, int64_t cols,
                                   const float* __restrict x, int64_t x_stride,
                                   float* __restrict y, int64_t y_stride) {
   static_assert(JN * RB <= 8, "at most 8 accumulators");
-  const int64_t cols_vec = cols - cols % kLanes;
+  constexpr int64_t step = kColsPerStep<W>;
+  const int64_t cols_vec = cols - cols % step;
   for (int64_t row = row0; row + RB <= row1; row += RB) {
     v16f acc[8];
     for (int a = 0; a < 8; ++a) acc[a] = v16f{};
     // Row by row, so the weight stream is read strictly in address order.
     for (int rr = 0; rr < RB; ++rr) {
-      for (int64_t c = 0; c < cols_vec; c += kLanes) {
-        const v16f wv = load16(w + (row + rr) * cols + c);
-        for (int j = 0; j < JN; ++j) acc[rr * JN + j] += wv * load16(x + j * x_stride + c);
+      const W* wr = w + (row + rr) * cols;
+      for (int64_t c = 0; c < cols_vec; c += step) {
+        if constexpr (std::is_same_v<W, c10::BFloat16>) {
+          // 32 bf16 = 16 uint32 words; a bf16 is the top half of an fp32, so the even
+          // elements are word << 16 and the odd ones word & 0xffff0000.
+          v16u32 raw;
+          std::memcpy(&raw, wr + c, sizeof(raw));
+          const v16u32 lo = raw << 16, hi = raw & 0xffff0000u;
+          v16f we, wo;
+          std::memcpy(&we, &lo, sizeof(we));
+          std::memcpy(&wo, &hi, sizeof(wo));
+          for (int j = 0; j < JN; ++j) {  // two statements: two FMAs, no separate add
+            acc[rr * JN + j] += we * load16(x + j * x_stride + c);
+            acc[rr * JN + j] += wo * load16(x + j * x_stride + c + kLanes);
+          }
+        } else {
+          const v16f wv = load16(wr + c);
+          for (int j = 0; j < JN; ++j) acc[rr * JN + j] += wv * load16(x + j * x_stride + c);
+        }
       }
     }
     float sums[8];
@@ -124,6 +151,26 @@ DOMINO_INLINE void rows_dot_impl(const W* w, int64_t row0, int64_t row1, int64_t
   // Rows outer, batch blocks inner: a chunk of weight rows is read from memory once and
   // re-read from L1 for the next batch block, so the weight stream crosses the memory
   // bus once per call whatever the batch. Batch blocks are 8, 4, 2 or 1 inputs.
+  if constexpr (std::is_same_v<W, c10::BFloat16>) {
+    // Permute each full 32-column block of x to [16 even | 16 odd] to match the split
+    // of the bf16 weight words; the tail keeps its order. nb * cols floats: negligible
+    // next to the rows * cols weights.
+    thread_local std::vector<float> xp;
+    xp.resize(nb * cols);
+    const int64_t cols_vec = cols - cols % (2 * kLanes);
+    for (int64_t j = 0; j < nb; ++j) {
+      const float* src = x + j * x_stride;
+      float* dst = xp.data() + j * cols;
+      for (int64_t c = 0; c < cols_vec; c += 2 * kLanes)
+        for (int l = 0; l < kLanes; ++l) {
+          dst[c + l] = src[c + 2 * l];
+          dst[c + kLanes + l] = src[c + 2 * l + 1];
+        }
+      for (int64_t c = cols_vec; c < cols; ++c) dst[c] = src[c];
+    }
+    x = xp.data();
+    x_stride = cols;
+  }
   constexpr int64_t kRowChunk = 32;
   for (int64_t r0 = row0; r0 < row1; r0 += kRowChunk) {
     const int64_t r1 = r0 + kRowChunk < row1 ? r0 + kRowChunk : row1;
