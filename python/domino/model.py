@@ -1,0 +1,282 @@
+"""The Domino drafter: a DFlash parallel backbone plus the Domino head.
+
+Backbone: the target's hidden states from a few layers are fused (``fc`` + ``hidden_norm``)
+into context features; every draft layer attends, non-causally, from the block
+``[anchor, MASK, ...]`` to the context (as extra keys/values, cached across rounds) and to
+the block itself. Base logits come from the target's LM head. Head: a GRU over the
+target's embeddings of the anchor and the drafted tokens, and a low-rank correction
+``W2 · SiLU(W1 · [h_i; S_{i-1}])`` added to the base logits before each token is chosen
+(:func:`domino_ops.domino_head_rollout`).
+
+State-dict keys follow the public checkpoints (see shared/reference/architecture.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+import domino_ops
+from domino.config import DominoConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    """Default RoPE (rotate-half layout, as Llama/Qwen) at explicit positions."""
+
+    def __init__(self, head_dim: int, theta: float):
+        super().__init__()
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.float()[..., None] * self.inv_freq  # [b, T, hd/2]
+        emb = torch.cat([freqs, freqs], dim=-1)[:, None]  # [b, 1, T, hd]
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+class DraftAttention(nn.Module):
+    def __init__(self, c: DominoConfig):
+        super().__init__()
+        self.nh, self.kvh, self.hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        self.q_proj = nn.Linear(c.hidden_size, self.nh * self.hd, bias=False)
+        self.k_proj = nn.Linear(c.hidden_size, self.kvh * self.hd, bias=False)
+        self.v_proj = nn.Linear(c.hidden_size, self.kvh * self.hd, bias=False)
+        self.o_proj = nn.Linear(self.nh * self.hd, c.hidden_size, bias=False)
+        self.q_norm = RMSNorm(self.hd, c.rms_norm_eps)
+        self.k_norm = RMSNorm(self.hd, c.rms_norm_eps)
+
+    def key_value(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """Rotated keys and values [b, kvh, T, hd] of hidden states x [b, T, H]."""
+        b, T, _ = x.shape
+        k = self.k_norm(self.k_proj(x).view(b, T, self.kvh, self.hd)).transpose(1, 2)
+        v = self.v_proj(x).view(b, T, self.kvh, self.hd).transpose(1, 2)
+        return apply_rope(k, cos, sin), v
+
+    def forward(self, x, cos, sin, ctx_k, ctx_v, ctx_mask):
+        """x [b, B, H] attends to the context keys [b, kvh, Tc, hd] (where ctx_mask [b, Tc]
+        holds) and to the whole block, without a causal mask."""
+        b, B, _ = x.shape
+        q = apply_rope(self.q_norm(self.q_proj(x).view(b, B, self.nh, self.hd)).transpose(1, 2), cos, sin)
+        k, v = self.key_value(x, cos, sin)
+        k = torch.cat([ctx_k, k], dim=2)
+        v = torch.cat([ctx_v, v], dim=2)
+        mask = torch.cat([ctx_mask, ctx_mask.new_ones(b, B)], dim=1)[:, None, None, :]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.nh != self.kvh)
+        return self.o_proj(out.transpose(1, 2).reshape(b, B, self.nh * self.hd))
+
+
+class DraftMLP(nn.Module):
+    def __init__(self, c: DominoConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DraftLayer(nn.Module):
+    def __init__(self, c: DominoConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.self_attn = DraftAttention(c)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.mlp = DraftMLP(c)
+
+    def forward(self, x, cos, sin, ctx_k, ctx_v, ctx_mask):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx_k, ctx_v, ctx_mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+@dataclass
+class DraftContextCache:
+    """Per-layer context keys/values [b, kvh, T, hd] and which context slots are real [b, T]."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    mask: torch.Tensor
+
+    @property
+    def length(self) -> int:
+        return self.mask.shape[1]
+
+
+@dataclass
+class Draft:
+    tokens: torch.Tensor  # [b, n] int64
+    logits: torch.Tensor  # [b, n, V] float32: the logits each token was chosen from
+
+
+class DominoDraftModel(nn.Module):
+    def __init__(self, config: DominoConfig):
+        super().__init__()
+        c = self.config = config
+        n_feat = len(c.target_layer_ids)
+        self.fc = nn.Linear(n_feat * c.hidden_size, c.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.layers = nn.ModuleList(DraftLayer(c) for _ in range(c.num_hidden_layers))
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.rotary = RotaryEmbedding(c.head_dim, c.rope_theta)
+        if c.has_head:
+            self.prefix_gru = nn.GRU(c.hidden_size, c.gru_hidden_dim, bias=False, batch_first=True)
+            self.embed_proj = nn.Sequential(
+                nn.Linear(c.hidden_size + c.gru_hidden_dim, c.emb_dim, bias=False), nn.SiLU(),
+                nn.Linear(c.emb_dim, c.vocab_size, bias=False))
+        self._target: tuple[nn.Module, nn.Module] | None = None  # (embed_tokens, lm_head), frozen, not ours
+
+    # ---- the target's borrowed pieces -------------------------------------------------
+
+    def bind_target(self, target) -> "DominoDraftModel":
+        """Borrows the target's input embedding and LM head (frozen, never saved)."""
+        self._target = (target.get_input_embeddings(), target.get_output_embeddings())
+        return self
+
+    @property
+    def embed_tokens(self) -> nn.Module:
+        if self._target is None:
+            raise RuntimeError("call bind_target(target) before running the drafter")
+        return self._target[0]
+
+    @property
+    def lm_head(self) -> nn.Module:
+        if self._target is None:
+            raise RuntimeError("call bind_target(target) before running the drafter")
+        return self._target[1]
+
+    # ---- backbone ---------------------------------------------------------------------
+
+    def new_cache(self, batch_size: int, device, dtype) -> DraftContextCache:
+        c = self.config
+        empty = torch.empty(batch_size, c.num_key_value_heads, 0, c.head_dim, device=device, dtype=dtype)
+        return DraftContextCache([empty] * len(self.layers), [empty] * len(self.layers),
+                                 torch.zeros(batch_size, 0, dtype=torch.bool, device=device))
+
+    def extend_context(self, cache: DraftContextCache, features: torch.Tensor, positions: torch.Tensor,
+                       valid: torch.Tensor) -> None:
+        """Appends context: features [b, T, n*H] from the target layers, their positions
+        [b, T] and which of them are real tokens [b, T] (bool)."""
+        ctx = self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
+        cos, sin = self.rotary(positions, ctx.dtype)
+        for i, layer in enumerate(self.layers):
+            k, v = layer.self_attn.key_value(ctx, cos, sin)
+            cache.keys[i] = torch.cat([cache.keys[i], k], dim=2)
+            cache.values[i] = torch.cat([cache.values[i], v], dim=2)
+        cache.mask = torch.cat([cache.mask, valid], dim=1)
+
+    def backbone(self, cache: DraftContextCache, block_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Final-normed hidden states [b, B, H] of the block at positions [b, B]."""
+        x = self.embed_tokens(block_ids).to(self.fc.weight.dtype)
+        cos, sin = self.rotary(positions, x.dtype)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, cache.keys[i], cache.values[i], cache.mask)
+        return self.norm(x)
+
+    # ---- head -------------------------------------------------------------------------
+
+    def head_weights(self):
+        """(gru_input, w_ih, w_hh, w1h, w1s, w2) in the drafter's dtype; gru_input is the
+        target's embedding (cast once and cached if its dtype differs)."""
+        H = self.config.hidden_size
+        w1 = self.embed_proj[0].weight
+        dt = w1.dtype
+        E = self.embed_tokens.weight
+        if E.dtype != dt:
+            cached = getattr(self, "_embed_cast", None)
+            if cached is None or cached.dtype != dt or cached.device != E.device:
+                cached = self._embed_cast = E.detach().to(dt)
+            E = cached
+        return (E.detach(), self.prefix_gru.weight_ih_l0.detach(), self.prefix_gru.weight_hh_l0.detach(),
+                w1[:, :H].detach(), w1[:, H:].contiguous().detach(), self.embed_proj[2].weight.detach())
+
+    def gru_state(self, tokens: torch.Tensor) -> torch.Tensor:
+        """GRU state [b, G] float32 after consuming tokens [b, n] from a zero state."""
+        _, h = self.prefix_gru(self.embed_tokens(tokens).to(self.prefix_gru.weight_hh_l0.dtype))
+        return h[0].float()
+
+    @torch.no_grad()
+    def draft(self, cache: DraftContextCache, anchor: torch.Tensor, anchor_pos: torch.Tensor, *,
+              use_head: bool = True, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+              generator: torch.Generator | None = None) -> Draft:
+        """Drafts ``config.num_drafts`` tokens after ``anchor`` [b] at positions ``anchor_pos`` [b]."""
+        c = self.config
+        B = c.block_size
+        block = torch.full((anchor.shape[0], B), c.mask_token_id, dtype=torch.int64, device=anchor.device)
+        block[:, 0] = anchor
+        positions = anchor_pos[:, None] + torch.arange(B, device=anchor.device)
+        h = self.backbone(cache, block, positions)
+        first = 0 if c.shift_label else 1
+        h = h[:, first:]
+        logits = self.lm_head(h.to(self.lm_head.weight.dtype)).float()  # [b, n, V] base logits
+        b, n, V = logits.shape
+        sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
+
+        def sample_rows(rows):  # [b, m, V] -> [b, m]
+            return domino_ops.sample(rows.reshape(-1, V), **sampling).view(b, -1)
+
+        if not (use_head and c.has_head):
+            return Draft(sample_rows(logits), logits)
+        P = min(c.pure_draft_prefix_len, n)
+        prefix = sample_rows(logits[:, :P])
+        tokens = [prefix]
+        if P < n:
+            E, w_ih, w_hh, w1h, w1s, w2 = self.head_weights()
+            state = self.gru_state(torch.cat([anchor[:, None], prefix], dim=1))
+            hproj = (h[:, P:].to(w1h.dtype) @ w1h.T).float()
+            rest = logits[:, P:].contiguous()
+            drafted, _, _ = domino_ops.domino_head_rollout(
+                rest, hproj, state, E, w_ih, w_hh, w1s, w2, write_logits=temperature > 0, **sampling)
+            tokens.append(drafted)
+            if temperature > 0:  # the rollout wrote the corrected logits the tokens came from
+                logits = torch.cat([logits[:, :P], rest], dim=1)
+        return Draft(torch.cat(tokens, dim=1), logits)
+
+    # ---- checkpoints ------------------------------------------------------------------
+
+    def save_pretrained(self, directory: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.config.save(directory)
+        state = {k: v.detach().to(dtype).contiguous() for k, v in self.state_dict().items()}
+        save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path, dtype: torch.dtype = torch.float32,
+                        device: str | torch.device = "cpu") -> "DominoDraftModel":
+        """Loads a Domino checkpoint, or a DFlash one (backbone only: the head is absent)."""
+        directory = Path(directory)
+        config = DominoConfig.load(directory)
+        files = sorted(directory.glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"no *.safetensors in {directory}")
+        state = {}
+        for f in files:
+            state.update(load_file(str(f)))
+        model = cls(config)
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        if missing or unexpected:
+            raise ValueError(f"checkpoint {directory} does not match its config: missing {missing}, "
+                             f"unexpected {unexpected}")
+        return model.to(device=device, dtype=dtype).eval()
