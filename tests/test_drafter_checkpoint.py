@@ -1,0 +1,85 @@
+"""Drafter checkpoints: public key layout, config.json fields, round trip, DFlash loading."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from domino import DominoConfig, DominoDraftModel
+from tiny_models import tiny_drafter, tiny_target
+
+BACKBONE_KEYS = {"fc.weight", "hidden_norm.weight", "norm.weight"} | {
+    f"layers.0.{k}.weight" for k in [
+        "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "self_attn.q_norm",
+        "self_attn.k_norm", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "input_layernorm",
+        "post_attention_layernorm"]}
+HEAD_KEYS = {"prefix_gru.weight_ih_l0", "prefix_gru.weight_hh_l0", "embed_proj.0.weight", "embed_proj.2.weight"}
+
+
+def test_domino_checkpoint_layout_and_round_trip(tmp_path):
+    target = tiny_target("qwen3")
+    drafter = tiny_drafter(target)
+    drafter.save_pretrained(tmp_path, dtype=torch.float32)
+    state = load_file(str(tmp_path / "model.safetensors"))
+    assert set(state) == BACKBONE_KEYS | HEAD_KEYS
+    c = drafter.config
+    H, G, r, V = c.hidden_size, c.gru_hidden_dim, c.emb_dim, c.vocab_size
+    assert state["fc.weight"].shape == (H, len(c.target_layer_ids) * H)
+    assert state["prefix_gru.weight_ih_l0"].shape == (3 * G, H)
+    assert state["prefix_gru.weight_hh_l0"].shape == (3 * G, G)
+    assert state["embed_proj.0.weight"].shape == (r, H + G)
+    assert state["embed_proj.2.weight"].shape == (V, r)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    assert cfg["architectures"] == ["DominoDraftModel"]
+    assert cfg["model_type"] == "qwen3" and cfg["block_size"] == 8 and cfg["num_target_layers"] == 4
+    assert cfg["dflash_config"] == {"mask_token_id": 63, "target_layer_ids": c.target_layer_ids,
+                                    "projector_type": "domino", "emb_dim": 8, "gru_hidden_dim": 16,
+                                    "pure_draft_prefix_len": 1, "shift_label": False}
+    loaded = DominoDraftModel.from_pretrained(tmp_path)
+    for k, v in drafter.state_dict().items():
+        assert torch.equal(v, loaded.state_dict()[k]), k
+    assert loaded.config == drafter.config
+
+
+def test_dflash_checkpoint_loads_backbone_only(tmp_path):
+    target = tiny_target("llama")
+    dflash = tiny_drafter(target, projector_type=None)
+    dflash.save_pretrained(tmp_path)
+    state = load_file(str(tmp_path / "model.safetensors"))
+    assert set(state) == BACKBONE_KEYS
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    assert cfg["architectures"] == ["DFlashDraftModel"]
+    assert set(cfg["dflash_config"]) == {"mask_token_id", "target_layer_ids", "shift_label"}
+    loaded = DominoDraftModel.from_pretrained(tmp_path)
+    assert not loaded.config.has_head and not hasattr(loaded, "embed_proj")
+
+
+def test_public_dflash_config_json_is_understood():
+    """The fields of a published DFlash config (z-lab/Qwen3-8B-DFlash-b16 layout)."""
+    public = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": 16,
+              "num_target_layers": 36, "num_hidden_layers": 5, "hidden_size": 4096, "intermediate_size": 12288,
+              "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-6,
+              "rope_theta": 1000000, "max_position_embeddings": 40960, "vocab_size": 151936,
+              "attention_bias": False, "torch_dtype": "bfloat16",
+              "dflash_config": {"mask_token_id": 151669, "target_layer_ids": [1, 9, 17, 25, 33]}}
+    c = DominoConfig.from_json_dict(public)
+    assert not c.has_head and c.num_drafts == 15 and c.target_layer_ids == [1, 9, 17, 25, 33]
+    again = c.to_json_dict()
+    assert again["attention_bias"] is False and again["torch_dtype"] == "bfloat16"  # unknown keys kept
+    assert again["dflash_config"]["mask_token_id"] == 151669
+
+
+def test_mismatched_checkpoint_is_refused(tmp_path):
+    target = tiny_target("qwen3")
+    tiny_drafter(target).save_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["num_hidden_layers"] = 2
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="does not match its config"):
+        DominoDraftModel.from_pretrained(tmp_path)
+
+
+def test_target_layer_ids_follow_dflash_rule():
+    from domino.config import evenly_spaced_layer_ids
+    assert evenly_spaced_layer_ids(36, 5) == [1, 9, 17, 25, 33]

@@ -1,0 +1,93 @@
+"""Greedy speculative generation is the target's own greedy decoding, token for token."""
+
+import pytest
+import torch
+
+from tiny_models import RiggedDrafts, tiny_generator
+
+
+def prompts(n, seed=0, vocab=64):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(2, vocab, (int(torch.randint(3, 12, (1,), generator=g)),), generator=g).tolist()
+            for _ in range(n)]
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "llama"])
+@pytest.mark.parametrize("use_head", [True, False])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_random_drafter_matches_target_greedy(kind, use_head, batch):
+    gen = tiny_generator(kind)
+    ps = prompts(batch, seed=batch)
+    spec = gen.generate(ps, max_new_tokens=40, use_head=use_head)
+    plain = gen.generate_target_only(ps, max_new_tokens=40)
+    assert spec.token_ids == plain.token_ids
+    assert all(len(t) == 40 for t in spec.token_ids)
+    assert all(1 <= a <= gen.drafter.config.num_drafts + 1 for seq in spec.acceptance_lengths for a in seq)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_rigged_drafter_full_acceptance(batch):
+    gen = tiny_generator("qwen3")
+    ps = prompts(batch, seed=7)
+    plain = gen.generate_target_only(ps, max_new_tokens=50)
+    rig = RiggedDrafts(gen, [p + t for p, t in zip(ps, plain.token_ids)])
+    spec = gen.generate(ps, max_new_tokens=50)
+    rig.restore()
+    assert spec.token_ids == plain.token_ids
+    full = gen.drafter.config.num_drafts + 1
+    for seq in spec.acceptance_lengths:
+        assert seq[:-1] == [full] * (len(seq) - 1)  # every round but the truncated last is full
+
+
+def test_alternating_full_and_zero_acceptance_keeps_caches_consistent():
+    """Long generation whose rounds alternate between accepting everything and nothing:
+    the target and draft caches are rolled back every other round."""
+    gen = tiny_generator("llama")
+    ps = prompts(2, seed=11)
+    plain = gen.generate_target_only(ps, max_new_tokens=200)
+    rig = RiggedDrafts(gen, [p + t for p, t in zip(ps, plain.token_ids)], alternate=True)
+    spec = gen.generate(ps, max_new_tokens=200)
+    rig.restore()
+    assert spec.token_ids == plain.token_ids
+    full = gen.drafter.config.num_drafts + 1
+    assert set(spec.acceptance_lengths[0][:-1]) == {1, full}
+
+
+def test_batch_sequences_advance_independently():
+    """One rigged (always right) sequence next to one wrong one in the same batch."""
+    gen = tiny_generator("qwen3")
+    ps = prompts(2, seed=5)
+    plain = gen.generate_target_only(ps, max_new_tokens=30)
+    full = [p + t for p, t in zip(ps, plain.token_ids)]
+    full[1] = [(t + 1) % 64 for t in full[1]]  # sequence 1's drafts are always wrong
+    rig = RiggedDrafts(gen, full)
+    spec = gen.generate(ps, max_new_tokens=30)
+    rig.restore()
+    assert spec.token_ids == plain.token_ids
+    assert max(spec.acceptance_lengths[0]) == gen.drafter.config.num_drafts + 1
+    assert set(spec.acceptance_lengths[1]) == {1}
+
+
+def test_shift_label_drafter_and_no_pure_prefix():
+    for kw in (dict(shift_label=True), dict(pure_draft_prefix_len=0), dict(projector_type=None)):
+        gen = tiny_generator("qwen3", **kw)
+        ps = prompts(2, seed=3)
+        assert gen.generate(ps, max_new_tokens=20).token_ids == gen.generate_target_only(ps, max_new_tokens=20).token_ids
+
+
+def test_stop_conditions_and_streaming():
+    gen = tiny_generator("qwen3")
+    p = prompts(1, seed=2)[0]
+    plain = gen.generate_target_only(p, max_new_tokens=30).token_ids
+    streamed = []
+    res = gen.generate(p, max_new_tokens=30, stream=lambda i, ids: streamed.extend(ids))
+    assert streamed == res.token_ids == plain
+    # EOS: make the 10th plain token an end-of-sequence id
+    gen.eos_ids = [plain[9]]
+    first = plain.index(plain[9])
+    assert gen.generate(p, max_new_tokens=30).token_ids == plain[: first + 1]
+    gen.eos_ids = []
+    # stop string on the decoded text
+    stop = " ".join(str(t) for t in plain[4:6])
+    res = gen.generate(p, max_new_tokens=30, stop=[stop])
+    assert stop not in res.text and len(res.token_ids) < 30

@@ -1,0 +1,71 @@
+"""Speculative sampling is distributed exactly as the target's own sampling."""
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+import domino.generate
+from domino_ops import reference
+from stats import assert_matches_distribution
+from test_domino_head_rollout import filtered_probs
+from tiny_models import tiny_generator
+
+V = 8
+PROMPT = [3, 5, 2, 6]
+
+
+@torch.no_grad()
+def exact_next(gen, prefixes, temperature, top_k, top_p):
+    """The target's filtered next-token distribution after each prefix (full forward)."""
+    ids = torch.tensor([PROMPT + list(p) for p in prefixes])
+    logits = gen.target(ids).logits[:, -1].double().numpy()
+    return np.stack([filtered_probs(row, temperature, top_k, top_p) for row in logits])
+
+
+def check(gen, temperature, top_k, top_p, N=4000):
+    res = gen.generate([PROMPT] * N, max_new_tokens=3, temperature=temperature, top_k=top_k, top_p=top_p,
+                       generator=torch.Generator().manual_seed(0))
+    toks = np.array(res.token_ids)
+    assert toks.shape == (N, 3)
+    p1 = exact_next(gen, [()], temperature, top_k, top_p)[0]
+    assert_matches_distribution(toks[:, 0], p1, what="token 1")
+    pairs = list(itertools.product(range(V), repeat=1))
+    p2 = exact_next(gen, pairs, temperature, top_k, top_p)  # [V, V]
+    joint12 = p1[:, None] * p2
+    assert_matches_distribution(toks[:, 0] * V + toks[:, 1], joint12.ravel(), what="tokens 1-2")
+    triples = list(itertools.product(range(V), repeat=2))
+    p3 = exact_next(gen, triples, temperature, top_k, top_p).reshape(V, V, V)
+    marginal3 = (joint12[:, :, None] * p3).sum(axis=(0, 1))
+    assert_matches_distribution(toks[:, 2], marginal3, what="token 3")
+    return res
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 4, 0.9)])
+@pytest.mark.parametrize("use_head", [True, False])
+def test_speculative_sampling_matches_target(temperature, top_k, top_p, use_head):
+    gen = tiny_generator("qwen3", vocab=V, block_size=4, seed=3)
+    gen.generate = _with_head(gen.generate, use_head)
+    res = check(gen, temperature, top_k, top_p)
+    # the drafter is random but V is small: some drafts must be accepted (rejection path and
+    # acceptance path both exercised)
+    lens = [a for seq in res.acceptance_lengths for a in seq]
+    assert 1 in lens and max(lens) > 1
+
+
+def _with_head(fn, use_head):
+    return lambda *a, **k: fn(*a, use_head=use_head, **k)
+
+
+def test_a_biased_verifier_is_caught(monkeypatch):
+    """Negative control: accepting every draft (verify by 'always yes') fails the same test."""
+    def accept_all(draft_tokens, draft_probs, target_probs, generator=None):
+        b, k = draft_tokens.shape
+        bonus = torch.multinomial(target_probs[:, -1], 1, generator=generator)
+        return torch.cat([draft_tokens, bonus], 1), torch.full((b,), k, dtype=torch.int64)
+
+    monkeypatch.setattr(domino.generate.domino_ops, "verify_sampling", accept_all)
+    gen = tiny_generator("qwen3", vocab=V, block_size=4, seed=3)
+    with pytest.raises(AssertionError, match="chi-square|zero probability"):
+        check(gen, 1.0, 0, 1.0)

@@ -1,0 +1,82 @@
+"""Tiny randomly initialised targets and drafters for fast engine tests."""
+
+from __future__ import annotations
+
+import torch
+
+from domino import DominoConfig, DominoDraftModel, DominoGenerator
+
+
+class IdTokenizer:
+    """Stands in for a HF tokenizer: prompts are token ids; decode joins ids."""
+
+    chat_template = None
+    eos_token_id = None
+    pad_token_id = 0
+
+    def decode(self, ids, skip_special_tokens=True):
+        return " ".join(str(i) for i in ids)
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [int(t) % 64 for t in text.split()]}
+
+
+def tiny_target(kind: str = "qwen3", vocab: int = 64, seed: int = 0):
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, max_position_embeddings=1024, tie_word_embeddings=False,
+                  pad_token_id=0, bos_token_id=None, eos_token_id=None)
+    if kind == "qwen3":
+        model = Qwen3ForCausalLM(Qwen3Config(**common))
+    else:
+        model = LlamaForCausalLM(LlamaConfig(**common))
+    with torch.no_grad():  # sharper logits than the default init, so greedy paths are stable
+        model.lm_head.weight.mul_(8.0)
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model.eval()
+
+
+def tiny_drafter(target, *, seed: int = 1, **over) -> DominoDraftModel:
+    kw = dict(num_hidden_layers=1, num_feature_layers=3, mask_token_id=target.config.vocab_size - 1,
+              block_size=8, emb_dim=8, gru_hidden_dim=16, pure_draft_prefix_len=1)
+    kw.update(over)
+    torch.manual_seed(seed)
+    return DominoDraftModel(DominoConfig.from_target(target.config, **kw)).eval()
+
+
+def tiny_generator(kind="qwen3", vocab=64, **drafter_kw) -> DominoGenerator:
+    target = tiny_target(kind, vocab)
+    return DominoGenerator(target, tiny_drafter(target, **drafter_kw), IdTokenizer())
+
+
+class RiggedDrafts:
+    """Replaces drafter.draft with the target's known greedy continuation, optionally
+    corrupting the first draft on every other round (full and zero acceptance alternate)."""
+
+    def __init__(self, gen: DominoGenerator, full_sequences: list[list[int]], alternate: bool = False):
+        self.gen, self.full, self.alternate, self.round = gen, full_sequences, alternate, 0
+        self.original = gen.drafter.draft
+        gen.drafter.draft = self
+
+    def __call__(self, cache, anchor, anchor_pos, **kw):
+        from domino.model import Draft
+
+        n = self.gen.drafter.config.num_drafts
+        V = self.gen.drafter.config.vocab_size
+        rows = []
+        for s, p in enumerate(anchor_pos.tolist()):
+            seq = self.full[s]
+            row = [seq[q] if q < len(seq) else 1 for q in range(p + 1, p + 1 + n)]
+            if self.alternate and self.round % 2 == 1:
+                row[0] = (row[0] + 1) % V
+            rows.append(row)
+        self.round += 1
+        tokens = torch.tensor(rows, dtype=torch.int64)
+        logits = torch.nn.functional.one_hot(tokens, V).float() * 20.0
+        return Draft(tokens, logits)
+
+    def restore(self):
+        self.gen.drafter.draft = self.original
