@@ -74,17 +74,16 @@ class DraftAttention(nn.Module):
         v = self.v_proj(x).view(b, T, self.kvh, self.hd).transpose(1, 2)
         return apply_rope(k, cos, sin), v
 
-    def forward(self, x, cos, sin, ctx_k, ctx_v, ctx_mask):
-        """x [b, B, H] attends to the context keys [b, kvh, Tc, hd] (where ctx_mask [b, Tc]
-        holds) and to the whole block, without a causal mask."""
-        b, B, _ = x.shape
-        q = apply_rope(self.q_norm(self.q_proj(x).view(b, B, self.nh, self.hd)).transpose(1, 2), cos, sin)
+    def forward(self, x, cos, sin, ctx_k, ctx_v, attn_mask):
+        """Queries x [b, Q, H] attend to the context keys [b, kvh, Tc, hd] and to the
+        queries' own keys, wherever attn_mask [b, 1 or Q, Tc + Q] (bool) holds."""
+        b, Q, _ = x.shape
+        q = apply_rope(self.q_norm(self.q_proj(x).view(b, Q, self.nh, self.hd)).transpose(1, 2), cos, sin)
         k, v = self.key_value(x, cos, sin)
         k = torch.cat([ctx_k, k], dim=2)
         v = torch.cat([ctx_v, v], dim=2)
-        mask = torch.cat([ctx_mask, ctx_mask.new_ones(b, B)], dim=1)[:, None, None, :]
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.nh != self.kvh)
-        return self.o_proj(out.transpose(1, 2).reshape(b, B, self.nh * self.hd))
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask[:, None], enable_gqa=self.nh != self.kvh)
+        return self.o_proj(out.transpose(1, 2).reshape(b, Q, self.nh * self.hd))
 
 
 class DraftMLP(nn.Module):
@@ -106,8 +105,8 @@ class DraftLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.mlp = DraftMLP(c)
 
-    def forward(self, x, cos, sin, ctx_k, ctx_v, ctx_mask):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx_k, ctx_v, ctx_mask)
+    def forward(self, x, cos, sin, ctx_k, ctx_v, attn_mask):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx_k, ctx_v, attn_mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -186,12 +185,20 @@ class DominoDraftModel(nn.Module):
             cache.values[i] = torch.cat([cache.values[i], v], dim=2)
         cache.mask = torch.cat([cache.mask, valid], dim=1)
 
-    def backbone(self, cache: DraftContextCache, block_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Final-normed hidden states [b, B, H] of the block at positions [b, B]."""
+    def backbone(self, cache: DraftContextCache, block_ids: torch.Tensor, positions: torch.Tensor,
+                 attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Final-normed hidden states [b, Q, H] of the block tokens [b, Q] at positions [b, Q].
+
+        By default every query sees all real context and the whole block (one block per
+        sequence, as in generation); training packs several blocks per sequence and passes
+        its own mask [b, Q, Tc + Q]."""
         x = self.embed_tokens(block_ids).to(self.fc.weight.dtype)
+        if attn_mask is None:
+            b, Q = block_ids.shape
+            attn_mask = torch.cat([cache.mask, cache.mask.new_ones(b, Q)], dim=1)[:, None, :]
         cos, sin = self.rotary(positions, x.dtype)
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, cache.keys[i], cache.values[i], cache.mask)
+            x = layer(x, cos, sin, cache.keys[i], cache.values[i], attn_mask)
         return self.norm(x)
 
     # ---- head -------------------------------------------------------------------------
@@ -216,20 +223,37 @@ class DominoDraftModel(nn.Module):
         _, h = self.prefix_gru(self.embed_tokens(tokens).to(self.prefix_gru.weight_hh_l0.dtype))
         return h[0].float()
 
+    def block_input(self, anchor: torch.Tensor, anchor_pos: torch.Tensor):
+        """Block tokens [anchor, MASK, ...] [b, B] and their positions [b, B]."""
+        B = self.config.block_size
+        block = torch.full((anchor.shape[0], B), self.config.mask_token_id, dtype=torch.int64, device=anchor.device)
+        block[:, 0] = anchor
+        return block, anchor_pos[:, None] + torch.arange(B, device=anchor.device)
+
+    def draft_hidden(self, h: torch.Tensor) -> torch.Tensor:
+        """The hidden states [.., n, H] of the block positions that draft tokens: all B with
+        shift_label, else the B - 1 after the anchor."""
+        return h if self.config.shift_label else h[..., 1:, :]
+
     @torch.no_grad()
     def draft(self, cache: DraftContextCache, anchor: torch.Tensor, anchor_pos: torch.Tensor, *,
               use_head: bool = True, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
               generator: torch.Generator | None = None) -> Draft:
         """Drafts ``config.num_drafts`` tokens after ``anchor`` [b] at positions ``anchor_pos`` [b]."""
-        c = self.config
-        B = c.block_size
-        block = torch.full((anchor.shape[0], B), c.mask_token_id, dtype=torch.int64, device=anchor.device)
-        block[:, 0] = anchor
-        positions = anchor_pos[:, None] + torch.arange(B, device=anchor.device)
-        h = self.backbone(cache, block, positions)
-        first = 0 if c.shift_label else 1
-        h = h[:, first:]
+        block, positions = self.block_input(anchor, anchor_pos)
+        h = self.draft_hidden(self.backbone(cache, block, positions))
         logits = self.lm_head(h.to(self.lm_head.weight.dtype)).float()  # [b, n, V] base logits
+        return self.choose_tokens(h, logits, anchor, use_head=use_head, temperature=temperature, top_k=top_k,
+                                  top_p=top_p, generator=generator)
+
+    @torch.no_grad()
+    def choose_tokens(self, h: torch.Tensor, logits: torch.Tensor, anchor: torch.Tensor, *, use_head: bool = True,
+                      temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                      generator: torch.Generator | None = None) -> Draft:
+        """Picks the drafts from draft hidden states h [b, n, H] and base logits [b, n, V]
+        float32: the first ``pure_draft_prefix_len`` from the base logits, the rest by the
+        Domino head rollout (or all from the base logits when the head is off)."""
+        c = self.config
         b, n, V = logits.shape
         sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
 

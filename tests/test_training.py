@@ -1,0 +1,132 @@
+"""Training: data shards, packed anchor batches, the loss recipe, resume, and DDP."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tiny_models import tiny_target
+from training.data import load_shards, make_batch
+from training.generate_data import count_tokens, regenerate, shard_path, write_shard
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """A tiny target saved to disk and three shards of its regenerated data."""
+    from domino.loading import default_drafter_config
+
+    root = tmp_path_factory.mktemp("tiny")
+    target = tiny_target("llama", vocab=64)
+    target.save_pretrained(root / "target")
+    layer_ids = default_drafter_config(target.config).target_layer_ids
+    g = torch.Generator().manual_seed(0)
+    data = root / "data"
+    data.mkdir()
+    for i in range(3):
+        prompts = [torch.randint(2, 64, (int(torch.randint(3, 9, (1,), generator=g)),), generator=g).tolist()
+                   for _ in range(6)]
+        write_shard(shard_path(data, i), *regenerate(target, prompts, layer_ids, eos={1}, pad=0, max_new_tokens=24))
+    return root, target
+
+
+def test_shards_hold_greedy_responses_and_features(tiny_run):
+    root, target = tiny_run
+    convs = load_shards(root / "data")
+    assert len(convs) > 10
+    tokens, n = count_tokens(root / "data")
+    records = [json.loads(line) for f in sorted((root / "data").glob("shard_*.jsonl")) for line in f.open()]
+    assert n == 18 and tokens == sum(len(r["response_ids"]) for r in records)
+    # conversations too short to hold an anchor (response < 2 tokens) are skipped
+    assert len(convs) == sum(len(r["response_ids"]) >= 2 for r in records)
+    c = convs[0]
+    with torch.no_grad():  # responses are the target's greedy continuation
+        out = target.generate(c.tokens[None, :c.prompt_len], max_new_tokens=len(c.tokens) - c.prompt_len,
+                              do_sample=False, pad_token_id=0, eos_token_id=[1])
+    assert out[0, c.prompt_len:].tolist() == c.tokens[c.prompt_len:].tolist()
+    assert c.features.shape == (len(c.tokens) - 1, 4 * 64)  # 4 feature layers x H
+    with torch.no_grad():  # features are the hidden states of the tokens fed to the target
+        hs = target(c.tokens[None, :-1], output_hidden_states=True).hidden_states
+    from domino.loading import default_drafter_config
+    ids = default_drafter_config(target.config).target_layer_ids
+    ref = torch.cat([hs[i + 1] for i in ids], -1)[0]
+    torch.testing.assert_close(c.features.float(), ref, atol=0.05, rtol=0.02)
+
+
+def test_packed_batch_masks_context_strictly_before_anchor(tiny_run):
+    root, _ = tiny_run
+    convs = load_shards(root / "data")[:3]
+    B, n = 8, 7
+    batch = make_batch(convs, 3, B, n, 63, torch.Generator().manual_seed(0))
+    N, A = 3, 3
+    Tc = batch.features.shape[1]
+    for s in range(N):
+        for a in range(A):
+            p = int(batch.block_pos[s, a * B])
+            assert batch.anchors[s, a] == convs[s].tokens[p]
+            for j in range(B):
+                q = a * B + j
+                ctx = batch.attn_mask[s, q, :Tc]
+                assert ctx[:p].all() and not ctx[p:].any()
+                blk = batch.attn_mask[s, q, Tc:].view(A, B)
+                assert blk[a].all() and blk.sum() == B
+            for k in range(n):
+                if batch.label_valid[s, a, k]:
+                    assert batch.labels[s, a, k] == convs[s].tokens[p + 1 + k]
+                    assert batch.teacher[s, a, k] == convs[s].tokens[p + k]
+
+
+def run_train(root, out, *extra, env=None, nproc=None):
+    args = ["--data", str(root / "data"), "--out", str(out), "--target", str(root / "target"), "--layers", "1",
+            "--rank", "8", "--gru", "16", "--block-size", "8", "--seqs-per-step", "4", "--anchors", "2",
+            "--eval-shards", "0", "--eval-every", "3", "--ckpt-every", "1", *extra]
+    if nproc:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port",
+               "29517", "-m", "training.train", *args]
+    else:
+        cmd = [sys.executable, "-m", "training.train", *args]
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **(env or {})}
+    subprocess.run(cmd, check=True, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=600)
+    return [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+
+
+def test_loss_goes_down_and_curriculum_moves(tiny_run, tmp_path):
+    root, _ = tiny_run
+    log = run_train(root, tmp_path / "run", "--steps", "6", "--lr", "3e-3")
+    assert [r["lam"] for r in log] == pytest.approx([1.0, 0.8, 0.6, 0.4, 0.2, 0.0])
+    assert log[-1]["loss_base"] < log[0]["loss_base"]
+    assert "tau_head_on" in log[2] and "tau_head_off" in log[2]
+    assert (tmp_path / "run" / "drafter" / "config.json").exists()
+
+
+def test_resume_continues_with_the_same_data_order(tiny_run, tmp_path):
+    root, _ = tiny_run
+    straight = run_train(root, tmp_path / "a", "--steps", "4")
+    run_train(root, tmp_path / "b", "--steps", "4", "--stop-after", "2")  # "killed" after step 1
+    resumed = run_train(root, tmp_path / "b", "--steps", "4")  # log.jsonl accumulates
+    assert [r["step"] for r in resumed] == [0, 1, 2, 3]
+    for x, y in zip(straight, resumed):
+        assert x["loss_final"] == pytest.approx(y["loss_final"], rel=1e-5)
+
+
+def test_two_processes_match_one_on_the_same_global_batch(tiny_run, tmp_path):
+    root, _ = tiny_run
+    one = run_train(root, tmp_path / "one", "--steps", "3")
+    two = run_train(root, tmp_path / "two", "--steps", "3", nproc=2)
+    for x, y in zip(one, two):
+        assert x["loss_final"] == pytest.approx(y["loss_final"], rel=1e-4)
+        assert x["loss_base"] == pytest.approx(y["loss_base"], rel=1e-4)
+
+
+@pytest.mark.parametrize("flag", ["--ttt", "--no-curriculum"])
+def test_ablation_switches_run(tiny_run, tmp_path, flag):
+    root, _ = tiny_run
+    log = run_train(root, tmp_path / "run", "--steps", "2", flag)
+    if flag == "--no-curriculum":
+        assert all(r["lam"] == 0.0 for r in log)
+    assert all(r["loss_final"] > 0 for r in log)

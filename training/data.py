@@ -1,0 +1,107 @@
+"""Training data: regenerated conversations with their cached target features, and the
+packed anchor batches the trainer consumes."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+
+@dataclass
+class Conversation:
+    tokens: torch.Tensor  # [T] int64: prompt + response
+    prompt_len: int
+    features: torch.Tensor  # [T - 1, n*H] bf16: the target's features of tokens[:-1]
+
+    @property
+    def anchor_range(self) -> tuple[int, int]:
+        """Anchors p with a response token at p and p + 1: [prompt_len, T - 2]."""
+        return self.prompt_len, len(self.tokens) - 2
+
+
+def load_shards(directory: Path, shards: list[int] | None = None, max_shards: int | None = None) -> list[Conversation]:
+    """Reads complete shards (the jsonl marks completion) and their features."""
+    out = []
+    files = sorted(Path(directory).glob("shard_*.jsonl"))
+    if shards is not None:
+        files = [f for f in files if int(f.stem.split("_")[1]) in shards]
+    for f in files[:max_shards]:
+        feats = load_file(str(f.with_suffix(".features.safetensors")))
+        offsets = feats["offsets"].tolist()
+        for i, line in enumerate(f.read_text().splitlines()):
+            rec = json.loads(line)
+            tokens = torch.tensor(rec["prompt_ids"] + rec["response_ids"])
+            if len(rec["response_ids"]) < 2:
+                continue
+            out.append(Conversation(tokens, len(rec["prompt_ids"]), feats["features"][offsets[i]:offsets[i + 1]]))
+    return out
+
+
+@dataclass
+class AnchorBatch:
+    """Several anchors per sequence, packed for one backbone forward.
+
+    Each sequence's context (target features at positions [0, Tc)) is projected once; every
+    block [x_p, MASK, ...] sees only context strictly before its anchor p and its own block.
+    """
+
+    features: torch.Tensor  # [N, Tc, n*H]
+    ctx_valid: torch.Tensor  # [N, Tc] bool
+    block_tokens: torch.Tensor  # [N, A*B]
+    block_pos: torch.Tensor  # [N, A*B]
+    attn_mask: torch.Tensor  # [N, A*B, Tc + A*B] bool
+    anchors: torch.Tensor  # [N, A] token at each anchor
+    teacher: torch.Tensor  # [N, A, n] GRU inputs under teacher forcing: x_p, x_{p+1}, ...
+    labels: torch.Tensor  # [N, A, n] x_{p+1+k}
+    label_valid: torch.Tensor  # [N, A, n] bool
+
+    @property
+    def num_anchors(self) -> int:
+        return self.anchors.shape[1]
+
+
+def make_batch(convs: list[Conversation], anchors_per_seq: int, block_size: int, num_drafts: int,
+               mask_token_id: int, generator: torch.Generator) -> AnchorBatch:
+    """Samples ``anchors_per_seq`` anchors per conversation (uniform over its response)."""
+    N, A, B, n = len(convs), anchors_per_seq, block_size, num_drafts
+    ps = []
+    for c in convs:
+        lo, hi = c.anchor_range
+        ps.append(torch.randint(lo, hi + 1, (A,), generator=generator))
+    ps = torch.stack(ps)  # [N, A]
+    Tc = int(ps.max())  # context needed: positions < max anchor
+    nH = convs[0].features.shape[1]
+    features = torch.zeros(N, Tc, nH, dtype=convs[0].features.dtype)
+    ctx_valid = torch.zeros(N, Tc, dtype=torch.bool)
+    labels = torch.zeros(N, A, n, dtype=torch.int64)
+    label_valid = torch.zeros(N, A, n, dtype=torch.bool)
+    teacher = torch.zeros(N, A, n, dtype=torch.int64)
+    for s, c in enumerate(convs):
+        T = len(c.tokens)
+        m = min(Tc, c.features.shape[0])
+        features[s, :m] = c.features[:m]
+        ctx_valid[s, :m] = True
+        for a in range(A):
+            p = int(ps[s, a])
+            idx = p + 1 + torch.arange(n)
+            ok = idx < T
+            labels[s, a, ok] = c.tokens[idx[ok]]
+            label_valid[s, a] = ok
+            tidx = p + torch.arange(n)
+            tok = tidx < T
+            teacher[s, a, tok] = c.tokens[tidx[tok]]
+    anchors = torch.stack([c.tokens[ps[s]] for s, c in enumerate(convs)])
+    block_tokens = torch.full((N, A, B), mask_token_id, dtype=torch.int64)
+    block_tokens[:, :, 0] = anchors
+    block_pos = ps[:, :, None] + torch.arange(B)
+    # context part: key position < anchor; block part: same block only
+    ctx_part = torch.arange(Tc)[None, None, :] < ps[:, :, None]  # [N, A, Tc]
+    ctx_part = (ctx_part & ctx_valid[:, None, :])[:, :, None, :].expand(N, A, B, Tc).reshape(N, A * B, Tc)
+    block_id = torch.arange(A).repeat_interleave(B)
+    blk_part = (block_id[:, None] == block_id[None, :])[None].expand(N, -1, -1)
+    return AnchorBatch(features, ctx_valid, block_tokens.view(N, A * B), block_pos.view(N, A * B),
+                       torch.cat([ctx_part, blk_part], dim=2), anchors, teacher, labels, label_valid)

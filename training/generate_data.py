@@ -1,0 +1,136 @@
+"""Regenerates ShareGPT responses with the target (greedy), as resumable append-only shards.
+
+    python -m training.generate_data --out training/data/smollm2 --target-tokens 1000000
+
+The target's hidden states at the drafter's feature layers are saved beside each shard
+(they fall out of generation at no extra cost), so training never reruns the target.
+Shard i holds prompts [i*B, (i+1)*B) of the fixed prompt order, so a killed run resumes by
+skipping the shards already on disk: no shard is lost or written twice (each is written to
+a temporary name and renamed). Each line of a shard is {"prompt_ids", "response_ids"}; the
+response is the target's greedy continuation, cut after its first EOS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from tqdm import tqdm
+
+from training.prompts import training_prompts
+
+
+def shard_path(out: Path, i: int) -> Path:
+    return out / f"shard_{i:05d}.jsonl"
+
+
+def features_path(shard: Path) -> Path:
+    """Target features of a shard: "features" [tokens, n*H] bf16 for each conversation's
+    prompt + response[:-1], concatenated; "offsets" [convs + 1]."""
+    return shard.with_suffix(".features.safetensors")
+
+
+def count_tokens(out: Path) -> tuple[int, int]:
+    """(response tokens, conversations) over the shards in ``out``."""
+    tokens = convs = 0
+    for f in sorted(out.glob("shard_*.jsonl")):
+        for line in f.open():
+            tokens += len(json.loads(line)["response_ids"])
+            convs += 1
+    return tokens, convs
+
+
+def regenerate(model, batch: list[list[int]], layer_ids: list[int], eos: set[int], pad: int, max_new_tokens: int):
+    """Greedy responses of ``model`` to the prompt ids in ``batch`` and the target features
+    of every token fed to it. Returns (records, features [tokens, n*H] bf16, offsets)."""
+    T = max(len(p) for p in batch)
+    ids = torch.tensor([[pad] * (T - len(p)) + p for p in batch])
+    mask = torch.tensor([[0] * (T - len(p)) + [1] * len(p) for p in batch])
+    with torch.inference_mode():
+        out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
+                             pad_token_id=pad, eos_token_id=sorted(eos), temperature=None, top_k=None, top_p=None,
+                             output_hidden_states=True, return_dict_in_generate=True,
+                             cache_implementation="static")  # a growing DynamicCache re-copies itself every step
+    # Target features come for free: step 0 holds the prompt's hidden states, step s the
+    # hidden state of the token fed at step s. Keep the drafter's layers, in bf16.
+    steps = [torch.cat([h[l + 1] for l in layer_ids], dim=-1) for h in out.hidden_states]
+    feats_all = torch.cat(steps, dim=1).to(torch.bfloat16)  # [b, T + steps - 1, n*H]
+    records, feats, offsets = [], [], [0]
+    for s_idx, (p, row) in enumerate(zip(batch, out.sequences[:, T:].tolist())):
+        cut = next((j + 1 for j, t in enumerate(row) if t in eos), len(row))
+        records.append({"prompt_ids": p, "response_ids": row[:cut]})
+        # features of every token fed to the target: the prompt and response[:-1]
+        feats.append(feats_all[s_idx, T - len(p): T + cut - 1])
+        offsets.append(offsets[-1] + feats[-1].shape[0])
+    return records, torch.cat(feats).contiguous(), offsets, layer_ids
+
+
+def write_shard(path: Path, records: list[dict], features: torch.Tensor, offsets: list[int],
+                layer_ids: list[int]) -> int:
+    """Writes a shard atomically (features first, the jsonl last: its presence marks a
+    complete shard). Returns the number of response tokens."""
+    tmp = path.with_suffix(".features.tmp")
+    save_file({"features": features, "offsets": torch.tensor(offsets)}, str(tmp),
+              metadata={"layer_ids": json.dumps(layer_ids)})
+    os.replace(tmp, features_path(path))
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    os.replace(tmp, path)
+    return sum(len(r["response_ids"]) for r in records)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("training/data/smollm2"))
+    parser.add_argument("--target", type=Path, default=None, help="HF target dir (default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--max-prompt-tokens", type=int, default=256)
+    parser.add_argument("--target-tokens", type=int, default=1_000_000, help="stop once this many response tokens exist")
+    args = parser.parse_args()
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from domino.loading import default_drafter_config, smollm2_dir
+
+    target_dir = args.target or smollm2_dir()
+    tok = AutoTokenizer.from_pretrained(target_dir)
+    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    eos = model.generation_config.eos_token_id
+    eos = set([eos] if isinstance(eos, int) else eos)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else min(eos)
+    layer_ids = default_drafter_config(model.config).target_layer_ids
+
+    prompts = []
+    for text in training_prompts():
+        ids = tok(tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                          add_generation_prompt=True), add_special_tokens=False)["input_ids"]
+        if len(ids) <= args.max_prompt_tokens:
+            prompts.append(ids)
+    args.out.mkdir(parents=True, exist_ok=True)
+    n_shards = (len(prompts) + args.batch_size - 1) // args.batch_size
+    tokens, convs = count_tokens(args.out)
+    print(f"{len(prompts)} prompts in {n_shards} shards; on disk: {convs} conversations, {tokens} response tokens")
+
+    bar = tqdm(total=args.target_tokens, initial=min(tokens, args.target_tokens), unit="tok", desc="responses")
+    for i in range(n_shards):
+        if tokens >= args.target_tokens:
+            break
+        path = shard_path(args.out, i)
+        if path.exists():
+            continue
+        batch = prompts[i * args.batch_size:(i + 1) * args.batch_size]
+        new = write_shard(path, *regenerate(model, batch, layer_ids, eos, pad, args.max_new_tokens))
+        tokens += new
+        convs += len(batch)
+        bar.update(new)
+    bar.close()
+    print(f"done: {convs} conversations, {tokens} response tokens in {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,282 @@
+"""Trains a Domino drafter on target-regenerated data (paper section 4.2 / appendix A.1).
+
+    python -m training.train --data training/data/smollm2 --out training/runs/default --steps 800
+    torchrun --nproc-per-node 2 -m training.train ...        # data-parallel (gloo on CPU)
+
+Target frozen (its features are cached beside the data; its embedding and LM head are
+borrowed). Per sequence, anchors are sampled over the response; each block
+[x_p, MASK, ...] sees the context strictly before p, all blocks of a sequence in one
+packed forward. The GRU is teacher-forced (``--ttt`` feeds it the drafter's own argmax
+instead). Loss ``(1 - lam) * CE(final) + lam * CE(base)`` with lam going linearly 1 -> 0
+(``--no-curriculum``: lam = 0), both weighted per draft position by exp(-k / gamma).
+AdamW, cosine schedule with warmup, gradient clipping. A checkpoint is written atomically
+every ``--ckpt-every`` steps; a killed run resumes from it with the same data order (the
+batch of step s depends only on the seed and s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from domino.model import DominoDraftModel
+from training.data import AnchorBatch, Conversation, load_shards, make_batch
+
+
+def position_weights(n: int, gamma: float) -> torch.Tensor:
+    return torch.exp(-torch.arange(n, dtype=torch.float32) / gamma)
+
+
+def head_logits(model: DominoDraftModel, h: torch.Tensor, base: torch.Tensor, gru_inputs: torch.Tensor) -> torch.Tensor:
+    """Final logits base + W2 silu(W1 [h; S]) for every draft position at once, the GRU run
+    over ``gru_inputs`` [M, n] (teacher forcing). The first pure_draft_prefix_len positions
+    keep their base logits, as in generation."""
+    S, _ = model.prefix_gru(model.embed_tokens(gru_inputs).to(h.dtype))  # [M, n, G]: state after x_p..x_{p+k}
+    delta = model.embed_proj(torch.cat([h, S], dim=-1))
+    P = model.config.pure_draft_prefix_len
+    delta = torch.cat([torch.zeros_like(delta[:, :P]), delta[:, P:]], dim=1)
+    return base + delta
+
+
+def head_logits_ttt(model: DominoDraftModel, h: torch.Tensor, base: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:
+    """Training-time test: the GRU consumes the drafter's own argmax, step by step."""
+    P = model.config.pure_draft_prefix_len
+    n = h.shape[1]
+    state = None
+    x = anchor
+    outs = []
+    for k in range(n):
+        _, state = model.prefix_gru(model.embed_tokens(x)[:, None].to(h.dtype), state)
+        if k < P:
+            logits_k = base[:, k]
+        else:
+            logits_k = base[:, k] + model.embed_proj(torch.cat([h[:, k], state[0]], dim=-1))
+        outs.append(logits_k)
+        x = logits_k.detach().argmax(-1)
+    return torch.stack(outs, dim=1)
+
+
+def forward_batch(model: DominoDraftModel, batch: AnchorBatch, *, ttt: bool, autocast: bool):
+    """(base logits, final logits) [N*A, n, V] float32 for a packed anchor batch."""
+    N, A = batch.anchors.shape
+    c = model.config
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        cache = model.new_cache(N, batch.features.device, model.fc.weight.dtype)
+        Tc = batch.features.shape[1]
+        model.extend_context(cache, batch.features, torch.arange(Tc).expand(N, Tc), batch.ctx_valid)
+        h = model.backbone(cache, batch.block_tokens, batch.block_pos, batch.attn_mask)
+        h = model.draft_hidden(h.view(N * A, c.block_size, -1))  # [M, n, H]
+        base = model.lm_head(h)
+        if not c.has_head:
+            return base.float(), base.float()
+        if ttt:
+            final = head_logits_ttt(model, h, base, batch.anchors.reshape(-1))
+        else:
+            final = head_logits(model, h, base, batch.teacher.reshape(N * A, -1))
+    return base.float(), final.float()
+
+
+class DrafterForward(torch.nn.Module):
+    """The drafter's training forward as a module, so DistributedDataParallel can wrap it."""
+
+    def __init__(self, model: DominoDraftModel, ttt: bool, autocast: bool):
+        super().__init__()
+        self.model, self.ttt, self.autocast = model, ttt, autocast
+
+    def forward(self, batch: AnchorBatch):
+        return forward_batch(self.model, batch, ttt=self.ttt, autocast=self.autocast)
+
+
+def weighted_ce(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, weight_total) -> torch.Tensor:
+    ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view(labels.shape)
+    return (ce * weights).sum() / weight_total
+
+
+@torch.no_grad()
+def acceptance_length(model: DominoDraftModel, batch: AnchorBatch, use_head: bool) -> float:
+    """Mean tokens advanced per verification (accepted drafts + 1) under greedy rollout,
+    against the data, which is the target's own greedy continuation."""
+    N, A = batch.anchors.shape
+    c = model.config
+    cache = model.new_cache(N, batch.features.device, model.fc.weight.dtype)
+    Tc = batch.features.shape[1]
+    model.extend_context(cache, batch.features, torch.arange(Tc).expand(N, Tc), batch.ctx_valid)
+    h = model.draft_hidden(model.backbone(cache, batch.block_tokens, batch.block_pos, batch.attn_mask)
+                           .view(N * A, c.block_size, -1))
+    base = model.lm_head(h.to(model.lm_head.weight.dtype)).float()
+    drafts = model.choose_tokens(h, base, batch.anchors.reshape(-1), use_head=use_head).tokens
+    labels = batch.labels.view(N * A, -1)
+    ok = (drafts == labels) & batch.label_valid.view(N * A, -1)
+    accepted = torch.cumprod(ok.to(torch.int64), dim=1).sum(1)
+    return float((accepted + 1).float().mean())
+
+
+def lr_at(step: int, total: int, base_lr: float, warmup_frac: float) -> float:
+    warm = max(1, int(total * warmup_frac))
+    if step < warm:
+        return base_lr * (step + 1) / warm
+    return 0.5 * base_lr * (1 + math.cos(math.pi * (step - warm) / max(1, total - warm)))
+
+
+def save_checkpoint(path: Path, model, optim, step: int, args) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save({"model": model.state_dict(), "optim": optim.state_dict(), "step": step,
+                "config": model.config.to_json_dict(), "args": vars(args)}, tmp)
+    os.replace(tmp, path)  # atomic: a kill mid-write leaves the previous checkpoint
+
+
+def build_model(args, target):
+    from domino.config import DominoConfig
+    from domino.loading import default_drafter_config
+
+    if args.config:
+        config = DominoConfig.load(args.config)
+    else:
+        config = default_drafter_config(target.config)
+        config.num_hidden_layers = args.layers
+        config.emb_dim, config.gru_hidden_dim, config.block_size = args.rank, args.gru, args.block_size
+    torch.manual_seed(args.seed)
+    return DominoDraftModel(config).bind_target(target)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--target", type=Path, default=None, help="HF target dir (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--config", type=Path, default=None, help="drafter config dir (default: derived from the target)")
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--rank", type=int, default=64)
+    p.add_argument("--gru", type=int, default=256)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--steps", type=int, default=800)
+    p.add_argument("--seqs-per-step", type=int, default=16, help="global batch, in sequences")
+    p.add_argument("--anchors", type=int, default=8, help="anchors per sequence")
+    p.add_argument("--lr", type=float, default=6e-4)
+    p.add_argument("--warmup", type=float, default=0.04)
+    p.add_argument("--clip", type=float, default=1.0)
+    p.add_argument("--gamma", type=float, default=7.0)
+    p.add_argument("--ttt", action="store_true", help="training-time test instead of teacher forcing")
+    p.add_argument("--no-curriculum", action="store_true", help="lam = 0 throughout")
+    p.add_argument("--eval-shards", type=int, nargs="+", default=[0], help="held out for evaluation")
+    p.add_argument("--eval-every", type=int, default=100)
+    p.add_argument("--ckpt-every", type=int, default=50)
+    p.add_argument("--bf16", action="store_true", help="bf16 autocast for the matmuls")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-shards", type=int, default=None)
+    p.add_argument("--export-dtype", default="bfloat16")
+    p.add_argument("--stop-after", type=int, default=None,
+                   help="leave after this many steps of this invocation (as if killed; resume continues)")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    distributed = "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1
+    rank, world = 0, 1
+    if distributed:
+        dist.init_process_group("gloo")
+        rank, world = dist.get_rank(), dist.get_world_size()
+        torch.set_num_threads(max(1, (os.cpu_count() or 2) // world))
+    log = (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
+
+    from transformers import AutoModelForCausalLM
+
+    from domino.loading import smollm2_dir
+
+    target = AutoModelForCausalLM.from_pretrained(args.target or smollm2_dir(quiet=True), dtype=torch.float32).eval()
+    target.requires_grad_(False)
+    model = build_model(args, target)
+    c = model.config
+    all_shards = sorted(int(f.stem.split("_")[1]) for f in args.data.glob("shard_*.jsonl"))
+    train_shards = [s for s in all_shards if s not in args.eval_shards]
+    train = load_shards(args.data, train_shards, args.max_shards)
+    held = load_shards(args.data, args.eval_shards)
+    log(f"train: {len(train)} conversations, {sum(len(x.tokens) - x.prompt_len for x in train)} response tokens; "
+        f"eval: {len(held)} conversations; drafter {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params")
+
+    step_fn = DrafterForward(model, args.ttt, args.bf16)
+    if distributed:  # gradients are averaged over ranks in backward
+        step_fn = torch.nn.parallel.DistributedDataParallel(step_fn)
+    optim = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    args.out.mkdir(parents=True, exist_ok=True)
+    ckpt = args.out / "checkpoint.pt"
+    start = 0
+    if ckpt.exists():
+        state = torch.load(ckpt, weights_only=False)
+        model.load_state_dict(state["model"])
+        optim.load_state_dict(state["optim"])
+        start = state["step"] + 1
+        log(f"resumed from {ckpt} at step {start}")
+    weights = position_weights(c.num_drafts, args.gamma)
+    eval_batch = make_batch(held[:32], 4, c.block_size, c.num_drafts, c.mask_token_id,
+                            torch.Generator().manual_seed(1234)) if held else None
+    history = []
+    log_file = (args.out / "log.jsonl").open("a") if rank == 0 else None
+    t0 = time.time()
+    end = args.steps if args.stop_after is None else min(args.steps, start + args.stop_after)
+    for step in range(start, end):
+        g = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
+        idx = torch.randint(0, len(train), (args.seqs_per_step,), generator=g).tolist()
+        batch = make_batch([train[i] for i in idx], args.anchors, c.block_size, c.num_drafts, c.mask_token_id, g)
+        if distributed:  # this rank's share of the global batch; the loss is normalised globally
+            batch = _slice_batch(batch, rank, world)
+        lam = 0.0 if args.no_curriculum else max(0.0, 1.0 - step / max(1, args.steps - 1))
+        for group in optim.param_groups:
+            group["lr"] = lr_at(step, args.steps, args.lr, args.warmup)
+        w = weights[None, None, :] * batch.label_valid
+        w_total = w.sum()
+        if distributed:
+            dist.all_reduce(w_total)
+        w = w.view(-1, c.num_drafts)
+        base, final = step_fn(batch)
+        labels = batch.labels.view(-1, c.num_drafts)
+        loss_base = weighted_ce(base, labels, w, w_total)
+        loss_final = weighted_ce(final, labels, w, w_total)
+        loss = (1 - lam) * loss_final + lam * loss_base
+        optim.zero_grad(set_to_none=True)
+        (loss * world).backward()  # DDP averages over ranks; the global normaliser is already in
+        torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+        optim.step()
+        lb, lf = loss_base.detach(), loss_final.detach()
+        if distributed:
+            for t in (lb, lf):
+                dist.all_reduce(t)
+        rec = {"step": step, "loss_base": float(lb), "loss_final": float(lf), "lam": lam,
+               "lr": optim.param_groups[0]["lr"], "elapsed_s": round(time.time() - t0, 1)}
+        if eval_batch is not None and rank == 0 and ((step + 1) % args.eval_every == 0 or step + 1 == args.steps):
+            model.eval()
+            rec["tau_head_on"] = acceptance_length(model, eval_batch, use_head=True)
+            rec["tau_head_off"] = acceptance_length(model, eval_batch, use_head=False)
+            model.train()
+        history.append(rec)
+        if rank == 0:
+            log_file.write(json.dumps(rec) + "\n")
+            log_file.flush()
+            if step % 10 == 0 or "tau_head_on" in rec:
+                log(json.dumps(rec))
+        if rank == 0 and ((step + 1) % args.ckpt_every == 0 or step + 1 == args.steps):
+            save_checkpoint(ckpt, model, optim, step, args)
+    if rank == 0 and end == args.steps:
+        model.save_pretrained(args.out / "drafter", dtype=getattr(torch, args.export_dtype))
+        log(f"saved {args.out / 'drafter'}")
+    if distributed:
+        dist.barrier()
+        dist.destroy_process_group()
+    return {"history": history}
+
+
+def _slice_batch(batch: AnchorBatch, rank: int, world: int) -> AnchorBatch:
+    return AnchorBatch(*[getattr(batch, f)[rank::world].contiguous() for f in AnchorBatch.__dataclass_fields__])
+
+
+if __name__ == "__main__":
+    main()
