@@ -196,7 +196,9 @@ class DominoGenerator:
                 q = filtered_probs(draft.logits, temperature, top_k, top_p)
                 verified, num_acc = domino_ops.verify_sampling(draft.tokens, q, p, generator=generator)
             kept = num_acc + 1  # anchor + accepted drafts enter the context
-            kept_list = kept.tolist()  # the one host sync of the round
+            host = torch.cat([kept[:, None], verified], dim=1).tolist()  # the one host sync of the round
+            kept_list = [row[0] for row in host]
+            verified_rows = [row[1:] for row in host]
             m = max(kept_list)
             valid = torch.arange(m, device=dev)[None, :] < kept[:, None]
             if n + 1 > m:
@@ -205,7 +207,6 @@ class DominoGenerator:
             self.drafter.extend_context(dcache, features[:, :m], block_pos[:, :m], valid)
             anchor = verified.gather(1, num_acc[:, None])[:, 0]
             anchor_pos = anchor_pos + kept
-            verified_rows = verified.tolist()
             for s in range(b):
                 if done[s]:
                     continue
