@@ -48,11 +48,5 @@ void verify_sampling_cpu(const at::Tensor& draft_tokens, const at::Tensor& draft
                          at::Tensor num_accepted);
 }  // namespace cpu
 
-#ifdef DOMINO_WITH_CUDA
-namespace cuda {
-void verify_greedy_cuda(const at::Tensor& draft_tokens, const at::Tensor& target_logits,
-                        at::Tensor out_tokens, at::Tensor num_accepted);
-}  // namespace cuda
-#endif
 
 }  // namespace domino

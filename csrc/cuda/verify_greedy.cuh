@@ -1,9 +1,7 @@
 // CUDA kernel of verify_greedy, as plain CUDA (no torch headers) behind a C++ launcher.
 #pragma once
 
-#include <cuda_runtime.h>
-
-#include <cstdint>
+#include "cuda/portable.cuh"
 
 namespace domino::cuda {
 

@@ -1,0 +1,127 @@
+// Tensors -> the plain launchers in csrc/cuda/. Shared by the CUDA dispatcher kernels
+// (cuda_impls.cpp, torch's current stream) and their emulated twins (simt_impls.cpp,
+// test infrastructure), so the emulator tests exercise this marshalling too.
+// ATen comes first: in the emulator build the kernel headers bring in simt.h's macros.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <limits>
+
+#include "ops.h"
+#include "cuda/domino_head_rollout.cuh"
+#include "cuda/sample.cuh"
+#include "cuda/verify_greedy.cuh"
+#include "cuda/verify_sampling.cuh"
+
+namespace domino::cuda {
+
+inline void check_launch(cudaError_t err, const char* op) {
+  TORCH_CHECK(err == cudaSuccess, op, " kernel launch failed: ", cudaGetErrorString(err));
+}
+
+inline void check_grid_rows(int64_t b, const char* what) {
+  TORCH_CHECK(b <= std::numeric_limits<int>::max(), what, ": batch ", b, " exceeds the grid limit");
+}
+
+inline void run_verify_greedy(const at::Tensor& draft_tokens, const at::Tensor& target_logits,
+                              at::Tensor& out_tokens, at::Tensor& num_accepted, cudaStream_t stream) {
+  check_verify_greedy_args(draft_tokens, target_logits, out_tokens, num_accepted);
+  check_grid_rows(draft_tokens.size(0), "verify_greedy");
+  check_launch(launch_verify_greedy(draft_tokens.data_ptr<int64_t>(), target_logits.data_ptr(),
+                                    target_logits.scalar_type() == at::kBFloat16, draft_tokens.size(0),
+                                    draft_tokens.size(1), target_logits.size(2),
+                                    out_tokens.data_ptr<int64_t>(), num_accepted.data_ptr<int64_t>(),
+                                    stream),
+               "verify_greedy");
+}
+
+inline void run_sample(const at::Tensor& logits, double temperature, int64_t top_k, double top_p,
+                       const std::optional<at::Tensor>& uniforms, at::Tensor& tokens,
+                       cudaStream_t stream) {
+  check_sample_args(logits, temperature, top_k, top_p, uniforms, tokens);
+  check_grid_rows(logits.size(0), "sample");
+  const double* u = temperature > 0 ? uniforms->data_ptr<double>() : nullptr;
+  check_launch(launch_sample(logits.data_ptr(), logits.scalar_type() == at::kBFloat16, logits.size(0),
+                             logits.size(1), static_cast<float>(temperature), top_k, top_p, u,
+                             tokens.data_ptr<int64_t>(), stream),
+               "sample");
+}
+
+inline void run_verify_sampling(const at::Tensor& draft_tokens, const at::Tensor& draft_probs,
+                                const at::Tensor& target_probs, const at::Tensor& uniforms_accept,
+                                const at::Tensor& uniforms_resample, at::Tensor& out_tokens,
+                                at::Tensor& num_accepted, cudaStream_t stream) {
+  check_verify_sampling_args(draft_tokens, draft_probs, target_probs, uniforms_accept,
+                             uniforms_resample, out_tokens, num_accepted);
+  check_grid_rows(draft_tokens.size(0), "verify_sampling");
+  check_launch(launch_verify_sampling(draft_tokens.data_ptr<int64_t>(), draft_probs.data_ptr<float>(),
+                                      target_probs.data_ptr<float>(), uniforms_accept.data_ptr<double>(),
+                                      uniforms_resample.data_ptr<double>(), draft_tokens.size(0),
+                                      draft_tokens.size(1), target_probs.size(2),
+                                      out_tokens.data_ptr<int64_t>(), num_accepted.data_ptr<int64_t>(),
+                                      stream),
+               "verify_sampling");
+}
+
+// Workspace comes from torch's caching allocator (no cudaMalloc once warm, and legal
+// inside torch.cuda.graph capture, where it is served from the graph's private pool).
+inline void run_domino_head_rollout(at::Tensor& base_logits, const at::Tensor& hproj,
+                                    const at::Tensor& state, const at::Tensor& gru_input,
+                                    const std::optional<at::Tensor>& w_ih, const at::Tensor& w_hh,
+                                    const at::Tensor& w1s, const at::Tensor& w2, double temperature,
+                                    int64_t top_k, double top_p,
+                                    const std::optional<at::Tensor>& uniforms, bool write_logits,
+                                    at::Tensor& tokens, at::Tensor& logprobs, at::Tensor& state_out,
+                                    cudaStream_t stream) {
+  check_head_rollout_args(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w2, temperature,
+                          top_k, top_p, uniforms, tokens, logprobs, state_out);
+  const int64_t b = base_logits.size(0), k = base_logits.size(1), V = base_logits.size(2);
+  const int64_t r = w1s.size(0), G = w1s.size(1), H = w_ih ? w_ih->size(1) : 0;
+  TORCH_CHECK(V < std::numeric_limits<int>::max(), "domino_head_rollout: vocabulary ", V,
+              " does not fit the kernel's int32 token ids");
+  TORCH_CHECK(b * r <= kHeadMaxBatchTimesRank, "domino_head_rollout: batch * rank = ", b, " * ", r,
+              " exceeds the kernel's shared-memory limit of ", kHeadMaxBatchTimesRank,
+              "; split the batch");
+  TORCH_CHECK(7 * G + H <= kHeadMaxGruFloats, "domino_head_rollout: GRU width G = ", G,
+              " and embedding width H = ", H, " exceed the kernel's shared-memory limit (7G + H <= ",
+              kHeadMaxGruFloats, ")");
+  check_grid_rows(b, "domino_head_rollout");
+  if (temperature == 0.0) {  // filters only apply when sampling
+    top_k = 0;
+    top_p = 1.0;
+  }
+  const bool filtered = top_k > 0 || top_p < 1.0;
+  const at::Tensor hproj_f = hproj.to(at::kFloat).contiguous();
+  at::Tensor workspace =
+      at::empty({head_rollout_workspace_floats(b, V, r, filtered)}, state.options().dtype(at::kFloat));
+  HeadRolloutArgs args{};
+  args.base_logits = base_logits.data_ptr();
+  args.logits_bf16 = base_logits.scalar_type() == at::kBFloat16;
+  args.hproj = hproj_f.data_ptr<float>();
+  args.state = state.data_ptr<float>();
+  args.gru_input = gru_input.data_ptr();
+  args.w_ih = w_ih ? w_ih->data_ptr() : nullptr;
+  args.w_hh = w_hh.data_ptr();
+  args.w1s = w1s.data_ptr();
+  args.w2 = w2.data_ptr();
+  args.weights_bf16 = w2.scalar_type() == at::kBFloat16;
+  args.b = b;
+  args.k = k;
+  args.V = V;
+  args.r = r;
+  args.G = G;
+  args.H = H;
+  args.temperature = static_cast<float>(temperature);
+  args.top_k = top_k;
+  args.top_p = top_p;
+  args.uniforms = temperature > 0 ? uniforms->data_ptr<double>() : nullptr;
+  args.write_logits = write_logits;
+  args.tokens = tokens.data_ptr<int64_t>();
+  args.logprobs = logprobs.data_ptr<float>();
+  args.state_out = state_out.data_ptr<float>();
+  args.workspace = workspace.data_ptr<float>();
+  check_launch(launch_domino_head_rollout(args, stream), "domino_head_rollout");
+}
+
+}  // namespace domino::cuda

@@ -1,0 +1,334 @@
+// CUDA kernels of domino_head_rollout: the fused Domino head step, k times.
+//
+// Per step i and sequence s:
+//   a   = silu(hproj[s, i] + w1s @ S)                 w1s [r, G]
+//   L   = base_logits[s, i] + w2 @ a                  w2  [V, r]
+//   x_i = argmax(L), or a sample of softmax(filter(L / T))
+//   S   = GRUCell(E[x_i], S)                          w_hh [3G, G]; table [V, 3G] or w_ih [3G, H]
+//
+// Two kernels per step, 2k+1 launches per rollout, all of fixed shape:
+//   head_logits_kernel (grid = vocabulary tiles of 4*blockDim rows): streams its tile of
+//     w2 with 16-byte loads, adds base_logits, and reduces each sequence's tile to a
+//     partial (max, sum exp(L - max), argmax) and, when sampling, the winner of an
+//     exponential race argmax_j z_j - log(E_j), E_j ~ Exp(1) from Philox4x32-10 keyed by
+//     the 64 bits of the step's uniform (the "seed tensor"), counter j. Full logits are
+//     written only with write_logits (or into a scratch row for top-k/top-p, which need
+//     the whole row: the update kernel then samples it with row_sampler.cuh).
+//   head_update_kernel (grid = b): merges the tile partials into the token and its
+//     log-probability (log-sum-exp across tiles), runs the GRU cell on that token, and
+//     computes the next step's a. Step 0 only computes a; the last launch only updates S.
+// Why not one persistent kernel: the token choice is a grid-wide dependency between the
+// vocabulary pass and the GRU, so a persistent kernel needs a grid barrier (cooperative
+// launch), which the emulator cannot run and which pins the grid to co-resident blocks.
+// Fixed-shape launches capture into one CUDA graph instead; launch gaps inside a graph
+// are ~1-2 us per kernel.
+//
+// Bytes per step (the floor), paper shape (V = 151936, r = 64, G = 256, bf16, table):
+//   w2 V*r*2 = 19.4 MB, base row b*V*2 = 0.3 MB/seq, w_hh 3G*G*2 = 0.4 MB, w1s r*G*2 =
+//   32 KB, table rows b*3G*2 = 1.5 KB/seq; ~20.2 MB per step at b = 1, 6.0 us at 3.35 TB/s,
+//   96 us for k = 16. The w2 tile is read once per 8 sequences (the batch is processed in
+//   groups of 8 accumulators per thread), so b = 8 costs the same w2 traffic as b = 1 and
+//   b = 32 re-reads each tile 4 times, from L1/L2 (a 1024-row tile is 128 KB).
+// Limits: the update kernel runs one block per sequence, so at b = 1 the GRU GEMV (0.4 MB
+// of w_hh) is streamed by a single SM (~3-4 us); the logits kernel is HBM-bound.
+#include "cuda/domino_head_rollout.cuh"
+#include "cuda/row_sampler.cuh"
+
+namespace domino::cuda {
+namespace {
+
+constexpr int kTileRowsPerThread = 4;
+constexpr int kTileRows = kTileRowsPerThread * kBlockThreads;
+constexpr int kGroup = 8;  // sequences per pass over a w2 tile (accumulators per thread)
+
+// Per (sequence, tile): the log-sum-exp partial and the exponential race's winner.
+struct TilePartial {
+  float max;
+  float sumexp;  // sum over the tile of exp(z - max)
+  int arg;
+  float race_key;
+  int race_arg;
+  float race_z;
+};
+static_assert(sizeof(TilePartial) == 6 * sizeof(float));
+
+struct Lse {
+  float m, s;
+  int arg;
+};
+__device__ __forceinline__ Lse lse_merge(Lse a, Lse b) {
+  if (b.m == -INFINITY) return a;
+  if (a.m == -INFINITY) return b;
+  if (b.m > a.m || (b.m == a.m && b.arg < a.arg)) return {b.m, b.s + a.s * __expf(a.m - b.m), b.arg};
+  return {a.m, a.s + b.s * __expf(b.m - a.m), a.arg};
+}
+struct Race {
+  float key;
+  int arg;
+  float z;
+};
+__device__ __forceinline__ Race race_merge(Race a, Race b) {
+  return (b.key > a.key || (b.key == a.key && b.arg < a.arg)) ? b : a;
+}
+
+struct MergeScratch {
+  Lse lse[kWarp];
+  Race race[kWarp];
+};
+
+// Block-wide merge; every thread gets the result.
+__device__ __forceinline__ void block_merge(Lse& l, Race& q, MergeScratch& sh) {
+#pragma unroll
+  for (int off = kWarp / 2; off > 0; off /= 2) {
+    l = lse_merge(l, {__shfl_xor_sync(0xffffffffu, l.m, off), __shfl_xor_sync(0xffffffffu, l.s, off),
+                      __shfl_xor_sync(0xffffffffu, l.arg, off)});
+    q = race_merge(q, {__shfl_xor_sync(0xffffffffu, q.key, off), __shfl_xor_sync(0xffffffffu, q.arg, off),
+                       __shfl_xor_sync(0xffffffffu, q.z, off)});
+  }
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  if (lane == 0) {
+    sh.lse[warp] = l;
+    sh.race[warp] = q;
+  }
+  __syncthreads();
+  l = sh.lse[0];
+  q = sh.race[0];
+  for (int w = 1; w < static_cast<int>(blockDim.x) / kWarp; ++w) {
+    l = lse_merge(l, sh.lse[w]);
+    q = race_merge(q, sh.race[w]);
+  }
+  __syncthreads();
+}
+
+__device__ __forceinline__ uint64_t step_seed(const double* uniforms, int64_t index) {
+  return static_cast<uint64_t>(__double_as_longlong(uniforms[index]));
+}
+
+template <typename TL, typename TW>
+__global__ void __launch_bounds__(kBlockThreads)
+head_logits_kernel(HeadRolloutArgs args, int64_t step, int tiles) {
+  DOMINO_DYNAMIC_SHARED(float, a_sh);  // [b, r]
+  __shared__ MergeScratch sh;
+  const int64_t b = args.b, k = args.k, V = args.V, r = args.r;
+  TL* base = static_cast<TL*>(args.base_logits);
+  const TW* w2 = static_cast<const TW*>(args.w2);
+  float* workspace = args.workspace;
+  const float* a = workspace;
+  TilePartial* partials = reinterpret_cast<TilePartial*>(workspace + b * r);
+  float* rows = args.top_k > 0 || args.top_p < 1.0 ? reinterpret_cast<float*>(partials + b * tiles) : nullptr;
+  const bool sampling = args.temperature > 0.0f;
+  const bool race = sampling && rows == nullptr;
+  for (int64_t i = threadIdx.x; i < b * r; i += blockDim.x) a_sh[i] = a[i];
+  __syncthreads();
+
+  const int64_t tile_begin = static_cast<int64_t>(blockIdx.x) * kTileRows;
+  const int64_t tile_end = min(V, tile_begin + kTileRows);
+  constexpr int kv = Vec16<TW>::n;
+  const bool vec = r % kv == 0 && aligned16(w2);
+  for (int64_t g0 = 0; g0 < b; g0 += kGroup) {
+    const int ng = static_cast<int>(b - g0 < kGroup ? b - g0 : kGroup);
+    Lse lse[kGroup];
+    Race best[kGroup];
+#pragma unroll
+    for (int g = 0; g < kGroup; ++g) {
+      lse[g] = {-INFINITY, 0.0f, INT_MAX};
+      best[g] = {-INFINITY, INT_MAX, 0.0f};
+    }
+    for (int64_t v = tile_begin + threadIdx.x; v < tile_end; v += blockDim.x) {
+      float acc[kGroup];
+#pragma unroll
+      for (int g = 0; g < kGroup; ++g) acc[g] = 0.0f;
+      const TW* wrow = w2 + v * r;
+      if (vec) {
+        for (int64_t c = 0; c < r; c += kv) {
+          float w[kv];
+          load16(wrow + c, w);
+#pragma unroll
+          for (int g = 0; g < kGroup; ++g) {
+            if (g < ng) {
+              const float* x = a_sh + (g0 + g) * r + c;
+#pragma unroll
+              for (int e = 0; e < kv; ++e) acc[g] += w[e] * x[e];
+            }
+          }
+        }
+      } else {
+        for (int64_t c = 0; c < r; ++c) {
+          const float w = to_float(wrow[c]);
+#pragma unroll
+          for (int g = 0; g < kGroup; ++g)
+            if (g < ng) acc[g] += w * a_sh[(g0 + g) * r + c];
+        }
+      }
+#pragma unroll
+      for (int g = 0; g < kGroup; ++g) {
+        if (g >= ng) continue;
+        const int64_t s = g0 + g;
+        TL* bl = base + (s * k + step) * V + v;
+        const float L = to_float(*bl) + acc[g];
+        if (args.write_logits) store_from_float(bl, L);
+        if (rows != nullptr) rows[s * V + v] = L;
+        const float z = sampling ? L / args.temperature : L;
+        if (z > lse[g].m) {
+          lse[g] = {z, lse[g].s * __expf(lse[g].m - z) + 1.0f, static_cast<int>(v)};
+        } else if (z != -INFINITY) {
+          lse[g].s += __expf(z - lse[g].m);
+        }
+        if (race) {
+          const float key = z - logf(exponential_variate(step_seed(args.uniforms, s * k + step), v));
+          best[g] = race_merge(best[g], {key, static_cast<int>(v), z});
+        }
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < kGroup; ++g) {
+      if (g >= ng) continue;
+      block_merge(lse[g], best[g], sh);
+      if (threadIdx.x == 0)
+        partials[(g0 + g) * tiles + blockIdx.x] = {lse[g].m, lse[g].s, lse[g].arg, best[g].key,
+                                                   best[g].arg, best[g].z};
+    }
+  }
+}
+
+template <typename TW>
+__device__ __forceinline__ void gru_and_correction_input(const HeadRolloutArgs& args, int64_t step,
+                                                         int64_t token, float* S_sh, float* gi_sh,
+                                                         float* gh_sh, float* emb_sh) {
+  const int64_t s = blockIdx.x, G = args.G, H = args.H, r = args.r;
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
+  const TW* w_hh = static_cast<const TW*>(args.w_hh);
+  const TW* w_ih = static_cast<const TW*>(args.w_ih);
+  const TW* gru_input = static_cast<const TW*>(args.gru_input);
+  constexpr int kv = Vec16<TW>::n;
+  if (token >= 0) {
+    // S = GRUCell(E[token], S): gi from the table row or w_ih @ embedding, gh = w_hh @ S.
+    if (w_ih == nullptr) {
+      for (int64_t j = threadIdx.x; j < 3 * G; j += blockDim.x) gi_sh[j] = to_float(gru_input[token * 3 * G + j]);
+    } else {
+      for (int64_t c = threadIdx.x; c < H; c += blockDim.x) emb_sh[c] = to_float(gru_input[token * H + c]);
+      __syncthreads();
+      const bool vec_ih = H % kv == 0 && aligned16(w_ih);
+      for (int64_t row = warp; row < 3 * G; row += warps) {
+        const float d = warp_dot(w_ih + row * H, emb_sh, static_cast<int>(H), vec_ih);
+        if (lane == 0) gi_sh[row] = d;
+      }
+    }
+    const bool vec_hh = G % kv == 0 && aligned16(w_hh);
+    for (int64_t row = warp; row < 3 * G; row += warps) {
+      const float d = warp_dot(w_hh + row * G, S_sh, static_cast<int>(G), vec_hh);
+      if (lane == 0) gh_sh[row] = d;
+    }
+    __syncthreads();
+    for (int64_t j = threadIdx.x; j < G; j += blockDim.x) {
+      const float rg = 1.0f / (1.0f + __expf(-(gi_sh[j] + gh_sh[j])));
+      const float zg = 1.0f / (1.0f + __expf(-(gi_sh[G + j] + gh_sh[G + j])));
+      const float n = tanhf(gi_sh[2 * G + j] + rg * gh_sh[2 * G + j]);
+      const float S_new = (1.0f - zg) * n + zg * S_sh[j];
+      S_sh[j] = S_new;  // each j has one owner; gh has been computed from the old S
+      args.state_out[s * G + j] = S_new;
+    }
+    __syncthreads();
+  }
+  if (step < args.k) {
+    const TW* w1s = static_cast<const TW*>(args.w1s);
+    const bool vec_1 = G % kv == 0 && aligned16(w1s);
+    float* a = args.workspace + s * r;
+    for (int64_t c = warp; c < r; c += warps) {
+      const float v = args.hproj[(s * args.k + step) * r + c] + warp_dot(w1s + c * G, S_sh, static_cast<int>(G), vec_1);
+      if (lane == 0) a[c] = v / (1.0f + __expf(-v));
+    }
+  }
+}
+
+// One block per sequence, so occupancy is not the limit: min blocks 1 gives ptxas the
+// registers to keep the GRU and the row sampler out of local memory on sm_80.
+template <typename TW>
+__global__ void __launch_bounds__(kBlockThreads, 1)
+head_update_kernel(HeadRolloutArgs args, int64_t step, int tiles) {
+  DOMINO_DYNAMIC_SHARED(float, gru_sh);  // S [G], gi [3G], gh [3G], embedding [H]
+  __shared__ MergeScratch merge_sh;
+  __shared__ RowScratch row_sh;
+  __shared__ int64_t token_sh;
+  const int64_t s = blockIdx.x, b = args.b, k = args.k, G = args.G;
+  float* S_sh = gru_sh;
+  float* gi_sh = S_sh + G;
+  float* gh_sh = gi_sh + 3 * G;
+  float* emb_sh = gh_sh + 3 * G;
+  const float* S_in = step == 0 ? args.state : args.state_out;
+  for (int64_t j = threadIdx.x; j < G; j += blockDim.x) S_sh[j] = S_in[s * G + j];
+
+  int64_t token = -1;
+  if (step > 0) {
+    const TilePartial* partials = reinterpret_cast<const TilePartial*>(args.workspace + b * args.r);
+    const bool filtered = args.top_k > 0 || args.top_p < 1.0;
+    if (filtered) {  // top-k / top-p at T > 0: sample the scratch row like `sample` does
+      const float* row = reinterpret_cast<const float*>(partials + b * tiles) + s * args.V;
+      const Pick pick = sample_row(row, args.V, args.temperature, args.top_k, args.top_p,
+                                   args.uniforms[s * k + step - 1], row_sh);
+      if (threadIdx.x == 0) {
+        token_sh = pick.token;
+        args.logprobs[s * k + step - 1] = pick.logprob;
+      }
+    } else {
+      Lse l{-INFINITY, 0.0f, INT_MAX};
+      Race q{-INFINITY, INT_MAX, 0.0f};
+      for (int t = threadIdx.x; t < tiles; t += blockDim.x) {
+        const TilePartial p = partials[s * tiles + t];
+        l = lse_merge(l, {p.max, p.sumexp, p.arg});
+        q = race_merge(q, {p.race_key, p.race_arg, p.race_z});
+      }
+      block_merge(l, q, merge_sh);
+      if (threadIdx.x == 0) {
+        const float lse = l.m + logf(l.s);
+        const bool sampled = args.temperature > 0.0f;
+        token_sh = sampled ? q.arg : l.arg;
+        args.logprobs[s * k + step - 1] = (sampled ? q.z : l.m) - lse;
+      }
+    }
+    __syncthreads();
+    token = token_sh;
+    if (threadIdx.x == 0) args.tokens[s * k + step - 1] = token;
+  }
+  __syncthreads();
+  gru_and_correction_input<TW>(args, step, token, S_sh, gi_sh, gh_sh, emb_sh);
+}
+
+template <typename TL, typename TW>
+cudaError_t launch_typed(const HeadRolloutArgs& args, cudaStream_t stream) {
+  const int tiles = static_cast<int>((args.V + kTileRows - 1) / kTileRows);
+  const size_t logits_smem = static_cast<size_t>(args.b * args.r) * sizeof(float);
+  const size_t update_smem = static_cast<size_t>(7 * args.G + (args.w_ih ? args.H : 0)) * sizeof(float);
+  const dim3 block(kBlockThreads);
+  for (int64_t step = 0; step <= args.k; ++step) {
+    cudaError_t err = DOMINO_LAUNCH(head_update_kernel<TW>, dim3(static_cast<unsigned>(args.b)), block,
+                                    update_smem, stream, args, step, tiles);
+    if (err != cudaSuccess) return err;
+    if (step == args.k) break;
+    err = DOMINO_LAUNCH((head_logits_kernel<TL, TW>), dim3(static_cast<unsigned>(tiles)), block,
+                        logits_smem, stream, args, step, tiles);
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+
+}  // namespace
+
+int64_t head_rollout_tile_rows() { return kTileRows; }
+
+int64_t head_rollout_workspace_floats(int64_t b, int64_t V, int64_t r, bool filtered_sampling) {
+  const int64_t tiles = (V + kTileRows - 1) / kTileRows;
+  return b * r + b * tiles * static_cast<int64_t>(sizeof(TilePartial) / sizeof(float)) +
+         (filtered_sampling ? b * V : 0);
+}
+
+cudaError_t launch_domino_head_rollout(const HeadRolloutArgs& args, cudaStream_t stream) {
+  if (args.logits_bf16) {
+    return args.weights_bf16 ? launch_typed<__nv_bfloat16, __nv_bfloat16>(args, stream)
+                             : launch_typed<__nv_bfloat16, float>(args, stream);
+  }
+  return args.weights_bf16 ? launch_typed<float, __nv_bfloat16>(args, stream)
+                           : launch_typed<float, float>(args, stream);
+}
+
+}  // namespace domino::cuda

@@ -1,0 +1,46 @@
+// CUDA kernels of domino_head_rollout, as plain CUDA (no torch headers) behind a launcher.
+#pragma once
+
+#include "cuda/portable.cuh"
+
+namespace domino::cuda {
+
+struct HeadRolloutArgs {
+  void* base_logits;  // [b, k, V] float or bf16 (logits_bf16); rewritten when write_logits
+  bool logits_bf16;
+  const float* hproj;   // [b, k, r]
+  const float* state;   // [b, G]
+  const void* gru_input;  // [V, 3G] table (w_ih == nullptr) or [V, H] embedding
+  const void* w_ih;       // [3G, H] or nullptr
+  const void* w_hh;       // [3G, G]
+  const void* w1s;        // [r, G]
+  const void* w2;         // [V, r]
+  bool weights_bf16;      // all weights and gru_input: bf16, else float
+  int64_t b, k, V, r, G, H;
+  float temperature;  // 0: greedy
+  int64_t top_k;      // 0: off
+  double top_p;       // 1: off
+  const double* uniforms;  // [b, k] at temperature > 0
+  bool write_logits;
+  int64_t* tokens;    // [b, k]
+  float* logprobs;    // [b, k]
+  float* state_out;   // [b, G], also the running GRU state
+  float* workspace;   // head_rollout_workspace_floats(...) floats
+};
+
+// Vocabulary rows per block of the logits kernel.
+int64_t head_rollout_tile_rows();
+// Workspace the launcher needs: the correction input a [b, r], per-tile partial
+// reductions [b, tiles], and with top-k/top-p sampling one float row of logits per
+// sequence [b, V].
+int64_t head_rollout_workspace_floats(int64_t b, int64_t V, int64_t r, bool filtered_sampling);
+// Limits of the kernels' shared memory; checked by the binding before launching.
+constexpr int64_t kHeadMaxBatchTimesRank = 8192;   // a [b, r] floats per logits block
+constexpr int64_t kHeadMaxGruFloats = 10000;       // 7G + H floats per update block
+
+// Launches the 2k+1 kernels of a k-step rollout on `stream`: no host synchronisation, no
+// allocation, launch shapes that depend only on the shapes, so the rollout can be
+// captured in a CUDA graph.
+cudaError_t launch_domino_head_rollout(const HeadRolloutArgs& args, cudaStream_t stream);
+
+}  // namespace domino::cuda

@@ -1,0 +1,6 @@
+// TEST INFRASTRUCTURE: the kernel sources of csrc/cuda/, unchanged, compiled as host C++
+// for the SIMT emulator (DOMINO_SIMT is defined for this target).
+#include "cuda/domino_head_rollout.cu"
+#include "cuda/sample.cu"
+#include "cuda/verify_greedy.cu"
+#include "cuda/verify_sampling.cu"
