@@ -1,10 +1,17 @@
-"""Head-rollout latency: domino_ops CPU kernel vs the eager PyTorch reference, side by side.
+"""Head-rollout latency, every backend this machine can time, side by side.
 
 For each shape, batch, weight dtype and GRU-input mode it times one k-step greedy rollout
 (median of repeats, warm-up excluded) and reports the bytes the rollout must move (the
 floor: every weight once per step, one base-logit row per sequence per step), the achieved
-GB/s, that as a share of this machine's copy bandwidth (measured in the same run) and the
-speedup over eager.
+GB/s, that as a share of the device's copy bandwidth (measured in the same run) and the
+speedup over eager PyTorch.
+
+- On a GPU: the hand-written CUDA kernels vs the Triton kernels vs eager PyTorch, each
+  plain and captured in a CUDA graph (``triton.testing.do_bench`` medians), batch 1/8/32,
+  plus the paper's Figure 1 split: one head step vs one LM-head matmul of the same size.
+- On the CPU (always): the C++ CPU kernel vs eager, and the correctness status of the CUDA
+  kernels under the SIMT emulator and of the Triton kernels under the interpreter (those
+  run here for correctness only, never for time).
 
     python benchmarks/bench_head.py                 # full table (paper + small shape)
     python benchmarks/bench_head.py --quick         # small shape only
@@ -13,13 +20,17 @@ speedup over eager.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
 import torch
 
-import domino_ops
-from domino_ops import reference
+if not torch.cuda.is_available():  # Triton kernels can only be interpreted here
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import domino_ops  # noqa: E402
+from domino_ops import reference  # noqa: E402
 
 SHAPES = {
     # name: (H, G, r, V)
@@ -70,19 +81,13 @@ def make_inputs(b, k, H, G, r, V, dtype, table: bool, gen: torch.Generator):
     return base, hproj, state, gru_input, w_ih, w_hh, w1s, w2
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
-    parser.add_argument("--batches", nargs="+", type=int, default=[1, 8])
-    parser.add_argument("--dtypes", nargs="+", default=["bf16", "fp32"], choices=["bf16", "fp32"])
-    parser.add_argument("--k", type=int, default=15)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--quick", action="store_true", help="small shape, fewer repeats")
-    args = parser.parse_args()
-    if args.quick:
-        args.shapes, args.repeats = ["small"], 3
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
-    dtypes = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+def cpu_table(args) -> None:
+    """The C++ CPU kernel vs eager PyTorch on this machine's cores."""
+    dtypes = DTYPES
+    batches = args.batches or [1, 8]
     copy_bw = copy_bandwidth_gbs()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"copy bandwidth {copy_bw:.1f} GB/s (read+write of a 1 GiB tensor)")
@@ -98,7 +103,7 @@ def main() -> None:
         for dname in args.dtypes:
             dtype = dtypes[dname]
             for table in (True, False):
-                for b in args.batches:
+                for b in batches:
                     inputs = make_inputs(b, args.k, H, G, r, V, dtype, table, gen)
                     nbytes = rollout_bytes(b, args.k, H, G, r, V, dtype.itemsize, table)
                     kern = median_ms(lambda: domino_ops.domino_head_rollout(*inputs), args.repeats)
@@ -109,6 +114,132 @@ def main() -> None:
                           f"{100 * kbw / copy_bw:5.1f}% | {eager:9.2f} {ebw:6.1f} {100 * ebw / copy_bw:5.1f}% | "
                           f"{eager / kern:6.2f}x")
                     del inputs
+
+
+def gpu_table(args) -> None:
+    """CUDA kernels vs Triton vs eager, plain and in CUDA graphs, on the current GPU."""
+    from triton.testing import do_bench
+
+    dev = torch.device("cuda")
+    batches = args.batches or [1, 8, 32]
+
+    def bench(fn):
+        return do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+    def graphed(fn):
+        fn()  # warm up allocations and compilation outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        return graph.replay
+
+    src = torch.empty(1 << 28, dtype=torch.float32, device=dev)  # 1 GiB
+    dst = torch.empty_like(src)
+    copy_bw = 2 * src.numel() * 4 / (bench(lambda: dst.copy_(src)) * 1e-3) / 1e9
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, copy bandwidth {copy_bw:.0f} GB/s "
+          f"(read+write of a 1 GiB tensor); greedy rollout, k = {args.k}, do_bench medians")
+    header = (f"{'shape':6} {'b':>2} {'wt':4} {'gru_input':10} | {'MB/roll':>8} | "
+              + " | ".join(f"{n:>13}" for n in ("cuda", "cuda+graph", "triton", "triton+graph", "eager",
+                                                 "eager+graph"))
+              + f" | {'best GB/s':>9} {'%copy':>6}")
+    print(header)
+    print("-" * len(header))
+    gen = torch.Generator().manual_seed(0)
+    for shape in args.shapes:
+        H, G, r, V = SHAPES[shape]
+        for dname in args.dtypes:
+            dtype = DTYPES[dname]
+            for table in (True, False):
+                for b in batches:
+                    inputs = [x.to(dev) if x is not None else None
+                              for x in make_inputs(b, args.k, H, G, r, V, dtype, table, gen)]
+                    nbytes = rollout_bytes(b, args.k, H, G, r, V, dtype.itemsize, table)
+                    fns = {
+                        "cuda": lambda: domino_ops.domino_head_rollout(*inputs, backend="native"),
+                        "triton": lambda: domino_ops.domino_head_rollout(*inputs, backend="triton"),
+                        "eager": lambda: reference.domino_head_rollout(*inputs),
+                    }
+                    times = {}
+                    for name, fn in fns.items():
+                        try:
+                            times[name] = bench(fn)
+                            times[name + "+graph"] = bench(graphed(fn))
+                        except RuntimeError as err:  # e.g. a kernel's shared-memory limit
+                            print(f"  {name} skipped: {str(err).splitlines()[0]}")
+                    best = min(times.values())
+                    cells = " | ".join(f"{times[n]:10.3f} ms" if n in times else f"{'-':>13}" for n in
+                                       ("cuda", "cuda+graph", "triton", "triton+graph", "eager", "eager+graph"))
+                    gbs = nbytes / best / 1e6
+                    mode = "table" if table else "embed+w_ih"
+                    print(f"{shape:6} {b:>2} {dname:4} {mode:10} | {nbytes / 1e6:8.1f} | {cells} | {gbs:9.0f} "
+                          f"{100 * gbs / copy_bw:5.1f}%")
+                    del inputs
+        # Figure 1 split: one head step vs one LM-head matmul of the same size
+        for b in batches:
+            inputs = [x.to(dev) if x is not None else None
+                      for x in make_inputs(b, args.k, H, G, r, V, torch.bfloat16, True, gen)]
+            step = bench(graphed(lambda: domino_ops.domino_head_rollout(*inputs, backend="native"))) / args.k
+            x = torch.randn(b, H, device=dev, dtype=torch.bfloat16)
+            lm_head = torch.randn(V, H, device=dev, dtype=torch.bfloat16)
+            lm = bench(lambda: x @ lm_head.T)
+            print(f"Figure 1 split, {shape}, b={b}, bf16: head step {step * 1e3:.1f} us vs LM-head matmul "
+                  f"[{b}x{H}] @ [{H}x{V}] {lm * 1e3:.1f} us ({100 * step / lm:.0f}%)")
+            del inputs, lm_head
+
+
+def correctness_status() -> None:
+    """The GPU kernels' correctness checks that run on this machine (not timed)."""
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 4, 300, generator=gen)
+    draft = logits[:, :3].argmax(-1)
+    draft[1, 1] += 1
+    ref_out, ref_acc = reference.verify_greedy(draft, logits)
+    try:
+        from domino_ops import _simt  # noqa: F401
+
+        out, acc = torch.empty(3, 4, dtype=torch.int64), torch.empty(3, dtype=torch.int64)
+        torch.ops.domino_simt.verify_greedy(draft, logits, out, acc)
+        simt_ok = torch.equal(out, ref_out) and torch.equal(acc, ref_acc)
+        print(f"CUDA kernels under the SIMT emulator: verify_greedy {'matches' if simt_ok else 'DIFFERS FROM'} "
+              "the reference (full checks: pytest tests/test_cuda_kernels_simt.py)")
+    except ImportError:
+        print("CUDA kernels under the SIMT emulator: not built (DOMINO_SIMT=OFF)")
+    if domino_ops.triton.available("cpu"):
+        out, acc = domino_ops.verify_greedy(draft, logits, backend="triton")
+        tri_ok = torch.equal(out, ref_out) and torch.equal(acc, ref_acc)
+        print(f"Triton kernels under the interpreter: verify_greedy {'matches' if tri_ok else 'DIFFERS FROM'} "
+              "the reference (full checks: pytest tests/test_triton_kernels.py)")
+    else:
+        print("Triton kernels under the interpreter: unavailable (triton not installed)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    parser.add_argument("--batches", nargs="+", type=int, default=None, help="default: 1 8 (CPU), 1 8 32 (GPU)")
+    parser.add_argument("--dtypes", nargs="+", default=["bf16", "fp32"], choices=["bf16", "fp32"])
+    parser.add_argument("--k", type=int, default=15)
+    parser.add_argument("--repeats", type=int, default=5, help="CPU table: timed repeats per cell")
+    parser.add_argument("--quick", action="store_true", help="small shape, fewer repeats")
+    args = parser.parse_args()
+    if args.quick:
+        args.shapes, args.repeats = ["small"], 3
+
+    gpu = torch.cuda.is_available() and domino_ops.cuda_compiled
+    timed = ["C++ CPU kernel", "eager PyTorch (CPU)"]
+    if gpu:
+        timed += ["CUDA kernels", "Triton kernels", "eager PyTorch (GPU)", "all three in CUDA graphs"]
+    print("Backends timed on this machine: " + ", ".join(timed))
+    if not gpu:
+        reason = "no CUDA device" if not torch.cuda.is_available() else "domino_ops built without CUDA kernels"
+        print(f"Not timed here ({reason}): CUDA kernels, Triton kernels, CUDA graphs.")
+    correctness_status()
+    print()
+    if gpu:
+        gpu_table(args)
+        print()
+    cpu_table(args)
 
 
 if __name__ == "__main__":

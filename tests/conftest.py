@@ -4,6 +4,11 @@ import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
+# Without a GPU the Triton kernels run in Triton's interpreter. It is chosen when a kernel
+# is decorated, so it must be set before domino_ops.triton's kernel modules are imported.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 # Kernels are timed in benchmarks/, never here: no deadlines. CI runs a moderate number of
 # examples per property; DOMINO_HYPOTHESIS_PROFILE=thorough runs many more.
 settings.register_profile("ci", max_examples=25, deadline=None,

@@ -83,8 +83,8 @@ inline void run_domino_head_rollout(at::Tensor& base_logits, const at::Tensor& h
   TORCH_CHECK(b * r <= kHeadMaxBatchTimesRank, "domino_head_rollout: batch * rank = ", b, " * ", r,
               " exceeds the kernel's shared-memory limit of ", kHeadMaxBatchTimesRank,
               "; split the batch");
-  TORCH_CHECK(7 * G + H <= kHeadMaxGruFloats, "domino_head_rollout: GRU width G = ", G,
-              " and embedding width H = ", H, " exceed the kernel's shared-memory limit (7G + H <= ",
+  TORCH_CHECK(2 * G + H <= kHeadMaxGruFloats, "domino_head_rollout: GRU width G = ", G,
+              " and embedding width H = ", H, " exceed the kernel's shared-memory limit (2G + H <= ",
               kHeadMaxGruFloats, ")");
   check_grid_rows(b, "domino_head_rollout");
   if (temperature == 0.0) {  // filters only apply when sampling

@@ -23,14 +23,16 @@
 // Fixed-shape launches capture into one CUDA graph instead; launch gaps inside a graph
 // are ~1-2 us per kernel.
 //
-// Bytes per step (the floor), paper shape (V = 151936, r = 64, G = 256, bf16, table):
-//   w2 V*r*2 = 19.4 MB, base row b*V*2 = 0.3 MB/seq, w_hh 3G*G*2 = 0.4 MB, w1s r*G*2 =
-//   32 KB, table rows b*3G*2 = 1.5 KB/seq; ~20.2 MB per step at b = 1, 6.0 us at 3.35 TB/s,
-//   96 us for k = 16. The w2 tile is read once per 8 sequences (the batch is processed in
-//   groups of 8 accumulators per thread), so b = 8 costs the same w2 traffic as b = 1 and
-//   b = 32 re-reads each tile 4 times, from L1/L2 (a 1024-row tile is 128 KB).
-// Limits: the update kernel runs one block per sequence, so at b = 1 the GRU GEMV (0.4 MB
-// of w_hh) is streamed by a single SM (~3-4 us); the logits kernel is HBM-bound.
+// Bytes per step (the floor), paper shape (H = 4096, G = 1024, r = 256, V = 151936, bf16,
+// GRU table): w2 V*r*2 = 77.8 MB, w_hh 3G*G*2 = 6.3 MB, w1s r*G*2 = 0.5 MB, per sequence a
+// base-logit row V*2 = 0.3 MB and a table row 3G*2 = 6 KB: 84.9 MB per step at b = 1, a
+// 25 us floor at 3.35 TB/s, 0.38 ms for k = 15. The w2 tile is read once per group of 8
+// sequences (8 accumulators per thread), so b = 8 moves the same w2 bytes as b = 1 and
+// b = 32 re-reads each tile 4 times, from L1/L2 (a 1024-row tile is 0.5 MB at r = 256).
+// Limits: the logits kernel is HBM-bound (148 blocks of 256 threads, 16-byte loads). The
+// update kernel runs one block per sequence, so at b = 1 a single SM streams w_hh (6.3 MB,
+// order 50 us at one SM's ~100-150 GB/s): at this shape the GRU GEMV, not w2, dominates
+// small-batch latency; splitting it across blocks needs a grid-wide step (a third launch).
 #include "cuda/domino_head_rollout.cuh"
 #include "cuda/row_sampler.cuh"
 
@@ -193,8 +195,8 @@ head_logits_kernel(HeadRolloutArgs args, int64_t step, int tiles) {
 
 template <typename TW>
 __device__ __forceinline__ void gru_and_correction_input(const HeadRolloutArgs& args, int64_t step,
-                                                         int64_t token, float* S_sh, float* gi_sh,
-                                                         float* gh_sh, float* emb_sh) {
+                                                         int64_t token, float* S_sh, float* S_new_sh,
+                                                         float* emb_sh) {
   const int64_t s = blockIdx.x, G = args.G, H = args.H, r = args.r;
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
   const TW* w_hh = static_cast<const TW*>(args.w_hh);
@@ -202,31 +204,41 @@ __device__ __forceinline__ void gru_and_correction_input(const HeadRolloutArgs& 
   const TW* gru_input = static_cast<const TW*>(args.gru_input);
   constexpr int kv = Vec16<TW>::n;
   if (token >= 0) {
-    // S = GRUCell(E[token], S): gi from the table row or w_ih @ embedding, gh = w_hh @ S.
-    if (w_ih == nullptr) {
-      for (int64_t j = threadIdx.x; j < 3 * G; j += blockDim.x) gi_sh[j] = to_float(gru_input[token * 3 * G + j]);
-    } else {
+    // S = GRUCell(E[token], S). One warp per output j computes its three gate rows of
+    // gh = w_hh @ S and gi (a table row, or w_ih @ embedding) and the new S_j; the new
+    // state goes to a second buffer because every warp reads all of the old one.
+    if (w_ih != nullptr) {
       for (int64_t c = threadIdx.x; c < H; c += blockDim.x) emb_sh[c] = to_float(gru_input[token * H + c]);
       __syncthreads();
-      const bool vec_ih = H % kv == 0 && aligned16(w_ih);
-      for (int64_t row = warp; row < 3 * G; row += warps) {
-        const float d = warp_dot(w_ih + row * H, emb_sh, static_cast<int>(H), vec_ih);
-        if (lane == 0) gi_sh[row] = d;
-      }
     }
     const bool vec_hh = G % kv == 0 && aligned16(w_hh);
-    for (int64_t row = warp; row < 3 * G; row += warps) {
-      const float d = warp_dot(w_hh + row * G, S_sh, static_cast<int>(G), vec_hh);
-      if (lane == 0) gh_sh[row] = d;
+    const bool vec_ih = w_ih != nullptr && H % kv == 0 && aligned16(w_ih);
+    for (int64_t j = warp; j < G; j += warps) {
+      const float hr = warp_dot(w_hh + j * G, S_sh, static_cast<int>(G), vec_hh);
+      const float hz = warp_dot(w_hh + (G + j) * G, S_sh, static_cast<int>(G), vec_hh);
+      const float hn = warp_dot(w_hh + (2 * G + j) * G, S_sh, static_cast<int>(G), vec_hh);
+      float ir, iz, in;
+      if (w_ih == nullptr) {
+        const TW* row = gru_input + token * 3 * G;
+        ir = to_float(row[j]);
+        iz = to_float(row[G + j]);
+        in = to_float(row[2 * G + j]);
+      } else {
+        ir = warp_dot(w_ih + j * H, emb_sh, static_cast<int>(H), vec_ih);
+        iz = warp_dot(w_ih + (G + j) * H, emb_sh, static_cast<int>(H), vec_ih);
+        in = warp_dot(w_ih + (2 * G + j) * H, emb_sh, static_cast<int>(H), vec_ih);
+      }
+      if (lane == 0) {
+        const float rg = 1.0f / (1.0f + __expf(-(ir + hr)));
+        const float zg = 1.0f / (1.0f + __expf(-(iz + hz)));
+        const float n = tanhf(in + rg * hn);
+        S_new_sh[j] = (1.0f - zg) * n + zg * S_sh[j];
+      }
     }
     __syncthreads();
     for (int64_t j = threadIdx.x; j < G; j += blockDim.x) {
-      const float rg = 1.0f / (1.0f + __expf(-(gi_sh[j] + gh_sh[j])));
-      const float zg = 1.0f / (1.0f + __expf(-(gi_sh[G + j] + gh_sh[G + j])));
-      const float n = tanhf(gi_sh[2 * G + j] + rg * gh_sh[2 * G + j]);
-      const float S_new = (1.0f - zg) * n + zg * S_sh[j];
-      S_sh[j] = S_new;  // each j has one owner; gh has been computed from the old S
-      args.state_out[s * G + j] = S_new;
+      S_sh[j] = S_new_sh[j];
+      args.state_out[s * G + j] = S_new_sh[j];
     }
     __syncthreads();
   }
@@ -246,17 +258,19 @@ __device__ __forceinline__ void gru_and_correction_input(const HeadRolloutArgs& 
 template <typename TW>
 __global__ void __launch_bounds__(kBlockThreads, 1)
 head_update_kernel(HeadRolloutArgs args, int64_t step, int tiles) {
-  DOMINO_DYNAMIC_SHARED(float, gru_sh);  // S [G], gi [3G], gh [3G], embedding [H]
+  DOMINO_DYNAMIC_SHARED(float, gru_sh);  // S [G], new S [G], embedding [H]
   __shared__ MergeScratch merge_sh;
   __shared__ RowScratch row_sh;
   __shared__ int64_t token_sh;
   const int64_t s = blockIdx.x, b = args.b, k = args.k, G = args.G;
   float* S_sh = gru_sh;
-  float* gi_sh = S_sh + G;
-  float* gh_sh = gi_sh + 3 * G;
-  float* emb_sh = gh_sh + 3 * G;
+  float* S_new_sh = S_sh + G;
+  float* emb_sh = S_new_sh + G;
   const float* S_in = step == 0 ? args.state : args.state_out;
-  for (int64_t j = threadIdx.x; j < G; j += blockDim.x) S_sh[j] = S_in[s * G + j];
+  for (int64_t j = threadIdx.x; j < G; j += blockDim.x) {
+    S_sh[j] = S_in[s * G + j];
+    if (step == 0) args.state_out[s * G + j] = S_sh[j];  // later steps read S from state_out
+  }
 
   int64_t token = -1;
   if (step > 0) {
@@ -291,14 +305,14 @@ head_update_kernel(HeadRolloutArgs args, int64_t step, int tiles) {
     if (threadIdx.x == 0) args.tokens[s * k + step - 1] = token;
   }
   __syncthreads();
-  gru_and_correction_input<TW>(args, step, token, S_sh, gi_sh, gh_sh, emb_sh);
+  gru_and_correction_input<TW>(args, step, token, S_sh, S_new_sh, emb_sh);
 }
 
 template <typename TL, typename TW>
 cudaError_t launch_typed(const HeadRolloutArgs& args, cudaStream_t stream) {
   const int tiles = static_cast<int>((args.V + kTileRows - 1) / kTileRows);
   const size_t logits_smem = static_cast<size_t>(args.b * args.r) * sizeof(float);
-  const size_t update_smem = static_cast<size_t>(7 * args.G + (args.w_ih ? args.H : 0)) * sizeof(float);
+  const size_t update_smem = static_cast<size_t>(2 * args.G + (args.w_ih ? args.H : 0)) * sizeof(float);
   const dim3 block(kBlockThreads);
   for (int64_t step = 0; step <= args.k; ++step) {
     cudaError_t err = DOMINO_LAUNCH(head_update_kernel<TW>, dim3(static_cast<unsigned>(args.b)), block,

@@ -36,7 +36,7 @@ int64_t head_rollout_tile_rows();
 int64_t head_rollout_workspace_floats(int64_t b, int64_t V, int64_t r, bool filtered_sampling);
 // Limits of the kernels' shared memory; checked by the binding before launching.
 constexpr int64_t kHeadMaxBatchTimesRank = 8192;   // a [b, r] floats per logits block
-constexpr int64_t kHeadMaxGruFloats = 10000;       // 7G + H floats per update block
+constexpr int64_t kHeadMaxGruFloats = 10000;       // 2G + H floats per update block
 
 // Launches the 2k+1 kernels of a k-step rollout on `stream`: no host synchronisation, no
 // allocation, launch shapes that depend only on the shapes, so the rollout can be

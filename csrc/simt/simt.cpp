@@ -17,14 +17,51 @@ namespace {
 constexpr unsigned kMaxThreadsPerBlock = 1024;
 constexpr size_t kMaxDynamicShared = 48 * 1024;  // without cudaFuncSetAttribute
 
-struct Warp {
-  std::unique_ptr<std::barrier<>> barrier;
-  int live_lanes = 0;
-  uint64_t slot[32] = {};
+// A blocking barrier on a futex (C++20 atomic wait). std::barrier spins and yields and a
+// mutex + condition variable makes every woken thread queue on the mutex; with hundreds
+// of OS threads on a few cores both are far slower. A thread that leaves
+// (arrive_and_drop) lowers the count for later phases, as an exited CUDA thread.
+// Ordering: each arrival is an acq_rel RMW on count_ and the phase flip is a release that
+// waiters acquire, so writes before the barrier happen-before reads after it (for TSan).
+class Barrier {
+ public:
+  explicit Barrier(int n) : expected_(n), count_(n) {}
+  void arrive_and_wait() {
+    const uint32_t phase = phase_.load(std::memory_order_acquire);
+    if (count_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      next_phase();
+      return;
+    }
+    while (phase_.load(std::memory_order_acquire) == phase) phase_.wait(phase, std::memory_order_acquire);
+  }
+  void arrive_and_drop() {
+    expected_.fetch_sub(1, std::memory_order_acq_rel);
+    if (count_.fetch_sub(1, std::memory_order_acq_rel) == 1) next_phase();
+  }
+
+ private:
+  void next_phase() {
+    count_.store(expected_.load(std::memory_order_acquire), std::memory_order_relaxed);
+    phase_.fetch_add(1, std::memory_order_release);
+    phase_.notify_all();
+  }
+  std::atomic<int> expected_, count_;
+  std::atomic<uint32_t> phase_{0};
 };
 
+// Shuffle slots are double-buffered by the parity of the warp's exchange count, so one
+// barrier per exchange suffices: a lane can only write the same buffer again after the
+// next exchange's barrier, which every lane reaches after reading this one.
+struct Warp {
+  std::unique_ptr<Barrier> barrier;
+  int live_lanes = 0;
+  uint64_t slot[2][32] = {};
+};
+
+thread_local unsigned tl_exchanges = 0;  // this lane's exchange count (parity picks the buffer)
+
 struct BlockState {
-  std::unique_ptr<std::barrier<>> barrier;
+  std::unique_ptr<Barrier> barrier;
   std::vector<Warp> warps;
   std::vector<unsigned char> dynamic_shared;
 };
@@ -51,16 +88,16 @@ cudaError_t launch(dim3 grid, dim3 block, size_t dynamic_shared_bytes,
   state.dynamic_shared.resize(std::max<size_t>(dynamic_shared_bytes, 16));
   state.warps = std::vector<Warp>((threads + 31) / 32);
   auto reset_block = [&] {
-    state.barrier = std::make_unique<std::barrier<>>(threads);
+    state.barrier = std::make_unique<Barrier>(threads);
     for (size_t w = 0; w < state.warps.size(); ++w) {
       state.warps[w].live_lanes = std::min(32, threads - static_cast<int>(w) * 32);
-      state.warps[w].barrier = std::make_unique<std::barrier<>>(state.warps[w].live_lanes);
+      state.warps[w].barrier = std::make_unique<Barrier>(state.warps[w].live_lanes);
     }
     std::memset(state.dynamic_shared.data(), 0xFF, state.dynamic_shared.size());
   };
   // Two phases per block on one gate: "start" (the launcher has reset the block state)
   // and "end" (every thread has left the kernel body).
-  std::barrier<> gate(threads + 1);
+  Barrier gate(threads + 1);
   std::mutex error_mutex;
   std::exception_ptr error;
   std::vector<std::thread> workers;
@@ -74,6 +111,7 @@ cudaError_t launch(dim3 grid, dim3 block, size_t dynamic_shared_bytes,
       gridDim = grid;
       for (uint64_t b = 0; b < blocks; ++b) {
         gate.arrive_and_wait();
+        tl_exchanges = 0;
         blockIdx = {static_cast<unsigned>(b % grid.x), static_cast<unsigned>((b / grid.x) % grid.y),
                     static_cast<unsigned>(b / (uint64_t{grid.x} * grid.y))};
         try {
@@ -110,23 +148,21 @@ int lane_id() { return tl_thread % 32; }
 
 uint64_t warp_exchange(uint64_t bits, int src_lane) {
   Warp& w = my_warp();
-  const int lane = lane_id();
-  w.slot[lane] = bits;
+  uint64_t* slot = w.slot[tl_exchanges++ & 1];
+  slot[lane_id()] = bits;
   w.barrier->arrive_and_wait();
-  const uint64_t out = (src_lane >= 0 && src_lane < w.live_lanes) ? w.slot[src_lane] : bits;
-  w.barrier->arrive_and_wait();  // nobody rewrites a slot before every lane has read
-  return out;
+  return (src_lane >= 0 && src_lane < w.live_lanes) ? slot[src_lane] : bits;
 }
 
 }  // namespace simt
 
 unsigned __ballot_sync(unsigned mask, int predicate) {
   simt::Warp& w = simt::my_warp();
-  w.slot[simt::lane_id()] = predicate != 0;
+  uint64_t* slot = w.slot[simt::tl_exchanges++ & 1];
+  slot[simt::lane_id()] = predicate != 0;
   w.barrier->arrive_and_wait();
   unsigned ballot = 0;
-  for (int l = 0; l < w.live_lanes; ++l) ballot |= static_cast<unsigned>(w.slot[l] != 0) << l;
-  w.barrier->arrive_and_wait();
+  for (int l = 0; l < w.live_lanes; ++l) ballot |= static_cast<unsigned>(slot[l] != 0) << l;
   return ballot & mask;
 }
 

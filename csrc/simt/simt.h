@@ -26,7 +26,6 @@
 #pragma once
 
 #include <atomic>
-#include <barrier>
 #include <bit>
 #include <climits>
 #include <cmath>

@@ -7,6 +7,10 @@ dispatcher op ``torch.ops.domino_ops.<name>`` with caller-provided outputs):
 - :func:`sample`: temperature / top-k / top-p sampling of a row of logits.
 - :func:`verify_greedy`: greedy verification of a draft block.
 - :func:`verify_sampling`: lossless rejection-sampling verification.
+
+Every op takes ``backend=`` ("auto", "native", "triton", "reference"); see
+:mod:`domino_ops.ops`. The hand-written CUDA kernels live in csrc/cuda/, the Triton ones
+in :mod:`domino_ops.triton`.
 """
 
 import torch
@@ -19,9 +23,10 @@ if _C.torch_version != torch.__version__:
         "is imported; rebuild it (pip install --no-build-isolation .) against this torch")
 
 from domino_ops import _fake, reference  # noqa: E402,F401
-from domino_ops.ops import domino_head_rollout, has_kernel, sample, verify_greedy, verify_sampling  # noqa: E402
+from domino_ops.ops import (  # noqa: E402
+    domino_head_rollout, has_kernel, sample, select_backend, verify_greedy, verify_sampling)
 
 cuda_compiled: bool = _C.cuda_compiled
 __version__ = "0.1.0"
-__all__ = ["domino_head_rollout", "sample", "verify_greedy", "verify_sampling", "has_kernel", "reference",
-           "cuda_compiled"]
+__all__ = ["domino_head_rollout", "sample", "verify_greedy", "verify_sampling", "has_kernel", "select_backend",
+           "reference", "cuda_compiled"]

@@ -1,18 +1,30 @@
-"""Public ops: validate, allocate outputs, dispatch by device.
+"""Public ops: validate, allocate outputs, dispatch to a backend.
 
-Each op runs its native kernel (``torch.ops.domino_ops.<op>``) when one is registered
-for the tensors' device, and otherwise its PyTorch reference from
-``domino_ops.reference``, so every op works on every device torch supports.
+Backends, chosen per call (``backend=``) or for the process (``DOMINO_OPS_BACKEND``):
+
+- ``"native"``: the C++ CPU kernels or the hand-written CUDA kernels registered as
+  ``torch.ops.domino_ops.<op>``;
+- ``"triton"``: the Triton kernels of :mod:`domino_ops.triton` (CUDA devices, or the CPU
+  under ``TRITON_INTERPRET=1``);
+- ``"reference"``: the PyTorch references of :mod:`domino_ops.reference`.
+
+``"auto"`` (the default) takes the native kernel for the tensors' device if there is one,
+else Triton if it can run there, else the reference, so every op works on every device.
 """
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from domino_ops import _checks, reference
+from domino_ops import triton as triton_ops
 from domino_ops.reference import draw_uniforms
 
-__all__ = ["domino_head_rollout", "sample", "verify_greedy", "verify_sampling", "has_kernel"]
+__all__ = ["domino_head_rollout", "sample", "verify_greedy", "verify_sampling", "has_kernel", "select_backend"]
+
+BACKENDS = ("auto", "native", "triton", "reference")
 
 
 def has_kernel(op: str, device: torch.device | str) -> bool:
@@ -21,8 +33,40 @@ def has_kernel(op: str, device: torch.device | str) -> bool:
     return key is not None and torch._C._dispatch_has_kernel_for_dispatch_key(f"domino_ops::{op}", key)
 
 
+def select_backend(op: str, device, backend: str | None = None) -> str:
+    """The backend ("native", "triton" or "reference") that runs ``op`` on ``device``:
+    ``backend``, else ``$DOMINO_OPS_BACKEND``, else "auto" (see the module docstring).
+    Raises ValueError for an unknown name and RuntimeError when the one asked for cannot
+    run on ``device``."""
+    choice = backend if backend is not None else os.environ.get("DOMINO_OPS_BACKEND", "auto")
+    if choice not in BACKENDS:
+        source = "backend" if backend is not None else "DOMINO_OPS_BACKEND"
+        raise ValueError(f"{source} must be one of {BACKENDS}, got {choice!r}")
+    device = torch.device(device)
+    if choice == "auto":
+        if has_kernel(op, device):
+            return "native"
+        return "triton" if triton_ops.available(device) else "reference"
+    if choice == "native" and not has_kernel(op, device):
+        raise RuntimeError(f"backend='native': domino_ops has no {op} kernel for {device.type} "
+                           f"(CUDA kernels compiled into this build: {_cuda_compiled()})")
+    if choice == "triton" and not triton_ops.available(device):
+        raise RuntimeError(f"backend='triton': Triton cannot run on {device.type} here (needs triton and a CUDA "
+                           "device, or TRITON_INTERPRET=1 for the CPU interpreter)")
+    return choice
+
+
+def _cuda_compiled() -> bool:
+    from domino_ops import _C
+    return bool(_C.cuda_compiled)
+
+
+def _kernel(op: str, backend: str):
+    return getattr(torch.ops.domino_ops, op) if backend == "native" else triton_ops.kernel(op)
+
+
 def domino_head_rollout(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w2, *,
-                        temperature=0.0, top_k=0, top_p=1.0, generator=None, write_logits=False):
+                        temperature=0.0, top_k=0, top_p=1.0, generator=None, write_logits=False, backend=None):
     """Drafts k tokens with the Domino head, one GRU step per token.
 
     For i in 0..k-1: ``L = base_logits[:, i] + w2 @ silu(hproj[:, i] + w1s @ S)``; the
@@ -40,7 +84,11 @@ def domino_head_rollout(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w
         w_ih, w_hh ([3G, G]), w1s ([r, G], ``W1[:, H:]``), w2 ([V, r]): float32 or
             bfloat16, one dtype for all weights, contiguous.
         temperature: 0 for greedy. top_k: 0 disables. top_p: in (0, 1].
-        generator: torch.Generator for the uniforms consumed at temperature > 0.
+        generator: torch.Generator for the uniforms consumed at temperature > 0. The CPU
+            kernel and top-k/top-p sampling invert the CDF at them; the CUDA and Triton
+            kernels' plain-temperature path uses each step's uniform as the 64-bit seed of
+            an exponential race (same distribution, different draws).
+        backend: "auto", "native", "triton" or "reference" (see the module docstring).
     Returns:
         tokens [b, k] int64; logprobs [b, k] float32, the log-probability of each token
         under the distribution it was drawn from (at temperature 0, under softmax(L));
@@ -72,7 +120,8 @@ def domino_head_rollout(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w
     if not isinstance(write_logits, bool):
         raise TypeError(f"write_logits must be a bool, got {type(write_logits).__name__}")
 
-    if not has_kernel("domino_head_rollout", dev):
+    chosen = select_backend("domino_head_rollout", dev, backend)
+    if chosen == "reference":
         return reference.domino_head_rollout(
             base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w2, temperature=temperature,
             top_k=top_k, top_p=top_p, generator=generator, write_logits=write_logits)
@@ -80,33 +129,35 @@ def domino_head_rollout(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w
     tokens = torch.empty(b, k, dtype=torch.int64, device=dev)
     logprobs = torch.empty(b, k, dtype=torch.float32, device=dev)
     state_out = torch.empty(b, G, dtype=torch.float32, device=dev)
-    torch.ops.domino_ops.domino_head_rollout(
+    _kernel("domino_head_rollout", chosen)(
         base_logits, hproj.contiguous(), state.contiguous(), gru_input, w_ih, w_hh, w1s, w2,
         float(temperature), int(top_k), float(top_p), uniforms, write_logits, tokens, logprobs,
         state_out)
     return tokens, logprobs, state_out
 
 
-def sample(logits, *, temperature=0.0, top_k=0, top_p=1.0, generator=None):
+def sample(logits, *, temperature=0.0, top_k=0, top_p=1.0, generator=None, backend=None):
     """Samples one token per row.
 
     Args:
         logits: [b, V] float32 or bfloat16.
         temperature: 0 for argmax (top_k/top_p ignored). top_k: 0 disables. top_p: (0, 1].
         generator: torch.Generator for the one uniform per row consumed at temperature > 0.
+        backend: "auto", "native", "triton" or "reference" (see the module docstring).
     Returns:
         tokens [b] int64.
     """
     logits = _checks.tensor("logits", logits, ndim=2, dtypes=_checks.FLOAT_OR_BF16)
     _checks.sampling_params(temperature, top_k, top_p)
     _checks.generator(generator, logits.device)
-    if not has_kernel("sample", logits.device):
+    chosen = select_backend("sample", logits.device, backend)
+    if chosen == "reference":
         return reference.sample(logits, temperature=temperature, top_k=top_k, top_p=top_p,
                                 generator=generator)
     b = logits.shape[0]
     uniforms = draw_uniforms((b,), logits.device, generator) if temperature > 0 else None
     tokens = torch.empty(b, dtype=torch.int64, device=logits.device)
-    torch.ops.domino_ops.sample(logits.contiguous(), float(temperature), int(top_k), float(top_p),
+    _kernel("sample", chosen)(logits.contiguous(), float(temperature), int(top_k), float(top_p),
                                 uniforms, tokens)
     return tokens
 
@@ -117,13 +168,14 @@ def _draft_tokens(draft_tokens, dev, vocab_size):
     return draft_tokens.contiguous()
 
 
-def verify_greedy(draft_tokens, target_logits):
+def verify_greedy(draft_tokens, target_logits, *, backend=None):
     """Greedy verification: the longest draft prefix equal to the target's argmax.
 
     Args:
         draft_tokens: [b, k] int64.
         target_logits: [b, k+1, V] float32 or bfloat16, the target's logits at the anchor
             and at each draft position.
+        backend: "auto", "native", "triton" or "reference" (see the module docstring).
     Returns:
         out_tokens [b, k+1] int64: the accepted drafts, then the target's token at the
         first mismatch (or after the last draft), then -1; num_accepted [b] int64, the
@@ -134,15 +186,16 @@ def verify_greedy(draft_tokens, target_logits):
     b, k1, V = target_logits.shape
     draft_tokens = _draft_tokens(draft_tokens, dev, V)
     _checks.shape("target_logits", target_logits, (draft_tokens.shape[0], draft_tokens.shape[1] + 1, V))
-    if not has_kernel("verify_greedy", dev):
+    chosen = select_backend("verify_greedy", dev, backend)
+    if chosen == "reference":
         return reference.verify_greedy(draft_tokens, target_logits)
     out_tokens = torch.empty(b, k1, dtype=torch.int64, device=dev)
     num_accepted = torch.empty(b, dtype=torch.int64, device=dev)
-    torch.ops.domino_ops.verify_greedy(draft_tokens, target_logits.contiguous(), out_tokens, num_accepted)
+    _kernel("verify_greedy", chosen)(draft_tokens, target_logits.contiguous(), out_tokens, num_accepted)
     return out_tokens, num_accepted
 
 
-def verify_sampling(draft_tokens, draft_probs, target_probs, *, generator=None):
+def verify_sampling(draft_tokens, draft_probs, target_probs, *, generator=None, backend=None):
     """Lossless rejection sampling (Leviathan et al. 2023).
 
     Accepts draft i with probability min(1, p_i(x_i) / q_i(x_i)); at the first rejection
@@ -154,6 +207,7 @@ def verify_sampling(draft_tokens, draft_probs, target_probs, *, generator=None):
         draft_probs: [b, k, V] float32, the draft distributions q.
         target_probs: [b, k+1, V] float32, the target distributions p.
         generator: torch.Generator for the uniforms ([b, k] accept, then [b] resample).
+        backend: "auto", "native", "triton" or "reference" (see the module docstring).
     Returns:
         (out_tokens [b, k+1] int64 padded with -1, num_accepted [b] int64), as verify_greedy.
     """
@@ -165,12 +219,13 @@ def verify_sampling(draft_tokens, draft_probs, target_probs, *, generator=None):
     _checks.shape("target_probs", target_probs, (draft_tokens.shape[0], draft_tokens.shape[1] + 1, V))
     _checks.shape("draft_probs", draft_probs, (b, k1 - 1, V))
     _checks.generator(generator, dev)
-    if not has_kernel("verify_sampling", dev):
+    chosen = select_backend("verify_sampling", dev, backend)
+    if chosen == "reference":
         return reference.verify_sampling(draft_tokens, draft_probs, target_probs, generator=generator)
     u_accept = draw_uniforms((b, k1 - 1), dev, generator)
     u_resample = draw_uniforms((b,), dev, generator)
     out_tokens = torch.empty(b, k1, dtype=torch.int64, device=dev)
     num_accepted = torch.empty(b, dtype=torch.int64, device=dev)
-    torch.ops.domino_ops.verify_sampling(draft_tokens, draft_probs.contiguous(), target_probs.contiguous(),
+    _kernel("verify_sampling", chosen)(draft_tokens, draft_probs.contiguous(), target_probs.contiguous(),
                                          u_accept, u_resample, out_tokens, num_accepted)
     return out_tokens, num_accepted

@@ -1,0 +1,36 @@
+"""Triton fallbacks of every op, with the dispatcher ops' schemas (outputs passed in).
+
+Used by ``domino_ops.<op>(..., backend="triton")`` or ``DOMINO_OPS_BACKEND=triton``, and
+automatically for CUDA tensors when the native CUDA kernels were not compiled. On a CPU
+they run under Triton's interpreter (``TRITON_INTERPRET=1``), which is how the tests check
+them here; :mod:`domino_ops.triton.aot` compiles each one for sm_80/sm_90 without a GPU.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import torch
+
+OPS = ("domino_head_rollout", "sample", "verify_greedy", "verify_sampling")
+
+
+def available(device) -> bool:
+    """Whether the Triton kernels can run on ``device``: a CUDA device with triton
+    installed, or the CPU under the interpreter (TRITON_INTERPRET=1)."""
+    if importlib.util.find_spec("triton") is None:
+        return False
+    kind = torch.device(device).type
+    if kind == "cuda":
+        return torch.cuda.is_available()
+    return kind == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def kernel(op: str):
+    """The Triton implementation of ``op`` (imported on first use: triton is heavy)."""
+    if op == "domino_head_rollout":
+        from domino_ops.triton.domino_head_rollout import domino_head_rollout
+        return domino_head_rollout
+    from domino_ops.triton import sampling
+    return getattr(sampling, op)

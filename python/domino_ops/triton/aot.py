@@ -1,0 +1,104 @@
+"""Compiles every Triton kernel ahead of time for NVIDIA GPUs, without one:
+
+    python -m domino_ops.triton.aot            # sm_80 and sm_90
+
+A kernel that would fail to compile on a GPU fails here. Prints registers, spills and
+shared memory per kernel. Must run without TRITON_INTERPRET (interpreted kernels cannot
+be compiled); the tests run it in a subprocess.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+import triton
+
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, compile as triton_compile
+
+from domino_ops.triton import domino_head_rollout as head
+from domino_ops.triton import sampling
+
+
+def _specs():
+    """(name, jit function, {arg: type or constexpr value}) per compiled variant."""
+    specs = []
+    for wt in ("fp32", "bf16"):
+        for sampling_mode in ("greedy", "race", "filtered"):
+            specs.append((f"_head_logits_kernel[{wt},{sampling_mode}]", head._head_logits_kernel, {
+                "base_ptr": f"*{wt}", "w2_ptr": f"*{wt}", "a_ptr": "*fp32", "seeds_ptr": "*i64",
+                "partial_ptr": "*fp32", "rows_ptr": "*fp32", "step": "i32", "k": "i32", "V": "i32", "r": "i32",
+                "tiles": "i32", "temperature": "fp32", "SAMPLING": sampling_mode != "greedy",
+                "RACE": sampling_mode == "race", "WRITE_LOGITS": True, "WRITE_ROWS": sampling_mode == "filtered",
+                "TILE": head.TILE_V, "BLOCK_R": 32}))
+            for table in (True, False):
+                specs.append((f"_head_update_kernel[{wt},{sampling_mode},table={table}]", head._head_update_kernel, {
+                    "partial_ptr": "*fp32", "rows_ptr": "*fp32", "uniforms_ptr": "*fp64", "tokens_ptr": "*i64",
+                    "logprobs_ptr": "*fp32", "hproj_ptr": "*fp32", "s_in_ptr": "*fp32", "s_out_ptr": "*fp32",
+                    "a_ptr": "*fp32", "gru_input_ptr": f"*{wt}", "w_ih_ptr": f"*{wt}", "w_hh_ptr": f"*{wt}",
+                    "w1s_ptr": f"*{wt}", "step": "i32", "k": "i32", "V": "i32", "r": "i32", "G": "i32", "H": "i32",
+                    "tiles": "i32", "temperature": "fp32", "top_k": "i32", "top_p": "fp32", "FIRST": False,
+                    "LAST": False, "SAMPLING": sampling_mode != "greedy", "FILTERED": sampling_mode == "filtered",
+                    "TABLE": table, "BLOCK_T": 1024, "BLOCK_C": head.BLOCK_C, "BLOCK_J": head.BLOCK_J,
+                    "BLOCK_R": 32, "BLOCK_V": sampling.BLOCK_V}))
+        for greedy in (True, False):
+            specs.append((f"_sample_kernel[{wt},greedy={greedy}]", sampling._sample_kernel, {
+                "logits_ptr": f"*{wt}", "uniforms_ptr": "*fp64", "tokens_ptr": "*i64", "V": "i32",
+                "temperature": "fp32", "top_k": "i32", "top_p": "fp32", "GREEDY": greedy, "BLOCK": sampling.BLOCK_V}))
+        specs.append((f"_verify_greedy_kernel[{wt}]", sampling._verify_greedy_kernel, {
+            "draft_ptr": "*i64", "logits_ptr": f"*{wt}", "out_ptr": "*i64", "accepted_ptr": "*i64", "k": "i32",
+            "V": "i32", "BLOCK": sampling.BLOCK_V}))
+    specs.append(("_verify_sampling_kernel", sampling._verify_sampling_kernel, {
+        "draft_ptr": "*i64", "q_ptr": "*fp32", "p_ptr": "*fp32", "ua_ptr": "*fp64", "ur_ptr": "*fp64",
+        "out_ptr": "*i64", "accepted_ptr": "*i64", "k": "i32", "V": "i32", "BLOCK": sampling.BLOCK_V}))
+    return specs
+
+
+PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+
+
+def ptxas_report(ptx: str, arch: str) -> tuple[int, int]:
+    """(registers, spill bytes) that ptxas reports for one kernel's PTX (the register
+    count is only known to the driver otherwise)."""
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
+        f.write(ptx)
+        f.flush()
+        out = subprocess.run([str(PTXAS), f"-arch={arch}", "-v", f.name, "-o", os.devnull],
+                             capture_output=True, text=True, check=True).stderr
+    regs = int(re.search(r"Used (\d+) registers", out).group(1))
+    spills = sum(int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", out))
+    return regs, spills
+
+
+def compile_all(capability: int):
+    """Compiles every variant for cuda:<capability>; returns [(name, registers, spill
+    bytes, shared bytes)]."""
+    target = GPUTarget("cuda", capability, 32)
+    report = []
+    for name, fn, args in _specs():
+        signature = {a: (v if isinstance(v, str) else "constexpr") for a, v in args.items()}
+        constexprs = {a: v for a, v in args.items() if not isinstance(v, str)}
+        compiled = triton_compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=target)
+        regs, spills = ptxas_report(compiled.asm["ptx"], f"sm_{capability}{'a' if capability >= 90 else ''}")
+        report.append((name, regs, spills, compiled.metadata.shared))
+    return report
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--capability", type=int, nargs="+", default=[80, 90])
+    args = parser.parse_args()
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise SystemExit("unset TRITON_INTERPRET: interpreted kernels cannot be compiled")
+    for cc in args.capability:
+        for name, regs, spills, shared in compile_all(cc):
+            print(f"sm_{cc}  {name:52s} regs {regs:4d}  spill bytes {spills:5d}  shared {shared:6d} B")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,230 @@
+"""Triton kernels of ``domino_head_rollout``, the same two-kernel step as the CUDA version
+(csrc/cuda/domino_head_rollout.cu), 2k+1 fixed-shape launches per rollout:
+
+- ``_head_logits_kernel``, grid (vocabulary tiles, b): ``L = base + w2_tile @ a`` for one
+  sequence, reduced to a per-tile partial (max, sum exp(z - max), argmax) and, when
+  sampling, the winner of an exponential race ``argmax z - log(E)``, E ~ Exp(1) from
+  ``tl.rand`` (Philox) seeded with the 64 bits of the step's uniform. Logits are written
+  only with write_logits (or to a scratch row for top-k/top-p, sampled by
+  :func:`sampling.sample_row` in the update kernel).
+- ``_head_update_kernel``, grid (b,): merges the tile partials into the token and its
+  log-probability, runs the GRU cell (S ping-pongs between two buffers, because every
+  output row reads the whole old S), then computes the next step's ``a``.
+
+Bytes per step are the CUDA kernel's except that each sequence streams its own copy of
+the w2 tile (b reads of V*r per step, from L2 after the first at small b); the
+elementwise-multiply-and-sum GEMVs avoid ``tl.dot``, which needs M >= 16.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from domino_ops.triton.sampling import sample_row
+
+TILE_V = 128  # vocabulary rows per logits program (a [128, 32] w2 chunk in registers)
+BLOCK_C = 32  # columns per GEMV chunk
+BLOCK_J = 32  # GRU output rows per chunk
+PARTIAL_FIELDS = 6  # max, sumexp, arg, race key, race arg, race z (float32; args as floats)
+
+
+@triton.jit
+def _head_logits_kernel(base_ptr, w2_ptr, a_ptr, seeds_ptr, partial_ptr, rows_ptr, step, k, V, r, tiles,
+                        temperature, SAMPLING: tl.constexpr, RACE: tl.constexpr, WRITE_LOGITS: tl.constexpr,
+                        WRITE_ROWS: tl.constexpr, TILE: tl.constexpr, BLOCK_R: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    s = tl.program_id(1).to(tl.int64)
+    offs_v = t * TILE + tl.arange(0, TILE)
+    mask_v = offs_v < V
+    acc = tl.zeros([TILE], dtype=tl.float32)
+    for c0 in range(0, r, BLOCK_R):
+        offs_c = c0 + tl.arange(0, BLOCK_R)
+        mask_c = offs_c < r
+        a = tl.load(a_ptr + s * r + offs_c, mask=mask_c, other=0.0)
+        w = tl.load(w2_ptr + offs_v[:, None] * r + offs_c[None, :], mask=mask_v[:, None] & mask_c[None, :],
+                    other=0.0).to(tl.float32)
+        acc += tl.sum(w * a[None, :], 1)
+    base_row = base_ptr + (s * k + step) * V
+    L = tl.load(base_row + offs_v, mask=mask_v, other=0.0).to(tl.float32) + acc
+    if WRITE_LOGITS:
+        tl.store(base_row + offs_v, L.to(base_ptr.dtype.element_ty), mask=mask_v)
+    if WRITE_ROWS:
+        tl.store(rows_ptr + s * V + offs_v, L, mask=mask_v)
+    if SAMPLING:
+        z = L / temperature
+    else:
+        z = L
+    z = tl.where(mask_v, z, -float("inf"))
+    m = tl.max(z, 0)
+    sumexp = tl.sum(tl.where(mask_v, tl.exp(z - m), 0.0), 0)
+    arg = tl.min(tl.where(z == m, offs_v, V), 0)
+    out = partial_ptr + (s * tiles + t) * 6
+    tl.store(out + 0, m)
+    tl.store(out + 1, sumexp)
+    tl.store(out + 2, arg.to(tl.float32))
+    if RACE:
+        seed = tl.load(seeds_ptr + s * k + step)
+        u = tl.rand(seed, offs_v.to(tl.int32))
+        key = tl.where(mask_v, z - tl.log(-tl.log(u)), -float("inf"))
+        best = tl.max(key, 0)
+        race_arg = tl.min(tl.where(key == best, offs_v, V), 0)
+        race_z = tl.sum(tl.where(offs_v == race_arg, z, 0.0), 0)
+        tl.store(out + 3, best)
+        tl.store(out + 4, race_arg.to(tl.float32))
+        tl.store(out + 5, race_z)
+
+
+@triton.jit
+def _head_update_kernel(partial_ptr, rows_ptr, uniforms_ptr, tokens_ptr, logprobs_ptr, hproj_ptr, s_in_ptr,
+                        s_out_ptr, a_ptr, gru_input_ptr, w_ih_ptr, w_hh_ptr, w1s_ptr, step, k, V, r, G, H, tiles,
+                        temperature, top_k, top_p,
+                        FIRST: tl.constexpr, LAST: tl.constexpr, SAMPLING: tl.constexpr, FILTERED: tl.constexpr,
+                        TABLE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_J: tl.constexpr,
+                        BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr):
+    s = tl.program_id(0).to(tl.int64)
+    if not FIRST:
+        # 1. the token of the previous step
+        if FILTERED:
+            u = tl.load(uniforms_ptr + s * k + step - 1)
+            token, logprob = sample_row(rows_ptr + s * V, V, temperature, top_k, top_p, u, BLOCK_V)
+        else:
+            M = -float("inf")
+            for t0 in range(0, tiles, BLOCK_T):
+                offs_t = t0 + tl.arange(0, BLOCK_T)
+                pm = tl.load(partial_ptr + (s * tiles + offs_t) * 6, mask=offs_t < tiles, other=-float("inf"))
+                M = tl.maximum(M, tl.max(pm, 0))
+            total = 0.0
+            arg = V
+            best_key = -float("inf")
+            race_arg = V
+            race_z = 0.0
+            for t0 in range(0, tiles, BLOCK_T):
+                offs_t = t0 + tl.arange(0, BLOCK_T)
+                mt = offs_t < tiles
+                p = partial_ptr + (s * tiles + offs_t) * 6
+                pm = tl.load(p, mask=mt, other=-float("inf"))
+                ps = tl.load(p + 1, mask=mt, other=0.0)
+                pa = tl.load(p + 2, mask=mt, other=V).to(tl.int32)
+                total += tl.sum(tl.where(pm > -float("inf"), ps * tl.exp(pm - M), 0.0), 0)
+                arg = tl.minimum(arg, tl.min(tl.where(pm == M, pa, V), 0))
+                if SAMPLING:
+                    pk = tl.load(p + 3, mask=mt, other=-float("inf"))
+                    pka = tl.load(p + 4, mask=mt, other=V).to(tl.int32)
+                    pz = tl.load(p + 5, mask=mt, other=0.0)
+                    cb = tl.max(pk, 0)
+                    ca = tl.min(tl.where(pk == cb, pka, V), 0)
+                    cz = tl.sum(tl.where((pk == cb) & (pka == ca), pz, 0.0), 0)
+                    better = cb > best_key  # strict: an earlier chunk holds lower indices
+                    race_arg = tl.where(better, ca, race_arg)
+                    race_z = tl.where(better, cz, race_z)
+                    best_key = tl.maximum(best_key, cb)
+            lse = M + tl.log(total)
+            if SAMPLING:
+                token = race_arg
+                logprob = race_z - lse
+            else:
+                token = arg
+                logprob = M - lse
+        tl.store(tokens_ptr + s * k + step - 1, token.to(tl.int64))
+        tl.store(logprobs_ptr + s * k + step - 1, logprob.to(tl.float32))
+        # 2. S = GRUCell(E[token], S), rows in chunks of BLOCK_J
+        token = token.to(tl.int64)
+        for j0 in range(0, G, BLOCK_J):
+            offs_j = j0 + tl.arange(0, BLOCK_J)
+            mj = offs_j < G
+            gh_r = tl.zeros([BLOCK_J], dtype=tl.float32)
+            gh_z = tl.zeros([BLOCK_J], dtype=tl.float32)
+            gh_n = tl.zeros([BLOCK_J], dtype=tl.float32)
+            for c0 in range(0, G, BLOCK_C):
+                offs_c = c0 + tl.arange(0, BLOCK_C)
+                mc = offs_c < G
+                sv = tl.load(s_in_ptr + s * G + offs_c, mask=mc, other=0.0)[None, :]
+                m2 = mj[:, None] & mc[None, :]
+                wp = w_hh_ptr + offs_j[:, None] * G + offs_c[None, :]
+                gh_r += tl.sum(tl.load(wp, mask=m2, other=0.0).to(tl.float32) * sv, 1)
+                gh_z += tl.sum(tl.load(wp + G * G, mask=m2, other=0.0).to(tl.float32) * sv, 1)
+                gh_n += tl.sum(tl.load(wp + 2 * G * G, mask=m2, other=0.0).to(tl.float32) * sv, 1)
+            if TABLE:
+                row = gru_input_ptr + token * 3 * G
+                gi_r = tl.load(row + offs_j, mask=mj, other=0.0).to(tl.float32)
+                gi_z = tl.load(row + G + offs_j, mask=mj, other=0.0).to(tl.float32)
+                gi_n = tl.load(row + 2 * G + offs_j, mask=mj, other=0.0).to(tl.float32)
+            else:
+                gi_r = tl.zeros([BLOCK_J], dtype=tl.float32)
+                gi_z = tl.zeros([BLOCK_J], dtype=tl.float32)
+                gi_n = tl.zeros([BLOCK_J], dtype=tl.float32)
+                for c0 in range(0, H, BLOCK_C):
+                    offs_c = c0 + tl.arange(0, BLOCK_C)
+                    mc = offs_c < H
+                    e = tl.load(gru_input_ptr + token * H + offs_c, mask=mc, other=0.0).to(tl.float32)[None, :]
+                    m2 = mj[:, None] & mc[None, :]
+                    wp = w_ih_ptr + offs_j[:, None] * H + offs_c[None, :]
+                    gi_r += tl.sum(tl.load(wp, mask=m2, other=0.0).to(tl.float32) * e, 1)
+                    gi_z += tl.sum(tl.load(wp + G * H, mask=m2, other=0.0).to(tl.float32) * e, 1)
+                    gi_n += tl.sum(tl.load(wp + 2 * G * H, mask=m2, other=0.0).to(tl.float32) * e, 1)
+            rg = tl.sigmoid(gi_r + gh_r)
+            zg = tl.sigmoid(gi_z + gh_z)
+            n = 2.0 * tl.sigmoid(2.0 * (gi_n + rg * gh_n)) - 1.0  # tanh
+            s_old = tl.load(s_in_ptr + s * G + offs_j, mask=mj, other=0.0)
+            tl.store(s_out_ptr + s * G + offs_j, (1.0 - zg) * n + zg * s_old, mask=mj)
+        tl.debug_barrier()  # the new S is read back by every thread below
+    if not LAST:
+        # 3. a = silu(hproj[s, step] + w1s @ S)
+        if FIRST:
+            s_ptr = s_in_ptr
+        else:
+            s_ptr = s_out_ptr
+        for c0r in range(0, r, BLOCK_R):
+            offs_r = c0r + tl.arange(0, BLOCK_R)
+            mr = offs_r < r
+            acc = tl.load(hproj_ptr + (s * k + step) * r + offs_r, mask=mr, other=0.0)
+            for c0 in range(0, G, BLOCK_C):
+                offs_c = c0 + tl.arange(0, BLOCK_C)
+                mc = offs_c < G
+                sv = tl.load(s_ptr + s * G + offs_c, mask=mc, other=0.0)[None, :]
+                w = tl.load(w1s_ptr + offs_r[:, None] * G + offs_c[None, :], mask=mr[:, None] & mc[None, :],
+                            other=0.0).to(tl.float32)
+                acc += tl.sum(w * sv, 1)
+            tl.store(a_ptr + s * r + offs_r, acc * tl.sigmoid(acc), mask=mr)
+
+
+def domino_head_rollout(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w2, temperature, top_k, top_p,
+                        uniforms, write_logits, tokens, logprobs, state_out):
+    """``domino_head_rollout`` with the op's schema (see domino_ops.domino_head_rollout)."""
+    b, k, V = base_logits.shape
+    r, G = w1s.shape
+    H = 0 if w_ih is None else w_ih.shape[1]
+    if temperature == 0:
+        top_k, top_p = 0, 1.0
+    sampling = temperature > 0
+    filtered = sampling and (top_k > 0 or top_p < 1.0)
+    dev = base_logits.device
+    hproj = hproj.float().contiguous()
+    tiles = triton.cdiv(V, TILE_V)
+    a = torch.empty(b, r, dtype=torch.float32, device=dev)
+    partials = torch.empty(b, tiles, 6, dtype=torch.float32, device=dev)
+    rows = torch.empty(b, V, dtype=torch.float32, device=dev) if filtered else partials
+    s_bufs = torch.empty(2, b, G, dtype=torch.float32, device=dev)
+    seeds = uniforms.view(torch.int64) if sampling else tokens
+    uni = uniforms if sampling else partials
+    block_r = min(32, triton.next_power_of_2(r))
+    for step in range(k + 1):
+        first, last = step == 0, step == k
+        s_in = state if step <= 1 else s_bufs[(step - 1) % 2]
+        s_out = state_out if last else s_bufs[step % 2]
+        _head_update_kernel[(b,)](
+            partials, rows, uni, tokens, logprobs, hproj, s_in, s_out, a, gru_input,
+            w_ih if w_ih is not None else w_hh, w_hh, w1s, step, k, V, r, G, H, tiles, float(temperature or 1.0),
+            int(top_k), float(top_p), FIRST=first, LAST=last, SAMPLING=sampling, FILTERED=filtered,
+            TABLE=w_ih is None, BLOCK_T=min(1024, triton.next_power_of_2(tiles)), BLOCK_C=BLOCK_C, BLOCK_J=BLOCK_J,
+            BLOCK_R=block_r, BLOCK_V=min(1024, triton.next_power_of_2(V)))
+        if last:
+            break
+        _head_logits_kernel[(tiles, b)](
+            base_logits, w2, a, seeds, partials, rows, step, k, V, r, tiles, float(temperature or 1.0),
+            SAMPLING=sampling, RACE=sampling and not filtered, WRITE_LOGITS=bool(write_logits), WRITE_ROWS=filtered,
+            TILE=TILE_V, BLOCK_R=block_r)
+    if k == 0:
+        state_out.copy_(state)

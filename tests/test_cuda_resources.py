@@ -1,0 +1,41 @@
+"""The CUDA kernels compile for sm_80 and sm_90 without local-memory spills: nvcc's
+-Xptxas -v report is parsed per kernel (the same flags as the build)."""
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+CSRC = Path(__file__).resolve().parents[1] / "csrc"
+KERNELS = ["domino_head_rollout", "sample", "verify_greedy", "verify_sampling"]
+NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
+
+
+def ptxas_report(source: Path, arch: int, tmp_path: Path) -> dict[str, dict[str, int]]:
+    """{kernel: {registers, spill_bytes, stack_bytes, shared_bytes}} from ptxas -v."""
+    out = subprocess.run(
+        [NVCC, "-std=c++20", "-O3", f"-I{CSRC}", f"-gencode=arch=compute_{arch},code=sm_{arch}", "-Xptxas=-v",
+         "-c", str(source), "-o", str(tmp_path / f"{source.stem}_{arch}.o")],
+        capture_output=True, text=True, check=True).stderr
+    report, name = {}, None
+    for line in out.splitlines():
+        if m := re.search(r"Compiling entry function '(\w+)'", line):
+            name = m.group(1)
+        elif name and (m := re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)):
+            report[name] = {"stack_bytes": int(m.group(1)), "spill_bytes": int(m.group(2)) + int(m.group(3))}
+        elif name and (m := re.search(r"Used (\d+) registers.*?(\d+) bytes smem", line)):
+            report[name].update(registers=int(m.group(1)), shared_bytes=int(m.group(2)))
+    return report
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found")
+@pytest.mark.parametrize("arch", [80, 90])
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_no_local_memory_spills(kernel, arch, tmp_path):
+    report = ptxas_report(CSRC / "cuda" / f"{kernel}.cu", arch, tmp_path)
+    assert report, "ptxas reported no kernels"
+    for name, r in report.items():
+        print(f"sm_{arch} {name}: {r}")
+        assert r["spill_bytes"] == 0, f"{name} spills on sm_{arch}: {r}"
