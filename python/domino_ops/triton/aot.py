@@ -83,7 +83,9 @@ def compile_all(capability: int):
     for name, fn, args in _specs():
         signature = {a: (v if isinstance(v, str) else "constexpr") for a, v in args.items()}
         constexprs = {a: v for a, v in args.items() if not isinstance(v, str)}
-        compiled = triton_compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=target)
+        options = {"num_warps": head.UPDATE_WARPS} if fn is head._head_update_kernel else {}
+        compiled = triton_compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=target,
+                                  options=options)
         regs, spills = ptxas_report(compiled.asm["ptx"], f"sm_{capability}{'a' if capability >= 90 else ''}")
         report.append((name, regs, spills, compiled.metadata.shared))
     return report

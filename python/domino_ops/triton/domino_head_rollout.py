@@ -28,6 +28,7 @@ TILE_V = 128  # vocabulary rows per logits program (a [128, 32] w2 chunk in regi
 BLOCK_C = 32  # columns per GEMV chunk
 BLOCK_J = 32  # GRU output rows per chunk
 PARTIAL_FIELDS = 6  # max, sumexp, arg, race key, race arg, race z (float32; args as floats)
+UPDATE_WARPS = 8  # one program per sequence does the GRU GEMVs: more threads, and no spills
 
 
 @triton.jit
@@ -219,7 +220,7 @@ def domino_head_rollout(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w
             w_ih if w_ih is not None else w_hh, w_hh, w1s, step, k, V, r, G, H, tiles, float(temperature or 1.0),
             int(top_k), float(top_p), FIRST=first, LAST=last, SAMPLING=sampling, FILTERED=filtered,
             TABLE=w_ih is None, BLOCK_T=min(1024, triton.next_power_of_2(tiles)), BLOCK_C=BLOCK_C, BLOCK_J=BLOCK_J,
-            BLOCK_R=block_r, BLOCK_V=min(1024, triton.next_power_of_2(V)))
+            BLOCK_R=block_r, BLOCK_V=min(1024, triton.next_power_of_2(V)), num_warps=UPDATE_WARPS)
         if last:
             break
         _head_logits_kernel[(tiles, b)](

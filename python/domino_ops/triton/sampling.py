@@ -20,9 +20,10 @@ BLOCK_V = 1024  # vocabulary chunk per loop iteration
 @triton.jit
 def _ordered_key(z):
     """int64 whose order is the float order of z (float32)."""
-    bits = z.to(tl.uint32, bitcast=True)
-    key = tl.where((bits & 0x80000000) != 0, ~bits, bits | 0x80000000)
-    return key.to(tl.int64)
+    # The uint32 key of csrc/cuda/common.cuh (float_key), computed in int64 from the
+    # signed bits: negative floats map to ~bits, non-negative ones to bits | 0x80000000.
+    bits = z.to(tl.int32, bitcast=True).to(tl.int64)
+    return tl.where(bits < 0, -1 - bits, bits + 2147483648)
 
 
 @triton.jit
