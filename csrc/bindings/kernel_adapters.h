@@ -83,8 +83,8 @@ inline void run_domino_head_rollout(at::Tensor& base_logits, const at::Tensor& h
   TORCH_CHECK(b * r <= kHeadMaxBatchTimesRank, "domino_head_rollout: batch * rank = ", b, " * ", r,
               " exceeds the kernel's shared-memory limit of ", kHeadMaxBatchTimesRank,
               "; split the batch");
-  TORCH_CHECK(2 * G + H <= kHeadMaxGruFloats, "domino_head_rollout: GRU width G = ", G,
-              " and embedding width H = ", H, " exceed the kernel's shared-memory limit (2G + H <= ",
+  TORCH_CHECK(G + H <= kHeadMaxGruFloats, "domino_head_rollout: GRU width G = ", G,
+              " and embedding width H = ", H, " exceed the kernel's shared-memory limit (G + H <= ",
               kHeadMaxGruFloats, ")");
   check_grid_rows(b, "domino_head_rollout");
   if (temperature == 0.0) {  // filters only apply when sampling
@@ -94,7 +94,7 @@ inline void run_domino_head_rollout(at::Tensor& base_logits, const at::Tensor& h
   const bool filtered = top_k > 0 || top_p < 1.0;
   const at::Tensor hproj_f = hproj.to(at::kFloat).contiguous();
   at::Tensor workspace =
-      at::empty({head_rollout_workspace_floats(b, V, r, filtered)}, state.options().dtype(at::kFloat));
+      at::empty({head_rollout_workspace_floats(b, V, r, G, filtered)}, state.options().dtype(at::kFloat));
   HeadRolloutArgs args{};
   args.base_logits = base_logits.data_ptr();
   args.logits_bf16 = base_logits.scalar_type() == at::kBFloat16;

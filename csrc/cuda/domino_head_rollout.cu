@@ -6,22 +6,25 @@
 //   x_i = argmax(L), or a sample of softmax(filter(L / T))
 //   S   = GRUCell(E[x_i], S)                          w_hh [3G, G]; table [V, 3G] or w_ih [3G, H]
 //
-// Two kernels per step, 2k+1 launches per rollout, all of fixed shape:
+// Four fixed-shape kernels per step, 4k launches per rollout:
+//   head_input_kernel (grid (r / warps, b)): a = silu(hproj[s, i] + w1s @ S_i).
 //   head_logits_kernel (grid = vocabulary tiles of 4*blockDim rows): streams its tile of
 //     w2 with 16-byte loads, adds base_logits, and reduces each sequence's tile to a
 //     partial (max, sum exp(L - max), argmax) and, when sampling, the winner of an
 //     exponential race argmax_j z_j - log(E_j), E_j ~ Exp(1) from Philox4x32-10 keyed by
 //     the 64 bits of the step's uniform (the "seed tensor"), counter j. Full logits are
 //     written only with write_logits (or into a scratch row for top-k/top-p, which need
-//     the whole row: the update kernel then samples it with row_sampler.cuh).
-//   head_update_kernel (grid = b): merges the tile partials into the token and its
-//     log-probability (log-sum-exp across tiles), runs the GRU cell on that token, and
-//     computes the next step's a. Step 0 only computes a; the last launch only updates S.
-// Why not one persistent kernel: the token choice is a grid-wide dependency between the
-// vocabulary pass and the GRU, so a persistent kernel needs a grid barrier (cooperative
-// launch), which the emulator cannot run and which pins the grid to co-resident blocks.
-// Fixed-shape launches capture into one CUDA graph instead; launch gaps inside a graph
-// are ~1-2 us per kernel.
+//     the whole row: the choose kernel then samples it with row_sampler.cuh).
+//   head_choose_kernel (grid b): merges the tile partials into the token and its
+//     log-probability (log-sum-exp across tiles).
+//   head_gru_kernel (grid (G / warps, b)): S_{i+1} = GRUCell(E[x_i], S_i), one warp per
+//     output, so w_hh is streamed by G / warps blocks per sequence, not by one SM.
+// Why not one persistent kernel: the token choice and the GRU state are grid-wide
+// dependencies between these phases, so a persistent kernel needs grid barriers
+// (cooperative launch), which the emulator cannot run and which pin the grid to
+// co-resident blocks. Fixed-shape launches capture into one CUDA graph instead (no host
+// sync, no allocation inside: the workspace comes with the call); launch gaps inside a
+// graph are ~1-2 us per kernel, 4 per step.
 //
 // Bytes per step (the floor), paper shape (H = 4096, G = 1024, r = 256, V = 151936, bf16,
 // GRU table): w2 V*r*2 = 77.8 MB, w_hh 3G*G*2 = 6.3 MB, w1s r*G*2 = 0.5 MB, per sequence a
@@ -29,10 +32,10 @@
 // 25 us floor at 3.35 TB/s, 0.38 ms for k = 15. The w2 tile is read once per group of 8
 // sequences (8 accumulators per thread), so b = 8 moves the same w2 bytes as b = 1 and
 // b = 32 re-reads each tile 4 times, from L1/L2 (a 1024-row tile is 0.5 MB at r = 256).
-// Limits: the logits kernel is HBM-bound (148 blocks of 256 threads, 16-byte loads). The
-// update kernel runs one block per sequence, so at b = 1 a single SM streams w_hh (6.3 MB,
-// order 50 us at one SM's ~100-150 GB/s): at this shape the GRU GEMV, not w2, dominates
-// small-batch latency; splitting it across blocks needs a grid-wide step (a third launch).
+// Limits: the logits kernel is HBM-bound (148 blocks of 256 threads, 16-byte loads); the
+// GRU kernel (128 blocks per sequence at G = 1024) and the input kernel (32 blocks) are
+// small bandwidth-bound GEMVs; at ~25-30 us of w2 per step, the four launch gaps in a
+// graph (~5 us) are the next cost.
 #include "cuda/domino_head_rollout.cuh"
 #include "cuda/row_sampler.cuh"
 
@@ -106,6 +109,35 @@ __device__ __forceinline__ uint64_t step_seed(const double* uniforms, int64_t in
   return static_cast<uint64_t>(__double_as_longlong(uniforms[index]));
 }
 
+// The launcher's workspace: a [b, r], tile partials [b, tiles], two GRU states [2, b, G]
+// (step i reads S_i and writes S_{i+1}; every output row needs all of the old state), and
+// with top-k/top-p one logit row per sequence [b, V].
+struct Workspace {
+  float* a;
+  TilePartial* partials;
+  float* S_even;  // two named buffers, not an array: a runtime index would put it in local memory
+  float* S_odd;
+  float* rows;
+
+  // S_i: the caller's state, the ping-pong buffers, and state_out after the last step.
+  __host__ __device__ float* state(const HeadRolloutArgs& args, int64_t i) const {
+    if (i == 0) return const_cast<float*>(args.state);
+    if (i == args.k) return args.state_out;
+    return i % 2 == 0 ? S_even : S_odd;
+  }
+};
+
+__host__ __device__ inline Workspace carve(const HeadRolloutArgs& args, int64_t tiles) {
+  Workspace w;
+  w.a = args.workspace;
+  w.partials = reinterpret_cast<TilePartial*>(w.a + args.b * args.r);
+  w.S_even = reinterpret_cast<float*>(w.partials + args.b * tiles);
+  w.S_odd = w.S_even + args.b * args.G;
+  const bool filtered = args.temperature > 0.0f && (args.top_k > 0 || args.top_p < 1.0);
+  w.rows = filtered ? w.S_odd + args.b * args.G : nullptr;
+  return w;
+}
+
 template <typename TL, typename TW>
 __global__ void __launch_bounds__(kBlockThreads)
 head_logits_kernel(HeadRolloutArgs args, int64_t step, int tiles) {
@@ -114,10 +146,10 @@ head_logits_kernel(HeadRolloutArgs args, int64_t step, int tiles) {
   const int64_t b = args.b, k = args.k, V = args.V, r = args.r;
   TL* base = static_cast<TL*>(args.base_logits);
   const TW* w2 = static_cast<const TW*>(args.w2);
-  float* workspace = args.workspace;
-  const float* a = workspace;
-  TilePartial* partials = reinterpret_cast<TilePartial*>(workspace + b * r);
-  float* rows = args.top_k > 0 || args.top_p < 1.0 ? reinterpret_cast<float*>(partials + b * tiles) : nullptr;
+  const Workspace ws = carve(args, tiles);
+  const float* a = ws.a;
+  TilePartial* partials = ws.partials;
+  float* rows = ws.rows;
   const bool sampling = args.temperature > 0.0f;
   const bool race = sampling && rows == nullptr;
   for (int64_t i = threadIdx.x; i < b * r; i += blockDim.x) a_sh[i] = a[i];
@@ -193,134 +225,133 @@ head_logits_kernel(HeadRolloutArgs args, int64_t step, int tiles) {
   }
 }
 
-template <typename TW>
-__device__ __forceinline__ void gru_and_correction_input(const HeadRolloutArgs& args, int64_t step,
-                                                         int64_t token, float* S_sh, float* S_new_sh,
-                                                         float* emb_sh) {
-  const int64_t s = blockIdx.x, G = args.G, H = args.H, r = args.r;
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
-  const TW* w_hh = static_cast<const TW*>(args.w_hh);
-  const TW* w_ih = static_cast<const TW*>(args.w_ih);
-  const TW* gru_input = static_cast<const TW*>(args.gru_input);
-  constexpr int kv = Vec16<TW>::n;
-  if (token >= 0) {
-    // S = GRUCell(E[token], S). One warp per output j computes its three gate rows of
-    // gh = w_hh @ S and gi (a table row, or w_ih @ embedding) and the new S_j; the new
-    // state goes to a second buffer because every warp reads all of the old one.
-    if (w_ih != nullptr) {
-      for (int64_t c = threadIdx.x; c < H; c += blockDim.x) emb_sh[c] = to_float(gru_input[token * H + c]);
-      __syncthreads();
+// One block per sequence: merges the tile partials of step i into the token and its
+// log-probability (or, with top-k/top-p, samples the scratch row like `sample`).
+// min blocks 1 gives ptxas the registers to keep the row sampler out of local memory.
+__global__ void __launch_bounds__(kBlockThreads, 1)
+head_choose_kernel(HeadRolloutArgs args, int64_t step, int tiles) {
+  __shared__ MergeScratch merge_sh;
+  __shared__ RowScratch row_sh;
+  const int64_t s = blockIdx.x, k = args.k;
+  const Workspace ws = carve(args, tiles);
+  int64_t token;
+  float logprob;
+  if (ws.rows != nullptr) {
+    const Pick pick = sample_row(ws.rows + s * args.V, args.V, args.temperature, args.top_k, args.top_p,
+                                 args.uniforms[s * k + step], row_sh);
+    token = pick.token;
+    logprob = pick.logprob;
+  } else {
+    Lse l{-INFINITY, 0.0f, INT_MAX};
+    Race q{-INFINITY, INT_MAX, 0.0f};
+    for (int t = threadIdx.x; t < tiles; t += blockDim.x) {
+      const TilePartial p = ws.partials[s * tiles + t];
+      l = lse_merge(l, {p.max, p.sumexp, p.arg});
+      q = race_merge(q, {p.race_key, p.race_arg, p.race_z});
     }
-    const bool vec_hh = G % kv == 0 && aligned16(w_hh);
-    const bool vec_ih = w_ih != nullptr && H % kv == 0 && aligned16(w_ih);
-    for (int64_t j = warp; j < G; j += warps) {
-      const float hr = warp_dot(w_hh + j * G, S_sh, static_cast<int>(G), vec_hh);
-      const float hz = warp_dot(w_hh + (G + j) * G, S_sh, static_cast<int>(G), vec_hh);
-      const float hn = warp_dot(w_hh + (2 * G + j) * G, S_sh, static_cast<int>(G), vec_hh);
-      float ir, iz, in;
-      if (w_ih == nullptr) {
-        const TW* row = gru_input + token * 3 * G;
-        ir = to_float(row[j]);
-        iz = to_float(row[G + j]);
-        in = to_float(row[2 * G + j]);
-      } else {
-        ir = warp_dot(w_ih + j * H, emb_sh, static_cast<int>(H), vec_ih);
-        iz = warp_dot(w_ih + (G + j) * H, emb_sh, static_cast<int>(H), vec_ih);
-        in = warp_dot(w_ih + (2 * G + j) * H, emb_sh, static_cast<int>(H), vec_ih);
-      }
-      if (lane == 0) {
-        const float rg = 1.0f / (1.0f + __expf(-(ir + hr)));
-        const float zg = 1.0f / (1.0f + __expf(-(iz + hz)));
-        const float n = tanhf(in + rg * hn);
-        S_new_sh[j] = (1.0f - zg) * n + zg * S_sh[j];
-      }
-    }
-    __syncthreads();
-    for (int64_t j = threadIdx.x; j < G; j += blockDim.x) {
-      S_sh[j] = S_new_sh[j];
-      args.state_out[s * G + j] = S_new_sh[j];
-    }
-    __syncthreads();
+    block_merge(l, q, merge_sh);
+    const float lse = l.m + logf(l.s);
+    const bool sampled = args.temperature > 0.0f;
+    token = sampled ? q.arg : l.arg;
+    logprob = (sampled ? q.z : l.m) - lse;
   }
-  if (step < args.k) {
-    const TW* w1s = static_cast<const TW*>(args.w1s);
-    const bool vec_1 = G % kv == 0 && aligned16(w1s);
-    float* a = args.workspace + s * r;
-    for (int64_t c = warp; c < r; c += warps) {
-      const float v = args.hproj[(s * args.k + step) * r + c] + warp_dot(w1s + c * G, S_sh, static_cast<int>(G), vec_1);
-      if (lane == 0) a[c] = v / (1.0f + __expf(-v));
-    }
+  if (threadIdx.x == 0) {
+    args.tokens[s * k + step] = token;
+    args.logprobs[s * k + step] = logprob;
   }
 }
 
-// One block per sequence, so occupancy is not the limit: min blocks 1 gives ptxas the
-// registers to keep the GRU and the row sampler out of local memory on sm_80.
+// S_out = GRUCell(E[token], S_in) for one sequence (blockIdx.y) and one warp-sized group
+// of outputs j per block (blockIdx.x): each warp computes its j's three gate rows of
+// gh = w_hh @ S and gi (a table row, or w_ih @ embedding). Spreading the rows over
+// G / warps blocks per sequence lets every SM stream w_hh (6.3 MB at the paper shape).
 template <typename TW>
-__global__ void __launch_bounds__(kBlockThreads, 1)
-head_update_kernel(HeadRolloutArgs args, int64_t step, int tiles) {
-  DOMINO_DYNAMIC_SHARED(float, gru_sh);  // S [G], new S [G], embedding [H]
-  __shared__ MergeScratch merge_sh;
-  __shared__ RowScratch row_sh;
-  __shared__ int64_t token_sh;
-  const int64_t s = blockIdx.x, b = args.b, k = args.k, G = args.G;
+__global__ void __launch_bounds__(kBlockThreads)
+head_gru_kernel(HeadRolloutArgs args, int64_t step, int tiles) {
+  DOMINO_DYNAMIC_SHARED(float, gru_sh);  // S [G], embedding [H]
+  const int64_t s = blockIdx.y, G = args.G, H = args.H;
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
+  const Workspace ws = carve(args, tiles);
+  const float* S_in = ws.state(args, step);
+  float* S_out = ws.state(args, step + 1);
+  const TW* w_hh = static_cast<const TW*>(args.w_hh);
+  const TW* w_ih = static_cast<const TW*>(args.w_ih);
+  const TW* gru_input = static_cast<const TW*>(args.gru_input);
+  const int64_t token = args.tokens[s * args.k + step];
   float* S_sh = gru_sh;
-  float* S_new_sh = S_sh + G;
-  float* emb_sh = S_new_sh + G;
-  const float* S_in = step == 0 ? args.state : args.state_out;
-  for (int64_t j = threadIdx.x; j < G; j += blockDim.x) {
-    S_sh[j] = S_in[s * G + j];
-    if (step == 0) args.state_out[s * G + j] = S_sh[j];  // later steps read S from state_out
-  }
-
-  int64_t token = -1;
-  if (step > 0) {
-    const TilePartial* partials = reinterpret_cast<const TilePartial*>(args.workspace + b * args.r);
-    const bool filtered = args.top_k > 0 || args.top_p < 1.0;
-    if (filtered) {  // top-k / top-p at T > 0: sample the scratch row like `sample` does
-      const float* row = reinterpret_cast<const float*>(partials + b * tiles) + s * args.V;
-      const Pick pick = sample_row(row, args.V, args.temperature, args.top_k, args.top_p,
-                                   args.uniforms[s * k + step - 1], row_sh);
-      if (threadIdx.x == 0) {
-        token_sh = pick.token;
-        args.logprobs[s * k + step - 1] = pick.logprob;
-      }
-    } else {
-      Lse l{-INFINITY, 0.0f, INT_MAX};
-      Race q{-INFINITY, INT_MAX, 0.0f};
-      for (int t = threadIdx.x; t < tiles; t += blockDim.x) {
-        const TilePartial p = partials[s * tiles + t];
-        l = lse_merge(l, {p.max, p.sumexp, p.arg});
-        q = race_merge(q, {p.race_key, p.race_arg, p.race_z});
-      }
-      block_merge(l, q, merge_sh);
-      if (threadIdx.x == 0) {
-        const float lse = l.m + logf(l.s);
-        const bool sampled = args.temperature > 0.0f;
-        token_sh = sampled ? q.arg : l.arg;
-        args.logprobs[s * k + step - 1] = (sampled ? q.z : l.m) - lse;
-      }
-    }
-    __syncthreads();
-    token = token_sh;
-    if (threadIdx.x == 0) args.tokens[s * k + step - 1] = token;
-  }
+  float* emb_sh = gru_sh + G;
+  for (int64_t c = threadIdx.x; c < G; c += blockDim.x) S_sh[c] = S_in[s * G + c];
+  if (w_ih != nullptr)
+    for (int64_t c = threadIdx.x; c < H; c += blockDim.x) emb_sh[c] = to_float(gru_input[token * H + c]);
   __syncthreads();
-  gru_and_correction_input<TW>(args, step, token, S_sh, S_new_sh, emb_sh);
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * warps + warp;
+  if (j >= G) return;  // whole warps leave; no block barrier follows
+  constexpr int kv = Vec16<TW>::n;
+  const bool vec_hh = G % kv == 0 && aligned16(w_hh);
+  const float hr = warp_dot(w_hh + j * G, S_sh, static_cast<int>(G), vec_hh);
+  const float hz = warp_dot(w_hh + (G + j) * G, S_sh, static_cast<int>(G), vec_hh);
+  const float hn = warp_dot(w_hh + (2 * G + j) * G, S_sh, static_cast<int>(G), vec_hh);
+  float ir, iz, in;
+  if (w_ih == nullptr) {
+    const TW* row = gru_input + token * 3 * G;
+    ir = to_float(row[j]);
+    iz = to_float(row[G + j]);
+    in = to_float(row[2 * G + j]);
+  } else {
+    const bool vec_ih = H % kv == 0 && aligned16(w_ih);
+    ir = warp_dot(w_ih + j * H, emb_sh, static_cast<int>(H), vec_ih);
+    iz = warp_dot(w_ih + (G + j) * H, emb_sh, static_cast<int>(H), vec_ih);
+    in = warp_dot(w_ih + (2 * G + j) * H, emb_sh, static_cast<int>(H), vec_ih);
+  }
+  if (lane == 0) {
+    const float rg = 1.0f / (1.0f + __expf(-(ir + hr)));
+    const float zg = 1.0f / (1.0f + __expf(-(iz + hz)));
+    const float n = tanhf(in + rg * hn);
+    S_out[s * G + j] = (1.0f - zg) * n + zg * S_sh[j];
+  }
+}
+
+// a[s] = silu(hproj[s, step] + w1s @ S) for one sequence (blockIdx.y), one row of w1s
+// per warp (blockIdx.x selects the group of rows).
+template <typename TW>
+__global__ void __launch_bounds__(kBlockThreads)
+head_input_kernel(HeadRolloutArgs args, int64_t step, int tiles) {
+  DOMINO_DYNAMIC_SHARED(float, S_sh);  // S [G]
+  const int64_t s = blockIdx.y, G = args.G, r = args.r;
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
+  const Workspace ws = carve(args, tiles);
+  const float* S = ws.state(args, step);
+  for (int64_t c = threadIdx.x; c < G; c += blockDim.x) S_sh[c] = S[s * G + c];
+  __syncthreads();
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * warps + warp;
+  if (c >= r) return;
+  const TW* w1s = static_cast<const TW*>(args.w1s);
+  const bool vec = G % Vec16<TW>::n == 0 && aligned16(w1s);
+  const float v = args.hproj[(s * args.k + step) * r + c] + warp_dot(w1s + c * G, S_sh, static_cast<int>(G), vec);
+  if (lane == 0) ws.a[s * r + c] = v / (1.0f + __expf(-v));
 }
 
 template <typename TL, typename TW>
 cudaError_t launch_typed(const HeadRolloutArgs& args, cudaStream_t stream) {
   const int tiles = static_cast<int>((args.V + kTileRows - 1) / kTileRows);
-  const size_t logits_smem = static_cast<size_t>(args.b * args.r) * sizeof(float);
-  const size_t update_smem = static_cast<size_t>(2 * args.G + (args.w_ih ? args.H : 0)) * sizeof(float);
+  const unsigned b = static_cast<unsigned>(args.b);
+  const unsigned warps = kBlockThreads / kWarp;
   const dim3 block(kBlockThreads);
-  for (int64_t step = 0; step <= args.k; ++step) {
-    cudaError_t err = DOMINO_LAUNCH(head_update_kernel<TW>, dim3(static_cast<unsigned>(args.b)), block,
-                                    update_smem, stream, args, step, tiles);
-    if (err != cudaSuccess) return err;
-    if (step == args.k) break;
-    err = DOMINO_LAUNCH((head_logits_kernel<TL, TW>), dim3(static_cast<unsigned>(tiles)), block,
-                        logits_smem, stream, args, step, tiles);
+  const dim3 input_grid(static_cast<unsigned>((args.r + warps - 1) / warps), b);
+  const dim3 gru_grid(static_cast<unsigned>((args.G + warps - 1) / warps), b);
+  const size_t logits_smem = static_cast<size_t>(args.b * args.r) * sizeof(float);
+  const size_t input_smem = static_cast<size_t>(args.G) * sizeof(float);
+  const size_t gru_smem = static_cast<size_t>(args.G + (args.w_ih ? args.H : 0)) * sizeof(float);
+  auto logits_kernel = head_logits_kernel<TL, TW>;
+  for (int64_t step = 0; step < args.k; ++step) {
+    cudaError_t err = DOMINO_LAUNCH(head_input_kernel<TW>, input_grid, block, input_smem, stream, args, step, tiles);
+    if (err == cudaSuccess)
+      err = DOMINO_LAUNCH(logits_kernel, dim3(static_cast<unsigned>(tiles)), block, logits_smem, stream, args, step,
+                          tiles);
+    if (err == cudaSuccess)
+      err = DOMINO_LAUNCH(head_choose_kernel, dim3(b), block, 0, stream, args, step, tiles);
+    if (err == cudaSuccess)
+      err = DOMINO_LAUNCH(head_gru_kernel<TW>, gru_grid, block, gru_smem, stream, args, step, tiles);
     if (err != cudaSuccess) return err;
   }
   return cudaSuccess;
@@ -330,9 +361,9 @@ cudaError_t launch_typed(const HeadRolloutArgs& args, cudaStream_t stream) {
 
 int64_t head_rollout_tile_rows() { return kTileRows; }
 
-int64_t head_rollout_workspace_floats(int64_t b, int64_t V, int64_t r, bool filtered_sampling) {
+int64_t head_rollout_workspace_floats(int64_t b, int64_t V, int64_t r, int64_t G, bool filtered_sampling) {
   const int64_t tiles = (V + kTileRows - 1) / kTileRows;
-  return b * r + b * tiles * static_cast<int64_t>(sizeof(TilePartial) / sizeof(float)) +
+  return b * r + b * tiles * static_cast<int64_t>(sizeof(TilePartial) / sizeof(float)) + 2 * b * G +
          (filtered_sampling ? b * V : 0);
 }
 

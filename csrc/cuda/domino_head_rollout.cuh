@@ -31,14 +31,14 @@ struct HeadRolloutArgs {
 // Vocabulary rows per block of the logits kernel.
 int64_t head_rollout_tile_rows();
 // Workspace the launcher needs: the correction input a [b, r], per-tile partial
-// reductions [b, tiles], and with top-k/top-p sampling one float row of logits per
-// sequence [b, V].
-int64_t head_rollout_workspace_floats(int64_t b, int64_t V, int64_t r, bool filtered_sampling);
+// reductions [b, tiles], two GRU states [2, b, G], and with top-k/top-p sampling one
+// float row of logits per sequence [b, V].
+int64_t head_rollout_workspace_floats(int64_t b, int64_t V, int64_t r, int64_t G, bool filtered_sampling);
 // Limits of the kernels' shared memory; checked by the binding before launching.
 constexpr int64_t kHeadMaxBatchTimesRank = 8192;   // a [b, r] floats per logits block
-constexpr int64_t kHeadMaxGruFloats = 10000;       // 2G + H floats per update block
+constexpr int64_t kHeadMaxGruFloats = 10000;       // G + H floats per GRU block
 
-// Launches the 2k+1 kernels of a k-step rollout on `stream`: no host synchronisation, no
+// Launches the 4k kernels of a k-step rollout on `stream`: no host synchronisation, no
 // allocation, launch shapes that depend only on the shapes, so the rollout can be
 // captured in a CUDA graph.
 cudaError_t launch_domino_head_rollout(const HeadRolloutArgs& args, cudaStream_t stream);
