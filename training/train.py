@@ -139,6 +139,9 @@ def build_model(args, target):
     from domino.config import DominoConfig
     from domino.loading import default_drafter_config
 
+    if args.init_from:  # continue from a saved drafter: its config and weights
+        model = DominoDraftModel.from_pretrained(args.init_from).bind_target(target)
+        return model
     if args.config:
         config = DominoConfig.load(args.config)
     else:
@@ -176,6 +179,8 @@ def parse_args(argv=None):
     p.add_argument("--gru", type=int, default=256)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--init-from-target", action="store_true", help="start the draft layers from the target's top layers")
+    p.add_argument("--init-from", type=Path, default=None,
+                   help="start from a saved drafter (config + weights), e.g. the shipped one, to train it further")
     p.add_argument("--steps", type=int, default=800)
     p.add_argument("--seqs-per-step", type=int, default=16, help="global batch, in sequences")
     p.add_argument("--anchors", type=int, default=8, help="anchors per sequence")
