@@ -198,7 +198,7 @@ def test_head_rollout_exponential_race_joint_distribution():
     np.testing.assert_allclose(logprobs[:, 0].numpy(), np.log(p0[tokens[:, 0].numpy()]), rtol=1e-3, atol=1e-3)
 
 
-def test_head_rollout_rejects_a_batch_over_the_shared_memory_limit():
-    inputs = make_inputs(130, 1, 17, 64, 4, 4, torch.float32, torch.float32, True, 0)
-    with pytest.raises(RuntimeError, match="batch \\* rank"):
+def test_head_rollout_rejects_a_rank_over_the_shared_memory_limit():
+    inputs = make_inputs(1, 1, 17, 1537, 4, 4, torch.float32, torch.float32, True, 0)
+    with pytest.raises(RuntimeError, match="rank r = 1537"):
         run_head(inputs)

@@ -80,9 +80,8 @@ inline void run_domino_head_rollout(at::Tensor& base_logits, const at::Tensor& h
   const int64_t r = w1s.size(0), G = w1s.size(1), H = w_ih ? w_ih->size(1) : 0;
   TORCH_CHECK(V < std::numeric_limits<int>::max(), "domino_head_rollout: vocabulary ", V,
               " does not fit the kernel's int32 token ids");
-  TORCH_CHECK(b * r <= kHeadMaxBatchTimesRank, "domino_head_rollout: batch * rank = ", b, " * ", r,
-              " exceeds the kernel's shared-memory limit of ", kHeadMaxBatchTimesRank,
-              "; split the batch");
+  TORCH_CHECK(r <= kHeadMaxRank, "domino_head_rollout: rank r = ", r, " (w1s.shape[0]) exceeds the kernel's ",
+              "shared-memory limit of ", kHeadMaxRank);
   TORCH_CHECK(G + H <= kHeadMaxGruFloats, "domino_head_rollout: GRU width G = ", G,
               " and embedding width H = ", H, " exceed the kernel's shared-memory limit (G + H <= ",
               kHeadMaxGruFloats, ")");

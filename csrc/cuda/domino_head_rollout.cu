@@ -141,7 +141,7 @@ __host__ __device__ inline Workspace carve(const HeadRolloutArgs& args, int64_t 
 template <typename TL, typename TW>
 __global__ void __launch_bounds__(kBlockThreads)
 head_logits_kernel(HeadRolloutArgs args, int64_t step, int tiles) {
-  DOMINO_DYNAMIC_SHARED(float, a_sh);  // [b, r]
+  DOMINO_DYNAMIC_SHARED(float, a_sh);  // [kGroup, r]: the current group's correction inputs
   __shared__ MergeScratch sh;
   const int64_t b = args.b, k = args.k, V = args.V, r = args.r;
   TL* base = static_cast<TL*>(args.base_logits);
@@ -152,8 +152,6 @@ head_logits_kernel(HeadRolloutArgs args, int64_t step, int tiles) {
   float* rows = ws.rows;
   const bool sampling = args.temperature > 0.0f;
   const bool race = sampling && rows == nullptr;
-  for (int64_t i = threadIdx.x; i < b * r; i += blockDim.x) a_sh[i] = a[i];
-  __syncthreads();
 
   const int64_t tile_begin = static_cast<int64_t>(blockIdx.x) * kTileRows;
   const int64_t tile_end = min(V, tile_begin + kTileRows);
@@ -161,6 +159,9 @@ head_logits_kernel(HeadRolloutArgs args, int64_t step, int tiles) {
   const bool vec = r % kv == 0 && aligned16(w2);
   for (int64_t g0 = 0; g0 < b; g0 += kGroup) {
     const int ng = static_cast<int>(b - g0 < kGroup ? b - g0 : kGroup);
+    __syncthreads();  // the previous group is done with a_sh
+    for (int64_t i = threadIdx.x; i < ng * r; i += blockDim.x) a_sh[i] = a[g0 * r + i];
+    __syncthreads();
     Lse lse[kGroup];
     Race best[kGroup];
 #pragma unroll
@@ -180,7 +181,7 @@ head_logits_kernel(HeadRolloutArgs args, int64_t step, int tiles) {
 #pragma unroll
           for (int g = 0; g < kGroup; ++g) {
             if (g < ng) {
-              const float* x = a_sh + (g0 + g) * r + c;
+              const float* x = a_sh + g * r + c;
 #pragma unroll
               for (int e = 0; e < kv; ++e) acc[g] += w[e] * x[e];
             }
@@ -191,7 +192,7 @@ head_logits_kernel(HeadRolloutArgs args, int64_t step, int tiles) {
           const float w = to_float(wrow[c]);
 #pragma unroll
           for (int g = 0; g < kGroup; ++g)
-            if (g < ng) acc[g] += w * a_sh[(g0 + g) * r + c];
+            if (g < ng) acc[g] += w * a_sh[g * r + c];
         }
       }
 #pragma unroll
@@ -339,7 +340,7 @@ cudaError_t launch_typed(const HeadRolloutArgs& args, cudaStream_t stream) {
   const dim3 block(kBlockThreads);
   const dim3 input_grid(static_cast<unsigned>((args.r + warps - 1) / warps), b);
   const dim3 gru_grid(static_cast<unsigned>((args.G + warps - 1) / warps), b);
-  const size_t logits_smem = static_cast<size_t>(args.b * args.r) * sizeof(float);
+  const size_t logits_smem = static_cast<size_t>(kGroup * args.r) * sizeof(float);
   const size_t input_smem = static_cast<size_t>(args.G) * sizeof(float);
   const size_t gru_smem = static_cast<size_t>(args.G + (args.w_ih ? args.H : 0)) * sizeof(float);
   auto logits_kernel = head_logits_kernel<TL, TW>;

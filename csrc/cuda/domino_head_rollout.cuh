@@ -35,7 +35,7 @@ int64_t head_rollout_tile_rows();
 // float row of logits per sequence [b, V].
 int64_t head_rollout_workspace_floats(int64_t b, int64_t V, int64_t r, int64_t G, bool filtered_sampling);
 // Limits of the kernels' shared memory; checked by the binding before launching.
-constexpr int64_t kHeadMaxBatchTimesRank = 8192;   // a [b, r] floats per logits block
+constexpr int64_t kHeadMaxRank = 1536;             // a [8, r] floats per logits block
 constexpr int64_t kHeadMaxGruFloats = 10000;       // G + H floats per GRU block
 
 // Launches the 4k kernels of a k-step rollout on `stream`: no host synchronisation, no
