@@ -29,7 +29,8 @@
 // Bytes per step (the floor), paper shape (H = 4096, G = 1024, r = 256, V = 151936, bf16,
 // GRU table): w2 V*r*2 = 77.8 MB, w_hh 3G*G*2 = 6.3 MB, w1s r*G*2 = 0.5 MB, per sequence a
 // base-logit row V*2 = 0.3 MB and a table row 3G*2 = 6 KB: 84.9 MB per step at b = 1, a
-// 25 us floor at 3.35 TB/s, 0.38 ms for k = 15. The w2 tile is read once per group of 8
+// 25 us floor at 3.35 TB/s, 0.38 ms for k = 15. With fp32 weights and logits every term
+// doubles: 170 MB per step, a 51 us floor, 0.76 ms for k = 15. The w2 tile is read once per group of 8
 // sequences (8 accumulators per thread), so b = 8 moves the same w2 bytes as b = 1 and
 // b = 32 re-reads each tile 4 times, from L1/L2 (a 1024-row tile is 0.5 MB at r = 256).
 // Limits: the logits kernel is HBM-bound (148 blocks of 256 threads, 16-byte loads); the
