@@ -35,7 +35,7 @@ def uniforms(shape, seed):
 
 
 @INTERPRETED
-@given(b=st.sampled_from([1, 3]), k=st.sampled_from([1, 4]), V=st.sampled_from([1, 17, 1500]),
+@given(b=st.sampled_from([1, 3, 33]), k=st.sampled_from([1, 4]), V=st.sampled_from([1, 17, 1500]),
        dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**31 - 1))
 def test_verify_greedy(b, k, V, dtype, seed):
     g = torch.Generator().manual_seed(seed)
@@ -103,7 +103,7 @@ def test_verify_sampling_is_distributed_as_target():
 
 
 head_shapes = st.fixed_dictionaries({
-    "b": st.sampled_from([1, 3]),
+    "b": st.sampled_from([1, 3, 33]),
     "k": st.sampled_from([1, 3]),
     "V": st.sampled_from([1, 17, 300]),  # 300: three 128-row tiles, the last partial
     "r": st.sampled_from([1, 3, 33]),  # 33: two 32-column chunks
