@@ -16,7 +16,8 @@ from domino_ops import _simt  # noqa: F401  (registers torch.ops.domino_simt)
 from domino_ops import reference
 from conftest import POISON_TOKEN
 from stats import assert_matches_distribution
-from test_domino_head_rollout import MARGIN, filtered_probs, make_inputs, oracle
+from kernel_cases import race_population, verify_greedy_case, verify_sampling_case, verify_sampling_population
+from test_domino_head_rollout import MARGIN, make_inputs, oracle
 
 simt = torch.ops.domino_simt
 DTYPES = [torch.float32, torch.bfloat16]
@@ -33,13 +34,7 @@ def uniforms(shape, seed):
 @given(b=st.sampled_from([1, 2, 33]), k=st.sampled_from([1, 3, 7]), V=st.sampled_from([1, 17, 300]),
        dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**31 - 1))
 def test_verify_greedy(b, k, V, dtype, seed):
-    g = torch.Generator().manual_seed(seed)
-    logits = torch.randn(b, k + 1, V, generator=g).to(dtype)
-    draft = logits[:, :k].float().argmax(-1)
-    cut = torch.randint(0, k + 1, (b,), generator=g)  # first wrong draft per sequence
-    for s in range(b):
-        if cut[s] < k and V > 1:
-            draft[s, cut[s]] = (draft[s, cut[s]] + 1) % V
+    draft, logits = verify_greedy_case(b, k, V, dtype, seed)
     out = torch.full((b, k + 1), POISON_TOKEN, dtype=torch.int64)
     acc = torch.full((b,), POISON_TOKEN, dtype=torch.int64)
     simt.verify_greedy(draft, logits, out, acc)
@@ -81,12 +76,7 @@ def test_sample_matches_reference_given_uniforms(b, V, dtype, temperature, top_k
 
 @pytest.mark.parametrize("b,k,V", [(1, 1, 5), (4, 5, 300), (3, 2, 17)])
 def test_verify_sampling_matches_reference_given_uniforms(b, k, V):
-    g = torch.Generator().manual_seed(b * 100 + k)
-    q = torch.softmax(torch.randn(b, k, V, generator=g) * 2, -1)
-    p = torch.softmax(torch.randn(b, k + 1, V, generator=g) * 2, -1)
-    p[:, :k] = 0.5 * p[:, :k] + 0.5 * q  # varied acceptance lengths
-    p[0, 0] = q[0, 0]  # equal rows: the residual is all zero, resample from p
-    draft = torch.multinomial(q.reshape(-1, V), 1, generator=g).reshape(b, k)
+    draft, q, p = verify_sampling_case(b, k, V)
     out = torch.full((b, k + 1), POISON_TOKEN, dtype=torch.int64)
     acc = torch.full((b,), POISON_TOKEN, dtype=torch.int64)
     gen = torch.Generator().manual_seed(7)
@@ -98,16 +88,11 @@ def test_verify_sampling_matches_reference_given_uniforms(b, k, V):
 
 def test_verify_sampling_is_distributed_as_target():
     """Drafts from q, verified against p: the first output token is distributed as p."""
-    V, N = 5, 1500
-    g = torch.Generator().manual_seed(3)
-    p = torch.softmax(torch.randn(2, V, generator=g), -1)
-    q = torch.softmax(torch.randn(1, V, generator=g) * 3, -1)
-    draft = torch.multinomial(q[0], N, replacement=True, generator=g)[:, None]
-    out = torch.empty(N, 2, dtype=torch.int64)
-    acc = torch.empty(N, dtype=torch.int64)
-    simt.verify_sampling(draft, q.expand(N, 1, V).contiguous(), p.expand(N, 2, V).contiguous(),
-                         uniforms((N, 1), 1), uniforms((N,), 2), out, acc)
-    assert_matches_distribution(out[:, 0].numpy(), p[0].double().numpy(), what="first token")
+    draft, q, p, target = verify_sampling_population(V=5, N=1500)
+    out = torch.empty(draft.shape[0], 2, dtype=torch.int64)
+    acc = torch.empty(draft.shape[0], dtype=torch.int64)
+    simt.verify_sampling(draft, q, p, uniforms(draft.shape, 1), uniforms(draft.shape[:1], 2), out, acc)
+    assert_matches_distribution(out[:, 0].numpy(), target, what="first token")
 
 
 # ---- domino_head_rollout ----------------------------------------------------------------
@@ -184,17 +169,10 @@ def test_head_rollout_exponential_race_joint_distribution():
     uniforms' bits): N identical sequences, the joint law of (x0, x1) must be
     p(x0) * p(x1 | x0), and each logprob exactly that of the drawn token (which pins the
     temperature). Emulated blocks cost ~0.1 s per sequence, hence the modest N."""
-    wdtype = torch.bfloat16
     V, N, temperature = 4, 400, 1.3
-    one = make_inputs(1, 2, V, 4, 5, 3, wdtype, torch.float32, True, seed=11)
-    inputs = [x.expand(N, *x.shape[1:]).contiguous() if i < 3 else x for i, x in enumerate(one)]
+    inputs, joint, p0 = race_population(V, N, temperature, torch.bfloat16)
     tokens, logprobs, _ = run_head(inputs, temperature=temperature, u=uniforms((N, 2), 5))
-    forced = torch.stack([torch.arange(V), torch.zeros(V, dtype=torch.int64)], 1)
-    rows = [x.expand(V, *x.shape[1:]) if i < 3 else x for i, x in enumerate(one)]
-    _, _, _, L, _ = oracle(*rows, forced=forced)
-    p0 = filtered_probs(L[0, 0].numpy(), temperature, 0, 1.0)
-    joint = np.stack([p0[x0] * filtered_probs(L[x0, 1].numpy(), temperature, 0, 1.0) for x0 in range(V)])
-    assert_matches_distribution((tokens[:, 0] * V + tokens[:, 1]).numpy(), joint.ravel(), what="(x0, x1)")
+    assert_matches_distribution((tokens[:, 0] * V + tokens[:, 1]).numpy(), joint, what="(x0, x1)")
     np.testing.assert_allclose(logprobs[:, 0].numpy(), np.log(p0[tokens[:, 0].numpy()]), rtol=1e-3, atol=1e-3)
 
 

@@ -21,7 +21,9 @@ from domino_ops import reference, select_backend  # noqa: E402
 from domino_ops import triton as triton_ops  # noqa: E402
 from conftest import POISON_TOKEN  # noqa: E402
 from stats import assert_matches_distribution  # noqa: E402
-from test_domino_head_rollout import MARGIN, filtered_probs, make_inputs, oracle  # noqa: E402
+from kernel_cases import (  # noqa: E402
+    race_population, verify_greedy_case, verify_sampling_case, verify_sampling_population)
+from test_domino_head_rollout import MARGIN, make_inputs, oracle  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.bfloat16]
@@ -38,13 +40,7 @@ def uniforms(shape, seed):
 @given(b=st.sampled_from([1, 3, 33]), k=st.sampled_from([1, 4]), V=st.sampled_from([1, 17, 1500]),
        dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**31 - 1))
 def test_verify_greedy(b, k, V, dtype, seed):
-    g = torch.Generator().manual_seed(seed)
-    logits = torch.randn(b, k + 1, V, generator=g).to(dtype)
-    draft = logits[:, :k].float().argmax(-1)
-    cut = torch.randint(0, k + 1, (b,), generator=g)
-    for s in range(b):
-        if cut[s] < k and V > 1:
-            draft[s, cut[s]] = (draft[s, cut[s]] + 1) % V
+    draft, logits = verify_greedy_case(b, k, V, dtype, seed)
     logits, draft = logits.to(DEV), draft.to(DEV)
     out = torch.full((b, k + 1), POISON_TOKEN, dtype=torch.int64, device=DEV)
     acc = torch.full((b,), POISON_TOKEN, dtype=torch.int64, device=DEV)
@@ -75,12 +71,7 @@ def test_sample_matches_reference_given_uniforms(b, V, dtype, temperature, top_k
 
 @pytest.mark.parametrize("b,k,V", [(1, 1, 5), (4, 5, 300), (3, 2, 1500)])
 def test_verify_sampling_matches_reference_given_uniforms(b, k, V):
-    g = torch.Generator().manual_seed(b * 100 + k)
-    q = torch.softmax(torch.randn(b, k, V, generator=g) * 2, -1)
-    p = torch.softmax(torch.randn(b, k + 1, V, generator=g) * 2, -1)
-    p[:, :k] = 0.5 * p[:, :k] + 0.5 * q
-    p[0, 0] = q[0, 0]  # all-zero residual: resample from p
-    draft = torch.multinomial(q.reshape(-1, V), 1, generator=g).reshape(b, k)
+    draft, q, p = verify_sampling_case(b, k, V)
     q, p, draft = q.to(DEV), p.to(DEV), draft.to(DEV)
     out = torch.full((b, k + 1), POISON_TOKEN, dtype=torch.int64, device=DEV)
     acc = torch.full((b,), POISON_TOKEN, dtype=torch.int64, device=DEV)
@@ -92,14 +83,10 @@ def test_verify_sampling_matches_reference_given_uniforms(b, k, V):
 
 
 def test_verify_sampling_is_distributed_as_target():
-    V, N = 5, 2000
-    g = torch.Generator().manual_seed(3)
-    p = torch.softmax(torch.randn(2, V, generator=g), -1)
-    q = torch.softmax(torch.randn(1, V, generator=g) * 3, -1)
-    draft = torch.multinomial(q[0], N, replacement=True, generator=g)[:, None]
-    out, acc = domino_ops.verify_sampling(draft.to(DEV), q.expand(N, 1, V).to(DEV), p.expand(N, 2, V).to(DEV),
+    draft, q, p, target = verify_sampling_population(V=5, N=2000)
+    out, acc = domino_ops.verify_sampling(draft.to(DEV), q.to(DEV), p.to(DEV),
                                           generator=torch.Generator(DEV).manual_seed(1), backend="triton")
-    assert_matches_distribution(out[:, 0].cpu().numpy(), p[0].double().numpy(), what="first token")
+    assert_matches_distribution(out[:, 0].cpu().numpy(), target, what="first token")
 
 
 head_shapes = st.fixed_dictionaries({
@@ -167,15 +154,9 @@ def test_head_rollout_filtered_sampling_matches_reference_given_uniforms(table, 
 @pytest.mark.parametrize("wdtype", DTYPES)
 def test_head_rollout_exponential_race_joint_distribution(wdtype):
     V, N, temperature = 5, 800, 1.3
-    one = make_inputs(1, 2, V, 4, 5, 3, wdtype, torch.float32, True, seed=11)
-    inputs = [x.expand(N, *x.shape[1:]).contiguous() if i < 3 else x for i, x in enumerate(one)]
+    inputs, joint, p0 = race_population(V, N, temperature, wdtype)
     tokens, logprobs, _, _ = run_head(inputs, temperature=temperature, u=uniforms((N, 2), 5))
-    forced = torch.stack([torch.arange(V), torch.zeros(V, dtype=torch.int64)], 1)
-    rows = [x.expand(V, *x.shape[1:]) if i < 3 else x for i, x in enumerate(one)]
-    _, _, _, L, _ = oracle(*rows, forced=forced)
-    p0 = filtered_probs(L[0, 0].numpy(), temperature, 0, 1.0)
-    joint = np.stack([p0[x0] * filtered_probs(L[x0, 1].numpy(), temperature, 0, 1.0) for x0 in range(V)])
-    assert_matches_distribution((tokens[:, 0] * V + tokens[:, 1]).numpy(), joint.ravel(), what="(x0, x1)")
+    assert_matches_distribution((tokens[:, 0] * V + tokens[:, 1]).numpy(), joint, what="(x0, x1)")
     np.testing.assert_allclose(logprobs[:, 0].numpy(), np.log(p0[tokens[:, 0].numpy()]), rtol=1e-3, atol=1e-3)
 
 
