@@ -108,33 +108,37 @@ __device__ __forceinline__ ArgMax block_argmax(ArgMax a, ArgMax* scratch) {
   return r;
 }
 
-template <typename T>
-__device__ __forceinline__ T block_sum(T v, T* scratch) {
+struct SumOp {
+  template <typename T>
+  __device__ __forceinline__ T operator()(T a, T b) const { return a + b; }
+};
+struct MaxOp {
+  template <typename T>
+  __device__ __forceinline__ T operator()(T a, T b) const { return b > a ? b : a; }
+};
+
+// Warp shuffles, then one pass over the warps' results in a fixed order (deterministic).
+template <typename T, typename Op>
+__device__ __forceinline__ T block_reduce(T v, T* scratch, Op op) {
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
 #pragma unroll
-  for (int off = kWarp / 2; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+  for (int off = kWarp / 2; off > 0; off /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, off));
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
   T r = scratch[0];
-  for (int w = 1; w < warps; ++w) r += scratch[w];  // fixed order: deterministic
+  for (int w = 1; w < warps; ++w) r = op(r, scratch[w]);
   __syncthreads();
   return r;
 }
 
 template <typename T>
+__device__ __forceinline__ T block_sum(T v, T* scratch) {
+  return block_reduce(v, scratch, SumOp{});
+}
+
+template <typename T>
 __device__ __forceinline__ T block_max(T v, T* scratch) {
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
-#pragma unroll
-  for (int off = kWarp / 2; off > 0; off /= 2) {
-    const T o = __shfl_xor_sync(0xffffffffu, v, off);
-    v = o > v ? o : v;
-  }
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  T r = scratch[0];
-  for (int w = 1; w < warps; ++w) r = scratch[w] > r ? scratch[w] : r;
-  __syncthreads();
-  return r;
+  return block_reduce(v, scratch, MaxOp{});
 }
 
 // Exclusive prefix sum over the block's threads (in thread order) of one value each.

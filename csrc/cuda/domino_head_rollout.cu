@@ -106,10 +106,6 @@ __device__ __forceinline__ void block_merge(Lse& l, Race& q, MergeScratch& sh) {
   __syncthreads();
 }
 
-__device__ __forceinline__ uint64_t step_seed(const double* uniforms, int64_t index) {
-  return static_cast<uint64_t>(__double_as_longlong(uniforms[index]));
-}
-
 // The launcher's workspace: a [b, r], tile partials [b, tiles], two GRU states [2, b, G]
 // (step i reads S_i and writes S_{i+1}; every output row needs all of the old state), and
 // with top-k/top-p one logit row per sequence [b, V].
@@ -165,10 +161,12 @@ head_logits_kernel(HeadRolloutArgs args, int64_t step, int tiles) {
     __syncthreads();
     Lse lse[kGroup];
     Race best[kGroup];
+    uint64_t seed[kGroup];  // the race's Philox key per sequence: the bits of its step uniform
 #pragma unroll
     for (int g = 0; g < kGroup; ++g) {
       lse[g] = {-INFINITY, 0.0f, INT_MAX};
       best[g] = {-INFINITY, INT_MAX, 0.0f};
+      seed[g] = race && g < ng ? static_cast<uint64_t>(__double_as_longlong(args.uniforms[(g0 + g) * k + step])) : 0;
     }
     for (int64_t v = tile_begin + threadIdx.x; v < tile_end; v += blockDim.x) {
       float acc[kGroup];
@@ -211,7 +209,7 @@ head_logits_kernel(HeadRolloutArgs args, int64_t step, int tiles) {
           lse[g].s += __expf(z - lse[g].m);
         }
         if (race) {
-          const float key = z - logf(exponential_variate(step_seed(args.uniforms, s * k + step), v));
+          const float key = z - logf(exponential_variate(seed[g], v));
           best[g] = race_merge(best[g], {key, static_cast<int>(v), z});
         }
       }
@@ -360,8 +358,6 @@ cudaError_t launch_typed(const HeadRolloutArgs& args, cudaStream_t stream) {
 }
 
 }  // namespace
-
-int64_t head_rollout_tile_rows() { return kTileRows; }
 
 int64_t head_rollout_workspace_floats(int64_t b, int64_t V, int64_t r, int64_t G, bool filtered_sampling) {
   const int64_t tiles = (V + kTileRows - 1) / kTileRows;

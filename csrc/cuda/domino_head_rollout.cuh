@@ -28,8 +28,6 @@ struct HeadRolloutArgs {
   float* workspace;   // head_rollout_workspace_floats(...) floats
 };
 
-// Vocabulary rows per block of the logits kernel.
-int64_t head_rollout_tile_rows();
 // Workspace the launcher needs: the correction input a [b, r], per-tile partial
 // reductions [b, tiles], two GRU states [2, b, G], and with top-k/top-p sampling one
 // float row of logits per sequence [b, V].
