@@ -8,6 +8,7 @@ them here; :mod:`domino_ops.triton.aot` compiles each one for sm_80/sm_90 withou
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 
@@ -16,10 +17,15 @@ import torch
 OPS = ("domino_head_rollout", "sample", "verify_greedy", "verify_sampling")
 
 
+@functools.cache
+def _installed() -> bool:
+    return importlib.util.find_spec("triton") is not None  # a filesystem search: once per process
+
+
 def available(device) -> bool:
     """Whether the Triton kernels can run on ``device``: a CUDA device with triton
     installed, or the CPU under the interpreter (TRITON_INTERPRET=1)."""
-    if importlib.util.find_spec("triton") is None:
+    if not _installed():
         return False
     kind = torch.device(device).type
     if kind == "cuda":

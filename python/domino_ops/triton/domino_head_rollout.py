@@ -27,7 +27,6 @@ from domino_ops.triton.sampling import sample_row
 TILE_V = 128  # vocabulary rows per logits program (a [128, 32] w2 chunk in registers)
 BLOCK_C = 32  # columns per GEMV chunk
 BLOCK_J = 32  # GRU output rows per chunk
-PARTIAL_FIELDS = 6  # max, sumexp, arg, race key, race arg, race z (float32; args as floats)
 UPDATE_WARPS = 8  # one program per sequence does the GRU GEMVs: more threads, and no spills
 
 
@@ -75,6 +74,25 @@ def _head_logits_kernel(base_ptr, w2_ptr, a_ptr, seeds_ptr, partial_ptr, rows_pt
         tl.store(out + 3, best)
         tl.store(out + 4, race_arg.to(tl.float32))
         tl.store(out + 5, race_z)
+
+
+@triton.jit
+def _gate_rows_dot(w_ptr, x_ptr, offs_j, mj, G, n, BLOCK_J: tl.constexpr, BLOCK_C: tl.constexpr):
+    """The r, z and n gate rows j of ``w [3G, n] @ x [n]`` (x float32 or the weights'
+    dtype), in chunks of BLOCK_C columns: three float32 vectors [BLOCK_J]."""
+    acc_r = tl.zeros([BLOCK_J], dtype=tl.float32)
+    acc_z = tl.zeros([BLOCK_J], dtype=tl.float32)
+    acc_n = tl.zeros([BLOCK_J], dtype=tl.float32)
+    for c0 in range(0, n, BLOCK_C):
+        offs_c = c0 + tl.arange(0, BLOCK_C)
+        mc = offs_c < n
+        x = tl.load(x_ptr + offs_c, mask=mc, other=0.0).to(tl.float32)[None, :]
+        m2 = mj[:, None] & mc[None, :]
+        wp = w_ptr + offs_j[:, None] * n + offs_c[None, :]
+        acc_r += tl.sum(tl.load(wp, mask=m2, other=0.0).to(tl.float32) * x, 1)
+        acc_z += tl.sum(tl.load(wp + G * n, mask=m2, other=0.0).to(tl.float32) * x, 1)
+        acc_n += tl.sum(tl.load(wp + 2 * G * n, mask=m2, other=0.0).to(tl.float32) * x, 1)
+    return acc_r, acc_z, acc_n
 
 
 @triton.jit
@@ -135,36 +153,15 @@ def _head_update_kernel(partial_ptr, rows_ptr, uniforms_ptr, tokens_ptr, logprob
         for j0 in range(0, G, BLOCK_J):
             offs_j = j0 + tl.arange(0, BLOCK_J)
             mj = offs_j < G
-            gh_r = tl.zeros([BLOCK_J], dtype=tl.float32)
-            gh_z = tl.zeros([BLOCK_J], dtype=tl.float32)
-            gh_n = tl.zeros([BLOCK_J], dtype=tl.float32)
-            for c0 in range(0, G, BLOCK_C):
-                offs_c = c0 + tl.arange(0, BLOCK_C)
-                mc = offs_c < G
-                sv = tl.load(s_in_ptr + s * G + offs_c, mask=mc, other=0.0)[None, :]
-                m2 = mj[:, None] & mc[None, :]
-                wp = w_hh_ptr + offs_j[:, None] * G + offs_c[None, :]
-                gh_r += tl.sum(tl.load(wp, mask=m2, other=0.0).to(tl.float32) * sv, 1)
-                gh_z += tl.sum(tl.load(wp + G * G, mask=m2, other=0.0).to(tl.float32) * sv, 1)
-                gh_n += tl.sum(tl.load(wp + 2 * G * G, mask=m2, other=0.0).to(tl.float32) * sv, 1)
+            gh_r, gh_z, gh_n = _gate_rows_dot(w_hh_ptr, s_in_ptr + s * G, offs_j, mj, G, G, BLOCK_J, BLOCK_C)
             if TABLE:
                 row = gru_input_ptr + token * 3 * G
                 gi_r = tl.load(row + offs_j, mask=mj, other=0.0).to(tl.float32)
                 gi_z = tl.load(row + G + offs_j, mask=mj, other=0.0).to(tl.float32)
                 gi_n = tl.load(row + 2 * G + offs_j, mask=mj, other=0.0).to(tl.float32)
             else:
-                gi_r = tl.zeros([BLOCK_J], dtype=tl.float32)
-                gi_z = tl.zeros([BLOCK_J], dtype=tl.float32)
-                gi_n = tl.zeros([BLOCK_J], dtype=tl.float32)
-                for c0 in range(0, H, BLOCK_C):
-                    offs_c = c0 + tl.arange(0, BLOCK_C)
-                    mc = offs_c < H
-                    e = tl.load(gru_input_ptr + token * H + offs_c, mask=mc, other=0.0).to(tl.float32)[None, :]
-                    m2 = mj[:, None] & mc[None, :]
-                    wp = w_ih_ptr + offs_j[:, None] * H + offs_c[None, :]
-                    gi_r += tl.sum(tl.load(wp, mask=m2, other=0.0).to(tl.float32) * e, 1)
-                    gi_z += tl.sum(tl.load(wp + G * H, mask=m2, other=0.0).to(tl.float32) * e, 1)
-                    gi_n += tl.sum(tl.load(wp + 2 * G * H, mask=m2, other=0.0).to(tl.float32) * e, 1)
+                gi_r, gi_z, gi_n = _gate_rows_dot(w_ih_ptr, gru_input_ptr + token * H, offs_j, mj, G, H, BLOCK_J,
+                                                  BLOCK_C)
             rg = tl.sigmoid(gi_r + gh_r)
             zg = tl.sigmoid(gi_z + gh_z)
             n = 2.0 * tl.sigmoid(2.0 * (gi_n + rg * gh_n)) - 1.0  # tanh
@@ -205,6 +202,7 @@ def domino_head_rollout(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w
     hproj = hproj.float().contiguous()
     tiles = triton.cdiv(V, TILE_V)
     a = torch.empty(b, r, dtype=torch.float32, device=dev)
+    # per (sequence, tile): max, sum exp, argmax, race key, race argmax, race z (indices as floats)
     partials = torch.empty(b, tiles, 6, dtype=torch.float32, device=dev)
     rows = torch.empty(b, V, dtype=torch.float32, device=dev) if filtered else partials
     s_bufs = torch.empty(2, b, G, dtype=torch.float32, device=dev)
@@ -227,5 +225,3 @@ def domino_head_rollout(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w
             base_logits, w2, a, seeds, partials, rows, step, k, V, r, tiles, float(temperature or 1.0),
             SAMPLING=sampling, RACE=sampling and not filtered, WRITE_LOGITS=bool(write_logits), WRITE_ROWS=filtered,
             TILE=TILE_V, BLOCK_R=block_r)
-    if k == 0:
-        state_out.copy_(state)

@@ -43,14 +43,30 @@ def _row_argmax(row_ptr, V, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _filtered_weights(row_ptr, offs, V, temperature, zmax, kth, cut, n_tie, tie_rank):
-    """Weights exp(z - zmax) (float64) kept by top-k (key >= kth) and top-p (key > cut, or
-    key == cut with tie_rank < n_tie); 0 elsewhere and past V."""
-    z = tl.load(row_ptr + offs, mask=offs < V, other=-float("inf")).to(tl.float32) / temperature
+def _scaled(row_ptr, offs, V, temperature):
+    """z = row[offs] / temperature (float32), -inf past V."""
+    return tl.load(row_ptr + offs, mask=offs < V, other=-float("inf")).to(tl.float32) / temperature
+
+
+@triton.jit
+def _topk_weights(row_ptr, offs, V, temperature, zmax, kth):
+    """(w, key) for one chunk: weights exp(z - zmax) (float64) of the tokens top-k keeps
+    (key >= kth), 0 elsewhere and past V, and the ordered keys of z."""
+    z = _scaled(row_ptr, offs, V, temperature)
     key = _ordered_key(z)
-    w = tl.exp((z - zmax).to(tl.float64))
-    keep = (offs < V) & (key >= kth) & ((key > cut) | ((key == cut) & (tie_rank < n_tie)))
-    return tl.where(keep, w, 0.0), key
+    return tl.where((offs < V) & (key >= kth), tl.exp((z - zmax).to(tl.float64)), 0.0), key
+
+
+@triton.jit
+def _final_weights(row_ptr, offs, V, temperature, zmax, kth, cut, n_tie, tie_carry):
+    """(w, ties) for one chunk: the filtered law's weights, i.e. top-k's, of which top-p
+    keeps keys above `cut` and the first n_tie keys equal to it in index order (tie_carry
+    of those lie in earlier chunks); ties counts this chunk's keys equal to `cut`."""
+    w, key = _topk_weights(row_ptr, offs, V, temperature, zmax, kth)
+    tie = ((key == cut) & (offs < V)).to(tl.int64)
+    rank = tie_carry + tl.cumsum(tie, 0) - tie
+    keep = (key > cut) | ((key == cut) & (rank < n_tie))
+    return tl.where(keep, w, 0.0), tl.sum(tie, 0)
 
 
 @triton.jit
@@ -60,10 +76,9 @@ def sample_row(row_ptr, V, temperature, top_k, top_p, u, BLOCK: tl.constexpr):
     zmax = -float("inf")
     for start in range(0, V, BLOCK):
         offs = start + tl.arange(0, BLOCK)
-        z = tl.load(row_ptr + offs, mask=offs < V, other=-float("inf")).to(tl.float32) / temperature
-        zmax = tl.maximum(zmax, tl.max(z, 0))
+        zmax = tl.maximum(zmax, tl.max(_scaled(row_ptr, offs, V, temperature), 0))
     # loop-carried scalars keep one type: int64 keys and counts, float64 masses
-    no_cut = tl.full([], -1, tl.int64)
+    no_cut = tl.full([], -1, tl.int64)  # every key is above it: top-p off
     big = tl.full([], V + 1, tl.int64)
     # top-k: the largest key t with count(key >= t) >= k
     kth = tl.full([], 0, tl.int64)
@@ -75,8 +90,8 @@ def sample_row(row_ptr, V, temperature, top_k, top_p, u, BLOCK: tl.constexpr):
             count = tl.full([], 0, tl.int64)
             for start in range(0, V, BLOCK):
                 offs = start + tl.arange(0, BLOCK)
-                z = tl.load(row_ptr + offs, mask=offs < V, other=-float("inf")).to(tl.float32) / temperature
-                count += tl.sum(((_ordered_key(z) >= mid) & (offs < V)).to(tl.int64), 0)
+                key = _ordered_key(_scaled(row_ptr, offs, V, temperature))
+                count += tl.sum(((key >= mid) & (offs < V)).to(tl.int64), 0)
             ok = count >= top_k
             lo = tl.where(ok, mid, lo)
             hi = tl.where(ok, hi, mid - 1)
@@ -89,7 +104,7 @@ def sample_row(row_ptr, V, temperature, top_k, top_p, u, BLOCK: tl.constexpr):
         total = tl.full([], 0.0, tl.float64)
         for start in range(0, V, BLOCK):
             offs = start + tl.arange(0, BLOCK)
-            w, key = _filtered_weights(row_ptr, offs, V, temperature, zmax, kth, no_cut, big, 0)
+            w, key = _topk_weights(row_ptr, offs, V, temperature, zmax, kth)
             total += tl.sum(w, 0)
         bound = top_p * total
         lo = tl.full([], 0, tl.int64)
@@ -99,7 +114,7 @@ def sample_row(row_ptr, V, temperature, top_k, top_p, u, BLOCK: tl.constexpr):
             above = tl.full([], 0.0, tl.float64)
             for start in range(0, V, BLOCK):
                 offs = start + tl.arange(0, BLOCK)
-                w, key = _filtered_weights(row_ptr, offs, V, temperature, zmax, kth, no_cut, big, 0)
+                w, key = _topk_weights(row_ptr, offs, V, temperature, zmax, kth)
                 above += tl.sum(tl.where(key > mid, w, 0.0), 0)
             ok = above < bound
             hi = tl.where(ok, mid, hi)
@@ -109,7 +124,7 @@ def sample_row(row_ptr, V, temperature, top_k, top_p, u, BLOCK: tl.constexpr):
         w_tie = tl.full([], 0.0, tl.float64)
         for start in range(0, V, BLOCK):
             offs = start + tl.arange(0, BLOCK)
-            w, key = _filtered_weights(row_ptr, offs, V, temperature, zmax, kth, no_cut, big, 0)
+            w, key = _topk_weights(row_ptr, offs, V, temperature, zmax, kth)
             above += tl.sum(tl.where(key > cut, w, 0.0), 0)
             w_tie = tl.maximum(w_tie, tl.max(tl.where(key == cut, w, 0.0), 0))
         n_tie = tl.maximum(tl.ceil((bound - above) / w_tie).to(tl.int64), 1)
@@ -120,12 +135,9 @@ def sample_row(row_ptr, V, temperature, top_k, top_p, u, BLOCK: tl.constexpr):
     tie_carry = tl.full([], 0, tl.int64)
     for start in range(0, V, BLOCK):
         offs = start + tl.arange(0, BLOCK)
-        z = tl.load(row_ptr + offs, mask=offs < V, other=-float("inf")).to(tl.float32) / temperature
-        tie = ((_ordered_key(z) == cut) & (offs < V)).to(tl.int64)
-        rank = tie_carry + tl.cumsum(tie, 0) - tie
-        w, key = _filtered_weights(row_ptr, offs, V, temperature, zmax, kth, cut, n_tie, rank)
+        w, ties = _final_weights(row_ptr, offs, V, temperature, zmax, kth, cut, n_tie, tie_carry)
         total += tl.sum(w, 0)
-        tie_carry += tl.sum(tie, 0)
+        tie_carry += ties
     target = u * total
     carry = tl.full([], 0.0, tl.float64)
     tie_carry = tl.full([], 0, tl.int64)
@@ -133,15 +145,12 @@ def sample_row(row_ptr, V, temperature, top_k, top_p, u, BLOCK: tl.constexpr):
     last_positive = -1
     for start in range(0, V, BLOCK):
         offs = start + tl.arange(0, BLOCK)
-        z = tl.load(row_ptr + offs, mask=offs < V, other=-float("inf")).to(tl.float32) / temperature
-        tie = ((_ordered_key(z) == cut) & (offs < V)).to(tl.int64)
-        rank = tie_carry + tl.cumsum(tie, 0) - tie
-        w, key = _filtered_weights(row_ptr, offs, V, temperature, zmax, kth, cut, n_tie, rank)
+        w, ties = _final_weights(row_ptr, offs, V, temperature, zmax, kth, cut, n_tie, tie_carry)
         cdf = carry + tl.cumsum(w, 0)
         found = tl.minimum(found, tl.min(tl.where((cdf > target) & (w > 0), offs, V), 0))
         last_positive = tl.maximum(last_positive, tl.max(tl.where(w > 0, offs, -1), 0))
         carry += tl.sum(w, 0)
-        tie_carry += tl.sum(tie, 0)
+        tie_carry += ties
     token = tl.where(found < V, found, last_positive)
     # the chosen token's weight (its tie rank does not matter: it was kept)
     z_tok = tl.load(row_ptr + token).to(tl.float32) / temperature
