@@ -4,7 +4,22 @@ kernels under the SIMT emulator, the Triton kernels under the interpreter)."""
 import numpy as np
 import torch
 
+from conftest import POISON_TOKEN
 from test_domino_head_rollout import filtered_probs, make_inputs, oracle
+
+
+def run_head_poisoned(op, inputs, *, temperature=0.0, top_k=0, top_p=1.0, u=None, write_logits=False):
+    """Calls a schema-shaped ``domino_head_rollout`` (outputs passed in) with outputs
+    pre-filled with garbage, so an unwritten element fails. Returns (tokens, logprobs,
+    state_out) on the inputs' device."""
+    base, hproj, state, gru_input, w_ih, w_hh, w1s, w2 = inputs
+    b, k, _ = base.shape
+    tokens = torch.full((b, k), POISON_TOKEN, dtype=torch.int64, device=base.device)
+    logprobs = torch.full((b, k), float("nan"), device=base.device)
+    state_out = torch.full_like(state, float("nan"))
+    op(base, hproj, state, gru_input, w_ih, w_hh, w1s, w2, temperature, top_k, top_p, u, write_logits, tokens,
+       logprobs, state_out)
+    return tokens, logprobs, state_out
 
 
 def verify_greedy_case(b, k, V, dtype, seed):

@@ -16,7 +16,8 @@ from domino_ops import _simt  # noqa: F401  (registers torch.ops.domino_simt)
 from domino_ops import reference
 from conftest import POISON_TOKEN
 from stats import assert_matches_distribution
-from kernel_cases import race_population, verify_greedy_case, verify_sampling_case, verify_sampling_population
+from kernel_cases import (race_population, run_head_poisoned, verify_greedy_case, verify_sampling_case,
+                          verify_sampling_population)
 from test_domino_head_rollout import MARGIN, make_inputs, oracle
 
 simt = torch.ops.domino_simt
@@ -111,15 +112,8 @@ head_shapes = st.fixed_dictionaries({
 })
 
 
-def run_head(inputs, *, temperature=0.0, top_k=0, top_p=1.0, u=None, write_logits=False):
-    base, hproj, state, gru_input, w_ih, w_hh, w1s, w2 = inputs
-    b, k, _ = base.shape
-    tokens = torch.full((b, k), POISON_TOKEN, dtype=torch.int64)
-    logprobs = torch.full((b, k), float("nan"))
-    state_out = torch.full_like(state, float("nan"))
-    simt.domino_head_rollout(base, hproj, state, gru_input, w_ih, w_hh, w1s, w2, temperature, top_k, top_p,
-                             u, write_logits, tokens, logprobs, state_out)
-    return tokens, logprobs, state_out
+def run_head(inputs, **kwargs):
+    return run_head_poisoned(simt.domino_head_rollout, inputs, **kwargs)
 
 
 @EMULATED

@@ -22,7 +22,7 @@ from domino_ops import triton as triton_ops  # noqa: E402
 from conftest import POISON_TOKEN  # noqa: E402
 from stats import assert_matches_distribution  # noqa: E402
 from kernel_cases import (  # noqa: E402
-    race_population, verify_greedy_case, verify_sampling_case, verify_sampling_population)
+    race_population, run_head_poisoned, verify_greedy_case, verify_sampling_case, verify_sampling_population)
 from test_domino_head_rollout import MARGIN, make_inputs, oracle  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -103,16 +103,10 @@ head_shapes = st.fixed_dictionaries({
 })
 
 
-def run_head(inputs, *, temperature=0.0, top_k=0, top_p=1.0, u=None, write_logits=False):
+def run_head(inputs, **kwargs):
     inputs = [x.to(DEV) if x is not None else None for x in inputs]
-    base, hproj, state, gru_input, w_ih, w_hh, w1s, w2 = inputs
-    b, k, _ = base.shape
-    tokens = torch.full((b, k), POISON_TOKEN, dtype=torch.int64, device=DEV)
-    logprobs = torch.full((b, k), float("nan"), device=DEV)
-    state_out = torch.full_like(state, float("nan"))
-    kern("domino_head_rollout")(base, hproj, state, gru_input, w_ih, w_hh, w1s, w2, temperature, top_k, top_p, u,
-                                write_logits, tokens, logprobs, state_out)
-    return tokens.cpu(), logprobs.cpu(), state_out.cpu(), base.cpu()
+    out = run_head_poisoned(kern("domino_head_rollout"), inputs, **kwargs)
+    return tuple(x.cpu() for x in out) + (inputs[0].cpu(),)
 
 
 @INTERPRETED
