@@ -84,36 +84,42 @@ def make_inputs(b, k, H, G, r, V, dtype, table: bool, gen: torch.Generator):
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
+def rollout_cases(args, batches, device="cpu"):
+    """Every (shape, dtype, GRU-input mode, batch) of a table: yields (row label, inputs on
+    ``device``, bytes the rollout must move)."""
+    gen = torch.Generator().manual_seed(0)
+    for shape in args.shapes:
+        H, G, r, V = SHAPES[shape]
+        for dname in args.dtypes:
+            dtype = DTYPES[dname]
+            for table in (True, False):
+                for b in batches:
+                    inputs = [x.to(device) if x is not None else None
+                              for x in make_inputs(b, args.k, H, G, r, V, dtype, table, gen)]
+                    mode = "table" if table else "embed+w_ih"
+                    yield (f"{shape:6} {b:>2} {dname:4} {mode:10}", inputs,
+                           rollout_bytes(b, args.k, H, G, r, V, dtype.itemsize, table))
+
+
 def cpu_table(args) -> None:
     """The C++ CPU kernel vs eager PyTorch on this machine's cores."""
-    dtypes = DTYPES
     batches = args.batches or [1, 8]
     copy_bw = copy_bandwidth_gbs()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"copy bandwidth {copy_bw:.1f} GB/s (read+write of a 1 GiB tensor)")
     print(f"greedy rollout, k = {args.k}; median of {args.repeats} after warm-up; "
           "bytes = weights once per step + one base row per sequence per step")
-    header = (f"{'shape':6} {'b':>2} {'wt':4} {'gru_input':9} | {'MB/roll':>8} | {'kernel ms':>9} {'GB/s':>6} "
+    header = (f"{'shape':6} {'b':>2} {'wt':4} {'gru_input':10} | {'MB/roll':>8} | {'kernel ms':>9} {'GB/s':>6} "
               f"{'%copy':>6} | {'eager ms':>9} {'GB/s':>6} {'%copy':>6} | {'speedup':>7}")
     print(header)
     print("-" * len(header))
-    gen = torch.Generator().manual_seed(0)
-    for shape in args.shapes:
-        H, G, r, V = SHAPES[shape]
-        for dname in args.dtypes:
-            dtype = dtypes[dname]
-            for table in (True, False):
-                for b in batches:
-                    inputs = make_inputs(b, args.k, H, G, r, V, dtype, table, gen)
-                    nbytes = rollout_bytes(b, args.k, H, G, r, V, dtype.itemsize, table)
-                    kern = median_ms(lambda: domino_ops.domino_head_rollout(*inputs), args.repeats)
-                    eager = median_ms(lambda: reference.domino_head_rollout(*inputs), args.repeats)
-                    kbw, ebw = nbytes / kern / 1e6, nbytes / eager / 1e6
-                    mode = "table" if table else "embed+w_ih"
-                    print(f"{shape:6} {b:>2} {dname:4} {mode:9} | {nbytes / 1e6:8.1f} | {kern:9.2f} {kbw:6.1f} "
-                          f"{100 * kbw / copy_bw:5.1f}% | {eager:9.2f} {ebw:6.1f} {100 * ebw / copy_bw:5.1f}% | "
-                          f"{eager / kern:6.2f}x")
-                    del inputs
+    for label, inputs, nbytes in rollout_cases(args, batches):
+        kern = median_ms(lambda: domino_ops.domino_head_rollout(*inputs), args.repeats)
+        eager = median_ms(lambda: reference.domino_head_rollout(*inputs), args.repeats)
+        kbw, ebw = nbytes / kern / 1e6, nbytes / eager / 1e6
+        print(f"{label} | {nbytes / 1e6:8.1f} | {kern:9.2f} {kbw:6.1f} {100 * kbw / copy_bw:5.1f}% | {eager:9.2f} "
+              f"{ebw:6.1f} {100 * ebw / copy_bw:5.1f}% | {eager / kern:6.2f}x")
+        del inputs
 
 
 def gpu_table(args) -> None:
@@ -145,37 +151,29 @@ def gpu_table(args) -> None:
               + f" | {'best GB/s':>9} {'%copy':>6}")
     print(header)
     print("-" * len(header))
+    for label, inputs, nbytes in rollout_cases(args, batches, dev):
+        fns = {
+            "cuda": lambda: domino_ops.domino_head_rollout(*inputs, backend="native"),
+            "triton": lambda: domino_ops.domino_head_rollout(*inputs, backend="triton"),
+            "eager": lambda: reference.domino_head_rollout(*inputs),
+        }
+        times = {}
+        for name, fn in fns.items():
+            try:
+                times[name] = bench(fn)
+                times[name + "+graph"] = bench(graphed(fn))
+            except RuntimeError as err:  # e.g. a kernel's shared-memory limit
+                print(f"  {name} skipped: {str(err).splitlines()[0]}")
+        best = min(times.values())
+        cells = " | ".join(f"{times[n]:10.3f} ms" if n in times else f"{'-':>13}" for n in
+                           ("cuda", "cuda+graph", "triton", "triton+graph", "eager", "eager+graph"))
+        gbs = nbytes / best / 1e6
+        print(f"{label} | {nbytes / 1e6:8.1f} | {cells} | {gbs:9.0f} {100 * gbs / copy_bw:5.1f}%")
+        del inputs
+    # Figure 1 split: one head step vs one LM-head matmul of the same size
     gen = torch.Generator().manual_seed(0)
     for shape in args.shapes:
         H, G, r, V = SHAPES[shape]
-        for dname in args.dtypes:
-            dtype = DTYPES[dname]
-            for table in (True, False):
-                for b in batches:
-                    inputs = [x.to(dev) if x is not None else None
-                              for x in make_inputs(b, args.k, H, G, r, V, dtype, table, gen)]
-                    nbytes = rollout_bytes(b, args.k, H, G, r, V, dtype.itemsize, table)
-                    fns = {
-                        "cuda": lambda: domino_ops.domino_head_rollout(*inputs, backend="native"),
-                        "triton": lambda: domino_ops.domino_head_rollout(*inputs, backend="triton"),
-                        "eager": lambda: reference.domino_head_rollout(*inputs),
-                    }
-                    times = {}
-                    for name, fn in fns.items():
-                        try:
-                            times[name] = bench(fn)
-                            times[name + "+graph"] = bench(graphed(fn))
-                        except RuntimeError as err:  # e.g. a kernel's shared-memory limit
-                            print(f"  {name} skipped: {str(err).splitlines()[0]}")
-                    best = min(times.values())
-                    cells = " | ".join(f"{times[n]:10.3f} ms" if n in times else f"{'-':>13}" for n in
-                                       ("cuda", "cuda+graph", "triton", "triton+graph", "eager", "eager+graph"))
-                    gbs = nbytes / best / 1e6
-                    mode = "table" if table else "embed+w_ih"
-                    print(f"{shape:6} {b:>2} {dname:4} {mode:10} | {nbytes / 1e6:8.1f} | {cells} | {gbs:9.0f} "
-                          f"{100 * gbs / copy_bw:5.1f}%")
-                    del inputs
-        # Figure 1 split: one head step vs one LM-head matmul of the same size
         for b in batches:
             inputs = [x.to(dev) if x is not None else None
                       for x in make_inputs(b, args.k, H, G, r, V, torch.bfloat16, True, gen)]
