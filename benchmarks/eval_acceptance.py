@@ -65,8 +65,10 @@ def cmd_ablation(args) -> None:
 
     prompts = humaneval_prompts(args.num_prompts)
     target = None
-    print(f"\nablation: HumanEval prompts 0..{len(prompts) - 1}, T = 0, head on")
-    print(f"{'run':28} | {'steps':>5} | {'final base loss':>15} | {'final loss':>10} | {'tau':>5}")
+    print(f"\nablation: tau at T = 0, head on; HumanEval prompts 0..{len(prompts) - 1}, and the held-out "
+          "ShareGPT batch the trainer evaluates (head on / off)")
+    print(f"{'run':20} | {'steps':>5} | {'base loss':>9} | {'final loss':>10} | {'HumanEval tau':>13} | "
+          f"{'held-out tau on/off':>19}")
     fig, ax = plt.subplots(figsize=(7, 4))
     for run in args.runs:
         run = Path(run)
@@ -74,10 +76,12 @@ def cmd_ablation(args) -> None:
         gen = domino.load(target or smollm2_dir(), run / "drafter")
         target = gen.target
         tau = mean_tau(gen, prompts, use_head=True, temperature=0.0, max_new_tokens=args.max_new_tokens)
-        tail = log[-20:]
+        tail = log[-20:]  # losses averaged over the last 20 steps
         lb = sum(r["loss_base"] for r in tail) / len(tail)
         lf = sum(r["loss_final"] for r in tail) / len(tail)
-        print(f"{run.name:28} | {len(log):5d} | {lb:15.3f} | {lf:10.3f} | {tau:5.2f}")
+        held = [r for r in log if "tau_head_on" in r][-1]
+        held_tau = f"{held['tau_head_on']:.2f} / {held['tau_head_off']:.2f}"
+        print(f"{run.name:20} | {len(log):5d} | {lb:9.3f} | {lf:10.3f} | {tau:13.2f} | {held_tau:>19}")
         steps = [r["step"] for r in log]
         smooth = _smooth([r["loss_base"] for r in log])
         ax.plot(steps, smooth, label=f"{run.name} (backbone CE)")
