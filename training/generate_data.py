@@ -1,13 +1,17 @@
-"""Regenerates ShareGPT responses with the target (greedy), as resumable append-only shards.
+"""Regenerates the training prompts' responses with the target (greedy), as resumable
+append-only shards.
 
-    python -m training.generate_data --out training/data/smollm2 --target-tokens 1000000
+    python -m training.generate_data --out training/data/smollm2_mix --target-tokens 5000000
 
-The target's hidden states at the drafter's feature layers are saved beside each shard
-(they fall out of generation at no extra cost), so training never reruns the target.
-Shard i holds prompts [i*B, (i+1)*B) of the fixed prompt order, so a killed run resumes by
-skipping the shards already on disk: no shard is lost or written twice (each is written to
-a temporary name and renamed). Each line of a shard is {"prompt_ids", "response_ids"}; the
-response is the target's greedy continuation, cut after its first EOS.
+Beside each shard go the target's hidden states at the drafter's feature layers (they fall
+out of generation at no extra cost, so training never reruns the target) and, for every
+response token, the target's top-``--top-k`` log-probabilities at that position (so the
+drafter can be distilled on the target's distribution, not only its greedy token).
+Shard i holds prompts [i*B, (i+1)*B) of the fixed prompt order (training/prompts.py), so a
+killed run resumes by skipping the shards already on disk: no shard is lost or written
+twice (each is written to a temporary name and renamed). Each line of a shard is
+{"prompt_ids", "response_ids"}; the response is the target's greedy continuation, cut
+after its first EOS.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -29,8 +34,10 @@ def shard_path(out: Path, i: int) -> Path:
 
 
 def features_path(shard: Path) -> Path:
-    """Target features of a shard: "features" [tokens, n*H] bf16 for each conversation's
-    prompt + response[:-1], concatenated; "offsets" [convs + 1]."""
+    """Tensors of a shard: "features" [tokens, n*H] bf16, the target's features of each
+    conversation's prompt + response[:-1], concatenated, with "offsets" [convs + 1]; and
+    "top_ids" [R, k] int32 / "top_logprobs" [R, k] float16, the target's top-k
+    log-probabilities at each of the R response tokens, with "response_offsets" [convs + 1]."""
     return shard.with_suffix(".features.safetensors")
 
 
@@ -44,59 +51,103 @@ def count_tokens(out: Path) -> tuple[int, int]:
     return tokens, convs
 
 
-def regenerate(model, batch: list[list[int]], layer_ids: list[int], eos: set[int], pad: int, max_new_tokens: int):
-    """Greedy responses of ``model`` to the prompt ids in ``batch`` and the target features
-    of every token fed to it. Returns (records, features [tokens, n*H] bf16, offsets)."""
+class TopLogprobs:
+    """A logits processor that records the top-k log-probabilities of every decode step
+    (greedy decoding has no warpers, so the scores it sees are the target's raw logits)."""
+
+    def __init__(self, k: int):
+        self.k, self.ids, self.logprobs = k, [], []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        top = torch.log_softmax(scores.float(), dim=-1).topk(self.k, dim=-1)
+        self.ids.append(top.indices.to(torch.int32))
+        self.logprobs.append(top.values.to(torch.float16))
+        return scores
+
+
+@dataclass
+class Regenerated:
+    """One batch of regenerated conversations and the tensors stored beside them."""
+
+    records: list[dict]  # {"prompt_ids", "response_ids"}
+    features: torch.Tensor  # [tokens, n*H] bf16
+    offsets: list[int]  # [convs + 1] into features
+    top_ids: torch.Tensor  # [R, k] int32
+    top_logprobs: torch.Tensor  # [R, k] float16
+    response_offsets: list[int]  # [convs + 1] into top_ids / top_logprobs
+    layer_ids: list[int]
+
+
+def regenerate(model, batch: list[list[int]], layer_ids: list[int], eos: set[int], pad: int,
+               max_new_tokens: int, top_k: int = 32) -> Regenerated:
+    """Greedy responses of ``model`` to the prompt ids in ``batch``, the target features of
+    every token fed to it and the target's top-``top_k`` log-probabilities at every
+    response token."""
+    from transformers import LogitsProcessorList
+
     T = max(len(p) for p in batch)
     ids = torch.tensor([[pad] * (T - len(p)) + p for p in batch])
     mask = torch.tensor([[0] * (T - len(p)) + [1] * len(p) for p in batch])
+    recorder = TopLogprobs(top_k)
     with torch.inference_mode():
         out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
                              pad_token_id=pad, eos_token_id=sorted(eos), temperature=None, top_k=None, top_p=None,
                              output_hidden_states=True, return_dict_in_generate=True,
+                             logits_processor=LogitsProcessorList([recorder]),
                              cache_implementation="static")  # a growing DynamicCache re-copies itself every step
     # Target features come for free: step 0 holds the prompt's hidden states, step s the
     # hidden state of the token fed at step s. Keep the drafter's layers, in bf16.
     steps = [torch.cat([h[l + 1] for l in layer_ids], dim=-1) for h in out.hidden_states]
     feats_all = torch.cat(steps, dim=1).to(torch.bfloat16)  # [b, T + steps - 1, n*H]
-    records, feats, offsets = [], [], [0]
+    top_ids_all = torch.stack(recorder.ids, dim=1)  # [b, steps, k]: step s predicts response token s
+    top_lp_all = torch.stack(recorder.logprobs, dim=1)
+    records, feats, top_ids, top_lp, offsets, r_offsets = [], [], [], [], [0], [0]
     for s_idx, (p, row) in enumerate(zip(batch, out.sequences[:, T:].tolist())):
         cut = next((j + 1 for j, t in enumerate(row) if t in eos), len(row))
         records.append({"prompt_ids": p, "response_ids": row[:cut]})
         # features of every token fed to the target: the prompt and response[:-1]
         feats.append(feats_all[s_idx, T - len(p): T + cut - 1])
         offsets.append(offsets[-1] + feats[-1].shape[0])
-    return records, torch.cat(feats).contiguous(), offsets, layer_ids
+        top_ids.append(top_ids_all[s_idx, :cut])
+        top_lp.append(top_lp_all[s_idx, :cut])
+        r_offsets.append(r_offsets[-1] + cut)
+    return Regenerated(records, torch.cat(feats).contiguous(), offsets, torch.cat(top_ids).contiguous(),
+                       torch.cat(top_lp).contiguous(), r_offsets, layer_ids)
 
 
-def write_shard(path: Path, records: list[dict], features: torch.Tensor, offsets: list[int],
-                layer_ids: list[int]) -> int:
-    """Writes a shard atomically (features first, the jsonl last: its presence marks a
+def write_shard(path: Path, data: Regenerated) -> int:
+    """Writes a shard atomically (tensors first, the jsonl last: its presence marks a
     complete shard). Returns the number of response tokens."""
     tmp = path.with_suffix(".features.tmp")
-    save_file({"features": features, "offsets": torch.tensor(offsets)}, str(tmp),
-              metadata={"layer_ids": json.dumps(layer_ids)})
+    save_file({"features": data.features, "offsets": torch.tensor(data.offsets),
+               "top_ids": data.top_ids, "top_logprobs": data.top_logprobs,
+               "response_offsets": torch.tensor(data.response_offsets)}, str(tmp),
+              metadata={"layer_ids": json.dumps(data.layer_ids)})
     os.replace(tmp, features_path(path))
     tmp = path.with_suffix(".tmp")
-    tmp.write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    tmp.write_text("\n".join(json.dumps(r) for r in data.records) + "\n")
     os.replace(tmp, path)
-    return sum(len(r["response_ids"]) for r in records)
+    return sum(len(r["response_ids"]) for r in data.records)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("training/data/smollm2"))
+    parser.add_argument("--out", type=Path, default=Path("training/data/smollm2_mix"))
     parser.add_argument("--target", type=Path, default=None, help="HF target dir (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--max-prompt-tokens", type=int, default=256)
-    parser.add_argument("--target-tokens", type=int, default=1_000_000, help="stop once this many response tokens exist")
+    parser.add_argument("--top-k", type=int, default=32, help="target log-probabilities stored per response token")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--target-tokens", type=int, default=5_000_000, help="stop once this many response tokens exist")
     args = parser.parse_args()
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from domino.loading import default_drafter_config, smollm2_dir
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     target_dir = args.target or smollm2_dir()
     tok = AutoTokenizer.from_pretrained(target_dir)
     model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
@@ -124,7 +175,7 @@ def main() -> None:
         if path.exists():
             continue
         batch = prompts[i * args.batch_size:(i + 1) * args.batch_size]
-        new = write_shard(path, *regenerate(model, batch, layer_ids, eos, pad, args.max_new_tokens))
+        new = write_shard(path, regenerate(model, batch, layer_ids, eos, pad, args.max_new_tokens, args.top_k))
         tokens += new
         convs += len(batch)
         bar.update(new)
