@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     """A tiny target saved to disk and three shards of its regenerated data."""
-    from domino.loading import default_drafter_config
+    from domino.config import default_drafter_config
 
     root = tmp_path_factory.mktemp("tiny")
     target = tiny_target("llama", vocab=64)
@@ -31,7 +31,7 @@ def tiny_run(tmp_path_factory):
     for i in range(3):
         prompts = [torch.randint(2, 64, (int(torch.randint(3, 9, (1,), generator=g)),), generator=g).tolist()
                    for _ in range(6)]
-        write_shard(shard_path(data, i), *regenerate(target, prompts, layer_ids, eos={1}, pad=0, max_new_tokens=24))
+        write_shard(shard_path(data, i), regenerate(target, prompts, layer_ids, eos={1}, pad=0, max_new_tokens=24))
     return root, target
 
 
@@ -52,7 +52,7 @@ def test_shards_hold_greedy_responses_and_features(tiny_run):
     assert c.features.shape == (len(c.tokens) - 1, 4 * 64)  # 4 feature layers x H
     with torch.no_grad():  # features are the hidden states of the tokens fed to the target
         hs = target(c.tokens[None, :-1], output_hidden_states=True).hidden_states
-    from domino.loading import default_drafter_config
+    from domino.config import default_drafter_config
     ids = default_drafter_config(target.config).target_layer_ids
     ref = torch.cat([hs[i + 1] for i in ids], -1)[0]
     torch.testing.assert_close(c.features.float(), ref, atol=0.05, rtol=0.02)
@@ -123,10 +123,11 @@ def test_two_processes_match_one_on_the_same_global_batch(tiny_run, tmp_path):
         assert x["loss_base"] == pytest.approx(y["loss_base"], rel=1e-4)
 
 
-@pytest.mark.parametrize("flag", ["--ttt", "--no-curriculum"])
-def test_ablation_switches_run(tiny_run, tmp_path, flag):
+@pytest.mark.parametrize("flags", [["--ttt"], ["--no-curriculum"], ["--loss", "kl"], ["--loss", "ce_tv"]])
+def test_ablation_switches_run(tiny_run, tmp_path, flags):
     root, _ = tiny_run
-    log = run_train(root, tmp_path / "run", "--steps", "2", flag)
+    flag = flags[0]
+    log = run_train(root, tmp_path / "run", "--steps", "2", *flags)
     if flag == "--no-curriculum":
         assert all(r["lam"] == 0.0 for r in log)
     assert all(r["loss_final"] > 0 for r in log)

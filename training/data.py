@@ -16,6 +16,10 @@ class Conversation:
     tokens: torch.Tensor  # [T] int64: prompt + response
     prompt_len: int
     features: torch.Tensor  # [T - 1, n*H] bf16: the target's features of tokens[:-1]
+    # The target's top-K log-probabilities at each response token (shards written since the
+    # distillation data exists): [T - prompt_len, K] int32 ids / float16 log-probabilities.
+    top_ids: torch.Tensor | None = None
+    top_logprobs: torch.Tensor | None = None
 
     @property
     def anchor_range(self) -> tuple[int, int]:
@@ -32,12 +36,17 @@ def load_shards(directory: Path, shards: list[int] | None = None, max_shards: in
     for f in files[:max_shards]:
         feats = load_file(str(f.with_suffix(".features.safetensors")))
         offsets = feats["offsets"].tolist()
+        r_off = feats["response_offsets"].tolist() if "response_offsets" in feats else None
         for i, line in enumerate(f.read_text().splitlines()):
             rec = json.loads(line)
             tokens = torch.tensor(rec["prompt_ids"] + rec["response_ids"])
             if len(rec["response_ids"]) < 2:
                 continue
-            out.append(Conversation(tokens, len(rec["prompt_ids"]), feats["features"][offsets[i]:offsets[i + 1]]))
+            conv = Conversation(tokens, len(rec["prompt_ids"]), feats["features"][offsets[i]:offsets[i + 1]])
+            if r_off is not None:
+                conv.top_ids = feats["top_ids"][r_off[i]:r_off[i + 1]]
+                conv.top_logprobs = feats["top_logprobs"][r_off[i]:r_off[i + 1]]
+            out.append(conv)
     return out
 
 
@@ -58,21 +67,35 @@ class AnchorBatch:
     teacher: torch.Tensor  # [N, A, n] GRU inputs under teacher forcing: x_p, x_{p+1}, ...
     labels: torch.Tensor  # [N, A, n] x_{p+1+k}
     label_valid: torch.Tensor  # [N, A, n] bool
+    # The target's top-K distribution at each label (when the data has it): ids [N, A, n, K]
+    # int64 and log-probabilities [N, A, n, K] float32 (-inf where the label is not valid).
+    label_top_ids: torch.Tensor | None = None
+    label_top_logprobs: torch.Tensor | None = None
 
     @property
     def num_anchors(self) -> int:
         return self.anchors.shape[1]
 
+    def backbone_inputs(self) -> tuple[torch.Tensor, ...]:
+        """The arguments of :meth:`DominoDraftModel.packed_draft_hidden`."""
+        return self.features, self.ctx_valid, self.block_tokens, self.block_pos, self.attn_mask
 
-def make_batch(convs: list[Conversation], anchors_per_seq: int, block_size: int, num_drafts: int,
-               mask_token_id: int, generator: torch.Generator) -> AnchorBatch:
-    """Samples ``anchors_per_seq`` anchors per conversation (uniform over its response)."""
-    N, A, B, n = len(convs), anchors_per_seq, block_size, num_drafts
+
+def sample_anchors(convs: list[Conversation], anchors_per_seq: int, generator: torch.Generator) -> torch.Tensor:
+    """Anchor positions [N, A] int64, uniform over each conversation's response."""
     ps = []
     for c in convs:
         lo, hi = c.anchor_range
-        ps.append(torch.randint(lo, hi + 1, (A,), generator=generator))
-    ps = torch.stack(ps)  # [N, A]
+        ps.append(torch.randint(lo, hi + 1, (anchors_per_seq,), generator=generator))
+    return torch.stack(ps)
+
+
+def make_batch(convs: list[Conversation], anchors_per_seq: int, block_size: int, num_drafts: int,
+               mask_token_id: int, generator: torch.Generator | None, anchors: torch.Tensor | None = None) -> AnchorBatch:
+    """Packs ``anchors_per_seq`` anchors per conversation: sampled uniformly over its
+    response, or the given positions ``anchors`` [N, A] (then ``generator`` is unused)."""
+    ps = sample_anchors(convs, anchors_per_seq, generator) if anchors is None else anchors
+    N, A, B, n = len(convs), ps.shape[1], block_size, num_drafts
     Tc = int(ps.max())  # context needed: positions < max anchor
     nH = convs[0].features.shape[1]
     features = torch.zeros(N, Tc, nH, dtype=convs[0].features.dtype)
@@ -94,6 +117,18 @@ def make_batch(convs: list[Conversation], anchors_per_seq: int, block_size: int,
             tidx = p + torch.arange(n)
             tok = tidx < T
             teacher[s, a, tok] = c.tokens[tidx[tok]]
+    top_ids = top_lp = None
+    if all(c.top_ids is not None for c in convs):
+        K = convs[0].top_ids.shape[1]
+        top_ids = torch.zeros(N, A, n, K, dtype=torch.int64)
+        top_lp = torch.full((N, A, n, K), float("-inf"))
+        for s, c in enumerate(convs):
+            for a in range(A):
+                idx = int(ps[s, a]) + 1 + torch.arange(n)
+                ok = idx < len(c.tokens)
+                r = idx[ok] - c.prompt_len  # response index of each label: its target distribution
+                top_ids[s, a, ok] = c.top_ids[r].long()
+                top_lp[s, a, ok] = c.top_logprobs[r].float()
     anchors = torch.stack([c.tokens[ps[s]] for s, c in enumerate(convs)])
     block_tokens = torch.full((N, A, B), mask_token_id, dtype=torch.int64)
     block_tokens[:, :, 0] = anchors
@@ -104,4 +139,4 @@ def make_batch(convs: list[Conversation], anchors_per_seq: int, block_size: int,
     block_id = torch.arange(A).repeat_interleave(B)
     blk_part = (block_id[:, None] == block_id[None, :])[None].expand(N, -1, -1)
     return AnchorBatch(features, ctx_valid, block_tokens.view(N, A * B), block_pos.view(N, A * B),
-                       torch.cat([ctx_part, blk_part], dim=2), anchors, teacher, labels, label_valid)
+                       torch.cat([ctx_part, blk_part], dim=2), anchors, teacher, labels, label_valid, top_ids, top_lp)

@@ -26,6 +26,7 @@ import torch
 from safetensors.torch import save_file
 from tqdm import tqdm
 
+from domino.target import special_token_ids, target_features
 from training.prompts import training_prompts
 
 
@@ -97,7 +98,7 @@ def regenerate(model, batch: list[list[int]], layer_ids: list[int], eos: set[int
                              cache_implementation="static")  # a growing DynamicCache re-copies itself every step
     # Target features come for free: step 0 holds the prompt's hidden states, step s the
     # hidden state of the token fed at step s. Keep the drafter's layers, in bf16.
-    steps = [torch.cat([h[l + 1] for l in layer_ids], dim=-1) for h in out.hidden_states]
+    steps = [target_features(h, layer_ids) for h in out.hidden_states]
     feats_all = torch.cat(steps, dim=1).to(torch.bfloat16)  # [b, T + steps - 1, n*H]
     top_ids_all = torch.stack(recorder.ids, dim=1)  # [b, steps, k]: step s predicts response token s
     top_lp_all = torch.stack(recorder.logprobs, dim=1)
@@ -144,16 +145,16 @@ def main() -> None:
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from domino.loading import default_drafter_config, smollm2_dir
+    from domino.config import default_drafter_config
+    from domino.loading import smollm2_dir
 
     if args.threads:
         torch.set_num_threads(args.threads)
     target_dir = args.target or smollm2_dir()
     tok = AutoTokenizer.from_pretrained(target_dir)
     model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
-    eos = model.generation_config.eos_token_id
-    eos = set([eos] if isinstance(eos, int) else eos)
-    pad = tok.pad_token_id if tok.pad_token_id is not None else min(eos)
+    eos, pad = special_token_ids(model, tok)
+    eos = set(eos)
     layer_ids = default_drafter_config(model.config).target_layer_ids
 
     prompts = []

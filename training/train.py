@@ -7,8 +7,13 @@ Target frozen (its features are cached beside the data; its embedding and LM hea
 borrowed). Per sequence, anchors are sampled over the response; each block
 [x_p, MASK, ...] sees the context strictly before p, all blocks of a sequence in one
 packed forward. The GRU is teacher-forced (``--ttt`` feeds it the drafter's own argmax
-instead). Loss ``(1 - lam) * CE(final) + lam * CE(base)`` with lam going linearly 1 -> 0
-(``--no-curriculum``: lam = 0), both weighted per draft position by exp(-k / gamma).
+instead). Loss ``(1 - lam) * loss(final) + lam * loss(base)`` with lam going linearly
+1 -> 0 (``--no-curriculum``: lam = 0), both weighted per draft position by exp(-k / gamma);
+``--loss`` is CE on the target's greedy token (default) or a distillation of its stored
+top-K distribution (KL, or CE + total variation). Every ``--eval-every`` steps the log gets
+the acceptance generation would see on held-out conversations (training/evaluate.py) and,
+with ``--eval-generator-prompts``, the acceptance through the real generator on HumanEval
+prompts (the benchmark of record, benchmarks/eval_acceptance.py).
 AdamW, cosine schedule with warmup, gradient clipping. A checkpoint is written atomically
 every ``--ckpt-every`` steps; a killed run resumes from it with the same data order (the
 batch of step s depends only on the seed and s).
@@ -25,54 +30,14 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from domino.model import DominoDraftModel
-from training.data import AnchorBatch, Conversation, load_shards, make_batch
+from training.data import AnchorBatch, load_shards, make_batch
+from training.evaluate import generation_acceptance
 
 
 def position_weights(n: int, gamma: float) -> torch.Tensor:
     return torch.exp(-torch.arange(n, dtype=torch.float32) / gamma)
-
-
-def head_logits(model: DominoDraftModel, h: torch.Tensor, base: torch.Tensor, gru_inputs: torch.Tensor) -> torch.Tensor:
-    """Final logits base + W2 silu(W1 [h; S]) for every draft position at once, the GRU run
-    over ``gru_inputs`` [M, n] (teacher forcing). The first pure_draft_prefix_len positions
-    keep their base logits, as in generation."""
-    S, _ = model.prefix_gru(model.embed_tokens(gru_inputs).to(h.dtype))  # [M, n, G]: state after x_p..x_{p+k}
-    delta = model.embed_proj(torch.cat([h, S], dim=-1))
-    P = model.config.pure_draft_prefix_len
-    delta = torch.cat([torch.zeros_like(delta[:, :P]), delta[:, P:]], dim=1)
-    return base + delta
-
-
-def head_logits_ttt(model: DominoDraftModel, h: torch.Tensor, base: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:
-    """Training-time test: the GRU consumes the drafter's own argmax, step by step."""
-    P = model.config.pure_draft_prefix_len
-    n = h.shape[1]
-    state = None
-    x = anchor
-    outs = []
-    for k in range(n):
-        _, state = model.prefix_gru(model.embed_tokens(x)[:, None].to(h.dtype), state)
-        if k < P:
-            logits_k = base[:, k]
-        else:
-            logits_k = base[:, k] + model.embed_proj(torch.cat([h[:, k], state[0]], dim=-1))
-        outs.append(logits_k)
-        x = logits_k.detach().argmax(-1)
-    return torch.stack(outs, dim=1)
-
-
-def packed_draft_hidden(model: DominoDraftModel, batch: AnchorBatch) -> torch.Tensor:
-    """Draft-position hidden states [N*A, n, H] of every block of a packed anchor batch:
-    each sequence's context is projected once, every block sees its own visible part."""
-    N, A = batch.anchors.shape
-    cache = model.new_cache(N, batch.features.device, model.fc.weight.dtype)
-    Tc = batch.features.shape[1]
-    model.extend_context(cache, batch.features, torch.arange(Tc).expand(N, Tc), batch.ctx_valid)
-    h = model.backbone(cache, batch.block_tokens, batch.block_pos, batch.attn_mask)
-    return model.draft_hidden(h.view(N * A, model.config.block_size, -1))
 
 
 def forward_batch(model: DominoDraftModel, batch: AnchorBatch, *, ttt: bool, autocast: bool):
@@ -80,14 +45,14 @@ def forward_batch(model: DominoDraftModel, batch: AnchorBatch, *, ttt: bool, aut
     N, A = batch.anchors.shape
     c = model.config
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-        h = packed_draft_hidden(model, batch)
+        h = model.packed_draft_hidden(*batch.backbone_inputs())
         base = model.lm_head(h)
         if not c.has_head:
             return base.float(), base.float()
         if ttt:
-            final = head_logits_ttt(model, h, base, batch.anchors.reshape(-1))
+            final = model.self_fed_logits(h, base, batch.anchors.reshape(-1))
         else:
-            final = head_logits(model, h, base, batch.teacher.reshape(N * A, -1))
+            final = model.teacher_forced_logits(h, base, batch.teacher.reshape(N * A, -1))
     return base.float(), final.float()
 
 
@@ -102,23 +67,46 @@ class DrafterForward(torch.nn.Module):
         return forward_batch(self.model, batch, ttt=self.ttt, autocast=self.autocast)
 
 
-def weighted_ce(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, weight_total) -> torch.Tensor:
-    ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view(labels.shape)
-    return (ce * weights).sum() / weight_total
+LOSSES = ("ce", "kl", "ce_tv")
 
 
-@torch.no_grad()
-def acceptance_length(model: DominoDraftModel, batch: AnchorBatch, use_head: bool) -> float:
-    """Mean tokens advanced per verification (accepted drafts + 1) under greedy rollout,
-    against the data, which is the target's own greedy continuation."""
-    N, A = batch.anchors.shape
-    h = packed_draft_hidden(model, batch)
-    base = model.lm_head(h.to(model.lm_head.weight.dtype)).float()
-    drafts = model.choose_tokens(h, base, batch.anchors.reshape(-1), use_head=use_head).tokens
-    labels = batch.labels.view(N * A, -1)
-    ok = (drafts == labels) & batch.label_valid.view(N * A, -1)
-    accepted = torch.cumprod(ok.to(torch.int64), dim=1).sum(1)
-    return float((accepted + 1).float().mean())
+def per_token_loss(kind: str, logits: torch.Tensor, labels: torch.Tensor, top_ids: torch.Tensor | None,
+                   top_logprobs: torch.Tensor | None) -> torch.Tensor:
+    """Loss [M, n] of draft logits [M, n, V] against the target at each position:
+
+    - "ce": cross-entropy with the target's greedy token ``labels`` [M, n];
+    - "kl": KL(p || q) from the target's top-K distribution p (ids / log-probabilities
+      [M, n, K], renormalised over the K) to the draft's q = softmax(logits);
+    - "ce_tv": cross-entropy plus the total variation 0.5 * sum |p - q| (q's mass outside
+      the K counts fully), which bounds the rejection rate of rejection sampling.
+    """
+    logq = torch.log_softmax(logits.float(), dim=-1)
+    if kind == "ce":
+        return -logq.gather(-1, labels[..., None])[..., 0]
+    if top_ids is None:
+        raise ValueError(f"--loss {kind} needs the target's top-K log-probabilities in the data "
+                         "(shards written by training.generate_data with --top-k)")
+    logp = torch.log_softmax(top_logprobs, dim=-1)  # renormalised over the stored top-K
+    logp = torch.where(torch.isfinite(logp), logp, torch.full_like(logp, -1e4))  # padded (invalid) rows
+    logq_k = logq.gather(-1, top_ids)
+    if kind == "kl":
+        return (logp.exp() * (logp - logq_k)).sum(-1)
+    if kind == "ce_tv":
+        q_k = logq_k.exp()
+        tv = 0.5 * ((logp.exp() - q_k).abs().sum(-1) + (1 - q_k.sum(-1)).clamp(min=0))
+        return -logq.gather(-1, labels[..., None])[..., 0] + tv
+    raise ValueError(f"loss must be one of {LOSSES}, got {kind!r}")
+
+
+def weighted_loss(kind: str, logits: torch.Tensor, batch: AnchorBatch, weights: torch.Tensor,
+                  weight_total) -> torch.Tensor:
+    """The per-position loss of ``kind`` weighted by ``weights`` [M, n] and normalised by the
+    global ``weight_total``; logits [M, n, V] for the M = N*A blocks of ``batch``."""
+    n = logits.shape[1]
+    flat = (lambda t: None if t is None else t.reshape(-1, n, t.shape[-1]))
+    loss = per_token_loss(kind, logits, batch.labels.view(-1, n), flat(batch.label_top_ids),
+                          flat(batch.label_top_logprobs))
+    return (loss * weights).sum() / weight_total
 
 
 def lr_at(step: int, total: int, base_lr: float, warmup_frac: float) -> float:
@@ -136,8 +124,7 @@ def save_checkpoint(path: Path, model, optim, step: int, args) -> None:
 
 
 def build_model(args, target):
-    from domino.config import DominoConfig
-    from domino.loading import default_drafter_config
+    from domino.config import DominoConfig, default_drafter_config
 
     if args.init_from:  # continue from a saved drafter: its config and weights
         model = DominoDraftModel.from_pretrained(args.init_from).bind_target(target)
@@ -190,8 +177,14 @@ def parse_args(argv=None):
     p.add_argument("--gamma", type=float, default=7.0)
     p.add_argument("--ttt", action="store_true", help="training-time test instead of teacher forcing")
     p.add_argument("--no-curriculum", action="store_true", help="lam = 0 throughout")
+    p.add_argument("--loss", choices=LOSSES, default="ce",
+                   help="ce: the target's greedy token; kl / ce_tv: distil its stored top-K distribution")
     p.add_argument("--eval-shards", type=int, nargs="+", default=[0], help="held out for evaluation")
     p.add_argument("--eval-every", type=int, default=100)
+    p.add_argument("--eval-convs", type=int, default=32, help="held-out conversations stepped through per evaluation")
+    p.add_argument("--eval-max-new-tokens", type=int, default=128)
+    p.add_argument("--eval-generator-prompts", type=int, default=0,
+                   help="also measure acceptance through the generator on this many HumanEval prompts")
     p.add_argument("--ckpt-every", type=int, default=50)
     p.add_argument("--bf16", action="store_true", help="bf16 autocast for the matmuls")
     p.add_argument("--seed", type=int, default=0)
@@ -241,8 +234,7 @@ def main(argv=None) -> dict:
         start = state["step"] + 1
         log(f"resumed from {ckpt} at step {start}")
     weights = position_weights(c.num_drafts, args.gamma)
-    eval_batch = make_batch(held[:32], 4, c.block_size, c.num_drafts, c.mask_token_id,
-                            torch.Generator().manual_seed(1234)) if held else None
+    eval_convs = held[:args.eval_convs]
     history = []
     log_file = (args.out / "log.jsonl").open("a") if rank == 0 else None
     t0 = time.time()
@@ -262,9 +254,8 @@ def main(argv=None) -> dict:
             dist.all_reduce(w_total)
         w = w.view(-1, c.num_drafts)
         base, final = step_fn(batch)
-        labels = batch.labels.view(-1, c.num_drafts)
-        loss_base = weighted_ce(base, labels, w, w_total)
-        loss_final = weighted_ce(final, labels, w, w_total)
+        loss_base = weighted_loss(args.loss, base, batch, w, w_total)
+        loss_final = weighted_loss(args.loss, final, batch, w, w_total)
         loss = (1 - lam) * loss_final + lam * loss_base
         optim.zero_grad(set_to_none=True)
         (loss * world).backward()  # DDP averages over ranks; the global normaliser is already in
@@ -276,10 +267,13 @@ def main(argv=None) -> dict:
                 dist.all_reduce(t)
         rec = {"step": step, "loss_base": float(lb), "loss_final": float(lf), "lam": lam,
                "lr": optim.param_groups[0]["lr"], "elapsed_s": round(time.time() - t0, 1)}
-        if eval_batch is not None and rank == 0 and ((step + 1) % args.eval_every == 0 or step + 1 == args.steps):
-            model.eval()
-            rec["tau_head_on"] = acceptance_length(model, eval_batch, use_head=True)
-            rec["tau_head_off"] = acceptance_length(model, eval_batch, use_head=False)
+        if eval_convs and rank == 0 and ((step + 1) % args.eval_every == 0 or step + 1 == args.steps):
+            model.eval()  # acceptance as generation gets it: tokens / rounds, stepping through responses
+            for head, key in ((True, "tau_head_on"), (False, "tau_head_off")):
+                rec[key] = generation_acceptance(model, eval_convs, use_head=head,
+                                                 max_new_tokens=args.eval_max_new_tokens)
+            if args.eval_generator_prompts:
+                rec["generator_tau_head_on"] = generator_acceptance(model, target, args)
             model.train()
         history.append(rec)
         if rank == 0:
@@ -299,7 +293,27 @@ def main(argv=None) -> dict:
 
 
 def _slice_batch(batch: AnchorBatch, rank: int, world: int) -> AnchorBatch:
-    return AnchorBatch(*[getattr(batch, f)[rank::world].contiguous() for f in AnchorBatch.__dataclass_fields__])
+    parts = [getattr(batch, f) for f in AnchorBatch.__dataclass_fields__]
+    return AnchorBatch(*[None if t is None else t[rank::world].contiguous() for t in parts])
+
+
+def generator_acceptance(model: DominoDraftModel, target, args) -> float:
+    """Greedy acceptance (tokens / rounds, head on) through DominoGenerator on the first
+    ``--eval-generator-prompts`` HumanEval prompts, as benchmarks/eval_acceptance.py measures."""
+    import sys
+
+    from transformers import AutoTokenizer
+
+    from domino.generate import DominoGenerator
+    from domino.loading import smollm2_dir
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from eval_acceptance import humaneval_prompts, mean_tau
+
+    tokenizer = AutoTokenizer.from_pretrained(args.target or smollm2_dir(quiet=True))
+    gen = DominoGenerator(target, model, tokenizer)
+    return mean_tau(gen, humaneval_prompts(args.eval_generator_prompts), use_head=True, temperature=0.0,
+                    max_new_tokens=args.eval_max_new_tokens)
 
 
 if __name__ == "__main__":

@@ -121,3 +121,9 @@ class DominoConfig:
     @classmethod
     def load(cls, directory: str | Path) -> "DominoConfig":
         return cls.from_json_dict(json.loads(Path(directory, "config.json").read_text()))
+
+
+def default_drafter_config(target_config) -> DominoConfig:
+    """The drafter shape used for SmolLM2-135M (and any small target without a checkpoint)."""
+    return DominoConfig.from_target(target_config, num_hidden_layers=2, num_feature_layers=5, mask_token_id=16,
+                                    block_size=16, emb_dim=64, gru_hidden_dim=256, pure_draft_prefix_len=1)

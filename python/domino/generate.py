@@ -16,7 +16,7 @@ The only host-device synchronisation per round is reading the accepted lengths.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
@@ -24,9 +24,7 @@ from transformers import DynamicCache
 
 import domino_ops
 from domino.model import DominoDraftModel
-from domino_ops.reference import filtered_probs
-
-Prompt = "str | list[dict] | list[int] | torch.Tensor"
+from domino.target import special_token_ids, target_features
 
 
 @dataclass
@@ -38,7 +36,6 @@ class GenerationResult:
     acceptance_lengths: list[int] | list[list[int]]  # tokens advanced per verification round
     tokens_per_second: float
     elapsed_s: float = 0.0
-    extra: dict = field(default_factory=dict)
 
     @property
     def mean_acceptance_length(self) -> float:
@@ -55,12 +52,7 @@ class DominoGenerator:
         self.target = target.eval()
         self.drafter = drafter.eval().bind_target(target)
         self.tokenizer = tokenizer
-        eos = target.generation_config.eos_token_id
-        eos = [eos] if isinstance(eos, int) else list(eos or [])
-        if tokenizer.eos_token_id is not None:
-            eos.append(tokenizer.eos_token_id)
-        self.eos_ids = sorted(set(eos))
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
+        self.eos_ids, self.pad_id = special_token_ids(target, tokenizer)
 
     @property
     def device(self) -> torch.device:
@@ -106,8 +98,7 @@ class DominoGenerator:
         """Logits [b, T, V] float32 and the drafter's context features [b, T, n*H]."""
         out = self.target.model(input_ids=ids, attention_mask=mask.long(), position_ids=positions,
                                 past_key_values=cache, use_cache=True, output_hidden_states=True)
-        layer_ids = self.drafter.config.target_layer_ids
-        features = torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1)
+        features = target_features(out.hidden_states, self.drafter.config.target_layer_ids)
         return self.target.lm_head(out.last_hidden_state).float(), features
 
     # ---- generation -------------------------------------------------------------------
@@ -126,7 +117,7 @@ class DominoGenerator:
         """
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        domino_ops._checks.sampling_params(temperature, top_k, top_p)
+        domino_ops.check_sampling_params(temperature, top_k, top_p)
         batch = self._is_batch(prompt)
         prompts = list(prompt) if batch else [prompt]
         seqs = [self.encode(p) for p in prompts]
@@ -192,8 +183,8 @@ class DominoGenerator:
             if temperature == 0:
                 verified, num_acc = domino_ops.verify_greedy(draft.tokens, logits)
             else:
-                p = filtered_probs(logits, temperature, top_k, top_p)
-                q = filtered_probs(draft.logits, temperature, top_k, top_p)
+                p = domino_ops.filtered_probs(logits, temperature, top_k, top_p)
+                q = domino_ops.filtered_probs(draft.logits, temperature, top_k, top_p)
                 verified, num_acc = domino_ops.verify_sampling(draft.tokens, q, p, generator=generator)
             kept = num_acc + 1  # anchor + accepted drafts enter the context
             host = torch.cat([kept[:, None], verified], dim=1).tolist()  # the one host sync of the round

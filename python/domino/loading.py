@@ -12,11 +12,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from domino.config import DominoConfig
+from domino.config import default_drafter_config
 from domino.generate import DominoGenerator
 from domino.model import DominoDraftModel
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is ever fetched from a hub
 
 DEFAULT_DRAFTER_DIR = Path(__file__).parent / "checkpoints" / "smollm2-135m-instruct"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -32,7 +30,11 @@ def _say(msg: str, quiet: bool) -> None:
 
 
 def smollm2_dir(quiet: bool = False) -> Path:
-    """A directory with SmolLM2-135M-Instruct as safetensors, made from the package's GGUF once."""
+    """A directory with SmolLM2-135M-Instruct as safetensors, made from the package's GGUF once.
+
+    Sets ``HF_HUB_OFFLINE=1`` (unless the caller set it): the default model comes from
+    local packages only, and nothing is ever fetched from a hub."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     out = cache_dir() / "smollm2-135m-instruct"
     if (out / "model.safetensors").exists():
         return out
@@ -73,12 +75,6 @@ def load_target(target, tokenizer=None, *, dtype=torch.float32, device="cpu"):
         if tokenizer is None:
             tokenizer = AutoTokenizer.from_pretrained(model.config._name_or_path)
     return model.eval(), tokenizer
-
-
-def default_drafter_config(target_config) -> DominoConfig:
-    """The drafter shape used for SmolLM2-135M (and any small target without a checkpoint)."""
-    return DominoConfig.from_target(target_config, num_hidden_layers=2, num_feature_layers=5, mask_token_id=16,
-                                    block_size=16, emb_dim=64, gru_hidden_dim=256, pure_draft_prefix_len=1)
 
 
 def random_drafter(target, seed: int = 0) -> DominoDraftModel:

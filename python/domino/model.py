@@ -8,7 +8,12 @@ target's embeddings of the anchor and the drafted tokens, and a low-rank correct
 ``W2 · SiLU(W1 · [h_i; S_{i-1}])`` added to the base logits before each token is chosen
 (:func:`domino_ops.domino_head_rollout`).
 
-State-dict keys follow the public checkpoints (see shared/reference/architecture.md).
+State-dict keys follow the public DFlash/Domino checkpoints (``fc``, ``hidden_norm``,
+``layers.*``, ``norm``, ``prefix_gru``, ``embed_proj``), so those load as they are.
+
+The drafter owns all of its math: generation (:meth:`DominoDraftModel.draft`) and training
+(:meth:`DominoDraftModel.packed_draft_hidden`, :meth:`DominoDraftModel.teacher_forced_logits`,
+:meth:`DominoDraftModel.self_fed_logits`) call the same backbone and head.
 """
 
 from __future__ import annotations
@@ -234,6 +239,47 @@ class DominoDraftModel(nn.Module):
         """The hidden states [.., n, H] of the block positions that draft tokens: all B with
         shift_label, else the B - 1 after the anchor."""
         return h if self.config.shift_label else h[..., 1:, :]
+
+    def packed_draft_hidden(self, features: torch.Tensor, ctx_valid: torch.Tensor, block_tokens: torch.Tensor,
+                            block_pos: torch.Tensor, attn_mask: torch.Tensor) -> torch.Tensor:
+        """Draft-position hidden states [N*A, n, H] of A blocks per sequence packed in one
+        forward: each sequence's context features [N, Tc, n*H] (real where ``ctx_valid``
+        [N, Tc]) are projected once, and the blocks ``block_tokens`` [N, A*B] at
+        ``block_pos`` [N, A*B] see what ``attn_mask`` [N, A*B, Tc + A*B] (bool) allows:
+        in training, the context strictly before each block's anchor and the block itself."""
+        N, Tc = ctx_valid.shape
+        cache = self.new_cache(N, features.device, self.fc.weight.dtype)
+        self.extend_context(cache, features, torch.arange(Tc, device=features.device).expand(N, Tc), ctx_valid)
+        h = self.backbone(cache, block_tokens, block_pos, attn_mask)
+        return self.draft_hidden(h.view(-1, self.config.block_size, h.shape[-1]))
+
+    def head_correction(self, h: torch.Tensor, S: torch.Tensor) -> torch.Tensor:
+        """The Domino head's residual ``W2 silu(W1 [h; S])`` [.., V] for draft hidden states
+        h [.., H] and GRU states S [.., G] (the state after the tokens before the position)."""
+        return self.embed_proj(torch.cat([h, S], dim=-1))
+
+    def teacher_forced_logits(self, h: torch.Tensor, base: torch.Tensor, gru_inputs: torch.Tensor) -> torch.Tensor:
+        """Final logits [M, n, V] = base + correction for every draft position at once, the
+        GRU run over ``gru_inputs`` [M, n] (x_p, x_{p+1}, ...: teacher forcing) from a zero
+        state; h [M, n, H], base [M, n, V]. The first ``pure_draft_prefix_len`` positions keep
+        their base logits, as in generation."""
+        S, _ = self.prefix_gru(self.embed_tokens(gru_inputs).to(h.dtype))  # [M, n, G]: state after x_p..x_{p+k}
+        delta = self.head_correction(h, S)
+        P = self.config.pure_draft_prefix_len
+        delta = torch.cat([torch.zeros_like(delta[:, :P]), delta[:, P:]], dim=1)
+        return base + delta
+
+    def self_fed_logits(self, h: torch.Tensor, base: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:
+        """Final logits [M, n, V] with the GRU consuming the drafter's own argmax step by step
+        (training-time test), from the anchor [M]; h [M, n, H], base [M, n, V]."""
+        P = self.config.pure_draft_prefix_len
+        state, x, outs = None, anchor, []
+        for k in range(h.shape[1]):
+            _, state = self.prefix_gru(self.embed_tokens(x)[:, None].to(h.dtype), state)
+            logits_k = base[:, k] if k < P else base[:, k] + self.head_correction(h[:, k], state[0])
+            outs.append(logits_k)
+            x = logits_k.detach().argmax(-1)
+        return torch.stack(outs, dim=1)
 
     @torch.no_grad()
     def draft(self, cache: DraftContextCache, anchor: torch.Tensor, anchor_pos: torch.Tensor, *,

@@ -8,6 +8,9 @@ dispatcher op ``torch.ops.domino_ops.<name>`` with caller-provided outputs):
 - :func:`verify_greedy`: greedy verification of a draft block.
 - :func:`verify_sampling`: lossless rejection-sampling verification.
 
+Runtime sampling helpers (:func:`filtered_probs`, :func:`draw_uniforms`,
+:func:`check_sampling_params`) live in :mod:`domino_ops.sampling`.
+
 Every op takes ``backend=`` ("auto", "native", "triton", "reference"); see
 :mod:`domino_ops.ops`. The hand-written CUDA kernels live in csrc/cuda/, the Triton ones
 in :mod:`domino_ops.triton`.
@@ -22,11 +25,12 @@ if _C.torch_version != torch.__version__:
         f"domino_ops was compiled against torch {_C.torch_version} but torch {torch.__version__} "
         "is imported; rebuild it (pip install --no-build-isolation .) against this torch")
 
-from domino_ops import _fake, reference  # noqa: E402,F401
+from domino_ops import _fake, reference, sampling  # noqa: E402,F401
 from domino_ops.ops import (  # noqa: E402
     domino_head_rollout, has_kernel, sample, select_backend, verify_greedy, verify_sampling)
+from domino_ops.sampling import check_sampling_params, draw_uniforms, filtered_probs  # noqa: E402
 
 cuda_compiled: bool = _C.cuda_compiled
 __version__ = "0.1.0"
 __all__ = ["domino_head_rollout", "sample", "verify_greedy", "verify_sampling", "has_kernel", "select_backend",
-           "reference", "cuda_compiled"]
+           "check_sampling_params", "draw_uniforms", "filtered_probs", "reference", "sampling", "cuda_compiled"]

@@ -20,7 +20,7 @@ import torch
 
 from domino_ops import _checks, reference
 from domino_ops import triton as triton_ops
-from domino_ops.reference import draw_uniforms
+from domino_ops.sampling import draw_uniforms
 
 __all__ = ["domino_head_rollout", "sample", "verify_greedy", "verify_sampling", "has_kernel", "select_backend"]
 

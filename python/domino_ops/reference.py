@@ -1,6 +1,8 @@
 """Pure-PyTorch references of every op, with the same signatures as ``domino_ops.<op>``.
 
-They define the semantics the kernels are tested against and run on any device. Matmuls
+They are the test oracle: they define the semantics the kernels are tested against and
+run on any device; no runtime path goes through them (the ``backend="reference"`` choice
+of a public op is the one exception, asked for by name). Matmuls
 run in the weights' dtype (as a plain eager loop would); pass float64 weights for an
 exact oracle. Randomness is drawn from ``generator`` in the same order and shapes as the
 kernels' wrappers draw it, so with equal generator states the reference and a kernel
@@ -12,40 +14,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["domino_head_rollout", "sample", "verify_greedy", "verify_sampling", "sample_from_logits",
-           "filtered_probs"]
+from domino_ops.sampling import draw_uniforms, filtered_weights
 
-
-def draw_uniforms(shape, device, generator) -> torch.Tensor:
-    """The uniforms [*shape] float64 in [0, 1) that a sampling op consumes."""
-    return torch.rand(shape, dtype=torch.float64, device=device, generator=generator)
-
-
-def _filtered_weights(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
-    """Unnormalised float64 weights [n, V] of softmax(filter(logits / temperature)) for
-    logits [n, V]: top-k keeps z >= the k-th largest z; top-p sorts the survivors by z
-    (descending, stable) and drops a token once the mass before it reaches top_p."""
-    V = logits.shape[-1]
-    z = logits.float() / temperature
-    if 0 < top_k < V:
-        kth = z.topk(top_k, dim=-1).values[:, -1:]
-        z = z.masked_fill(z < kth, float("-inf"))
-    w = torch.exp((z - z.max(dim=-1, keepdim=True).values).double())
-    if top_p < 1.0:
-        order = torch.sort(z, dim=-1, descending=True, stable=True).indices
-        ws = w.gather(-1, order)
-        before = torch.cumsum(ws, dim=-1) - ws
-        drop_sorted = before >= top_p * ws.sum(dim=-1, keepdim=True)
-        w = w.masked_fill(torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted), 0.0)
-    return w
-
-
-def filtered_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
-    """The distribution the sampling ops draw from, ``softmax(filter(logits / temperature))``
-    over the last axis, float32, any leading shape: the ``p`` / ``q`` that
-    :func:`verify_sampling` expects."""
-    w = _filtered_weights(logits.reshape(-1, logits.shape[-1]), temperature, top_k, top_p)
-    return (w / w.sum(dim=-1, keepdim=True)).float().reshape(logits.shape)
+__all__ = ["domino_head_rollout", "sample", "verify_greedy", "verify_sampling", "sample_from_logits"]
 
 
 def sample_from_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
@@ -53,11 +24,11 @@ def sample_from_logits(logits: torch.Tensor, temperature: float, top_k: int, top
     """Samples one token per row of ``logits`` [b, V] with uniforms [b] float64.
 
     The token is the first index whose CDF under the filtered distribution (see
-    :func:`filtered_probs`) exceeds u * total. Returns (tokens [b] int64, logprobs [b]
+    :func:`domino_ops.sampling.filtered_probs`) exceeds u * total. Returns (tokens [b] int64, logprobs [b]
     float32), the log-probability under the filtered distribution.
     """
     V = logits.shape[-1]
-    w = _filtered_weights(logits, temperature, top_k, top_p)
+    w = filtered_weights(logits, temperature, top_k, top_p)
     total = w.sum(dim=-1, keepdim=True)
     cdf = torch.cumsum(w, dim=-1)
     tokens = torch.searchsorted(cdf, uniforms.unsqueeze(-1) * total, right=True).clamp(max=V - 1)

@@ -1,0 +1,30 @@
+"""What the engine and the data pipeline read off a HF transformers target: the drafter's
+context features and the special token ids."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+
+def target_features(hidden_states: Sequence[torch.Tensor], layer_ids: Sequence[int]) -> torch.Tensor:
+    """The drafter's context features [b, T, n*H]: the outputs of the target layers
+    ``layer_ids`` (0-based), concatenated, from HF ``hidden_states`` (embeddings first, so
+    layer i's output is ``hidden_states[i + 1]``)."""
+    return torch.cat([hidden_states[i + 1] for i in layer_ids], dim=-1)
+
+
+def special_token_ids(target, tokenizer) -> tuple[list[int], int]:
+    """(eos_ids, pad_id): every EOS id of the target's generation config and tokenizer,
+    sorted; the tokenizer's pad id, else the smallest EOS id."""
+    eos = target.generation_config.eos_token_id
+    eos = [eos] if isinstance(eos, int) else list(eos or [])
+    if tokenizer.eos_token_id is not None:
+        eos.append(tokenizer.eos_token_id)
+    eos_ids = sorted(set(eos))
+    if tokenizer.pad_token_id is not None:
+        return eos_ids, tokenizer.pad_token_id
+    if not eos_ids:
+        raise ValueError("the target has no EOS token and the tokenizer no pad token: set one of them")
+    return eos_ids, eos_ids[0]

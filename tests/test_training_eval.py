@@ -1,0 +1,109 @@
+"""The trainer's acceptance metric steps through responses as generation does, and the
+distillation data and losses line up with the target."""
+
+import pytest
+import torch
+
+from domino.target import target_features
+from tiny_models import tiny_generator, tiny_target
+from training.data import Conversation, load_shards, make_batch
+from training.evaluate import generation_acceptance, stepped_rounds
+from training.generate_data import regenerate, shard_path, write_shard
+from training.train import per_token_loss
+
+
+@pytest.mark.parametrize("use_head", [True, False])
+def test_stepped_rounds_draft_what_the_generator_drafts(use_head):
+    gen = tiny_generator("llama", block_size=8)
+    drafted = []
+    draft = gen.drafter.draft
+
+    def spy(*args, **kw):
+        d = draft(*args, **kw)
+        drafted.append(d.tokens[0].tolist())
+        return d
+
+    gen.drafter.draft = spy
+    prompt = [5, 9, 3, 17, 22, 41]
+    res = gen.generate(prompt, max_new_tokens=40, use_head=use_head)
+    tokens = torch.tensor(prompt + res.token_ids)
+    with torch.no_grad():  # the cached-feature conversation the trainer would hold
+        hs = gen.target(tokens[None, :-1], output_hidden_states=True).hidden_states
+    conv = Conversation(tokens, len(prompt), target_features(hs, gen.drafter.config.target_layer_ids)[0])
+    rounds = list(stepped_rounds(gen.drafter, [conv], use_head=use_head, max_new_tokens=40))
+    assert [r.drafts for r in rounds] == drafted  # same anchors visited, same tokens drafted
+    assert [r.advanced for r in rounds][:-1] == res.acceptance_lengths[:-1]
+    assert sum(r.advanced for r in rounds) == len(res.token_ids) - 1  # every token after the prefill's
+    tau = generation_acceptance(gen.drafter, [conv], use_head=use_head, max_new_tokens=40)
+    assert tau == pytest.approx((len(res.token_ids) - 1) / len(rounds))
+
+
+def test_pooled_over_rounds_not_conversations():
+    """A long response counts as many rounds as it takes: rigged drafters that accept
+    everything on one conversation and nothing on another average by rounds."""
+    gen = tiny_generator("llama", block_size=4)
+    convs = []
+    for prompt, n in (([3, 4, 5], 30), ([6, 7], 6)):
+        res = gen.generate(prompt, max_new_tokens=n)
+        tokens = torch.tensor(prompt + res.token_ids)
+        with torch.no_grad():
+            hs = gen.target(tokens[None, :-1], output_hidden_states=True).hidden_states
+        convs.append(Conversation(tokens, len(prompt), target_features(hs, gen.drafter.config.target_layer_ids)[0]))
+    rounds = list(stepped_rounds(gen.drafter, convs, use_head=True))
+    tau = generation_acceptance(gen.drafter, convs, use_head=True)
+    total = sum(len(c.tokens) - c.prompt_len - 1 for c in convs)
+    assert tau == pytest.approx(total / len(rounds))
+
+
+@pytest.fixture(scope="module")
+def shard(tmp_path_factory):
+    target = tiny_target("llama", vocab=64)
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(2, 64, (int(torch.randint(3, 9, (1,), generator=g)),), generator=g).tolist()
+               for _ in range(5)]
+    data = regenerate(target, prompts, [0, 2, 3], eos={1}, pad=0, max_new_tokens=20, top_k=8)
+    out = tmp_path_factory.mktemp("shard")
+    write_shard(shard_path(out, 0), data)
+    return target, data, out
+
+
+def test_top_logprobs_are_the_targets_distribution(shard):
+    target, data, _ = shard
+    assert data.top_ids.shape == data.top_logprobs.shape == (data.response_offsets[-1], 8)
+    for i, rec in enumerate(data.records):
+        lo, hi = data.response_offsets[i], data.response_offsets[i + 1]
+        assert hi - lo == len(rec["response_ids"])
+        assert data.top_ids[lo:hi, 0].tolist() == rec["response_ids"]  # greedy = top-1
+        tokens = torch.tensor(rec["prompt_ids"] + rec["response_ids"])
+        with torch.no_grad():
+            logits = target(tokens[None, :-1]).logits[0, len(rec["prompt_ids"]) - 1:]
+        ref = torch.log_softmax(logits.float(), -1).topk(8, -1)
+        assert torch.equal(data.top_ids[lo:hi].long(), ref.indices)
+        torch.testing.assert_close(data.top_logprobs[lo:hi].float(), ref.values, atol=2e-2, rtol=2e-3)
+
+
+def test_batch_carries_the_label_distributions(shard):
+    _, _, out = shard
+    convs = load_shards(out)
+    batch = make_batch(convs, 3, 4, 3, 63, torch.Generator().manual_seed(0))
+    valid = batch.label_valid
+    assert torch.equal(batch.label_top_ids[..., 0][valid], batch.labels[valid])
+    assert torch.isinf(batch.label_top_logprobs[~valid]).all()
+    assert torch.isfinite(batch.label_top_logprobs[valid]).all()
+
+
+def test_distillation_losses_vanish_when_the_draft_is_the_target():
+    g = torch.Generator().manual_seed(0)
+    V, K = 50, 6
+    ids = torch.stack([torch.randperm(V, generator=g)[:K] for _ in range(8)]).view(2, 4, K)
+    logp = torch.log_softmax(torch.randn(2, 4, K, generator=g), -1)
+    exact = torch.full((2, 4, V), -1e9).scatter(-1, ids, logp)  # q equal to p on its support
+    labels = ids[..., 0]
+    assert per_token_loss("kl", exact, labels, ids, logp).abs().max() < 1e-5
+    tv_part = per_token_loss("ce_tv", exact, labels, ids, logp) - per_token_loss("ce", exact, labels, None, None)
+    assert tv_part.abs().max() < 1e-5
+    off = torch.randn(2, 4, V, generator=g)  # a different q: both losses positive
+    assert (per_token_loss("kl", off, labels, ids, logp) > 1e-3).all()
+    assert (per_token_loss("ce_tv", off, labels, ids, logp) > per_token_loss("ce", off, labels, None, None)).all()
+    with pytest.raises(ValueError, match="top-K"):
+        per_token_loss("kl", off, labels, None, None)
