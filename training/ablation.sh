@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# Training ablation at a reduced budget: same data, steps, batch and seed for each run.
+# The paper's ablation (TTT vs TF vs TF + curriculum): same data, steps, batch and seed for
+# each run; resumable (rerun the script after an interruption). Then measure acceptance
+# through the generator and plot the backbone loss curves:
+#   .venv/bin/python benchmarks/eval_acceptance.py ablation training/runs/abl_* --num-prompts 32
 set -e
 cd "$(dirname "$0")/.."
-COMMON="--data training/data/smollm2 --steps ${STEPS:-400} --seqs-per-step 8 --anchors 8 --lr 1e-3 --bf16 --init-from-target --eval-every 1000 --ckpt-every 100"
+DATA=${DATA:-training/data/smollm2_mix}
+COMMON="--data $DATA --steps ${STEPS:-2000} --seqs-per-step 16 --anchors 8 --lr 6e-4 --bf16 --init-from-target --eval-every 500 --ckpt-every 50"
 .venv/bin/python -m training.train $COMMON --out training/runs/abl_ttt --ttt --no-curriculum
 .venv/bin/python -m training.train $COMMON --out training/runs/abl_tf --no-curriculum
 .venv/bin/python -m training.train $COMMON --out training/runs/abl_tf_curriculum
