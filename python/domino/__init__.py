@@ -9,5 +9,7 @@ from domino.config import DominoConfig
 from domino.generate import DominoGenerator, GenerationResult
 from domino.loading import load, load_default
 from domino.model import DominoDraftModel
+from domino.sampling_params import SamplingParams
 
-__all__ = ["DominoConfig", "DominoDraftModel", "DominoGenerator", "GenerationResult", "load", "load_default"]
+__all__ = ["DominoConfig", "DominoDraftModel", "DominoGenerator", "GenerationResult", "SamplingParams", "load",
+           "load_default"]

@@ -25,6 +25,7 @@ from transformers import DynamicCache
 import domino_ops
 from domino import prompts
 from domino.model import DominoDraftModel
+from domino.sampling_params import RowSampling, SamplingParams
 from domino.target import special_token_ids, target_features
 
 
@@ -96,21 +97,24 @@ class DominoGenerator:
 
     @torch.inference_mode()
     def generate(self, prompt, *, max_new_tokens: int = 256, temperature: float = 0.0, top_k: int = 0,
-                 top_p: float = 1.0, use_head: bool = True, stop: Sequence[str] = (),
-                 generator: torch.Generator | None = None,
+                 top_p: float = 1.0, sampling: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_head: bool = True, stop: Sequence[str] = (), generator: torch.Generator | None = None,
                  stream: Callable[[int, list[int]], None] | None = None) -> GenerationResult:
         """Generates up to ``max_new_tokens`` per prompt, stopping at EOS or a stop string.
 
         ``prompt`` is one prompt (string, chat message list, token ids) or a list of them
-        (a batch). ``stream(i, new_ids)`` is called with each sequence's newly accepted
-        tokens after every round. The output is exactly the target's own decoding: greedy
-        at temperature 0, distributed as the target's filtered distribution otherwise.
+        (a batch). Sampling: ``temperature`` / ``top_k`` / ``top_p`` for every prompt, or
+        ``sampling``, one :class:`SamplingParams` for all or one per prompt (each may carry
+        its own seed); ``generator`` drives the draws of requests without a seed.
+        ``stream(i, new_ids)`` is called with each sequence's newly accepted tokens after
+        every round. The output is exactly the target's own decoding: greedy at temperature
+        0, distributed as the target's filtered distribution otherwise, per request.
         """
         seqs, batch, stop = self._encode_request(prompt, max_new_tokens, stop)
-        domino_ops.check_sampling_params(temperature, top_k, top_p)
+        params = self._sampling_params(len(seqs), temperature, top_k, top_p, sampling)
+        rows = RowSampling.from_params(params, self.device, generator)
         t0 = time.perf_counter()
-        token_ids, accept = self._speculative(seqs, max_new_tokens, temperature, top_k, top_p, use_head,
-                                              stop, generator, stream)
+        token_ids, accept = self._speculative(seqs, max_new_tokens, rows, use_head, stop, stream)
         elapsed = time.perf_counter() - t0
         texts = [self._decode_until_stop(t, stop) for t in token_ids]
         total = sum(len(t) for t in token_ids)
@@ -118,6 +122,20 @@ class DominoGenerator:
         if not batch:
             res.text, res.token_ids, res.acceptance_lengths = texts[0], token_ids[0], accept[0]
         return res
+
+    @staticmethod
+    def _sampling_params(b: int, temperature, top_k, top_p, sampling) -> list[SamplingParams]:
+        """One SamplingParams per prompt, from the loose arguments or ``sampling``."""
+        if sampling is None:
+            return [SamplingParams(temperature, top_k, top_p)] * b
+        if (temperature, top_k, top_p) != (0.0, 0, 1.0):
+            raise ValueError("give either sampling= or temperature/top_k/top_p, not both")
+        if isinstance(sampling, SamplingParams):
+            return [sampling] * b
+        params = list(sampling)
+        if len(params) != b or not all(isinstance(p, SamplingParams) for p in params):
+            raise ValueError(f"sampling must be a SamplingParams or a list of {b} (one per prompt), got {sampling!r}")
+        return params
 
     def _decode_until_stop(self, ids: list[int], stop: Sequence[str]) -> str:
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -139,15 +157,14 @@ class DominoGenerator:
                 return True, ids
         return False, ids
 
-    def _speculative(self, seqs, max_new_tokens, temperature, top_k, top_p, use_head, stop, generator, stream):
+    def _speculative(self, seqs, max_new_tokens, sampling: RowSampling, use_head, stop, stream):
         b = len(seqs)
         dev = self.device
-        sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
         ids, mask = self._left_pad(seqs)
         positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache()
         logits, features = self._target_forward(ids, mask, positions, cache)
-        anchor = domino_ops.sample(logits[:, -1], **sampling)
+        anchor = domino_ops.sample(logits[:, -1], **sampling.op_kwargs())
         dcache = self.drafter.new_cache(b, dev, self.drafter.fc.weight.dtype)
         self.drafter.extend_context(dcache, features, positions, mask)
         cache_mask = mask
@@ -161,18 +178,18 @@ class DominoGenerator:
             if stream:
                 stream(s, list(out_ids[s]))
         while not all(done):
-            draft = self.drafter.draft(dcache, anchor, anchor_pos, use_head=use_head, **sampling)
+            draft = self.drafter.draft(dcache, anchor, anchor_pos, use_head=use_head, sampling=sampling)
             n = draft.tokens.shape[1]
             block = torch.cat([anchor[:, None], draft.tokens], dim=1)
             block_pos = anchor_pos[:, None] + torch.arange(n + 1, device=dev)
             logits, features = self._target_forward(block, torch.cat([cache_mask, mask.new_ones(b, n + 1)], 1),
                                                     block_pos, cache)
-            if temperature == 0:
+            if not sampling.any_sampled:
                 verified, num_acc = domino_ops.verify_greedy(draft.tokens, logits)
-            else:
-                p = domino_ops.filtered_probs(logits, temperature, top_k, top_p)
-                q = domino_ops.filtered_probs(draft.logits, temperature, top_k, top_p)
-                verified, num_acc = domino_ops.verify_sampling(draft.tokens, q, p, generator=generator)
+            else:  # greedy rows of a mixed batch have one-hot p and q: rejection sampling is exact matching
+                p = domino_ops.filtered_probs(logits, **sampling.filter_kwargs())
+                q = domino_ops.filtered_probs(draft.logits, **sampling.filter_kwargs())
+                verified, num_acc = domino_ops.verify_sampling(draft.tokens, q, p, generator=sampling.generator)
             kept = num_acc + 1  # anchor + accepted drafts enter the context
             host = torch.cat([kept[:, None], verified], dim=1).tolist()  # the one host sync of the round
             kept_list = [row[0] for row in host]

@@ -28,6 +28,7 @@ from torch import nn
 
 import domino_ops
 from domino.config import DominoConfig
+from domino.sampling_params import RowSampling
 
 
 class RMSNorm(nn.Module):
@@ -283,28 +284,27 @@ class DominoDraftModel(nn.Module):
 
     @torch.no_grad()
     def draft(self, cache: DraftContextCache, anchor: torch.Tensor, anchor_pos: torch.Tensor, *,
-              use_head: bool = True, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-              generator: torch.Generator | None = None) -> Draft:
-        """Drafts ``config.num_drafts`` tokens after ``anchor`` [b] at positions ``anchor_pos`` [b]."""
+              use_head: bool = True, sampling: RowSampling | None = None) -> Draft:
+        """Drafts ``config.num_drafts`` tokens after ``anchor`` [b] at positions ``anchor_pos``
+        [b]; ``sampling`` holds each sequence's sampling arguments (None: greedy)."""
         block, positions = self.block_input(anchor, anchor_pos)
         h = self.draft_hidden(self.backbone(cache, block, positions))
         logits = self.lm_head(h.to(self.lm_head.weight.dtype)).float()  # [b, n, V] base logits
-        return self.choose_tokens(h, logits, anchor, use_head=use_head, temperature=temperature, top_k=top_k,
-                                  top_p=top_p, generator=generator)
+        return self.choose_tokens(h, logits, anchor, use_head=use_head, sampling=sampling)
 
     @torch.no_grad()
     def choose_tokens(self, h: torch.Tensor, logits: torch.Tensor, anchor: torch.Tensor, *, use_head: bool = True,
-                      temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-                      generator: torch.Generator | None = None) -> Draft:
+                      sampling: RowSampling | None = None) -> Draft:
         """Picks the drafts from draft hidden states h [b, n, H] and base logits [b, n, V]
         float32: the first ``pure_draft_prefix_len`` from the base logits, the rest by the
-        Domino head rollout (or all from the base logits when the head is off)."""
+        Domino head rollout (or all from the base logits when the head is off). ``sampling``
+        holds each of the b sequences' sampling arguments (None: greedy)."""
         c = self.config
         b, n, V = logits.shape
-        sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
+        sampling = sampling or RowSampling(0.0, 0, 1.0, None, False)
 
         def sample_rows(rows):  # [b, m, V] -> [b, m]
-            return domino_ops.sample(rows.reshape(-1, V), **sampling).view(b, -1)
+            return domino_ops.sample(rows.reshape(-1, V), **sampling.repeat_rows(rows.shape[1]).op_kwargs()).view(b, -1)
 
         if not (use_head and c.has_head):
             return Draft(sample_rows(logits), logits)
@@ -317,9 +317,9 @@ class DominoDraftModel(nn.Module):
             hproj = (h[:, P:].to(w1h.dtype) @ w1h.T).float()
             rest = logits[:, P:].contiguous()
             drafted, _, _ = domino_ops.domino_head_rollout(
-                rest, hproj, state, E, w_ih, w_hh, w1s, w2, write_logits=temperature > 0, **sampling)
+                rest, hproj, state, E, w_ih, w_hh, w1s, w2, write_logits=sampling.any_sampled, **sampling.op_kwargs())
             tokens.append(drafted)
-            if temperature > 0:  # the rollout wrote the corrected logits the tokens came from
+            if sampling.any_sampled:  # the rollout wrote the corrected logits the tokens came from
                 logits = torch.cat([logits[:, :P], rest], dim=1)
         return Draft(torch.cat(tokens, dim=1), logits)
 

@@ -65,8 +65,22 @@ def token_ids(name: str, t: torch.Tensor, vocab_size: int) -> None:
                          f"got values in [{int(t.min())}, {int(t.max())}]")
 
 
-def generator(gen, device: torch.device) -> None:
-    if gen is not None and not isinstance(gen, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator or None, got {type(gen).__name__}")
-    if gen is not None and gen.device.type != device.type:
-        raise ValueError(f"generator is on {gen.device} but the op runs on {device}")
+def generator(gen, device: torch.device, rows: int | None = None) -> None:
+    """None, one torch.Generator on ``device``'s type, or (when ``rows`` is given) a list of
+    ``rows`` of them, one per row."""
+    if isinstance(gen, (list, tuple)) and rows is not None:
+        if len(gen) != rows:
+            raise ValueError(f"generator as a list must have one generator per row ({rows}), got {len(gen)}")
+        for i, g in enumerate(gen):
+            _one_generator(f"generator[{i}]", g, device)
+        return
+    if gen is not None:
+        _one_generator("generator", gen, device)
+
+
+def _one_generator(name: str, gen, device: torch.device) -> None:
+    if not isinstance(gen, torch.Generator):
+        raise TypeError(f"{name} must be a torch.Generator, a list of them (one per row) or None, "
+                        f"got {type(gen).__name__}")
+    if gen.device.type != device.type:
+        raise ValueError(f"{name} is on {gen.device} but the op runs on {device}")

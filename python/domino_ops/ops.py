@@ -84,7 +84,8 @@ def domino_head_rollout(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w
         w_ih, w_hh ([3G, G]), w1s ([r, G], ``W1[:, H:]``), w2 ([V, r]): float32 or
             bfloat16, one dtype for all weights, contiguous.
         temperature: 0 for greedy. top_k: 0 disables. top_p: in (0, 1].
-        generator: torch.Generator for the uniforms consumed at temperature > 0. The CPU
+        generator: torch.Generator for the uniforms consumed at temperature > 0, or a list
+            of b of them (row i draws from generator i: per-request seeds). The CPU
             kernel and top-k/top-p sampling invert the CDF at them; the CUDA and Triton
             kernels' plain-temperature path uses each step's uniform as the 64-bit seed of
             an exponential race (same distribution, different draws).
@@ -116,7 +117,7 @@ def domino_head_rollout(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w
         _checks.shape("gru_input (the embedding, since w_ih is given)", gru_input, (V, None))
         _checks.shape("w_ih", w_ih, (3 * G, gru_input.shape[1]))
     _checks.sampling_params(temperature, top_k, top_p)
-    _checks.generator(generator, dev)
+    _checks.generator(generator, dev, rows=b)
     if not isinstance(write_logits, bool):
         raise TypeError(f"write_logits must be a bool, got {type(write_logits).__name__}")
 
@@ -142,14 +143,15 @@ def sample(logits, *, temperature=0.0, top_k=0, top_p=1.0, generator=None, backe
     Args:
         logits: [b, V] float32 or bfloat16.
         temperature: 0 for argmax (top_k/top_p ignored). top_k: 0 disables. top_p: (0, 1].
-        generator: torch.Generator for the one uniform per row consumed at temperature > 0.
+        generator: torch.Generator for the one uniform per row consumed at temperature > 0,
+            or a list with one generator per row.
         backend: "auto", "native", "triton" or "reference" (see the module docstring).
     Returns:
         tokens [b] int64.
     """
     logits = _checks.tensor("logits", logits, ndim=2, dtypes=_checks.FLOAT_OR_BF16)
     _checks.sampling_params(temperature, top_k, top_p)
-    _checks.generator(generator, logits.device)
+    _checks.generator(generator, logits.device, rows=logits.shape[0])
     chosen = select_backend("sample", logits.device, backend)
     if chosen == "reference":
         return reference.sample(logits, temperature=temperature, top_k=top_k, top_p=top_p,
@@ -206,7 +208,8 @@ def verify_sampling(draft_tokens, draft_probs, target_probs, *, generator=None, 
         draft_tokens: [b, k] int64, drawn from draft_probs.
         draft_probs: [b, k, V] float32, the draft distributions q.
         target_probs: [b, k+1, V] float32, the target distributions p.
-        generator: torch.Generator for the uniforms ([b, k] accept, then [b] resample).
+        generator: torch.Generator for the uniforms ([b, k] accept, then [b] resample), or
+            a list with one generator per row.
         backend: "auto", "native", "triton" or "reference" (see the module docstring).
     Returns:
         (out_tokens [b, k+1] int64 padded with -1, num_accepted [b] int64), as verify_greedy.
@@ -218,7 +221,7 @@ def verify_sampling(draft_tokens, draft_probs, target_probs, *, generator=None, 
     draft_probs = _checks.tensor("draft_probs", draft_probs, ndim=3, dtypes=(torch.float32,), device=dev)
     _checks.shape("target_probs", target_probs, (draft_tokens.shape[0], draft_tokens.shape[1] + 1, V))
     _checks.shape("draft_probs", draft_probs, (b, k1 - 1, V))
-    _checks.generator(generator, dev)
+    _checks.generator(generator, dev, rows=b)
     chosen = select_backend("verify_sampling", dev, backend)
     if chosen == "reference":
         return reference.verify_sampling(draft_tokens, draft_probs, target_probs, generator=generator)

@@ -17,38 +17,85 @@ import torch
 
 from domino_ops import _checks
 
-__all__ = ["draw_uniforms", "filtered_probs", "filtered_weights", "check_sampling_params"]
+__all__ = ["draw_uniforms", "filtered_probs", "filtered_weights", "check_sampling_params", "per_row"]
 
 
 def draw_uniforms(shape, device, generator) -> torch.Tensor:
-    """The uniforms [*shape] float64 in [0, 1) that a sampling op consumes."""
+    """The uniforms [*shape] float64 in [0, 1) that a sampling op consumes, from one
+    torch.Generator (or torch's default for None), or from a list of ``shape[0]``
+    generators, row i drawing its ``shape[1:]`` uniforms from generator i (per-request seeds)."""
+    if isinstance(generator, (list, tuple)):
+        rows = [torch.rand(tuple(shape[1:]), dtype=torch.float64, device=device, generator=g) for g in generator]
+        return torch.stack(rows) if rows else torch.empty(shape, dtype=torch.float64, device=device)
     return torch.rand(shape, dtype=torch.float64, device=device, generator=generator)
 
 
-def filtered_weights(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+def per_row(value, n: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """A sampling parameter (a Python number or a [n] tensor) as a [n, 1] tensor."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device=device, dtype=dtype).reshape(n, 1)
+    return torch.full((n, 1), value, dtype=dtype, device=device)
+
+
+def filtered_weights(logits: torch.Tensor, temperature, top_k, top_p) -> torch.Tensor:
     """Unnormalised float64 weights [n, V] of softmax(filter(logits / temperature)) for
-    logits [n, V]: top-k keeps z >= the k-th largest z; top-p sorts the survivors by z
-    (descending, stable) and drops a token once the mass before it reaches top_p."""
-    V = logits.shape[-1]
-    z = logits.float() / temperature
-    if 0 < top_k < V:
-        kth = z.topk(top_k, dim=-1).values[:, -1:]
-        z = z.masked_fill(z < kth, float("-inf"))
-    w = torch.exp((z - z.max(dim=-1, keepdim=True).values).double())
-    if top_p < 1.0:
+    logits [n, V]; each parameter is a Python number or one value per row ([n] tensor).
+
+    The rules, the same in every backend (see the README's "Extreme values"):
+
+    - NaN logits count as -inf;
+    - temperature 0 (or so small that ``logits / T`` overflows) is the limit: the argmax,
+      the first index among equal maxima at exactly 0;
+    - a ``+inf`` logit wins: the weight is spread evenly over the ``+inf`` entries;
+    - a row with no finite mass (all -inf / NaN) puts all its weight on token 0;
+    - top-k keeps z >= the k-th largest z (k = 0 or k >= V disables it); top-p sorts the
+      survivors by z (descending, stable) and drops a token once the mass before it
+      reaches top_p, never the first: a top-p below the largest probability keeps exactly
+      the top token.
+    """
+    n, V = logits.shape
+    x = logits.float()
+    x = torch.where(torch.isnan(x), torch.full_like(x, float("-inf")), x)
+    T = per_row(temperature, n, torch.float64, x.device)
+    k = per_row(top_k, n, torch.int64, x.device)
+    p = per_row(top_p, n, torch.float64, x.device)
+    m = x.max(dim=-1, keepdim=True).values
+    # max-shifted before scaling, so a tiny temperature sends the non-maxima to -inf
+    # instead of overflowing the maximum to inf (inf - inf would be NaN)
+    z = (x.double() - m.double()) / T.clamp(min=torch.finfo(torch.float64).tiny)
+    z = torch.where(m.isinf(), torch.where(x == m, 0.0, float("-inf")).double(), z)  # +inf wins / all -inf
+    top = torch.zeros_like(z).scatter(-1, x.argmax(dim=-1, keepdim=True), 1.0)
+    z = torch.where((T == 0) | (m == float("-inf")), torch.where(top > 0, 0.0, float("-inf")).double(), z)
+    use_k = (k > 0) & (k < V)
+    if bool(use_k.any()):
+        sorted_z = z.sort(dim=-1, descending=True).values
+        kth = sorted_z.gather(-1, (k.clamp(1, V) - 1))
+        z = torch.where(use_k & (z < kth), float("-inf"), z)
+    w = torch.exp(z)
+    w = torch.where(torch.isnan(w), 0.0, w)
+    if bool((p < 1.0).any()):
         order = torch.sort(z, dim=-1, descending=True, stable=True).indices
         ws = w.gather(-1, order)
         before = torch.cumsum(ws, dim=-1) - ws
-        drop_sorted = before >= top_p * ws.sum(dim=-1, keepdim=True)
+        drop_sorted = (before >= p * ws.sum(dim=-1, keepdim=True)) & (p < 1.0)
+        drop_sorted[:, 0] = False  # the top token always survives
         w = w.masked_fill(torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted), 0.0)
     return w
 
 
-def filtered_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+def filtered_probs(logits: torch.Tensor, temperature=0.0, top_k=0, top_p=1.0) -> torch.Tensor:
     """The distribution the sampling ops draw from, ``softmax(filter(logits / temperature))``
-    over the last axis of ``logits`` [..., V] (float32 or bfloat16), returned as float32 of
-    the same shape: the ``p`` / ``q`` that :func:`domino_ops.verify_sampling` expects."""
-    w = filtered_weights(logits.reshape(-1, logits.shape[-1]), temperature, top_k, top_p)
+    over the last axis of ``logits`` [b, ..., V] (float32 or bfloat16), returned as float32
+    of the same shape: the ``p`` / ``q`` that :func:`domino_ops.verify_sampling` expects.
+    Each parameter is a Python number or a [b] tensor (one value per leading row b,
+    repeated over the middle axes); temperature 0 gives the one-hot argmax, so greedy and
+    sampled requests can share one verification. Rules for extreme values: see
+    :func:`filtered_weights`."""
+    b, V = logits.shape[0], logits.shape[-1]
+    rows = logits[0].numel() // V if logits.dim() > 1 else 1
+    temperature, top_k, top_p = (x.reshape(b).repeat_interleave(rows) if isinstance(x, torch.Tensor) else x
+                                 for x in (temperature, top_k, top_p))
+    w = filtered_weights(logits.reshape(-1, V), temperature, top_k, top_p)
     return (w / w.sum(dim=-1, keepdim=True)).float().reshape(logits.shape)
 
 

@@ -1,0 +1,74 @@
+"""Per-request sampling parameters, and the per-row form the ops take for a batch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+import domino_ops
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request samples: ``temperature`` 0 is greedy (``top_k``/``top_p`` then
+    unused); ``top_k`` 0 disables top-k; ``top_p`` in (0, 1]; ``seed`` makes the request's
+    draws reproducible on their own (None: the call's ``generator``, or torch's default)."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self):
+        domino_ops.check_sampling_params(self.temperature, self.top_k, self.top_p)
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
+            raise TypeError(f"seed must be an int or None, got {type(self.seed).__name__}")
+
+
+@dataclass
+class RowSampling:
+    """The sampling arguments of the ops for a batch of rows: Python scalars when every row
+    agrees (the ops' fast path), else [rows] tensors; ``generator`` is one torch.Generator,
+    a list with one per row (per-request seeds), or None."""
+
+    temperature: float | torch.Tensor
+    top_k: int | torch.Tensor
+    top_p: float | torch.Tensor
+    generator: torch.Generator | list[torch.Generator] | None
+    any_sampled: bool  # some row has temperature > 0
+
+    @classmethod
+    def from_params(cls, params: Sequence[SamplingParams], device, generator: torch.Generator | None = None
+                    ) -> "RowSampling":
+        """One row per request. Requests with a seed get their own generator; the others
+        share ``generator``."""
+        params = list(params)
+        gens = None
+        if any(p.seed is not None for p in params):
+            shared = generator if generator is not None else torch.default_generator
+            gens = [torch.Generator(device).manual_seed(p.seed) if p.seed is not None else shared for p in params]
+
+        def column(name, dtype):
+            values = [getattr(p, name) for p in params]
+            if all(v == values[0] for v in values):
+                return values[0]
+            return torch.tensor(values, dtype=dtype, device=device)
+
+        return cls(column("temperature", torch.float32), column("top_k", torch.int64), column("top_p", torch.float32),
+                   gens if gens is not None else generator, any(p.temperature > 0 for p in params))
+
+    def repeat_rows(self, m: int) -> "RowSampling":
+        """Each row's arguments for m consecutive rows (a [b] batch flattened to [b*m])."""
+        rep = (lambda x: x.repeat_interleave(m) if isinstance(x, torch.Tensor) else x)
+        gen = [g for g in self.generator for _ in range(m)] if isinstance(self.generator, list) else self.generator
+        return RowSampling(rep(self.temperature), rep(self.top_k), rep(self.top_p), gen, self.any_sampled)
+
+    def op_kwargs(self) -> dict:
+        """The keyword arguments of domino_ops.sample / domino_head_rollout."""
+        return dict(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, generator=self.generator)
+
+    def filter_kwargs(self) -> dict:
+        """The keyword arguments of domino_ops.filtered_probs."""
+        return dict(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)

@@ -1,0 +1,55 @@
+"""Per-request sampling parameters: SamplingParams, per-request seeds, validation."""
+
+import pytest
+import torch
+
+from domino import SamplingParams
+from tiny_models import tiny_generator
+
+PROMPT = [3, 5, 2, 6]
+
+
+@pytest.fixture(scope="module")
+def gen():
+    return tiny_generator("qwen3", vocab=16, block_size=4, seed=3)
+
+
+def test_a_seeded_request_gives_the_same_tokens_alone_and_in_a_batch(gen):
+    seeded = SamplingParams(temperature=1.0, seed=123)
+    alone = gen.generate(PROMPT, max_new_tokens=12, sampling=seeded).token_ids
+    other = SamplingParams(temperature=1.0, seed=7)
+    batch = gen.generate([[1, 2, 3], PROMPT, [4, 4]], max_new_tokens=12,
+                         sampling=[other, seeded, SamplingParams(temperature=1.0)]).token_ids
+    assert batch[1] == alone
+    again = gen.generate(PROMPT, max_new_tokens=12, sampling=seeded).token_ids
+    assert again == alone
+    different = gen.generate(PROMPT, max_new_tokens=12, sampling=SamplingParams(temperature=1.0, seed=124)).token_ids
+    assert different != alone
+
+
+def test_scalars_and_one_sampling_params_are_the_same_request(gen):
+    a = gen.generate([PROMPT, PROMPT], max_new_tokens=8, temperature=0.9, top_k=5,
+                     generator=torch.Generator().manual_seed(3)).token_ids
+    b = gen.generate([PROMPT, PROMPT], max_new_tokens=8, sampling=SamplingParams(temperature=0.9, top_k=5),
+                     generator=torch.Generator().manual_seed(3)).token_ids
+    assert a == b
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(temperature=-1.0), ValueError, "temperature must be >= 0"),
+    (dict(top_p=0.0), ValueError, r"top_p must be in \(0, 1\]"),
+    (dict(top_p=1.5), ValueError, r"top_p must be in \(0, 1\]"),
+    (dict(top_k=-2), ValueError, "top_k must be >= 0"),
+    (dict(top_k=1.5), TypeError, "top_k must be an int"),
+    (dict(seed="x"), TypeError, "seed must be an int"),
+])
+def test_bad_sampling_params_name_the_argument(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        SamplingParams(**kwargs)
+
+
+def test_sampling_list_must_match_the_batch(gen):
+    with pytest.raises(ValueError, match="one per prompt"):
+        gen.generate([PROMPT, PROMPT], max_new_tokens=4, sampling=[SamplingParams()])
+    with pytest.raises(ValueError, match="not both"):
+        gen.generate(PROMPT, max_new_tokens=4, temperature=1.0, sampling=SamplingParams())
