@@ -1,5 +1,9 @@
 // Argument checks shared by every device's entry points (see ops.h).
+#include <ATen/MemoryOverlap.h>
 #include <c10/util/Exception.h>
+
+#include <initializer_list>
+#include <utility>
 
 #include "ops.h"
 
@@ -30,6 +34,24 @@ void check_uniforms(const std::optional<at::Tensor>& uniforms, double temperatur
   TORCH_CHECK(uniforms->scalar_type() == at::kDouble, "uniforms must be float64");
   TORCH_CHECK(uniforms->sizes() == shape, "uniforms must have shape ", shape, ", got ",
               uniforms->sizes());
+}
+
+using Named = std::pair<const char*, const at::Tensor*>;
+
+// An output that shares memory with an input or another output would make the result
+// depend on the order the kernel reads and writes in: refuse it.
+void check_no_overlap(std::initializer_list<Named> outputs, std::initializer_list<Named> inputs) {
+  for (auto o = outputs.begin(); o != outputs.end(); ++o) {
+    for (const Named& i : inputs) {
+      if (i.second == nullptr) continue;
+      TORCH_CHECK(at::get_overlap_status(*o->second, *i.second) == at::MemOverlapStatus::No,
+                  o->first, " must not share memory with ", i.first);
+    }
+    for (auto o2 = std::next(o); o2 != outputs.end(); ++o2) {
+      TORCH_CHECK(at::get_overlap_status(*o->second, *o2->second) == at::MemOverlapStatus::No,
+                  o->first, " must not share memory with ", o2->first);
+    }
+  }
 }
 
 }  // namespace
@@ -76,6 +98,8 @@ void check_head_rollout_args(const at::Tensor& base_logits, const at::Tensor& hp
   TORCH_CHECK(gru_input.size(0) == V, "gru_input must have ", V, " rows, got ", gru_input.sizes());
   if (w_ih.has_value()) {
     check_tensor(*w_ih, "w_ih", 2, dev);
+    TORCH_CHECK(gru_input.size(1) > 0, "gru_input (the embedding, since w_ih is given) must have at least "
+                "one column, got shape ", gru_input.sizes());
     TORCH_CHECK(w_ih->scalar_type() == wt, "w_ih must have the dtype of w2");
     TORCH_CHECK(w_ih->size(0) == 3 * G && w_ih->size(1) == gru_input.size(1),
                 "w_ih must have shape [", 3 * G, ", ", gru_input.size(1), "], got ", w_ih->sizes());
@@ -90,6 +114,12 @@ void check_head_rollout_args(const at::Tensor& base_logits, const at::Tensor& hp
               "logprobs must be float32 of shape [", b, ", ", k, "]");
   TORCH_CHECK(state_out.scalar_type() == at::kFloat && state_out.sizes() == state.sizes(),
               "state_out must be float32 of shape ", state.sizes());
+  const at::Tensor* u = uniforms.has_value() ? &*uniforms : nullptr;
+  const at::Tensor* wi = w_ih.has_value() ? &*w_ih : nullptr;
+  check_no_overlap({{"base_logits", &base_logits}, {"tokens", &tokens}, {"logprobs", &logprobs},
+                    {"state_out", &state_out}},
+                   {{"hproj", &hproj}, {"state", &state}, {"gru_input", &gru_input}, {"w_ih", wi},
+                    {"w_hh", &w_hh}, {"w1s", &w1s}, {"w2", &w2}, {"uniforms", u}});
 }
 
 void check_sample_args(const at::Tensor& logits, double temperature, int64_t top_k,
@@ -105,6 +135,8 @@ void check_sample_args(const at::Tensor& logits, double temperature, int64_t top
   check_uniforms(uniforms, temperature, {logits.size(0)}, dev);
   TORCH_CHECK(tokens.scalar_type() == at::kLong && tokens.size(0) == logits.size(0),
               "tokens must be int64 of shape [", logits.size(0), "]");
+  const at::Tensor* u = uniforms.has_value() ? &*uniforms : nullptr;
+  check_no_overlap({{"tokens", &tokens}}, {{"logits", &logits}, {"uniforms", u}});
 }
 
 namespace {
@@ -132,6 +164,8 @@ void check_verify_greedy_args(const at::Tensor& draft_tokens, const at::Tensor& 
   TORCH_CHECK(target_logits.size(0) == b && target_logits.size(1) == k + 1 && target_logits.size(2) > 0,
               "target_logits must have shape [", b, ", ", k + 1, ", V], got ", target_logits.sizes());
   check_verify_outputs(b, k, out_tokens, num_accepted, dev);
+  check_no_overlap({{"out_tokens", &out_tokens}, {"num_accepted", &num_accepted}},
+                   {{"draft_tokens", &draft_tokens}, {"target_logits", &target_logits}});
 }
 
 void check_verify_sampling_args(const at::Tensor& draft_tokens, const at::Tensor& draft_probs,
@@ -161,6 +195,10 @@ void check_verify_sampling_args(const at::Tensor& draft_tokens, const at::Tensor
               "uniforms_accept must have shape [", b, ", ", k, "]");
   TORCH_CHECK(uniforms_resample.size(0) == b, "uniforms_resample must have shape [", b, "]");
   check_verify_outputs(b, k, out_tokens, num_accepted, dev);
+  check_no_overlap({{"out_tokens", &out_tokens}, {"num_accepted", &num_accepted}},
+                   {{"draft_tokens", &draft_tokens}, {"draft_probs", &draft_probs},
+                    {"target_probs", &target_probs}, {"uniforms_accept", &uniforms_accept},
+                    {"uniforms_resample", &uniforms_resample}});
 }
 
 }  // namespace domino

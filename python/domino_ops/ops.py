@@ -20,7 +20,7 @@ import torch
 
 from domino_ops import _checks, reference
 from domino_ops import triton as triton_ops
-from domino_ops.sampling import draw_uniforms
+from domino_ops.sampling import draw_uniforms, effective_temperature, kernel_top_k, kernel_top_p
 
 __all__ = ["domino_head_rollout", "sample", "verify_greedy", "verify_sampling", "has_kernel", "select_backend"]
 
@@ -83,7 +83,9 @@ def domino_head_rollout(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w
             table ``E @ w_ih.T`` [V, 3G] (then ``w_ih`` is None).
         w_ih, w_hh ([3G, G]), w1s ([r, G], ``W1[:, H:]``), w2 ([V, r]): float32 or
             bfloat16, one dtype for all weights, contiguous.
-        temperature: 0 for greedy. top_k: 0 disables. top_p: in (0, 1].
+        temperature: 0 for greedy (below 1e-20 counts as 0: the argmax is its limit).
+            top_k: 0 (or >= V) disables. top_p: in (0, 1]; one below the largest
+            probability keeps exactly the top token.
         generator: torch.Generator for the uniforms consumed at temperature > 0, or a list
             of b of them (row i draws from generator i: per-request seeds). The CPU
             kernel and top-k/top-p sampling invert the CDF at them; the CUDA and Triton
@@ -121,6 +123,7 @@ def domino_head_rollout(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w
     if not isinstance(write_logits, bool):
         raise TypeError(f"write_logits must be a bool, got {type(write_logits).__name__}")
 
+    temperature = effective_temperature(temperature)
     chosen = select_backend("domino_head_rollout", dev, backend)
     if chosen == "reference":
         return reference.domino_head_rollout(
@@ -132,7 +135,7 @@ def domino_head_rollout(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w
     state_out = torch.empty(b, G, dtype=torch.float32, device=dev)
     _kernel("domino_head_rollout", chosen)(
         base_logits, hproj.contiguous(), state.contiguous(), gru_input, w_ih, w_hh, w1s, w2,
-        float(temperature), int(top_k), float(top_p), uniforms, write_logits, tokens, logprobs,
+        float(temperature), kernel_top_k(top_k, V), kernel_top_p(top_p), uniforms, write_logits, tokens, logprobs,
         state_out)
     return tokens, logprobs, state_out
 
@@ -142,7 +145,9 @@ def sample(logits, *, temperature=0.0, top_k=0, top_p=1.0, generator=None, backe
 
     Args:
         logits: [b, V] float32 or bfloat16.
-        temperature: 0 for argmax (top_k/top_p ignored). top_k: 0 disables. top_p: (0, 1].
+        temperature: 0 for argmax (top_k/top_p ignored); below 1e-20 counts as 0.
+            top_k: 0 (or >= V) disables. top_p: (0, 1]; one below the largest probability
+            keeps exactly the top token.
         generator: torch.Generator for the one uniform per row consumed at temperature > 0,
             or a list with one generator per row.
         backend: "auto", "native", "triton" or "reference" (see the module docstring).
@@ -152,6 +157,7 @@ def sample(logits, *, temperature=0.0, top_k=0, top_p=1.0, generator=None, backe
     logits = _checks.tensor("logits", logits, ndim=2, dtypes=_checks.FLOAT_OR_BF16)
     _checks.sampling_params(temperature, top_k, top_p)
     _checks.generator(generator, logits.device, rows=logits.shape[0])
+    temperature = effective_temperature(temperature)
     chosen = select_backend("sample", logits.device, backend)
     if chosen == "reference":
         return reference.sample(logits, temperature=temperature, top_k=top_k, top_p=top_p,
@@ -159,8 +165,8 @@ def sample(logits, *, temperature=0.0, top_k=0, top_p=1.0, generator=None, backe
     b = logits.shape[0]
     uniforms = draw_uniforms((b,), logits.device, generator) if temperature > 0 else None
     tokens = torch.empty(b, dtype=torch.int64, device=logits.device)
-    _kernel("sample", chosen)(logits.contiguous(), float(temperature), int(top_k), float(top_p),
-                                uniforms, tokens)
+    _kernel("sample", chosen)(logits.contiguous(), float(temperature), kernel_top_k(top_k, logits.shape[1]),
+                              kernel_top_p(top_p), uniforms, tokens)
     return tokens
 
 

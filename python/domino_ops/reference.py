@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from domino_ops.sampling import draw_uniforms, filtered_weights
+from domino_ops.sampling import draw_uniforms, effective_temperature, filtered_weights
 
 __all__ = ["domino_head_rollout", "sample", "verify_greedy", "verify_sampling", "sample_from_logits"]
 
@@ -53,6 +53,7 @@ def domino_head_rollout(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w
                         temperature=0.0, top_k=0, top_p=1.0, generator=None, write_logits=False):
     """Reference of :func:`domino_ops.domino_head_rollout` (see there for shapes)."""
     b, k, V = base_logits.shape
+    temperature = effective_temperature(temperature)
     acc = torch.float64 if w2.dtype == torch.float64 else torch.float32
     uniforms = draw_uniforms((b, k), base_logits.device, generator) if temperature > 0 else None
     S = state.to(acc).clone()
@@ -81,6 +82,7 @@ def domino_head_rollout(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w
 
 def sample(logits, *, temperature=0.0, top_k=0, top_p=1.0, generator=None):
     """Reference of :func:`domino_ops.sample`."""
+    temperature = effective_temperature(temperature)
     if temperature == 0:
         return logits.argmax(dim=-1)
     uniforms = draw_uniforms((logits.shape[0],), logits.device, generator)

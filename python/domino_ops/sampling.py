@@ -17,7 +17,8 @@ import torch
 
 from domino_ops import _checks
 
-__all__ = ["draw_uniforms", "filtered_probs", "filtered_weights", "check_sampling_params", "per_row"]
+__all__ = ["draw_uniforms", "filtered_probs", "filtered_weights", "check_sampling_params", "per_row",
+           "effective_temperature", "kernel_top_k", "kernel_top_p", "GREEDY_BELOW", "MIN_TOP_P"]
 
 
 def draw_uniforms(shape, device, generator) -> torch.Tensor:
@@ -28,6 +29,34 @@ def draw_uniforms(shape, device, generator) -> torch.Tensor:
         rows = [torch.rand(tuple(shape[1:]), dtype=torch.float64, device=device, generator=g) for g in generator]
         return torch.stack(rows) if rows else torch.empty(shape, dtype=torch.float64, device=device)
     return torch.rand(shape, dtype=torch.float64, device=device, generator=generator)
+
+
+# Below this temperature sampling is the argmax (its limit): logits / T would overflow.
+GREEDY_BELOW = 1e-20
+# The smallest top-p the kernels see: a positive float32, so the top token always survives.
+MIN_TOP_P = 1.1754943508222875e-38
+
+
+def effective_temperature(temperature):
+    """``temperature`` with values below :data:`GREEDY_BELOW` set to 0 (greedy); a Python
+    number or a tensor."""
+    if isinstance(temperature, torch.Tensor):
+        return torch.where(temperature < GREEDY_BELOW, torch.zeros_like(temperature), temperature)
+    return 0.0 if temperature < GREEDY_BELOW else float(temperature)
+
+
+def kernel_top_k(top_k, vocab_size: int):
+    """``top_k`` clamped to the vocabulary (k >= V keeps everything, like 0), so any int fits int64."""
+    if isinstance(top_k, torch.Tensor):
+        return top_k.clamp(max=vocab_size)
+    return min(int(top_k), vocab_size)
+
+
+def kernel_top_p(top_p):
+    """``top_p`` raised to :data:`MIN_TOP_P`, so it stays positive in float32."""
+    if isinstance(top_p, torch.Tensor):
+        return top_p.clamp(min=MIN_TOP_P)
+    return max(float(top_p), MIN_TOP_P)
 
 
 def per_row(value, n: int, dtype: torch.dtype, device) -> torch.Tensor:
@@ -44,8 +73,8 @@ def filtered_weights(logits: torch.Tensor, temperature, top_k, top_p) -> torch.T
     The rules, the same in every backend (see the README's "Extreme values"):
 
     - NaN logits count as -inf;
-    - temperature 0 (or so small that ``logits / T`` overflows) is the limit: the argmax,
-      the first index among equal maxima at exactly 0;
+    - temperature 0, or below :data:`GREEDY_BELOW` (where ``logits / T`` would overflow),
+      is the limit: the argmax, the first index among equal maxima;
     - a ``+inf`` logit wins: the weight is spread evenly over the ``+inf`` entries;
     - a row with no finite mass (all -inf / NaN) puts all its weight on token 0;
     - top-k keeps z >= the k-th largest z (k = 0 or k >= V disables it); top-p sorts the
@@ -56,8 +85,8 @@ def filtered_weights(logits: torch.Tensor, temperature, top_k, top_p) -> torch.T
     n, V = logits.shape
     x = logits.float()
     x = torch.where(torch.isnan(x), torch.full_like(x, float("-inf")), x)
-    T = per_row(temperature, n, torch.float64, x.device)
-    k = per_row(top_k, n, torch.int64, x.device)
+    T = per_row(effective_temperature(temperature), n, torch.float64, x.device)
+    k = per_row(kernel_top_k(top_k, V), n, torch.int64, x.device)
     p = per_row(top_p, n, torch.float64, x.device)
     m = x.max(dim=-1, keepdim=True).values
     # max-shifted before scaling, so a tiny temperature sends the non-maxima to -inf

@@ -1,0 +1,122 @@
+"""Regression tests for extreme but valid values (issue: robustness). Each case that used
+to crash the process runs in a subprocess, so a segfault fails one test, not the run."""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import domino_ops
+from domino_ops import reference
+
+
+def run_isolated(code: str) -> subprocess.CompletedProcess:
+    """Runs ``code`` in a fresh interpreter; a crash shows as a negative return code."""
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300)
+
+
+def head_args(G: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    b, k, V, r = 1, 2, 64, 8
+    return [torch.randn(b, k, V, generator=g), torch.randn(b, k, r, generator=g), torch.zeros(b, G),
+            torch.randn(V, 3 * G, generator=g), None, torch.randn(3 * G, G, generator=g),
+            torch.randn(r, G, generator=g), torch.randn(V, r, generator=g)]
+
+
+def test_tiny_top_p_in_the_rollout_does_not_crash_and_keeps_the_top_token():
+    proc = run_isolated('''
+        import torch, domino_ops
+        g = torch.Generator().manual_seed(0)
+        b, k, V, r, G = 1, 2, 64, 8, 2048
+        a = [torch.randn(b, k, V, generator=g), torch.randn(b, k, r, generator=g), torch.zeros(b, G),
+             torch.randn(V, 3 * G, generator=g), None, torch.randn(3 * G, G, generator=g),
+             torch.randn(r, G, generator=g), torch.randn(V, r, generator=g)]
+        t, lp, _ = domino_ops.domino_head_rollout(*a, temperature=1.0, top_p=1e-300)
+        t0, lp0, _ = domino_ops.domino_head_rollout(*a, temperature=0.0)
+        assert torch.equal(t, t0), (t, t0)          # only the top token survives: the argmax
+        assert torch.equal(lp, torch.zeros_like(lp)), lp  # with probability 1
+        print("ok")
+    ''')
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "ok"
+
+
+@pytest.mark.parametrize("backend", ["native", "reference"])
+def test_tiny_top_p_keeps_exactly_the_top_token(backend):
+    x = torch.randn(16, 100)
+    t = domino_ops.sample(x, temperature=1.0, top_p=1e-300, generator=torch.Generator().manual_seed(0),
+                          backend=backend)
+    assert torch.equal(t, x.argmax(-1))
+
+
+@pytest.mark.parametrize("backend", ["native", "reference"])
+@pytest.mark.parametrize("temperature", [1e-40, 1e-30, 1e-46])
+def test_vanishing_temperature_is_the_argmax(backend, temperature):
+    x = torch.randn(16, 100) * 10
+    t = domino_ops.sample(x, temperature=temperature, generator=torch.Generator().manual_seed(0), backend=backend)
+    assert torch.equal(t, x.argmax(-1))
+
+
+@pytest.mark.parametrize("backend", ["native", "reference"])
+def test_huge_top_k_is_no_filter(backend):
+    x = torch.randn(8, 50)
+    kw = dict(temperature=1.0, backend=backend)
+    a = domino_ops.sample(x, top_k=2 ** 63, generator=torch.Generator().manual_seed(1), **kw)
+    b = domino_ops.sample(x, top_k=0, generator=torch.Generator().manual_seed(1), **kw)
+    assert torch.equal(a, b)
+
+
+def test_filtered_probs_extreme_rows():
+    inf, nan = float("inf"), float("nan")
+    x = torch.tensor([[1.0, nan, 3.0, 2.0], [-inf, -inf, -inf, -inf], [0.0, inf, 1.0, inf], [nan, nan, nan, nan]])
+    p = domino_ops.filtered_probs(x, 1.0)
+    assert torch.isfinite(p).all() and torch.allclose(p.sum(-1), torch.ones(4))
+    assert p[0, 1] == 0  # NaN counts as -inf
+    assert torch.equal(p[1], torch.tensor([1.0, 0, 0, 0]))  # no finite mass: token 0
+    assert torch.equal(p[2], torch.tensor([0, 0.5, 0, 0.5]))  # +inf wins, shared evenly
+    assert torch.equal(p[3], torch.tensor([1.0, 0, 0, 0]))
+    assert torch.equal(domino_ops.filtered_probs(x[:1], 1e-40), torch.tensor([[0.0, 0, 1, 0]]))  # argmax limit
+
+
+def test_per_row_parameters_in_filtered_probs_match_row_by_row():
+    x = torch.randn(3, 5, 40)
+    T, k, p = torch.tensor([0.0, 0.7, 1.3]), torch.tensor([0, 5, 0]), torch.tensor([1.0, 0.9, 0.5])
+    rows = domino_ops.filtered_probs(x, T, k, p)
+    for i in range(3):
+        one = domino_ops.filtered_probs(x[i:i + 1], float(T[i]), int(k[i]), float(p[i]))
+        torch.testing.assert_close(rows[i:i + 1], one)
+
+
+def test_direct_calls_reject_outputs_that_alias_inputs():
+    x = torch.randn(4, 10)
+    u = torch.rand(4, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="must not share memory"):
+        torch.ops.domino_ops.sample(x, 1.0, 0, 1.0, u, u.view(torch.int64))
+    draft = torch.randint(0, 10, (2, 3))
+    logits = torch.randn(2, 4, 10)
+    with pytest.raises(RuntimeError, match="must not share memory"):
+        torch.ops.domino_ops.verify_greedy(draft, logits, torch.empty(2, 4, dtype=torch.int64), draft.view(-1)[:2])
+    a = head_args(G=4)
+    tokens = torch.empty(1, 2, dtype=torch.int64)
+    with pytest.raises(RuntimeError, match="must not share memory"):
+        torch.ops.domino_ops.domino_head_rollout(*a, 0.0, 0, 1.0, None, False, tokens, a[2].view(1, 4)[:, :2],
+                                                 torch.empty(1, 4))
+
+
+def test_direct_call_with_an_empty_embedding_is_refused():
+    a = head_args(G=4)
+    a[3] = torch.randn(64, 0)  # the embedding [V, 0] ...
+    a[4] = torch.randn(12, 0)  # ... with w_ih [3G, 0]: not the table, and nothing to read
+    with pytest.raises(RuntimeError, match="at least one column"):
+        torch.ops.domino_ops.domino_head_rollout(*a, 0.0, 0, 1.0, None, False, torch.empty(1, 2, dtype=torch.int64),
+                                                 torch.empty(1, 2), torch.empty(1, 4))
+
+
+def test_reference_and_native_agree_on_tiny_top_p_in_the_rollout_at_small_G():
+    a = head_args(G=16, seed=3)
+    kw = dict(temperature=1.0, top_p=1e-300)
+    t, _, _ = domino_ops.domino_head_rollout(*a, generator=torch.Generator().manual_seed(0), **kw)
+    t_ref, _, _ = reference.domino_head_rollout(*a, generator=torch.Generator().manual_seed(0), **kw)
+    assert torch.equal(t, t_ref)
