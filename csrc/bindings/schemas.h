@@ -22,4 +22,21 @@ inline constexpr const char* kVerifySampling =
     "Tensor uniforms_accept, Tensor uniforms_resample, Tensor(a!) out_tokens, "
     "Tensor(b!) num_accepted) -> ()";
 
+// The sgl-kernel-compatible tree ops (csrc/tree_ops.h): sgl-kernel's signatures, with
+// draft_probs optional (newer sgl-kernel releases dropped it).
+inline constexpr const char* kBuildTreeKernelEfficient =
+    "build_tree_kernel_efficient(Tensor parent_list, Tensor selected_index, Tensor verified_seq_len, "
+    "Tensor(a!) tree_mask, Tensor(b!) positions, Tensor(c!) retrive_index, Tensor(d!) retrive_next_token, "
+    "Tensor(e!) retrive_next_sibling, int topk, int depth, int draft_token_num, int tree_mask_mode) -> ()";
+inline constexpr const char* kVerifyTreeGreedy =
+    "verify_tree_greedy(Tensor(a!) predicts, Tensor(b!) accept_index, Tensor(c!) accept_token_num, "
+    "Tensor candidates, Tensor retrive_index, Tensor retrive_next_token, Tensor retrive_next_sibling, "
+    "Tensor target_predict) -> ()";
+inline constexpr const char* kTreeSpeculativeSamplingTargetOnly =
+    "tree_speculative_sampling_target_only(Tensor(a!) predicts, Tensor(b!) accept_index, "
+    "Tensor(c!) accept_token_num, Tensor candidates, Tensor retrive_index, Tensor retrive_next_token, "
+    "Tensor retrive_next_sibling, Tensor uniform_samples, Tensor uniform_samples_for_final_sampling, "
+    "Tensor target_probs, Tensor? draft_probs, float threshold_single, float threshold_acc, "
+    "bool deterministic) -> ()";
+
 }  // namespace domino::schemas

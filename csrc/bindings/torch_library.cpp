@@ -5,12 +5,16 @@
 
 #include "bindings/schemas.h"
 #include "ops.h"
+#include "tree_ops.h"
 
 TORCH_LIBRARY(domino_ops, m) {
   m.def(domino::schemas::kDominoHeadRollout);
   m.def(domino::schemas::kSample);
   m.def(domino::schemas::kVerifyGreedy);
   m.def(domino::schemas::kVerifySampling);
+  m.def(domino::schemas::kBuildTreeKernelEfficient);
+  m.def(domino::schemas::kVerifyTreeGreedy);
+  m.def(domino::schemas::kTreeSpeculativeSamplingTargetOnly);
 }
 
 TORCH_LIBRARY_IMPL(domino_ops, CPU, m) {
@@ -18,4 +22,7 @@ TORCH_LIBRARY_IMPL(domino_ops, CPU, m) {
   m.impl("sample", &domino::cpu::sample_cpu);
   m.impl("verify_greedy", &domino::cpu::verify_greedy_cpu);
   m.impl("verify_sampling", &domino::cpu::verify_sampling_cpu);
+  m.impl("build_tree_kernel_efficient", &domino::cpu::build_tree_kernel_efficient_cpu);
+  m.impl("verify_tree_greedy", &domino::cpu::verify_tree_greedy_cpu);
+  m.impl("tree_speculative_sampling_target_only", &domino::cpu::tree_speculative_sampling_target_only_cpu);
 }

@@ -8,6 +8,10 @@ dispatcher op ``torch.ops.domino_ops.<name>`` with caller-provided outputs):
 - :func:`verify_greedy`: greedy verification of a draft block.
 - :func:`verify_sampling`: lossless rejection-sampling verification.
 
+Drop-in, sgl-kernel-compatible tree ops (:mod:`domino_ops.tree_ops`, references in
+:mod:`domino_ops.reference_tree`): :func:`build_tree_kernel_efficient`,
+:func:`verify_tree_greedy`, :func:`tree_speculative_sampling_target_only`.
+
 Runtime sampling helpers (:func:`filtered_probs`, :func:`draw_uniforms`,
 :func:`check_sampling_params`) live in :mod:`domino_ops.sampling`.
 
@@ -29,8 +33,13 @@ from domino_ops import _fake, reference, sampling  # noqa: E402,F401
 from domino_ops.ops import (  # noqa: E402
     domino_head_rollout, has_kernel, sample, select_backend, verify_greedy, verify_sampling)
 from domino_ops.sampling import check_sampling_params, draw_uniforms, filtered_probs  # noqa: E402
+from domino_ops import reference_tree, tree_ops  # noqa: E402,F401
+from domino_ops.tree_ops import (  # noqa: E402
+    build_tree_kernel_efficient, tree_speculative_sampling_target_only, verify_tree_greedy)
 
 cuda_compiled: bool = _C.cuda_compiled
 __version__ = "0.1.0"
 __all__ = ["domino_head_rollout", "sample", "verify_greedy", "verify_sampling", "has_kernel", "select_backend",
-           "check_sampling_params", "draw_uniforms", "filtered_probs", "reference", "sampling", "cuda_compiled"]
+           "check_sampling_params", "draw_uniforms", "filtered_probs", "reference", "sampling", "cuda_compiled",
+           "build_tree_kernel_efficient", "verify_tree_greedy", "tree_speculative_sampling_target_only",
+           "reference_tree", "tree_ops"]

@@ -24,3 +24,24 @@ def _verify_greedy_fake(draft_tokens, target_logits, out_tokens, num_accepted):
 def _verify_sampling_fake(draft_tokens, draft_probs, target_probs, uniforms_accept, uniforms_resample,
                           out_tokens, num_accepted):
     return None
+
+
+@torch.library.register_fake("domino_ops::build_tree_kernel_efficient")
+def _build_tree_kernel_efficient_fake(parent_list, selected_index, verified_seq_len, tree_mask, positions,
+                                      retrive_index, retrive_next_token, retrive_next_sibling, topk, depth,
+                                      draft_token_num, tree_mask_mode):
+    return None
+
+
+@torch.library.register_fake("domino_ops::verify_tree_greedy")
+def _verify_tree_greedy_fake(predicts, accept_index, accept_token_num, candidates, retrive_index,
+                             retrive_next_token, retrive_next_sibling, target_predict):
+    return None
+
+
+@torch.library.register_fake("domino_ops::tree_speculative_sampling_target_only")
+def _tree_speculative_sampling_target_only_fake(predicts, accept_index, accept_token_num, candidates, retrive_index,
+                                                retrive_next_token, retrive_next_sibling, uniform_samples,
+                                                uniform_samples_for_final_sampling, target_probs, draft_probs,
+                                                threshold_single, threshold_acc, deterministic):
+    return None

@@ -1,0 +1,91 @@
+// CPU kernel of verify_tree_greedy (sgl-kernel-compatible): greedy verification of a draft
+// tree in left-child / right-sibling form.
+//
+// Per request b, from the root (node 0): at each of at most num_spec_step - 1 levels, the
+// first child (in sibling order) whose candidate token equals the target's argmax at the
+// current node is accepted; predicts[r(u)] gets that token for each accepted parent u and
+// the target's token at the last accepted node (the bonus), where r = retrive_index and
+// target_predict is addressed by r too (as a flat [bs * N] array), candidates and the links
+// by node. accept_index[b] lists r of the accepted nodes, root first; accept_token_num[b]
+// counts them without the root. Unlike sgl-kernel (which leaves them as the caller filled
+// them, SGLang fills -1), the rest of accept_index[b] and predicts[r(u)] for every node u
+// off the accepted path are written -1, so every output element this request owns is
+// written.
+//
+// Bytes moved: reads the links, candidates and target tokens of the nodes visited (at most
+// N of each, 8 B) and writes N + num_spec_step + 1 int32 per request: a few hundred bytes.
+// Nothing here is bandwidth- or compute-bound; the cost is the dependent loads of the walk
+// plus the call overhead, so requests run serially.
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <vector>
+
+#include "tree_ops.h"
+
+namespace domino::cpu {
+
+void verify_tree_greedy_cpu(at::Tensor predicts, at::Tensor accept_index, at::Tensor accept_token_num,
+                            const at::Tensor& candidates, const at::Tensor& retrive_index,
+                            const at::Tensor& retrive_next_token,
+                            const at::Tensor& retrive_next_sibling, const at::Tensor& target_predict) {
+  check_verify_tree_greedy_args(predicts, accept_index, accept_token_num, candidates, retrive_index,
+                                retrive_next_token, retrive_next_sibling, target_predict);
+  const int64_t bs = candidates.size(0), n = candidates.size(1), steps = accept_index.size(1);
+  if (bs == 0) return;
+  const int64_t* cand = candidates.const_data_ptr<int64_t>();
+  const int64_t* ridx = retrive_index.const_data_ptr<int64_t>();
+  const int64_t* next_token = retrive_next_token.const_data_ptr<int64_t>();
+  const int64_t* next_sibling = retrive_next_sibling.const_data_ptr<int64_t>();
+  const int64_t* target = target_predict.const_data_ptr<int64_t>();
+
+  // retrive_index addresses predicts and (flat) target_predict; the links address nodes.
+  const int64_t limit = std::min<int64_t>(predicts.numel(), bs * n);
+  for (int64_t i = 0; i < bs * n; ++i) {
+    TORCH_CHECK(ridx[i] >= 0 && ridx[i] < limit, "retrive_index must be in [0, min(predicts.numel(), bs * "
+                "num_draft_tokens)) = [0, ", limit, "), got ", ridx[i], " at flat index ", i);
+    TORCH_CHECK(next_token[i] >= -1 && next_token[i] < n, "retrive_next_token must be -1 or a node in [0, ", n,
+                "), got ", next_token[i], " at flat index ", i);
+    TORCH_CHECK(next_sibling[i] >= -1 && next_sibling[i] < n, "retrive_next_sibling must be -1 or a node in [0, ",
+                n, "), got ", next_sibling[i], " at flat index ", i);
+  }
+
+  // Pass 1: the accepted path of every request (nodes), nothing written yet.
+  std::vector<int64_t> path(bs * steps), accepted(bs);
+  for (int64_t b = 0; b < bs; ++b) {
+    const int64_t* nt = next_token + b * n;
+    const int64_t* ns = next_sibling + b * n;
+    int64_t* p = path.data() + b * steps;
+    int64_t num = 0, node = 0;
+    p[0] = 0;
+    for (int64_t level = 1; level < steps; ++level) {
+      const int64_t want = target[ridx[b * n + node]];
+      int64_t child = nt[node], tried = 0;
+      while (child != -1 && cand[b * n + child] != want) {
+        child = ns[child];
+        TORCH_CHECK(++tried < n, "retrive_next_sibling of request ", b, " has a cycle");
+      }
+      if (child == -1) break;
+      p[++num] = node = child;
+    }
+    accepted[b] = num;
+  }
+
+  // Pass 2: write. First clear every node's predicts slot, then the paths.
+  int32_t* pred = predicts.data_ptr<int32_t>();
+  int32_t* acc_index = accept_index.data_ptr<int32_t>();
+  int32_t* acc_num = accept_token_num.data_ptr<int32_t>();
+  for (int64_t i = 0; i < bs * n; ++i) pred[ridx[i]] = -1;
+  for (int64_t b = 0; b < bs; ++b) {
+    const int64_t* p = path.data() + b * steps;
+    const int64_t num = accepted[b];
+    for (int64_t j = 0; j < steps; ++j)
+      acc_index[b * steps + j] = j <= num ? static_cast<int32_t>(ridx[b * n + p[j]]) : -1;
+    for (int64_t j = 0; j < num; ++j) pred[ridx[b * n + p[j]]] = static_cast<int32_t>(cand[b * n + p[j + 1]]);
+    const int64_t last = ridx[b * n + p[num]];
+    pred[last] = static_cast<int32_t>(target[last]);
+    acc_num[b] = static_cast<int32_t>(num);
+  }
+}
+
+}  // namespace domino::cpu

@@ -1,0 +1,378 @@
+"""Drop-in, sgl-kernel-compatible tree ops for EAGLE-style tree speculation.
+
+Serving engines that draft a *tree* of tokens (SGLang, and engines copying its layout) call
+sgl-kernel's ``build_tree_kernel_efficient``, ``verify_tree_greedy`` and
+``tree_speculative_sampling_target_only``. The functions here have the same names, argument
+order, dtypes, in-place outputs and results (sgl-project/sglang, ``sgl-kernel/python/
+sgl_kernel/speculative.py`` and ``sgl-kernel/csrc/speculative/``), so such a caller can
+import them from ``domino_ops`` instead of ``sgl_kernel`` and change nothing else. Like
+sgl-kernel's they return None and write their outputs in place.
+
+The tree layout (left-child / right-sibling): request ``b`` has ``N = draft_token_num``
+nodes; node 0 is the root (the last verified token), node ``i >= 1`` the i-th selected draft
+token. ``retrive_next_token[b, u]`` is u's first child, ``retrive_next_sibling[b, u]`` its
+next sibling, -1 for none; children are in ascending node order, i.e. descending draft
+score. ``retrive_index[b, u]`` is u's slot in the flat ``predicts`` buffer, ``b * N + u``.
+(The ``retrive`` spelling is sgl-kernel's.)
+
+Backends, per call (``backend=``) or for the process (``DOMINO_OPS_BACKEND``): ``"native"``
+is the C++ CPU kernel registered as ``torch.ops.domino_ops.<op>``; ``"reference"`` the
+PyTorch reference of :mod:`domino_ops.reference_tree`; ``"auto"`` (the default) takes the
+native kernel when the tensors' device has one, else the reference. CUDA and Triton kernels
+for these ops come later: on a GPU, ``"auto"`` runs the reference for now, and
+``DOMINO_OPS_BACKEND=triton`` means ``"auto"`` for them.
+
+Arguments are validated with TypeError (wrong type or dtype) or ValueError (shape, device,
+layout, outputs overlapping inputs, index values out of range, links that do not form a
+tree), naming the argument. Types, shapes and layouts are checked here; aliasing and the
+index values are checked by the native kernel before it writes anything (its RuntimeError
+is re-raised as ValueError; a direct ``torch.ops`` call gets the RuntimeError and can
+never read or write out of bounds), and here, on CPU tensors, before the reference runs.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+
+import torch
+
+from domino_ops import reference_tree
+from domino_ops.ops import has_kernel
+
+__all__ = ["build_tree_kernel_efficient", "verify_tree_greedy", "tree_speculative_sampling_target_only",
+           "FULL_MASK", "QLEN_ONLY", "QLEN_ONLY_BITPACKING"]
+
+FULL_MASK, QLEN_ONLY, QLEN_ONLY_BITPACKING = 0, 1, 2  # sgl-kernel's TreeMaskMode
+BACKENDS = ("auto", "native", "reference")
+_INT_DTYPES = {1: (torch.uint8, torch.int8), 2: (torch.uint16, torch.int16), 4: (torch.uint32, torch.int32)}
+
+
+_HAS_KERNEL: dict = {}
+
+
+def _has_kernel(op: str, device: torch.device) -> bool:
+    key = (op, device.type)
+    if key not in _HAS_KERNEL:  # registrations are static: ask the dispatcher once
+        _HAS_KERNEL[key] = has_kernel(op, device)
+    return _HAS_KERNEL[key]
+
+
+def _select(op: str, device: torch.device, backend: str | None) -> str:
+    if backend is None:
+        choice = os.environ.get("DOMINO_OPS_BACKEND", "auto")
+        choice = "auto" if choice == "triton" else choice  # no Triton kernels for the tree ops yet
+        source = "DOMINO_OPS_BACKEND"
+    else:
+        choice, source = backend, "backend"
+    if choice not in BACKENDS:
+        raise ValueError(f"{source} must be one of {BACKENDS} for {op} (no Triton or CUDA kernel yet), got {choice!r}")
+    if choice == "auto":
+        return "native" if _has_kernel(op, device) else "reference"
+    if choice == "native" and not _has_kernel(op, device):
+        raise RuntimeError(f"backend='native': domino_ops has no {op} kernel for {device.type} "
+                           "(only the CPU kernel exists so far)")
+    return choice
+
+
+def _dtype_names(dtypes) -> str:
+    return " or ".join(str(d).replace("torch.", "") for d in dtypes)
+
+
+def _tensor(name: str, t, *, dtypes=None, ndim: int | None = None, device=None) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if ndim is not None and t.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dimension{'s' if ndim > 1 else ''}, got shape {tuple(t.shape)}")
+    if dtypes is not None and t.dtype not in dtypes:
+        raise TypeError(f"{name} must be {_dtype_names(dtypes)}, got {str(t.dtype).replace('torch.', '')}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name} is on {t.device} but the other arguments are on {device}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous")
+    return t
+
+
+def _shape(name: str, t: torch.Tensor, expected: tuple, what: str = "") -> None:
+    if tuple(t.shape) != expected:
+        raise ValueError(f"{name} must have shape {list(expected)}{what}, got {list(t.shape)}")
+
+
+def _int(name: str, v, minimum: int) -> int:
+    if isinstance(v, bool):
+        raise TypeError(f"{name} must be an int, got bool")
+    try:
+        v = operator.index(v)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {type(v).__name__}") from None
+    if v < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {v}")
+    return v
+
+
+def _number(name: str, v) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise TypeError(f"{name} must be a number, got {type(v).__name__}")
+    if not 0.0 <= v <= 1.0:  # also rejects NaN
+        raise ValueError(f"{name} must be in [0, 1], got {v}")
+    return float(v)
+
+
+def _in_range(name: str, t: torch.Tensor, lo: int, hi: int, what: str = "") -> None:
+    """lo <= t < hi, read only on the CPU (no device sync). Used before the reference runs;
+    the native kernel checks the values itself (with the same wording)."""
+    if t.device.type == "cpu" and t.numel() and (int(t.min()) < lo or int(t.max()) >= hi):
+        raise ValueError(f"{name} must be {what + ' ' if what else ''}in [{lo}, {hi}), "
+                         f"got values in [{int(t.min())}, {int(t.max())}]")
+
+
+def _run(op: str, device: torch.device, backend, args: tuple, reference_checks) -> None:
+    """The native kernel (its value and aliasing checks re-raised as ValueError), or the
+    reference after ``reference_checks`` (the same checks in Python)."""
+    if _select(op, device, backend) == "reference":
+        reference_checks()
+        getattr(reference_tree, op)(*args)
+        return
+    try:
+        getattr(torch.ops.domino_ops, op)(*args)
+    except RuntimeError as e:  # the kernel's value / aliasing checks; it has written nothing
+        raise ValueError(str(e)) from e
+
+
+def _no_alias(outputs: dict, inputs: dict) -> None:
+    """Each output's bytes are disjoint from every input's and the other outputs' (all
+    tensors contiguous, on one device). For the reference; the native kernel checks this
+    itself, with the same wording."""
+    def span(t):
+        return None if t is None or t.numel() == 0 or t.device.type == "meta" else (t.data_ptr(), t.data_ptr() + t.nbytes)
+
+    ins = [(name, span(t)) for name, t in inputs.items()]
+    seen = []
+    for oname, o in outputs.items():
+        a = span(o)
+        if a is None:
+            continue
+        for kind, others in (("input", ins), ("output", seen)):
+            for name, b in others:
+                if b is not None and a[0] < b[1] and b[0] < a[1]:
+                    raise ValueError(f"output {oname} overlaps {kind} {name}")
+        seen.append((oname, a))
+
+
+def build_tree_kernel_efficient(parent_list, selected_index, verified_seq_len, tree_mask, positions,
+                                retrive_index, retrive_next_token, retrive_next_sibling,
+                                topk, depth, draft_token_num, tree_mask_mode, *, backend=None):
+    """Builds the verify tree of an EAGLE draft: mask, positions and links (sgl-kernel's op).
+
+    Node ``i >= 1`` of request ``b`` is the draft candidate with flat index
+    ``selected_index[b, i-1]`` in the concatenated per-step candidate list (length
+    ``topk + (depth-1) * topk**2``); its parent is the root when that index // topk is 0, else
+    the node whose selected index equals ``parent_list[b, index // topk]`` (first match).
+    A node whose parent was not selected (NaN scores upstream; sgl-kernel prints "invalid
+    eagle tree") is left unlinked, its mask row and position covering the ancestors found.
+
+    Args:
+        parent_list: [bs, topk*(depth-1)+1] int64, -1 then the flat indices of each step's
+            expanded frontier (SGLang's ``organize_draft_results``); with depth 1 SGLang's
+            empty [bs, 0] tensor of any dtype is accepted.
+        selected_index: [bs, N-1] int64, the selected candidates (ascending in SGLang).
+        verified_seq_len: [bs] int64, each request's length before the draft.
+        tree_mask: written, by ``tree_mask_mode``: 0 FULL_MASK, bool, per request N rows of
+            ``seq_len + N`` columns, flattened and concatenated over the batch (at least
+            ``sum(seq_len)*N + bs*N*N`` elements); only the root and draft columns are
+            written, the first ``seq_len`` columns of each row are left as the caller filled
+            them (SGLang: True). 1 QLEN_ONLY, bool, ``bs*N*N``: row t, column j true when node
+            j is t, an ancestor of t or the root. 2 QLEN_ONLY_BITPACKING: one uint8 / uint16 /
+            uint32 word per row for N <= 8 / 16 / 32 (int8/16/32 also accepted), bit j as
+            column j of QLEN_ONLY.
+        positions: at least bs*N int64, written ``seq_len + depth`` in its first bs*N elements.
+        retrive_index, retrive_next_token, retrive_next_sibling: [bs, N] int64, written:
+            ``b*N + u``; u's first child; u's next sibling (-1 for none). Every element is
+            written (sgl-kernel needs the links pre-filled with -1; the result is the same).
+        topk, depth, draft_token_num (N): ints >= 1. tree_mask_mode: 0, 1 or 2.
+        backend: "auto", "native" or "reference" (see the module docstring).
+    """
+    topk = _int("topk", topk, 1)
+    depth = _int("depth", depth, 1)
+    n = _int("draft_token_num", draft_token_num, 1)
+    mode = _int("tree_mask_mode", tree_mask_mode, 0)
+    if mode not in (FULL_MASK, QLEN_ONLY, QLEN_ONLY_BITPACKING):
+        raise ValueError(f"tree_mask_mode must be 0 (FULL_MASK), 1 (QLEN_ONLY) or 2 (QLEN_ONLY_BITPACKING), got {mode}")
+    if mode == QLEN_ONLY_BITPACKING and n > 32:
+        raise ValueError(f"draft_token_num must be <= 32 with QLEN_ONLY_BITPACKING (32-bit rows), got {n}")
+    selected_index = _tensor("selected_index", selected_index, ndim=2, dtypes=(torch.int64,))
+    dev = selected_index.device
+    bs = selected_index.shape[0]
+    _shape("selected_index", selected_index, (bs, n - 1), " ([bs, draft_token_num - 1])")
+    parents = topk * (depth - 1) + 1
+    parent_list = _tensor("parent_list", parent_list, ndim=2, device=dev)
+    if not (depth == 1 and tuple(parent_list.shape) == (bs, 0)):
+        _shape("parent_list", parent_list, (bs, parents), " ([bs, topk * (depth - 1) + 1])")
+        _tensor("parent_list", parent_list, dtypes=(torch.int64,))
+    verified_seq_len = _tensor("verified_seq_len", verified_seq_len, ndim=1, dtypes=(torch.int64,), device=dev)
+    _shape("verified_seq_len", verified_seq_len, (bs,))
+    if mode == QLEN_ONLY_BITPACKING:
+        nbytes = 1 if n <= 8 else (2 if n <= 16 else 4)
+        tree_mask = _tensor("tree_mask", tree_mask, dtypes=_INT_DTYPES[nbytes], device=dev)
+        need = bs * n
+    else:
+        tree_mask = _tensor("tree_mask", tree_mask, dtypes=(torch.bool,), device=dev)
+        need = bs * n * n
+    if tree_mask.numel() < need:
+        raise ValueError(f"tree_mask must hold at least {need} elements for tree_mask_mode={mode}, "
+                         f"got {tree_mask.numel()}")
+    positions = _tensor("positions", positions, dtypes=(torch.int64,), device=dev)
+    if positions.numel() < bs * n:
+        raise ValueError(f"positions must hold at least bs * draft_token_num = {bs * n} elements, "
+                         f"got {positions.numel()}")
+    links = {}
+    for name, t in (("retrive_index", retrive_index), ("retrive_next_token", retrive_next_token),
+                    ("retrive_next_sibling", retrive_next_sibling)):
+        links[name] = _tensor(name, t, ndim=2, dtypes=(torch.int64,), device=dev)
+        _shape(name, t, (bs, n))
+    def values():
+        _no_alias({"tree_mask": tree_mask, "positions": positions, **links},
+                  {"parent_list": parent_list, "selected_index": selected_index, "verified_seq_len": verified_seq_len})
+        _in_range("selected_index", selected_index, 0, topk * parents)
+        if dev.type == "cpu" and bs and int(verified_seq_len.min()) < 0:
+            raise ValueError(f"verified_seq_len must be >= 0, got {verified_seq_len.tolist()}")
+        if mode == FULL_MASK and dev.type == "cpu" and tree_mask.numel() < need + int(verified_seq_len.sum()) * n:
+            raise ValueError(f"tree_mask must hold sum(verified_seq_len) * draft_token_num + bs * draft_token_num^2 = "
+                             f"{need + int(verified_seq_len.sum()) * n} elements in FULL_MASK mode, got {tree_mask.numel()}")
+
+    _run("build_tree_kernel_efficient", dev, backend, (parent_list, selected_index, verified_seq_len, tree_mask,
+         positions, retrive_index, retrive_next_token, retrive_next_sibling, topk, depth, n, mode), values)
+
+
+def _verify_common(predicts, accept_index, accept_token_num, candidates, retrive_index,
+                   retrive_next_token, retrive_next_sibling):
+    candidates = _tensor("candidates", candidates, ndim=2, dtypes=(torch.int64,))
+    dev = candidates.device
+    bs, n = candidates.shape
+    if n < 1:
+        raise ValueError(f"candidates must have at least one node (the root) per request, got shape {list(candidates.shape)}")
+    for name, t in (("retrive_index", retrive_index), ("retrive_next_token", retrive_next_token),
+                    ("retrive_next_sibling", retrive_next_sibling)):
+        _tensor(name, t, ndim=2, dtypes=(torch.int64,), device=dev)
+        _shape(name, t, (bs, n))
+    predicts = _tensor("predicts", predicts, ndim=1, dtypes=(torch.int32,), device=dev)
+    accept_index = _tensor("accept_index", accept_index, ndim=2, dtypes=(torch.int32,), device=dev)
+    if accept_index.shape[0] != bs or accept_index.shape[1] < 1:
+        raise ValueError(f"accept_index must have shape [{bs}, num_spec_step] with num_spec_step >= 1, "
+                         f"got {list(accept_index.shape)}")
+    _tensor("accept_token_num", accept_token_num, ndim=1, dtypes=(torch.int32,), device=dev)
+    _shape("accept_token_num", accept_token_num, (bs,))
+    return dev, bs, n
+
+
+def _link_values(retrive_next_token, retrive_next_sibling, n: int) -> None:
+    for name, t in (("retrive_next_token", retrive_next_token), ("retrive_next_sibling", retrive_next_sibling)):
+        if t.device.type == "cpu" and t.numel() and (int(t.min()) < -1 or int(t.max()) >= n):
+            raise ValueError(f"{name} must be -1 or a node in [0, {n}), got values in [{int(t.min())}, {int(t.max())}]")
+
+
+def verify_tree_greedy(predicts, accept_index, accept_token_num, candidates, retrive_index,
+                       retrive_next_token, retrive_next_sibling, target_predict, *, backend=None):
+    """Greedy verification of a draft tree (sgl-kernel's op).
+
+    From the root, at each of at most ``num_spec_step - 1`` levels the first child (in
+    sibling order) whose candidate equals the target's token at the current node is
+    accepted. ``predicts[r(u)]`` gets the accepted child's token for every accepted parent u
+    and the target's token at the last accepted node (the bonus), r = ``retrive_index``.
+
+    Args:
+        predicts: [>= bs*N] int32, written at ``retrive_index`` slots: the tokens above, -1
+            at nodes off the accepted path (sgl-kernel leaves those as they were; SGLang
+            ignores them). Slots no ``retrive_index`` names are left alone.
+        accept_index: [bs, num_spec_step] int32, written: ``retrive_index`` of the accepted
+            nodes, root first, then -1.
+        accept_token_num: [bs] int32, written: accepted drafts (root not counted).
+        candidates: [bs, N] int64, each node's draft token (the root's is not used).
+        retrive_index, retrive_next_token, retrive_next_sibling: [bs, N] int64, the tree.
+        target_predict: [bs, N] int64, the target's argmax at each node, addressed by
+            ``retrive_index`` as a flat [bs*N] array (as sgl-kernel does).
+        backend: "auto", "native" or "reference" (see the module docstring).
+    """
+    dev, bs, n = _verify_common(predicts, accept_index, accept_token_num, candidates, retrive_index,
+                                retrive_next_token, retrive_next_sibling)
+    _tensor("target_predict", target_predict, ndim=2, dtypes=(torch.int64,), device=dev)
+    _shape("target_predict", target_predict, (bs, n))
+    def values():
+        _no_alias({"predicts": predicts, "accept_index": accept_index, "accept_token_num": accept_token_num},
+                  {"candidates": candidates, "retrive_index": retrive_index, "retrive_next_token": retrive_next_token,
+                   "retrive_next_sibling": retrive_next_sibling, "target_predict": target_predict})
+        _in_range("retrive_index", retrive_index, 0, min(predicts.numel(), bs * n))  # predicts, target_predict
+        _link_values(retrive_next_token, retrive_next_sibling, n)
+
+    _run("verify_tree_greedy", dev, backend, (predicts, accept_index, accept_token_num, candidates, retrive_index,
+         retrive_next_token, retrive_next_sibling, target_predict), values)
+
+
+def tree_speculative_sampling_target_only(predicts, accept_index, accept_token_num, candidates, retrive_index,
+                                          retrive_next_token, retrive_next_sibling, uniform_samples,
+                                          uniform_samples_for_final_sampling, target_probs, draft_probs=None,
+                                          threshold_single=1.0, threshold_acc=1.0, deterministic=True, *,
+                                          backend=None):
+    """Sampled verification of a draft tree against the target only (sgl-kernel's op).
+
+    At node u one coin ``c = uniform_samples[b, u]`` serves all of u's children: they are
+    tried in sibling order accumulating their target probabilities ``acc += p_u(token)``
+    (float32), and a child is accepted when ``c <= acc / max(threshold_acc, 1e-9)`` or
+    ``p_u(token) >= threshold_single``; the walk then moves to it (at most num_spec_step - 1
+    times). The last token is drawn, with ``uniform_samples_for_final_sampling[b]``, from
+    ``max(p_u - q_u, 0)`` at the last accepted node u with the children rejected there
+    zeroed, ``q_u = draft_probs[b, u]`` (zeros when None; not used after a full acceptance).
+    With both thresholds 1, no draft_probs (or zeros, as SGLang passes) and distinct sibling
+    tokens, every emitted token is distributed exactly as the target's: lossless. Smaller
+    thresholds accept more and are lossy by design.
+
+    Args:
+        predicts, accept_index, accept_token_num: outputs, as in :func:`verify_tree_greedy`
+            (predicts gets the accepted tokens and the final draw).
+        candidates, retrive_index, retrive_next_token, retrive_next_sibling: the tree, as in
+            :func:`verify_tree_greedy`; candidates are token ids in [0, vocab_size) (the
+            native kernel checks those it reads, the reference path all but the root's).
+        uniform_samples: [bs, N] float32 in [0, 1), one coin per node.
+        uniform_samples_for_final_sampling: [bs] float32 in [0, 1).
+        target_probs: [bs, N, vocab_size] float32, the target's distribution at each node.
+        draft_probs: [bs, N, vocab_size] float32 or None (newer sgl-kernel releases dropped
+            this argument; pass the thresholds by keyword then). Never written here
+            (sgl-kernel writes rejected children's target probabilities into it).
+        threshold_single, threshold_acc: in [0, 1]. deterministic: bool, accepted for
+            compatibility (the CPU kernel is always deterministic).
+        backend: "auto", "native" or "reference" (see the module docstring).
+    """
+    dev, bs, n = _verify_common(predicts, accept_index, accept_token_num, candidates, retrive_index,
+                                retrive_next_token, retrive_next_sibling)
+    for name, t in (("uniform_samples", uniform_samples),
+                    ("uniform_samples_for_final_sampling", uniform_samples_for_final_sampling)):
+        _tensor(name, t, dtypes=(torch.float32,), device=dev)
+    _shape("uniform_samples", uniform_samples, (bs, n))
+    _shape("uniform_samples_for_final_sampling", uniform_samples_for_final_sampling, (bs,))
+    target_probs = _tensor("target_probs", target_probs, ndim=3, dtypes=(torch.float32,), device=dev)
+    if target_probs.shape[:2] != (bs, n) or target_probs.shape[2] < 1:
+        raise ValueError(f"target_probs must have shape [{bs}, {n}, vocab_size], got {list(target_probs.shape)}")
+    if draft_probs is not None:
+        if not isinstance(draft_probs, torch.Tensor):
+            raise TypeError(f"draft_probs must be a torch.Tensor or None, got {type(draft_probs).__name__} (newer "
+                            "sgl-kernel releases dropped draft_probs: pass threshold_single, threshold_acc and "
+                            "deterministic by keyword)")
+        _tensor("draft_probs", draft_probs, dtypes=(torch.float32,), device=dev)
+        _shape("draft_probs", draft_probs, tuple(target_probs.shape), " (the shape of target_probs)")
+    threshold_single = _number("threshold_single", threshold_single)
+    threshold_acc = _number("threshold_acc", threshold_acc)
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
+    def values():
+        _no_alias({"predicts": predicts, "accept_index": accept_index, "accept_token_num": accept_token_num},
+                  {"candidates": candidates, "retrive_index": retrive_index, "retrive_next_token": retrive_next_token,
+                   "retrive_next_sibling": retrive_next_sibling, "uniform_samples": uniform_samples,
+                   "uniform_samples_for_final_sampling": uniform_samples_for_final_sampling,
+                   "target_probs": target_probs, "draft_probs": draft_probs})
+        _in_range("retrive_index", retrive_index, 0, predicts.numel())
+        _link_values(retrive_next_token, retrive_next_sibling, n)
+        _in_range("candidates", candidates[:, 1:], 0, target_probs.shape[2], "token ids")
+
+    _run("tree_speculative_sampling_target_only", dev, backend, (predicts, accept_index, accept_token_num, candidates,
+         retrive_index, retrive_next_token, retrive_next_sibling, uniform_samples, uniform_samples_for_final_sampling,
+         target_probs, draft_probs, threshold_single, threshold_acc, deterministic), values)

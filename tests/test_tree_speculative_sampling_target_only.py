@@ -1,0 +1,354 @@
+"""tree_speculative_sampling_target_only: sgl-kernel's hand-built cases, the native kernel
+against the reference on random trees, one-hot targets against verify_tree_greedy,
+losslessness with both thresholds 1 (chi-square, with negative controls), bad input."""
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given
+from hypothesis import strategies as st
+
+import domino_ops
+from stats import assert_matches_distribution
+from tree_cases import chain_tree, links, random_tree, verify_outputs
+
+BACKENDS = ["native", "reference"]
+
+
+def call(outs, candidates, retrive_index, next_token, next_sibling, coins, final_coins, target_probs,
+         draft_probs=None, threshold_single=1.0, threshold_acc=1.0, backend=None, **kw):
+    predicts, accept_index, accept_num = outs
+    domino_ops.tree_speculative_sampling_target_only(
+        predicts=predicts, accept_index=accept_index, accept_token_num=accept_num, candidates=candidates,
+        retrive_index=retrive_index, retrive_next_token=next_token, retrive_next_sibling=next_sibling,
+        uniform_samples=coins, uniform_samples_for_final_sampling=final_coins, target_probs=target_probs,
+        draft_probs=draft_probs, threshold_single=threshold_single, threshold_acc=threshold_acc,
+        deterministic=True, backend=backend, **kw)
+
+
+# --- sgl-kernel's cases ----------------------------------------------------------------------
+
+def sgl_case():
+    """sgl-kernel/tests/speculative/test_speculative_sampling.py (sgl-project/sglang): the
+    tree of test_eagle_utils.py, target = softmax(logits / 0.01) (one-hot in float32)."""
+    candidates = torch.tensor([[0, 1, 2, 3, 4, 5], [7, 8, 9, 10, 11, 12]])
+    retrive_index = torch.tensor([[0, 1, 2, 3, 4, 5], [6, 7, 8, 9, 10, 11]])
+    next_token = torch.tensor([[1, 2, -1, 4, 5, -1], [4, 2, 3, -1, 5, -1]])
+    next_sibling = torch.tensor([[-1, 3, -1, -1, -1, -1], [-1, -1, -1, -1, 1, -1]])
+    logits = torch.full((2, 6, 20), 1.0)
+    logits[0, 0, 3] = logits[0, 3, 4] = logits[0, 4, 5] = logits[1, 0, 11] = logits[1, 4, 12] = 10
+    logits[logits.amax(-1) < 10] = torch.where(torch.arange(20) == 18, 10.0, 1.0)
+    return candidates, retrive_index, next_token, next_sibling, F.softmax(logits / 0.01, dim=-1)
+
+
+SGL_CASES = [  # threshold_single, threshold_acc, predicts, accept_index, accept_token_num
+    (1, 1, [3, -1, -1, 4, 5, 18, 11, -1, -1, -1, 12, 18], [[0, 3, 4, 5], [6, 10, 11, -1]], [3, 2]),
+    (0, 0, [1, 2, 18, -1, -1, -1, 11, -1, -1, -1, 12, 18], [[0, 1, 2, -1], [6, 10, 11, -1]], [2, 2]),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("draft", ["zeros", "none"])
+@pytest.mark.parametrize("ts,ta,want_pred,want_index,want_num", SGL_CASES)
+def test_sglang_cases(backend, draft, ts, ta, want_pred, want_index, want_num):
+    candidates, retrive_index, next_token, next_sibling, target_probs = sgl_case()
+    g = torch.Generator().manual_seed(ts)
+    coins, final_coins = torch.rand(2, 6, generator=g), torch.rand(2, generator=g)
+    outs = verify_outputs(12, 2, 4)
+    draft_probs = torch.zeros_like(target_probs) if draft == "zeros" else None
+    call(outs, candidates, retrive_index, next_token, next_sibling, coins, final_coins, target_probs, draft_probs,
+         threshold_single=ts, threshold_acc=ta, backend=backend)
+    assert outs[0].tolist() == want_pred
+    assert outs[1].tolist() == want_index
+    assert outs[2].tolist() == want_num
+    if draft_probs is not None:
+        assert not draft_probs.any()  # never written (sgl-kernel scribbles into it)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rejected_child_is_masked_in_final_sampling(backend):
+    """sgl-kernel's rejmask test (test_speculative_sampling.py, newer releases): node 1 is
+    accepted by threshold_single (0.95 >= 0.91), node 2 rejected (coin 0.99 > 0.9, 0.9 <
+    0.91); the final draw at node 1 must skip the rejected token 5 (mass 0.9) and take 31."""
+    candidates = torch.tensor([[0, 3, 5]])
+    target_probs = torch.zeros(1, 3, 32)
+    target_probs[0, 0, 0], target_probs[0, 0, 3] = 0.05, 0.95
+    target_probs[0, 1, 5], target_probs[0, 1, 31] = 0.90, 0.10
+    target_probs[0, 2, 0] = 1.0
+    next_token, next_sibling = links([chain_tree(3)[1]])
+    outs = verify_outputs(3, 1, 3)
+    call(outs, candidates, torch.arange(3).view(1, 3), next_token, next_sibling, torch.tensor([[0.0, 0.99, 0.0]]),
+         torch.tensor([0.5]), target_probs, threshold_single=0.91, threshold_acc=1.0, backend=backend)
+    assert outs[0].tolist() == [3, 31, -1]
+    assert outs[1].tolist() == [[0, 1, -1]] and outs[2].tolist() == [1]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_chain_with_one_hot_targets(backend):
+    """sgl-kernel's chain test (topk 1, nearly one-hot targets): both drafts accepted within
+    num_spec_step 3, then the target's bonus token."""
+    candidates = torch.tensor([[0, 3, 5, 7], [0, 4, 6, 8]])
+    logits = torch.full((2, 4, 16), -10.0)
+    for b in range(2):
+        for i in range(3):
+            logits[b, i, candidates[b, i + 1]] = 10
+    next_token, next_sibling = links([chain_tree(4)[1]] * 2)
+    g = torch.Generator().manual_seed(0)
+    outs = verify_outputs(8, 2, 3)
+    call(outs, candidates, torch.arange(8).view(2, 4), next_token, next_sibling, torch.rand(2, 4, generator=g),
+         torch.rand(2, generator=g), F.softmax(logits, dim=-1), backend=backend)
+    assert outs[0].tolist() == [3, 5, 7, -1, 4, 6, 8, -1]
+    assert outs[1].tolist() == [[0, 1, 2], [4, 5, 6]] and outs[2].tolist() == [2, 2]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_draft_probs_residual(backend):
+    """With draft_probs: the final draw is from max(p - q, 0) with the rejected children
+    zeroed; after a full acceptance draft_probs is not used."""
+    p = torch.tensor([0.5, 0.2, 0.2, 0.1])
+    q = torch.tensor([0.0, 0.2, 0.0, 0.0])
+    target_probs = torch.stack([p, p]).unsqueeze(0).contiguous()  # [1, 2, 4]
+    draft_probs = torch.stack([q, torch.tensor([0.0, 0.0, 1.0, 0.0])]).unsqueeze(0).contiguous()
+    next_token, next_sibling = links([[[1], []]])
+    for final, steps, want in [(0.5, 3, [2, -1]), (0.9, 3, [3, -1]), (0.0, 3, [2, -1])]:
+        outs = verify_outputs(2, 1, steps)  # coin 0.9 > p(token 0) = 0.5: rejected
+        call(outs, torch.tensor([[0, 0]]), torch.arange(2).view(1, 2), next_token, next_sibling,
+             torch.tensor([[0.9, 0.0]]), torch.tensor([final]), target_probs, draft_probs, backend=backend)
+        assert outs[0].tolist() == want and outs[2].tolist() == [0]
+    # Accepted (coin 0.3 <= 0.5) with num_spec_step 2: the bonus comes from p at node 1,
+    # although q there puts all its mass on token 2; final coin 0.75 -> u = 0.75 -> token 2.
+    outs = verify_outputs(2, 1, 2)
+    call(outs, torch.tensor([[0, 0]]), torch.arange(2).view(1, 2), next_token, next_sibling,
+         torch.tensor([[0.3, 0.0]]), torch.tensor([0.75]), target_probs, draft_probs, backend=backend)
+    assert outs[0].tolist() == [0, 2] and outs[2].tolist() == [1]
+
+
+# --- native kernel == reference on random trees ---------------------------------------------
+
+@given(bs=st.integers(1, 3), n=st.integers(1, 16), steps=st.integers(1, 8), vocab=st.integers(1, 300),
+       token_pool=st.integers(1, 6), sharp=st.sampled_from([0.0, 1.0, 8.0]), zeros=st.booleans(),
+       thresholds=st.sampled_from([(1.0, 1.0), (0.0, 0.0), (0.9, 0.7), (1.0, 0.5), (0.3, 1.0)]),
+       draft=st.sampled_from(["none", "zeros", "random"]), seed=st.integers(0, 2**31 - 1))
+def test_native_matches_reference(bs, n, steps, vocab, token_pool, sharp, zeros, thresholds, draft, seed):
+    """Exact equality (both use float32 acceptance sums and float64 residual CDFs). Candidates
+    come from a small pool so that siblings repeat tokens; some probabilities are zero."""
+    rng = random.Random(seed)
+    g = torch.Generator().manual_seed(seed)
+    children = [random_tree(rng, n, max_children=4)[1] for _ in range(bs)]
+    next_token, next_sibling = links(children)
+    pool = torch.randint(0, vocab, (token_pool,), generator=g)
+    candidates = pool[torch.randint(0, token_pool, (bs, n), generator=g)]
+    logits = torch.randn(bs, n, vocab, generator=g) * sharp
+    if zeros:
+        logits[torch.rand(bs, n, vocab, generator=g) < 0.5] = float("-inf")
+        logits[..., 0] = 0.0  # keep every row normalisable
+    target_probs = F.softmax(logits, dim=-1)
+    draft_probs = {"none": None, "zeros": torch.zeros_like(target_probs),
+                   "random": F.softmax(torch.randn(bs, n, vocab, generator=g), dim=-1)}[draft]
+    coins, final_coins = torch.rand(bs, n, generator=g), torch.rand(bs, generator=g)
+    coins[torch.rand(bs, n, generator=g) < 0.1] = 0.0
+    ridx = torch.randperm(bs * n, generator=g).view(bs, n).contiguous()
+    results = []
+    for backend in BACKENDS:
+        outs = verify_outputs(bs * n + 2, bs, steps)
+        call(outs, candidates, ridx, next_token, next_sibling, coins, final_coins, target_probs, draft_probs,
+             *thresholds, backend=backend)
+        results.append(outs)
+        assert (outs[0][ridx.view(-1)] != -7).all() and (outs[0][-2:] == -7).all()
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
+@given(bs=st.integers(1, 4), n=st.integers(1, 20), steps=st.integers(1, 8), vocab=st.integers(1, 5),
+       seed=st.integers(0, 2**31 - 1), backend=st.sampled_from(BACKENDS))
+def test_one_hot_target_is_verify_tree_greedy(bs, n, steps, vocab, seed, backend):
+    """With a one-hot target, thresholds 1 and coins > 0 the sampler accepts exactly what
+    greedy verification accepts and emits the same tokens."""
+    rng = random.Random(seed)
+    g = torch.Generator().manual_seed(seed)
+    children = [random_tree(rng, n)[1] for _ in range(bs)]
+    next_token, next_sibling = links(children)
+    candidates = torch.randint(0, vocab, (bs, n), generator=g)
+    target_predict = torch.randint(0, vocab, (bs, n), generator=g)
+    ridx = torch.arange(bs * n).view(bs, n)
+    greedy = verify_outputs(bs * n, bs, steps)
+    domino_ops.verify_tree_greedy(*greedy, candidates, ridx, next_token, next_sibling, target_predict)
+    sampled = verify_outputs(bs * n, bs, steps)
+    call(sampled, candidates, ridx, next_token, next_sibling, torch.rand(bs, n, generator=g).clamp_min(1e-6),
+         torch.rand(bs, generator=g), F.one_hot(target_predict, vocab).float(), backend=backend)
+    for a, b in zip(greedy, sampled):
+        assert torch.equal(a, b)
+
+
+# --- losslessness -------------------------------------------------------------------------------
+
+V, SAMPLES = 12, 40_000
+
+
+def lossless_setup(seed=0):
+    """Root -> nodes 1, 2, 3 (the target's three likeliest tokens at the root, in that
+    order); node 1 -> nodes 4, 5 (the two likeliest at node 1). SAMPLES copies."""
+    g = torch.Generator().manual_seed(seed)
+    p = F.softmax(torch.randn(6, V, generator=g), dim=-1)
+    top0, top1 = p[0].argsort(descending=True), p[1].argsort(descending=True)
+    cand = torch.tensor([0, int(top0[0]), int(top0[1]), int(top0[2]), int(top1[0]), int(top1[1])])
+    children = [[1, 2, 3], [4, 5], [], [], [], []]
+    next_token, next_sibling = links([children])
+    b = SAMPLES
+    return dict(candidates=cand.expand(b, 6).contiguous(), retrive_index=torch.arange(b * 6).view(b, 6),
+                next_token=next_token.expand(b, 6).contiguous(), next_sibling=next_sibling.expand(b, 6).contiguous(),
+                coins=torch.rand(b, 6, generator=g), final_coins=torch.rand(b, generator=g),
+                target_probs=p.expand(b, 6, V).contiguous(), p=p)
+
+
+def sample_tree(case, **kw):
+    outs = verify_outputs(SAMPLES * 6, SAMPLES, 3)
+    call(outs, case["candidates"], case["retrive_index"], case["next_token"], case["next_sibling"], case["coins"],
+         case["final_coins"], case["target_probs"], **kw)
+    return outs
+
+
+def test_lossless_with_thresholds_one():
+    """First token ~ p_root exactly (the accepted child or the residual draw); the second,
+    given that node 1 was accepted, ~ p_node1."""
+    case = lossless_setup()
+    predicts, accept_index, accept_num = sample_tree(case)
+    view = predicts.view(SAMPLES, 6)
+    assert_matches_distribution(view[:, 0].numpy(), case["p"][0].double().numpy(), what="first token")
+    took_1 = accept_index[:, 1] == torch.arange(SAMPLES) * 6 + 1
+    assert took_1.sum() > 1000
+    assert_matches_distribution(view[took_1, 1].numpy(), case["p"][1].double().numpy(), what="second token")
+    # and draft_probs = zeros (what SGLang passes) is the same sampler
+    again = sample_tree(case, draft_probs=torch.zeros_like(case["target_probs"]))
+    assert all(torch.equal(a, b) for a, b in zip((predicts, accept_index, accept_num), again))
+
+
+def test_negative_control_lossy_threshold_fails():
+    case = lossless_setup()
+    predicts, _, _ = sample_tree(case, threshold_acc=0.5)
+    with pytest.raises(AssertionError, match="chi-square"):
+        assert_matches_distribution(predicts.view(SAMPLES, 6)[:, 0].numpy(), case["p"][0].double().numpy())
+
+
+def test_negative_control_unmasked_residual_fails():
+    """A sampler that redraws from the full target after rejecting every child (not removing
+    the rejected children) over-weights them: the check must catch it."""
+    case = lossless_setup()
+    predicts, _, accept_num = sample_tree(case)
+    first = predicts.view(SAMPLES, 6)[:, 0].clone()
+    rejected_all = accept_num == 0
+    g = torch.Generator().manual_seed(1)
+    first[rejected_all] = torch.multinomial(case["p"][0], int(rejected_all.sum()), replacement=True,
+                                           generator=g).int()
+    with pytest.raises(AssertionError, match="chi-square"):
+        assert_matches_distribution(first.numpy(), case["p"][0].double().numpy())
+
+
+def test_opcheck():
+    candidates, retrive_index, next_token, next_sibling, target_probs = sgl_case()
+    for draft in (None, torch.zeros_like(target_probs)):
+        args = (*verify_outputs(12, 2, 4), candidates, retrive_index, next_token, next_sibling, torch.rand(2, 6),
+                torch.rand(2), target_probs, draft, 1.0, 1.0, True)
+        torch.library.opcheck(torch.ops.domino_ops.tree_speculative_sampling_target_only.default, args,
+                              test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
+
+
+# --- bad input -----------------------------------------------------------------------------
+
+def good_args():
+    candidates, retrive_index, next_token, next_sibling, target_probs = sgl_case()
+    predicts, accept_index, accept_num = verify_outputs(12, 2, 4)
+    return dict(predicts=predicts, accept_index=accept_index, accept_token_num=accept_num, candidates=candidates,
+                retrive_index=retrive_index, retrive_next_token=next_token, retrive_next_sibling=next_sibling,
+                uniform_samples=torch.rand(2, 6), uniform_samples_for_final_sampling=torch.rand(2),
+                target_probs=target_probs, draft_probs=None, threshold_single=1.0, threshold_acc=1.0,
+                deterministic=True)
+
+
+def with_(**over):
+    args = good_args()
+    args.update(over)
+    return args
+
+
+WRAPPER_CASES = [
+    (with_(uniform_samples=torch.rand(2, 6, dtype=torch.float64)), TypeError, "uniform_samples must be float32"),
+    (with_(uniform_samples=torch.rand(2, 5)), ValueError, r"uniform_samples must have shape \[2, 6\]"),
+    (with_(uniform_samples_for_final_sampling=torch.rand(2, 1)), ValueError,
+     r"uniform_samples_for_final_sampling must have shape \[2\]"),
+    (with_(target_probs=torch.rand(2, 6, 20, dtype=torch.bfloat16)), TypeError, "target_probs must be float32"),
+    (with_(target_probs=torch.rand(2, 5, 20)), ValueError, r"target_probs must have shape \[2, 6, vocab_size\]"),
+    (with_(target_probs=torch.rand(2, 20, 6).transpose(1, 2)), ValueError, "target_probs must be contiguous"),
+    (with_(draft_probs=torch.rand(2, 6, 19)), ValueError, "draft_probs must have shape"),
+    (with_(draft_probs=torch.rand(2, 6, 20, dtype=torch.float64)), TypeError, "draft_probs must be float32"),
+    (with_(draft_probs=1.0), TypeError, "newer sgl-kernel releases dropped draft_probs"),
+    (with_(threshold_single=1.5), ValueError, r"threshold_single must be in \[0, 1\]"),
+    (with_(threshold_acc=float("nan")), ValueError, r"threshold_acc must be in \[0, 1\]"),
+    (with_(threshold_acc=True), TypeError, "threshold_acc must be a number"),
+    (with_(deterministic=1), TypeError, "deterministic must be a bool"),
+    (with_(candidates=torch.tensor([[0, 1, 2, 3, 4, 5], [7, 8, 9, 10, 11, 20]])), ValueError,
+     r"candidates must be token ids in \[0, 20\)"),
+    (with_(retrive_index=torch.full((2, 6), 12)), ValueError, r"retrive_index must be in \[0, .*12\)"),
+    (with_(retrive_next_sibling=torch.full((2, 6), 7)), ValueError, "retrive_next_sibling must be -1 or a node"),
+    (with_(predicts=torch.zeros(12, dtype=torch.int64)), TypeError, "predicts must be int32"),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("args,exc,msg", WRAPPER_CASES)
+def test_wrapper_bad_input(args, exc, msg, backend):
+    """Index values are checked by the native kernel (RuntimeError re-raised as ValueError)
+    or by the wrapper before the reference runs, with the same wording."""
+    with pytest.raises(exc, match=msg):
+        domino_ops.tree_speculative_sampling_target_only(**args, backend=backend)
+
+
+def test_wrapper_accepts_positional_sgl_signature():
+    args = good_args()
+    domino_ops.tree_speculative_sampling_target_only(*args.values())  # sgl-kernel's positional order
+    assert args["accept_token_num"].tolist() == [3, 2]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_wrapper_rejects_aliasing(backend):
+    args = good_args()
+    args["predicts"] = args["target_probs"].view(torch.int32)[0, 0, :12]
+    with pytest.raises(ValueError, match="output predicts overlaps input target_probs"):
+        domino_ops.tree_speculative_sampling_target_only(**args, backend=backend)
+
+
+DIRECT_CASES = [
+    (with_(candidates=torch.tensor([[0, 1, 2, 3, 4, 5], [7, 8, 9, 10, 20, 12]])),
+     r"candidates must be token ids in \[0, 20\), got 20 at node 4 of request 1"),
+    (with_(candidates=torch.tensor([[0, 1, 2, 3, 4, 5], [7, 8, 9, 10, -1, 12]])), "candidates must be token ids"),
+    (with_(retrive_index=torch.tensor([[0, 1, 2, 3, 4, 5], [6, 7, 8, 9, 10, 12]])), r"retrive_index must be in \[0, "),
+    (with_(retrive_next_token=torch.tensor([[1, 2, -1, 4, 5, 6]] * 2)), "retrive_next_token must be -1 or a node"),
+    (with_(retrive_next_sibling=torch.tensor([[-1, 3, -1, 1, -1, -1]] * 2),  # 1 <-> 3, never accepted:
+           target_probs=F.one_hot(torch.full((2, 6), 18), 20).float()), "retrive_next_sibling of request 0 has a cycle"),
+    (with_(threshold_single=-0.5), r"threshold_single must be in \[0, 1\]"),
+    (with_(threshold_acc=2.0), r"threshold_acc must be in \[0, 1\]"),
+    (with_(draft_probs=torch.zeros(2, 6, 21)), "draft_probs must have the shape of target_probs"),
+    (with_(uniform_samples=torch.rand(2, 6, dtype=torch.float64)), "uniform_samples must be Float"),
+    (with_(target_probs=torch.rand(2, 6, 0)), "target_probs must have shape"),
+]
+
+
+@pytest.mark.parametrize("args,msg", DIRECT_CASES)
+def test_direct_call_bad_input_raises(args, msg):
+    before = [args[k].clone() for k in ("predicts", "accept_index", "accept_token_num")]
+    with pytest.raises(RuntimeError, match=msg):
+        torch.ops.domino_ops.tree_speculative_sampling_target_only(*args.values())
+    assert all(torch.equal(args[k], b) for k, b in zip(("predicts", "accept_index", "accept_token_num"), before))
+
+
+def test_direct_call_rejects_aliasing():
+    args = good_args()
+    args["accept_index"] = args["uniform_samples"].view(torch.int32)[:, :4].contiguous()  # a copy: fine
+    torch.ops.domino_ops.tree_speculative_sampling_target_only(*args.values())
+    args = good_args()
+    args["draft_probs"] = torch.zeros(2, 6, 20)
+    args["accept_token_num"] = args["draft_probs"].view(torch.int32)[0, 0, :2]
+    with pytest.raises(RuntimeError, match="output accept_token_num overlaps input draft_probs"):
+        torch.ops.domino_ops.tree_speculative_sampling_target_only(*args.values())

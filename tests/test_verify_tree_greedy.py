@@ -1,0 +1,239 @@
+"""verify_tree_greedy: sgl-kernel's hand-built case, random trees against a parent-pointer
+oracle, a one-branch tree against verify_greedy, and bad input."""
+
+import random
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import domino_ops
+from tree_cases import POISON, chain_tree, links, oracle_greedy, random_tree, verify_outputs
+
+BACKENDS = ["native", "reference"]
+
+
+def sgl_case():
+    """sgl-kernel/tests/speculative/test_eagle_utils.py (sgl-project/sglang): two requests of
+    6 nodes; request 0: 0 -> {1, 3}, 1 -> 2, 3 -> 4 -> 5; request 1: 0 -> {4, 1}, 4 -> 5,
+    1 -> 2 -> 3. The target's argmax is planted at a few nodes, token 18 elsewhere."""
+    candidates = torch.tensor([[0, 1, 2, 3, 4, 5], [7, 8, 9, 10, 11, 12]])
+    retrive_index = torch.tensor([[0, 1, 2, 3, 4, 5], [6, 7, 8, 9, 10, 11]])
+    next_token = torch.tensor([[1, 2, -1, 4, 5, -1], [4, 2, 3, -1, 5, -1]])
+    next_sibling = torch.tensor([[-1, 3, -1, -1, -1, -1], [-1, -1, -1, -1, 1, -1]])
+    logits = torch.full((2, 6, 20), 1.0)
+    logits[0, 0, 3] = logits[0, 3, 4] = logits[0, 4, 5] = logits[1, 0, 11] = logits[1, 4, 12] = 10
+    logits[logits.amax(-1) < 10] = torch.where(torch.arange(20) == 18, 10.0, 1.0)
+    return candidates, retrive_index, next_token, next_sibling, logits
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sglang_case(backend):
+    candidates, retrive_index, next_token, next_sibling, logits = sgl_case()
+    predicts, accept_index, accept_num = verify_outputs(12, 2, 4)
+    predicts.fill_(-1)  # as sgl-kernel's test: off-path slots stay -1 either way
+    domino_ops.verify_tree_greedy(predicts, accept_index, accept_num, candidates, retrive_index, next_token,
+                                  next_sibling, logits.argmax(-1), backend=backend)
+    assert predicts.tolist() == [3, -1, -1, 4, 5, 18, 11, -1, -1, -1, 12, 18]
+    assert accept_index.tolist() == [[0, 3, 4, 5], [6, 10, 11, -1]]
+    assert accept_num.tolist() == [3, 2]
+
+
+@given(bs=st.integers(1, 4), n=st.integers(1, 24), steps=st.integers(1, 8), vocab=st.integers(1, 4),
+       permuted=st.booleans(), extra=st.integers(0, 3), seed=st.integers(0, 2**31 - 1),
+       backend=st.sampled_from(BACKENDS))
+def test_random_trees_match_parent_pointer_oracle(bs, n, steps, vocab, permuted, extra, seed, backend):
+    """Random trees (shuffled sibling order), tiny vocabularies so that paths get accepted,
+    retrive_index the identity or a permutation of the predicts slots; outputs poisoned, and
+    predicts slots no node names must stay poisoned."""
+    rng = random.Random(seed)
+    trees = [random_tree(rng, n) for _ in range(bs)]
+    children = [c for _, c in trees]
+    next_token, next_sibling = links(children)
+    g = torch.Generator().manual_seed(seed)
+    candidates = torch.randint(0, vocab, (bs, n), generator=g)
+    target_predict = torch.randint(0, vocab, (bs, n), generator=g)
+    slots = torch.randperm(bs * n, generator=g) if permuted else torch.arange(bs * n)
+    retrive_index = slots.view(bs, n).contiguous()
+    predicts, accept_index, accept_num = verify_outputs(bs * n + extra, bs, steps)
+    expected = oracle_greedy(children, candidates, retrive_index, target_predict, steps, bs * n + extra, predicts)
+    domino_ops.verify_tree_greedy(predicts, accept_index, accept_num, candidates, retrive_index, next_token,
+                                  next_sibling, target_predict, backend=backend)
+    assert torch.equal(predicts, expected[0])
+    assert torch.equal(accept_index, expected[1])
+    assert torch.equal(accept_num, expected[2])
+
+
+@given(b=st.integers(1, 5), k=st.integers(1, 9), V=st.sampled_from([2, 3, 50]), seed=st.integers(0, 2**31 - 1),
+       backend=st.sampled_from(BACKENDS))
+def test_one_branch_tree_is_verify_greedy(b, k, V, seed, backend):
+    """A chain of k drafts verified as a tree gives exactly what verify_greedy gives."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(b, k + 1, V, generator=g)
+    target = logits.argmax(-1)
+    # Drafts that agree with the target for a random prefix, then random.
+    draft = torch.where(torch.rand(b, k, generator=g) < 0.8, target[:, :k], torch.randint(0, V, (b, k), generator=g))
+    out_tokens, num_accepted = domino_ops.verify_greedy(draft, logits)
+
+    n = k + 1
+    candidates = torch.cat([torch.zeros(b, 1, dtype=torch.int64), draft], dim=1)
+    _, children = chain_tree(n)
+    next_token, next_sibling = links([children] * b)
+    retrive_index = torch.arange(b * n).view(b, n)
+    predicts, accept_index, accept_num = verify_outputs(b * n, b, n)
+    domino_ops.verify_tree_greedy(predicts, accept_index, accept_num, candidates, retrive_index, next_token,
+                                  next_sibling, target, backend=backend)
+    assert torch.equal(accept_num.long(), num_accepted)
+    for s in range(b):
+        m = int(num_accepted[s])
+        assert predicts[s * n: s * n + m + 1].tolist() == out_tokens[s, : m + 1].tolist()
+        assert (predicts[s * n + m + 1: (s + 1) * n] == -1).all()
+        assert accept_index[s].tolist() == [s * n + j for j in range(m + 1)] + [-1] * (n - m - 1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_num_spec_step_limits_the_walk(backend):
+    """A chain whose drafts all match: num_spec_step - 1 of them are accepted, the bonus is
+    the target's token at the last accepted node; num_spec_step 1 takes the root's token."""
+    n = 5
+    candidates = torch.tensor([[9, 1, 2, 3, 4]])
+    target_predict = torch.tensor([[1, 2, 3, 4, 7]])
+    next_token, next_sibling = links([chain_tree(n)[1]])
+    for steps, want_pred, want_num in [(1, [1, -1, -1, -1, -1], 0), (3, [1, 2, 3, -1, -1], 2),
+                                       (5, [1, 2, 3, 4, 7], 4), (8, [1, 2, 3, 4, 7], 4)]:
+        predicts, accept_index, accept_num = verify_outputs(n, 1, steps)
+        domino_ops.verify_tree_greedy(predicts, accept_index, accept_num, candidates, torch.arange(n).view(1, n),
+                                      next_token, next_sibling, target_predict, backend=backend)
+        assert predicts.tolist() == want_pred and accept_num.tolist() == [want_num]
+        assert accept_index.tolist() == [list(range(want_num + 1)) + [-1] * (steps - want_num - 1)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_first_matching_sibling_wins(backend):
+    """Two siblings with the target's token: the first in sibling order is taken."""
+    candidates = torch.tensor([[0, 5, 5, 6, 6]])
+    # 0 -> [2, 1] (2 first), 2 -> 4, 1 -> 3
+    next_token = torch.tensor([[2, 3, 4, -1, -1]])
+    next_sibling = torch.tensor([[-1, -1, 1, -1, -1]])
+    target_predict = torch.tensor([[5, 6, 6, 0, 0]])
+    predicts, accept_index, accept_num = verify_outputs(5, 1, 3)
+    domino_ops.verify_tree_greedy(predicts, accept_index, accept_num, candidates, torch.arange(5).view(1, 5),
+                                  next_token, next_sibling, target_predict, backend=backend)
+    assert accept_index.tolist() == [[0, 2, 4]] and predicts.tolist() == [5, -1, 6, -1, 0]
+
+
+def test_opcheck():
+    candidates, retrive_index, next_token, next_sibling, logits = sgl_case()
+    outs = verify_outputs(12, 2, 4)
+    torch.library.opcheck(torch.ops.domino_ops.verify_tree_greedy.default,
+                          (*outs, candidates, retrive_index, next_token, next_sibling, logits.argmax(-1)),
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
+
+
+# --- bad input -----------------------------------------------------------------------------
+
+def good_args():
+    candidates, retrive_index, next_token, next_sibling, logits = sgl_case()
+    predicts, accept_index, accept_num = verify_outputs(12, 2, 4)
+    return dict(predicts=predicts, accept_index=accept_index, accept_token_num=accept_num, candidates=candidates,
+                retrive_index=retrive_index, retrive_next_token=next_token, retrive_next_sibling=next_sibling,
+                target_predict=logits.argmax(-1))
+
+
+def with_(**over):
+    args = good_args()
+    args.update(over)
+    return args
+
+
+WRAPPER_CASES = [
+    (with_(predicts=torch.zeros(12, dtype=torch.int64)), TypeError, "predicts must be int32"),
+    (with_(predicts=torch.zeros(12, 1, dtype=torch.int32)), ValueError, "predicts must have 1 dimension"),
+    (with_(accept_index=torch.zeros(2, 0, dtype=torch.int32)), ValueError, "accept_index must have shape"),
+    (with_(accept_index=torch.zeros(4, 2, dtype=torch.int32).T), ValueError, "accept_index must be contiguous"),
+    (with_(accept_token_num=torch.zeros(3, dtype=torch.int32)), ValueError, r"accept_token_num must have shape \[2\]"),
+    (with_(candidates=torch.zeros(2, 6, dtype=torch.int32)), TypeError, "candidates must be int64"),
+    (with_(candidates=torch.zeros(2, 0, dtype=torch.int64)), ValueError, "candidates must have at least one node"),
+    (with_(retrive_index=torch.zeros(2, 5, dtype=torch.int64)), ValueError, r"retrive_index must have shape \[2, 6\]"),
+    (with_(retrive_next_token=torch.full((2, 6), 6)), ValueError, r"retrive_next_token must be -1 or a node in \[0, 6\)"),
+    (with_(retrive_next_sibling=torch.full((2, 6), -2)), ValueError, "retrive_next_sibling must be -1 or a node"),
+    (with_(retrive_index=torch.full((2, 6), 12)), ValueError, r"retrive_index must be in \[0, .*12\)"),
+    (with_(predicts=torch.zeros(10, dtype=torch.int32)), ValueError, r"retrive_index must be in \[0, .*10\)"),
+    (with_(target_predict=torch.zeros(2, 6, dtype=torch.int32)), TypeError, "target_predict must be int64"),
+    (with_(target_predict=torch.zeros(2, 7, dtype=torch.int64)), ValueError, "target_predict must have shape"),
+    (with_(target_predict=None), TypeError, "target_predict must be a torch.Tensor"),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("args,exc,msg", WRAPPER_CASES)
+def test_wrapper_bad_input(args, exc, msg, backend):
+    """Index values are checked by the native kernel (RuntimeError re-raised as ValueError)
+    or by the wrapper before the reference runs, with the same wording."""
+    with pytest.raises(exc, match=msg):
+        domino_ops.verify_tree_greedy(**args, backend=backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_wrapper_aliasing(backend):
+    args = good_args()
+    buf = torch.zeros(20, dtype=torch.int32)
+    args["predicts"], args["accept_token_num"] = buf[:12], buf[10:12]
+    with pytest.raises(ValueError, match="output accept_token_num overlaps output predicts"):
+        domino_ops.verify_tree_greedy(**args, backend=backend)
+    args = good_args()
+    args["accept_index"] = args["target_predict"].view(torch.int32)[0, :8].view(2, 4)
+    with pytest.raises(ValueError, match="output accept_index overlaps input target_predict"):
+        domino_ops.verify_tree_greedy(**args, backend=backend)
+
+
+def test_wrapper_layout_and_backend():
+    args = good_args()
+    args["accept_token_num"] = args["accept_index"][:, 0]  # not contiguous: caught earlier
+    with pytest.raises(ValueError, match="accept_token_num must be contiguous"):
+        domino_ops.verify_tree_greedy(**args)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        domino_ops.verify_tree_greedy(**good_args(), backend="cuda")
+    with pytest.raises(RuntimeError, match="no verify_tree_greedy kernel for meta"):
+        args = {k: v.to("meta") for k, v in good_args().items()}
+        domino_ops.verify_tree_greedy(**args, backend="native")
+
+
+def test_sibling_cycle_raises_and_writes_nothing():
+    args = with_(retrive_next_sibling=torch.tensor([[-1, 3, -1, 1, -1, -1], [-1, -1, -1, -1, 1, -1]]),
+                 target_predict=torch.full((2, 6), 17))  # nothing matches: the walk loops on 1 <-> 3
+    before = [args[k].clone() for k in ("predicts", "accept_index", "accept_token_num")]
+    with pytest.raises(RuntimeError, match="retrive_next_sibling of request 0 has a cycle"):
+        torch.ops.domino_ops.verify_tree_greedy(*args.values())
+    with pytest.raises(ValueError, match="retrive_next_sibling of request 0 has a cycle"):
+        domino_ops.verify_tree_greedy(**args, backend="native")
+    assert all(torch.equal(args[k], b) for k, b in zip(("predicts", "accept_index", "accept_token_num"), before))
+    with pytest.raises(ValueError, match="retrive_next_sibling .*has a cycle"):
+        domino_ops.verify_tree_greedy(**args, backend="reference")
+
+
+DIRECT_CASES = [
+    (with_(retrive_index=torch.tensor([[0, 1, 2, 3, 4, 5], [6, 7, 8, 9, 10, 12]])), r"retrive_index must be in \[0, .*12\)"),
+    (with_(retrive_index=torch.tensor([[-1, 1, 2, 3, 4, 5], [6, 7, 8, 9, 10, 11]])), "retrive_index must be in"),
+    (with_(predicts=torch.zeros(11, dtype=torch.int32)), r"retrive_index must be in \[0, .*11\)"),
+    (with_(retrive_next_token=torch.tensor([[1, 2, -1, 4, 5, 6]] * 2)), "retrive_next_token must be -1 or a node"),
+    (with_(retrive_next_sibling=torch.tensor([[-2, 3, -1, -1, -1, -1]] * 2)), "retrive_next_sibling must be -1 or a node"),
+    (with_(accept_index=torch.zeros(2, 0, dtype=torch.int32)), "accept_index must have shape"),
+    (with_(accept_index=torch.zeros(2, 4, dtype=torch.int64)), "accept_index must be int32"),
+    (with_(candidates=torch.zeros(2, 6, dtype=torch.int64).T.contiguous().T), "candidates must be contiguous"),
+    (with_(target_predict=torch.zeros(2, 5, dtype=torch.int64)), "target_predict must have shape"),
+]
+
+
+@pytest.mark.parametrize("args,msg", DIRECT_CASES)
+def test_direct_call_bad_input_raises(args, msg):
+    with pytest.raises(RuntimeError, match=msg):
+        torch.ops.domino_ops.verify_tree_greedy(*args.values())
+
+
+def test_direct_call_rejects_aliasing():
+    args = good_args()
+    args["predicts"] = args["candidates"].view(torch.int32)[0]  # 12 int32 over request 0's candidates
+    with pytest.raises(RuntimeError, match="output predicts overlaps input candidates"):
+        torch.ops.domino_ops.verify_tree_greedy(*args.values())
