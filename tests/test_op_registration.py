@@ -4,11 +4,11 @@ import pytest
 import torch
 
 import domino_ops
-from test_domino_head_rollout import make_inputs
+from kernel_cases import head_rollout_inputs
 
 
 def head_op_args(temperature=0.0):
-    inputs = make_inputs(2, 3, 40, 4, 6, 5, torch.float32, torch.float32, True, 0)
+    inputs = head_rollout_inputs(2, 3, 40, 4, 6, 5, torch.float32, torch.float32, True, 0)
     b, k, _ = inputs[0].shape
     u = torch.rand(b, k, dtype=torch.float64) if temperature > 0 else None
     return (*inputs, temperature, 0, 1.0, u, False, torch.empty(b, k, dtype=torch.int64), torch.empty(b, k),
@@ -37,7 +37,7 @@ def test_opcheck(case):
 
 
 def test_torch_compile_traces_the_ops():
-    inputs = make_inputs(2, 4, 64, 8, 8, 8, torch.float32, torch.float32, True, 1)
+    inputs = head_rollout_inputs(2, 4, 64, 8, 8, 8, torch.float32, torch.float32, True, 1)
 
     def draft_and_verify(*args):
         tokens, logprobs, state = domino_ops.domino_head_rollout(*args)

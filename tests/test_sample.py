@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 import domino_ops
 from domino_ops import reference
 from conftest import POISON_TOKEN
+from oracles import filtered_probs
 from stats import assert_matches_distribution
-from test_domino_head_rollout import filtered_probs
 
 
 @given(b=st.sampled_from([1, 2, 7, 33, 64]), V=st.sampled_from([1, 2, 3, 31, 1000, 4099, 50257]),

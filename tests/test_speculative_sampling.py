@@ -8,8 +8,8 @@ import torch
 
 import domino.generate
 from domino_ops import reference
+from oracles import filtered_probs
 from stats import assert_matches_distribution
-from test_domino_head_rollout import filtered_probs
 from tiny_models import tiny_generator
 
 V = 8

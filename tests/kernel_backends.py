@@ -1,0 +1,89 @@
+"""The GPU kernel backends the kernel-contract suite (test_kernel_backends.py) runs on this
+GPU-less machine, with the shapes each is tested at:
+
+- emulated CUDA: every kernel in csrc/cuda/, executed by the host SIMT emulator
+  (torch.ops.domino_simt.*: same kernel sources, same tensor adapters as the real CUDA ops);
+- Triton: python/domino_ops/triton/, under Triton's interpreter (TRITON_INTERPRET=1, set in
+  conftest) or on a GPU when there is one.
+
+Both take the dispatcher ops' schemas (outputs passed in)."""
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import pytest
+import torch
+
+from domino_ops import triton as triton_ops
+
+F32, BF16 = torch.float32, torch.bfloat16
+
+
+def emulated_cuda_kernel(op):
+    """The emulated CUDA kernel of ``op`` (e.g. "sample"): torch.ops.domino_simt.<op>."""
+    # The one place the tests reach the emulator module (importing it registers the ops);
+    # where that module comes from may change, so keep it here only.
+    from domino_ops import _simt  # noqa: F401
+    return getattr(torch.ops.domino_simt, op)
+
+
+@dataclass(frozen=True)
+class KernelBackend:
+    """One backend and its test tables; sizes follow its tile sizes (and its speed)."""
+
+    id: str  # the pytest id
+    device: str  # where its tensors live
+    kernel: Callable[[str], Callable]  # op name -> the op with outputs passed in
+    skip_reason: Optional[str]  # why it cannot run here, or None
+    verify_greedy_sizes: dict  # b, k, V lists
+    sample_vocab: list
+    verify_sampling_shapes: list  # (b, k, V) cases
+    target_population: int  # rounds in the verify_sampling distribution test
+    head_sizes: dict  # b, k, V, r, G, H lists
+    race_cases: list  # (V, N, weight dtype) cases of the head's exponential-race test
+
+
+# The emulator runs one OS thread per CUDA thread, so shapes are small; vocabularies above
+# 256 still span several of the emulated logits kernel's tiles (4 x 64 rows).
+EMULATED_CUDA = KernelBackend(
+    id="emulated_cuda", device="cpu", kernel=emulated_cuda_kernel, skip_reason=None,
+    verify_greedy_sizes=dict(b=[1, 2, 33], k=[1, 3, 7], V=[1, 17, 300]),
+    sample_vocab=[1, 2, 17, 300],
+    verify_sampling_shapes=[(1, 1, 5), (4, 5, 300), (3, 2, 17)],
+    target_population=1500,
+    head_sizes=dict(b=[1, 2, 9, 33],  # 9, 33: more than one group of 8 accumulators
+                    k=[1, 3], V=[1, 17, 257, 700], r=[1, 3, 16, 33], G=[1, 5, 16], H=[1, 8]),
+    race_cases=[(4, 400, BF16)],  # emulated blocks cost ~0.1 s per sequence, hence the modest N
+)
+
+_TRITON_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TRITON = KernelBackend(
+    id="triton", device=_TRITON_DEVICE, kernel=triton_ops.kernel,
+    skip_reason=None if triton_ops.available(_TRITON_DEVICE) else "Triton cannot run here",
+    verify_greedy_sizes=dict(b=[1, 3, 33], k=[1, 4], V=[1, 17, 1500]),
+    sample_vocab=[1, 2, 17, 1500],
+    verify_sampling_shapes=[(1, 1, 5), (4, 5, 300), (3, 2, 1500)],
+    target_population=2000,
+    head_sizes=dict(b=[1, 3, 33], k=[1, 3],
+                    V=[1, 17, 300],  # 300: three 128-row tiles, the last partial
+                    r=[1, 3, 33],  # 33: two 32-column chunks
+                    G=[1, 5, 40],  # 40: two 32-row GRU chunks
+                    H=[1, 8]),
+    race_cases=[(5, 800, F32), (5, 800, BF16)],
+)
+
+BACKENDS = [EMULATED_CUDA, TRITON]
+
+
+def backend_params(table=None):
+    """pytest parameters over BACKENDS (skipped where a backend cannot run): ``backend``
+    alone, or with ``table`` the name of a list attribute of cases, one ``(backend, *case)``
+    per case, so that each backend runs its own cases."""
+    params = []
+    for be in BACKENDS:
+        marks = [pytest.mark.skip(reason=be.skip_reason)] if be.skip_reason else []
+        cases = [()] if table is None else [tuple(c) for c in getattr(be, table)]
+        for case in cases:
+            ident = "-".join([be.id] + [str(c).removeprefix("torch.") for c in case])
+            params.append(pytest.param(be, *case, marks=marks, id=ident))
+    return params

@@ -1,0 +1,169 @@
+"""The kernel contracts, checked on every GPU backend (kernel_backends.BACKENDS: the CUDA
+kernels under the SIMT emulator, the Triton kernels) against the references: greedy
+exactly, sampling exactly given the same uniforms (inverse-CDF paths) or statistically (the
+head's exponential race). Outputs are pre-filled with garbage (poisoned_calls), so an
+unwritten element fails. Each backend runs its own shape tables (kernel_backends)."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from domino_ops import reference
+from kernel_backends import EMULATED_CUDA, backend_params
+from kernel_cases import (head_input_strategy, head_rollout_inputs, head_two_step_population,
+                          sample_case, uniforms, verify_greedy_case, verify_sampling_case, verify_sampling_population,
+                          weights_as_float64)
+from oracles import ARGMAX_MARGIN, head_rollout_oracle
+from poisoned_calls import run_head_poisoned, run_sample_poisoned, run_verify_poisoned
+from stats import assert_matches_distribution
+
+DTYPES = [torch.float32, torch.bfloat16]  # the logits dtypes the kernels take
+# Each example launches hundreds of emulated blocks or interpreted programs: few examples.
+# Hypothesis settings hold per test function, not per backend parameter, so both backends
+# run the larger of the two former suites' counts (emulated CUDA 12, Triton 10).
+KERNEL_EXAMPLES = settings(max_examples=12)
+
+
+def draw_sizes(data, sizes):
+    """One value from each list of ``sizes`` (a dict of name -> list), labelled by name."""
+    return {name: data.draw(st.sampled_from(values), label=name) for name, values in sizes.items()}
+
+
+def run_head(backend, inputs, **kwargs):
+    """The backend's head rollout (see poisoned_calls.run_head_poisoned): CPU outputs."""
+    return run_head_poisoned(backend.kernel("domino_head_rollout"), inputs, device=backend.device, **kwargs)
+
+
+# ---- verify_greedy --------------------------------------------------------------------
+
+@pytest.mark.parametrize("backend", backend_params())
+@KERNEL_EXAMPLES
+@given(data=st.data(), dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**31 - 1))
+def test_verify_greedy(backend, data, dtype, seed):
+    s = draw_sizes(data, backend.verify_greedy_sizes)
+    draft, logits = (x.to(backend.device) for x in verify_greedy_case(s["b"], s["k"], s["V"], dtype, seed))
+    out, acc = run_verify_poisoned(backend.kernel("verify_greedy"), draft, logits)
+    r_out, r_acc = reference.verify_greedy(draft, logits)
+    assert torch.equal(acc, r_acc) and torch.equal(out, r_out)
+
+
+# ---- sample ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("backend", backend_params())
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sample_greedy_is_argmax_with_lowest_index_ties(backend, dtype):
+    logits = torch.randn(6, 300).to(dtype)
+    logits[0, 5] = logits[0, 250] = 100.0  # tie: torch.argmax takes the first
+    logits = logits.to(backend.device)
+    tokens = run_sample_poisoned(backend.kernel("sample"), logits, 0.0, 0, 1.0, None)
+    assert torch.equal(tokens, logits.float().argmax(-1))
+
+
+@pytest.mark.parametrize("backend", backend_params())
+@KERNEL_EXAMPLES
+@given(data=st.data(), b=st.sampled_from([1, 3]), dtype=st.sampled_from(DTYPES),
+       temperature=st.sampled_from([0.0, 0.5, 1.0, 1.7]), top_k=st.sampled_from([0, 1, 3, 50]),
+       top_p=st.sampled_from([1.0, 0.9, 0.3]), ties=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_sample_matches_reference_given_uniforms(backend, data, b, dtype, temperature, top_k, top_p, ties, seed):
+    """Inverse CDF with the row's uniform, top-k by value threshold, top-p with ties in
+    index order: the same token as the reference for the same uniforms (the argmax at T = 0,
+    where the uniforms are ignored)."""
+    V = data.draw(st.sampled_from(backend.sample_vocab), label="V")
+    logits = sample_case(b, V, dtype, ties, seed).to(backend.device)
+    u = uniforms((b,), seed, backend.device)
+    tokens = run_sample_poisoned(backend.kernel("sample"), logits, temperature, top_k, top_p, u)
+    if temperature == 0:
+        expected = logits.float().argmax(-1)
+    else:
+        expected, _ = reference.sample_from_logits(logits.float(), temperature, top_k, top_p, u)
+    assert torch.equal(tokens, expected)
+
+
+# ---- verify_sampling ------------------------------------------------------------------
+
+@pytest.mark.parametrize("backend,b,k,V", backend_params("verify_sampling_shapes"))
+def test_verify_sampling_matches_reference_given_uniforms(backend, b, k, V):
+    dev = backend.device
+    draft, q, p = (x.to(dev) for x in verify_sampling_case(b, k, V))
+    gen = torch.Generator(dev).manual_seed(7)
+    ua, ur = reference.draw_uniforms((b, k), dev, gen), reference.draw_uniforms((b,), dev, gen)
+    out, acc = run_verify_poisoned(backend.kernel("verify_sampling"), draft, q, p, ua, ur)
+    r_out, r_acc = reference.verify_sampling(draft, q, p, generator=torch.Generator(dev).manual_seed(7))
+    assert torch.equal(acc, r_acc) and torch.equal(out, r_out)
+
+
+@pytest.mark.parametrize("backend", backend_params())
+def test_verify_sampling_is_distributed_as_target(backend):
+    """Drafts from q, verified against p: the first output token is distributed as p."""
+    dev = backend.device
+    draft, q, p, target = verify_sampling_population(V=5, N=backend.target_population)
+    ua, ur = uniforms(draft.shape, 1, dev), uniforms(draft.shape[:1], 2, dev)
+    out, _ = run_verify_poisoned(backend.kernel("verify_sampling"), draft.to(dev), q.to(dev), p.to(dev), ua, ur)
+    assert_matches_distribution(out[:, 0].cpu().numpy(), target, what="first token")
+
+
+# ---- domino_head_rollout ----------------------------------------------------------------
+
+@pytest.mark.parametrize("backend", backend_params())
+@KERNEL_EXAMPLES
+@given(data=st.data())
+def test_head_rollout_greedy_matches_oracle(backend, data):
+    inputs = head_rollout_inputs(**data.draw(head_input_strategy(**backend.head_sizes), label="head inputs"))
+    tokens_ref, lp_ref, S_ref, L_ref, margins = head_rollout_oracle(*inputs)
+    assume(bool((margins > ARGMAX_MARGIN).all()))
+    tokens, logprobs, state_out, base = run_head(backend, (inputs[0].clone(),) + inputs[1:], write_logits=True)
+    assert torch.equal(tokens, tokens_ref)
+    torch.testing.assert_close(logprobs, lp_ref.float(), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(state_out, S_ref.float(), rtol=1e-4, atol=1e-5)
+    tol = 1e-4 if base.dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(base.double(), L_ref.to(base.dtype).double(), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("backend", backend_params())
+def test_head_rollout_leaves_base_untouched_without_write_logits(backend):
+    inputs = head_rollout_inputs(2, 3, 300, 8, 16, 8, torch.float32, torch.float32, True, 1)
+    before = inputs[0].clone()
+    *_, base = run_head(backend, inputs)
+    assert torch.equal(base, before) and torch.equal(inputs[0], before)
+
+
+@pytest.mark.parametrize("backend", backend_params())
+@pytest.mark.parametrize("table", [True, False])
+@pytest.mark.parametrize("temperature,top_k,top_p", [(0.8, 3, 1.0), (1.2, 0, 0.7), (1.0, 5, 0.9)])
+def test_head_rollout_filtered_sampling_matches_reference_given_uniforms(backend, table, temperature, top_k, top_p):
+    """top-k / top-p sample a full logit row by inverse CDF, like `sample`: the same tokens
+    as the float64 reference rollout for the same uniforms."""
+    inputs = head_rollout_inputs(3, 3, 40, 8, 16, 8, torch.float32, torch.float32, table, seed=4)
+    *_, L_ref, _ = head_rollout_oracle(*inputs)
+    assert L_ref.sort(-1).values.diff(dim=-1).min() > 1e-5  # no near-ties whose order float rounding could flip
+    t_ref, lp_ref, s_ref = reference.domino_head_rollout(*weights_as_float64(inputs), temperature=temperature,
+                                                         top_k=top_k, top_p=top_p,
+                                                         generator=torch.Generator().manual_seed(9))
+    tokens, logprobs, state_out, _ = run_head(backend, inputs, temperature=temperature, top_k=top_k, top_p=top_p,
+                                              u=uniforms((3, 3), 9))
+    assert torch.equal(tokens, t_ref)
+    torch.testing.assert_close(logprobs, lp_ref, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(state_out, s_ref, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend,V,N,wdtype", backend_params("race_cases"))
+def test_head_rollout_exponential_race_joint_distribution(backend, V, N, wdtype):
+    """Plain temperature sampling uses the fused exponential race (Philox keyed by the
+    uniforms' bits): N identical sequences, the joint law of (x0, x1) must be
+    p(x0) * p(x1 | x0), and each logprob exactly that of the drawn token (which pins the
+    temperature)."""
+    temperature = 1.3
+    inputs, joint, p0 = head_two_step_population(V, N, wdtype, temperature)
+    tokens, logprobs, _, _ = run_head(backend, inputs, temperature=temperature, u=uniforms((N, 2), 5))
+    assert_matches_distribution((tokens[:, 0] * V + tokens[:, 1]).numpy(), joint, what="(x0, x1)")
+    np.testing.assert_allclose(logprobs[:, 0].numpy(), np.log(p0[tokens[:, 0].numpy()]), rtol=1e-3, atol=1e-3)
+
+
+def test_emulated_cuda_head_rollout_rejects_a_rank_over_the_shared_memory_limit():
+    """The CUDA kernel keeps [8, r] floats per logits block in shared memory, hence a rank
+    limit (kHeadMaxRank = 1536) that only the CUDA backend has."""
+    inputs = head_rollout_inputs(1, 1, 17, 1537, 4, 4, torch.float32, torch.float32, True, 0)
+    with pytest.raises(RuntimeError, match="rank r = 1537"):
+        run_head(EMULATED_CUDA, inputs)
