@@ -12,7 +12,7 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from domino_ops import _simt  # noqa: F401  (registers torch.ops.domino_simt)
+import domino_simt  # noqa: F401  (registers torch.ops.domino_simt; see conftest.py)
 from domino_ops import reference
 from conftest import POISON_TOKEN
 from stats import assert_matches_distribution

@@ -6,12 +6,7 @@
 #include "bindings/schemas.h"
 #include "ops.h"
 
-TORCH_LIBRARY(domino_ops, m) {
-  m.def(domino::schemas::kDominoHeadRollout);
-  m.def(domino::schemas::kSample);
-  m.def(domino::schemas::kVerifyGreedy);
-  m.def(domino::schemas::kVerifySampling);
-}
+TORCH_LIBRARY(domino_ops, m) { domino::schemas::define_ops(m); }
 
 TORCH_LIBRARY_IMPL(domino_ops, CPU, m) {
   m.impl("domino_head_rollout", &domino::cpu::domino_head_rollout_cpu);
