@@ -2,6 +2,7 @@
 #   make run    the main job: SmolLM2-135M-Instruct answers a prompt through Domino
 #               speculative decoding, compared with the target's own decoding
 #   make test   the whole test suite (what CI runs)
+# `make simt` builds the test-only SIMT emulator module (see below); `make test` does it.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
@@ -18,7 +19,7 @@ PROMPT ?= Write a Python function that checks whether a number is prime.
 SOURCES := $(shell find csrc python -type f \( -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' -o -name '*.py' -o -name '*.json' -o -name '*.safetensors' \)) \
            CMakeLists.txt pyproject.toml
 
-.PHONY: run test bench clean
+.PHONY: run test simt bench clean
 
 $(VENV)/.deps:
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -33,10 +34,21 @@ $(VENV)/.installed: $(VENV)/.deps $(SOURCES)
 	$(PIP) install -q --no-build-isolation ".[$(EXTRAS)]"
 	@touch $@
 
+# Test infrastructure, never installed: domino_simt, the CUDA kernels compiled as host C++
+# for the SIMT emulator, in a CMake build tree of its own (CPU only) that tests/conftest.py
+# puts on sys.path. Configured once; each call rebuilds only what changed.
+SIMT_DIR := build/simt
+
+simt: $(VENV)/.deps
+	@test -f $(SIMT_DIR)/build.ninja || $(VENV)/bin/cmake -S . -B $(SIMT_DIR) -G Ninja \
+	    -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV))/bin/ninja -DPython_EXECUTABLE=$(abspath $(PY)) \
+	    -Dpybind11_DIR="$$($(PY) -m pybind11 --cmakedir)" -DDOMINO_CUDA=OFF -DDOMINO_SIMT=ON
+	$(VENV)/bin/cmake --build $(SIMT_DIR) --target domino_simt
+
 run: $(VENV)/.installed
 	$(VENV)/bin/domino generate "$(PROMPT)" --max-new-tokens 128 --compare
 
-test: $(VENV)/.installed
+test: $(VENV)/.installed simt
 	$(PY) -m pytest tests -q
 
 bench: $(VENV)/.installed

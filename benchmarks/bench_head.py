@@ -22,7 +22,9 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -194,7 +196,9 @@ def correctness_status() -> None:
     draft[1, 1] += 1
     ref_out, ref_acc = reference.verify_greedy(draft, logits)
     try:
-        from domino_ops import _simt  # noqa: F401
+        # test infrastructure, never installed: `make simt` builds it into build/simt/
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "build" / "simt"))
+        import domino_simt  # noqa: F401
 
         out, acc = torch.empty(3, 4, dtype=torch.int64), torch.empty(3, dtype=torch.int64)
         torch.ops.domino_simt.verify_greedy(draft, logits, out, acc)
@@ -202,7 +206,7 @@ def correctness_status() -> None:
         print(f"CUDA kernels under the SIMT emulator: verify_greedy {'matches' if simt_ok else 'DIFFERS FROM'} "
               "the reference (full checks: pytest tests/test_cuda_kernels_simt.py)")
     except ImportError:
-        print("CUDA kernels under the SIMT emulator: not built (DOMINO_SIMT=OFF)")
+        print("CUDA kernels under the SIMT emulator: not built (make simt)")
     if domino_ops.triton.available("cpu"):
         out, acc = domino_ops.verify_greedy(draft, logits, backend="triton")
         tri_ok = torch.equal(out, ref_out) and torch.equal(acc, ref_acc)

@@ -1,4 +1,7 @@
+import importlib.util
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -8,6 +11,18 @@ from hypothesis import HealthCheck, settings
 # is decorated, so it must be set before domino_ops.triton's kernel modules are imported.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# The SIMT emulator module domino_simt (the CUDA kernels compiled as host C++, test
+# infrastructure) is never installed: `make simt`, which `make test` runs, builds it into
+# build/simt/. This is the one place that knows where; tests `import domino_simt`.
+SIMT_BUILD_DIR = Path(__file__).resolve().parents[1] / "build" / "simt"
+sys.path.insert(0, str(SIMT_BUILD_DIR))
+
+
+def pytest_report_header(config):
+    spec = importlib.util.find_spec("domino_simt")
+    return f"CUDA kernels under the SIMT emulator: {spec.origin if spec else 'domino_simt not built (make simt)'}"
+
 
 # Kernels are timed in benchmarks/, never here: no deadlines. CI runs a moderate number of
 # examples per property; DOMINO_HYPOTHESIS_PROFILE=thorough runs many more.

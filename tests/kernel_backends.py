@@ -23,7 +23,7 @@ def emulated_cuda_kernel(op):
     """The emulated CUDA kernel of ``op`` (e.g. "sample"): torch.ops.domino_simt.<op>."""
     # The one place the tests reach the emulator module (importing it registers the ops);
     # where that module comes from may change, so keep it here only.
-    from domino_ops import _simt  # noqa: F401
+    import domino_simt  # noqa: F401  (built by `make simt`; tests/conftest.py puts it on sys.path)
     return getattr(torch.ops.domino_simt, op)
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from domino_ops import _simt
+import domino_simt
 
 CSRC = Path(__file__).resolve().parents[1] / "csrc"
 INVALID_CONFIGURATION = 9  # cudaErrorInvalidConfiguration
@@ -19,14 +19,14 @@ INVALID_CONFIGURATION = 9  # cudaErrorInvalidConfiguration
 @pytest.mark.parametrize("blocks,threads", [(1, 32), (1, 64), (3, 128), (2, 256)])
 def test_correct_reduction_passes(blocks, threads):
     x = np.random.default_rng(blocks * threads).integers(-8, 9, size=1000).astype(np.float32)
-    assert _simt.block_sum(x.tolist(), blocks, threads, True) == float(x.sum())
+    assert domino_simt.block_sum(x.tolist(), blocks, threads, True) == float(x.sum())
 
 
 def test_missing_syncthreads_gives_a_wrong_result():
     """Threads are real OS threads: without the barriers, the tree reduction reads partner
     slots before they are written (poisoned NaN) or after they change."""
     x = [1.0] * 512
-    results = [_simt.block_sum(x, 1, 256, False) for _ in range(20)]
+    results = [domino_simt.block_sum(x, 1, 256, False) for _ in range(20)]
     assert any(r != 512.0 for r in results), results
 
 
@@ -54,7 +54,7 @@ def test_thread_sanitizer_reports_the_missing_syncthreads(tmp_path):
 
 def test_warp_shuffles_and_votes():
     threads = 64
-    out = np.array(_simt.warp_ops(threads)).reshape(threads, 8)
+    out = np.array(domino_simt.warp_ops(threads)).reshape(threads, 8)
     v = 100 * np.arange(threads)
     for t in range(threads):
         lane, base = t % 32, t - t % 32
@@ -70,16 +70,16 @@ def test_warp_shuffles_and_votes():
 
 
 def test_atomics_are_atomic():
-    counter, maximum, cas = _simt.atomics(3, 128)
+    counter, maximum, cas = domino_simt.atomics(3, 128)
     assert (counter, maximum, cas) == (384, 383, 384)
 
 
 def test_dynamic_shared_memory_is_poisoned_per_block():
-    assert all(math.isnan(x) for x in _simt.read_unwritten_shared(3))
+    assert all(math.isnan(x) for x in domino_simt.read_unwritten_shared(3))
 
 
 def test_launch_limits_are_a_gpus():
-    assert _simt.launch_status(2, 64, 0) == 0
-    assert _simt.launch_status(1, 2048, 0) == INVALID_CONFIGURATION  # > 1024 threads
-    assert _simt.launch_status(1, 64, 64 * 1024) == INVALID_CONFIGURATION  # > 48 KiB dynamic smem
-    assert _simt.launch_status(0, 64, 0) == INVALID_CONFIGURATION  # empty grid
+    assert domino_simt.launch_status(2, 64, 0) == 0
+    assert domino_simt.launch_status(1, 2048, 0) == INVALID_CONFIGURATION  # > 1024 threads
+    assert domino_simt.launch_status(1, 64, 64 * 1024) == INVALID_CONFIGURATION  # > 48 KiB dynamic smem
+    assert domino_simt.launch_status(0, 64, 0) == INVALID_CONFIGURATION  # empty grid

@@ -1,10 +1,15 @@
-// Tensors -> the plain launchers in csrc/cuda/. Shared by the CUDA dispatcher kernels
-// (cuda_impls.cpp, torch's current stream) and their emulated twins (simt_impls.cpp,
-// test infrastructure), so the emulator tests exercise this marshalling too.
+// Tensors -> the plain launchers in csrc/cuda/, written once as the dispatcher kernels of
+// the four ops over a `Device` policy, and registered for both builds of those launchers:
+// the real CUDA ops (bindings/cuda_impls.cpp: a CUDAGuard and torch's current stream) and
+// their emulated twins (simt/emulated_module.cpp, test infrastructure: no guard, no
+// stream), so the emulator tests exercise this marshalling too. A policy provides
+//   Guard     constructed from the output's device for the duration of the call
+//   stream()  the stream to launch on.
 // ATen comes first: in the emulator build the kernel headers bring in simt.h's macros.
 #pragma once
 
 #include <ATen/ATen.h>
+#include <torch/library.h>
 
 #include <limits>
 
@@ -24,34 +29,38 @@ inline void check_grid_rows(int64_t b, const char* what) {
   TORCH_CHECK(b <= std::numeric_limits<int>::max(), what, ": batch ", b, " exceeds the grid limit");
 }
 
-inline void run_verify_greedy(const at::Tensor& draft_tokens, const at::Tensor& target_logits,
-                              at::Tensor& out_tokens, at::Tensor& num_accepted, cudaStream_t stream) {
+template <class Device>
+void verify_greedy(const at::Tensor& draft_tokens, const at::Tensor& target_logits, at::Tensor out_tokens,
+                   at::Tensor num_accepted) {
+  const typename Device::Guard guard(target_logits.device());
   check_verify_greedy_args(draft_tokens, target_logits, out_tokens, num_accepted);
   check_grid_rows(draft_tokens.size(0), "verify_greedy");
   check_launch(launch_verify_greedy(draft_tokens.data_ptr<int64_t>(), target_logits.data_ptr(),
                                     target_logits.scalar_type() == at::kBFloat16, draft_tokens.size(0),
                                     draft_tokens.size(1), target_logits.size(2),
                                     out_tokens.data_ptr<int64_t>(), num_accepted.data_ptr<int64_t>(),
-                                    stream),
+                                    Device::stream()),
                "verify_greedy");
 }
 
-inline void run_sample(const at::Tensor& logits, double temperature, int64_t top_k, double top_p,
-                       const std::optional<at::Tensor>& uniforms, at::Tensor& tokens,
-                       cudaStream_t stream) {
+template <class Device>
+void sample(const at::Tensor& logits, double temperature, int64_t top_k, double top_p,
+            const std::optional<at::Tensor>& uniforms, at::Tensor tokens) {
+  const typename Device::Guard guard(logits.device());
   check_sample_args(logits, temperature, top_k, top_p, uniforms, tokens);
   check_grid_rows(logits.size(0), "sample");
   const double* u = temperature > 0 ? uniforms->data_ptr<double>() : nullptr;
   check_launch(launch_sample(logits.data_ptr(), logits.scalar_type() == at::kBFloat16, logits.size(0),
                              logits.size(1), static_cast<float>(temperature), top_k, top_p, u,
-                             tokens.data_ptr<int64_t>(), stream),
+                             tokens.data_ptr<int64_t>(), Device::stream()),
                "sample");
 }
 
-inline void run_verify_sampling(const at::Tensor& draft_tokens, const at::Tensor& draft_probs,
-                                const at::Tensor& target_probs, const at::Tensor& uniforms_accept,
-                                const at::Tensor& uniforms_resample, at::Tensor& out_tokens,
-                                at::Tensor& num_accepted, cudaStream_t stream) {
+template <class Device>
+void verify_sampling(const at::Tensor& draft_tokens, const at::Tensor& draft_probs,
+                     const at::Tensor& target_probs, const at::Tensor& uniforms_accept,
+                     const at::Tensor& uniforms_resample, at::Tensor out_tokens, at::Tensor num_accepted) {
+  const typename Device::Guard guard(target_probs.device());
   check_verify_sampling_args(draft_tokens, draft_probs, target_probs, uniforms_accept,
                              uniforms_resample, out_tokens, num_accepted);
   check_grid_rows(draft_tokens.size(0), "verify_sampling");
@@ -60,20 +69,20 @@ inline void run_verify_sampling(const at::Tensor& draft_tokens, const at::Tensor
                                       uniforms_resample.data_ptr<double>(), draft_tokens.size(0),
                                       draft_tokens.size(1), target_probs.size(2),
                                       out_tokens.data_ptr<int64_t>(), num_accepted.data_ptr<int64_t>(),
-                                      stream),
+                                      Device::stream()),
                "verify_sampling");
 }
 
 // Workspace comes from torch's caching allocator (no cudaMalloc once warm, and legal
 // inside torch.cuda.graph capture, where it is served from the graph's private pool).
-inline void run_domino_head_rollout(at::Tensor& base_logits, const at::Tensor& hproj,
-                                    const at::Tensor& state, const at::Tensor& gru_input,
-                                    const std::optional<at::Tensor>& w_ih, const at::Tensor& w_hh,
-                                    const at::Tensor& w1s, const at::Tensor& w2, double temperature,
-                                    int64_t top_k, double top_p,
-                                    const std::optional<at::Tensor>& uniforms, bool write_logits,
-                                    at::Tensor& tokens, at::Tensor& logprobs, at::Tensor& state_out,
-                                    cudaStream_t stream) {
+template <class Device>
+void domino_head_rollout(at::Tensor base_logits, const at::Tensor& hproj, const at::Tensor& state,
+                         const at::Tensor& gru_input, const std::optional<at::Tensor>& w_ih,
+                         const at::Tensor& w_hh, const at::Tensor& w1s, const at::Tensor& w2,
+                         double temperature, int64_t top_k, double top_p,
+                         const std::optional<at::Tensor>& uniforms, bool write_logits,
+                         at::Tensor tokens, at::Tensor logprobs, at::Tensor state_out) {
+  const typename Device::Guard guard(base_logits.device());
   check_head_rollout_args(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w2, temperature,
                           top_k, top_p, uniforms, tokens, logprobs, state_out);
   const int64_t b = base_logits.size(0), k = base_logits.size(1), V = base_logits.size(2);
@@ -120,7 +129,17 @@ inline void run_domino_head_rollout(at::Tensor& base_logits, const at::Tensor& h
   args.logprobs = logprobs.data_ptr<float>();
   args.state_out = state_out.data_ptr<float>();
   args.workspace = workspace.data_ptr<float>();
-  check_launch(launch_domino_head_rollout(args, stream), "domino_head_rollout");
+  check_launch(launch_domino_head_rollout(args, Device::stream()), "domino_head_rollout");
+}
+
+// The four ops' implementations for one dispatch key of a library, e.g.
+//   TORCH_LIBRARY_IMPL(domino_ops, CUDA, m) { domino::cuda::impl_ops<CudaDevice>(m); }
+template <class Device>
+void impl_ops(torch::Library& m) {
+  m.impl("domino_head_rollout", &domino_head_rollout<Device>);
+  m.impl("sample", &sample<Device>);
+  m.impl("verify_greedy", &verify_greedy<Device>);
+  m.impl("verify_sampling", &verify_sampling<Device>);
 }
 
 }  // namespace domino::cuda

@@ -1,8 +1,10 @@
-// The schema of every op, once: registered as domino_ops (torch_library.cpp) and, for the
-// emulated CUDA kernels used by the tests, as domino_simt (simt_impls.cpp). Outputs are
-// passed in (mutated, `!`) so that a caller can reuse buffers and capture a decode loop
-// in a CUDA graph.
+// The schema of every op, once: defined as domino_ops (torch_library.cpp) and, for the
+// emulated CUDA kernels used by the tests, as domino_simt (simt/emulated_module.cpp).
+// Outputs are passed in (mutated, `!`) so that a caller can reuse buffers and capture a
+// decode loop in a CUDA graph.
 #pragma once
+
+#include <torch/library.h>
 
 namespace domino::schemas {
 
@@ -21,6 +23,14 @@ inline constexpr const char* kVerifySampling =
     "verify_sampling(Tensor draft_tokens, Tensor draft_probs, Tensor target_probs, "
     "Tensor uniforms_accept, Tensor uniforms_resample, Tensor(a!) out_tokens, "
     "Tensor(b!) num_accepted) -> ()";
+
+// Defines the four ops in a library: TORCH_LIBRARY(ns, m) { domino::schemas::define_ops(m); }
+inline void define_ops(torch::Library& m) {
+  m.def(kDominoHeadRollout);
+  m.def(kSample);
+  m.def(kVerifyGreedy);
+  m.def(kVerifySampling);
+}
 
 // The sgl-kernel-compatible tree ops (csrc/tree_ops.h): sgl-kernel's signatures, with
 // draft_probs optional (newer sgl-kernel releases dropped it).

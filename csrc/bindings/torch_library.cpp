@@ -8,10 +8,7 @@
 #include "tree_ops.h"
 
 TORCH_LIBRARY(domino_ops, m) {
-  m.def(domino::schemas::kDominoHeadRollout);
-  m.def(domino::schemas::kSample);
-  m.def(domino::schemas::kVerifyGreedy);
-  m.def(domino::schemas::kVerifySampling);
+  domino::schemas::define_ops(m);  // the four ops the emulated CUDA library shares
   m.def(domino::schemas::kBuildTreeKernelEfficient);
   m.def(domino::schemas::kVerifyTreeGreedy);
   m.def(domino::schemas::kTreeSpeculativeSamplingTargetOnly);

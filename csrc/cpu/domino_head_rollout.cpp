@@ -25,7 +25,7 @@
 #include <limits>
 #include <vector>
 
-#include "cpu/sampling.h"
+#include "cpu/row_sampler.h"
 #include "cpu/vec.h"
 #include "ops.h"
 

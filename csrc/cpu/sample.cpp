@@ -2,32 +2,17 @@
 //
 // Greedy reads each row once (argmax, first index on ties, as torch.argmax). Sampling
 // tempers, filters (top-k by nth_element, top-p by a sort of the survivors) and inverts
-// the CDF with the caller's uniform; see sampling.h for the exact semantics. Rows run in
+// the CDF with the caller's uniform; see row_sampler.h for the exact semantics. Rows run in
 // parallel; the cost is one pass over b*V logits plus the sort when top_p < 1.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include <vector>
 
-#include "cpu/sampling.h"
-#include "cpu/vec.h"
+#include "cpu/row_sampler.h"
 #include "ops.h"
 
 namespace domino::cpu {
-
-template <typename T>
-static int64_t argmax_row(const T* row, int64_t n) {
-  float best = to_float(row[0]);
-  int64_t arg = 0;
-  for (int64_t j = 1; j < n; ++j) {
-    const float v = to_float(row[j]);
-    if (v > best) {
-      best = v;
-      arg = j;
-    }
-  }
-  return arg;
-}
 
 void sample_cpu(const at::Tensor& logits, double temperature, int64_t top_k, double top_p,
                 const std::optional<at::Tensor>& uniforms, at::Tensor tokens) {

@@ -5,7 +5,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
-#include "cpu/vec.h"
+#include "cpu/row_sampler.h"
 #include "ops.h"
 
 namespace domino::cpu {
@@ -25,13 +25,7 @@ void verify_greedy_cpu(const at::Tensor& draft_tokens, const at::Tensor& target_
       for (int64_t s = s0; s < s1; ++s) {
         int64_t n = 0;
         for (int64_t i = 0; i <= k; ++i) {
-          const scalar_t* row = logits + (s * (k + 1) + i) * V;
-          float best = static_cast<float>(row[0]);
-          int64_t arg = 0;
-          for (int64_t j = 1; j < V; ++j) {
-            const float v = static_cast<float>(row[j]);
-            if (v > best) { best = v; arg = j; }
-          }
+          const int64_t arg = argmax_row(logits + (s * (k + 1) + i) * V, V);
           out[s * (k + 1) + i] = arg;
           if (i == k || arg != draft[s * k + i]) break;
           ++n;

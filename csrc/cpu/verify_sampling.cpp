@@ -11,7 +11,7 @@
 
 #include <vector>
 
-#include "cpu/sampling.h"
+#include "cpu/row_sampler.h"
 #include "ops.h"
 
 namespace domino::cpu {

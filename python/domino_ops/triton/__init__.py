@@ -9,6 +9,7 @@ them here; :mod:`domino_ops.triton.aot` compiles each one for sm_80/sm_90 withou
 from __future__ import annotations
 
 import functools
+import importlib
 import importlib.util
 import os
 
@@ -34,9 +35,8 @@ def available(device) -> bool:
 
 
 def kernel(op: str):
-    """The Triton implementation of ``op`` (imported on first use: triton is heavy)."""
-    if op == "domino_head_rollout":
-        from domino_ops.triton.domino_head_rollout import domino_head_rollout
-        return domino_head_rollout
-    from domino_ops.triton import sampling
-    return getattr(sampling, op)
+    """The Triton implementation of ``op``, the function ``op`` of the module
+    ``domino_ops.triton.<op>`` (imported on first use: triton is heavy)."""
+    if op not in OPS:
+        raise ValueError(f"no Triton kernel for {op!r}; the ops are {OPS}")
+    return getattr(importlib.import_module(f"domino_ops.triton.{op}"), op)

@@ -22,7 +22,8 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, compile as triton_compile
 
 from domino_ops.triton import domino_head_rollout as head
-from domino_ops.triton import sampling
+from domino_ops.triton import sample, verify_greedy, verify_sampling
+from domino_ops.triton.row_sampler import BLOCK_V
 
 
 def _specs():
@@ -45,17 +46,17 @@ def _specs():
                     "tiles": "i32", "temperature": "fp32", "top_k": "i32", "top_p": "fp32", "FIRST": False,
                     "LAST": False, "SAMPLING": sampling_mode != "greedy", "FILTERED": sampling_mode == "filtered",
                     "TABLE": table, "BLOCK_T": 1024, "BLOCK_C": head.BLOCK_C, "BLOCK_J": head.BLOCK_J,
-                    "BLOCK_R": 32, "BLOCK_V": sampling.BLOCK_V}))
+                    "BLOCK_R": 32, "BLOCK_V": BLOCK_V}))
         for greedy in (True, False):
-            specs.append((f"_sample_kernel[{wt},greedy={greedy}]", sampling._sample_kernel, {
+            specs.append((f"_sample_kernel[{wt},greedy={greedy}]", sample._sample_kernel, {
                 "logits_ptr": f"*{wt}", "uniforms_ptr": "*fp64", "tokens_ptr": "*i64", "V": "i32",
-                "temperature": "fp32", "top_k": "i32", "top_p": "fp32", "GREEDY": greedy, "BLOCK": sampling.BLOCK_V}))
-        specs.append((f"_verify_greedy_kernel[{wt}]", sampling._verify_greedy_kernel, {
+                "temperature": "fp32", "top_k": "i32", "top_p": "fp32", "GREEDY": greedy, "BLOCK": BLOCK_V}))
+        specs.append((f"_verify_greedy_kernel[{wt}]", verify_greedy._verify_greedy_kernel, {
             "draft_ptr": "*i64", "logits_ptr": f"*{wt}", "out_ptr": "*i64", "accepted_ptr": "*i64", "k": "i32",
-            "V": "i32", "BLOCK": sampling.BLOCK_V}))
-    specs.append(("_verify_sampling_kernel", sampling._verify_sampling_kernel, {
+            "V": "i32", "BLOCK": BLOCK_V}))
+    specs.append(("_verify_sampling_kernel", verify_sampling._verify_sampling_kernel, {
         "draft_ptr": "*i64", "q_ptr": "*fp32", "p_ptr": "*fp32", "ua_ptr": "*fp64", "ur_ptr": "*fp64",
-        "out_ptr": "*i64", "accepted_ptr": "*i64", "k": "i32", "V": "i32", "BLOCK": sampling.BLOCK_V}))
+        "out_ptr": "*i64", "accepted_ptr": "*i64", "k": "i32", "V": "i32", "BLOCK": BLOCK_V}))
     return specs
 
 

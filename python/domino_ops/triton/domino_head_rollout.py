@@ -6,7 +6,7 @@
   sampling, the winner of an exponential race ``argmax z - log(E)``, E ~ Exp(1) from
   ``tl.rand`` (Philox) seeded with the 64 bits of the step's uniform. Logits are written
   only with write_logits (or to a scratch row for top-k/top-p, sampled by
-  :func:`sampling.sample_row` in the update kernel).
+  :func:`row_sampler.sample_row` in the update kernel).
 - ``_head_update_kernel``, grid (b,): merges the tile partials into the token and its
   log-probability, runs the GRU cell (S ping-pongs between two buffers, because every
   output row reads the whole old S), then computes the next step's ``a``.
@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from domino_ops.triton.sampling import sample_row
+from domino_ops.triton.row_sampler import sample_row
 
 TILE_V = 128  # vocabulary rows per logits program (a [128, 32] w2 chunk in registers)
 BLOCK_C = 32  # columns per GEMV chunk

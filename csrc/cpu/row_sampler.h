@@ -1,5 +1,6 @@
-// Row-level sampling shared by the CPU kernels of `sample`, `domino_head_rollout` (T > 0)
-// and `verify_sampling`.
+// The row sampler: row-level sampling shared by the CPU kernels of `sample`,
+// `domino_head_rollout` (T > 0) and `verify_sampling`, and the greedy row choice shared by
+// `sample` and `verify_greedy` (as cuda/row_sampler.cuh and triton/row_sampler.py).
 //
 // Randomness comes in as uniforms drawn by the caller from a torch.Generator, so a kernel
 // and the PyTorch reference given the same uniforms pick the same token (up to float
@@ -33,6 +34,21 @@ struct SampleScratch {
     w.resize(n);
   }
 };
+
+// Greedy choice of row[0:n] (float or bf16): the first index of the maximum, as torch.argmax.
+template <typename T>
+inline int64_t argmax_row(const T* row, int64_t n) {
+  float best = static_cast<float>(row[0]);
+  int64_t arg = 0;
+  for (int64_t j = 1; j < n; ++j) {
+    const float v = static_cast<float>(row[j]);
+    if (v > best) {
+      best = v;
+      arg = j;
+    }
+  }
+  return arg;
+}
 
 // First index j with cumsum(w)[j] > u * total; the last positive entry when rounding
 // leaves the target unreached. Returns -1 when every weight is zero.

@@ -1,5 +1,6 @@
 // TEST INFRASTRUCTURE: the kernel sources of csrc/cuda/, unchanged, compiled as host C++
-// for the SIMT emulator (DOMINO_SIMT is defined for this target).
+// for the SIMT emulator (DOMINO_SIMT is defined for the domino_simt target); bound to
+// torch.ops.domino_simt by emulated_module.cpp.
 #include "cuda/domino_head_rollout.cu"
 #include "cuda/sample.cu"
 #include "cuda/verify_greedy.cu"

@@ -1,12 +1,11 @@
-"""Triton kernels of ``sample``, ``verify_greedy`` and ``verify_sampling``, and the row
-sampler that the head rollout's top-k/top-p path shares with ``sample``.
+"""The row sampler: ``@triton.jit`` helpers that sample or pick one row of logits, shared
+by the Triton kernels of ``sample``, ``verify_greedy`` and ``domino_head_rollout`` (its
+top-k/top-p path), as csrc/cuda/row_sampler.cuh is by the CUDA kernels.
 
-Same contracts as the CUDA kernels (csrc/cuda/): one program per row or sequence; sampling
-is the inverse CDF of the filtered distribution at the caller's float64 uniform, so given
-the same uniforms the tokens equal the reference's. top-k and top-p are found by bisection
-over the 32-bit ordered key of z = logits / T (no sort): ~70 passes over a row that stays
-in L2 after the first. Triton has no early exit from loops, so verify_greedy reads all
-k+1 rows of a sequence (the CUDA kernel stops at the first mismatch).
+Sampling is the inverse CDF of the filtered distribution at the caller's float64 uniform,
+so given the same uniforms the tokens equal the reference's. top-k and top-p are found by
+bisection over the 32-bit ordered key of z = logits / T (no sort): ~70 passes over a row
+that stays in L2 after the first.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ def _ordered_key(z):
 
 
 @triton.jit
-def _row_argmax(row_ptr, V, BLOCK: tl.constexpr):
+def argmax_row(row_ptr, V, BLOCK: tl.constexpr):
     """First index of the maximum of row[0:V] (as torch.argmax)."""
     best_val = -float("inf")
     best_idx = 0
@@ -156,108 +155,3 @@ def sample_row(row_ptr, V, temperature, top_k, top_p, u, BLOCK: tl.constexpr):
     z_tok = tl.load(row_ptr + token).to(tl.float32) / temperature
     logprob = (z_tok - zmax).to(tl.float64) - tl.log(total)
     return token, logprob.to(tl.float32)
-
-
-@triton.jit
-def _sample_kernel(logits_ptr, uniforms_ptr, tokens_ptr, V, temperature, top_k, top_p,
-                   GREEDY: tl.constexpr, BLOCK: tl.constexpr):
-    s = tl.program_id(0).to(tl.int64)
-    row = logits_ptr + s * V
-    if GREEDY:
-        token = _row_argmax(row, V, BLOCK)
-    else:
-        u = tl.load(uniforms_ptr + s)
-        token, _ = sample_row(row, V, temperature, top_k, top_p, u, BLOCK)
-    tl.store(tokens_ptr + s, token.to(tl.int64))
-
-
-def sample(logits, temperature, top_k, top_p, uniforms, tokens):
-    """``sample`` with the op's schema: logits [b, V] float32/bf16 contiguous, uniforms [b]
-    float64 (temperature > 0), writes tokens [b] int64."""
-    b, V = logits.shape
-    greedy = temperature == 0
-    _sample_kernel[(b,)](logits, uniforms if not greedy else tokens, tokens, V, float(temperature or 1.0),
-                         int(top_k), float(top_p), GREEDY=greedy, BLOCK=min(BLOCK_V, triton.next_power_of_2(V)))
-
-
-@triton.jit
-def _verify_greedy_kernel(draft_ptr, logits_ptr, out_ptr, accepted_ptr, k, V, BLOCK: tl.constexpr):
-    s = tl.program_id(0).to(tl.int64)
-    n = 0
-    for i in range(0, k + 1):
-        target = _row_argmax(logits_ptr + (s * (k + 1) + i) * V, V, BLOCK)
-        alive = n == i  # every earlier draft matched
-        tl.store(out_ptr + s * (k + 1) + i, tl.where(alive, target, -1).to(tl.int64))
-        if i < k:
-            draft = tl.load(draft_ptr + s * k + i)
-            n += (alive & (draft == target)).to(tl.int32)
-    tl.store(accepted_ptr + s, n.to(tl.int64))
-
-
-def verify_greedy(draft_tokens, target_logits, out_tokens, num_accepted):
-    """``verify_greedy`` with the op's schema (draft [b, k] int64, logits [b, k+1, V])."""
-    b, k = draft_tokens.shape
-    V = target_logits.shape[2]
-    _verify_greedy_kernel[(b,)](draft_tokens, target_logits, out_tokens, num_accepted, k, V,
-                                BLOCK=min(BLOCK_V, triton.next_power_of_2(V)))
-
-
-@triton.jit
-def _verify_sampling_kernel(draft_ptr, q_ptr, p_ptr, ua_ptr, ur_ptr, out_ptr, accepted_ptr, k, V,
-                            BLOCK: tl.constexpr):
-    s = tl.program_id(0).to(tl.int64)
-    n = 0
-    alive = tl.full([], 1, tl.int1)
-    for i in range(0, k):
-        x = tl.load(draft_ptr + s * k + i)
-        px = tl.load(p_ptr + (s * (k + 1) + i) * V + x).to(tl.float64)
-        qx = tl.load(q_ptr + (s * k + i) * V + x).to(tl.float64)
-        accept = tl.load(ua_ptr + s * k + i) * qx < px
-        alive = alive & accept
-        n += alive.to(tl.int32)
-    p_row = p_ptr + (s * (k + 1) + n) * V
-    q_row = q_ptr + (s * k + n) * V
-    has_q = n < k
-    residual = tl.full([], 0.0, tl.float64)
-    for start in range(0, V, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        m = offs < V
-        p = tl.load(p_row + offs, mask=m, other=0.0).to(tl.float64)
-        q = tl.load(q_row + offs, mask=m & has_q, other=0.0).to(tl.float64)
-        residual += tl.sum(tl.where(has_q, tl.maximum(p - q, 0.0), 0.0), 0)
-    use_residual = residual > 0
-    total = tl.full([], 0.0, tl.float64)
-    for start in range(0, V, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        m = offs < V
-        p = tl.load(p_row + offs, mask=m, other=0.0).to(tl.float64)
-        q = tl.load(q_row + offs, mask=m & has_q, other=0.0).to(tl.float64)
-        total += tl.sum(tl.where(use_residual, tl.maximum(p - q, 0.0), tl.maximum(p, 0.0)), 0)
-    target = tl.load(ur_ptr + s) * total
-    carry = tl.full([], 0.0, tl.float64)
-    found = V
-    last_positive = -1
-    for start in range(0, V, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        m = offs < V
-        p = tl.load(p_row + offs, mask=m, other=0.0).to(tl.float64)
-        q = tl.load(q_row + offs, mask=m & has_q, other=0.0).to(tl.float64)
-        w = tl.where(use_residual, tl.maximum(p - q, 0.0), tl.maximum(p, 0.0))
-        cdf = carry + tl.cumsum(w, 0)
-        found = tl.minimum(found, tl.min(tl.where((cdf > target) & (w > 0), offs, V), 0))
-        last_positive = tl.maximum(last_positive, tl.max(tl.where(w > 0, offs, -1), 0))
-        carry += tl.sum(w, 0)
-    token = tl.where(found < V, found, last_positive)
-    for i in range(0, k + 1):
-        d = tl.load(draft_ptr + s * k + i, mask=i < k, other=0)
-        tl.store(out_ptr + s * (k + 1) + i, tl.where(i < n, d, tl.where(i == n, token, -1)).to(tl.int64))
-    tl.store(accepted_ptr + s, n.to(tl.int64))
-
-
-def verify_sampling(draft_tokens, draft_probs, target_probs, uniforms_accept, uniforms_resample, out_tokens,
-                    num_accepted):
-    """``verify_sampling`` with the op's schema (probabilities float32)."""
-    b, k = draft_tokens.shape
-    V = target_probs.shape[2]
-    _verify_sampling_kernel[(b,)](draft_tokens, draft_probs, target_probs, uniforms_accept, uniforms_resample,
-                                  out_tokens, num_accepted, k, V, BLOCK=min(BLOCK_V, triton.next_power_of_2(V)))
