@@ -174,14 +174,52 @@ DOMINO_INLINE void dot_block(const W* __restrict w, int64_t cols, const float* _
   vf acc[RB * JN];
   DOMINO_UNROLL
   for (int a = 0; a < RB * JN; ++a) acc[a] = vf{};
-  if constexpr (RB >= JN) {
+  if constexpr (RB > 1) {
     // Rows outer, each row read start to end: the weights are one sequential stream that
-    // the hardware prefetchers follow (interleaving the RB rows step by step, with the
-    // activations held in registers, measured 35 % slower from DRAM on the AVX2 build).
-    // The activations are re-read from L1 as memory operands of the FMAs.
+    // the hardware prefetchers follow. (Interleaving the rows step by step, with the
+    // activations held in registers, is faster from L1 but measured 35-50 % slower from
+    // DRAM on the AVX2 build, at 2 rows as at 8.) The activations are re-read from L1 as
+    // memory operands of the FMAs.
     DOMINO_UNROLL
     for (int rr = 0; rr < RB; ++rr) {
       const W* wr = w + rr * cols;
+      if constexpr (JN <= 2) {
+        // Two accumulators per activation (even / odd columns, or alternate steps): two
+        // dependency chains per row, which the batch-1 stream needs to keep up with DRAM
+        // (one chain measured 28 GB/s from L1 on the AVX2 build, barely above DRAM).
+        vf e[JN], o[JN];
+        DOMINO_UNROLL
+        for (int j = 0; j < JN; ++j) e[j] = o[j] = vf{};
+        if constexpr (sizeof(W) == 2) {
+          for (int64_t c = 0; c < cv; c += S) {
+            const vu raw = load_words(wr + c);
+            const vf we = bit_cast<vf>(raw << 16), wo = bit_cast<vf>(raw & 0xffff0000u);
+            DOMINO_UNROLL
+            for (int j = 0; j < JN; ++j) {
+              e[j] += we * loadu(x + j * xs + c);
+              o[j] += wo * loadu(x + j * xs + c + L);
+            }
+          }
+        } else {
+          int64_t c = 0;
+          for (; c + 2 * S <= cv; c += 2 * S) {
+            const vf w0 = loadu(wr + c), w1 = loadu(wr + c + S);
+            DOMINO_UNROLL
+            for (int j = 0; j < JN; ++j) {
+              e[j] += w0 * loadu(x + j * xs + c);
+              o[j] += w1 * loadu(x + j * xs + c + S);
+            }
+          }
+          if (c < cv) {
+            const vf w0 = loadu(wr + c);
+            DOMINO_UNROLL
+            for (int j = 0; j < JN; ++j) e[j] += w0 * loadu(x + j * xs + c);
+          }
+        }
+        DOMINO_UNROLL
+        for (int j = 0; j < JN; ++j) acc[rr * JN + j] = e[j] + o[j];
+        continue;
+      }
       for (int64_t c = 0; c < cv; c += S) {
         if constexpr (sizeof(W) == 2) {
           const vu raw = load_words(wr + c);
@@ -199,8 +237,8 @@ DOMINO_INLINE void dot_block(const W* __restrict w, int64_t cols, const float* _
       }
     }
   } else {
-    // More activations than rows: the widened weights of the RB rows stay in registers
-    // and each activation vector is loaded once per step.
+    // One row (8 activations on a 16-register build, or a leftover row): its widened
+    // weights stay in registers and each activation vector is loaded once per step.
     for (int64_t c = 0; c < cv; c += S) {
       if constexpr (sizeof(W) == 2) {
         vf we[RB], wo[RB];
