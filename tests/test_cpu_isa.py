@@ -171,3 +171,19 @@ def test_verify_sampling_matches_reference_at_vocabulary_scale(isa):
     got = domino_ops.verify_sampling(draft, q, p, generator=torch.Generator().manual_seed(9))
     want = reference.verify_sampling(draft, q, p, generator=torch.Generator().manual_seed(9))
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("where", ["tie", "nan", "max_late"])
+def test_argmax_of_a_row_split_across_threads(isa, where):
+    """Rows of more than 2 x 4M elements are split across threads (argmax.h): the merge
+    keeps the first index on ties and the first NaN."""
+    n = (1 << 23) + 37
+    row = torch.randn(1, n, generator=torch.Generator().manual_seed(1))
+    if where == "tie":
+        row[0, 5] = row[0, n - 3] = 50.0
+    elif where == "nan":
+        row[0, n - 2] = float("nan")
+        row[0, n // 2 + 1] = float("nan")
+    else:
+        row[0, n - 1] = 60.0
+    assert torch.equal(domino_ops.sample(row), row.argmax(-1))

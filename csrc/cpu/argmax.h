@@ -1,7 +1,10 @@
 // Row argmax on the active instruction-set build (isa.h), shared by the CPU kernels of
 // `sample` (greedy) and `verify_greedy`: first index of the max, the first NaN if there
-// is one (torch.argmax). With fewer rows than threads a row is split across the threads,
-// so batch 1 streams its row with every core.
+// is one (torch.argmax). A row is split across threads only when it is very long: one
+// 151936-float row takes ~40 us on one core, and on the shared 2-core VM a two-thread
+// parallel region often waited 4-16 ms for its second thread (measured in this
+// benchmark's row-op table: 12 ms per greedy sample at batch 1 with the split, and the
+// same wait in a bare torch.argmax), so splitting vocabulary rows is not worth the risk.
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -19,8 +22,8 @@ inline ArgMax argmax_span(const Kernels& K, const c10::BFloat16* x, int64_t n) {
   return K.argmax_bf16(reinterpret_cast<const uint16_t*>(x), n);
 }
 
-// Elements per thread below which splitting a row costs more than it saves.
-constexpr int64_t kArgmaxSplitMin = int64_t{1} << 15;
+// Elements per thread below which a row is not split (4M floats: 16 MB).
+constexpr int64_t kArgmaxSplitMin = int64_t{1} << 22;
 
 template <typename T>
 int64_t row_argmax(const Kernels& K, const T* row, int64_t n, bool split) {

@@ -8,15 +8,41 @@
 //
 // Bytes per step (the floor): w2 (V*r), w_hh (3G*G), w1s (r*G), w_ih (3G*H) or b table rows
 // (b*3G), one base-logit row per sequence (b*V). At the paper shape in bf16 that is ~85 MB
-// per step with the table, dominated by w2 (78 MB), so the kernel is bound by the read
-// bandwidth of the w2 stream. Every weight is streamed once per step for the whole batch
-// (rows_dot multiplies a loaded weight chunk into all b activations), so batch 8 costs
-// little more memory traffic than batch 1.
+// per step with the table, dominated by w2 (78 MB). Every weight is streamed once per step
+// for the whole batch (rows_dot multiplies a loaded weight row into up to 8 activations),
+// so batch 8 moves little more memory than batch 1 but does 8x the multiply-adds.
 //
-// Greedy (T = 0) never materialises logits: each thread keeps, per sequence, the running
-// max/argmax and the sum of exp(L - max) over its vocabulary range, merged across threads
-// at the end of the step (log-sum-exp with rescaling). Sampling (T > 0) needs the filtered
-// distribution, so L is written once into one [b, V] float row that the sampler reads.
+// Every per-element loop (dot products, logits tiles, silu, GRU gates) runs on the
+// instruction-set build chosen at run time (isa.h: avx512, avx2, sse2; DOMINO_CPU_ISA).
+// What limits each, at the paper shape (numbers: one core of the 2-core AMD EPYC (Zen 3)
+// VM, AVX2+FMA, thread CPU time of rows_dot over w2; a plain read loop streams 17-22 GB/s
+// per core there):
+//   batch 1, the w2 stream. A block of kAcc rows is read row by row, each start to end,
+//     with two FMA chains per row; bf16 is widened in registers (shift / and of 32-bit
+//     words, activations pre-permuted to match).
+//     avx2:   16 GB/s of bf16 weights from DRAM per core (41 GB/s when the rows are in
+//             L1), 18 GB/s of fp32: bound by DRAM bandwidth.
+//     sse2:   12.6 GB/s bf16 (19 from L1: no FMA, 4 lanes), 17 fp32: bf16 is nearly
+//             compute bound on one core, DRAM bound with two.
+//     avx512: 16 accumulators in 32 zmm registers, 32 bf16 columns per step; not measured
+//             here (no AVX-512 machine): expected DRAM bound like avx2.
+//   batch 8, the multiply-adds (8 x V x r per step). One row times 8 activations with 16
+//     registers (the widened row in registers, activations from L1), 2 rows x 8 with 32.
+//     avx2: 35 G bf16 multiply-adds/s per core (38 from L1), 22 G fp32; sse2: 15 / 16 G.
+//   Rows interleaved step by step measured 35-50 % slower from DRAM than rows read one
+//   after the other (the hardware prefetchers), at 2 rows as at 8; software prefetch
+//   measured no gain. exp for the greedy log-sum-exp: one vector exp per logit.
+// Threading: three parallel phases per step. (1) rows of w1s and a; (2) the vocabulary in
+// chunks of kVocabChunk rows that threads claim dynamically, so a thread slowed by another
+// process takes fewer (partials merged in chunk order: the result does not depend on the
+// schedule); (3) the GRU, each thread owning a range of hidden units for all three gates.
+// At the small shape (w2 6.3 MB, in the last-level cache) the three fork/joins per step are
+// a visible share of the ~0.2 ms step.
+//
+// Greedy (T = 0) never materialises logits: per chunk and sequence the running
+// max/argmax and the sum of exp(L - max) (log-sum-exp with rescaling), merged at the end of
+// the step. Sampling (T > 0) needs the filtered distribution, so L is written once into
+// one [b, V] float row that the sampler reads (sampling.h).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>

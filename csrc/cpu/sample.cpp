@@ -5,8 +5,8 @@
 // nth_element when top_k > 0 and, when top_p < 1, a sort of the tokens that can be in the
 // nucleus (see sampling.h).
 //
-// Greedy: the instruction-set build's argmax (argmax.h), bound by the read bandwidth;
-// rows in parallel, or with fewer rows than threads each row split across the threads.
+// Greedy: the instruction-set build's argmax (argmax.h), bound by the read bandwidth of
+// one core per row (16-20 GB/s on the AVX2 EPYC VM); rows in parallel.
 // Sampling: rows in parallel, one thread per row; the tempering, max and double
 // exponentials are vectorised, the CDF scan is one dependent double add per token up to
 // the sampled one (the limit at batch 1, with top_k's nth_element and top_p's sort).

@@ -2,8 +2,8 @@
 //
 // Bytes: target rows up to the first mismatch, at most (k+1)*V logits per sequence, each
 // read once by the instruction-set build's argmax (argmax.h): bound by the read
-// bandwidth. Sequences run in parallel; with fewer sequences than threads each row is
-// split across the threads instead (batch 1 streams with every core).
+// bandwidth of one core per sequence. Sequences run in parallel (rows are split across
+// threads only when very long: argmax.h).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
