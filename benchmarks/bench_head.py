@@ -9,12 +9,19 @@ speedup over eager PyTorch.
 - On a GPU: the hand-written CUDA kernels vs the Triton kernels vs eager PyTorch, each
   plain and captured in a CUDA graph (``triton.testing.do_bench`` medians), batch 1/8/32,
   plus the paper's Figure 1 split: one head step vs one LM-head matmul of the same size.
-- On the CPU (always): the C++ CPU kernel vs eager, and the correctness status of the CUDA
-  kernels under the SIMT emulator and of the Triton kernels under the interpreter (those
-  run here for correctness only, never for time).
+- On the CPU (always): the C++ CPU kernel, once per instruction-set build this CPU runs
+  (``avx512``, ``avx2``, ``sse2``: see domino_ops.cpu; each column names its build), vs
+  eager PyTorch, then ``sample``, ``verify_greedy`` and ``verify_sampling`` over a
+  151936-token vocabulary at batch 1 and 32 the same way (bytes = the rows they must read),
+  and the correctness status of the CUDA kernels under the SIMT emulator and of the Triton
+  kernels under the interpreter (those run here for correctness only, never for time).
+  The CPU model, the build the ops pick by default (``DOMINO_CPU_ISA``, else the widest)
+  and the copy bandwidth are printed first; %copy is against that bandwidth, and it is
+  measured again after the tables to show how far a shared machine drifted meanwhile.
 
-    python benchmarks/bench_head.py                 # full table (paper + small shape)
+    python benchmarks/bench_head.py                 # full tables (paper + small shape)
     python benchmarks/bench_head.py --quick         # small shape only
+    python benchmarks/bench_head.py --isas avx2     # one build only
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ if not torch.cuda.is_available():  # Triton kernels can only be interpreted here
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import domino_ops  # noqa: E402
-from domino_ops import reference  # noqa: E402
+from domino_ops import cpu, reference  # noqa: E402
 
 SHAPES = {
     # name: (H, G, r, V)
@@ -103,25 +110,96 @@ def rollout_cases(args, batches, device="cpu"):
                            rollout_bytes(b, args.k, H, G, r, V, dtype.itemsize, table))
 
 
-def cpu_table(args) -> None:
-    """The C++ CPU kernel vs eager PyTorch on this machine's cores."""
-    batches = args.batches or [1, 8]
+def cpu_header(args) -> float:
+    """Prints the CPU, the kernel builds and the copy bandwidth; returns the bandwidth."""
     copy_bw = copy_bandwidth_gbs()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"copy bandwidth {copy_bw:.1f} GB/s (read+write of a 1 GiB tensor)")
+    try:
+        default = cpu.isa()
+    except ValueError as err:  # a bad DOMINO_CPU_ISA: every build is still timed below
+        default = f"none ({err})"
+    print(f"CPU: {cpu.model()}; torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(f"CPU kernel builds compiled: {', '.join(cpu.compiled_isas())}; this CPU runs: "
+          f"{', '.join(cpu.supported_isas())}; the ops run {default} by default "
+          f"(DOMINO_CPU_ISA={os.environ.get('DOMINO_CPU_ISA', 'auto')}); timed here: {', '.join(args.isas)}")
+    print(f"copy bandwidth {copy_bw:.1f} GB/s (read+write of a 1 GiB tensor, before the tables)")
+    return copy_bw
+
+
+def cells(ms: float, nbytes: int, copy_bw: float, eager_ms: float | None = None) -> str:
+    gbs = nbytes / ms / 1e6
+    out = f"{ms:9.2f} {gbs:6.1f} {100 * gbs / copy_bw:5.1f}%"
+    return out + (f" {eager_ms / ms:5.2f}x" if eager_ms is not None else "")
+
+
+def cpu_table(args, copy_bw: float) -> None:
+    """The C++ CPU kernel, once per instruction-set build, vs eager PyTorch."""
+    batches = args.batches or [1, 8]
     print(f"greedy rollout, k = {args.k}; median of {args.repeats} after warm-up; "
-          "bytes = weights once per step + one base row per sequence per step")
-    header = (f"{'shape':6} {'b':>2} {'wt':4} {'gru_input':10} | {'MB/roll':>8} | {'kernel ms':>9} {'GB/s':>6} "
-              f"{'%copy':>6} | {'eager ms':>9} {'GB/s':>6} {'%copy':>6} | {'speedup':>7}")
+          "bytes = weights once per step + one base row per sequence per step; "
+          "x eager = eager ms / kernel ms")
+    head = "".join(f" | {isa + ' ms':>9} {'GB/s':>6} {'%copy':>6} {'x eager':>6}" for isa in args.isas)
+    header = f"{'shape':6} {'b':>2} {'wt':4} {'gru_input':10} | {'MB/roll':>8}{head} | {'eager ms':>9} {'GB/s':>6} {'%copy':>6}"
     print(header)
     print("-" * len(header))
     for label, inputs, nbytes in rollout_cases(args, batches):
-        kern = median_ms(lambda: domino_ops.domino_head_rollout(*inputs), args.repeats)
         eager = median_ms(lambda: reference.domino_head_rollout(*inputs), args.repeats)
-        kbw, ebw = nbytes / kern / 1e6, nbytes / eager / 1e6
-        print(f"{label} | {nbytes / 1e6:8.1f} | {kern:9.2f} {kbw:6.1f} {100 * kbw / copy_bw:5.1f}% | {eager:9.2f} "
-              f"{ebw:6.1f} {100 * ebw / copy_bw:5.1f}% | {eager / kern:6.2f}x")
+        row = f"{label} | {nbytes / 1e6:8.1f}"
+        for isa in args.isas:
+            with cpu.forced_isa(isa):
+                kern = median_ms(lambda: domino_ops.domino_head_rollout(*inputs), args.repeats)
+            row += " | " + cells(kern, nbytes, copy_bw, eager)
+        print(row + " | " + cells(eager, nbytes, copy_bw))
         del inputs
+
+
+def ops_cases(V: int, batches, k: int = 4):
+    """(label, kernel fn, eager fn, bytes it must read) for the row-streaming ops."""
+    gen = torch.Generator().manual_seed(0)
+    for b in batches:
+        for dname, dtype in DTYPES.items():
+            logits = (torch.randn(b, V, generator=gen) * 3).to(dtype)
+            nb = b * V * dtype.itemsize
+            yield (f"sample greedy        {b:>2} {dname:4}", lambda x=logits: domino_ops.sample(x),
+                   lambda x=logits: reference.sample(x), nb)
+        logits = torch.randn(b, V, generator=gen) * 3
+        for label, kw in (("T=1", {}), ("T=1 top_p=.9", {"top_p": 0.9}), ("T=1 top_k=50", {"top_k": 50})):
+            yield (f"sample {label:13} {b:>2} fp32", lambda x=logits, kw=kw: domino_ops.sample(
+                       x, temperature=1.0, generator=torch.Generator().manual_seed(1), **kw),
+                   lambda x=logits, kw=kw: reference.sample(
+                       x, temperature=1.0, generator=torch.Generator().manual_seed(1), **kw), b * V * 4)
+        for dname, dtype in DTYPES.items():  # every draft accepted: k + 1 rows per sequence
+            target = (torch.randn(b, k + 1, V, generator=gen) * 3).to(dtype)
+            draft = target[:, :k].float().argmax(-1)
+            yield (f"verify_greedy k={k}   {b:>2} {dname:4}",
+                   lambda d=draft, t=target: domino_ops.verify_greedy(d, t),
+                   lambda d=draft, t=target: reference.verify_greedy(d, t), b * (k + 1) * V * dtype.itemsize)
+        q = torch.softmax(torch.randn(b, k, V, generator=gen) * 2, -1)
+        p = torch.softmax(torch.randn(b, k + 1, V, generator=gen) * 2, -1)
+        draft = torch.multinomial(q.reshape(-1, V), 1, generator=gen).reshape(b, k)
+        p[torch.arange(b), 0, draft[:, 0]] = 0.0  # rejected at once: the residual p - q of row 0
+        yield (f"verify_sampling k={k} {b:>2} fp32",
+               lambda d=draft, q=q, p=p: domino_ops.verify_sampling(d, q, p, generator=torch.Generator().manual_seed(2)),
+               lambda d=draft, q=q, p=p: reference.verify_sampling(d, q, p, generator=torch.Generator().manual_seed(2)),
+               b * 2 * V * 4)
+
+
+def ops_table(args, copy_bw: float) -> None:
+    """sample / verify_greedy / verify_sampling over a full vocabulary, per build, vs eager."""
+    V = SHAPES["paper"][3]
+    repeats = max(args.repeats, 11)
+    print(f"row ops, V = {V}; median of {repeats} after warm-up; bytes = the logits / probability rows the op "
+          "must read (sampling: the row once; its scratch rows are not counted)")
+    head = "".join(f" | {isa + ' ms':>9} {'GB/s':>6} {'%copy':>6} {'x eager':>6}" for isa in args.isas)
+    header = f"{'op':20} {'b':>2} {'dt':4} | {'MB':>6}{head} | {'eager ms':>9} {'GB/s':>6} {'%copy':>6}"
+    print(header)
+    print("-" * len(header))
+    for label, fn, eager_fn, nbytes in ops_cases(V, args.ops_batches):
+        eager = median_ms(eager_fn, repeats)
+        row = f"{label} | {nbytes / 1e6:6.1f}"
+        for isa in args.isas:
+            with cpu.forced_isa(isa):
+                row += " | " + cells(median_ms(fn, repeats), nbytes, copy_bw, eager)
+        print(row + " | " + cells(eager, nbytes, copy_bw))
 
 
 def gpu_table(args) -> None:
@@ -224,12 +302,22 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=15)
     parser.add_argument("--repeats", type=int, default=5, help="CPU table: timed repeats per cell")
     parser.add_argument("--quick", action="store_true", help="small shape, fewer repeats")
+    parser.add_argument("--isas", nargs="+", default=None,
+                        help="CPU kernel builds to time (default: every build this CPU runs)")
+    parser.add_argument("--ops-batches", nargs="*", type=int, default=[1, 32],
+                        help="batches of the sample/verify table (none: skip it)")
+    parser.add_argument("--no-rollout", action="store_true", help="skip the head-rollout table")
     args = parser.parse_args()
     if args.quick:
         args.shapes, args.repeats = ["small"], 3
+    supported = cpu.supported_isas()
+    args.isas = args.isas or supported
+    for isa in args.isas:
+        if isa not in supported:
+            parser.error(f"--isas {isa}: this CPU runs {', '.join(supported)}")
 
     gpu = torch.cuda.is_available() and domino_ops.cuda_compiled
-    timed = ["C++ CPU kernel", "eager PyTorch (CPU)"]
+    timed = ["C++ CPU kernels (every instruction-set build this CPU runs)", "eager PyTorch (CPU)"]
     if gpu:
         timed += ["CUDA kernels", "Triton kernels", "eager PyTorch (GPU)", "all three in CUDA graphs"]
     print("Backends timed on this machine: " + ", ".join(timed))
@@ -241,7 +329,15 @@ def main() -> None:
     if gpu:
         gpu_table(args)
         print()
-    cpu_table(args)
+    copy_bw = cpu_header(args)
+    if not args.no_rollout:
+        print()
+        cpu_table(args, copy_bw)
+    if args.ops_batches:
+        print()
+        ops_table(args, copy_bw)
+    copy_after = copy_bandwidth_gbs()
+    print(f"\ncopy bandwidth {copy_after:.1f} GB/s after the tables ({copy_bw:.1f} before; %copy uses the before value)")
 
 
 if __name__ == "__main__":

@@ -34,6 +34,37 @@ settings.load_profile(os.environ.get("DOMINO_HYPOTHESIS_PROFILE", "ci"))
 
 POISON_TOKEN = -7
 
+# The CPU kernels are compiled once per instruction set (csrc/cpu/isa.h). Every test in
+# these files runs once per build this machine supports (or only the one DOMINO_CPU_ISA
+# names), through the autouse `cpu_isa` fixture below.
+CPU_KERNEL_TEST_FILES = {"test_domino_head_rollout.py", "test_sample.py", "test_verify_greedy.py",
+                         "test_verify_sampling.py", "test_bad_input.py"}
+
+
+def cpu_isas_to_test() -> list[str]:
+    env = os.environ.get("DOMINO_CPU_ISA", "auto")
+    if env not in ("", "auto"):
+        return [env]
+    from domino_ops import cpu
+    return cpu.supported_isas()
+
+
+def pytest_generate_tests(metafunc):
+    if os.path.basename(str(metafunc.definition.path)) in CPU_KERNEL_TEST_FILES:
+        metafunc.parametrize("cpu_isa", cpu_isas_to_test(), indirect=True)
+
+
+@pytest.fixture(autouse=True)
+def cpu_isa(request):
+    """The CPU kernel build a test runs (None: the process default)."""
+    name = getattr(request, "param", None)
+    if name is None:
+        yield None
+        return
+    from domino_ops import cpu
+    with cpu.forced_isa(name):
+        yield name
+
 
 @pytest.fixture(autouse=True)
 def _seed():

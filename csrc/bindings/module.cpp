@@ -1,8 +1,26 @@
 // The Python module domino_ops._C. Importing it registers the ops (static initialisers in
-// torch_library.cpp); the functions here only describe the build.
+// torch_library.cpp); the functions here describe the build and choose the instruction-set
+// build of the CPU kernels (python/domino_ops/cpu.py wraps them).
+#include <c10/util/Exception.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "cpu/isa_select.h"
 
 namespace py = pybind11;
+
+namespace {
+// c10::ValueError (a bad DOMINO_CPU_ISA or build name) as a Python ValueError with the
+// bare message.
+template <typename F>
+auto value_errors(F f) {
+  try {
+    return f();
+  } catch (const c10::Error& e) {
+    throw py::value_error(e.msg());
+  }
+}
+}  // namespace
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "domino_ops native extension: registers torch.ops.domino_ops.*";
@@ -12,4 +30,12 @@ PYBIND11_MODULE(_C, m) {
 #else
   m.attr("cuda_compiled") = false;
 #endif
+  m.def("cpu_isa", [] { return value_errors([] { return domino::cpu::active_isa(); }); },
+        "Instruction-set build the CPU kernels run (DOMINO_CPU_ISA, else the widest supported)");
+  m.def("cpu_isas_compiled", &domino::cpu::compiled_isas, "CPU kernel builds in this extension, widest first");
+  m.def("cpu_isas_supported", &domino::cpu::supported_isas, "CPU kernel builds this CPU runs, widest first");
+  m.def("cpu_model", &domino::cpu::cpu_model, "The CPU's brand string, family and model");
+  m.def("_force_cpu_isa",
+        [](const std::string& name) { value_errors([&] { domino::cpu::force_isa(name); return 0; }); },
+        "Tests and benchmarks: run the CPU kernels as build `name` ('' to restore)");
 }

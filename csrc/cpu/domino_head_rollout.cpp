@@ -8,33 +8,65 @@
 //
 // Bytes per step (the floor): w2 (V*r), w_hh (3G*G), w1s (r*G), w_ih (3G*H) or b table rows
 // (b*3G), one base-logit row per sequence (b*V). At the paper shape in bf16 that is ~85 MB
-// per step with the table, dominated by w2 (78 MB), so the kernel is bound by the read
-// bandwidth of the w2 stream. Every weight is streamed once per step for the whole batch
-// (rows_dot multiplies a loaded weight chunk into all b activations), so batch 8 costs
-// little more memory traffic than batch 1.
+// per step with the table, dominated by w2 (78 MB). Every weight is streamed once per step
+// for the whole batch (rows_dot multiplies a loaded weight row into up to 8 activations),
+// so batch 8 moves little more memory than batch 1 but does 8x the multiply-adds.
 //
-// Greedy (T = 0) never materialises logits: each thread keeps, per sequence, the running
-// max/argmax and the sum of exp(L - max) over its vocabulary range, merged across threads
-// at the end of the step (log-sum-exp with rescaling). Sampling (T > 0) needs the filtered
-// distribution, so L is written once into one [b, V] float row that the sampler reads.
+// Every per-element loop (dot products, logits tiles, silu, GRU gates) runs on the
+// instruction-set build chosen at run time (isa.h: avx512, avx2, sse2; DOMINO_CPU_ISA).
+// What limits each, at the paper shape (numbers: one core of the 2-core AMD EPYC (Zen 3)
+// VM, AVX2+FMA, thread CPU time of rows_dot over w2; a plain read loop streams 17-22 GB/s
+// per core there):
+//   batch 1, the w2 stream. A block of kAcc rows is read row by row, each start to end,
+//     with two FMA chains per row; bf16 is widened in registers (shift / and of 32-bit
+//     words, activations pre-permuted to match).
+//     avx2:   16 GB/s of bf16 weights from DRAM per core (41 GB/s when the rows are in
+//             L1), 18 GB/s of fp32: bound by DRAM bandwidth.
+//     sse2:   12.6 GB/s bf16 (19 from L1: no FMA, 4 lanes), 17 fp32: bf16 is nearly
+//             compute bound on one core, DRAM bound with two.
+//     avx512: 16 accumulators in 32 zmm registers, 32 bf16 columns per step; not measured
+//             here (no AVX-512 machine): expected DRAM bound like avx2.
+//   batch 8, the multiply-adds (8 x V x r per step). One row times 8 activations with 16
+//     registers (the widened row in registers, activations from L1), 2 rows x 8 with 32.
+//     avx2: 35 G bf16 multiply-adds/s per core (38 from L1), 22 G fp32; sse2: 15 / 16 G.
+//   Rows interleaved step by step measured 35-50 % slower from DRAM than rows read one
+//   after the other (the hardware prefetchers), at 2 rows as at 8; software prefetch
+//   measured no gain. exp for the greedy log-sum-exp: one vector exp per logit.
+// Threading: three parallel phases per step. (1) rows of w1s and a; (2) the vocabulary in
+// chunks of kVocabChunk rows that threads claim dynamically, so a thread slowed by another
+// process takes fewer (partials merged in chunk order: the result does not depend on the
+// schedule); (3) the GRU, each thread owning a range of hidden units for all three gates.
+// At the small shape (w2 6.3 MB, in the last-level cache) the three fork/joins per step are
+// a visible share of the ~0.2 ms step.
+//
+// Greedy (T = 0) never materialises logits: per chunk and sequence the running
+// max/argmax and the sum of exp(L - max) (log-sum-exp with rescaling), merged at the end of
+// the step. Sampling (T > 0) needs the filtered distribution, so L is written once into
+// one [b, V] float row that the sampler reads (row_sampler.h).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <torch/library.h>
+#include <c10/util/BFloat16.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
+#include "cpu/isa.h"
 #include "cpu/row_sampler.h"
-#include "cpu/vec.h"
 #include "ops.h"
 
 namespace domino::cpu {
 namespace {
 
-// Vocabulary rows handled per tile: the tile's dot products ([tile][b] floats) and one
-// sequence's logits stay in L1.
+// Vocabulary rows per rows_dot call: the tile's dot products ([b][tile] floats) stay in L1.
 constexpr int64_t kVocabTile = 256;
+// Vocabulary rows a thread claims at a time (dynamic: a thread slowed by another process
+// takes fewer). Partials are kept per chunk and merged in chunk order, so results do not
+// depend on the schedule.
+constexpr int64_t kVocabChunk = 16 * kVocabTile;
 
 struct RunningLse {
   float max = -std::numeric_limits<float>::infinity();
@@ -53,13 +85,18 @@ struct RunningLse {
   }
 };
 
-// Splits [0, n) into one contiguous range per thread, aligned to `align`.
+// Splits [0, n) into one contiguous range per thread, aligned to `align`, at least
+// `min_per_thread` long.
 template <typename F>
 void parallel_ranges(int64_t n, int64_t align, int64_t min_per_thread, const F& f) {
   const int64_t max_parts = std::max<int64_t>(1, n / std::max<int64_t>(min_per_thread, 1));
   const int64_t parts = std::min<int64_t>(at::get_num_threads(), max_parts);
   int64_t per = (n + parts - 1) / parts;
   per = (per + align - 1) / align * align;
+  if (parts == 1) {
+    f(0, 0, n);
+    return;
+  }
   at::parallel_for(0, parts, 1, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) {
       const int64_t begin = std::min(n, p * per), end = std::min(n, (p + 1) * per);
@@ -68,13 +105,51 @@ void parallel_ranges(int64_t n, int64_t align, int64_t min_per_thread, const F& 
   });
 }
 
+// Weight matrices of dtype W against nb activation vectors through the active build.
 template <typename W>
-void parallel_rows_dot(const W* w, int64_t rows, int64_t cols, const float* x, int64_t nb,
-                       float* y) {
-  // y is [rows][nb]; work is split by rows so every weight byte is read by one thread.
-  parallel_ranges(rows, 16, 64, [&](int64_t, int64_t r0, int64_t r1) {
-    if (r0 < r1) rows_dot(w, r0, r1, cols, x, cols, nb, y, nb);
-  });
+struct Gemv {
+  const Kernels& K;
+  static constexpr bool kBf16 = std::is_same_v<W, c10::BFloat16>;
+
+  // Rows per thread so that a thread's share is worth a fork (>= 64 KB of weights).
+  static int64_t min_rows(int64_t cols) {
+    return std::max<int64_t>(16, (int64_t{64} << 10) / std::max<int64_t>(1, cols * int64_t(sizeof(W))));
+  }
+  // The activations [nb][cols] in the layout rows_dot reads (permuted for bf16 weights).
+  const float* prepare(const float* x, int64_t nb, int64_t cols, std::vector<float>& buf) const {
+    if constexpr (!kBf16) {
+      return x;
+    } else {
+      buf.resize(nb * cols);
+      K.pack_bf16_x(x, cols, nb, cols, buf.data());
+      return buf.data();
+    }
+  }
+  // y[j * ys + row] = dot(w[row, :cols], x_j) for rows [0, rows).
+  void dot(const W* w, int64_t rows, int64_t cols, const float* xp, int64_t nb, float* y,
+           int64_t ys) const {
+    if constexpr (kBf16)
+      K.rows_dot_bf16(reinterpret_cast<const uint16_t*>(w), rows, cols, xp, cols, nb, y, ys);
+    else
+      K.rows_dot_f32(w, rows, cols, xp, cols, nb, y, ys);
+  }
+  void widen(const W* x, int64_t n, float* out) const {
+    if constexpr (kBf16)
+      K.widen_bf16(reinterpret_cast<const uint16_t*>(x), n, out);
+    else
+      std::copy(x, x + n, out);
+  }
+};
+
+template <typename BL>
+void logits_tile(const Kernels& K, float* dots, int64_t n, BL* base, bool write, float* row,
+                 TileStats* st) {
+  if constexpr (std::is_same_v<BL, c10::BFloat16>) {
+    auto* bits = reinterpret_cast<uint16_t*>(base);
+    K.logits_tile_bf16(dots, n, bits, write ? bits : nullptr, row, st);
+  } else {
+    K.logits_tile_f32(dots, n, base, write ? base : nullptr, row, st);
+  }
 }
 
 template <typename W, typename BL>
@@ -82,46 +157,52 @@ void rollout(BL* base, const float* hproj, float* S, const W* gru_input, const W
              const W* w_hh, const W* w1s, const W* w2, int64_t b, int64_t k, int64_t V,
              int64_t r, int64_t G, int64_t H, float temperature, int64_t top_k, float top_p,
              const double* uniforms, bool write_logits, int64_t* tokens, float* logprobs) {
+  const Kernels& K = kernels();
+  const Gemv<W> gemv{K};
   const bool greedy = temperature == 0.0f;
   const int64_t G3 = 3 * G;
-  std::vector<float> w1s_out(r * b), act(b * r), gi(G3 * b), gh(G3 * b), emb;
+  // Activations are [b][n] throughout; rows_dot writes y[s * ys + row].
+  std::vector<float> w1s_out(b * r), act(b * r), gi(b * G3), gh(b * G3), S_new(b * G), emb;
+  std::vector<float> S_buf, act_buf, emb_buf;  // activations in rows_dot's layout
   std::vector<float> row;  // the one [b, V] logits row, only when sampling
   if (!greedy) row.resize(b * V);
   if (w_ih != nullptr) emb.resize(b * H);
 
-  const int64_t max_parts = at::get_num_threads();
-  std::vector<RunningLse> partial(max_parts * b);
+  const int64_t n_chunks = (V + kVocabChunk - 1) / kVocabChunk;
+  std::vector<RunningLse> partial(n_chunks * b);
   std::vector<int64_t> x(b);
   std::vector<SampleScratch> scratch(b);
+  const int64_t threads = at::get_num_threads();
 
   for (int64_t i = 0; i < k; ++i) {
-    // a = silu(hproj[:, i] + w1s @ S)
-    parallel_rows_dot(w1s, r, G, S, b, w1s_out.data());
-    for (int64_t s = 0; s < b; ++s)
-      for (int64_t j = 0; j < r; ++j)
-        act[s * r + j] = silu(hproj[(s * k + i) * r + j] + w1s_out[j * b + s]);
+    // a = silu(hproj[:, i] + S @ w1s^T), rows of w1s split across threads
+    const float* Sp = gemv.prepare(S, b, G, S_buf);
+    parallel_ranges(r, 16, Gemv<W>::min_rows(G), [&](int64_t, int64_t r0, int64_t r1) {
+      if (r0 >= r1) return;
+      gemv.dot(w1s + r0 * G, r1 - r0, G, Sp, b, w1s_out.data() + r0, r);
+      for (int64_t s = 0; s < b; ++s)
+        K.silu_add(hproj + (s * k + i) * r + r0, w1s_out.data() + s * r + r0, r1 - r0,
+                   act.data() + s * r + r0);
+    });
+    const float* ap = gemv.prepare(act.data(), b, r, act_buf);
 
-    // L = base + w2 @ a over vocabulary tiles; reduce or write the row.
-    for (auto& p : partial) p = RunningLse{};
-    parallel_ranges(V, 64, kVocabTile, [&](int64_t part, int64_t v_begin, int64_t v_end) {
-      std::vector<float> dots(kVocabTile * b), lrow(kVocabTile);
-      for (int64_t v0 = v_begin; v0 < v_end; v0 += kVocabTile) {
-        const int64_t n = std::min(kVocabTile, v_end - v0);
-        rows_dot(w2 + v0 * r, 0, n, r, act.data(), r, b, dots.data(), b);
-        for (int64_t s = 0; s < b; ++s) {
-          BL* base_row = base + (s * k + i) * V + v0;
-          for (int64_t t = 0; t < n; ++t) lrow[t] = to_float(base_row[t]) + dots[t * b + s];
-          if (write_logits)
-            for (int64_t t = 0; t < n; ++t) base_row[t] = static_cast<BL>(lrow[t]);
-          if (!greedy) {
-            std::copy(lrow.begin(), lrow.begin() + n, row.begin() + s * V + v0);
-            continue;
+    // L = base + a @ w2^T over vocabulary tiles; reduce (greedy) or write the row.
+    std::atomic<int64_t> next_chunk{0};
+    at::parallel_for(0, std::min(threads, n_chunks), 1, [&](int64_t, int64_t) {
+      std::vector<float> dots(b * kVocabTile);
+      for (int64_t c; (c = next_chunk.fetch_add(1, std::memory_order_relaxed)) < n_chunks;) {
+        RunningLse* part = partial.data() + c * b;
+        for (int64_t s = 0; s < b; ++s) part[s] = RunningLse{};
+        const int64_t c_end = std::min(V, (c + 1) * kVocabChunk);
+        for (int64_t v0 = c * kVocabChunk; v0 < c_end; v0 += kVocabTile) {
+          const int64_t n = std::min(kVocabTile, c_end - v0);
+          gemv.dot(w2 + v0 * r, n, r, ap, b, dots.data(), kVocabTile);
+          for (int64_t s = 0; s < b; ++s) {
+            TileStats st;
+            logits_tile(K, dots.data() + s * kVocabTile, n, base + (s * k + i) * V + v0, write_logits,
+                        greedy ? nullptr : row.data() + s * V + v0, greedy ? &st : nullptr);
+            if (greedy) part[s].merge(st.max, v0 + st.arg, st.sum);
           }
-          float tmax = lrow[0];
-          int64_t targ = 0;
-          for (int64_t t = 1; t < n; ++t)
-            if (lrow[t] > tmax) { tmax = lrow[t]; targ = t; }
-          partial[part * b + s].merge(tmax, v0 + targ, sum_exp_shifted(lrow.data(), n, tmax));
         }
       }
     });
@@ -130,8 +211,8 @@ void rollout(BL* base, const float* hproj, float* S, const W* gru_input, const W
     if (greedy) {
       for (int64_t s = 0; s < b; ++s) {
         RunningLse total;
-        for (int64_t p = 0; p < max_parts; ++p) {
-          const RunningLse& q = partial[p * b + s];
+        for (int64_t c = 0; c < n_chunks; ++c) {
+          const RunningLse& q = partial[c * b + s];
           if (q.arg != std::numeric_limits<int64_t>::max()) total.merge(q.max, q.arg, q.sum);
         }
         x[s] = total.arg;
@@ -140,7 +221,7 @@ void rollout(BL* base, const float* hproj, float* S, const W* gru_input, const W
     } else {
       at::parallel_for(0, b, 1, [&](int64_t s0, int64_t s1) {
         for (int64_t s = s0; s < s1; ++s) {
-          const Sampled got = sample_row(row.data() + s * V, V, temperature, top_k, top_p,
+          const Sampled got = sample_row(K, row.data() + s * V, V, temperature, top_k, top_p,
                                          uniforms[s * k + i], scratch[s]);
           x[s] = got.token;
           logprobs[s * k + i] = got.logprob;
@@ -149,29 +230,29 @@ void rollout(BL* base, const float* hproj, float* S, const W* gru_input, const W
     }
     for (int64_t s = 0; s < b; ++s) tokens[s * k + i] = x[s];
 
-    // S = GRUCell(E[x], S), gates in torch.nn.GRUCell order (r, z, n), no biases.
+    // S = GRUCell(E[x], S), gates in torch.nn.GRUCell order (r, z, n), no biases. Each
+    // thread owns hidden units [j0, j1): the three gate rows of w_hh (and w_ih) for them,
+    // then their new state, so the whole GRU is one parallel phase.
+    const float* ep = nullptr;
     if (w_ih != nullptr) {
-      for (int64_t s = 0; s < b; ++s) {
-        const W* e = gru_input + x[s] * H;
-        for (int64_t j = 0; j < H; ++j) emb[s * H + j] = to_float(e[j]);
-      }
-      parallel_rows_dot(w_ih, G3, H, emb.data(), b, gi.data());
-    } else {
-      for (int64_t s = 0; s < b; ++s) {
-        const W* t = gru_input + x[s] * G3;
-        for (int64_t j = 0; j < G3; ++j) gi[j * b + s] = to_float(t[j]);
-      }
+      for (int64_t s = 0; s < b; ++s) gemv.widen(gru_input + x[s] * H, H, emb.data() + s * H);
+      ep = gemv.prepare(emb.data(), b, H, emb_buf);
     }
-    parallel_rows_dot(w_hh, G3, G, S, b, gh.data());
-    for (int64_t s = 0; s < b; ++s) {
-      for (int64_t j = 0; j < G; ++j) {
-        const float rg = sigmoid(gi[j * b + s] + gh[j * b + s]);
-        const float zg = sigmoid(gi[(G + j) * b + s] + gh[(G + j) * b + s]);
-        const float ng = std::tanh(gi[(2 * G + j) * b + s] + rg * gh[(2 * G + j) * b + s]);
-        float& h = S[s * G + j];
-        h = (1.0f - zg) * ng + zg * h;
+    const int64_t gru_cols = G + (w_ih != nullptr ? H : 0);
+    parallel_ranges(G, 16, std::max<int64_t>(1, Gemv<W>::min_rows(gru_cols) / 3), [&](int64_t, int64_t j0, int64_t j1) {
+      if (j0 >= j1) return;
+      for (int64_t g = 0; g < 3; ++g) {
+        gemv.dot(w_hh + (g * G + j0) * G, j1 - j0, G, Sp, b, gh.data() + g * G + j0, G3);
+        if (w_ih != nullptr)
+          gemv.dot(w_ih + (g * G + j0) * H, j1 - j0, H, ep, b, gi.data() + g * G + j0, G3);
+        else
+          for (int64_t s = 0; s < b; ++s)
+            gemv.widen(gru_input + x[s] * G3 + g * G + j0, j1 - j0, gi.data() + s * G3 + g * G + j0);
       }
-    }
+      for (int64_t s = 0; s < b; ++s)
+        K.gru_update(gi.data() + s * G3, gh.data() + s * G3, G, j0, j1, S + s * G, S_new.data() + s * G);
+    });
+    std::copy(S_new.begin(), S_new.end(), S);
   }
 }
 

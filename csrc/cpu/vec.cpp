@@ -1,35 +1,298 @@
-// Out-of-line, multiversioned instances of the helpers in vec.h.
+// One instruction-set build of the CPU kernels' vector code: CMakeLists.txt compiles this
+// file once per build with its -march and DOMINO_ISA, and isa.cpp picks one table.
 #include "cpu/vec.h"
 
-namespace domino::cpu {
+#define DOMINO_STR2(x) #x
+#define DOMINO_STR(x) DOMINO_STR2(x)
 
-DOMINO_MULTIVERSION void rows_dot(const float* w, int64_t row0, int64_t row1, int64_t cols,
-                                  const float* x, int64_t x_stride, int64_t nb, float* y,
-                                  int64_t y_stride) {
-  rows_dot_impl(w, row0, row1, cols, x, x_stride, nb, y, y_stride);
+namespace domino::cpu::DOMINO_ISA {
+namespace {
+
+template <size_t... I>
+DOMINO_INLINE vf2 low_half(vf v, std::index_sequence<I...>) { return __builtin_shufflevector(v, v, int(I)...); }
+template <size_t... I>
+DOMINO_INLINE vf2 high_half(vf v, std::index_sequence<I...>) { return __builtin_shufflevector(v, v, int(L / 2 + I)...); }
+
+// The last n < L values of an array as a vector, padded with `fill`.
+template <typename T>
+DOMINO_INLINE vf load_partial(const T* p, int64_t n, float fill) {
+  float t[L];
+  for (int i = 0; i < L; ++i) t[i] = i < n ? to_float(p[i]) : fill;
+  return loadu(t);
+}
+DOMINO_INLINE void store_partial(float* p, int64_t n, vf v) {
+  float t[L];
+  storeu(t, v);
+  for (int64_t i = 0; i < n; ++i) p[i] = t[i];
 }
 
-DOMINO_MULTIVERSION void rows_dot(const c10::BFloat16* w, int64_t row0, int64_t row1,
-                                  int64_t cols, const float* x, int64_t x_stride, int64_t nb,
-                                  float* y, int64_t y_stride) {
-  rows_dot_impl(w, row0, row1, cols, x, x_stride, nb, y, y_stride);
-}
-
-DOMINO_MULTIVERSION float sum_exp_shifted(const float* v, int64_t n, float m) {
-  v16f acc = v16f{};
-  const int64_t n_vec = n - n % kLanes;
-  for (int64_t i = 0; i < n_vec; i += kLanes) {
-    acc += exp_approx(load16(v + i) - m);
+void pack_bf16_x(const float* x, int64_t xs, int64_t nb, int64_t cols, float* out) {
+  const int64_t cv = cols - cols % (2 * L);
+  for (int64_t j = 0; j < nb; ++j) {
+    const float* src = x + j * xs;
+    float* dst = out + j * cols;
+    for (int64_t c = 0; c < cv; c += 2 * L)
+      for (int l = 0; l < L; ++l) {
+        dst[c + l] = src[c + 2 * l];
+        dst[c + L + l] = src[c + 2 * l + 1];
+      }
+    for (int64_t c = cv; c < cols; ++c) dst[c] = src[c];
   }
-  if (n_vec < n) {
-    // Tail: pad with -inf-like values whose exp is ~0 and mask them out.
-    v16f tail = v16f{} + m;
-    for (int64_t i = n_vec; i < n; ++i) tail[i - n_vec] = v[i];
-    v16f e = exp_approx(tail - m);
-    for (int l = static_cast<int>(n - n_vec); l < kLanes; ++l) e[l] = 0.0f;
-    acc += e;
-  }
-  return hsum(acc);
 }
 
-}  // namespace domino::cpu
+void rows_dot_f32(const float* w, int64_t rows, int64_t cols, const float* x, int64_t xs,
+                  int64_t nb, float* y, int64_t ys) {
+  rows_dot_impl(w, rows, cols, x, xs, nb, y, ys);
+}
+
+void rows_dot_bf16(const uint16_t* w, int64_t rows, int64_t cols, const float* x, int64_t xs,
+                   int64_t nb, float* y, int64_t ys) {
+  rows_dot_impl(w, rows, cols, x, xs, nb, y, ys);
+}
+
+// L = base + dots; optional write-back and sampling row; greedy statistics: max (NaN
+// never wins), its first index, and sum(exp(L - max)).
+template <typename BT>
+void logits_tile(float* d, int64_t n, const BT* base, BT* base_out, float* row_out, TileStats* st) {
+  const int64_t nv = n - n % L;
+  vf vm = splat(-kInf);
+  for (int64_t i = 0; i < nv; i += L) {
+    const vf l = loadu(base + i) + loadu(d + i);
+    storeu(d + i, l);
+    if (base_out) storeu(base_out + i, l);
+    if (row_out) storeu(row_out + i, l);
+    vm = l > vm ? l : vm;
+  }
+  float m = hmax(vm);
+  for (int64_t i = nv; i < n; ++i) {
+    const float l = to_float(base[i]) + d[i];
+    d[i] = l;
+    if (base_out) store_one(base_out + i, l);
+    if (row_out) row_out[i] = l;
+    if (l > m) m = l;
+  }
+  if (st == nullptr) return;
+  int64_t arg = -1;
+  for (int64_t i = 0; i < n; ++i)
+    if (d[i] == m) {
+      arg = i;
+      break;
+    }
+  if (arg < 0) {  // every value NaN
+    *st = TileStats{d[0], 0, d[0]};
+    return;
+  }
+  vf acc = vf{};
+  for (int64_t i = 0; i < nv; i += L) acc += exp_approx(loadu(d + i) - m);
+  if (nv < n) {
+    const vf e = exp_approx(load_partial(d + nv, n - nv, m) - m);
+    float t[L];
+    storeu(t, e);
+    for (int64_t i = n - nv; i < L; ++i) t[i] = 0.0f;
+    acc += loadu(t);
+  }
+  *st = TileStats{m, arg, hsum(acc)};
+}
+
+void logits_tile_f32(float* d, int64_t n, const float* base, float* base_out, float* row_out,
+                     TileStats* st) {
+  logits_tile(d, n, base, base_out, row_out, st);
+}
+void logits_tile_bf16(float* d, int64_t n, const uint16_t* base, uint16_t* base_out,
+                      float* row_out, TileStats* st) {
+  logits_tile(d, n, base, base_out, row_out, st);
+}
+
+void silu_add(const float* a, const float* b, int64_t n, float* out) {
+  const int64_t nv = n - n % L;
+  for (int64_t i = 0; i < nv; i += L) {
+    const vf x = loadu(a + i) + loadu(b + i);
+    storeu(out + i, x * sigmoid(x));
+  }
+  if (nv < n) {
+    const vf x = load_partial(a + nv, n - nv, 0.0f) + load_partial(b + nv, n - nv, 0.0f);
+    store_partial(out + nv, n - nv, x * sigmoid(x));
+  }
+}
+
+// tanh(x) = 2 sigmoid(2x) - 1: absolute error ~2e-7 near 0.
+DOMINO_INLINE vf gru_cell(vf ir, vf hr, vf iz, vf hz, vf in, vf hn, vf h) {
+  const vf r = sigmoid(ir + hr);
+  const vf z = sigmoid(iz + hz);
+  const vf n = 2.0f * sigmoid(2.0f * (in + r * hn)) - 1.0f;
+  return (1.0f - z) * n + z * h;
+}
+
+void gru_update(const float* gi, const float* gh, int64_t G, int64_t j0, int64_t j1,
+                const float* h, float* h_new) {
+  int64_t j = j0;
+  for (; j + L <= j1; j += L)
+    storeu(h_new + j, gru_cell(loadu(gi + j), loadu(gh + j), loadu(gi + G + j), loadu(gh + G + j),
+                               loadu(gi + 2 * G + j), loadu(gh + 2 * G + j), loadu(h + j)));
+  if (j < j1) {
+    const int64_t n = j1 - j;
+    store_partial(h_new + j, n,
+                  gru_cell(load_partial(gi + j, n, 0.0f), load_partial(gh + j, n, 0.0f),
+                           load_partial(gi + G + j, n, 0.0f), load_partial(gh + G + j, n, 0.0f),
+                           load_partial(gi + 2 * G + j, n, 0.0f),
+                           load_partial(gh + 2 * G + j, n, 0.0f), load_partial(h + j, n, 0.0f)));
+  }
+}
+
+void widen_bf16(const uint16_t* x, int64_t n, float* out) {
+  const int64_t nv = n - n % L;
+  for (int64_t i = 0; i < nv; i += L) storeu(out + i, loadu(x + i));
+  for (int64_t i = nv; i < n; ++i) out[i] = to_float(x[i]);
+}
+
+// First index of the max (torch.argmax semantics: the first NaN wins if there is one).
+// Four independent (max, index) chains of L lanes; each lane keeps its first maximum
+// (strict >), and lanes are merged by value, then by lowest index.
+template <typename T>
+ArgMax argmax_block(const T* x, int64_t n, int64_t offset) {  // n < 2^31
+  constexpr int U = 4;
+  vf best[U];
+  vi idx[U];
+  vi lane;
+  for (int l = 0; l < L; ++l) lane[l] = l;
+  vi nan = vi{};
+  for (int u = 0; u < U; ++u) {
+    best[u] = splat(-kInf);
+    idx[u] = vi{} - 1;
+  }
+  int64_t i = 0;
+  for (; i + U * L <= n; i += U * L) {
+    DOMINO_UNROLL
+    for (int u = 0; u < U; ++u) {
+      const vf v = loadu(x + i + u * L);
+      const vi gt = v > best[u];
+      best[u] = gt ? v : best[u];
+      idx[u] = gt ? lane + static_cast<int32_t>(i + u * L) : idx[u];
+      nan |= v != v;
+    }
+  }
+  for (; i + L <= n; i += L) {
+    const vf v = loadu(x + i);
+    const vi gt = v > best[0];
+    best[0] = gt ? v : best[0];
+    idx[0] = gt ? lane + static_cast<int32_t>(i) : idx[0];
+    nan |= v != v;
+  }
+  float bv = -kInf;
+  int64_t bi = -1;
+  for (int u = 0; u < U; ++u)
+    for (int l = 0; l < L; ++l)
+      if (idx[u][l] >= 0 && (best[u][l] > bv || (best[u][l] == bv && idx[u][l] < bi))) {
+        bv = best[u][l];
+        bi = idx[u][l];
+      }
+  bool any_nan = false;
+  for (int l = 0; l < L; ++l) any_nan |= nan[l] != 0;
+  for (; i < n; ++i) {
+    const float v = to_float(x[i]);
+    any_nan |= v != v;
+    if (v > bv) {
+      bv = v;
+      bi = i;
+    }
+  }
+  if (any_nan)
+    for (int64_t j = 0; j < n; ++j) {
+      const float v = to_float(x[j]);
+      if (v != v) return ArgMax{v, offset + j};
+    }
+  if (bi < 0) return ArgMax{to_float(x[0]), offset};  // every value -inf
+  return ArgMax{bv, offset + bi};
+}
+
+template <typename T>
+ArgMax argmax_impl(const T* x, int64_t n) {
+  constexpr int64_t kBlock = int64_t{1} << 30;
+  ArgMax best = argmax_block(x, n < kBlock ? n : kBlock, 0);
+  for (int64_t o = kBlock; o < n; o += kBlock) {
+    if (best.value != best.value) break;
+    const ArgMax b = argmax_block(x + o, n - o < kBlock ? n - o : kBlock, o);
+    if (b.value != b.value || b.value > best.value) best = b;
+  }
+  return best;
+}
+ArgMax argmax_f32(const float* x, int64_t n) { return argmax_impl(x, n); }
+ArgMax argmax_bf16(const uint16_t* x, int64_t n) { return argmax_impl(x, n); }
+
+template <typename T>
+float temper(const T* x, int64_t n, float temperature, float* z) {
+  const int64_t nv = n - n % L;
+  const vf t = splat(temperature);
+  vf vm = splat(-kInf);
+  for (int64_t i = 0; i < nv; i += L) {
+    const vf v = loadu(x + i) / t;  // a division, as the reference: same rounding
+    storeu(z + i, v);
+    vm = v > vm ? v : vm;
+  }
+  float m = hmax(vm);
+  for (int64_t i = nv; i < n; ++i) {
+    z[i] = to_float(x[i]) / temperature;
+    if (z[i] > m) m = z[i];
+  }
+  return m;
+}
+float temper_f32(const float* x, int64_t n, float t, float* z) { return temper(x, n, t, z); }
+float temper_bf16(const uint16_t* x, int64_t n, float t, float* z) { return temper(x, n, t, z); }
+
+double exp_weights(const float* z, int64_t n, float m, double* w) {
+  vd acc = vd{};
+  auto block = [&](vf v, double* out, int64_t count) {
+    const vf d = v - m;
+    const vi minf = v == -kInf;
+    const vd lo = exp_double(__builtin_convertvector(low_half(d, std::make_index_sequence<L / 2>{}), vd));
+    const vd hi = exp_double(__builtin_convertvector(high_half(d, std::make_index_sequence<L / 2>{}), vd));
+    vl mlo, mhi;
+    for (int l = 0; l < L / 2; ++l) {
+      mlo[l] = minf[l];
+      mhi[l] = minf[L / 2 + l];
+    }
+    const vd wlo = bit_cast<vd>(bit_cast<vl>(lo) & ~mlo), whi = bit_cast<vd>(bit_cast<vl>(hi) & ~mhi);
+    if (count == L) {
+      std::memcpy(out, &wlo, sizeof(wlo));
+      std::memcpy(out + L / 2, &whi, sizeof(whi));
+      acc += wlo + whi;
+    } else {
+      double t[L];
+      std::memcpy(t, &wlo, sizeof(wlo));
+      std::memcpy(t + L / 2, &whi, sizeof(whi));
+      for (int64_t i = 0; i < count; ++i) {
+        out[i] = t[i];
+        acc[0] += t[i];
+      }
+    }
+  };
+  const int64_t nv = n - n % L;
+  for (int64_t i = 0; i < nv; i += L) block(loadu(z + i), w + i, L);
+  if (nv < n) block(load_partial(z + nv, n - nv, -kInf), w + nv, n - nv);
+  double s = 0.0;
+  for (int l = 0; l < L / 2; ++l) s += acc[l];
+  return s;
+}
+
+}  // namespace
+
+extern const Kernels kKernels;
+const Kernels kKernels = {
+    .name = DOMINO_STR(DOMINO_ISA),
+    .lanes = L,
+    .pack_bf16_x = &pack_bf16_x,
+    .rows_dot_f32 = &rows_dot_f32,
+    .rows_dot_bf16 = &rows_dot_bf16,
+    .logits_tile_f32 = &logits_tile_f32,
+    .logits_tile_bf16 = &logits_tile_bf16,
+    .silu_add = &silu_add,
+    .gru_update = &gru_update,
+    .widen_bf16 = &widen_bf16,
+    .argmax_f32 = &argmax_f32,
+    .argmax_bf16 = &argmax_bf16,
+    .temper_f32 = &temper_f32,
+    .temper_bf16 = &temper_bf16,
+    .exp_weights = &exp_weights,
+};
+
+}  // namespace domino::cpu::DOMINO_ISA

@@ -1,221 +1,380 @@
-// Vectorised building blocks for the CPU kernels: batched row dot products over fp32 or
-// bf16 weight rows, and a vectorisable exp.
+// Vector code shared by every CPU op, compiled once per instruction set (see isa.h).
 //
-// Everything here is written with GCC vector extensions (16 floats per vector) and is
-// compiled once per instruction set through `target_clones` on the out-of-line functions
-// in vec.cpp, so the same source runs as AVX-512 (x86-64-v4), AVX2+FMA (x86-64-v3) or
-// SSE2 code, chosen at load time by the CPU it lands on. The weight
-// stream is the only large operand, so each weight chunk is loaded and converted once and
-// multiplied into up to kBatchBlock input vectors held in registers.
+// Written with GCC vector extensions at the native width of the build it is compiled
+// into: 16 floats (zmm) under -march=x86-64-v4, 8 (ymm) under x86-64-v3, 4 (xmm) for the
+// SSE2 baseline. (The previous version used 16-float vectors everywhere and let one
+// binary pick a clone at load time; GCC splits such vectors into ymm or xmm pieces and,
+// with eight accumulators, kept them on the stack: the AVX2 build moved every
+// accumulator through memory and general registers on every step, and reached a third
+// of the copy bandwidth.) Register blocking is sized to the build's register file: the
+// dot products keep kAcc accumulators (8 with 16 vector registers, 16 with 32), read
+// every weight row start to end, and take the activations from L1. Measured limits per
+// build: the header of domino_head_rollout.cpp.
+//
+// Everything here lives in namespace domino::cpu::DOMINO_ISA and includes no header with
+// inline functions of external linkage, so no instance compiled for one instruction set
+// can be linked into another's code.
 #pragma once
 
-#include <c10/util/BFloat16.h>
+#if !defined(DOMINO_ISA)
+#error "cpu/vec.h is compiled once per instruction set by cpu/vec.cpp (DOMINO_ISA names the build)"
+#endif
 
-#include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <type_traits>
-#include <vector>
+#include <utility>  // std::index_sequence: types only
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define DOMINO_MULTIVERSION __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define DOMINO_MULTIVERSION
-#endif
+#include "cpu/isa.h"
+
 #define DOMINO_INLINE inline __attribute__((always_inline))
+#define DOMINO_UNROLL _Pragma("GCC unroll 32")
 
-namespace domino::cpu {
+namespace domino::cpu::DOMINO_ISA {
 
-typedef float v16f __attribute__((vector_size(64)));
-typedef uint16_t v16u16 __attribute__((vector_size(32)));
-typedef uint32_t v16u32 __attribute__((vector_size(64)));
-typedef int32_t v16i32 __attribute__((vector_size(64)));
+#if defined(__AVX512F__)
+constexpr int L = 16;    // floats per vector
+constexpr int kAcc = 16;  // accumulators of a dot-product block (32 zmm registers)
+#elif defined(__AVX2__) && defined(__FMA__)
+constexpr int L = 8;
+constexpr int kAcc = 8;  // 16 ymm registers: 8 accumulators + operands
+#else
+constexpr int L = 4;
+constexpr int kAcc = 8;  // 16 xmm registers
+#endif
 
-constexpr int kLanes = 16;
-// Input vectors multiplied into one weight chunk while it sits in registers.
-constexpr int kBatchBlock = 8;
+typedef float vf __attribute__((vector_size(4 * L)));
+typedef int32_t vi __attribute__((vector_size(4 * L)));
+typedef uint32_t vu __attribute__((vector_size(4 * L)));
+typedef uint16_t vh __attribute__((vector_size(2 * L)));
+typedef double vd __attribute__((vector_size(4 * L)));  // L / 2 doubles
+typedef int64_t vl __attribute__((vector_size(4 * L)));
+typedef float vf2 __attribute__((vector_size(2 * L)));  // L / 2 floats
 
-DOMINO_INLINE float to_float(float x) { return x; }
-DOMINO_INLINE float to_float(c10::BFloat16 x) { return static_cast<float>(x); }
+constexpr float kInf = __builtin_inff();
 
-DOMINO_INLINE v16f load16(const float* p) {
-  v16f v;
+template <typename To, typename From>
+DOMINO_INLINE To bit_cast(const From& from) {
+  static_assert(sizeof(To) == sizeof(From));
+  To to;
+  std::memcpy(&to, &from, sizeof(to));
+  return to;
+}
+
+DOMINO_INLINE vf splat(float x) { return vf{} + x; }
+DOMINO_INLINE vf loadu(const float* p) {
+  vf v;
   std::memcpy(&v, p, sizeof(v));
   return v;
 }
-
-DOMINO_INLINE v16f load16(const c10::BFloat16* p) {
-  // bf16 is the upper half of an fp32: widen and shift.
-  v16u16 h;
-  std::memcpy(&h, p, sizeof(h));
-  v16u32 w = __builtin_convertvector(h, v16u32) << 16;
-  v16f v;
-  std::memcpy(&v, &w, sizeof(v));
+DOMINO_INLINE void storeu(float* p, vf v) { std::memcpy(p, &v, sizeof(v)); }
+// L uint32 words = 2L bf16 values.
+DOMINO_INLINE vu load_words(const uint16_t* p) {
+  vu v;
+  std::memcpy(&v, p, sizeof(v));
   return v;
 }
+// L bf16 values widened to floats (a bf16 is the top half of an fp32).
+DOMINO_INLINE vf loadu(const uint16_t* p) {
+  vh h;
+  std::memcpy(&h, p, sizeof(h));
+  return bit_cast<vf>(__builtin_convertvector(h, vu) << 16);
+}
+// Round to nearest even, NaN to the quiet NaN 0x7fc0: c10::BFloat16's conversion.
+DOMINO_INLINE void storeu(uint16_t* p, vf v) {
+  const vu u = bit_cast<vu>(v);
+  const vu rounded = (u + ((u >> 16) & 1u) + 0x7fffu) >> 16;
+  const vu nan = bit_cast<vu>(v != v);
+  const vh h = __builtin_convertvector((rounded & ~nan) | (nan & 0x7fc0u), vh);
+  std::memcpy(p, &h, sizeof(h));
+}
+DOMINO_INLINE float to_float(float x) { return x; }
+DOMINO_INLINE float to_float(uint16_t x) {
+  const uint32_t u = static_cast<uint32_t>(x) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+DOMINO_INLINE uint16_t to_bf16(float f) {
+  if (f != f) return 0x7fc0;
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  return static_cast<uint16_t>((u + ((u >> 16) & 1u) + 0x7fffu) >> 16);
+}
+DOMINO_INLINE void store_one(float* p, float x) { *p = x; }
+DOMINO_INLINE void store_one(uint16_t* p, float x) { *p = to_bf16(x); }
 
-DOMINO_INLINE float hsum(v16f v) {
-  // Pairwise, so the sum order is fixed regardless of instruction set.
-  float s8[8], s4[4];
-  for (int i = 0; i < 8; ++i) s8[i] = v[i] + v[i + 8];
-  for (int i = 0; i < 4; ++i) s4[i] = s8[i] + s8[i + 4];
-  return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+DOMINO_INLINE float hsum(vf v) {
+  float t[L];
+  std::memcpy(t, &v, sizeof(t));
+  for (int w = L / 2; w >= 1; w /= 2)
+    for (int i = 0; i < w; ++i) t[i] += t[i + w];
+  return t[0];
+}
+DOMINO_INLINE float hmax(vf v) {
+  float t[L];
+  std::memcpy(t, &v, sizeof(t));
+  for (int w = L / 2; w >= 1; w /= 2)
+    for (int i = 0; i < w; ++i) t[i] = t[i + w] > t[i] ? t[i + w] : t[i];
+  return t[0];
 }
 
-// Reduces 8 vectors to their 8 lane sums with a shuffle butterfly (8 adds, 16 shuffles):
-// far cheaper than 8 scalar horizontal sums, which dominate a GEMV with short rows.
-DOMINO_INLINE void hsum8(const v16f (&a)[8], float (&out)[8]) {
-  v16f c[4], d[2];
-  for (int p = 0; p < 4; ++p)  // lanes 0-7: a[2p], 8-15: a[2p+1]
-    c[p] = __builtin_shufflevector(a[2 * p], a[2 * p + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
-           __builtin_shufflevector(a[2 * p], a[2 * p + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
-  for (int q = 0; q < 2; ++q)  // 4 lanes per vector
-    d[q] = __builtin_shufflevector(c[2 * q], c[2 * q + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
-           __builtin_shufflevector(c[2 * q], c[2 * q + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
-  const v16f e =  // 2 lanes per vector
-      __builtin_shufflevector(d[0], d[1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
-      __builtin_shufflevector(d[0], d[1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
-  for (int i = 0; i < 8; ++i) out[i] = e[2 * i] + e[2 * i + 1];
+// ---- transpose-reduce: the lane sums of L vectors as one vector ---------------------
+// One level folds the partial sums of a and b, each held in groups of 2G lanes, into
+// groups of G lanes, a's in the first half of each 2G group, b's in the second.
+template <int G, size_t... I>
+DOMINO_INLINE vf fold(vf a, vf b, std::index_sequence<I...>) {
+  return __builtin_shufflevector(a, b, ((I / G) % 2 == 0 ? int(I) : int(L + I))...) +
+         __builtin_shufflevector(a, b, ((I / G) % 2 == 0 ? int(I + G) : int(L + I - G))...);
+}
+template <int G, int N>
+DOMINO_INLINE void fold_levels(vf* t) {
+  DOMINO_UNROLL
+  for (int p = 0; p < N / 2; ++p) t[p] = fold<G>(t[2 * p], t[2 * p + 1], std::make_index_sequence<L>{});
+  if constexpr (G > 1) fold_levels<G / 2, N / 2>(t);
+}
+constexpr int bit_reverse(int i) {
+  int r = 0;
+  for (int b = 1; b < L; b <<= 1, i >>= 1) r = (r << 1) | (i & 1);
+  return r;
+}
+// out[i] = sum of the lanes of a[i] for i < N (log2(L) shuffle-and-add levels per L
+// vectors instead of one horizontal sum each).
+template <int N>
+DOMINO_INLINE void reduce_lanes(const vf* a, float* out) {
+  DOMINO_UNROLL
+  for (int g = 0; g < N; g += L) {
+    vf t[L];
+    DOMINO_UNROLL
+    for (int i = 0; i < L; ++i) t[i] = g + bit_reverse(i) < N ? a[g + bit_reverse(i)] : vf{};
+    fold_levels<L / 2, L>(t);  // lane i of t[0] = sum of input bit_reverse(i): reordered above
+    if (N - g >= L) {
+      storeu(out + g, t[0]);
+    } else {
+      float tmp[L];
+      storeu(tmp, t[0]);
+      for (int i = 0; i < N - g; ++i) out[g + i] = tmp[i];
+    }
+  }
 }
 
-// y[row * y_stride + j] = dot(w[row, :cols], x[j, :cols]) for JN inputs and RB rows at a
-// time (JN * RB <= 8 accumulators, all in registers), rows in [row0, row1).
-// Columns per vector step: 16 fp32 weights, or 32 bf16 weights split into even and odd
-// lanes (see rows_dot_impl), which needs no shuffles to widen.
+// ---- dot products of weight rows with nb activation vectors -------------------------
+// A block is RB consecutive weight rows times JN activations (RB * JN = kAcc
+// accumulators, all in registers). bf16 weights: one step covers 2L columns, loaded as L
+// uint32 words; a word holds columns 2i (low half) and 2i + 1 (high half), so the even
+// columns are `word << 16` and the odd ones `word & 0xffff0000` (one integer op per L
+// weights, no shuffles). The activations are stored to match, each block of 2L columns
+// as [L even | L odd] (pack_bf16_x). Columns beyond the last full step: scalar.
 template <typename W>
-constexpr int64_t kColsPerStep = std::is_same_v<W, c10::BFloat16> ? 2 * kLanes : kLanes;
+constexpr int64_t kStep = sizeof(W) == 2 ? 2 * L : L;
 
-// y[row * y_stride + j] = dot(w[row, :cols], x[j, :cols]) for JN inputs and RB rows at a
-// time (JN * RB <= 8 accumulators, all in registers), rows in [row0, row1). For bf16
-// weights x must be in the even/odd-permuted layout made by rows_dot_impl.
-template <int JN, int RB, typename W>
-DOMINO_INLINE void rows_dot_block(const W* __restrict w, int64_t row0, int64_t row1, int64_t cols,
-                                  const float* __restrict x, int64_t x_stride,
-                                  float* __restrict y, int64_t y_stride) {
-  static_assert(JN * RB <= 8, "at most 8 accumulators");
-  constexpr int64_t step = kColsPerStep<W>;
-  const int64_t cols_vec = cols - cols % step;
-  for (int64_t row = row0; row + RB <= row1; row += RB) {
-    v16f acc[8];
-    for (int a = 0; a < 8; ++a) acc[a] = v16f{};
-    // Row by row, so the weight stream is read strictly in address order.
+template <int RB, int JN, typename W>
+DOMINO_INLINE void dot_block(const W* __restrict w, int64_t cols, const float* __restrict x,
+                             int64_t xs, float* __restrict y, int64_t ys) {
+  constexpr int64_t S = kStep<W>;
+  const int64_t cv = cols - cols % S;
+  vf acc[RB * JN];
+  DOMINO_UNROLL
+  for (int a = 0; a < RB * JN; ++a) acc[a] = vf{};
+  if constexpr (RB > 1) {
+    // Rows outer, each row read start to end: the weights are one sequential stream that
+    // the hardware prefetchers follow. (Interleaving the rows step by step, with the
+    // activations held in registers, is faster from L1 but measured 35-50 % slower from
+    // DRAM on the AVX2 build, at 2 rows as at 8.) The activations are re-read from L1 as
+    // memory operands of the FMAs.
+    DOMINO_UNROLL
     for (int rr = 0; rr < RB; ++rr) {
-      const W* wr = w + (row + rr) * cols;
-      for (int64_t c = 0; c < cols_vec; c += step) {
-        if constexpr (std::is_same_v<W, c10::BFloat16>) {
-          // 32 bf16 = 16 uint32 words; a bf16 is the top half of an fp32, so the even
-          // elements are word << 16 and the odd ones word & 0xffff0000.
-          v16u32 raw;
-          std::memcpy(&raw, wr + c, sizeof(raw));
-          const v16u32 lo = raw << 16, hi = raw & 0xffff0000u;
-          v16f we, wo;
-          std::memcpy(&we, &lo, sizeof(we));
-          std::memcpy(&wo, &hi, sizeof(wo));
-          for (int j = 0; j < JN; ++j) {  // two statements: two FMAs, no separate add
-            acc[rr * JN + j] += we * load16(x + j * x_stride + c);
-            acc[rr * JN + j] += wo * load16(x + j * x_stride + c + kLanes);
+      const W* wr = w + rr * cols;
+      if constexpr (JN <= 2) {
+        // Two accumulators per activation (even / odd columns, or alternate steps): two
+        // dependency chains per row, which the batch-1 stream needs to keep up with DRAM
+        // (one chain measured 28 GB/s from L1 on the AVX2 build, barely above DRAM).
+        vf e[JN], o[JN];
+        DOMINO_UNROLL
+        for (int j = 0; j < JN; ++j) e[j] = o[j] = vf{};
+        if constexpr (sizeof(W) == 2) {
+          for (int64_t c = 0; c < cv; c += S) {
+            const vu raw = load_words(wr + c);
+            const vf we = bit_cast<vf>(raw << 16), wo = bit_cast<vf>(raw & 0xffff0000u);
+            DOMINO_UNROLL
+            for (int j = 0; j < JN; ++j) {
+              e[j] += we * loadu(x + j * xs + c);
+              o[j] += wo * loadu(x + j * xs + c + L);
+            }
           }
         } else {
-          const v16f wv = load16(wr + c);
-          for (int j = 0; j < JN; ++j) acc[rr * JN + j] += wv * load16(x + j * x_stride + c);
+          int64_t c = 0;
+          for (; c + 2 * S <= cv; c += 2 * S) {
+            const vf w0 = loadu(wr + c), w1 = loadu(wr + c + S);
+            DOMINO_UNROLL
+            for (int j = 0; j < JN; ++j) {
+              e[j] += w0 * loadu(x + j * xs + c);
+              o[j] += w1 * loadu(x + j * xs + c + S);
+            }
+          }
+          if (c < cv) {
+            const vf w0 = loadu(wr + c);
+            DOMINO_UNROLL
+            for (int j = 0; j < JN; ++j) e[j] += w0 * loadu(x + j * xs + c);
+          }
+        }
+        DOMINO_UNROLL
+        for (int j = 0; j < JN; ++j) acc[rr * JN + j] = e[j] + o[j];
+        continue;
+      }
+      for (int64_t c = 0; c < cv; c += S) {
+        if constexpr (sizeof(W) == 2) {
+          const vu raw = load_words(wr + c);
+          const vf we = bit_cast<vf>(raw << 16), wo = bit_cast<vf>(raw & 0xffff0000u);
+          DOMINO_UNROLL
+          for (int j = 0; j < JN; ++j) {  // two statements: two FMAs, no separate add
+            acc[rr * JN + j] += we * loadu(x + j * xs + c);
+            acc[rr * JN + j] += wo * loadu(x + j * xs + c + L);
+          }
+        } else {
+          const vf wv = loadu(wr + c);
+          DOMINO_UNROLL
+          for (int j = 0; j < JN; ++j) acc[rr * JN + j] += wv * loadu(x + j * xs + c);
         }
       }
     }
-    float sums[8];
-    hsum8(acc, sums);
-    for (int rr = 0; rr < RB; ++rr) {
-      const W* wr = w + (row + rr) * cols;
-      for (int j = 0; j < JN; ++j) {
-        float s = sums[rr * JN + j];
-        const float* xj = x + j * x_stride;
-        for (int64_t c = cols_vec; c < cols; ++c) s += to_float(wr[c]) * xj[c];
-        y[(row + rr) * y_stride + j] = s;
+  } else {
+    // One row (8 activations on a 16-register build, or a leftover row): its widened
+    // weights stay in registers and each activation vector is loaded once per step.
+    for (int64_t c = 0; c < cv; c += S) {
+      if constexpr (sizeof(W) == 2) {
+        vf we[RB], wo[RB];
+        DOMINO_UNROLL
+        for (int rr = 0; rr < RB; ++rr) {
+          const vu raw = load_words(w + rr * cols + c);
+          we[rr] = bit_cast<vf>(raw << 16);
+          wo[rr] = bit_cast<vf>(raw & 0xffff0000u);
+        }
+        DOMINO_UNROLL
+        for (int j = 0; j < JN; ++j) {
+          const vf xe = loadu(x + j * xs + c), xo = loadu(x + j * xs + c + L);
+          DOMINO_UNROLL
+          for (int rr = 0; rr < RB; ++rr) {
+            acc[rr * JN + j] += we[rr] * xe;
+            acc[rr * JN + j] += wo[rr] * xo;
+          }
+        }
+      } else {
+        vf wv[RB];
+        DOMINO_UNROLL
+        for (int rr = 0; rr < RB; ++rr) wv[rr] = loadu(w + rr * cols + c);
+        DOMINO_UNROLL
+        for (int j = 0; j < JN; ++j) {
+          const vf xv = loadu(x + j * xs + c);
+          DOMINO_UNROLL
+          for (int rr = 0; rr < RB; ++rr) acc[rr * JN + j] += wv[rr] * xv;
+        }
       }
     }
   }
+  float sums[RB * JN];
+  reduce_lanes<RB * JN>(acc, sums);
+  DOMINO_UNROLL
+  for (int rr = 0; rr < RB; ++rr)
+    DOMINO_UNROLL
+    for (int j = 0; j < JN; ++j) {
+      float s = sums[rr * JN + j];
+      for (int64_t c = cv; c < cols; ++c) s += to_float(w[rr * cols + c]) * x[j * xs + c];
+      y[j * ys + rr] = s;
+    }
 }
 
+// Rows [0, rows) against JN activations: blocks of kAcc / JN rows, then single rows.
 template <int JN, typename W>
-DOMINO_INLINE void rows_dot_rows(const W* w, int64_t row0, int64_t row1, int64_t cols,
-                                 const float* x, int64_t x_stride, float* y, int64_t y_stride) {
-  constexpr int RB = 8 / JN;
-  const int64_t main_end = row0 + (row1 - row0) / RB * RB;
-  rows_dot_block<JN, RB>(w, row0, main_end, cols, x, x_stride, y, y_stride);
-  rows_dot_block<JN, 1>(w, main_end, row1, cols, x, x_stride, y, y_stride);
+DOMINO_INLINE void dot_rows(const W* w, int64_t rows, int64_t cols, const float* x, int64_t xs,
+                            float* y, int64_t ys) {
+  constexpr int RB = kAcc / JN;
+  int64_t row = 0;
+  for (; row + RB <= rows; row += RB) dot_block<RB, JN>(w + row * cols, cols, x, xs, y + row, ys);
+  for (; row < rows; ++row) dot_block<1, JN>(w + row * cols, cols, x, xs, y + row, ys);
 }
+
+// The widest activation block: 8 inputs share one pass over the weights.
+constexpr int kMaxJN = 8;
 
 template <typename W>
-DOMINO_INLINE void rows_dot_impl(const W* w, int64_t row0, int64_t row1, int64_t cols,
-                                 const float* x, int64_t x_stride, int64_t nb, float* y,
-                                 int64_t y_stride) {
-  // Rows outer, batch blocks inner: a chunk of weight rows is read from memory once and
-  // re-read from L1 for the next batch block, so the weight stream crosses the memory
-  // bus once per call whatever the batch. Batch blocks are 8, 4, 2 or 1 inputs.
-  if constexpr (std::is_same_v<W, c10::BFloat16>) {
-    // Permute each full 32-column block of x to [16 even | 16 odd] to match the split
-    // of the bf16 weight words; the tail keeps its order. nb * cols floats: negligible
-    // next to the rows * cols weights.
-    thread_local std::vector<float> xp;
-    xp.resize(nb * cols);
-    const int64_t cols_vec = cols - cols % (2 * kLanes);
-    for (int64_t j = 0; j < nb; ++j) {
-      const float* src = x + j * x_stride;
-      float* dst = xp.data() + j * cols;
-      for (int64_t c = 0; c < cols_vec; c += 2 * kLanes)
-        for (int l = 0; l < kLanes; ++l) {
-          dst[c + l] = src[c + 2 * l];
-          dst[c + kLanes + l] = src[c + 2 * l + 1];
-        }
-      for (int64_t c = cols_vec; c < cols; ++c) dst[c] = src[c];
-    }
-    x = xp.data();
-    x_stride = cols;
+DOMINO_INLINE void rows_dot_impl(const W* w, int64_t rows, int64_t cols, const float* x,
+                                 int64_t xs, int64_t nb, float* y, int64_t ys) {
+  // One activation block: a single pass over the rows. More: chunks of rows that stay in
+  // L1 (16 KB) while every activation block passes over them, so the weights cross the
+  // memory bus once per call whatever the batch.
+  const int64_t per_row = cols * static_cast<int64_t>(sizeof(W));
+  const bool one_block = nb == 1 || nb == 2 || nb == 4 || nb == kMaxJN;
+  int64_t chunk = rows;
+  if (!one_block) {
+    chunk = (16384 / (per_row > 0 ? per_row : 1)) / kAcc * kAcc;
+    if (chunk < kAcc) chunk = kAcc;
   }
-  constexpr int64_t kRowChunk = 32;
-  for (int64_t r0 = row0; r0 < row1; r0 += kRowChunk) {
-    const int64_t r1 = r0 + kRowChunk < row1 ? r0 + kRowChunk : row1;
-    int64_t j0 = 0;
-    for (; j0 + 8 <= nb; j0 += 8) rows_dot_rows<8>(w, r0, r1, cols, x + j0 * x_stride, x_stride, y + j0, y_stride);
-    if (j0 + 4 <= nb) { rows_dot_rows<4>(w, r0, r1, cols, x + j0 * x_stride, x_stride, y + j0, y_stride); j0 += 4; }
-    if (j0 + 2 <= nb) { rows_dot_rows<2>(w, r0, r1, cols, x + j0 * x_stride, x_stride, y + j0, y_stride); j0 += 2; }
-    if (j0 < nb) rows_dot_rows<1>(w, r0, r1, cols, x + j0 * x_stride, x_stride, y + j0, y_stride);
+  for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+    const int64_t n = rows - r0 < chunk ? rows - r0 : chunk;
+    const W* wc = w + r0 * cols;
+    float* yc = y + r0;
+    int64_t j = 0;
+    for (; j + 8 <= nb; j += 8) dot_rows<8>(wc, n, cols, x + j * xs, xs, yc + j * ys, ys);
+    if (j + 4 <= nb) { dot_rows<4>(wc, n, cols, x + j * xs, xs, yc + j * ys, ys); j += 4; }
+    if (j + 2 <= nb) { dot_rows<2>(wc, n, cols, x + j * xs, xs, yc + j * ys, ys); j += 2; }
+    if (j < nb) dot_rows<1>(wc, n, cols, x + j * xs, xs, yc + j * ys, ys);
   }
 }
 
-void rows_dot(const float* w, int64_t row0, int64_t row1, int64_t cols,
-                                  const float* x, int64_t x_stride, int64_t nb, float* y,
-                                  int64_t y_stride);
-void rows_dot(const c10::BFloat16* w, int64_t row0, int64_t row1,
-                                  int64_t cols, const float* x, int64_t x_stride, int64_t nb,
-                                  float* y, int64_t y_stride);
-
-// exp on 16 lanes for x <= 88 (Cephes' expf reduction and polynomial), in plain vector
-// arithmetic so it compiles for every target. Relative error below 2e-7 on [-87, 88];
-// inputs below -87 are clamped there (they are exp(x - max) terms, which then count ~0).
-DOMINO_INLINE v16f exp_approx(v16f x) {
-  const v16f lo = v16f{} - 87.0f;
-  x = x < lo ? lo : x;
-  // Round to nearest by the 1.5 * 2^23 trick: no rounding intrinsic needed.
-  const v16f n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  v16f r = x - n * 0.693359375f;
+// ---- exponentials ---------------------------------------------------------------------
+// exp on L floats (Cephes' expf reduction and polynomial) in plain vector arithmetic.
+// Relative error below 2e-7 on [-87, 88]; inputs are clamped to that range (below it the
+// result is ~1e-38 where the exact value is smaller, above it exp(88)).
+DOMINO_INLINE vf exp_approx(vf x) {
+  x = x < -87.0f ? splat(-87.0f) : x;
+  x = x > 88.0f ? splat(88.0f) : x;
+  // Round to nearest by the 1.5 * 2^23 trick: no rounding instruction needed.
+  const vf n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  vf r = x - n * 0.693359375f;
   r = r + n * 2.12194440e-4f;
-  v16f p = v16f{} + 1.9875691500e-4f;
+  vf p = splat(1.9875691500e-4f);
   p = p * r + 1.3981999507e-3f;
   p = p * r + 8.3334519073e-3f;
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  const v16i32 bits = (__builtin_convertvector(n, v16i32) + 127) << 23;
-  v16f scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
+  const vi bits = (__builtin_convertvector(n, vi) + 127) << 23;
+  return p * bit_cast<vf>(bits);
 }
 
-// sum_i exp(v[i] - m) over n values.
-float sum_exp_shifted(const float* v, int64_t n, float m);
+DOMINO_INLINE vf sigmoid(vf x) { return 1.0f / (1.0f + exp_approx(-x)); }
 
-DOMINO_INLINE float silu(float x) { return x / (1.0f + std::exp(-x)); }
-DOMINO_INLINE float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+// exp on L / 2 doubles for x <= 0 (the shifted logits of a softmax): reduction by ln 2
+// split in two parts and the degree-13 Taylor polynomial on |r| <= ln(2) / 2 (truncation
+// error below 1e-17, so within a few ulp of the libm exp). x < -708.39 gives 0 where the
+// exact value is a subnormal below 2.3e-308; NaN stays NaN.
+DOMINO_INLINE vd exp_double(vd x) {
+  const vd magic = vd{} + 6755399441055744.0;  // 1.5 * 2^52: round to integer in the low bits
+  const vl underflow = x < -708.39;
+  x = x < -708.39 ? vd{} - 708.39 : x;
+  const vd t = x * 1.4426950408889634 + magic;
+  const vd n = t - magic;
+  const vl ni = bit_cast<vl>(t) - bit_cast<vl>(magic);
+  vd r = x - n * 0.6931471803691238;  // ln 2, high part (exact in n * hi)
+  r = r - n * 1.9082149292705877e-10;  // ln 2, low part
+  vd p = vd{} + 1.0 / 6227020800.0;  // 1/13!
+  p = p * r + 1.0 / 479001600.0;
+  p = p * r + 1.0 / 39916800.0;
+  p = p * r + 1.0 / 3628800.0;
+  p = p * r + 1.0 / 362880.0;
+  p = p * r + 1.0 / 40320.0;
+  p = p * r + 1.0 / 5040.0;
+  p = p * r + 1.0 / 720.0;
+  p = p * r + 1.0 / 120.0;
+  p = p * r + 1.0 / 24.0;
+  p = p * r + 1.0 / 6.0;
+  p = p * r + 0.5;
+  p = p * r + 1.0;
+  p = p * r + 1.0;
+  const vd scale = bit_cast<vd>((ni + 1023) << 52);
+  const vd e = p * scale;
+  return bit_cast<vd>(bit_cast<vl>(e) & ~underflow);
+}
 
-}  // namespace domino::cpu
+}  // namespace domino::cpu::DOMINO_ISA

@@ -1,0 +1,84 @@
+// The CPU kernels' instruction-set builds and the table of entry points each one exports.
+//
+// csrc/cpu/vec.cpp (with the shared vector code of vec.h) is compiled once per instruction
+// set, each time into its own namespace (CMakeLists.txt: avx512 = -march=x86-64-v4, avx2 =
+// -march=x86-64-v3, sse2 = the x86-64 baseline; "generic" on other architectures). Each
+// build exports one `Kernels` table; the ops call through `kernels()`, the table of the
+// build chosen once per process:
+//
+//   DOMINO_CPU_ISA unset, empty or "auto": the widest build this CPU (and OS) supports;
+//   DOMINO_CPU_ISA=avx512|avx2|sse2|generic: that build, or an error naming the builds
+//   this machine supports when the CPU lacks it or it was not compiled in.
+//
+// The environment variable is read once, on the first call; an invalid value makes every
+// CPU op raise the same ValueError. `force_isa` (tests and benchmarks only, through
+// domino_ops.cpu.forced_isa) switches the table for the rest of the process.
+//
+// This header is included by the per-ISA translation units, so it holds only plain
+// declarations: no inline function with external linkage may be compiled there for one
+// instruction set and picked by the linker for another.
+#pragma once
+
+#include <cstdint>
+
+namespace domino::cpu {
+
+// Greedy statistics of one vocabulary tile of one sequence.
+struct TileStats {
+  float max;    // max of the tile's logits (NaN only when all are NaN)
+  int64_t arg;  // first index of the max within the tile
+  float sum;    // sum of exp(L - max) over the tile
+};
+
+struct ArgMax {
+  float value;
+  int64_t index;  // first index of the max; 0 when no element compares (all NaN)
+};
+
+// Entry points of one instruction-set build. Layouts: "x" holds nb activation vectors of
+// `cols` floats, `x_stride` apart; y[j * y_stride + row] is the dot product of weight row
+// `row` with activation j. bf16 is passed as its raw uint16_t bits.
+struct Kernels {
+  const char* name;  // "avx512", "avx2", "sse2" or "generic"
+  int lanes;         // floats per vector register
+
+  // rows_dot_bf16 reads activations in a permuted layout (see vec.h); pack_bf16_x writes
+  // it: out[j * cols + ...] for j < nb. rows_dot_f32 takes activations as they are.
+  void (*pack_bf16_x)(const float* x, int64_t x_stride, int64_t nb, int64_t cols, float* out);
+  void (*rows_dot_f32)(const float* w, int64_t rows, int64_t cols, const float* x,
+                       int64_t x_stride, int64_t nb, float* y, int64_t y_stride);
+  void (*rows_dot_bf16)(const uint16_t* w, int64_t rows, int64_t cols, const float* x_packed,
+                        int64_t x_stride, int64_t nb, float* y, int64_t y_stride);
+
+  // One vocabulary tile of one sequence of the head: L = base + dots (n values; dots is
+  // overwritten with L). Then, each when non-null: base_out = L rounded to the base dtype
+  // (write_logits), row_out = L (the sampling row), *stats = the tile's greedy statistics.
+  void (*logits_tile_f32)(float* dots, int64_t n, const float* base, float* base_out,
+                          float* row_out, TileStats* stats);
+  void (*logits_tile_bf16)(float* dots, int64_t n, const uint16_t* base, uint16_t* base_out,
+                           float* row_out, TileStats* stats);
+
+  // out[j] = silu(a[j] + b[j]).
+  void (*silu_add)(const float* a, const float* b, int64_t n, float* out);
+  // GRU cell without biases, for hidden units [j0, j1) of one sequence: gi and gh are the
+  // [3G] input and hidden projections in (r, z, n) order, h the old state, h_new the new.
+  void (*gru_update)(const float* gi, const float* gh, int64_t G, int64_t j0, int64_t j1,
+                     const float* h, float* h_new);
+  void (*widen_bf16)(const uint16_t* x, int64_t n, float* out);
+
+  ArgMax (*argmax_f32)(const float* x, int64_t n);
+  ArgMax (*argmax_bf16)(const uint16_t* x, int64_t n);
+
+  // Sampling: z = x / temperature (n values), returns max(z) over non-NaN z.
+  float (*temper_f32)(const float* x, int64_t n, float temperature, float* z);
+  float (*temper_bf16)(const uint16_t* x, int64_t n, float temperature, float* z);
+  // w[j] = exp(double(z[j] - m)) (0 where z[j] == -inf); returns the sum of w (summed in
+  // vector lanes, so not in index order).
+  double (*exp_weights)(const float* z, int64_t n, float m, double* w);
+};
+
+// The active table (see the top of this file). Throws c10::ValueError for an invalid
+// DOMINO_CPU_ISA.
+const Kernels& kernels();
+
+}  // namespace domino::cpu

@@ -1,0 +1,189 @@
+"""The instruction-set builds of the CPU kernels: selection (DOMINO_CPU_ISA), and the
+vector code's edge cases on every build this machine supports. (Every test of the CPU
+kernels' own files also runs once per build: see conftest.py.)"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import domino_ops
+from domino_ops import cpu, reference
+
+SUPPORTED = cpu.supported_isas()
+
+
+def run_python(code: str, isa: str | None) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env.pop("DOMINO_CPU_ISA", None)
+    if isa is not None:
+        env["DOMINO_CPU_ISA"] = isa
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_builds_listed_widest_first():
+    compiled = cpu.compiled_isas()
+    assert SUPPORTED and set(SUPPORTED) <= set(compiled)
+    assert SUPPORTED == [name for name in compiled if name in SUPPORTED]
+    assert cpu.model()
+
+
+def test_auto_picks_the_widest_supported_build():
+    for isa in (None, "auto", ""):
+        got = run_python("from domino_ops import cpu; print(cpu.isa())", isa)
+        assert got.returncode == 0, got.stderr
+        assert got.stdout.strip() == SUPPORTED[0]
+
+
+@pytest.mark.parametrize("isa", SUPPORTED)
+def test_env_var_forces_a_build(isa):
+    code = ("import os, torch, domino_ops; from domino_ops import cpu\n"
+            "x = torch.randn(3, 1000, generator=torch.Generator().manual_seed(0))\n"
+            "assert torch.equal(domino_ops.sample(x), x.argmax(-1))\n"
+            "os.environ['DOMINO_CPU_ISA'] = 'no-such-build'  # read once: ignored from now on\n"
+            "assert torch.equal(domino_ops.sample(x), x.argmax(-1))\n"
+            "print(cpu.isa())")
+    got = run_python(code, isa)
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.strip() == isa
+
+
+def test_env_var_unknown_build_is_a_clear_error():
+    code = ("import torch, domino_ops; from domino_ops import cpu\n"
+            "for f in (cpu.isa, lambda: domino_ops.sample(torch.randn(2, 5))):\n"
+            "    try:\n"
+            "        f()\n"
+            "    except ValueError as e:\n"
+            "        print(e)\n"
+            "    else:\n"
+            "        raise SystemExit('no error')\n")
+    got = run_python(code, "avx9000")
+    assert got.returncode == 0, got.stderr
+    lines = got.stdout.strip().splitlines()
+    assert len(lines) == 2
+    for line in lines:
+        assert "DOMINO_CPU_ISA='avx9000' is not a CPU kernel build" in line
+        assert all(name in line for name in cpu.compiled_isas())
+
+
+def test_env_var_unsupported_build_is_a_clear_error():
+    missing = [name for name in cpu.compiled_isas() if name not in SUPPORTED]
+    if not missing:
+        pytest.skip("this CPU runs every compiled build")
+    got = run_python("from domino_ops import cpu; cpu.isa()", missing[0])
+    assert got.returncode != 0
+    assert f"this CPU does not support the {missing[0]} build" in got.stderr
+    assert "builds this machine runs: " + ", ".join(SUPPORTED) in got.stderr
+
+
+def test_forced_isa_validates_and_restores():
+    before = cpu.isa()
+    with pytest.raises(ValueError, match="not a CPU kernel build"):
+        with cpu.forced_isa("avx9000"):
+            pass
+    for isa in SUPPORTED:
+        with cpu.forced_isa(isa):
+            assert cpu.isa() == isa
+        assert cpu.isa() == before
+
+
+# ---- vector-code edge cases, per build ---------------------------------------------------
+
+@pytest.fixture(params=SUPPORTED)
+def isa(request):
+    with cpu.forced_isa(request.param):
+        yield request.param
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n", [1, 3, 15, 16, 17, 63, 64, 65, 130, 1000, 70000])
+def test_argmax_ties_nans_and_infinities(isa, dtype, n):
+    g = torch.Generator().manual_seed(n)
+    rows = torch.randn(8, n, generator=g).to(dtype)
+    if n > 2:
+        rows[1, n // 3] = rows[1, n - 1] = 100.0  # a tie across lanes / the tail: first wins
+        rows[2, n - 1] = float("nan")  # NaN wins, as torch.argmax
+        rows[3, n // 2] = float("nan")
+        rows[3, n // 4] = float("nan")
+    rows[4] = float("-inf")  # every value -inf: index 0
+    rows[5] = 7.0  # all equal: index 0
+    rows[6, n - 1] = float("inf")
+    got = domino_ops.sample(rows)
+    assert torch.equal(got, rows.float().argmax(-1)), (isa, got.tolist())
+    draft = rows.float().argmax(-1)[:, None]
+    out, acc = domino_ops.verify_greedy(draft, rows[:, None].expand(8, 2, n).contiguous())
+    assert torch.equal(out[:, 0], rows.float().argmax(-1)) and (acc == 1).all()
+
+
+@pytest.mark.parametrize("b", [1, 2, 3, 4, 5, 7, 8, 9, 16, 17])
+@pytest.mark.parametrize("wdtype", [torch.float32, torch.bfloat16])
+def test_rollout_every_batch_block_matches_float64(isa, b, wdtype):
+    """Batch sizes hit every activation block (8, 4, 2, 1 and their sums), r every column
+    tail for 4-, 8- and 16-lane builds, V a partial vocabulary tile."""
+    from test_domino_head_rollout import make_inputs, oracle
+
+    for r, seed in ((96, 1), (45, 2), (8, 3)):
+        inputs = make_inputs(b, 3, 1000, r, 40, 24, wdtype, torch.bfloat16, b % 2 == 0, seed)
+        tokens_ref, lp_ref, S_ref, _, margins = oracle(*inputs)
+        tokens, lp, S = domino_ops.domino_head_rollout(*inputs)
+        ok = (margins > 1e-3).all(-1)  # sequences whose argmax is no coin toss
+        assert ok.any()
+        assert torch.equal(tokens[ok], tokens_ref[ok])
+        torch.testing.assert_close(lp[ok], lp_ref[ok].float(), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(S[ok], S_ref[ok].float(), rtol=1e-4, atol=1e-5)
+
+
+def test_write_logits_rounds_bf16_like_torch(isa):
+    """The bf16 write-back rounds to nearest even like torch's float -> bf16 cast."""
+    from test_domino_head_rollout import make_inputs
+
+    inputs = make_inputs(2, 2, 777, 33, 16, 8, torch.float32, torch.bfloat16, True, 5)
+    base16 = inputs[0].clone()
+    domino_ops.domino_head_rollout(base16, *inputs[1:], write_logits=True)
+    base32 = inputs[0].float()  # the same base values, so the same float logits
+    domino_ops.domino_head_rollout(base32, *inputs[1:], write_logits=True)
+    assert torch.equal(base16, base32.to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 50, 1.0), (1.2, 0, 0.9), (1.0, 40, 0.5)])
+def test_sampling_matches_reference_at_vocabulary_scale(isa, temperature, top_k, top_p):
+    """Same uniforms, a 151936-token vocabulary: the kernel picks the reference's token
+    (the top-p shortcut sorts only the tokens that can be in the nucleus) except where
+    float rounding decides a CDF or nucleus boundary (1 of these 32 rows at top_p = 0.9,
+    where the kernel before the shortcut picked the same token as now)."""
+    logits = torch.randn(32, 151936, generator=torch.Generator().manual_seed(2)) * 3
+    got = domino_ops.sample(logits, temperature=temperature, top_k=top_k, top_p=top_p,
+                            generator=torch.Generator().manual_seed(3))
+    want = reference.sample(logits, temperature=temperature, top_k=top_k, top_p=top_p,
+                            generator=torch.Generator().manual_seed(3))
+    assert (got == want).sum() >= 30
+
+
+def test_verify_sampling_matches_reference_at_vocabulary_scale(isa):
+    g = torch.Generator().manual_seed(4)
+    b, k, V = 4, 3, 151936
+    q = torch.softmax(torch.randn(b, k, V, generator=g) * 2, -1)
+    p = torch.softmax(torch.randn(b, k + 1, V, generator=g) * 2, -1)
+    p[:, :k] = 0.5 * p[:, :k] + 0.5 * q
+    draft = torch.multinomial(q.reshape(-1, V), 1, generator=g).reshape(b, k)
+    got = domino_ops.verify_sampling(draft, q, p, generator=torch.Generator().manual_seed(9))
+    want = reference.verify_sampling(draft, q, p, generator=torch.Generator().manual_seed(9))
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("where", ["tie", "nan", "max_late"])
+def test_argmax_of_a_row_split_across_threads(isa, where):
+    """Rows of more than 2 x 4M elements are split across threads (argmax.h): the merge
+    keeps the first index on ties and the first NaN."""
+    n = (1 << 23) + 37
+    row = torch.randn(1, n, generator=torch.Generator().manual_seed(1))
+    if where == "tie":
+        row[0, 5] = row[0, n - 3] = 50.0
+    elif where == "nan":
+        row[0, n - 2] = float("nan")
+        row[0, n // 2 + 1] = float("nan")
+    else:
+        row[0, n - 1] = 60.0
+    assert torch.equal(domino_ops.sample(row), row.argmax(-1))
