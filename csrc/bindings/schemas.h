@@ -21,5 +21,7 @@ inline constexpr const char* kVerifySampling =
     "verify_sampling(Tensor draft_tokens, Tensor draft_probs, Tensor target_probs, "
     "Tensor uniforms_accept, Tensor uniforms_resample, Tensor(a!) out_tokens, "
     "Tensor(b!) num_accepted) -> ()";
+inline constexpr const char* kSmallBatchLinear =
+    "small_batch_linear(Tensor x, Tensor weight, Tensor? bias, Tensor(a!) out) -> ()";
 
 }  // namespace domino::schemas

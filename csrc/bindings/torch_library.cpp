@@ -11,6 +11,7 @@ TORCH_LIBRARY(domino_ops, m) {
   m.def(domino::schemas::kSample);
   m.def(domino::schemas::kVerifyGreedy);
   m.def(domino::schemas::kVerifySampling);
+  m.def(domino::schemas::kSmallBatchLinear);
 }
 
 TORCH_LIBRARY_IMPL(domino_ops, CPU, m) {
@@ -18,4 +19,5 @@ TORCH_LIBRARY_IMPL(domino_ops, CPU, m) {
   m.impl("sample", &domino::cpu::sample_cpu);
   m.impl("verify_greedy", &domino::cpu::verify_greedy_cpu);
   m.impl("verify_sampling", &domino::cpu::verify_sampling_cpu);
+  m.impl("small_batch_linear", &domino::cpu::small_batch_linear_cpu);
 }

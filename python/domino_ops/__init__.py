@@ -7,6 +7,8 @@ dispatcher op ``torch.ops.domino_ops.<name>`` with caller-provided outputs):
 - :func:`sample`: temperature / top-k / top-p sampling of a row of logits.
 - :func:`verify_greedy`: greedy verification of a draft block.
 - :func:`verify_sampling`: lossless rejection-sampling verification.
+- :func:`small_batch_linear`: ``x @ weight.T + bias`` for a few rows on the CPU, weights
+  read once for all rows, batch-invariant (:mod:`domino_ops.linear`; no ``backend="triton"``).
 
 Runtime sampling helpers (:func:`filtered_probs`, :func:`draw_uniforms`,
 :func:`check_sampling_params`) live in :mod:`domino_ops.sampling`.
@@ -29,8 +31,10 @@ from domino_ops import _fake, reference, sampling  # noqa: E402,F401
 from domino_ops.ops import (  # noqa: E402
     domino_head_rollout, has_kernel, sample, select_backend, verify_greedy, verify_sampling)
 from domino_ops.sampling import check_sampling_params, draw_uniforms, filtered_probs  # noqa: E402
+from domino_ops.linear import small_batch_linear, small_batch_linear_isa  # noqa: E402
 
 cuda_compiled: bool = _C.cuda_compiled
 __version__ = "0.1.0"
 __all__ = ["domino_head_rollout", "sample", "verify_greedy", "verify_sampling", "has_kernel", "select_backend",
-           "check_sampling_params", "draw_uniforms", "filtered_probs", "reference", "sampling", "cuda_compiled"]
+           "check_sampling_params", "draw_uniforms", "filtered_probs", "reference", "sampling", "cuda_compiled",
+           "small_batch_linear", "small_batch_linear_isa"]
