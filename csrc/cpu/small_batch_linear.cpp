@@ -83,7 +83,9 @@ constexpr int64_t kPrefetchBlocks = 2;
 // `flatten`, so everything is inlined and compiled for that instruction set.
 
 struct Generic {
-  static constexpr int kLanes = 8, kNR = 2, kMR = 4;
+  static constexpr int kLanes = 8;
+  template <typename W> static constexpr int kNR = 2;
+  template <typename W> static constexpr int kMR = 4;
   typedef float V __attribute__((vector_size(32)));
   typedef uint32_t U __attribute__((vector_size(32)));
   static V zero() { return V{}; }
@@ -111,6 +113,7 @@ struct Generic {
     return v;
   }
   static void prefetch(const void* p) { __builtin_prefetch(p, 0, 2); }
+  static void pin(V&) {}
   // out[i] = ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)) of a[i].
   static void reduce4(const V* a, float* out) {
     for (int i = 0; i < 4; ++i) {
@@ -125,7 +128,11 @@ struct Generic {
 #define DOMINO_AVX512 __attribute__((target("avx512f,avx2,fma"))) inline
 
 struct Avx2 {
-  static constexpr int kLanes = 8, kNR = 3, kMR = 4;
+  static constexpr int kLanes = 8;
+  // fp32 weights: 3 x 4 (12 accumulators + 3 weight registers; x comes from memory as the
+  // FMAs' operand). bf16 weights: 3 x 3, x pinned in a register (see pin).
+  template <typename W> static constexpr int kNR = 3;
+  template <typename W> static constexpr int kMR = std::is_same_v<W, BF16> ? 3 : 4;
   using V = __m256;
   DOMINO_AVX2 static V zero() { return _mm256_setzero_ps(); }
   DOMINO_AVX2 static V load(const float* p) { return _mm256_loadu_ps(p); }
@@ -138,6 +145,9 @@ struct Avx2 {
                                                 _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
   }
   DOMINO_AVX2 static void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1); }
+  // Keeps v in a register: otherwise GCC folds the x load into every FMA that uses it
+  // (NR loads instead of one), which makes the tile load-bound.
+  DOMINO_AVX2 static void pin(V& v) { asm("" : "+x"(v)); }
   // Same tree as Generic::reduce4: hadd pairs lanes (0,1), (2,3); the second hadd adds
   // those pairs; the last add joins the two 128-bit halves.
   DOMINO_AVX2 static void reduce4(const V* a, float* out) {
@@ -149,7 +159,9 @@ struct Avx2 {
 };
 
 struct Avx512 {
-  static constexpr int kLanes = 16, kNR = 4, kMR = 6;
+  static constexpr int kLanes = 16;
+  template <typename W> static constexpr int kNR = 4;
+  template <typename W> static constexpr int kMR = 6;
   using V = __m512;
   DOMINO_AVX512 static V zero() { return _mm512_setzero_ps(); }
   DOMINO_AVX512 static V load(const float* p) { return _mm512_loadu_ps(p); }
@@ -161,6 +173,7 @@ struct Avx512 {
     return _mm512_castsi512_ps(_mm512_and_si512(_mm512_loadu_si512(p), _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
   }
   DOMINO_AVX512 static void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1); }
+  DOMINO_AVX512 static void pin(V& v) { asm("" : "+v"(v)); }
   DOMINO_AVX512 static __m256 fold(V v) {  // lane i + lane i + 8
     return _mm256_add_ps(_mm512_castps512_ps256(v),
                          _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
@@ -187,12 +200,14 @@ inline void tile_step(typename T::V (&acc)[NR][MR], const W* const (&wr)[NR], in
     V wv[NR];
     for (int r = 0; r < NR; ++r) wv[r] = T::bf16_even(wr[r] + kw);
     for (int j = 0; j < MR; ++j) {
-      const V xv = T::load(x + j * Kp + kx);
+      V xv = T::load(x + j * Kp + kx);
+      T::pin(xv);
       for (int r = 0; r < NR; ++r) acc[r][j] = T::fma(wv[r], xv, acc[r][j]);
     }
     for (int r = 0; r < NR; ++r) wv[r] = T::bf16_odd(wr[r] + kw);
     for (int j = 0; j < MR; ++j) {
-      const V xv = T::load(x + j * Kp + kx + T::kLanes);
+      V xv = T::load(x + j * Kp + kx + T::kLanes);
+      T::pin(xv);
       for (int r = 0; r < NR; ++r) acc[r][j] = T::fma(wv[r], xv, acc[r][j]);
     }
   } else {
@@ -207,7 +222,7 @@ inline void tile_step(typename T::V (&acc)[NR][MR], const W* const (&wr)[NR], in
 
 // sums[j * NR + r] = dot(w[r, :K], x[j, :K]) for an NR x MR tile. w: the tile's first
 // weight row (rows K apart); x: the tile's first packed x row (rows Kp apart). When pf is
-// set, the weight bytes [pf, pf + steps * pf_step) are prefetched along the way.
+// set, about the bytes [pf, pf + steps * pf_step) are prefetched along the way.
 template <class T, int NR, int MR, typename W>
 inline void tile(const W* w, int64_t K, const float* x, int64_t Kp, float* sums, const char* pf,
                  int64_t pf_step) {
@@ -222,7 +237,7 @@ inline void tile(const W* w, int64_t K, const float* x, int64_t Kp, float* sums,
   if (pf != nullptr) {
     for (int64_t s = 0; s < full; ++s) {
       T::prefetch(pf + s * pf_step);
-      T::prefetch(pf + s * pf_step + pf_step - 1);
+      if (pf_step > 64) T::prefetch(pf + s * pf_step + 64);
       tile_step<T, NR, MR>(acc, wr, s * step, x, Kp, s * step);
     }
   } else {
@@ -265,21 +280,26 @@ struct Problem {
   int64_t M, N, K, Kp;
 };
 
-// Rows [n0, n0 + nr) of the output for all M x rows, with NR-row tiles (nr == NR) or one
-// row at a time (the last, partial block).
-template <class T, int NR, typename W, typename O>
-inline void block_rows(const Problem& p, int64_t n0, const char* pf, int64_t pf_step) {
+// Rows [n0, n0 + NR) of the output for all M x rows (NR = 1: one row of a partial block).
+// pf: the weight block to prefetch meanwhile (or null), spread evenly over the tiles.
+template <class T, int NR, int MR, typename W, typename O>
+inline void block_rows(const Problem& p, int64_t n0, const char* pf, int64_t pf_bytes) {
   const W* w = static_cast<const W*>(p.w) + n0 * p.K;
   O* out = static_cast<O*>(p.out);
-  float sums[NR * T::kMR];
-  for (int64_t m0 = 0; m0 < p.M; m0 += T::kMR) {
-    const int mr = static_cast<int>(std::min<int64_t>(T::kMR, p.M - m0));
+  float sums[NR * MR];
+  const int64_t tiles = (p.M + MR - 1) / MR;
+  const int64_t steps = std::max<int64_t>(1, p.K / kStep<T, W>);
+  const int64_t pf_tile = (pf_bytes + tiles - 1) / tiles;
+  const int64_t pf_step = (pf_tile + steps - 1) / steps;
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t m0 = t * MR;
+    const int mr = static_cast<int>(std::min<int64_t>(MR, p.M - m0));
     const float* x = p.x + m0 * p.Kp;
-    const char* tile_pf = m0 == 0 ? pf : nullptr;
+    const char* tile_pf = pf != nullptr ? pf + t * pf_tile : nullptr;
     switch (mr) {  // MR is a template parameter: one register tile per remainder size
-#define DOMINO_SBL_CASE(c)                                                         \
-  case c:                                                                          \
-    if constexpr (c <= T::kMR) tile<T, NR, c>(w, p.K, x, p.Kp, sums, tile_pf, pf_step); \
+#define DOMINO_SBL_CASE(c)                                                          \
+  case c:                                                                           \
+    if constexpr (c <= MR) tile<T, NR, c>(w, p.K, x, p.Kp, sums, tile_pf, pf_step); \
     break;
       DOMINO_SBL_CASE(1)
       DOMINO_SBL_CASE(2)
@@ -300,22 +320,21 @@ inline void block_rows(const Problem& p, int64_t n0, const char* pf, int64_t pf_
 // Weight blocks [b0, b1) (NR rows each; the last may be partial).
 template <class T, typename W, typename O>
 inline void run_blocks(const Problem& p, int64_t b0, int64_t b1) {
-  constexpr int NR = T::kNR;
+  constexpr int NR = T::template kNR<W>, MR = T::template kMR<W>;
   const int64_t block_bytes = NR * p.K * static_cast<int64_t>(sizeof(W));
-  const int64_t steps = std::max<int64_t>(1, p.K / kStep<T, W>);
-  const int64_t pf_step = (block_bytes + steps - 1) / steps;
+  constexpr int64_t ahead = kPrefetchBlocks;
   for (int64_t b = b0; b < b1; ++b) {
     const int64_t n0 = b * NR;
     const int64_t nr = std::min<int64_t>(NR, p.N - n0);
-    // Prefetch block b + kPrefetchBlocks if it is this thread's and whole.
-    const int64_t bp = b + kPrefetchBlocks;
-    const char* pf = bp < b1 && (bp + 1) * NR <= p.N
+    // Prefetch block b + ahead if it is this thread's and whole.
+    const int64_t bp = b + ahead;
+    const char* pf = ahead > 0 && bp < b1 && (bp + 1) * NR <= p.N
                          ? static_cast<const char*>(p.w) + bp * block_bytes
                          : nullptr;
     if (nr == NR) {
-      block_rows<T, NR, W, O>(p, n0, pf, pf_step);
+      block_rows<T, NR, MR, W, O>(p, n0, pf, block_bytes);
     } else {
-      for (int64_t n = n0; n < n0 + nr; ++n) block_rows<T, 1, W, O>(p, n, nullptr, 0);
+      for (int64_t n = n0; n < n0 + nr; ++n) block_rows<T, 1, MR, W, O>(p, n, nullptr, 0);
     }
   }
 }
@@ -388,13 +407,14 @@ void run(Isa isa, const Problem& p, int64_t b0, int64_t b1) {
   run_generic<W, O>(p, b0, b1);
 }
 
+template <typename W>
 int nr_of(Isa isa) {
   switch (isa) {
 #if DOMINO_SBL_X86
-    case Isa::kAvx512: return Avx512::kNR;
-    case Isa::kAvx2: return Avx2::kNR;
+    case Isa::kAvx512: return Avx512::kNR<W>;
+    case Isa::kAvx2: return Avx2::kNR<W>;
 #endif
-    default: return Generic::kNR;
+    default: return Generic::kNR<W>;
   }
 }
 
@@ -474,7 +494,7 @@ void forward(Isa isa, const at::Tensor& x, const at::Tensor& weight, const float
   const bool bf16_w = std::is_same_v<W, BF16>;
   const int64_t step = bf16_w ? 2 * L : L;
   const int64_t Kp = (K + step - 1) / step * step;
-  const int64_t NR = nr_of(isa);
+  const int64_t NR = nr_of<W>(isa);
   const int64_t blocks = (N + NR - 1) / NR;
   // At least ~32 KB of weights per thread, so tiny layers do not pay for a fork.
   const int64_t grain = std::max<int64_t>(1, (32 << 10) / (NR * K * static_cast<int64_t>(sizeof(W))));
