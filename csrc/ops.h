@@ -46,6 +46,11 @@ void verify_sampling_cpu(const at::Tensor& draft_tokens, const at::Tensor& draft
                          const at::Tensor& target_probs, const at::Tensor& uniforms_accept,
                          const at::Tensor& uniforms_resample, at::Tensor out_tokens,
                          at::Tensor num_accepted);
+// small_batch_linear.cpp: out = x @ weight.T (+ bias), batch-invariant; checks its own
+// arguments. small_batch_linear_isa() names the instruction-set path a call takes now.
+void small_batch_linear_cpu(const at::Tensor& x, const at::Tensor& weight,
+                            const std::optional<at::Tensor>& bias, at::Tensor out);
+const char* small_batch_linear_isa();
 }  // namespace cpu
 
 

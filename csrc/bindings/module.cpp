@@ -21,6 +21,9 @@ auto value_errors(F f) {
   }
 }
 }  // namespace
+namespace domino::cpu {
+const char* small_batch_linear_isa();  // small_batch_linear.cpp
+}
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "domino_ops native extension: registers torch.ops.domino_ops.*";
@@ -38,4 +41,6 @@ PYBIND11_MODULE(_C, m) {
   m.def("_force_cpu_isa",
         [](const std::string& name) { value_errors([&] { domino::cpu::force_isa(name); return 0; }); },
         "Tests and benchmarks: run the CPU kernels as build `name` ('' to restore)");
+  m.def("small_batch_linear_isa", &domino::cpu::small_batch_linear_isa,
+        "The instruction-set path (avx512, avx2, generic) small_batch_linear takes now");
 }

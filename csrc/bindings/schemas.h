@@ -23,6 +23,8 @@ inline constexpr const char* kVerifySampling =
     "verify_sampling(Tensor draft_tokens, Tensor draft_probs, Tensor target_probs, "
     "Tensor uniforms_accept, Tensor uniforms_resample, Tensor(a!) out_tokens, "
     "Tensor(b!) num_accepted) -> ()";
+inline constexpr const char* kSmallBatchLinear =
+    "small_batch_linear(Tensor x, Tensor weight, Tensor? bias, Tensor(a!) out) -> ()";
 
 // Defines the four ops in a library: TORCH_LIBRARY(ns, m) { domino::schemas::define_ops(m); }
 inline void define_ops(torch::Library& m) {

@@ -13,6 +13,7 @@ import torch
 from safetensors.torch import save_file
 
 from domino.config import default_drafter_config
+from domino.fast_linear import use_small_batch_linear
 from domino.generate import DominoGenerator
 from domino.model import DominoDraftModel
 
@@ -85,9 +86,11 @@ def random_drafter(target, seed: int = 0) -> DominoDraftModel:
 
 
 def load(target, drafter=None, tokenizer=None, *, device="cpu", dtype=torch.float32,
-         quiet: bool = True) -> DominoGenerator:
+         quiet: bool = True, small_batch_linear: bool = True) -> DominoGenerator:
     """A generator for ``target`` (path or HF model) and ``drafter`` (checkpoint path, a
-    DominoDraftModel, or None for an untrained one)."""
+    DominoDraftModel, or None for an untrained one). On the CPU, ``small_batch_linear``
+    puts both models' linear layers on the batch-invariant kernel (see
+    :mod:`domino.fast_linear`; the plain-decoding baseline then uses it too)."""
     _say("loading the target", quiet)
     model, tokenizer = load_target(target, tokenizer, dtype=dtype, device=device)
     if drafter is None:
@@ -96,7 +99,11 @@ def load(target, drafter=None, tokenizer=None, *, device="cpu", dtype=torch.floa
     elif isinstance(drafter, (str, Path)):
         _say(f"loading the drafter from {drafter}", quiet)
         drafter = DominoDraftModel.from_pretrained(drafter, dtype=dtype, device=device)
-    return DominoGenerator(model, drafter.to(device), tokenizer)
+    drafter = drafter.to(device)
+    if small_batch_linear and torch.device(device).type == "cpu":
+        use_small_batch_linear(model)
+        use_small_batch_linear(drafter)
+    return DominoGenerator(model, drafter, tokenizer)
 
 
 def load_default(*, quiet: bool = True) -> DominoGenerator:

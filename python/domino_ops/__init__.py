@@ -7,6 +7,8 @@ dispatcher op ``torch.ops.domino_ops.<name>`` with caller-provided outputs):
 - :func:`sample`: temperature / top-k / top-p sampling of a row of logits.
 - :func:`verify_greedy`: greedy verification of a draft block.
 - :func:`verify_sampling`: lossless rejection-sampling verification.
+- :func:`small_batch_linear`: ``x @ weight.T + bias`` for a few rows on the CPU, weights
+  read once for all rows, batch-invariant (:mod:`domino_ops.linear`; no ``backend="triton"``).
 
 Drop-in, sgl-kernel-compatible tree ops (:mod:`domino_ops.tree_ops`, references in
 :mod:`domino_ops.reference_tree`): :func:`build_tree_kernel_efficient`,
@@ -36,10 +38,12 @@ from domino_ops.sampling import check_sampling_params, draw_uniforms, filtered_p
 from domino_ops import reference_tree, tree_ops  # noqa: E402,F401
 from domino_ops.tree_ops import (  # noqa: E402
     build_tree_kernel_efficient, tree_speculative_sampling_target_only, verify_tree_greedy)
+from domino_ops.linear import small_batch_linear, small_batch_linear_isa  # noqa: E402
 
 cuda_compiled: bool = _C.cuda_compiled
 __version__ = "0.1.0"
 __all__ = ["domino_head_rollout", "sample", "verify_greedy", "verify_sampling", "has_kernel", "select_backend",
            "check_sampling_params", "draw_uniforms", "filtered_probs", "reference", "sampling", "cuda_compiled",
            "build_tree_kernel_efficient", "verify_tree_greedy", "tree_speculative_sampling_target_only",
-           "reference_tree", "tree_ops"]
+           "reference_tree", "tree_ops",
+           "small_batch_linear", "small_batch_linear_isa"]

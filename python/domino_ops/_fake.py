@@ -45,3 +45,8 @@ def _tree_speculative_sampling_target_only_fake(predicts, accept_index, accept_t
                                                 uniform_samples_for_final_sampling, target_probs, draft_probs,
                                                 threshold_single, threshold_acc, deterministic):
     return None
+
+
+@torch.library.register_fake("domino_ops::small_batch_linear")
+def _small_batch_linear_fake(x, weight, bias, out):
+    return None

@@ -16,7 +16,8 @@ import torch.nn.functional as F
 
 from domino_ops.sampling import draw_uniforms, effective_temperature, filtered_weights
 
-__all__ = ["domino_head_rollout", "sample", "verify_greedy", "verify_sampling", "sample_from_logits"]
+__all__ = ["domino_head_rollout", "sample", "verify_greedy", "verify_sampling", "sample_from_logits",
+           "small_batch_linear"]
 
 
 def sample_from_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
@@ -127,3 +128,11 @@ def verify_sampling(draft_tokens, draft_probs, target_probs, *, generator=None):
             tok -= 1
         out[s, n] = tok
     return _pad_after(out, num_accepted), num_accepted
+
+
+def small_batch_linear(x, weight, bias=None):
+    """Reference of :func:`domino_ops.small_batch_linear`: ``x @ weight.T + bias`` with
+    fp32 accumulation (float64 when any operand is float64, the exact oracle), in x's dtype."""
+    acc = torch.float64 if torch.float64 in (x.dtype, weight.dtype) else torch.float32
+    b = None if bias is None else bias.to(acc)
+    return F.linear(x.to(acc), weight.to(acc), b).to(x.dtype)

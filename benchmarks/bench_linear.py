@@ -1,0 +1,178 @@
+"""Verification cost on the CPU: a forward over k new tokens against a one-token step.
+
+Prints, in one run, for SmolLM2-135M-Instruct with a KV cache of --cache tokens, the median
+time of a forward over k = 1, 2, 4, 8, 16, 32 new tokens (logits at every position, as a
+verification needs) with PyTorch's own linear layers and with
+``domino_ops.small_batch_linear`` under them (``domino.fast_linear``), in fp32 and bf16,
+side by side, each with its ratio to its own one-token forward. The two variants alternate
+within every repeat, so machine noise hits both alike. Then a microbenchmark of the op
+alone against ``torch.nn.functional.linear`` on SmolLM2's shapes at M = 1 and 16.
+
+    python benchmarks/bench_linear.py [--repeats 9] [--cache 110] [--threads N]
+
+Goal (issue 15): a 16-token forward <= 1.3x a one-token forward with the kernel, in both
+dtypes, and the kernel's one-token forward no slower than PyTorch's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+import domino_ops
+from domino.fast_linear import undo_small_batch_linear, use_small_batch_linear
+
+KS = (1, 2, 4, 8, 16, 32)
+SHAPES = ((576, 576), (1536, 576), (576, 1536), (49152, 576))  # (N, K): q/o, gate/up, down, LM head
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return " ".join(f for f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16") if f in flags)
+    except OSError:
+        pass
+    return "?"
+
+
+def forward_times(model, cache_len: int, repeats: int, ks=KS) -> dict:
+    """{(variant, k): [seconds]} for variant "torch" / "kernel", alternating per repeat."""
+    from transformers import DynamicCache
+
+    g = torch.Generator().manual_seed(0)
+    vocab = model.config.vocab_size
+    prompt = torch.randint(0, vocab, (1, cache_len), generator=g)
+    cache = DynamicCache()
+    times = {}
+    with torch.inference_mode():
+        model(input_ids=prompt, past_key_values=cache, use_cache=True)
+        for k in ks:
+            ids = torch.randint(0, vocab, (1, k), generator=g)
+            for rep in range(repeats + 2):  # the first two rounds are warm-up
+                for variant in ("torch", "kernel"):
+                    if variant == "kernel":
+                        use_small_batch_linear(model)
+                    else:
+                        undo_small_batch_linear(model)
+                    t0 = time.perf_counter()
+                    out = model(input_ids=ids, past_key_values=cache, use_cache=True)
+                    dt = time.perf_counter() - t0
+                    assert out.logits.shape[1] == k
+                    cache.crop(-k)
+                    if rep >= 2:
+                        times.setdefault((variant, k), []).append(dt)
+    undo_small_batch_linear(model)
+    return times
+
+
+def model_table(repeats: int, cache_len: int, dtypes) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from domino.loading import smollm2_dir
+
+    path = smollm2_dir()
+    med = {}
+    for dt in dtypes:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dt).eval()
+        for (variant, k), ts in forward_times(model, cache_len, repeats).items():
+            med[(dt, variant, k)] = (statistics.median(ts), min(ts), max(ts))
+        del model
+    names = {torch.float32: "fp32", torch.bfloat16: "bf16"}
+    print(f"\nSmolLM2-135M-Instruct, forward over k new tokens, KV cache {cache_len} tokens, "
+          f"median of {repeats} (min-max in the raw log below); ratio = time / its own k = 1 time\n")
+    cols = [(dt, v) for dt in dtypes for v in ("torch", "kernel")]
+    head = "| tokens | " + " | ".join(f"{names[dt]} {'PyTorch' if v == 'torch' else 'small_batch_linear'}"
+                                      for dt, v in cols) + " |"
+    print(head)
+    print("|" + "---|" * (len(cols) + 1))
+    for k in KS:
+        cells = []
+        for dt, v in cols:
+            t = med[(dt, v, k)][0]
+            base = med[(dt, v, 1)][0]
+            cells.append(f"{t * 1e3:.1f} ms" + ("" if k == 1 else f" ({t / base:.2f}x)"))
+        print(f"| {k} | " + " | ".join(cells) + " |")
+    print("\nraw: " + "; ".join(f"{names[dt]} {v} k={k}: {a[1] * 1e3:.1f}-{a[2] * 1e3:.1f} ms"
+                                for (dt, v, k), a in sorted(med.items(), key=lambda i: (str(i[0][0]), i[0][1], i[0][2]))))
+    print("\ngoals:")
+    for dt in dtypes:
+        r16 = med[(dt, "kernel", 16)][0] / med[(dt, "kernel", 1)][0]
+        one = med[(dt, "kernel", 1)][0] / med[(dt, "torch", 1)][0]
+        print(f"  {names[dt]}: 16-token / 1-token forward with the kernel = {r16:.2f}x (goal <= 1.3: "
+              f"{'met' if r16 <= 1.3 else 'MISSED'}); kernel 1-token / PyTorch 1-token = {one:.2f} "
+              f"(goal <= 1: {'met' if one <= 1.0 else 'MISSED'})")
+
+
+def median_time(f, repeats: int) -> float:
+    for _ in range(3):
+        f()
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        f()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def micro_table(repeats: int, dtypes) -> None:
+    print("\nThe op alone against F.linear (median of "
+          f"{repeats}; the smaller weights stay in cache between calls, the LM head does not):\n")
+    print("| dtype | N x K | M | F.linear | small_batch_linear | GB/s (weights) | GFLOP/s |")
+    print("|---|---|---|---|---|---|---|")
+    op = torch.ops.domino_ops.small_batch_linear.default
+    g = torch.Generator().manual_seed(0)
+    for dt in dtypes:
+        for N, K in SHAPES:
+            w = torch.randn(N, K, generator=g).to(dt)
+            for M in (1, 16):
+                x = torch.randn(M, K, generator=g).to(dt)
+                out = torch.empty(M, N, dtype=dt)
+                t_ref = median_time(lambda: F.linear(x, w), repeats)
+                t_op = median_time(lambda: op(x, w, None, out), repeats)
+                gbs = N * K * w.element_size() / t_op / 1e9
+                gf = 2 * M * N * K / t_op / 1e9
+                print(f"| {str(dt)[6:]} | {N} x {K} | {M} | {t_ref * 1e6:.0f} us | {t_op * 1e6:.0f} us "
+                      f"({t_ref / t_op:.1f}x) | {gbs:.1f} | {gf:.1f} |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--cache", type=int, default=110, help="KV-cache length before the k new tokens")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--dtypes", default="fp32,bf16")
+    ap.add_argument("--skip-model", action="store_true")
+    ap.add_argument("--skip-micro", action="store_true")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dtypes = [{"fp32": torch.float32, "bf16": torch.bfloat16}[d] for d in args.dtypes.split(",")]
+    print(f"CPU: {cpu_name()} ({cpu_flags()}), {torch.get_num_threads()} threads; "
+          f"small_batch_linear path: {domino_ops.small_batch_linear_isa()}; torch {torch.__version__}")
+    if not args.skip_model:
+        model_table(args.repeats, args.cache, dtypes)
+    if not args.skip_micro:
+        micro_table(max(args.repeats, 15), dtypes)
+
+
+if __name__ == "__main__":
+    main()

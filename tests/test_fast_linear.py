@@ -1,0 +1,199 @@
+"""domino.fast_linear: HF models' nn.Linear layers on the batch-invariant CPU kernel.
+
+What holds, precisely (and what these tests check):
+- the switch changes no weight and no state_dict entry, and a switched layer returns
+  exactly the kernel's output (rounding differs from F.linear, values agree);
+- every switched layer of a bf16 target is batch-invariant inside the model: in a
+  verification forward over k tokens, each token's row of each layer output has the bits
+  that layer gives for that row alone;
+- HF's own attention (sdpa, eager) is *not* batch-invariant across query counts (it
+  reduces over the KV length and calls GEMMs whose shapes follow the number of queries),
+  so a verification forward over k tokens equals k one-token forwards only up to the
+  attention's rounding, and in bf16 that is enough for greedy speculation to pick another
+  token than plain decoding now and then (seen here with a tiny Qwen3 target);
+- with ``use_rowwise_attention`` (each query row computed with the shapes of a one-token
+  step) the verification forward is bit-identical to k one-token forwards in bf16 and
+  fp32: everything else (embedding, RMSNorm, rotary, SiLU, residuals, LM head) is then
+  row-wise invariant with the linear switch on;
+- so greedy speculative generation with both switches gives exactly the tokens of plain
+  greedy decoding with both switches (target and drafter switched, as ``domino.load``
+  does for the linear layers).
+"""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import domino_ops
+from domino.fast_linear import (undo_rowwise_attention, undo_small_batch_linear, use_rowwise_attention,
+                                use_small_batch_linear, uses_small_batch_linear)
+from tiny_models import IdTokenizer, tiny_drafter, tiny_target
+
+
+def target(kind="llama", dtype=torch.bfloat16, attn=None, seed=0):
+    model = tiny_target(kind, 64, seed=seed).to(dtype)
+    if attn == "rowwise":
+        use_rowwise_attention(model)
+    elif attn is not None:
+        model.config._attn_implementation = attn
+    return model
+
+
+def linears(model):
+    return [m for m in model.modules() if type(m) is torch.nn.Linear]
+
+
+def verify_and_step(model, prompt_len=20, k=9, seed=1):
+    """Logits of one forward over k tokens and of k one-token forwards, from the same cache."""
+    from transformers import DynamicCache
+
+    g = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, 64, (1, prompt_len), generator=g)
+    block = torch.randint(0, 64, (1, k), generator=g)
+    with torch.inference_mode():
+        c1 = DynamicCache()
+        model(input_ids=prompt, past_key_values=c1, use_cache=True)
+        c2 = copy.deepcopy(c1)
+        big = model(input_ids=block, past_key_values=c1, use_cache=True).logits
+        steps = torch.cat([model(input_ids=block[:, i:i + 1], past_key_values=c2, use_cache=True).logits
+                           for i in range(k)], 1)
+    return big, steps
+
+
+def test_switch_keeps_weights_and_state_dict_and_undoes():
+    model = target("qwen3", torch.float32)
+    before = {k: (v.data_ptr(), v.clone()) for k, v in model.state_dict().items()}
+    params = [id(p) for p in model.parameters()]
+    assert use_small_batch_linear(model) is model
+    assert uses_small_batch_linear(model)
+    assert all("forward" in vars(m) for m in linears(model)) and len(linears(model)) == 4 * 7 + 1
+    after = model.state_dict()
+    assert after.keys() == before.keys()
+    assert all(after[k].data_ptr() == before[k][0] and torch.equal(after[k], before[k][1]) for k in before)
+    assert [id(p) for p in model.parameters()] == params
+    use_small_batch_linear(model)  # idempotent
+    undo_small_batch_linear(model)
+    assert not uses_small_batch_linear(model)
+    assert not any("forward" in vars(m) for m in linears(model))
+
+
+def test_tied_weights_stay_tied():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True)).eval()
+    use_small_batch_linear(model)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    ids = torch.randint(0, 64, (1, 5))
+    with torch.inference_mode():
+        out = model(ids).logits
+        hidden = model.model(ids).last_hidden_state
+    assert torch.equal(out, domino_ops.small_batch_linear(hidden, model.model.embed_tokens.weight))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_switched_layer_is_the_kernel_and_model_agrees_with_pytorch(dtype):
+    model = target("llama", dtype)
+    ids = torch.randint(0, 64, (2, 7))
+    with torch.inference_mode():
+        ref = model(ids).logits.float()
+        use_small_batch_linear(model)
+        lin = model.model.layers[0].mlp.down_proj
+        x = torch.randn(2, 7, lin.in_features).to(dtype)
+        assert torch.equal(lin(x), domino_ops.small_batch_linear(x, lin.weight, lin.bias))
+        got = model(ids).logits.float()
+    tol = 1e-4 if dtype == torch.float32 else 0.15
+    assert (got - ref).abs().max() <= tol * ref.abs().max()
+    assert (got.argmax(-1) == ref.argmax(-1)).float().mean() > 0.9
+
+
+def test_falls_back_to_f_linear_when_autograd_needs_a_graph():
+    model = use_small_batch_linear(target("qwen3", torch.float32))
+    lin = model.lm_head
+    x = torch.randn(3, lin.in_features, requires_grad=True)
+    y = lin(x)  # grad mode on, parameters require grad: F.linear, differentiable
+    assert y.grad_fn is not None
+    y.sum().backward()
+    assert x.grad is not None and lin.weight.grad is not None
+    with torch.no_grad():
+        assert torch.equal(lin(x), domino_ops.small_batch_linear(x.detach(), lin.weight))
+    # a dtype mismatch keeps F.linear's behaviour (an error), not a silent cast
+    with torch.no_grad(), pytest.raises(RuntimeError):
+        lin(torch.randn(3, lin.in_features, dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_every_layer_is_batch_invariant_inside_the_model(kind, dtype):
+    """In a verification forward over k tokens, each switched layer's output row equals,
+    bit for bit, that layer applied to the row alone."""
+    model = use_small_batch_linear(target(kind, dtype))
+    seen = []
+    hooks = [m.register_forward_hook(lambda mod, inp, out: seen.append((mod, inp[0].clone(), out.clone())))
+             for m in linears(model)]
+    verify_and_step(model, k=9)
+    for h in hooks:
+        h.remove()
+    assert len(seen) >= len(linears(model))
+    with torch.inference_mode():
+        for mod, x, y in seen:
+            if x.shape[1] < 2:
+                continue
+            rows = torch.cat([mod(x[:, i:i + 1]) for i in range(x.shape[1])], 1)
+            assert torch.equal(rows, y)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_verification_forward_is_bit_identical_with_a_rowwise_attention(kind, dtype):
+    model = use_small_batch_linear(target(kind, dtype, attn="rowwise"))
+    big, steps = verify_and_step(model, k=9)
+    assert torch.equal(big, steps)
+
+
+def test_hf_attention_is_the_part_that_is_not_batch_invariant():
+    """Documents the limit: with HF's sdpa attention the same comparison differs (by the
+    attention's rounding) even with every linear layer switched."""
+    model = use_small_batch_linear(target("llama", torch.float32, attn="sdpa"))
+    big, steps = verify_and_step(model, k=9)
+    assert not torch.equal(big, steps)
+    torch.testing.assert_close(big, steps, atol=1e-4, rtol=1e-4)
+
+
+def test_rowwise_attention_matches_sdpa_and_undoes():
+    model = target("qwen3", torch.float32)
+    ids = torch.randint(0, 64, (1, 12))
+    with torch.inference_mode():
+        ref = model(ids).logits
+        use_rowwise_attention(model)
+        assert model.config._attn_implementation == "domino_rowwise"
+        torch.testing.assert_close(model(ids).logits, ref, atol=1e-5, rtol=1e-5)
+        undo_rowwise_attention(model)
+    assert model.config._attn_implementation == "sdpa"
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+def test_greedy_speculative_equals_plain_greedy_in_bf16(kind):
+    from domino import DominoGenerator
+
+    tgt = target(kind, torch.bfloat16, attn="rowwise")
+    drafter = tiny_drafter(tgt).to(torch.bfloat16)
+    gen = DominoGenerator(use_small_batch_linear(tgt), use_small_batch_linear(drafter), IdTokenizer())
+    prompt = torch.randint(2, 64, (9,), generator=torch.Generator().manual_seed(3)).tolist()
+    spec = gen.generate(prompt, max_new_tokens=48)
+    plain = gen.generate_target_only(prompt, max_new_tokens=48)
+    assert spec.token_ids == plain.token_ids and len(spec.token_ids) == 48
+    assert uses_small_batch_linear(gen.target) and uses_small_batch_linear(gen.drafter)
+
+
+def test_load_switches_target_and_drafter_on_cpu():
+    from domino.loading import load
+
+    tgt = target("qwen3", torch.float32)
+    gen = load(tgt, tiny_drafter(tgt), IdTokenizer())
+    assert uses_small_batch_linear(gen.target) and uses_small_batch_linear(gen.drafter)
+    tgt2 = target("qwen3", torch.float32)
+    gen2 = load(tgt2, tiny_drafter(tgt2), IdTokenizer(), small_batch_linear=False)
+    assert not uses_small_batch_linear(gen2.target)
