@@ -11,6 +11,8 @@ import torch
 
 import domino_ops
 from domino_ops import cpu, reference
+from kernel_cases import head_rollout_inputs
+from oracles import head_rollout_oracle
 
 SUPPORTED = cpu.supported_isas()
 
@@ -122,11 +124,10 @@ def test_argmax_ties_nans_and_infinities(isa, dtype, n):
 def test_rollout_every_batch_block_matches_float64(isa, b, wdtype):
     """Batch sizes hit every activation block (8, 4, 2, 1 and their sums), r every column
     tail for 4-, 8- and 16-lane builds, V a partial vocabulary tile."""
-    from test_domino_head_rollout import make_inputs, oracle
 
     for r, seed in ((96, 1), (45, 2), (8, 3)):
-        inputs = make_inputs(b, 3, 1000, r, 40, 24, wdtype, torch.bfloat16, b % 2 == 0, seed)
-        tokens_ref, lp_ref, S_ref, _, margins = oracle(*inputs)
+        inputs = head_rollout_inputs(b, 3, 1000, r, 40, 24, wdtype, torch.bfloat16, b % 2 == 0, seed)
+        tokens_ref, lp_ref, S_ref, _, margins = head_rollout_oracle(*inputs)
         tokens, lp, S = domino_ops.domino_head_rollout(*inputs)
         ok = (margins > 1e-3).all(-1)  # sequences whose argmax is no coin toss
         assert ok.any()
@@ -137,9 +138,8 @@ def test_rollout_every_batch_block_matches_float64(isa, b, wdtype):
 
 def test_write_logits_rounds_bf16_like_torch(isa):
     """The bf16 write-back rounds to nearest even like torch's float -> bf16 cast."""
-    from test_domino_head_rollout import make_inputs
 
-    inputs = make_inputs(2, 2, 777, 33, 16, 8, torch.float32, torch.bfloat16, True, 5)
+    inputs = head_rollout_inputs(2, 2, 777, 33, 16, 8, torch.float32, torch.bfloat16, True, 5)
     base16 = inputs[0].clone()
     domino_ops.domino_head_rollout(base16, *inputs[1:], write_logits=True)
     base32 = inputs[0].float()  # the same base values, so the same float logits
