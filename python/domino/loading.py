@@ -86,11 +86,12 @@ def random_drafter(target, seed: int = 0) -> DominoDraftModel:
 
 
 def load(target, drafter=None, tokenizer=None, *, device="cpu", dtype=torch.float32,
-         quiet: bool = True, small_batch_linear: bool = True) -> DominoGenerator:
+         quiet: bool = True, small_batch_linear: bool = False) -> DominoGenerator:
     """A generator for ``target`` (path or HF model) and ``drafter`` (checkpoint path, a
-    DominoDraftModel, or None for an untrained one). On the CPU, ``small_batch_linear``
+    DominoDraftModel, or None for an untrained one). On the CPU, ``small_batch_linear=True``
     puts both models' linear layers on the batch-invariant kernel (see
-    :mod:`domino.fast_linear`; the plain-decoding baseline then uses it too)."""
+    :mod:`domino.fast_linear`; the plain-decoding baseline then uses it too). Off by
+    default until its end-to-end speed is measured on a quiet machine."""
     _say("loading the target", quiet)
     model, tokenizer = load_target(target, tokenizer, dtype=dtype, device=device)
     if drafter is None:
