@@ -188,12 +188,12 @@ def test_greedy_speculative_equals_plain_greedy_in_bf16(kind):
     assert uses_small_batch_linear(gen.target) and uses_small_batch_linear(gen.drafter)
 
 
-def test_load_switches_target_and_drafter_on_cpu():
+def test_load_switches_target_and_drafter_on_cpu_when_asked():
     from domino.loading import load
 
     tgt = target("qwen3", torch.float32)
-    gen = load(tgt, tiny_drafter(tgt), IdTokenizer())
+    gen = load(tgt, tiny_drafter(tgt), IdTokenizer(), small_batch_linear=True)
     assert uses_small_batch_linear(gen.target) and uses_small_batch_linear(gen.drafter)
     tgt2 = target("qwen3", torch.float32)
-    gen2 = load(tgt2, tiny_drafter(tgt2), IdTokenizer(), small_batch_linear=False)
-    assert not uses_small_batch_linear(gen2.target)
+    gen2 = load(tgt2, tiny_drafter(tgt2), IdTokenizer())  # opt-in for now
+    assert not uses_small_batch_linear(gen2.target) and not uses_small_batch_linear(gen2.drafter)
