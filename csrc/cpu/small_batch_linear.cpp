@@ -7,9 +7,10 @@
 // So at M = 1 the weight stream is the floor (memory bandwidth), and the kernel is built
 // so that a verification over M rows still reads each weight byte from memory exactly
 // once and multiplies it into all M rows while it sits in registers/L1: the cost grows
-// with M only through the FMAs, about M/16 flop per weight byte in bf16 (M/8 in fp32)
-// against ~1 flop/byte of headroom here (2 FMA pipes at a few GB/s of memory), so up to
-// M ~ 16 the forward stays near the one-token cost.
+// with M only through the FMAs, M flop per bf16 weight byte (M/2 per fp32 byte). On this
+// project's CPUs (2 Zen 3 cores, ~200 GFLOP/s of FMAs, ~15 GB/s) the ridge is ~13 flop per
+// byte: a 16-row fp32 verification is still memory-bound in principle, a 16-row bf16 one
+// is FMA-bound (about 1.2x the one-row time at the FMA peak, more at the ~70 % reached).
 //
 // Layout: x is converted once per call to fp32 rows of Kp columns (zero-padded to a whole
 // vector step; for bf16 weights each 2L-column block is permuted to [L even | L odd]
@@ -18,27 +19,33 @@
 // step is copied into a zero-padded stack buffer, so no load ever passes the end of a row.
 // Threads split N into contiguous blocks of NR weight rows (at::parallel_for); within a
 // block, tiles of NR weight rows x MR x rows accumulate over all of K in registers, the
-// block's weights staying in L1 across the M/MR tiles. The next blocks are prefetched to
-// L2 while the first tile of a block runs.
+// block's weights staying in L1 across the M/MR tiles. The block kPrefetchBlocks ahead is
+// prefetched meanwhile, spread over the block's tiles.
 //
 // Per instruction-set path (chosen at run time from CPUID; the environment variable
 // DOMINO_SMALL_BATCH_LINEAR_ISA=avx2|generic forces a lower path, e.g. for tests):
 // - avx512 (AVX-512F): 32 zmm; tiles of 4 weight rows x 6 x rows = 24 accumulators of 16
 //   lanes + 4 weight + 1 x register. Per 16 fp32 (32 bf16) columns: 4 weight loads, 6 (12)
 //   x loads, 24 (48) FMAs; limited by the 2 FMA ports once M >= ~12, by the weight
-//   stream below that.
-// - avx2 (AVX2 + FMA, this project's CPUs): 16 ymm; tiles of 3 weight rows x 4 x rows =
-//   12 accumulators of 8 lanes + 3 weight + 1 x register. Per 8 fp32 (16 bf16) columns: 3
-//   weight loads, 4 (8) x loads from L1/L2, 12 (24) FMAs; bf16 adds 2 integer ops per
-//   weight vector pair. FMA-bound at M >= ~8 (x loads from L2 for long K come next);
-//   memory-bound below.
+//   stream below that. Compiled everywhere; the tests run it only on a CPU with AVX-512F,
+//   which none of this project's machines has: neither tested nor measured here.
+// - avx2 (AVX2 + FMA, this project's CPUs): 16 ymm. fp32 weights: tiles of 3 weight rows x
+//   4 x rows = 12 accumulators of 8 lanes + 3 weight registers, x taken from L1/L2 as the
+//   FMAs' memory operand: per 8 columns 3 + 12 loads for 12 FMAs, so the 2 load ports
+//   bound it at ~80 % of the FMA peak (measured ~80 GFLOP/s per core of ~100 in cache).
+//   bf16 weights: 3 x 3 tiles with each x vector pinned in a register: per 16 columns 6
+//   raw weight loads + 2 integer ops per row + 6 x loads for 18 FMAs (~70 GFLOP/s per
+//   core in cache). Streaming weights from memory costs ~30 % more at M = 16 (memory and
+//   FMAs overlap imperfectly); at M = 1 the weight stream (~10-15 GB/s per core) is the
+//   limit.
 // - generic (any other CPU): GCC vectors of 8 floats, tiles of 2 x 4, multiply then add
 //   (fused only if the compiler's target has FMA); correct and batch-invariant, not tuned.
 //
 // Batch invariance, by construction: out[m, n] is computed by one tile, always as: one
 // L-lane accumulator (L = 8 avx2/generic, 16 avx512) starting at +0; for each vector step
-// s in order (the last one zero-padded), acc = fma(w, x, acc) over the step's columns (for
-// bf16 weights: the even columns, then the odd ones); then a fixed tree over the L lanes
+// s in order (a K tail zero-padded to a whole step), acc = fma(w, x, acc) over its columns,
+// for bf16 weights the even columns, then the odd ones (generic: a multiply, then an add,
+// unless the compiler fuses every one of them alike); then a fixed tree over the L lanes
 // (avx512 first adds lane i + 8 to lane i), then + bias[n] in fp32, then one rounding to
 // out's dtype. None of that depends on M, on m's position in its tile or the batch, on
 // the tile shape, on the thread split or on the 64-row passes: only on K, the dtypes and
@@ -266,10 +273,19 @@ inline void tile(const W* w, int64_t K, const float* x, int64_t Kp, float* sums,
   for (int i = 0; i < kAcc; ++i) sums[i] = red[i];
 }
 
+// out[(m0 + j) * N + n0 + r] = sums[j * nr + r] (+ bias[n0 + r]), rounded to O. Out of
+// line (flatten does not inline noinline functions): inlined, the bf16 rounding made GCC
+// allocate the tile loops' registers worse (bf16 output ran at 2/3 of the speed).
 template <typename O>
-inline void store_row(O* out, const float* sums, const float* bias, int64_t n) {
-  if (bias != nullptr) out[0] = static_cast<O>(sums[0] + bias[n]);
-  else out[0] = static_cast<O>(sums[0]);
+__attribute__((noinline)) void store_tile(O* out, int64_t N, int64_t m0, int mr, int64_t n0, int nr,
+                                          const float* sums, const float* bias) {
+  for (int j = 0; j < mr; ++j) {
+    O* row = out + (m0 + j) * N + n0;
+    for (int r = 0; r < nr; ++r) {
+      const float v = bias != nullptr ? sums[j * nr + r] + bias[n0 + r] : sums[j * nr + r];
+      row[r] = static_cast<O>(v);
+    }
+  }
 }
 
 struct Problem {
@@ -311,9 +327,7 @@ inline void block_rows(const Problem& p, int64_t n0, const char* pf, int64_t pf_
       default:
         break;
     }
-    for (int j = 0; j < mr; ++j)
-      for (int r = 0; r < NR; ++r)
-        store_row(out + (m0 + j) * p.N + n0 + r, sums + j * NR + r, p.bias, n0 + r);
+    store_tile(out, p.N, m0, mr, n0, NR, sums, p.bias);
   }
 }
 
