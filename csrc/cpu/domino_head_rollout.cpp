@@ -32,12 +32,14 @@
 //   Rows interleaved step by step measured 35-50 % slower from DRAM than rows read one
 //   after the other (the hardware prefetchers), at 2 rows as at 8; software prefetch
 //   measured no gain. exp for the greedy log-sum-exp: one vector exp per logit.
-// Threading: three parallel phases per step. (1) rows of w1s and a; (2) the vocabulary in
+// Threading: up to three parallel phases per step. (1) rows of w1s and a (one thread when
+// w1s is under 1 MB, as at both shapes of the benchmark); (2) the vocabulary in
 // chunks of kVocabChunk rows that threads claim dynamically, so a thread slowed by another
 // process takes fewer (partials merged in chunk order: the result does not depend on the
 // schedule); (3) the GRU, each thread owning a range of hidden units for all three gates.
-// At the small shape (w2 6.3 MB, in the last-level cache) the three fork/joins per step are
-// a visible share of the ~0.2 ms step.
+// At the small shape (w2 6.3 MB, in the last-level cache) the two fork/joins per step are
+// a visible share of the ~0.2 ms step; on a machine shared with other processes each can
+// wait a scheduler slice (measured 4-16 ms on the 2-core VM) for its second thread.
 //
 // Greedy (T = 0) never materialises logits: per chunk and sequence the running
 // max/argmax and the sum of exp(L - max) (log-sum-exp with rescaling), merged at the end of
@@ -111,9 +113,12 @@ struct Gemv {
   const Kernels& K;
   static constexpr bool kBf16 = std::is_same_v<W, c10::BFloat16>;
 
-  // Rows per thread so that a thread's share is worth a fork (>= 64 KB of weights).
+  // Rows per thread so that a thread's share is worth a fork (>= 512 KB of weights): w1s
+  // (0.5 MB at the paper shape) then runs on one thread, ~20 us more than on two on a
+  // quiet machine, but one fork/join less per step, and on a shared machine every
+  // fork/join can wait a scheduler slice for its second thread.
   static int64_t min_rows(int64_t cols) {
-    return std::max<int64_t>(16, (int64_t{64} << 10) / std::max<int64_t>(1, cols * int64_t(sizeof(W))));
+    return std::max<int64_t>(16, (int64_t{512} << 10) / std::max<int64_t>(1, cols * int64_t(sizeof(W))));
   }
   // The activations [nb][cols] in the layout rows_dot reads (permuted for bf16 weights).
   const float* prepare(const float* x, int64_t nb, int64_t cols, std::vector<float>& buf) const {
