@@ -26,10 +26,35 @@ void check_sampling_params(double temperature, int64_t top_k, double top_p) {
   TORCH_CHECK(top_p > 0.0 && top_p <= 1.0, "top_p must be in (0, 1], got ", top_p);
 }
 
-void check_uniforms(const std::optional<at::Tensor>& uniforms, double temperature,
+// A per-row parameter: [b], contiguous, on the op's device, of its dtype; on the CPU its
+// values are checked too (on a GPU that would need a device sync: the wrappers check).
+void check_row_param(const std::optional<at::Tensor>& t, const char* name, at::ScalarType dtype,
+                     int64_t b, const at::Device& device) {
+  if (!t.has_value()) return;
+  check_tensor(*t, name, 1, device);
+  TORCH_CHECK(t->scalar_type() == dtype, name, " must be ", dtype, ", got ", t->scalar_type());
+  TORCH_CHECK(t->size(0) == b, name, " must have shape [", b, "] (one value per row), got ", t->sizes());
+}
+
+void check_sampling_args(const SamplingArgs& a, int64_t b, const at::Device& device) {
+  check_sampling_params(a.temperature, a.top_k, a.top_p);
+  check_row_param(a.row_temperature, "row_temperature", at::kFloat, b, device);
+  check_row_param(a.row_top_k, "row_top_k", at::kLong, b, device);
+  check_row_param(a.row_top_p, "row_top_p", at::kFloat, b, device);
+  if (device.is_cpu()) {
+    if (a.row_temperature)
+      TORCH_CHECK(at::all(a.row_temperature->ge(0)).item<bool>(), "row_temperature must be >= 0 in every row");
+    if (a.row_top_k) TORCH_CHECK(at::all(a.row_top_k->ge(0)).item<bool>(), "row_top_k must be >= 0 in every row");
+    if (a.row_top_p)
+      TORCH_CHECK(at::all(a.row_top_p->gt(0).logical_and(a.row_top_p->le(1))).item<bool>(),
+                  "row_top_p must be in (0, 1] in every row");
+  }
+}
+
+void check_uniforms(const std::optional<at::Tensor>& uniforms, const SamplingArgs& sampling,
                     at::IntArrayRef shape, const at::Device& device) {
-  if (temperature == 0.0) return;
-  TORCH_CHECK(uniforms.has_value(), "uniforms are required when temperature > 0");
+  if (!sampling.params().may_sample()) return;
+  TORCH_CHECK(uniforms.has_value(), "uniforms are required when temperature > 0 or row_temperature is given");
   check_tensor(*uniforms, "uniforms", static_cast<int64_t>(shape.size()), device);
   TORCH_CHECK(uniforms->scalar_type() == at::kDouble, "uniforms must be float64");
   TORCH_CHECK(uniforms->sizes() == shape, "uniforms must have shape ", shape, ", got ",
@@ -37,6 +62,8 @@ void check_uniforms(const std::optional<at::Tensor>& uniforms, double temperatur
 }
 
 using Named = std::pair<const char*, const at::Tensor*>;
+
+const at::Tensor* opt(const std::optional<at::Tensor>& t) { return t.has_value() ? &*t : nullptr; }
 
 // An output that shares memory with an input or another output would make the result
 // depend on the order the kernel reads and writes in: refuse it.
@@ -56,11 +83,22 @@ void check_no_overlap(std::initializer_list<Named> outputs, std::initializer_lis
 
 }  // namespace
 
+SamplingParams SamplingArgs::params() const {
+  SamplingParams p;
+  p.temperature = static_cast<float>(temperature);
+  p.top_k = top_k;
+  p.top_p = top_p;
+  p.row_temperature = row_temperature ? row_temperature->data_ptr<float>() : nullptr;
+  p.row_top_k = row_top_k ? row_top_k->data_ptr<int64_t>() : nullptr;
+  p.row_top_p = row_top_p ? row_top_p->data_ptr<float>() : nullptr;
+  return p;
+}
+
 void check_head_rollout_args(const at::Tensor& base_logits, const at::Tensor& hproj,
                              const at::Tensor& state, const at::Tensor& gru_input,
                              const std::optional<at::Tensor>& w_ih, const at::Tensor& w_hh,
-                             const at::Tensor& w1s, const at::Tensor& w2, double temperature,
-                             int64_t top_k, double top_p,
+                             const at::Tensor& w1s, const at::Tensor& w2,
+                             const SamplingArgs& sampling,
                              const std::optional<at::Tensor>& uniforms,
                              const at::Tensor& tokens, const at::Tensor& logprobs,
                              const at::Tensor& state_out) {
@@ -75,8 +113,8 @@ void check_head_rollout_args(const at::Tensor& base_logits, const at::Tensor& hp
   check_tensor(tokens, "tokens", 2, dev);
   check_tensor(logprobs, "logprobs", 2, dev);
   check_tensor(state_out, "state_out", 2, dev);
-  check_sampling_params(temperature, top_k, top_p);
   const int64_t b = base_logits.size(0), k = base_logits.size(1), V = base_logits.size(2);
+  check_sampling_args(sampling, b, dev);
   const int64_t r = w1s.size(0), G = w1s.size(1);
   TORCH_CHECK(b > 0 && k > 0 && V > 0, "base_logits must be non-empty, got shape ", base_logits.sizes());
   TORCH_CHECK(r > 0 && G > 0, "w1s must be non-empty, got shape ", w1s.sizes());
@@ -107,7 +145,7 @@ void check_head_rollout_args(const at::Tensor& base_logits, const at::Tensor& hp
     TORCH_CHECK(gru_input.size(1) == 3 * G, "gru_input without w_ih is the table E @ w_ih.T and "
                 "must have shape [", V, ", ", 3 * G, "], got ", gru_input.sizes());
   }
-  check_uniforms(uniforms, temperature, {b, k}, dev);
+  check_uniforms(uniforms, sampling, {b, k}, dev);
   TORCH_CHECK(tokens.scalar_type() == at::kLong && tokens.size(0) == b && tokens.size(1) == k,
               "tokens must be int64 of shape [", b, ", ", k, "]");
   TORCH_CHECK(logprobs.scalar_type() == at::kFloat && logprobs.size(0) == b && logprobs.size(1) == k,
@@ -119,24 +157,27 @@ void check_head_rollout_args(const at::Tensor& base_logits, const at::Tensor& hp
   check_no_overlap({{"base_logits", &base_logits}, {"tokens", &tokens}, {"logprobs", &logprobs},
                     {"state_out", &state_out}},
                    {{"hproj", &hproj}, {"state", &state}, {"gru_input", &gru_input}, {"w_ih", wi},
-                    {"w_hh", &w_hh}, {"w1s", &w1s}, {"w2", &w2}, {"uniforms", u}});
+                    {"w_hh", &w_hh}, {"w1s", &w1s}, {"w2", &w2}, {"uniforms", u},
+                    {"row_temperature", opt(sampling.row_temperature)}, {"row_top_k", opt(sampling.row_top_k)},
+                    {"row_top_p", opt(sampling.row_top_p)}});
 }
 
-void check_sample_args(const at::Tensor& logits, double temperature, int64_t top_k,
-                       double top_p, const std::optional<at::Tensor>& uniforms,
-                       const at::Tensor& tokens) {
+void check_sample_args(const at::Tensor& logits, const SamplingArgs& sampling,
+                       const std::optional<at::Tensor>& uniforms, const at::Tensor& tokens) {
   const at::Device dev = logits.device();
   check_tensor(logits, "logits", 2, dev);
   check_tensor(tokens, "tokens", 1, dev);
   TORCH_CHECK(is_float_or_bf16(logits), "logits must be float32 or bfloat16");
   TORCH_CHECK(logits.size(0) > 0 && logits.size(1) > 0, "logits must be non-empty, got shape ",
               logits.sizes());
-  check_sampling_params(temperature, top_k, top_p);
-  check_uniforms(uniforms, temperature, {logits.size(0)}, dev);
+  check_sampling_args(sampling, logits.size(0), dev);
+  check_uniforms(uniforms, sampling, {logits.size(0)}, dev);
   TORCH_CHECK(tokens.scalar_type() == at::kLong && tokens.size(0) == logits.size(0),
               "tokens must be int64 of shape [", logits.size(0), "]");
   const at::Tensor* u = uniforms.has_value() ? &*uniforms : nullptr;
-  check_no_overlap({{"tokens", &tokens}}, {{"logits", &logits}, {"uniforms", u}});
+  check_no_overlap({{"tokens", &tokens}},
+                   {{"logits", &logits}, {"uniforms", u}, {"row_temperature", opt(sampling.row_temperature)},
+                    {"row_top_k", opt(sampling.row_top_k)}, {"row_top_p", opt(sampling.row_top_p)}});
 }
 
 namespace {

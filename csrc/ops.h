@@ -9,19 +9,34 @@
 
 #include <optional>
 
+#include "sampling_params.h"
+
 namespace domino {
+
+// A call's sampling arguments as the schemas pass them: scalars, and optional [b] tensors
+// (float32 temperature, int64 top_k, float32 top_p) that override them row by row.
+struct SamplingArgs {
+  double temperature;
+  int64_t top_k;
+  double top_p;
+  const std::optional<at::Tensor>& row_temperature;
+  const std::optional<at::Tensor>& row_top_k;
+  const std::optional<at::Tensor>& row_top_p;
+
+  // The kernels' view (sampling_params.h): pointers into the tensors.
+  SamplingParams params() const;
+};
 
 void check_head_rollout_args(const at::Tensor& base_logits, const at::Tensor& hproj,
                              const at::Tensor& state, const at::Tensor& gru_input,
                              const std::optional<at::Tensor>& w_ih, const at::Tensor& w_hh,
-                             const at::Tensor& w1s, const at::Tensor& w2, double temperature,
-                             int64_t top_k, double top_p,
+                             const at::Tensor& w1s, const at::Tensor& w2,
+                             const SamplingArgs& sampling,
                              const std::optional<at::Tensor>& uniforms,
                              const at::Tensor& tokens, const at::Tensor& logprobs,
                              const at::Tensor& state_out);
-void check_sample_args(const at::Tensor& logits, double temperature, int64_t top_k,
-                       double top_p, const std::optional<at::Tensor>& uniforms,
-                       const at::Tensor& tokens);
+void check_sample_args(const at::Tensor& logits, const SamplingArgs& sampling,
+                       const std::optional<at::Tensor>& uniforms, const at::Tensor& tokens);
 void check_verify_greedy_args(const at::Tensor& draft_tokens, const at::Tensor& target_logits,
                               const at::Tensor& out_tokens, const at::Tensor& num_accepted);
 void check_verify_sampling_args(const at::Tensor& draft_tokens, const at::Tensor& draft_probs,
@@ -37,9 +52,15 @@ void domino_head_rollout_cpu(at::Tensor base_logits, const at::Tensor& hproj,
                              const at::Tensor& w1s, const at::Tensor& w2, double temperature,
                              int64_t top_k, double top_p,
                              const std::optional<at::Tensor>& uniforms, bool write_logits,
-                             at::Tensor tokens, at::Tensor logprobs, at::Tensor state_out);
+                             at::Tensor tokens, at::Tensor logprobs, at::Tensor state_out,
+                             const std::optional<at::Tensor>& row_temperature,
+                             const std::optional<at::Tensor>& row_top_k,
+                             const std::optional<at::Tensor>& row_top_p);
 void sample_cpu(const at::Tensor& logits, double temperature, int64_t top_k, double top_p,
-                const std::optional<at::Tensor>& uniforms, at::Tensor tokens);
+                const std::optional<at::Tensor>& uniforms, at::Tensor tokens,
+                const std::optional<at::Tensor>& row_temperature,
+                const std::optional<at::Tensor>& row_top_k,
+                const std::optional<at::Tensor>& row_top_p);
 void verify_greedy_cpu(const at::Tensor& draft_tokens, const at::Tensor& target_logits,
                        at::Tensor out_tokens, at::Tensor num_accepted);
 void verify_sampling_cpu(const at::Tensor& draft_tokens, const at::Tensor& draft_probs,

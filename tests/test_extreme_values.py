@@ -77,7 +77,9 @@ def test_filtered_probs_extreme_rows():
     assert torch.equal(p[1], torch.tensor([1.0, 0, 0, 0]))  # no finite mass: token 0
     assert torch.equal(p[2], torch.tensor([0, 0.5, 0, 0.5]))  # +inf wins, shared evenly
     assert torch.equal(p[3], torch.tensor([1.0, 0, 0, 0]))
-    assert torch.equal(domino_ops.filtered_probs(x[:1], 1e-40), torch.tensor([[0.0, 0, 1, 0]]))  # argmax limit
+    # the argmax limit is torch.argmax, NaN first: what the target's own greedy decoding picks
+    assert torch.equal(domino_ops.filtered_probs(x[:1], 1e-40), torch.tensor([[0.0, 1, 0, 0]]))
+    assert torch.equal(domino_ops.filtered_probs(x[:1, [0, 2, 3]], 1e-40), torch.tensor([[0.0, 1, 0]]))
 
 
 def test_per_row_parameters_in_filtered_probs_match_row_by_row():

@@ -45,14 +45,17 @@ void verify_greedy(const at::Tensor& draft_tokens, const at::Tensor& target_logi
 
 template <class Device>
 void sample(const at::Tensor& logits, double temperature, int64_t top_k, double top_p,
-            const std::optional<at::Tensor>& uniforms, at::Tensor tokens) {
+            const std::optional<at::Tensor>& uniforms, at::Tensor tokens,
+            const std::optional<at::Tensor>& row_temperature, const std::optional<at::Tensor>& row_top_k,
+            const std::optional<at::Tensor>& row_top_p) {
   const typename Device::Guard guard(logits.device());
-  check_sample_args(logits, temperature, top_k, top_p, uniforms, tokens);
+  const SamplingArgs sampling{temperature, top_k, top_p, row_temperature, row_top_k, row_top_p};
+  check_sample_args(logits, sampling, uniforms, tokens);
   check_grid_rows(logits.size(0), "sample");
-  const double* u = temperature > 0 ? uniforms->data_ptr<double>() : nullptr;
+  const SamplingParams sp = sampling.params();
+  const double* u = sp.may_sample() ? uniforms->data_ptr<double>() : nullptr;
   check_launch(launch_sample(logits.data_ptr(), logits.scalar_type() == at::kBFloat16, logits.size(0),
-                             logits.size(1), static_cast<float>(temperature), top_k, top_p, u,
-                             tokens.data_ptr<int64_t>(), Device::stream()),
+                             logits.size(1), sp, u, tokens.data_ptr<int64_t>(), Device::stream()),
                "sample");
 }
 
@@ -81,10 +84,14 @@ void domino_head_rollout(at::Tensor base_logits, const at::Tensor& hproj, const 
                          const at::Tensor& w_hh, const at::Tensor& w1s, const at::Tensor& w2,
                          double temperature, int64_t top_k, double top_p,
                          const std::optional<at::Tensor>& uniforms, bool write_logits,
-                         at::Tensor tokens, at::Tensor logprobs, at::Tensor state_out) {
+                         at::Tensor tokens, at::Tensor logprobs, at::Tensor state_out,
+                         const std::optional<at::Tensor>& row_temperature,
+                         const std::optional<at::Tensor>& row_top_k, const std::optional<at::Tensor>& row_top_p) {
   const typename Device::Guard guard(base_logits.device());
-  check_head_rollout_args(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w2, temperature,
-                          top_k, top_p, uniforms, tokens, logprobs, state_out);
+  const SamplingArgs sampling{temperature, top_k, top_p, row_temperature, row_top_k, row_top_p};
+  check_head_rollout_args(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w2, sampling, uniforms,
+                          tokens, logprobs, state_out);
+  const SamplingParams sp = sampling.params();
   const int64_t b = base_logits.size(0), k = base_logits.size(1), V = base_logits.size(2);
   const int64_t r = w1s.size(0), G = w1s.size(1), H = w_ih ? w_ih->size(1) : 0;
   TORCH_CHECK(V < std::numeric_limits<int>::max(), "domino_head_rollout: vocabulary ", V,
@@ -95,14 +102,9 @@ void domino_head_rollout(at::Tensor base_logits, const at::Tensor& hproj, const 
               " and embedding width H = ", H, " exceed the kernel's shared-memory limit (G + H <= ",
               kHeadMaxGruFloats, ")");
   check_grid_rows(b, "domino_head_rollout");
-  if (temperature == 0.0) {  // filters only apply when sampling
-    top_k = 0;
-    top_p = 1.0;
-  }
-  const bool filtered = top_k > 0 || top_p < 1.0;
   const at::Tensor hproj_f = hproj.to(at::kFloat).contiguous();
   at::Tensor workspace =
-      at::empty({head_rollout_workspace_floats(b, V, r, G, filtered)}, state.options().dtype(at::kFloat));
+      at::empty({head_rollout_workspace_floats(b, V, r, G, sp.may_filter())}, state.options().dtype(at::kFloat));
   HeadRolloutArgs args{};
   args.base_logits = base_logits.data_ptr();
   args.logits_bf16 = base_logits.scalar_type() == at::kBFloat16;
@@ -120,10 +122,8 @@ void domino_head_rollout(at::Tensor base_logits, const at::Tensor& hproj, const 
   args.r = r;
   args.G = G;
   args.H = H;
-  args.temperature = static_cast<float>(temperature);
-  args.top_k = top_k;
-  args.top_p = top_p;
-  args.uniforms = temperature > 0 ? uniforms->data_ptr<double>() : nullptr;
+  args.sampling = sp;
+  args.uniforms = sp.may_sample() ? uniforms->data_ptr<double>() : nullptr;
   args.write_logits = write_logits;
   args.tokens = tokens.data_ptr<int64_t>();
   args.logprobs = logprobs.data_ptr<float>();

@@ -1,7 +1,9 @@
 // The schema of every op, once: defined as domino_ops (torch_library.cpp) and, for the
 // emulated CUDA kernels used by the tests, as domino_simt (simt/emulated_module.cpp).
 // Outputs are passed in (mutated, `!`) so that a caller can reuse buffers and capture a
-// decode loop in a CUDA graph.
+// decode loop in a CUDA graph. Sampling ops take scalar temperature / top_k / top_p and,
+// optionally, per-row [b] tensors (float32 / int64 / float32) that override them row by
+// row (csrc/sampling_params.h); they come last, with defaults, so scalar calls are unchanged.
 #pragma once
 
 #include <torch/library.h>
@@ -12,10 +14,11 @@ inline constexpr const char* kDominoHeadRollout =
     "domino_head_rollout(Tensor(a!) base_logits, Tensor hproj, Tensor state, Tensor gru_input, "
     "Tensor? w_ih, Tensor w_hh, Tensor w1s, Tensor w2, float temperature, int top_k, "
     "float top_p, Tensor? uniforms, bool write_logits, Tensor(b!) tokens, "
-    "Tensor(c!) logprobs, Tensor(d!) state_out) -> ()";
+    "Tensor(c!) logprobs, Tensor(d!) state_out, Tensor? row_temperature=None, Tensor? row_top_k=None, "
+    "Tensor? row_top_p=None) -> ()";
 inline constexpr const char* kSample =
     "sample(Tensor logits, float temperature, int top_k, float top_p, Tensor? uniforms, "
-    "Tensor(a!) tokens) -> ()";
+    "Tensor(a!) tokens, Tensor? row_temperature=None, Tensor? row_top_k=None, Tensor? row_top_p=None) -> ()";
 inline constexpr const char* kVerifyGreedy =
     "verify_greedy(Tensor draft_tokens, Tensor target_logits, Tensor(a!) out_tokens, "
     "Tensor(b!) num_accepted) -> ()";

@@ -56,6 +56,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "cpu/argmax.h"
 #include "cpu/isa.h"
 #include "cpu/row_sampler.h"
 #include "ops.h"
@@ -75,7 +76,13 @@ struct RunningLse {
   int64_t arg = std::numeric_limits<int64_t>::max();
   float sum = 0.0f;  // sum of exp(L - max)
 
+  // Merged in vocabulary order, so a NaN (max NaN: see TileStats) met first stays.
   void merge(float other_max, int64_t other_arg, float other_sum) {
+    if (max != max) return;
+    if (other_max != other_max) {
+      *this = RunningLse{other_max, other_arg, other_sum};
+      return;
+    }
     if (other_max > max || (other_max == max && other_arg < arg)) {
       if (other_max > max) sum = sum * std::exp(max - other_max) + other_sum;
       else sum += other_sum;
@@ -160,11 +167,13 @@ void logits_tile(const Kernels& K, float* dots, int64_t n, BL* base, bool write,
 template <typename W, typename BL>
 void rollout(BL* base, const float* hproj, float* S, const W* gru_input, const W* w_ih,
              const W* w_hh, const W* w1s, const W* w2, int64_t b, int64_t k, int64_t V,
-             int64_t r, int64_t G, int64_t H, float temperature, int64_t top_k, float top_p,
+             int64_t r, int64_t G, int64_t H, const SamplingParams& sp,
              const double* uniforms, bool write_logits, int64_t* tokens, float* logprobs) {
   const Kernels& K = kernels();
   const Gemv<W> gemv{K};
-  const bool greedy = temperature == 0.0f;
+  // Every row greedy: the logits are reduced tile by tile and never stored. Otherwise
+  // each row is written out and chosen by its own parameters.
+  const bool greedy = !sp.may_sample();
   const int64_t G3 = 3 * G;
   // Activations are [b][n] throughout; rows_dot writes y[s * ys + row].
   std::vector<float> w1s_out(b * r), act(b * r), gi(b * G3), gh(b * G3), S_new(b * G), emb;
@@ -221,13 +230,25 @@ void rollout(BL* base, const float* hproj, float* S, const W* gru_input, const W
           if (q.arg != std::numeric_limits<int64_t>::max()) total.merge(q.max, q.arg, q.sum);
         }
         x[s] = total.arg;
-        logprobs[s * k + i] = -std::log(total.sum);  // L[x] - lse with L[x] = max
+        // L[x] - lse with L[x] = max; NaN for a row of -inf, as log_softmax
+        logprobs[s * k + i] = total.max == -std::numeric_limits<float>::infinity()
+                                  ? std::numeric_limits<float>::quiet_NaN()
+                                  : -std::log(total.sum);
       }
     } else {
       at::parallel_for(0, b, 1, [&](int64_t s0, int64_t s1) {
         for (int64_t s = s0; s < s1; ++s) {
-          const Sampled got = sample_row(K, row.data() + s * V, V, temperature, top_k, top_p,
-                                         uniforms[s * k + i], scratch[s]);
+          const float* L = row.data() + s * V;
+          const float t = sp.temperature_at(s);
+          Sampled got;
+          if (t == 0.0f) {  // a greedy row among sampled ones: argmax, log-prob under softmax(L)
+            got.token = argmax_span(K, L, V).index;
+            scratch[s].resize(V);
+            got.logprob = static_cast<float>(-std::log(K.exp_weights(L, V, L[got.token], scratch[s].w.data())));
+          } else {
+            got = sample_row(K, L, V, t, sp.top_k_at(s), static_cast<float>(sp.top_p_at(s)),
+                             uniforms[s * k + i], scratch[s]);
+          }
           x[s] = got.token;
           logprobs[s * k + i] = got.logprob;
         }
@@ -269,15 +290,20 @@ void domino_head_rollout_cpu(at::Tensor base_logits, const at::Tensor& hproj,
                              const at::Tensor& w1s, const at::Tensor& w2, double temperature,
                              int64_t top_k, double top_p,
                              const std::optional<at::Tensor>& uniforms, bool write_logits,
-                             at::Tensor tokens, at::Tensor logprobs, at::Tensor state_out) {
-  check_head_rollout_args(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w2,
-                          temperature, top_k, top_p, uniforms, tokens, logprobs, state_out);
+                             at::Tensor tokens, at::Tensor logprobs, at::Tensor state_out,
+                             const std::optional<at::Tensor>& row_temperature,
+                             const std::optional<at::Tensor>& row_top_k,
+                             const std::optional<at::Tensor>& row_top_p) {
+  const SamplingArgs sampling{temperature, top_k, top_p, row_temperature, row_top_k, row_top_p};
+  check_head_rollout_args(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w2, sampling, uniforms,
+                          tokens, logprobs, state_out);
+  const SamplingParams sp = sampling.params();
   const int64_t b = base_logits.size(0), k = base_logits.size(1), V = base_logits.size(2);
   const int64_t r = w1s.size(0), G = w1s.size(1);
   const int64_t H = w_ih.has_value() ? w_ih->size(1) : 0;
   state_out.copy_(state);
   const at::Tensor hproj_f = hproj.to(at::kFloat).contiguous();
-  const double* u = temperature > 0 ? uniforms->data_ptr<double>() : nullptr;
+  const double* u = sp.may_sample() ? uniforms->data_ptr<double>() : nullptr;
 
   AT_DISPATCH_SWITCH(w2.scalar_type(), "domino_head_rollout_cpu",
     AT_DISPATCH_CASE_FLOATING_TYPES_AND(at::kBFloat16, [&] {
@@ -292,8 +318,7 @@ void domino_head_rollout_cpu(at::Tensor base_logits, const at::Tensor& hproj,
                            state_out.data_ptr<float>(), gru_input.data_ptr<W>(),
                            w_ih.has_value() ? w_ih->data_ptr<W>() : nullptr,
                            w_hh.data_ptr<W>(), w1s.data_ptr<W>(), w2.data_ptr<W>(), b, k, V,
-                           r, G, H, static_cast<float>(temperature), top_k,
-                           static_cast<float>(top_p), u, write_logits,
+                           r, G, H, sp, u, write_logits,
                            tokens.data_ptr<int64_t>(), logprobs.data_ptr<float>());
           }
         }));

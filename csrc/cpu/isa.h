@@ -25,9 +25,9 @@ namespace domino::cpu {
 
 // Greedy statistics of one vocabulary tile of one sequence.
 struct TileStats {
-  float max;    // max of the tile's logits (NaN only when all are NaN)
-  int64_t arg;  // first index of the max within the tile
-  float sum;    // sum of exp(L - max) over the tile
+  float max;    // max of the tile's logits; NaN if the tile has a NaN (torch.argmax)
+  int64_t arg;  // first index of the max (or of the first NaN) within the tile
+  float sum;    // sum of exp(L - max) over the tile; 0 when max is -inf
 };
 
 struct ArgMax {
@@ -69,7 +69,8 @@ struct Kernels {
   ArgMax (*argmax_f32)(const float* x, int64_t n);
   ArgMax (*argmax_bf16)(const uint16_t* x, int64_t n);
 
-  // Sampling: z = x / temperature (n values), returns max(z) over non-NaN z.
+  // Sampling: z = (x - max x) / temperature with the extreme-value rules of row_sampler.h
+  // (NaN -> -inf, +inf entries share the mass); returns max(z): 0, or -inf for no mass.
   float (*temper_f32)(const float* x, int64_t n, float temperature, float* z);
   float (*temper_bf16)(const uint16_t* x, int64_t n, float temperature, float* z);
   // w[j] = exp(double(z[j] - m)) (0 where z[j] == -inf); returns the sum of w (summed in

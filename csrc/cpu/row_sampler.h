@@ -7,8 +7,9 @@
 // and the PyTorch reference given the same uniforms pick the same token (up to float
 // rounding at a CDF boundary), and seeding is torch's own.
 //
-// Semantics (the reference in python/domino_ops/reference.py implements the same):
-//   z = logits / temperature
+// Semantics (domino_ops.sampling.filtered_weights implements the same):
+//   z = (logits - max) / temperature, NaN counting as -inf; a +inf logit wins (the +inf
+//   entries share the mass evenly); a row with no mass (all -inf / NaN) gives token 0
 //   top_k > 0:  drop tokens whose z is below the k-th largest z (ties at the k-th are kept)
 //   top_p < 1:  sort the survivors by z (descending, ties by index), drop a token when the
 //               probability mass before it already reaches top_p (the first always stays)
@@ -101,6 +102,7 @@ inline Sampled sample_row(const Kernels& K, const T* logits, int64_t n, float te
   double* w = s.w.data();
   const float neg_inf = -std::numeric_limits<float>::infinity();
   const float m = temper(K, logits, n, temperature, z);  // top-k always keeps the max
+  if (m == neg_inf) return {0, 0.0f};  // no mass anywhere: token 0, as the reference
 
   if (top_k > 0 && top_k < n) {
     const float kth = kth_largest(z, n, top_k, s.tmp);

@@ -50,38 +50,52 @@ void rows_dot_bf16(const uint16_t* w, int64_t rows, int64_t cols, const float* x
   rows_dot_impl(w, rows, cols, x, xs, nb, y, ys);
 }
 
-// L = base + dots; optional write-back and sampling row; greedy statistics: max (NaN
-// never wins), its first index, and sum(exp(L - max)).
+// L = base + dots; optional write-back and sampling row; greedy statistics with
+// torch.argmax's rules: the first NaN if the tile has one (then max and sum are NaN), else
+// the max, its first index, and sum(exp(L - max)) (0 for a tile that is all -inf, so it
+// adds nothing when merged).
 template <typename BT>
 void logits_tile(float* d, int64_t n, const BT* base, BT* base_out, float* row_out, TileStats* st) {
   const int64_t nv = n - n % L;
   vf vm = splat(-kInf);
+  vf probe = vf{};  // NaN iff some L is NaN or infinite (L - L)
   for (int64_t i = 0; i < nv; i += L) {
     const vf l = loadu(base + i) + loadu(d + i);
     storeu(d + i, l);
     if (base_out) storeu(base_out + i, l);
     if (row_out) storeu(row_out + i, l);
     vm = l > vm ? l : vm;
+    probe += l - l;
   }
   float m = hmax(vm);
+  float tail_probe = 0.0f;
   for (int64_t i = nv; i < n; ++i) {
     const float l = to_float(base[i]) + d[i];
     d[i] = l;
     if (base_out) store_one(base_out + i, l);
     if (row_out) row_out[i] = l;
     if (l > m) m = l;
+    tail_probe += l - l;
   }
   if (st == nullptr) return;
-  int64_t arg = -1;
+  const float p = hsum(probe) + tail_probe;
+  if (p != p) {
+    for (int64_t i = 0; i < n; ++i)
+      if (d[i] != d[i]) {
+        *st = TileStats{d[i], i, d[i]};
+        return;
+      }
+  }
+  if (m == -kInf) {
+    *st = TileStats{m, 0, 0.0f};
+    return;
+  }
+  int64_t arg = 0;
   for (int64_t i = 0; i < n; ++i)
     if (d[i] == m) {
       arg = i;
       break;
     }
-  if (arg < 0) {  // every value NaN
-    *st = TileStats{d[0], 0, d[0]};
-    return;
-  }
   vf acc = vf{};
   for (int64_t i = 0; i < nv; i += L) acc += exp_approx(loadu(d + i) - m);
   if (nv < n) {
@@ -219,22 +233,39 @@ ArgMax argmax_impl(const T* x, int64_t n) {
 ArgMax argmax_f32(const float* x, int64_t n) { return argmax_impl(x, n); }
 ArgMax argmax_bf16(const uint16_t* x, int64_t n) { return argmax_impl(x, n); }
 
+// z = (x - m) / t with m the largest non-NaN x (the reference's order of operations, so a
+// tiny t sends the non-maxima to -inf instead of overflowing the maximum), NaN -> -inf.
+// When m is +inf, z is 0 at the +inf entries and -inf elsewhere (they share the mass);
+// when no x is above -inf, every z is -inf. Returns the max of z: 0, or -inf for a row
+// with no mass.
 template <typename T>
 float temper(const T* x, int64_t n, float temperature, float* z) {
   const int64_t nv = n - n % L;
-  const vf t = splat(temperature);
   vf vm = splat(-kInf);
   for (int64_t i = 0; i < nv; i += L) {
-    const vf v = loadu(x + i) / t;  // a division, as the reference: same rounding
-    storeu(z + i, v);
-    vm = v > vm ? v : vm;
+    const vf v = loadu(x + i);
+    vm = v > vm ? v : vm;  // NaN never wins
   }
   float m = hmax(vm);
   for (int64_t i = nv; i < n; ++i) {
-    z[i] = to_float(x[i]) / temperature;
-    if (z[i] > m) m = z[i];
+    const float v = to_float(x[i]);
+    if (v > m) m = v;
   }
-  return m;
+  if (m == -kInf || m == kInf) {  // rare rows: scalar
+    for (int64_t i = 0; i < n; ++i) z[i] = m == kInf && to_float(x[i]) == kInf ? 0.0f : -kInf;
+    return m == kInf ? 0.0f : -kInf;
+  }
+  const vf t = splat(temperature), mv = splat(m), minf = splat(-kInf);
+  for (int64_t i = 0; i < nv; i += L) {
+    const vf v = loadu(x + i);
+    const vf d = (v - mv) / t;  // a division, as the reference: same rounding
+    storeu(z + i, v == v ? d : minf);
+  }
+  for (int64_t i = nv; i < n; ++i) {
+    const float v = to_float(x[i]);
+    z[i] = v == v ? (v - m) / temperature : -kInf;
+  }
+  return 0.0f;
 }
 float temper_f32(const float* x, int64_t n, float t, float* z) { return temper(x, n, t, z); }
 float temper_bf16(const uint16_t* x, int64_t n, float t, float* z) { return temper(x, n, t, z); }

@@ -82,7 +82,10 @@ struct ArgMax {
   float val;
   int64_t idx;
 };
+// torch.argmax's order: a NaN beats every number, then the larger value, then the lower index.
 __device__ __forceinline__ ArgMax argmax_merge(ArgMax a, ArgMax b) {
+  const bool a_nan = a.val != a.val, b_nan = b.val != b.val;
+  if (a_nan || b_nan) return a_nan && b_nan ? (b.idx < a.idx ? b : a) : (a_nan ? a : b);
   return (b.val > a.val || (b.val == a.val && b.idx < a.idx)) ? b : a;
 }
 __device__ __forceinline__ ArgMax warp_argmax(ArgMax a) {

@@ -62,18 +62,35 @@ struct Lse {
   float m, s;
   int arg;
 };
+// A NaN max (greedy rows: torch.argmax's first NaN) beats every number; equal maxima add
+// their sums (at +inf a sum counts the +inf entries).
 __device__ __forceinline__ Lse lse_merge(Lse a, Lse b) {
+  const bool a_nan = a.m != a.m, b_nan = b.m != b.m;
+  if (a_nan || b_nan) return a_nan && b_nan ? (b.arg < a.arg ? b : a) : (a_nan ? a : b);
   if (b.m == -INFINITY) return a;
   if (a.m == -INFINITY) return b;
-  if (b.m > a.m || (b.m == a.m && b.arg < a.arg)) return {b.m, b.s + a.s * __expf(a.m - b.m), b.arg};
+  if (a.m == b.m) return {a.m, a.s + b.s, a.arg < b.arg ? a.arg : b.arg};
+  if (b.m > a.m) return {b.m, b.s + a.s * __expf(a.m - b.m), b.arg};
   return {a.m, a.s + b.s * __expf(b.m - a.m), a.arg};
+}
+// Adds z at index v to a thread's running Lse (indices increasing).
+__device__ __forceinline__ void lse_add(Lse& l, float z, int v) {
+  if (l.m != l.m) return;  // an earlier NaN won
+  if (z != z) l = {z, z, v};
+  else if (z > l.m) l = {z, l.s * __expf(l.m - z) + 1.0f, v};
+  else if (z == l.m) l.s += 1.0f;
+  else if (z != -INFINITY) l.s += __expf(z - l.m);
 }
 struct Race {
   float key;
   int arg;
   float z;
 };
+// Entries with z = +inf race among themselves first (they share the mass evenly: their
+// keys are -log(E)); then the larger key, then the lower index.
 __device__ __forceinline__ Race race_merge(Race a, Race b) {
+  const bool a_inf = a.z == INFINITY, b_inf = b.z == INFINITY;
+  if (a_inf != b_inf) return b_inf ? b : a;
   return (b.key > a.key || (b.key == a.key && b.arg < a.arg)) ? b : a;
 }
 
@@ -130,8 +147,7 @@ __host__ __device__ inline Workspace carve(const HeadRolloutArgs& args, int64_t 
   w.partials = reinterpret_cast<TilePartial*>(w.a + args.b * args.r);
   w.S_even = reinterpret_cast<float*>(w.partials + args.b * tiles);
   w.S_odd = w.S_even + args.b * args.G;
-  const bool filtered = args.temperature > 0.0f && (args.top_k > 0 || args.top_p < 1.0);
-  w.rows = filtered ? w.S_odd + args.b * args.G : nullptr;
+  w.rows = args.sampling.may_filter() ? w.S_odd + args.b * args.G : nullptr;
   return w;
 }
 
@@ -147,8 +163,6 @@ head_logits_kernel(HeadRolloutArgs args, int64_t step, int tiles) {
   const float* a = ws.a;
   TilePartial* partials = ws.partials;
   float* rows = ws.rows;
-  const bool sampling = args.temperature > 0.0f;
-  const bool race = sampling && rows == nullptr;
 
   const int64_t tile_begin = static_cast<int64_t>(blockIdx.x) * kTileRows;
   const int64_t tile_end = min(V, tile_begin + kTileRows);
@@ -161,12 +175,18 @@ head_logits_kernel(HeadRolloutArgs args, int64_t step, int tiles) {
     __syncthreads();
     Lse lse[kGroup];
     Race best[kGroup];
+    float temp[kGroup];     // the row's temperature; 0: greedy
     uint64_t seed[kGroup];  // the race's Philox key per sequence: the bits of its step uniform
+    unsigned racing = 0;    // bit g: row g samples by the race (T > 0, no top-k / top-p)
 #pragma unroll
     for (int g = 0; g < kGroup; ++g) {
       lse[g] = {-INFINITY, 0.0f, INT_MAX};
       best[g] = {-INFINITY, INT_MAX, 0.0f};
-      seed[g] = race && g < ng ? static_cast<uint64_t>(__double_as_longlong(args.uniforms[(g0 + g) * k + step])) : 0;
+      const int64_t s = g0 + g;
+      temp[g] = g < ng ? args.sampling.temperature_at(s) : 0.0f;
+      const bool race = temp[g] > 0.0f && !args.sampling.filters_at(s, V);
+      racing |= race ? 1u << g : 0u;
+      seed[g] = race ? static_cast<uint64_t>(__double_as_longlong(args.uniforms[s * k + step])) : 0;
     }
     for (int64_t v = tile_begin + threadIdx.x; v < tile_end; v += blockDim.x) {
       float acc[kGroup];
@@ -202,15 +222,12 @@ head_logits_kernel(HeadRolloutArgs args, int64_t step, int tiles) {
         const float L = to_float(*bl) + acc[g];
         if (args.write_logits) store_from_float(bl, L);
         if (rows != nullptr) rows[s * V + v] = L;
-        const float z = sampling ? L / args.temperature : L;
-        if (z > lse[g].m) {
-          lse[g] = {z, lse[g].s * __expf(lse[g].m - z) + 1.0f, static_cast<int>(v)};
-        } else if (z != -INFINITY) {
-          lse[g].s += __expf(z - lse[g].m);
-        }
-        if (race) {
-          const float key = z - logf(exponential_variate(seed[g], v));
-          best[g] = race_merge(best[g], {key, static_cast<int>(v), z});
+        // greedy rows keep NaN (torch.argmax picks it); sampled rows count it as -inf
+        const float z = temp[g] > 0.0f ? (L == L ? L / temp[g] : -INFINITY) : L;
+        lse_add(lse[g], z, static_cast<int>(v));
+        if (racing & (1u << g)) {
+          const float e = -logf(exponential_variate(seed[g], v));
+          best[g] = race_merge(best[g], {z == INFINITY ? e : z + e, static_cast<int>(v), z});
         }
       }
     }
@@ -234,11 +251,12 @@ head_choose_kernel(HeadRolloutArgs args, int64_t step, int tiles) {
   __shared__ RowScratch row_sh;
   const int64_t s = blockIdx.x, k = args.k;
   const Workspace ws = carve(args, tiles);
+  const float temperature = args.sampling.temperature_at(s);
   int64_t token;
   float logprob;
-  if (ws.rows != nullptr) {
-    const Pick pick = sample_row(ws.rows + s * args.V, args.V, args.temperature, args.top_k, args.top_p,
-                                 args.uniforms[s * k + step], row_sh);
+  if (args.sampling.filters_at(s, args.V)) {
+    const Pick pick = sample_row(ws.rows + s * args.V, args.V, temperature, args.sampling.top_k_at(s),
+                                 args.sampling.top_p_at(s), args.uniforms[s * k + step], row_sh);
     token = pick.token;
     logprob = pick.logprob;
   } else {
@@ -251,9 +269,15 @@ head_choose_kernel(HeadRolloutArgs args, int64_t step, int tiles) {
     }
     block_merge(l, q, merge_sh);
     const float lse = l.m + logf(l.s);
-    const bool sampled = args.temperature > 0.0f;
-    token = sampled ? q.arg : l.arg;
-    logprob = (sampled ? q.z : l.m) - lse;
+    if (temperature > 0.0f) {
+      // no mass (every z -inf): token 0 with probability 1, as the reference; a +inf
+      // winner has probability 1 / (number of +inf entries) = 1 / l.s
+      token = q.arg == INT_MAX ? 0 : q.arg;
+      logprob = q.arg == INT_MAX ? 0.0f : q.z == INFINITY ? -logf(l.s) : q.z - lse;
+    } else {
+      token = l.arg == INT_MAX ? 0 : l.arg;  // a row of -inf: torch.argmax's 0 (log-prob NaN)
+      logprob = l.arg == INT_MAX ? NAN : l.m - lse;
+    }
   }
   if (threadIdx.x == 0) {
     args.tokens[s * k + step] = token;

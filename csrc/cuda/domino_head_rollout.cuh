@@ -2,6 +2,7 @@
 #pragma once
 
 #include "cuda/portable.cuh"
+#include "sampling_params.h"
 
 namespace domino::cuda {
 
@@ -17,10 +18,8 @@ struct HeadRolloutArgs {
   const void* w2;         // [V, r]
   bool weights_bf16;      // all weights and gru_input: bf16, else float
   int64_t b, k, V, r, G, H;
-  float temperature;  // 0: greedy
-  int64_t top_k;      // 0: off
-  double top_p;       // 1: off
-  const double* uniforms;  // [b, k] at temperature > 0
+  SamplingParams sampling;  // per row: temperature (0: greedy), top_k (0: off), top_p (1: off)
+  const double* uniforms;  // [b, k] when sampling.may_sample()
   bool write_logits;
   int64_t* tokens;    // [b, k]
   float* logprobs;    // [b, k]
@@ -29,8 +28,8 @@ struct HeadRolloutArgs {
 };
 
 // Workspace the launcher needs: the correction input a [b, r], per-tile partial
-// reductions [b, tiles], two GRU states [2, b, G], and with top-k/top-p sampling one
-// float row of logits per sequence [b, V].
+// reductions [b, tiles], two GRU states [2, b, G], and when some row may use top-k/top-p
+// (SamplingParams::may_filter) one float row of logits per sequence [b, V].
 int64_t head_rollout_workspace_floats(int64_t b, int64_t V, int64_t r, int64_t G, bool filtered_sampling);
 // Limits of the kernels' shared memory; checked by the binding before launching.
 constexpr int64_t kHeadMaxRank = 1536;             // a [8, r] floats per logits block

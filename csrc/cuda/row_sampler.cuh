@@ -1,5 +1,6 @@
 // One block samples one row of logits exactly as the reference (domino_ops.reference.
-// sample_from_logits) does for the same uniform u: z = logits / T; top-k keeps z >= the
+// sample_from_logits) does for the same uniform u: z = (logits - max) / T, NaN as -inf,
+// +inf entries sharing the mass, a row with no mass giving token 0; top-k keeps z >= the
 // k-th largest z; top-p keeps a token while the mass sorted before it is < top_p * total
 // (ties in index order); then the first index whose CDF exceeds u * total, in float64.
 //
@@ -107,10 +108,17 @@ __device__ Pick sample_row(const T* row, int64_t V, float temperature, int64_t t
                            double u, RowScratch& sh) {
   int64_t begin, end;
   thread_chunk(V, begin, end);
-  auto z_of = [&](int64_t j) { return to_float(row[j]) / temperature; };
-  float zmax = -INFINITY;
-  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) zmax = fmaxf(zmax, z_of(j));
-  zmax = block_max(zmax, sh.fmax);
+  float xmax = -INFINITY;
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) xmax = fmaxf(xmax, to_float(row[j]));  // skips NaN
+  xmax = block_max(xmax, sh.fmax);
+  if (xmax == -INFINITY) return {0, 0.0f};  // no mass: token 0, as the reference
+  const bool inf_row = xmax == INFINITY;
+  auto z_of = [&](int64_t j) {
+    const float x = to_float(row[j]);
+    if (inf_row) return x == INFINITY ? 0.0f : -INFINITY;
+    return x == x ? (x - xmax) / temperature : -INFINITY;
+  };
+  const float zmax = 0.0f;  // z of the max
 
   // top-k: the largest key t with count(key >= t) >= k.
   unsigned kth = 0;

@@ -1,4 +1,5 @@
-// CUDA kernel of sample: one block per row. Temperature 0 is an argmax; otherwise the row
+// CUDA kernel of sample: one block per row, each with its own parameters
+// (sampling_params.h). Temperature 0 is an argmax (torch.argmax: the first NaN wins); otherwise the row
 // is sampled by inverse CDF with the row's uniform, with top-k and top-p, exactly as the
 // reference (see row_sampler.cuh for the method and its cost).
 //
@@ -14,29 +15,28 @@ namespace {
 
 template <typename T>
 __global__ void __launch_bounds__(kSamplerThreads)
-sample_kernel(const T* __restrict__ logits, int64_t V, float temperature, int64_t top_k,
-              double top_p, const double* __restrict__ uniforms, int64_t* __restrict__ tokens) {
+sample_kernel(const T* __restrict__ logits, int64_t V, SamplingParams sampling, const double* __restrict__ uniforms,
+              int64_t* __restrict__ tokens) {
   __shared__ RowScratch sh;
   const int64_t s = blockIdx.x;
   const T* row = logits + s * V;
+  const float temperature = sampling.temperature_at(s);
   int64_t token;
   if (temperature == 0.0f) token = argmax_row(row, V, sh);
-  else token = sample_row(row, V, temperature, top_k, top_p, uniforms[s], sh).token;
+  else token = sample_row(row, V, temperature, sampling.top_k_at(s), sampling.top_p_at(s), uniforms[s], sh).token;
   if (threadIdx.x == 0) tokens[s] = token;
 }
 
 }  // namespace
 
-cudaError_t launch_sample(const void* logits, bool is_bf16, int64_t b, int64_t V, float temperature,
-                          int64_t top_k, double top_p, const double* uniforms, int64_t* tokens,
-                          cudaStream_t stream) {
+cudaError_t launch_sample(const void* logits, bool is_bf16, int64_t b, int64_t V, const SamplingParams& sampling,
+                          const double* uniforms, int64_t* tokens, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(b)), block(kSamplerThreads);
   if (is_bf16)
     return DOMINO_LAUNCH(sample_kernel, grid, block, 0, stream,
-                         static_cast<const __nv_bfloat16*>(logits), V, temperature, top_k, top_p,
-                         uniforms, tokens);
+                         static_cast<const __nv_bfloat16*>(logits), V, sampling, uniforms, tokens);
   return DOMINO_LAUNCH(sample_kernel, grid, block, 0, stream, static_cast<const float*>(logits), V,
-                       temperature, top_k, top_p, uniforms, tokens);
+                       sampling, uniforms, tokens);
 }
 
 }  // namespace domino::cuda

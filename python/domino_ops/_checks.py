@@ -41,20 +41,52 @@ def shape(name: str, t: torch.Tensor, expected: tuple) -> None:
         raise ValueError(f"{name} must have shape {want}, got {list(t.shape)}")
 
 
-def sampling_params(temperature, top_k, top_p) -> None:
-    """temperature >= 0, integer top_k >= 0, top_p in (0, 1]."""
-    if not isinstance(temperature, (int, float)) or isinstance(temperature, bool):
-        raise TypeError(f"temperature must be a number, got {type(temperature).__name__}")
-    if not temperature >= 0.0:  # also rejects NaN
+def sampling_params(temperature, top_k, top_p, rows: int | None = None, device=None) -> None:
+    """temperature >= 0, integer top_k >= 0, top_p in (0, 1]: each a Python number or, when
+    ``rows`` is given, a [rows] tensor on ``device`` (one value per row). Tensor values are
+    checked on the host, except while a CUDA graph is being captured (no sync there)."""
+    _param("temperature", temperature, rows, device, integer=False)
+    _param("top_k", top_k, rows, device, integer=True)
+    _param("top_p", top_p, rows, device, integer=False)
+    if not isinstance(temperature, torch.Tensor) and not temperature >= 0.0:  # also rejects NaN
         raise ValueError(f"temperature must be >= 0, got {temperature}")
-    if not isinstance(top_k, int) or isinstance(top_k, bool):
-        raise TypeError(f"top_k must be an int, got {type(top_k).__name__}")
-    if top_k < 0:
+    if not isinstance(top_k, torch.Tensor) and top_k < 0:
         raise ValueError(f"top_k must be >= 0 (0 disables it), got {top_k}")
-    if not isinstance(top_p, (int, float)) or isinstance(top_p, bool):
-        raise TypeError(f"top_p must be a number, got {type(top_p).__name__}")
-    if not 0.0 < top_p <= 1.0:
+    if not isinstance(top_p, torch.Tensor) and not 0.0 < top_p <= 1.0:
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if _capturing(device):
+        return
+    if isinstance(temperature, torch.Tensor) and not bool((temperature >= 0).all()):  # NaN fails too
+        raise ValueError(f"temperature must be >= 0 in every row, got {temperature.tolist()}")
+    if isinstance(top_k, torch.Tensor) and bool((top_k < 0).any()):
+        raise ValueError(f"top_k must be >= 0 in every row (0 disables it), got {top_k.tolist()}")
+    if isinstance(top_p, torch.Tensor) and not bool(((top_p > 0) & (top_p <= 1)).all()):
+        raise ValueError(f"top_p must be in (0, 1] in every row, got {top_p.tolist()}")
+
+
+def _param(name, value, rows, device, integer: bool) -> None:
+    if isinstance(value, torch.Tensor):
+        if rows is None:
+            raise TypeError(f"{name} must be a number here, got a tensor")
+        if value.dim() != 1 or value.shape[0] != rows:
+            raise ValueError(f"{name} as a tensor must have shape [{rows}] (one value per row), "
+                             f"got {list(value.shape)}")
+        if integer != (not value.dtype.is_floating_point and value.dtype != torch.bool):
+            kind = "an integer" if integer else "a floating-point"
+            raise TypeError(f"{name} as a tensor must have {kind} dtype, got {str(value.dtype).replace('torch.', '')}")
+        if device is not None and value.device != torch.device(device):
+            raise ValueError(f"{name} is on {value.device} but the op runs on {device}")
+        return
+    if integer:
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"{name} must be an int or a [b] integer tensor, got {type(value).__name__}")
+    elif not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise TypeError(f"{name} must be a number or a [b] tensor, got {type(value).__name__}")
+
+
+def _capturing(device) -> bool:
+    return (device is not None and torch.device(device).type == "cuda"
+            and torch.cuda.is_current_stream_capturing())
 
 
 def token_ids(name: str, t: torch.Tensor, vocab_size: int) -> None:

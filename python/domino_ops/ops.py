@@ -20,7 +20,7 @@ import torch
 
 from domino_ops import _checks, reference
 from domino_ops import triton as triton_ops
-from domino_ops.sampling import draw_uniforms, effective_temperature, kernel_top_k, kernel_top_p
+from domino_ops.sampling import draw_uniforms, kernel_sampling_args, may_sample
 
 __all__ = ["domino_head_rollout", "sample", "verify_greedy", "verify_sampling", "has_kernel", "select_backend"]
 
@@ -85,9 +85,12 @@ def domino_head_rollout(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w
             bfloat16, one dtype for all weights, contiguous.
         temperature: 0 for greedy (below 1e-20 counts as 0: the argmax is its limit).
             top_k: 0 (or >= V) disables. top_p: in (0, 1]; one below the largest
-            probability keeps exactly the top token.
-        generator: torch.Generator for the uniforms consumed at temperature > 0, or a list
-            of b of them (row i draws from generator i: per-request seeds). The CPU
+            probability keeps exactly the top token. Each is a Python number or a [b]
+            tensor on the op's device (float / integer / float), one value per sequence:
+            the batch can mix greedy and sampled requests.
+        generator: torch.Generator for the uniforms consumed when some row samples (a
+            temperature > 0, or temperature given as a tensor), or a list of b of them
+            (row i draws from generator i: per-request seeds). The CPU
             kernel and top-k/top-p sampling invert the CDF at them; the CUDA and Triton
             kernels' plain-temperature path uses each step's uniform as the 64-bit seed of
             an exponential race (same distribution, different draws).
@@ -118,25 +121,24 @@ def domino_head_rollout(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w
         w_ih = _checks.tensor("w_ih", w_ih, ndim=2, dtypes=wdt, device=dev, contiguous=True)
         _checks.shape("gru_input (the embedding, since w_ih is given)", gru_input, (V, None))
         _checks.shape("w_ih", w_ih, (3 * G, gru_input.shape[1]))
-    _checks.sampling_params(temperature, top_k, top_p)
+    _checks.sampling_params(temperature, top_k, top_p, rows=b, device=dev)
     _checks.generator(generator, dev, rows=b)
     if not isinstance(write_logits, bool):
         raise TypeError(f"write_logits must be a bool, got {type(write_logits).__name__}")
 
-    temperature = effective_temperature(temperature)
     chosen = select_backend("domino_head_rollout", dev, backend)
     if chosen == "reference":
         return reference.domino_head_rollout(
             base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w2, temperature=temperature,
             top_k=top_k, top_p=top_p, generator=generator, write_logits=write_logits)
-    uniforms = draw_uniforms((b, k), dev, generator) if temperature > 0 else None
+    T, top_k, top_p, row_T, row_k, row_p = kernel_sampling_args(temperature, top_k, top_p, V)
+    uniforms = draw_uniforms((b, k), dev, generator) if may_sample(temperature) else None
     tokens = torch.empty(b, k, dtype=torch.int64, device=dev)
     logprobs = torch.empty(b, k, dtype=torch.float32, device=dev)
     state_out = torch.empty(b, G, dtype=torch.float32, device=dev)
     _kernel("domino_head_rollout", chosen)(
         base_logits, hproj.contiguous(), state.contiguous(), gru_input, w_ih, w_hh, w1s, w2,
-        float(temperature), kernel_top_k(top_k, V), kernel_top_p(top_p), uniforms, write_logits, tokens, logprobs,
-        state_out)
+        T, top_k, top_p, uniforms, write_logits, tokens, logprobs, state_out, row_T, row_k, row_p)
     return tokens, logprobs, state_out
 
 
@@ -145,28 +147,28 @@ def sample(logits, *, temperature=0.0, top_k=0, top_p=1.0, generator=None, backe
 
     Args:
         logits: [b, V] float32 or bfloat16.
-        temperature: 0 for argmax (top_k/top_p ignored); below 1e-20 counts as 0.
-            top_k: 0 (or >= V) disables. top_p: (0, 1]; one below the largest probability
-            keeps exactly the top token.
-        generator: torch.Generator for the one uniform per row consumed at temperature > 0,
-            or a list with one generator per row.
+        temperature: 0 for argmax (top_k/top_p ignored; the first NaN wins, as
+            torch.argmax); below 1e-20 counts as 0. top_k: 0 (or >= V) disables. top_p:
+            (0, 1]; one below the largest probability keeps exactly the top token. Each
+            is a Python number or a [b] tensor on the logits' device, one value per row.
+        generator: torch.Generator for the one uniform per row consumed when some row
+            samples, or a list with one generator per row.
         backend: "auto", "native", "triton" or "reference" (see the module docstring).
     Returns:
         tokens [b] int64.
     """
     logits = _checks.tensor("logits", logits, ndim=2, dtypes=_checks.FLOAT_OR_BF16)
-    _checks.sampling_params(temperature, top_k, top_p)
-    _checks.generator(generator, logits.device, rows=logits.shape[0])
-    temperature = effective_temperature(temperature)
+    b, V = logits.shape
+    _checks.sampling_params(temperature, top_k, top_p, rows=b, device=logits.device)
+    _checks.generator(generator, logits.device, rows=b)
     chosen = select_backend("sample", logits.device, backend)
     if chosen == "reference":
         return reference.sample(logits, temperature=temperature, top_k=top_k, top_p=top_p,
                                 generator=generator)
-    b = logits.shape[0]
-    uniforms = draw_uniforms((b,), logits.device, generator) if temperature > 0 else None
+    T, top_k, top_p, row_T, row_k, row_p = kernel_sampling_args(temperature, top_k, top_p, V)
+    uniforms = draw_uniforms((b,), logits.device, generator) if may_sample(temperature) else None
     tokens = torch.empty(b, dtype=torch.int64, device=logits.device)
-    _kernel("sample", chosen)(logits.contiguous(), float(temperature), kernel_top_k(top_k, logits.shape[1]),
-                              kernel_top_p(top_p), uniforms, tokens)
+    _kernel("sample", chosen)(logits.contiguous(), T, top_k, top_p, uniforms, tokens, row_T, row_k, row_p)
     return tokens
 
 

@@ -14,15 +14,16 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from domino_ops.sampling import draw_uniforms, effective_temperature, filtered_weights
+from domino_ops.sampling import draw_uniforms, effective_temperature, filtered_weights, may_sample, per_row
 
 __all__ = ["domino_head_rollout", "sample", "verify_greedy", "verify_sampling", "sample_from_logits",
            "small_batch_linear"]
 
 
-def sample_from_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
+def sample_from_logits(logits: torch.Tensor, temperature, top_k, top_p,
                        uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Samples one token per row of ``logits`` [b, V] with uniforms [b] float64.
+    """Samples one token per row of ``logits`` [b, V] with uniforms [b] float64; each
+    parameter a Python number or a [b] tensor (a row at temperature 0 takes the argmax).
 
     The token is the first index whose CDF under the filtered distribution (see
     :func:`domino_ops.sampling.filtered_probs`) exceeds u * total. Returns (tokens [b] int64, logprobs [b]
@@ -54,9 +55,9 @@ def domino_head_rollout(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w
                         temperature=0.0, top_k=0, top_p=1.0, generator=None, write_logits=False):
     """Reference of :func:`domino_ops.domino_head_rollout` (see there for shapes)."""
     b, k, V = base_logits.shape
-    temperature = effective_temperature(temperature)
     acc = torch.float64 if w2.dtype == torch.float64 else torch.float32
-    uniforms = draw_uniforms((b, k), base_logits.device, generator) if temperature > 0 else None
+    uniforms = draw_uniforms((b, k), base_logits.device, generator) if may_sample(temperature) else None
+    greedy_rows = per_row(effective_temperature(temperature), b, torch.float64, base_logits.device)[:, 0] == 0
     S = state.to(acc).clone()
     tokens = torch.empty(b, k, dtype=torch.int64, device=base_logits.device)
     logprobs = torch.empty(b, k, dtype=torch.float32, device=base_logits.device)
@@ -65,11 +66,12 @@ def domino_head_rollout(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w
         L = base_logits[:, i].to(acc) + F.linear(a.to(w2.dtype), w2).to(acc)
         if write_logits:
             base_logits[:, i] = L.to(base_logits.dtype)
-        if temperature == 0:
-            x = L.argmax(dim=-1)
-            lp = torch.log_softmax(L, dim=-1).gather(-1, x.unsqueeze(-1)).squeeze(-1)
-        else:
-            x, lp = sample_from_logits(L.float(), temperature, top_k, top_p, uniforms[:, i])
+        # greedy rows: torch.argmax and the log-probability under softmax(L)
+        x = L.argmax(dim=-1)
+        lp = torch.log_softmax(L, dim=-1).gather(-1, x.unsqueeze(-1)).squeeze(-1)
+        if uniforms is not None:
+            xs, lps = sample_from_logits(L.float(), temperature, top_k, top_p, uniforms[:, i])
+            x, lp = torch.where(greedy_rows, x, xs), torch.where(greedy_rows, lp, lps.to(lp.dtype))
         tokens[:, i] = x
         logprobs[:, i] = lp.float()
         if w_ih is None:
@@ -83,8 +85,7 @@ def domino_head_rollout(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w
 
 def sample(logits, *, temperature=0.0, top_k=0, top_p=1.0, generator=None):
     """Reference of :func:`domino_ops.sample`."""
-    temperature = effective_temperature(temperature)
-    if temperature == 0:
+    if not may_sample(temperature):
         return logits.argmax(dim=-1)
     uniforms = draw_uniforms((logits.shape[0],), logits.device, generator)
     return sample_from_logits(logits, temperature, top_k, top_p, uniforms)[0]

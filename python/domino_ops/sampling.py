@@ -18,7 +18,8 @@ import torch
 from domino_ops import _checks
 
 __all__ = ["draw_uniforms", "filtered_probs", "filtered_weights", "check_sampling_params", "per_row",
-           "effective_temperature", "kernel_top_k", "kernel_top_p", "GREEDY_BELOW", "MIN_TOP_P"]
+           "effective_temperature", "kernel_top_k", "kernel_top_p", "kernel_sampling_args", "may_sample",
+           "GREEDY_BELOW", "MIN_TOP_P"]
 
 
 def draw_uniforms(shape, device, generator) -> torch.Tensor:
@@ -59,6 +60,27 @@ def kernel_top_p(top_p):
     return max(float(top_p), MIN_TOP_P)
 
 
+def may_sample(temperature) -> bool:
+    """Whether some row may sample (and so consumes uniforms): a scalar temperature at or
+    above :data:`GREEDY_BELOW`, or any per-row temperature tensor (its values are not read,
+    so no device sync; its greedy rows draw and ignore their uniforms)."""
+    return isinstance(temperature, torch.Tensor) or effective_temperature(temperature) > 0
+
+
+def kernel_sampling_args(temperature, top_k, top_p, vocab_size: int) -> tuple:
+    """The sampling arguments of a kernel call in the schemas' order: the scalars
+    ``(temperature, top_k, top_p)``, then the per-row tensors ``(row_temperature float32,
+    row_top_k int64, row_top_p float32)`` or None where a parameter is a scalar, with the
+    rules of :func:`effective_temperature`, :func:`kernel_top_k` and :func:`kernel_top_p`."""
+    scalars = (0.0 if isinstance(temperature, torch.Tensor) else effective_temperature(temperature),
+               0 if isinstance(top_k, torch.Tensor) else kernel_top_k(top_k, vocab_size),
+               1.0 if isinstance(top_p, torch.Tensor) else kernel_top_p(top_p))
+    rows = (effective_temperature(temperature.float()).contiguous() if isinstance(temperature, torch.Tensor) else None,
+            kernel_top_k(top_k.long(), vocab_size).contiguous() if isinstance(top_k, torch.Tensor) else None,
+            kernel_top_p(top_p.float()).contiguous() if isinstance(top_p, torch.Tensor) else None)
+    return scalars + rows
+
+
 def per_row(value, n: int, dtype: torch.dtype, device) -> torch.Tensor:
     """A sampling parameter (a Python number or a [n] tensor) as a [n, 1] tensor."""
     if isinstance(value, torch.Tensor):
@@ -72,9 +94,10 @@ def filtered_weights(logits: torch.Tensor, temperature, top_k, top_p) -> torch.T
 
     The rules, the same in every backend (see the README's "Extreme values"):
 
-    - NaN logits count as -inf;
     - temperature 0, or below :data:`GREEDY_BELOW` (where ``logits / T`` would overflow),
-      is the limit: the argmax, the first index among equal maxima;
+      is the limit: ``torch.argmax`` (the first index among equal maxima; the first NaN if
+      the row has one, as the target's own greedy decoding would pick);
+    - at temperature > 0, NaN logits count as -inf;
     - a ``+inf`` logit wins: the weight is spread evenly over the ``+inf`` entries;
     - a row with no finite mass (all -inf / NaN) puts all its weight on token 0;
     - top-k keeps z >= the k-th largest z (k = 0 or k >= V disables it); top-p sorts the
@@ -83,6 +106,7 @@ def filtered_weights(logits: torch.Tensor, temperature, top_k, top_p) -> torch.T
       the top token.
     """
     n, V = logits.shape
+    greedy_top = logits.float().argmax(dim=-1, keepdim=True)  # torch.argmax, NaN included
     x = logits.float()
     x = torch.where(torch.isnan(x), torch.full_like(x, float("-inf")), x)
     T = per_row(effective_temperature(temperature), n, torch.float64, x.device)
@@ -93,7 +117,8 @@ def filtered_weights(logits: torch.Tensor, temperature, top_k, top_p) -> torch.T
     # instead of overflowing the maximum to inf (inf - inf would be NaN)
     z = (x.double() - m.double()) / T.clamp(min=torch.finfo(torch.float64).tiny)
     z = torch.where(m.isinf(), torch.where(x == m, 0.0, float("-inf")).double(), z)  # +inf wins / all -inf
-    top = torch.zeros_like(z).scatter(-1, x.argmax(dim=-1, keepdim=True), 1.0)
+    # greedy rows: torch.argmax; rows with no mass: token 0 (x.argmax of a row of -inf)
+    top = torch.zeros_like(z).scatter(-1, torch.where(T == 0, greedy_top, x.argmax(dim=-1, keepdim=True)), 1.0)
     z = torch.where((T == 0) | (m == float("-inf")), torch.where(top > 0, 0.0, float("-inf")).double(), z)
     use_k = (k > 0) & (k < V)
     if bool(use_k.any()):
@@ -128,7 +153,8 @@ def filtered_probs(logits: torch.Tensor, temperature=0.0, top_k=0, top_p=1.0) ->
     return (w / w.sum(dim=-1, keepdim=True)).float().reshape(logits.shape)
 
 
-def check_sampling_params(temperature, top_k, top_p) -> None:
-    """Raises TypeError / ValueError naming the argument unless temperature >= 0 (a number),
-    top_k >= 0 (an int; 0 disables it) and top_p in (0, 1]."""
-    _checks.sampling_params(temperature, top_k, top_p)
+def check_sampling_params(temperature, top_k, top_p, rows: int | None = None, device=None) -> None:
+    """Raises TypeError / ValueError naming the argument unless temperature >= 0, top_k >= 0
+    (an int; 0 disables it) and top_p in (0, 1]: Python numbers, or with ``rows`` also
+    [rows] tensors on ``device`` with one value per row."""
+    _checks.sampling_params(temperature, top_k, top_p, rows, device)

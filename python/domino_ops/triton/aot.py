@@ -33,24 +33,30 @@ def _specs():
         for sampling_mode in ("greedy", "race", "filtered"):
             specs.append((f"_head_logits_kernel[{wt},{sampling_mode}]", head._head_logits_kernel, {
                 "base_ptr": f"*{wt}", "w2_ptr": f"*{wt}", "a_ptr": "*fp32", "seeds_ptr": "*i64",
-                "partial_ptr": "*fp32", "rows_ptr": "*fp32", "step": "i32", "k": "i32", "V": "i32", "r": "i32",
-                "tiles": "i32", "temperature": "fp32", "SAMPLING": sampling_mode != "greedy",
-                "RACE": sampling_mode == "race", "WRITE_LOGITS": True, "WRITE_ROWS": sampling_mode == "filtered",
-                "TILE": head.TILE_V, "BLOCK_R": 32}))
+                "partial_ptr": "*fp32", "rows_ptr": "*fp32", "temperature_ptr": "*fp32", "top_k_ptr": "*i64",
+                "top_p_ptr": "*fp32", "step": "i32", "k": "i32", "V": "i32", "r": "i32", "tiles": "i32",
+                "MAY_SAMPLE": sampling_mode != "greedy", "MAY_FILTER": sampling_mode == "filtered",
+                "WRITE_LOGITS": True, "TILE": head.TILE_V, "BLOCK_R": 32}))
             for table in (True, False):
                 specs.append((f"_head_update_kernel[{wt},{sampling_mode},table={table}]", head._head_update_kernel, {
                     "partial_ptr": "*fp32", "rows_ptr": "*fp32", "uniforms_ptr": "*fp64", "tokens_ptr": "*i64",
                     "logprobs_ptr": "*fp32", "hproj_ptr": "*fp32", "s_in_ptr": "*fp32", "s_out_ptr": "*fp32",
                     "a_ptr": "*fp32", "gru_input_ptr": f"*{wt}", "w_ih_ptr": f"*{wt}", "w_hh_ptr": f"*{wt}",
-                    "w1s_ptr": f"*{wt}", "step": "i32", "k": "i32", "V": "i32", "r": "i32", "G": "i32", "H": "i32",
-                    "tiles": "i32", "temperature": "fp32", "top_k": "i32", "top_p": "fp32", "FIRST": False,
-                    "LAST": False, "SAMPLING": sampling_mode != "greedy", "FILTERED": sampling_mode == "filtered",
+                    "w1s_ptr": f"*{wt}", "temperature_ptr": "*fp32", "top_k_ptr": "*i64", "top_p_ptr": "*fp32",
+                    "step": "i32", "k": "i32", "V": "i32", "r": "i32", "G": "i32", "H": "i32",
+                    "tiles": "i32", "FIRST": False, "LAST": False, "MAY_SAMPLE": sampling_mode != "greedy",
+                    "MAY_FILTER": sampling_mode == "filtered",
                     "TABLE": table, "BLOCK_T": 1024, "BLOCK_C": head.BLOCK_C, "BLOCK_J": head.BLOCK_J,
-                    "BLOCK_R": 32, "BLOCK_V": BLOCK_V}))
-        for greedy in (True, False):
-            specs.append((f"_sample_kernel[{wt},greedy={greedy}]", sample._sample_kernel, {
-                "logits_ptr": f"*{wt}", "uniforms_ptr": "*fp64", "tokens_ptr": "*i64", "V": "i32",
-                "temperature": "fp32", "top_k": "i32", "top_p": "fp32", "GREEDY": greedy, "BLOCK": BLOCK_V}))
+                    "BLOCK_R": 32}))
+        specs.append((f"_head_choose_filtered_kernel[{wt}]", head._head_choose_filtered_kernel, {
+            "partial_ptr": "*fp32", "rows_ptr": "*fp32", "uniforms_ptr": "*fp64", "tokens_ptr": "*i64",
+            "logprobs_ptr": "*fp32", "temperature_ptr": "*fp32", "top_k_ptr": "*i64", "top_p_ptr": "*fp32",
+            "step": "i32", "k": "i32", "V": "i32", "tiles": "i32", "BLOCK_T": 1024, "BLOCK_V": BLOCK_V}))
+        for may_sample in (False, True):
+            specs.append((f"_sample_kernel[{wt},may_sample={may_sample}]", sample._sample_kernel, {
+                "logits_ptr": f"*{wt}", "uniforms_ptr": "*fp64", "tokens_ptr": "*i64", "temperature_ptr": "*fp32",
+                "top_k_ptr": "*i64", "top_p_ptr": "*fp32", "V": "i32", "MAY_SAMPLE": may_sample,
+                "BLOCK": BLOCK_V}))
         specs.append((f"_verify_greedy_kernel[{wt}]", verify_greedy._verify_greedy_kernel, {
             "draft_ptr": "*i64", "logits_ptr": f"*{wt}", "out_ptr": "*i64", "accepted_ptr": "*i64", "k": "i32",
             "V": "i32", "BLOCK": BLOCK_V}))

@@ -5,8 +5,10 @@
   sequence, reduced to a per-tile partial (max, sum exp(z - max), argmax) and, when
   sampling, the winner of an exponential race ``argmax z - log(E)``, E ~ Exp(1) from
   ``tl.rand`` (Philox) seeded with the 64 bits of the step's uniform. Logits are written
-  only with write_logits (or to a scratch row for top-k/top-p, sampled by
-  :func:`row_sampler.sample_row` in the update kernel).
+  only with write_logits (or, when some row may use top-k/top-p, to a scratch row: then
+  every sampled row is sampled from it by :func:`row_sampler.sample_row` in the update
+  kernel, and the race is skipped). Each row has its own temperature, top-k and top-p
+  (:mod:`row_params`); a row at temperature 0 takes the argmax.
 - ``_head_update_kernel``, grid (b,): merges the tile partials into the token and its
   log-probability, runs the GRU cell (S ping-pongs between two buffers, because every
   output row reads the whole old S), then computes the next step's ``a``.
@@ -22,6 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
+from domino_ops.triton.row_params import row_params
 from domino_ops.triton.row_sampler import sample_row
 
 TILE_V = 128  # vocabulary rows per logits program (a [128, 32] w2 chunk in registers)
@@ -31,9 +34,10 @@ UPDATE_WARPS = 8  # one program per sequence does the GRU GEMVs: more threads, a
 
 
 @triton.jit
-def _head_logits_kernel(base_ptr, w2_ptr, a_ptr, seeds_ptr, partial_ptr, rows_ptr, step, k, V, r, tiles,
-                        temperature, SAMPLING: tl.constexpr, RACE: tl.constexpr, WRITE_LOGITS: tl.constexpr,
-                        WRITE_ROWS: tl.constexpr, TILE: tl.constexpr, BLOCK_R: tl.constexpr):
+def _head_logits_kernel(base_ptr, w2_ptr, a_ptr, seeds_ptr, partial_ptr, rows_ptr, temperature_ptr, top_k_ptr,
+                        top_p_ptr, step, k, V, r, tiles,
+                        MAY_SAMPLE: tl.constexpr, MAY_FILTER: tl.constexpr, WRITE_LOGITS: tl.constexpr,
+                        TILE: tl.constexpr, BLOCK_R: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1).to(tl.int64)
     offs_v = t * TILE + tl.arange(0, TILE)
@@ -50,30 +54,45 @@ def _head_logits_kernel(base_ptr, w2_ptr, a_ptr, seeds_ptr, partial_ptr, rows_pt
     L = tl.load(base_row + offs_v, mask=mask_v, other=0.0).to(tl.float32) + acc
     if WRITE_LOGITS:
         tl.store(base_row + offs_v, L.to(base_ptr.dtype.element_ty), mask=mask_v)
-    if WRITE_ROWS:
+    if MAY_FILTER:
         tl.store(rows_ptr + s * V + offs_v, L, mask=mask_v)
-    if SAMPLING:
-        z = L / temperature
+    if MAY_SAMPLE:
+        temperature = tl.load(temperature_ptr + s)
     else:
-        z = L
+        temperature = 0.0
+    sampled = temperature > 0
+    # greedy rows keep NaN (torch.argmax picks the first); sampled rows count it as -inf
+    z = tl.where(sampled, tl.where(L == L, L / tl.where(sampled, temperature, 1.0), -float("inf")), L)
     z = tl.where(mask_v, z, -float("inf"))
-    m = tl.max(z, 0)
-    sumexp = tl.sum(tl.where(mask_v, tl.exp(z - m), 0.0), 0)
-    arg = tl.min(tl.where(z == m, offs_v, V), 0)
+    is_nan = z != z
+    nan_arg = tl.min(tl.where(is_nan, offs_v, V), 0)
+    zn = tl.where(is_nan, -float("inf"), z)
+    m = tl.max(zn, 0)
+    # equal maxima count 1 each (at +inf the sum counts the +inf entries)
+    sumexp = tl.sum(tl.where(zn == m, 1.0, tl.where(zn > -float("inf"), tl.exp(zn - m), 0.0)), 0)
+    sumexp = tl.where(m == -float("inf"), 0.0, sumexp)
+    arg = tl.min(tl.where((zn == m) & mask_v, offs_v, V), 0)
+    has_nan = nan_arg < V
     out = partial_ptr + (s * tiles + t) * 6
-    tl.store(out + 0, m)
-    tl.store(out + 1, sumexp)
-    tl.store(out + 2, arg.to(tl.float32))
-    if RACE:
-        seed = tl.load(seeds_ptr + s * k + step)
-        u = tl.rand(seed, offs_v.to(tl.int32))
-        key = tl.where(mask_v, z - tl.log(-tl.log(u)), -float("inf"))
-        best = tl.max(key, 0)
-        race_arg = tl.min(tl.where(key == best, offs_v, V), 0)
-        race_z = tl.sum(tl.where(offs_v == race_arg, z, 0.0), 0)
-        tl.store(out + 3, best)
-        tl.store(out + 4, race_arg.to(tl.float32))
-        tl.store(out + 5, race_z)
+    tl.store(out + 0, tl.where(has_nan, float("nan"), m))
+    tl.store(out + 1, tl.where(has_nan, float("nan"), sumexp))
+    tl.store(out + 2, tl.where(has_nan, nan_arg, arg).to(tl.float32))
+    if MAY_SAMPLE and not MAY_FILTER:  # with MAY_FILTER every sampled row is sampled from its row
+        if sampled:
+            # the exponential race argmax z + G (G Gumbel); +inf entries race among themselves
+            seed = tl.load(seeds_ptr + s * k + step)
+            u = tl.rand(seed, offs_v.to(tl.int32))
+            gumbel = -tl.log(-tl.log(u))
+            is_inf = zn == float("inf")
+            any_inf = tl.max(is_inf.to(tl.int32), 0) > 0
+            key = tl.where(is_inf, gumbel, zn + gumbel)
+            key = tl.where(mask_v & (is_inf | ~any_inf) & (zn > -float("inf")), key, -float("inf"))
+            best = tl.max(key, 0)
+            race_arg = tl.min(tl.where((key == best) & (key > -float("inf")), offs_v, V), 0)
+            race_z = tl.sum(tl.where(offs_v == race_arg, zn, 0.0), 0)
+            tl.store(out + 3, best)
+            tl.store(out + 4, race_arg.to(tl.float32))
+            tl.store(out + 5, race_z)
 
 
 @triton.jit
@@ -96,58 +115,104 @@ def _gate_rows_dot(w_ptr, x_ptr, offs_j, mj, G, n, BLOCK_J: tl.constexpr, BLOCK_
 
 
 @triton.jit
+def _choose_from_partials(partial_ptr, s, tiles, V, SAMPLED: tl.constexpr, BLOCK_T: tl.constexpr):
+    """The token and log-probability of sequence s from its tile partials: at temperature 0
+    the argmax (the first NaN if any, as torch.argmax), else the exponential race's winner
+    (a +inf entry first; token 0 when no entry has mass, as the reference)."""
+    nan_arg = V
+    M = -float("inf")
+    for t0 in range(0, tiles, BLOCK_T):
+        offs_t = t0 + tl.arange(0, BLOCK_T)
+        mt = offs_t < tiles
+        p = partial_ptr + (s * tiles + offs_t) * 6
+        pm = tl.load(p, mask=mt, other=-float("inf"))
+        pa = tl.load(p + 2, mask=mt, other=V).to(tl.int32)
+        nan_arg = tl.minimum(nan_arg, tl.min(tl.where(pm != pm, pa, V), 0))
+        M = tl.maximum(M, tl.max(tl.where(pm != pm, -float("inf"), pm), 0))
+    total = 0.0
+    arg = V
+    best_key = -float("inf")
+    best_inf = 0
+    race_arg = V
+    race_z = 0.0
+    for t0 in range(0, tiles, BLOCK_T):
+        offs_t = t0 + tl.arange(0, BLOCK_T)
+        mt = offs_t < tiles
+        p = partial_ptr + (s * tiles + offs_t) * 6
+        pm = tl.load(p, mask=mt, other=-float("inf"))
+        ps = tl.load(p + 1, mask=mt, other=0.0)
+        pa = tl.load(p + 2, mask=mt, other=V).to(tl.int32)
+        total += tl.sum(tl.where(pm == M, ps, tl.where(pm > -float("inf"), ps * tl.exp(pm - M), 0.0)), 0)
+        arg = tl.minimum(arg, tl.min(tl.where(pm == M, pa, V), 0))
+        if SAMPLED:
+            pk = tl.load(p + 3, mask=mt, other=-float("inf"))
+            pka = tl.load(p + 4, mask=mt, other=V).to(tl.int32)
+            pz = tl.load(p + 5, mask=mt, other=0.0)
+            p_inf = (pz == float("inf")) & (pka < V)
+            c_inf = tl.max(p_inf.to(tl.int32), 0)
+            pk = tl.where(p_inf | (c_inf == 0), pk, -float("inf"))
+            cb = tl.max(pk, 0)
+            ca = tl.min(tl.where((pk == cb) & (pka < V), pka, V), 0)
+            cz = tl.sum(tl.where((pk == cb) & (pka == ca), pz, 0.0), 0)
+            # strict: an earlier chunk holds lower indices
+            better = (c_inf > best_inf) | ((c_inf == best_inf) & (cb > best_key) & (ca < V))
+            race_arg = tl.where(better, ca, race_arg)
+            race_z = tl.where(better, cz, race_z)
+            best_key = tl.where(better, cb, best_key)
+            best_inf = tl.maximum(best_inf, c_inf)
+    lse = M + tl.log(total)
+    if SAMPLED:
+        token = tl.where(race_arg < V, race_arg, 0)
+        logprob = tl.where(race_arg < V, tl.where(race_z == float("inf"), -tl.log(total), race_z - lse), 0.0)
+    else:
+        token = tl.where(nan_arg < V, nan_arg, tl.where(arg < V, arg, 0))
+        logprob = tl.where(nan_arg < V, float("nan"), M - lse)
+    return token, logprob
+
+
+@triton.jit
+def _head_choose_filtered_kernel(partial_ptr, rows_ptr, uniforms_ptr, tokens_ptr, logprobs_ptr, temperature_ptr,
+                                 top_k_ptr, top_p_ptr, step, k, V, tiles, BLOCK_T: tl.constexpr,
+                                 BLOCK_V: tl.constexpr):
+    """Grid (b,), when some row may use top-k / top-p: the token of step ``step`` of each
+    sequence, the argmax from the tile partials at temperature 0, else a sample of the row
+    by inverse CDF at the step's uniform (filtered or not)."""
+    s = tl.program_id(0).to(tl.int64)
+    temperature = tl.load(temperature_ptr + s)
+    if temperature == 0:
+        token, logprob = _choose_from_partials(partial_ptr, s, tiles, V, False, BLOCK_T)
+    else:
+        u = tl.load(uniforms_ptr + s * k + step)
+        token, logprob = sample_row(rows_ptr + s * V, V, temperature, tl.load(top_k_ptr + s),
+                                    tl.load(top_p_ptr + s).to(tl.float64), u, BLOCK_V)
+    tl.store(tokens_ptr + s * k + step, token.to(tl.int64))
+    tl.store(logprobs_ptr + s * k + step, logprob.to(tl.float32))
+
+
+@triton.jit
 def _head_update_kernel(partial_ptr, rows_ptr, uniforms_ptr, tokens_ptr, logprobs_ptr, hproj_ptr, s_in_ptr,
-                        s_out_ptr, a_ptr, gru_input_ptr, w_ih_ptr, w_hh_ptr, w1s_ptr, step, k, V, r, G, H, tiles,
-                        temperature, top_k, top_p,
-                        FIRST: tl.constexpr, LAST: tl.constexpr, SAMPLING: tl.constexpr, FILTERED: tl.constexpr,
+                        s_out_ptr, a_ptr, gru_input_ptr, w_ih_ptr, w_hh_ptr, w1s_ptr, temperature_ptr, top_k_ptr,
+                        top_p_ptr, step, k, V, r, G, H, tiles,
+                        FIRST: tl.constexpr, LAST: tl.constexpr, MAY_SAMPLE: tl.constexpr, MAY_FILTER: tl.constexpr,
                         TABLE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_J: tl.constexpr,
-                        BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr):
+                        BLOCK_R: tl.constexpr):
     s = tl.program_id(0).to(tl.int64)
     if not FIRST:
-        # 1. the token of the previous step
-        if FILTERED:
-            u = tl.load(uniforms_ptr + s * k + step - 1)
-            token, logprob = sample_row(rows_ptr + s * V, V, temperature, top_k, top_p, u, BLOCK_V)
+        # 1. the token of the previous step, by the row's own parameters
+        # (with MAY_FILTER every sampled row, filtered or not, is sampled from its row by
+        # inverse CDF; else by the exponential race of the logits kernel)
+        if MAY_FILTER:  # chosen by _head_choose_filtered_kernel (its registers apart from the GRU's)
+            token = tl.load(tokens_ptr + s * k + step - 1).to(tl.int32)
         else:
-            M = -float("inf")
-            for t0 in range(0, tiles, BLOCK_T):
-                offs_t = t0 + tl.arange(0, BLOCK_T)
-                pm = tl.load(partial_ptr + (s * tiles + offs_t) * 6, mask=offs_t < tiles, other=-float("inf"))
-                M = tl.maximum(M, tl.max(pm, 0))
-            total = 0.0
-            arg = V
-            best_key = -float("inf")
-            race_arg = V
-            race_z = 0.0
-            for t0 in range(0, tiles, BLOCK_T):
-                offs_t = t0 + tl.arange(0, BLOCK_T)
-                mt = offs_t < tiles
-                p = partial_ptr + (s * tiles + offs_t) * 6
-                pm = tl.load(p, mask=mt, other=-float("inf"))
-                ps = tl.load(p + 1, mask=mt, other=0.0)
-                pa = tl.load(p + 2, mask=mt, other=V).to(tl.int32)
-                total += tl.sum(tl.where(pm > -float("inf"), ps * tl.exp(pm - M), 0.0), 0)
-                arg = tl.minimum(arg, tl.min(tl.where(pm == M, pa, V), 0))
-                if SAMPLING:
-                    pk = tl.load(p + 3, mask=mt, other=-float("inf"))
-                    pka = tl.load(p + 4, mask=mt, other=V).to(tl.int32)
-                    pz = tl.load(p + 5, mask=mt, other=0.0)
-                    cb = tl.max(pk, 0)
-                    ca = tl.min(tl.where(pk == cb, pka, V), 0)
-                    cz = tl.sum(tl.where((pk == cb) & (pka == ca), pz, 0.0), 0)
-                    better = cb > best_key  # strict: an earlier chunk holds lower indices
-                    race_arg = tl.where(better, ca, race_arg)
-                    race_z = tl.where(better, cz, race_z)
-                    best_key = tl.maximum(best_key, cb)
-            lse = M + tl.log(total)
-            if SAMPLING:
-                token = race_arg
-                logprob = race_z - lse
+            greedy = True
+            if MAY_SAMPLE:
+                greedy = tl.load(temperature_ptr + s) == 0
+            if greedy:
+                token, logprob = _choose_from_partials(partial_ptr, s, tiles, V, False, BLOCK_T)
             else:
-                token = arg
-                logprob = M - lse
-        tl.store(tokens_ptr + s * k + step - 1, token.to(tl.int64))
-        tl.store(logprobs_ptr + s * k + step - 1, logprob.to(tl.float32))
+                token, logprob = _choose_from_partials(partial_ptr, s, tiles, V, True, BLOCK_T)
+            tl.store(tokens_ptr + s * k + step - 1, token.to(tl.int64))
+            tl.store(logprobs_ptr + s * k + step - 1, logprob.to(tl.float32))
         # 2. S = GRUCell(E[token], S), rows in chunks of BLOCK_J
         token = token.to(tl.int64)
         for j0 in range(0, G, BLOCK_J):
@@ -189,39 +254,41 @@ def _head_update_kernel(partial_ptr, rows_ptr, uniforms_ptr, tokens_ptr, logprob
 
 
 def domino_head_rollout(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w2, temperature, top_k, top_p,
-                        uniforms, write_logits, tokens, logprobs, state_out):
+                        uniforms, write_logits, tokens, logprobs, state_out, row_temperature=None, row_top_k=None,
+                        row_top_p=None):
     """``domino_head_rollout`` with the op's schema (see domino_ops.domino_head_rollout)."""
     b, k, V = base_logits.shape
     r, G = w1s.shape
     H = 0 if w_ih is None else w_ih.shape[1]
-    if temperature == 0:
-        top_k, top_p = 0, 1.0
-    sampling = temperature > 0
-    filtered = sampling and (top_k > 0 or top_p < 1.0)
     dev = base_logits.device
+    p = row_params(b, dev, temperature, top_k, top_p, row_temperature, row_top_k, row_top_p)
     hproj = hproj.float().contiguous()
     tiles = triton.cdiv(V, TILE_V)
     a = torch.empty(b, r, dtype=torch.float32, device=dev)
     # per (sequence, tile): max, sum exp, argmax, race key, race argmax, race z (indices as floats)
     partials = torch.empty(b, tiles, 6, dtype=torch.float32, device=dev)
-    rows = torch.empty(b, V, dtype=torch.float32, device=dev) if filtered else partials
+    rows = torch.empty(b, V, dtype=torch.float32, device=dev) if p.may_filter else partials
     s_bufs = torch.empty(2, b, G, dtype=torch.float32, device=dev)
-    seeds = uniforms.view(torch.int64) if sampling else tokens
-    uni = uniforms if sampling else partials
+    seeds = uniforms.view(torch.int64) if p.may_sample else tokens
+    uni = uniforms if p.may_sample else partials
     block_r = min(32, triton.next_power_of_2(r))
+    block_t, block_v = min(1024, triton.next_power_of_2(tiles)), min(1024, triton.next_power_of_2(V))
     for step in range(k + 1):
         first, last = step == 0, step == k
+        if p.may_filter and not first:
+            _head_choose_filtered_kernel[(b,)](partials, rows, uni, tokens, logprobs, p.temperature, p.top_k, p.top_p,
+                                               step - 1, k, V, tiles, BLOCK_T=block_t, BLOCK_V=block_v)
         s_in = state if step <= 1 else s_bufs[(step - 1) % 2]
         s_out = state_out if last else s_bufs[step % 2]
         _head_update_kernel[(b,)](
             partials, rows, uni, tokens, logprobs, hproj, s_in, s_out, a, gru_input,
-            w_ih if w_ih is not None else w_hh, w_hh, w1s, step, k, V, r, G, H, tiles, float(temperature or 1.0),
-            int(top_k), float(top_p), FIRST=first, LAST=last, SAMPLING=sampling, FILTERED=filtered,
-            TABLE=w_ih is None, BLOCK_T=min(1024, triton.next_power_of_2(tiles)), BLOCK_C=BLOCK_C, BLOCK_J=BLOCK_J,
-            BLOCK_R=block_r, BLOCK_V=min(1024, triton.next_power_of_2(V)), num_warps=UPDATE_WARPS)
+            w_ih if w_ih is not None else w_hh, w_hh, w1s, p.temperature, p.top_k, p.top_p, step, k, V, r, G, H,
+            tiles, FIRST=first, LAST=last, MAY_SAMPLE=p.may_sample, MAY_FILTER=p.may_filter,
+            TABLE=w_ih is None, BLOCK_T=block_t, BLOCK_C=BLOCK_C, BLOCK_J=BLOCK_J, BLOCK_R=block_r,
+            num_warps=UPDATE_WARPS)
         if last:
             break
         _head_logits_kernel[(tiles, b)](
-            base_logits, w2, a, seeds, partials, rows, step, k, V, r, tiles, float(temperature or 1.0),
-            SAMPLING=sampling, RACE=sampling and not filtered, WRITE_LOGITS=bool(write_logits), WRITE_ROWS=filtered,
-            TILE=TILE_V, BLOCK_R=block_r)
+            base_logits, w2, a, seeds, partials, rows, p.temperature, p.top_k, p.top_p, step, k, V, r, tiles,
+            MAY_SAMPLE=p.may_sample, MAY_FILTER=p.may_filter, WRITE_LOGITS=bool(write_logits), TILE=TILE_V,
+            BLOCK_R=block_r)

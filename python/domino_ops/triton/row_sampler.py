@@ -4,7 +4,7 @@ top-k/top-p path), as csrc/cuda/row_sampler.cuh is by the CUDA kernels.
 
 Sampling is the inverse CDF of the filtered distribution at the caller's float64 uniform,
 so given the same uniforms the tokens equal the reference's. top-k and top-p are found by
-bisection over the 32-bit ordered key of z = logits / T (no sort): ~70 passes over a row
+bisection over the 32-bit ordered key of z = (logits - max) / T (no sort): ~70 passes over a row
 that stays in L2 after the first.
 """
 
@@ -27,41 +27,59 @@ def _ordered_key(z):
 
 @triton.jit
 def argmax_row(row_ptr, V, BLOCK: tl.constexpr):
-    """First index of the maximum of row[0:V] (as torch.argmax)."""
+    """First index of the maximum of row[0:V], the first NaN if there is one (torch.argmax)."""
     best_val = -float("inf")
     best_idx = 0
+    nan_idx = V
     for start in range(0, V, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         x = tl.load(row_ptr + offs, mask=offs < V, other=-float("inf")).to(tl.float32)
+        nan_idx = tl.minimum(nan_idx, tl.min(tl.where(x != x, offs, V), 0))
+        x = tl.where(x != x, -float("inf"), x)
         m = tl.max(x, 0)
-        idx = tl.min(tl.where(x == m, offs, V), 0)
+        idx = tl.min(tl.where((x == m) & (offs < V), offs, V), 0)
         take = m > best_val
         best_idx = tl.where(take, idx, best_idx)
         best_val = tl.maximum(best_val, m)
-    return best_idx
+    return tl.where(nan_idx < V, nan_idx, best_idx)
 
 
 @triton.jit
-def _scaled(row_ptr, offs, V, temperature):
-    """z = row[offs] / temperature (float32), -inf past V."""
-    return tl.load(row_ptr + offs, mask=offs < V, other=-float("inf")).to(tl.float32) / temperature
+def row_max(row_ptr, V, BLOCK: tl.constexpr):
+    """The largest non-NaN value of row[0:V] (float32; -inf if there is none)."""
+    xmax = -float("inf")
+    for start in range(0, V, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        x = tl.load(row_ptr + offs, mask=offs < V, other=-float("inf")).to(tl.float32)
+        xmax = tl.maximum(xmax, tl.max(tl.where(x != x, -float("inf"), x), 0))
+    return xmax
 
 
 @triton.jit
-def _topk_weights(row_ptr, offs, V, temperature, zmax, kth):
+def _scaled(row_ptr, offs, V, temperature, xmax):
+    """z = (row[offs] - xmax) / temperature (float32) with the extreme-value rules: NaN ->
+    -inf; when xmax is +inf, 0 at the +inf entries and -inf elsewhere; -inf past V."""
+    x = tl.load(row_ptr + offs, mask=offs < V, other=-float("inf")).to(tl.float32)
+    inf_row = xmax == float("inf")
+    z = tl.where(inf_row, tl.where(x == float("inf"), 0.0, -float("inf")), (x - xmax) / temperature)
+    return tl.where((x != x) | (offs >= V), -float("inf"), z)
+
+
+@triton.jit
+def _topk_weights(row_ptr, offs, V, temperature, xmax, zmax, kth):
     """(w, key) for one chunk: weights exp(z - zmax) (float64) of the tokens top-k keeps
     (key >= kth), 0 elsewhere and past V, and the ordered keys of z."""
-    z = _scaled(row_ptr, offs, V, temperature)
+    z = _scaled(row_ptr, offs, V, temperature, xmax)
     key = _ordered_key(z)
     return tl.where((offs < V) & (key >= kth), tl.exp((z - zmax).to(tl.float64)), 0.0), key
 
 
 @triton.jit
-def _final_weights(row_ptr, offs, V, temperature, zmax, kth, cut, n_tie, tie_carry):
+def _final_weights(row_ptr, offs, V, temperature, xmax, zmax, kth, cut, n_tie, tie_carry):
     """(w, ties) for one chunk: the filtered law's weights, i.e. top-k's, of which top-p
     keeps keys above `cut` and the first n_tie keys equal to it in index order (tie_carry
     of those lie in earlier chunks); ties counts this chunk's keys equal to `cut`."""
-    w, key = _topk_weights(row_ptr, offs, V, temperature, zmax, kth)
+    w, key = _topk_weights(row_ptr, offs, V, temperature, xmax, zmax, kth)
     tie = ((key == cut) & (offs < V)).to(tl.int64)
     rank = tie_carry + tl.cumsum(tie, 0) - tie
     keep = (key > cut) | ((key == cut) & (rank < n_tie))
@@ -71,11 +89,12 @@ def _final_weights(row_ptr, offs, V, temperature, zmax, kth, cut, n_tie, tie_car
 @triton.jit
 def sample_row(row_ptr, V, temperature, top_k, top_p, u, BLOCK: tl.constexpr):
     """Samples row[0:V] at temperature > 0 with top-k (0 = off) and top-p (1 = off) by
-    inverse CDF at the uniform u. Returns (token, logprob under the filtered law)."""
-    zmax = -float("inf")
-    for start in range(0, V, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        zmax = tl.maximum(zmax, tl.max(_scaled(row_ptr, offs, V, temperature), 0))
+    inverse CDF at the uniform u. Returns (token, logprob under the filtered law); a row
+    with no mass (all -inf / NaN) gives token 0 with log-probability 0, as the reference."""
+    xmax = row_max(row_ptr, V, BLOCK)
+    no_mass = xmax == -float("inf")
+    xmax = tl.where(no_mass, 0.0, xmax)  # any finite value: every z is -inf
+    zmax = tl.full([], 0.0, tl.float32)
     # loop-carried scalars keep one type: int64 keys and counts, float64 masses
     no_cut = tl.full([], -1, tl.int64)  # every key is above it: top-p off
     big = tl.full([], V + 1, tl.int64)
@@ -89,7 +108,7 @@ def sample_row(row_ptr, V, temperature, top_k, top_p, u, BLOCK: tl.constexpr):
             count = tl.full([], 0, tl.int64)
             for start in range(0, V, BLOCK):
                 offs = start + tl.arange(0, BLOCK)
-                key = _ordered_key(_scaled(row_ptr, offs, V, temperature))
+                key = _ordered_key(_scaled(row_ptr, offs, V, temperature, xmax))
                 count += tl.sum(((key >= mid) & (offs < V)).to(tl.int64), 0)
             ok = count >= top_k
             lo = tl.where(ok, mid, lo)
@@ -103,7 +122,7 @@ def sample_row(row_ptr, V, temperature, top_k, top_p, u, BLOCK: tl.constexpr):
         total = tl.full([], 0.0, tl.float64)
         for start in range(0, V, BLOCK):
             offs = start + tl.arange(0, BLOCK)
-            w, key = _topk_weights(row_ptr, offs, V, temperature, zmax, kth)
+            w, key = _topk_weights(row_ptr, offs, V, temperature, xmax, zmax, kth)
             total += tl.sum(w, 0)
         bound = top_p * total
         lo = tl.full([], 0, tl.int64)
@@ -113,7 +132,7 @@ def sample_row(row_ptr, V, temperature, top_k, top_p, u, BLOCK: tl.constexpr):
             above = tl.full([], 0.0, tl.float64)
             for start in range(0, V, BLOCK):
                 offs = start + tl.arange(0, BLOCK)
-                w, key = _topk_weights(row_ptr, offs, V, temperature, zmax, kth)
+                w, key = _topk_weights(row_ptr, offs, V, temperature, xmax, zmax, kth)
                 above += tl.sum(tl.where(key > mid, w, 0.0), 0)
             ok = above < bound
             hi = tl.where(ok, mid, hi)
@@ -123,7 +142,7 @@ def sample_row(row_ptr, V, temperature, top_k, top_p, u, BLOCK: tl.constexpr):
         w_tie = tl.full([], 0.0, tl.float64)
         for start in range(0, V, BLOCK):
             offs = start + tl.arange(0, BLOCK)
-            w, key = _topk_weights(row_ptr, offs, V, temperature, zmax, kth)
+            w, key = _topk_weights(row_ptr, offs, V, temperature, xmax, zmax, kth)
             above += tl.sum(tl.where(key > cut, w, 0.0), 0)
             w_tie = tl.maximum(w_tie, tl.max(tl.where(key == cut, w, 0.0), 0))
         n_tie = tl.maximum(tl.ceil((bound - above) / w_tie).to(tl.int64), 1)
@@ -134,7 +153,7 @@ def sample_row(row_ptr, V, temperature, top_k, top_p, u, BLOCK: tl.constexpr):
     tie_carry = tl.full([], 0, tl.int64)
     for start in range(0, V, BLOCK):
         offs = start + tl.arange(0, BLOCK)
-        w, ties = _final_weights(row_ptr, offs, V, temperature, zmax, kth, cut, n_tie, tie_carry)
+        w, ties = _final_weights(row_ptr, offs, V, temperature, xmax, zmax, kth, cut, n_tie, tie_carry)
         total += tl.sum(w, 0)
         tie_carry += ties
     target = u * total
@@ -144,14 +163,16 @@ def sample_row(row_ptr, V, temperature, top_k, top_p, u, BLOCK: tl.constexpr):
     last_positive = -1
     for start in range(0, V, BLOCK):
         offs = start + tl.arange(0, BLOCK)
-        w, ties = _final_weights(row_ptr, offs, V, temperature, zmax, kth, cut, n_tie, tie_carry)
+        w, ties = _final_weights(row_ptr, offs, V, temperature, xmax, zmax, kth, cut, n_tie, tie_carry)
         cdf = carry + tl.cumsum(w, 0)
         found = tl.minimum(found, tl.min(tl.where((cdf > target) & (w > 0), offs, V), 0))
         last_positive = tl.maximum(last_positive, tl.max(tl.where(w > 0, offs, -1), 0))
         carry += tl.sum(w, 0)
         tie_carry += ties
     token = tl.where(found < V, found, last_positive)
+    token = tl.where(no_mass | (token < 0), 0, token)
     # the chosen token's weight (its tie rank does not matter: it was kept)
-    z_tok = tl.load(row_ptr + token).to(tl.float32) / temperature
+    z_tok = tl.max(_scaled(row_ptr, token + tl.arange(0, 1), V, temperature, xmax), 0)
     logprob = (z_tok - zmax).to(tl.float64) - tl.log(total)
+    logprob = tl.where(no_mass, 0.0, logprob)
     return token, logprob.to(tl.float32)
