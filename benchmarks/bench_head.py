@@ -28,9 +28,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -40,6 +38,7 @@ if not torch.cuda.is_available():  # Triton kernels can only be interpreted here
 
 import domino_ops  # noqa: E402
 from domino_ops import cpu, reference  # noqa: E402
+from timing import median_seconds  # noqa: E402
 
 SHAPES = {
     # name: (H, G, r, V)
@@ -49,14 +48,7 @@ SHAPES = {
 
 
 def median_ms(fn, repeats: int, warmup: int = 1) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    return median_seconds(fn, repeats, warmup) * 1e3
 
 
 def copy_bandwidth_gbs(nbytes: int = 1 << 30, repeats: int = 7) -> float:

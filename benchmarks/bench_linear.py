@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 import domino_ops
+from timing import median_seconds
 from domino.fast_linear import undo_small_batch_linear, use_small_batch_linear
 
 KS = (1, 2, 4, 8, 16, 32)
@@ -127,14 +128,7 @@ def model_table(repeats: int, cache_len: int, dtypes) -> None:
 
 
 def median_time(f, repeats: int) -> float:
-    for _ in range(3):
-        f()
-    ts = []
-    for _ in range(repeats):
-        t0 = CLOCK()
-        f()
-        ts.append(CLOCK() - t0)
-    return statistics.median(ts)
+    return median_seconds(f, repeats, warmup=3, clock=CLOCK)
 
 
 def micro_table(repeats: int, dtypes) -> None:

@@ -19,25 +19,17 @@ whose cores are busy with other work, an OpenMP region can wait a whole schedule
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 
 import domino_ops
+from timing import median_seconds
 
 TOPK, DEPTH = 4, 5
 
 
 def median_us(fn, repeats: int, warmup: int = 2) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e6)
-    return statistics.median(times)
+    return median_seconds(fn, repeats, warmup) * 1e6
 
 
 def eagle_draft(bs: int, n: int, gen: torch.Generator):
