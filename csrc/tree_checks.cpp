@@ -152,6 +152,18 @@ void check_build_tree_args(const at::Tensor& parent_list, const at::Tensor& sele
                   {&verified_seq_len, "verified_seq_len"}});
 }
 
+void check_tree_links(const int64_t* ridx, const int64_t* next_token, const int64_t* next_sibling, int64_t bs,
+                      int64_t n, int64_t index_limit, const char* index_limit_desc) {
+  for (int64_t i = 0; i < bs * n; ++i) {
+    TORCH_CHECK(ridx[i] >= 0 && ridx[i] < index_limit, "retrive_index must be in [0, ", index_limit_desc,
+                ") = [0, ", index_limit, "), got ", ridx[i], " at flat index ", i);
+    TORCH_CHECK(next_token[i] >= -1 && next_token[i] < n, "retrive_next_token must be -1 or a node in [0, ", n,
+                "), got ", next_token[i], " at flat index ", i);
+    TORCH_CHECK(next_sibling[i] >= -1 && next_sibling[i] < n, "retrive_next_sibling must be -1 or a node in [0, ",
+                n, "), got ", next_sibling[i], " at flat index ", i);
+  }
+}
+
 void check_verify_tree_greedy_args(const at::Tensor& predicts, const at::Tensor& accept_index,
                                    const at::Tensor& accept_token_num,
                                    const at::Tensor& candidates, const at::Tensor& retrive_index,

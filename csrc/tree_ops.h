@@ -48,6 +48,13 @@ void check_tree_sampling_args(const at::Tensor& predicts, const at::Tensor& acce
                               const std::optional<at::Tensor>& draft_probs,
                               double threshold_single, double threshold_acc);
 
+// The index values of a tree the verify kernels walk, read before any is used as an
+// address (bs * n entries each): retrive_index in [0, index_limit), described in errors as
+// "[0, <index_limit_desc>) = [0, index_limit)"; the links -1 or a node in [0, n).
+void check_tree_links(const int64_t* retrive_index, const int64_t* retrive_next_token,
+                      const int64_t* retrive_next_sibling, int64_t bs, int64_t n, int64_t index_limit,
+                      const char* index_limit_desc);
+
 namespace cpu {
 void build_tree_kernel_efficient_cpu(const at::Tensor& parent_list, const at::Tensor& selected_index,
                                      const at::Tensor& verified_seq_len, at::Tensor tree_mask,

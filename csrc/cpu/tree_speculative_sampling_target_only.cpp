@@ -75,15 +75,7 @@ void tree_speculative_sampling_target_only_cpu(
   const float single = static_cast<float>(threshold_single);
   const float acc_div = std::max(static_cast<float>(threshold_acc), 1e-9f);  // sgl-kernel's cap
 
-  const int64_t limit = predicts.numel();
-  for (int64_t i = 0; i < bs * n; ++i) {
-    TORCH_CHECK(ridx[i] >= 0 && ridx[i] < limit, "retrive_index must be in [0, predicts.numel()) = [0, ", limit,
-                "), got ", ridx[i], " at flat index ", i);
-    TORCH_CHECK(next_token[i] >= -1 && next_token[i] < n, "retrive_next_token must be -1 or a node in [0, ", n,
-                "), got ", next_token[i], " at flat index ", i);
-    TORCH_CHECK(next_sibling[i] >= -1 && next_sibling[i] < n, "retrive_next_sibling must be -1 or a node in [0, ",
-                n, "), got ", next_sibling[i], " at flat index ", i);
-  }
+  check_tree_links(ridx, next_token, next_sibling, bs, n, predicts.numel(), "predicts.numel()");
 
   // Pass 1 (parallel, nothing written): path, path tokens and the final token per request.
   std::vector<int64_t> path(bs * steps), tokens(bs * steps), accepted(bs);

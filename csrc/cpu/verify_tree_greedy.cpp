@@ -40,15 +40,8 @@ void verify_tree_greedy_cpu(at::Tensor predicts, at::Tensor accept_index, at::Te
   const int64_t* target = target_predict.const_data_ptr<int64_t>();
 
   // retrive_index addresses predicts and (flat) target_predict; the links address nodes.
-  const int64_t limit = std::min<int64_t>(predicts.numel(), bs * n);
-  for (int64_t i = 0; i < bs * n; ++i) {
-    TORCH_CHECK(ridx[i] >= 0 && ridx[i] < limit, "retrive_index must be in [0, min(predicts.numel(), bs * "
-                "num_draft_tokens)) = [0, ", limit, "), got ", ridx[i], " at flat index ", i);
-    TORCH_CHECK(next_token[i] >= -1 && next_token[i] < n, "retrive_next_token must be -1 or a node in [0, ", n,
-                "), got ", next_token[i], " at flat index ", i);
-    TORCH_CHECK(next_sibling[i] >= -1 && next_sibling[i] < n, "retrive_next_sibling must be -1 or a node in [0, ",
-                n, "), got ", next_sibling[i], " at flat index ", i);
-  }
+  check_tree_links(ridx, next_token, next_sibling, bs, n, std::min<int64_t>(predicts.numel(), bs * n),
+                   "min(predicts.numel(), bs * num_draft_tokens)");
 
   // Pass 1: the accepted path of every request (nodes), nothing written yet.
   std::vector<int64_t> path(bs * steps), accepted(bs);
