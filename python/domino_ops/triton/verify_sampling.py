@@ -12,6 +12,17 @@ from domino_ops.triton.row_sampler import BLOCK_V
 
 
 @triton.jit
+def _resample_weights(p_row, q_row, offs, V, has_q, use_residual):
+    """One chunk of the resampling weights (float64): the residual max(p - q, 0) where
+    ``use_residual``, else the target max(p, 0); q is 0 on the bonus row (no draft there),
+    where the two agree."""
+    m = offs < V
+    p = tl.load(p_row + offs, mask=m, other=0.0).to(tl.float64)
+    q = tl.load(q_row + offs, mask=m & has_q, other=0.0).to(tl.float64)
+    return tl.where(use_residual, tl.maximum(p - q, 0.0), tl.maximum(p, 0.0))
+
+
+@triton.jit
 def _verify_sampling_kernel(draft_ptr, q_ptr, p_ptr, ua_ptr, ur_ptr, out_ptr, accepted_ptr, k, V,
                             BLOCK: tl.constexpr):
     s = tl.program_id(0).to(tl.int64)
@@ -29,29 +40,18 @@ def _verify_sampling_kernel(draft_ptr, q_ptr, p_ptr, ua_ptr, ur_ptr, out_ptr, ac
     has_q = n < k
     residual = tl.full([], 0.0, tl.float64)
     for start in range(0, V, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        m = offs < V
-        p = tl.load(p_row + offs, mask=m, other=0.0).to(tl.float64)
-        q = tl.load(q_row + offs, mask=m & has_q, other=0.0).to(tl.float64)
-        residual += tl.sum(tl.where(has_q, tl.maximum(p - q, 0.0), 0.0), 0)
+        residual += tl.sum(_resample_weights(p_row, q_row, start + tl.arange(0, BLOCK), V, has_q, True), 0)
     use_residual = residual > 0
     total = tl.full([], 0.0, tl.float64)
     for start in range(0, V, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        m = offs < V
-        p = tl.load(p_row + offs, mask=m, other=0.0).to(tl.float64)
-        q = tl.load(q_row + offs, mask=m & has_q, other=0.0).to(tl.float64)
-        total += tl.sum(tl.where(use_residual, tl.maximum(p - q, 0.0), tl.maximum(p, 0.0)), 0)
+        total += tl.sum(_resample_weights(p_row, q_row, start + tl.arange(0, BLOCK), V, has_q, use_residual), 0)
     target = tl.load(ur_ptr + s) * total
     carry = tl.full([], 0.0, tl.float64)
     found = V
     last_positive = -1
     for start in range(0, V, BLOCK):
         offs = start + tl.arange(0, BLOCK)
-        m = offs < V
-        p = tl.load(p_row + offs, mask=m, other=0.0).to(tl.float64)
-        q = tl.load(q_row + offs, mask=m & has_q, other=0.0).to(tl.float64)
-        w = tl.where(use_residual, tl.maximum(p - q, 0.0), tl.maximum(p, 0.0))
+        w = _resample_weights(p_row, q_row, offs, V, has_q, use_residual)
         cdf = carry + tl.cumsum(w, 0)
         found = tl.minimum(found, tl.min(tl.where((cdf > target) & (w > 0), offs, V), 0))
         last_positive = tl.maximum(last_positive, tl.max(tl.where(w > 0, offs, -1), 0))
