@@ -5,7 +5,7 @@
 #   .venv/bin/python benchmarks/eval_acceptance.py ablation training/runs/abl_* --num-prompts 32
 set -e
 cd "$(dirname "$0")/.."
-DATA=${DATA:-training/data/smollm2_mix}
+DATA=${DATA:-training/regenerated/smollm2_mix}
 COMMON="--data $DATA --steps ${STEPS:-2000} --seqs-per-step 16 --anchors 8 --lr 6e-4 --bf16 --init-from-target --eval-every 500 --ckpt-every 50"
 .venv/bin/python -m training.train $COMMON --out training/runs/abl_ttt --ttt --no-curriculum
 .venv/bin/python -m training.train $COMMON --out training/runs/abl_tf --no-curriculum

@@ -1,7 +1,7 @@
 """Regenerates the training prompts' responses with the target (greedy), as resumable
 append-only shards.
 
-    python -m training.generate_data --out training/data/smollm2_mix --target-tokens 5000000
+    python -m training.generate_data --out training/regenerated/smollm2_mix --target-tokens 5000000
 
 Beside each shard go the target's hidden states at the drafter's feature layers (they fall
 out of generation at no extra cost, so training never reruns the target) and, for every
@@ -12,6 +12,11 @@ killed run resumes by skipping the shards already on disk: no shard is lost or w
 twice (each is written to a temporary name and renamed). Each line of a shard is
 {"prompt_ids", "response_ids"}; the response is the target's greedy continuation, cut
 after its first EOS.
+
+The token shards are small and are what costs time (decoding token by token), so they are
+committed to the repository (training/regenerated/); the feature files are large and
+ignored by git. A shard whose feature file is missing gets it back from one teacher-forced
+forward over its conversations (``features_from_ids``), minutes instead of hours.
 """
 
 from __future__ import annotations
@@ -116,6 +121,35 @@ def regenerate(model, batch: list[list[int]], layer_ids: list[int], eos: set[int
                        torch.cat(top_lp).contiguous(), r_offsets, layer_ids)
 
 
+def features_from_ids(model, records: list[dict], layer_ids: list[int], pad: int, top_k: int = 32) -> Regenerated:
+    """The tensors ``regenerate`` stores beside a shard, recomputed from its token ids by one
+    teacher-forced forward (right-padded; causal attention makes the padding invisible to
+    the real tokens). Equal to what generation recorded up to floating-point rounding."""
+    seqs = [r["prompt_ids"] + r["response_ids"][:-1] for r in records]
+    T = max(len(s) for s in seqs)
+    ids = torch.tensor([s + [pad] * (T - len(s)) for s in seqs])
+    mask = torch.tensor([[1] * len(s) + [0] * (T - len(s)) for s in seqs])
+    with torch.inference_mode():
+        out = model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+    feats_all = target_features(out.hidden_states, layer_ids).to(torch.bfloat16)
+    logprobs = torch.log_softmax(out.logits.float(), dim=-1)
+    feats, top_ids, top_lp, offsets, r_offsets = [], [], [], [0], [0]
+    for i, (r, s) in enumerate(zip(records, seqs)):
+        feats.append(feats_all[i, :len(s)])
+        offsets.append(offsets[-1] + len(s))
+        # the logits at position j predict token j + 1: response token t sits at len(prompt) + t
+        top = logprobs[i, len(r["prompt_ids"]) - 1:len(s)].topk(top_k, dim=-1)
+        top_ids.append(top.indices.to(torch.int32))
+        top_lp.append(top.values.to(torch.float16))
+        r_offsets.append(r_offsets[-1] + len(r["response_ids"]))
+    return Regenerated(records, torch.cat(feats).contiguous(), offsets, torch.cat(top_ids).contiguous(),
+                       torch.cat(top_lp).contiguous(), r_offsets, layer_ids)
+
+
+def read_shard_records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.open() if line.strip()]
+
+
 def write_shard(path: Path, data: Regenerated) -> int:
     """Writes a shard atomically (tensors first, the jsonl last: its presence marks a
     complete shard). Returns the number of response tokens."""
@@ -133,7 +167,7 @@ def write_shard(path: Path, data: Regenerated) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("training/data/smollm2_mix"))
+    parser.add_argument("--out", type=Path, default=Path("training/regenerated/smollm2_mix"))
     parser.add_argument("--target", type=Path, default=None, help="HF target dir (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--max-new-tokens", type=int, default=256)
@@ -174,6 +208,8 @@ def main() -> None:
             break
         path = shard_path(args.out, i)
         if path.exists():
+            if not features_path(path).exists():  # a committed token shard on a fresh clone
+                write_shard(path, features_from_ids(model, read_shard_records(path), layer_ids, pad, args.top_k))
             continue
         batch = prompts[i * args.batch_size:(i + 1) * args.batch_size]
         new = write_shard(path, regenerate(model, batch, layer_ids, eos, pad, args.max_new_tokens, args.top_k))

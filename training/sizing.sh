@@ -6,7 +6,7 @@
 #   .venv/bin/python benchmarks/eval_acceptance.py ablation training/runs/size_* --num-prompts 32
 set -e
 cd "$(dirname "$0")/.."
-DATA=${DATA:-training/data/smollm2_mix}
+DATA=${DATA:-training/regenerated/smollm2_mix}
 COMMON="--data $DATA --steps ${STEPS:-1000} --seqs-per-step 16 --anchors 8 --lr 6e-4 --bf16 --init-from-target --eval-every 250 --ckpt-every 50"
 .venv/bin/python -m training.train $COMMON --out training/runs/size_l2_b16 --layers 2 --block-size 16
 .venv/bin/python -m training.train $COMMON --out training/runs/size_l3_b16 --layers 3 --block-size 16
