@@ -180,6 +180,46 @@ void check_verify_tree_greedy_args(const at::Tensor& predicts, const at::Tensor&
                   {&target_predict, "target_predict"}});
 }
 
+namespace {
+
+// The inputs and outputs shared by the two tree samplers: uniforms of `uniform_dtype`,
+// target_probs [bs, n, V] float32, draft_probs (undefined when None) of the same shape.
+void check_tree_sampler_common(const at::Tensor& predicts, const at::Tensor& accept_index,
+                               const at::Tensor& accept_token_num, const at::Tensor& candidates,
+                               const at::Tensor& retrive_index, const at::Tensor& retrive_next_token,
+                               const at::Tensor& retrive_next_sibling, const at::Tensor& uniform_samples,
+                               const at::Tensor& uniform_samples_for_final_sampling,
+                               const at::Tensor& target_probs, const at::Tensor& draft_probs,
+                               at::ScalarType uniform_dtype) {
+  const at::Device dev = candidates.device();
+  check_tree_verify_common(predicts, accept_index, accept_token_num, candidates, retrive_index,
+                           retrive_next_token, retrive_next_sibling, dev);
+  const int64_t bs = candidates.size(0), n = candidates.size(1);
+  check_matrix(uniform_samples, "uniform_samples", uniform_dtype, bs, n, dev);
+  check_vector(uniform_samples_for_final_sampling, "uniform_samples_for_final_sampling", uniform_dtype, bs, dev);
+  check_tensor(target_probs, "target_probs", dev);
+  TORCH_CHECK(target_probs.scalar_type() == at::kFloat, "target_probs must be float32, got ",
+              target_probs.scalar_type());
+  TORCH_CHECK(target_probs.dim() == 3 && target_probs.size(0) == bs && target_probs.size(1) == n &&
+                  target_probs.size(2) > 0,
+              "target_probs must have shape [", bs, ", ", n, ", vocab_size], got ", target_probs.sizes());
+  if (draft_probs.defined()) {
+    check_tensor(draft_probs, "draft_probs", dev);
+    TORCH_CHECK(draft_probs.scalar_type() == at::kFloat, "draft_probs must be float32, got ",
+                draft_probs.scalar_type());
+    TORCH_CHECK(draft_probs.sizes() == target_probs.sizes(), "draft_probs must have the shape of target_probs ",
+                target_probs.sizes(), ", got ", draft_probs.sizes());
+  }
+  check_no_alias({{&predicts, "predicts"}, {&accept_index, "accept_index"}, {&accept_token_num, "accept_token_num"}},
+                 {{&candidates, "candidates"}, {&retrive_index, "retrive_index"},
+                  {&retrive_next_token, "retrive_next_token"}, {&retrive_next_sibling, "retrive_next_sibling"},
+                  {&uniform_samples, "uniform_samples"},
+                  {&uniform_samples_for_final_sampling, "uniform_samples_for_final_sampling"},
+                  {&target_probs, "target_probs"}, {&draft_probs, "draft_probs"}});
+}
+
+}  // namespace
+
 void check_tree_sampling_args(const at::Tensor& predicts, const at::Tensor& accept_index,
                               const at::Tensor& accept_token_num, const at::Tensor& candidates,
                               const at::Tensor& retrive_index,
@@ -190,37 +230,25 @@ void check_tree_sampling_args(const at::Tensor& predicts, const at::Tensor& acce
                               const at::Tensor& target_probs,
                               const std::optional<at::Tensor>& draft_probs,
                               double threshold_single, double threshold_acc) {
-  const at::Device dev = candidates.device();
-  check_tree_verify_common(predicts, accept_index, accept_token_num, candidates, retrive_index,
-                           retrive_next_token, retrive_next_sibling, dev);
-  const int64_t bs = candidates.size(0), n = candidates.size(1);
-  check_matrix(uniform_samples, "uniform_samples", at::kFloat, bs, n, dev);
-  check_vector(uniform_samples_for_final_sampling, "uniform_samples_for_final_sampling", at::kFloat, bs, dev);
-  check_tensor(target_probs, "target_probs", dev);
-  TORCH_CHECK(target_probs.scalar_type() == at::kFloat, "target_probs must be float32, got ",
-              target_probs.scalar_type());
-  TORCH_CHECK(target_probs.dim() == 3 && target_probs.size(0) == bs && target_probs.size(1) == n &&
-                  target_probs.size(2) > 0,
-              "target_probs must have shape [", bs, ", ", n, ", vocab_size], got ", target_probs.sizes());
-  if (draft_probs.has_value()) {
-    check_tensor(*draft_probs, "draft_probs", dev);
-    TORCH_CHECK(draft_probs->scalar_type() == at::kFloat, "draft_probs must be float32, got ",
-                draft_probs->scalar_type());
-    TORCH_CHECK(draft_probs->sizes() == target_probs.sizes(), "draft_probs must have the shape of target_probs ",
-                target_probs.sizes(), ", got ", draft_probs->sizes());
-  }
+  check_tree_sampler_common(predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
+                            retrive_next_sibling, uniform_samples, uniform_samples_for_final_sampling, target_probs,
+                            draft_probs.has_value() ? *draft_probs : at::Tensor(), at::kFloat);
   // sgl-kernel's range (NaN fails both comparisons).
   TORCH_CHECK(threshold_single >= 0.0 && threshold_single <= 1.0, "threshold_single must be in [0, 1], got ",
               threshold_single);
   TORCH_CHECK(threshold_acc >= 0.0 && threshold_acc <= 1.0, "threshold_acc must be in [0, 1], got ", threshold_acc);
-  const at::Tensor none;
-  const at::Tensor& draft = draft_probs.has_value() ? *draft_probs : none;
-  check_no_alias({{&predicts, "predicts"}, {&accept_index, "accept_index"}, {&accept_token_num, "accept_token_num"}},
-                 {{&candidates, "candidates"}, {&retrive_index, "retrive_index"},
-                  {&retrive_next_token, "retrive_next_token"}, {&retrive_next_sibling, "retrive_next_sibling"},
-                  {&uniform_samples, "uniform_samples"},
-                  {&uniform_samples_for_final_sampling, "uniform_samples_for_final_sampling"},
-                  {&target_probs, "target_probs"}, {&draft, "draft_probs"}});
+}
+
+void check_verify_tree_sampling_args(const at::Tensor& predicts, const at::Tensor& accept_index,
+                                     const at::Tensor& accept_token_num, const at::Tensor& candidates,
+                                     const at::Tensor& retrive_index, const at::Tensor& retrive_next_token,
+                                     const at::Tensor& retrive_next_sibling, const at::Tensor& uniform_samples,
+                                     const at::Tensor& uniform_samples_for_final_sampling,
+                                     const at::Tensor& target_probs, const at::Tensor& draft_probs) {
+  TORCH_CHECK(draft_probs.defined(), "draft_probs must be a tensor");
+  check_tree_sampler_common(predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
+                            retrive_next_sibling, uniform_samples, uniform_samples_for_final_sampling, target_probs,
+                            draft_probs, at::kDouble);
 }
 
 }  // namespace domino

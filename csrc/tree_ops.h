@@ -1,8 +1,9 @@
-// The sgl-kernel-compatible tree ops (issue 13): entry points and their shared argument
-// checks. Same names, argument order, dtypes and in-place outputs as sgl-kernel's
+// The tree ops (issue 13): entry points and their shared argument checks.
 // build_tree_kernel_efficient, verify_tree_greedy and tree_speculative_sampling_target_only
-// (sgl-project/sglang, sgl-kernel/csrc/speculative/), so an engine that calls those can call
-// torch.ops.domino_ops.<op> instead.
+// have sgl-kernel's names, argument order, dtypes and in-place outputs (sgl-project/sglang,
+// sgl-kernel/csrc/speculative/), so an engine that calls those can call
+// torch.ops.domino_ops.<op> instead. verify_tree_sampling is this project's lossless tree
+// sampler that uses the draft's probabilities, in the same layout.
 //
 // The checks here cover what can be checked without reading tensor values (ranks, shapes,
 // dtypes, devices, contiguity, outputs aliasing inputs or each other). The index values
@@ -47,6 +48,12 @@ void check_tree_sampling_args(const at::Tensor& predicts, const at::Tensor& acce
                               const at::Tensor& target_probs,
                               const std::optional<at::Tensor>& draft_probs,
                               double threshold_single, double threshold_acc);
+void check_verify_tree_sampling_args(const at::Tensor& predicts, const at::Tensor& accept_index,
+                                     const at::Tensor& accept_token_num, const at::Tensor& candidates,
+                                     const at::Tensor& retrive_index, const at::Tensor& retrive_next_token,
+                                     const at::Tensor& retrive_next_sibling, const at::Tensor& uniform_samples,
+                                     const at::Tensor& uniform_samples_for_final_sampling,
+                                     const at::Tensor& target_probs, const at::Tensor& draft_probs);
 
 // The index values of a tree the verify kernels walk, read before any is used as an
 // address (bs * n entries each): retrive_index in [0, index_limit), described in errors as
@@ -73,6 +80,12 @@ void tree_speculative_sampling_target_only_cpu(
     const at::Tensor& uniform_samples, const at::Tensor& uniform_samples_for_final_sampling,
     const at::Tensor& target_probs, const std::optional<at::Tensor>& draft_probs,
     double threshold_single, double threshold_acc, bool deterministic);
+void verify_tree_sampling_cpu(at::Tensor predicts, at::Tensor accept_index, at::Tensor accept_token_num,
+                              const at::Tensor& candidates, const at::Tensor& retrive_index,
+                              const at::Tensor& retrive_next_token, const at::Tensor& retrive_next_sibling,
+                              const at::Tensor& uniform_samples,
+                              const at::Tensor& uniform_samples_for_final_sampling,
+                              const at::Tensor& target_probs, const at::Tensor& draft_probs);
 }  // namespace cpu
 
 }  // namespace domino

@@ -122,3 +122,25 @@ def test_reference_and_native_agree_on_tiny_top_p_in_the_rollout_at_small_G():
     t, _, _ = domino_ops.domino_head_rollout(*a, generator=torch.Generator().manual_seed(0), **kw)
     t_ref, _, _ = reference.domino_head_rollout(*a, generator=torch.Generator().manual_seed(0), **kw)
     assert torch.equal(t, t_ref)
+
+
+@pytest.mark.parametrize("backend", ["native", "reference", "triton", "emulated_cuda"])
+def test_a_target_row_without_mass_gives_token_0_in_verify_sampling(backend):
+    """Zeros, NaN and negatives are not a distribution: the resampled (or bonus) token is 0,
+    the rule of a sampled row with no mass, in every backend (it used to raise natively
+    and return -1 from the GPU kernels)."""
+    b, k, V = 3, 2, 7
+    q = torch.softmax(torch.randn(b, k, V), -1)
+    p = torch.softmax(torch.randn(b, k + 1, V), -1)
+    p[0, 0], p[1, 0], p[2, 0] = 0.0, float("nan"), -1.0  # every first draft is rejected (p(x) <= 0)
+    draft = torch.randint(0, V, (b, k))
+    if backend == "emulated_cuda":
+        from kernel_backends import emulated_cuda_kernel
+        from poisoned_calls import run_verify_poisoned
+        out, acc = run_verify_poisoned(emulated_cuda_kernel("verify_sampling"), draft, q, p,
+                                       torch.rand(b, k, dtype=torch.float64), torch.rand(b, dtype=torch.float64))
+    else:
+        out, acc = domino_ops.verify_sampling(draft, q, p, generator=torch.Generator().manual_seed(0),
+                                              backend=backend)
+    assert acc.tolist() == [0, 0, 0]
+    assert out[:, 0].tolist() == [0, 0, 0]

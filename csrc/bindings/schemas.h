@@ -53,5 +53,12 @@ inline constexpr const char* kTreeSpeculativeSamplingTargetOnly =
     "Tensor retrive_next_sibling, Tensor uniform_samples, Tensor uniform_samples_for_final_sampling, "
     "Tensor target_probs, Tensor? draft_probs, float threshold_single, float threshold_acc, "
     "bool deterministic) -> ()";
+// Lossless tree verification with the draft's probabilities (recursive rejection sampling):
+// the tree sampler's layout, float64 uniforms as verify_sampling's, draft_probs required.
+inline constexpr const char* kVerifyTreeSampling =
+    "verify_tree_sampling(Tensor(a!) predicts, Tensor(b!) accept_index, Tensor(c!) accept_token_num, "
+    "Tensor candidates, Tensor retrive_index, Tensor retrive_next_token, Tensor retrive_next_sibling, "
+    "Tensor uniform_samples, Tensor uniform_samples_for_final_sampling, Tensor target_probs, "
+    "Tensor draft_probs) -> ()";
 
 }  // namespace domino::schemas

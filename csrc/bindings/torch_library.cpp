@@ -12,6 +12,7 @@ TORCH_LIBRARY(domino_ops, m) {
   m.def(domino::schemas::kBuildTreeKernelEfficient);
   m.def(domino::schemas::kVerifyTreeGreedy);
   m.def(domino::schemas::kTreeSpeculativeSamplingTargetOnly);
+  m.def(domino::schemas::kVerifyTreeSampling);
   m.def(domino::schemas::kSmallBatchLinear);
 }
 
@@ -23,5 +24,6 @@ TORCH_LIBRARY_IMPL(domino_ops, CPU, m) {
   m.impl("build_tree_kernel_efficient", &domino::cpu::build_tree_kernel_efficient_cpu);
   m.impl("verify_tree_greedy", &domino::cpu::verify_tree_greedy_cpu);
   m.impl("tree_speculative_sampling_target_only", &domino::cpu::tree_speculative_sampling_target_only_cpu);
+  m.impl("verify_tree_sampling", &domino::cpu::verify_tree_sampling_cpu);
   m.impl("small_batch_linear", &domino::cpu::small_batch_linear_cpu);
 }

@@ -3,7 +3,8 @@
 // For i = 0..k-1: accept draft x_i when u_i * q_i(x_i) < p_i(x_i) (probability
 // min(1, p/q)); at the first rejection sample from normalize(max(0, p_i - q_i)) (from p_i
 // if that residual is all zero); when all k are accepted sample a bonus from p_k. The one
-// resampled or bonus token uses uniforms_resample.
+// resampled or bonus token uses uniforms_resample. A target row with no positive mass
+// (zeros, NaN, negatives) gives token 0, as a sampled row with no mass does.
 //
 // Bytes per sequence: 2 probabilities per accepted draft, then 2V floats at the rejection
 // (V for the bonus), read once. The token is the first index whose running sum of the
@@ -117,8 +118,7 @@ void verify_sampling_cpu(const at::Tensor& draft_tokens, const at::Tensor& draft
         total = weight_sums(pr, nullptr, V, cp.data());
       }
       const int64_t token = find_token(pr, qr, V, cp.data(), ur[s] * total);
-      TORCH_CHECK(token >= 0, "target_probs row ", n, " of sequence ", s, " sums to zero");
-      out[s * (k + 1) + n] = token;
+      out[s * (k + 1) + n] = token >= 0 ? token : 0;  // no positive mass: token 0, as every backend
       acc[s] = n;
       for (int64_t i = n + 1; i <= k; ++i) out[s * (k + 1) + i] = -1;
     }

@@ -3,7 +3,9 @@
 // Thread 0 walks the drafts: accept x_i iff u_i * q_i(x_i) < p_i(x_i) (float64, as the
 // reference). At the first rejection n the block samples normalize(max(0, p_n - q_n)) (or
 // p_k after k acceptances, or p_n itself if the residual is all zero) by inverse CDF with
-// the sequence's resample uniform, scanning chunks of the row in index order.
+// the sequence's resample uniform, scanning chunks of the row in index order. A target row
+// with no positive mass (zeros, NaN, negatives: not a distribution) gives token 0, the
+// sampling ops' rule for a row with no mass, in every backend.
 //
 // Bytes: 2k scalar probabilities, then one or two rows of V float32 (two passes, the
 // second from L1/L2): 2*V*4 B = 1.2 MB per sequence at V = 151936, a 0.4 us floor at
@@ -47,7 +49,7 @@ verify_sampling_kernel(const int64_t* __restrict__ draft, const float* __restric
   };
   const Pick pick = inverse_cdf_pick(weight, V, u_resample[s], 0, sh);
   for (int64_t i = threadIdx.x; i <= k; i += blockDim.x)
-    out[s * (k + 1) + i] = i < n ? draft[s * k + i] : (i == n ? pick.token : -1);
+    out[s * (k + 1) + i] = i < n ? draft[s * k + i] : (i == n ? (pick.token < 0 ? 0 : pick.token) : -1);
   if (threadIdx.x == 0) accepted[s] = n;
 }
 

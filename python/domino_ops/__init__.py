@@ -12,7 +12,9 @@ dispatcher op ``torch.ops.domino_ops.<name>`` with caller-provided outputs):
 
 Drop-in, sgl-kernel-compatible tree ops (:mod:`domino_ops.tree_ops`, references in
 :mod:`domino_ops.reference_tree`): :func:`build_tree_kernel_efficient`,
-:func:`verify_tree_greedy`, :func:`tree_speculative_sampling_target_only`.
+:func:`verify_tree_greedy`, :func:`tree_speculative_sampling_target_only`; and, in the same
+layout, :func:`verify_tree_sampling`, lossless tree verification that uses the draft's
+probabilities.
 
 Runtime sampling helpers (:func:`filtered_probs`, :func:`draw_uniforms`,
 :func:`check_sampling_params`) live in :mod:`domino_ops.sampling`.
@@ -37,7 +39,7 @@ from domino_ops.ops import (  # noqa: E402
 from domino_ops.sampling import check_sampling_params, draw_uniforms, filtered_probs  # noqa: E402
 from domino_ops import reference_tree, tree_ops  # noqa: E402,F401
 from domino_ops.tree_ops import (  # noqa: E402
-    build_tree_kernel_efficient, tree_speculative_sampling_target_only, verify_tree_greedy)
+    build_tree_kernel_efficient, tree_speculative_sampling_target_only, verify_tree_greedy, verify_tree_sampling)
 from domino_ops.linear import small_batch_linear, small_batch_linear_isa  # noqa: E402
 
 cuda_compiled: bool = _C.cuda_compiled
@@ -45,5 +47,5 @@ __version__ = "0.1.0"
 __all__ = ["domino_head_rollout", "sample", "verify_greedy", "verify_sampling", "has_kernel", "select_backend",
            "check_sampling_params", "draw_uniforms", "filtered_probs", "reference", "sampling", "cuda_compiled",
            "build_tree_kernel_efficient", "verify_tree_greedy", "tree_speculative_sampling_target_only",
-           "reference_tree", "tree_ops",
+           "verify_tree_sampling", "reference_tree", "tree_ops",
            "small_batch_linear", "small_batch_linear_isa"]

@@ -47,6 +47,13 @@ def _tree_speculative_sampling_target_only_fake(predicts, accept_index, accept_t
     return None
 
 
+@torch.library.register_fake("domino_ops::verify_tree_sampling")
+def _verify_tree_sampling_fake(predicts, accept_index, accept_token_num, candidates, retrive_index,
+                               retrive_next_token, retrive_next_sibling, uniform_samples,
+                               uniform_samples_for_final_sampling, target_probs, draft_probs):
+    return None
+
+
 @torch.library.register_fake("domino_ops::small_batch_linear")
 def _small_batch_linear_fake(x, weight, bias, out):
     return None

@@ -96,6 +96,24 @@ def _pad_after(out: torch.Tensor, num_accepted: torch.Tensor) -> torch.Tensor:
     return out.masked_fill(pos > num_accepted.unsqueeze(-1), -1)
 
 
+def positive(d: torch.Tensor) -> torch.Tensor:
+    """max(d, 0) with NaN -> 0, as the kernels' fmax."""
+    return torch.where(d > 0, d, torch.zeros((), dtype=d.dtype))
+
+
+def inverse_cdf_pick(w: torch.Tensor, coin) -> int:
+    """The first token whose float64 running sum of the weights ``w`` [V] (>= 0; summed in
+    index order, as the kernels do) exceeds ``coin * sum(w)``, else (rounding) the last token
+    of positive weight, else (no positive weight) token 0."""
+    if not bool((w > 0).any()):
+        return 0
+    cdf = torch.cumsum(w.double(), dim=0)
+    tok = int(torch.searchsorted(cdf, float(coin) * cdf[-1], right=True).clamp(max=w.numel() - 1))
+    while w[tok] <= 0:  # rounding past the last positive weight
+        tok -= 1
+    return tok
+
+
 def verify_greedy(draft_tokens, target_logits):
     """Reference of :func:`domino_ops.verify_greedy`."""
     target = target_logits.argmax(dim=-1)
@@ -120,14 +138,10 @@ def verify_sampling(draft_tokens, draft_probs, target_probs, *, generator=None):
     for s in range(b):
         n = int(num_accepted[s])
         row = p[s, n]
-        w = (row - q[s, n]).clamp(min=0) if n < k else torch.zeros_like(row)
+        w = positive(row - q[s, n]) if n < k else torch.zeros_like(row)
         if not w.sum() > 0:
-            w = row.clamp(min=0)
-        cdf = torch.cumsum(w, dim=0)
-        tok = int(torch.searchsorted(cdf, u_resample[s] * cdf[-1], right=True).clamp(max=row.numel() - 1))
-        while w[tok] <= 0:  # rounding past the last positive weight
-            tok -= 1
-        out[s, n] = tok
+            w = positive(row)
+        out[s, n] = inverse_cdf_pick(w, u_resample[s])
     return _pad_after(out, num_accepted), num_accepted
 
 

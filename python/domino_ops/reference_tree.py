@@ -22,8 +22,10 @@ import warnings
 
 import torch
 
+from domino_ops.reference import inverse_cdf_pick, positive
+
 __all__ = ["build_tree_kernel_efficient", "verify_tree_greedy", "tree_speculative_sampling_target_only",
-           "FULL_MASK", "QLEN_ONLY", "QLEN_ONLY_BITPACKING", "packed_mask_dtype"]
+           "verify_tree_sampling", "FULL_MASK", "QLEN_ONLY", "QLEN_ONLY_BITPACKING", "packed_mask_dtype"]
 
 FULL_MASK, QLEN_ONLY, QLEN_ONLY_BITPACKING = 0, 1, 2  # sgl-kernel's TreeMaskMode
 
@@ -216,6 +218,63 @@ def tree_speculative_sampling_target_only(predicts, accept_index, accept_token_n
         full = len(path) == steps
         q_row = None if draft_probs is None or full else draft_probs[b, node]
         toks.append(_draw_residual(target_probs[b, node], q_row, rejected, uniform_samples_for_final_sampling[b]))
+        paths.append(path)
+        emitted.append(toks)
+    _write_paths(predicts, accept_index, accept_token_num, ridx, paths, emitted)
+
+
+def _total(w: torch.Tensor) -> float:
+    return float(torch.cumsum(w, dim=0)[-1])  # float64, in index order, as the kernels
+
+
+def next_target(p: torch.Tensor, pn: float, q: torch.Tensor, qn: float) -> tuple[torch.Tensor, float]:
+    """After a rejection: the residual ``max(0, p/pn - q/qn)`` and its total, the target
+    the next sibling is verified against (unchanged when the residual is zero: then the
+    rejection had probability zero and happened by rounding)."""
+    r = positive(p / pn - (q / qn if qn > 0 else 0.0))
+    total = _total(r)
+    return (r, total) if total > 0 else (p, pn)
+
+
+def next_draft(q: torch.Tensor, x: int) -> tuple[torch.Tensor, float]:
+    """After a rejection of token x: the draft the next sibling was drawn from, q without x
+    (children are drawn without replacement), and its total."""
+    q = q.clone()
+    q[x] = 0.0
+    return q, _total(q)
+
+
+def verify_tree_sampling(predicts, accept_index, accept_token_num, candidates, retrive_index,
+                         retrive_next_token, retrive_next_sibling, uniform_samples,
+                         uniform_samples_for_final_sampling, target_probs, draft_probs):
+    """Reference of :func:`domino_ops.verify_tree_sampling` (float64, as the kernels)."""
+    bs, n = candidates.shape
+    steps = accept_index.shape[1]
+    cand, ridx = candidates.tolist(), retrive_index.tolist()
+    nt, ns = retrive_next_token.tolist(), retrive_next_sibling.tolist()
+    coins = uniform_samples.double().tolist()
+    paths, emitted = [], []
+    for b in range(bs):
+        path, toks, node = [0], [], 0
+        while True:
+            p, pn = target_probs[b, node].double(), 1.0  # p/pn: the target the children face
+            q, qn = draft_probs[b, node].double(), 1.0  # q/qn: the draft they were drawn from
+            chosen = -1
+            if len(path) < steps:
+                for child in _walk_links(nt[b], ns[b], node, n):
+                    x = cand[b][child]
+                    qx = float(q[x]) / qn if qn > 0 else 0.0
+                    if coins[b][child] * qx < float(p[x]) / pn:
+                        chosen = child
+                        break
+                    p, pn = next_target(p, pn, q, qn)
+                    q, qn = next_draft(q, x)
+            if chosen == -1:
+                break
+            toks.append(cand[b][chosen])
+            path.append(chosen)
+            node = chosen
+        toks.append(inverse_cdf_pick(positive(p), uniform_samples_for_final_sampling[b]))
         paths.append(path)
         emitted.append(toks)
     _write_paths(predicts, accept_index, accept_token_num, ridx, paths, emitted)

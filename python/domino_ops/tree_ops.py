@@ -41,7 +41,7 @@ from domino_ops import reference_tree
 from domino_ops.ops import has_kernel
 
 __all__ = ["build_tree_kernel_efficient", "verify_tree_greedy", "tree_speculative_sampling_target_only",
-           "FULL_MASK", "QLEN_ONLY", "QLEN_ONLY_BITPACKING"]
+           "verify_tree_sampling", "FULL_MASK", "QLEN_ONLY", "QLEN_ONLY_BITPACKING"]
 
 FULL_MASK, QLEN_ONLY, QLEN_ONLY_BITPACKING = 0, 1, 2  # sgl-kernel's TreeMaskMode
 BACKENDS = ("auto", "native", "reference")
@@ -342,27 +342,40 @@ def tree_speculative_sampling_target_only(predicts, accept_index, accept_token_n
             compatibility (the CPU kernel is always deterministic).
         backend: "auto", "native" or "reference" (see the module docstring).
     """
+    if draft_probs is not None and not isinstance(draft_probs, torch.Tensor):
+        raise TypeError(f"draft_probs must be a torch.Tensor or None, got {type(draft_probs).__name__} (newer "
+                        "sgl-kernel releases dropped draft_probs: pass threshold_single, threshold_acc and "
+                        "deterministic by keyword)")
+    dev, values = _sampler_args(predicts, accept_index, accept_token_num, candidates, retrive_index,
+                                retrive_next_token, retrive_next_sibling, uniform_samples,
+                                uniform_samples_for_final_sampling, target_probs, draft_probs, torch.float32)
+    threshold_single = _number("threshold_single", threshold_single)
+    threshold_acc = _number("threshold_acc", threshold_acc)
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
+    _run("tree_speculative_sampling_target_only", dev, backend, (predicts, accept_index, accept_token_num, candidates,
+         retrive_index, retrive_next_token, retrive_next_sibling, uniform_samples, uniform_samples_for_final_sampling,
+         target_probs, draft_probs, threshold_single, threshold_acc, deterministic), values)
+
+
+def _sampler_args(predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
+                  retrive_next_sibling, uniform_samples, uniform_samples_for_final_sampling, target_probs,
+                  draft_probs, uniform_dtype):
+    """The checks the two tree samplers share: (device, the value checks for the reference)."""
     dev, bs, n = _verify_common(predicts, accept_index, accept_token_num, candidates, retrive_index,
                                 retrive_next_token, retrive_next_sibling)
     for name, t in (("uniform_samples", uniform_samples),
                     ("uniform_samples_for_final_sampling", uniform_samples_for_final_sampling)):
-        _tensor(name, t, dtypes=(torch.float32,), device=dev)
+        _tensor(name, t, dtypes=(uniform_dtype,), device=dev)
     _shape("uniform_samples", uniform_samples, (bs, n))
     _shape("uniform_samples_for_final_sampling", uniform_samples_for_final_sampling, (bs,))
     target_probs = _tensor("target_probs", target_probs, ndim=3, dtypes=(torch.float32,), device=dev)
     if target_probs.shape[:2] != (bs, n) or target_probs.shape[2] < 1:
         raise ValueError(f"target_probs must have shape [{bs}, {n}, vocab_size], got {list(target_probs.shape)}")
     if draft_probs is not None:
-        if not isinstance(draft_probs, torch.Tensor):
-            raise TypeError(f"draft_probs must be a torch.Tensor or None, got {type(draft_probs).__name__} (newer "
-                            "sgl-kernel releases dropped draft_probs: pass threshold_single, threshold_acc and "
-                            "deterministic by keyword)")
         _tensor("draft_probs", draft_probs, dtypes=(torch.float32,), device=dev)
         _shape("draft_probs", draft_probs, tuple(target_probs.shape), " (the shape of target_probs)")
-    threshold_single = _number("threshold_single", threshold_single)
-    threshold_acc = _number("threshold_acc", threshold_acc)
-    if not isinstance(deterministic, bool):
-        raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
+
     def values():
         _no_alias({"predicts": predicts, "accept_index": accept_index, "accept_token_num": accept_token_num},
                   {"candidates": candidates, "retrive_index": retrive_index, "retrive_next_token": retrive_next_token,
@@ -372,7 +385,52 @@ def tree_speculative_sampling_target_only(predicts, accept_index, accept_token_n
         _in_range("retrive_index", retrive_index, 0, predicts.numel())
         _link_values(retrive_next_token, retrive_next_sibling, n)
         _in_range("candidates", candidates[:, 1:], 0, target_probs.shape[2], "token ids")
+    return dev, values
 
-    _run("tree_speculative_sampling_target_only", dev, backend, (predicts, accept_index, accept_token_num, candidates,
-         retrive_index, retrive_next_token, retrive_next_sibling, uniform_samples, uniform_samples_for_final_sampling,
-         target_probs, draft_probs, threshold_single, threshold_acc, deterministic), values)
+
+def verify_tree_sampling(predicts, accept_index, accept_token_num, candidates, retrive_index,
+                         retrive_next_token, retrive_next_sibling, uniform_samples,
+                         uniform_samples_for_final_sampling, target_probs, draft_probs, *, backend=None):
+    """Lossless verification of a sampled draft tree that uses the draft's probabilities
+    (recursive rejection sampling, Recursive Speculative Decoding, arXiv 2402.14160).
+
+    The children of each node u must have been drawn from the draft distribution
+    ``q_u = draft_probs[b, u]`` *without replacement*, in sibling order (e.g. Gumbel-top-k),
+    and be distinct tokens. From the root, the children of the current node are tried in
+    sibling order against a target ``p`` and draft ``q`` that start as ``p_u`` and ``q_u``:
+    child x is accepted when ``uniform_samples[b, x's node] * q(x) < p(x)`` (probability
+    ``min(1, p(x)/q(x))``) and the walk moves to it (at most ``num_spec_step - 1`` times).
+    A rejection replaces ``p`` by the residual ``normalize(max(0, p - q))`` and removes x from
+    ``q`` (renormalised). When all children are rejected the last token is drawn from the
+    residual; at a leaf, or after ``num_spec_step - 1`` acceptances, from ``p_u``. The draw
+    uses ``uniform_samples_for_final_sampling[b]`` (inverse CDF, float64, index order).
+    Every emitted token is distributed exactly as the target's; with one child per node the
+    result is exactly :func:`domino_ops.verify_sampling`'s for the same uniforms (column
+    ``u`` of ``uniform_samples`` playing ``uniforms_accept[:, u-1]`` for the chain's node u).
+
+    Unlike :func:`tree_speculative_sampling_target_only`, which accepts child k with
+    probability ``p_u(token_k)`` whatever the draft believed, this uses ``q``: a draft that
+    matches the target is accepted with probability one.
+
+    Args:
+        predicts, accept_index, accept_token_num: outputs, as in :func:`verify_tree_greedy`.
+        candidates, retrive_index, retrive_next_token, retrive_next_sibling: the tree, as in
+            :func:`verify_tree_greedy`; candidates are token ids in [0, vocab_size).
+        uniform_samples: [bs, N] float64 in [0, 1), one per node (its acceptance coin;
+            column 0, the root's, is not used).
+        uniform_samples_for_final_sampling: [bs] float64 in [0, 1).
+        target_probs: [bs, N, vocab_size] float32, the target's distribution at each node.
+        draft_probs: [bs, N, vocab_size] float32, the distribution each node's children were
+            drawn from.
+        backend: "auto", "native" or "reference" (see the module docstring).
+    The last token is 0 when the distribution it is drawn from has no positive mass (not a
+    distribution: zeros, NaN, negatives), as in :func:`domino_ops.verify_sampling`.
+    """
+    if not isinstance(draft_probs, torch.Tensor):
+        raise TypeError(f"draft_probs must be a torch.Tensor, got {type(draft_probs).__name__}")
+    dev, values = _sampler_args(predicts, accept_index, accept_token_num, candidates, retrive_index,
+                                retrive_next_token, retrive_next_sibling, uniform_samples,
+                                uniform_samples_for_final_sampling, target_probs, draft_probs, torch.float64)
+    _run("verify_tree_sampling", dev, backend, (predicts, accept_index, accept_token_num, candidates, retrive_index,
+         retrive_next_token, retrive_next_sibling, uniform_samples, uniform_samples_for_final_sampling,
+         target_probs, draft_probs), values)

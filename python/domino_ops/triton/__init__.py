@@ -4,6 +4,9 @@ Used by ``domino_ops.<op>(..., backend="triton")`` or ``DOMINO_OPS_BACKEND=trito
 automatically for CUDA tensors when the native CUDA kernels were not compiled. On a CPU
 they run under Triton's interpreter (``TRITON_INTERPRET=1``), which is how the tests check
 them here; :mod:`domino_ops.triton.aot` compiles each one for sm_80/sm_90 without a GPU.
+These functions take arguments as the validating wrappers pass them (shapes, dtypes and
+token ids checked): call the wrappers, or ``torch.ops.domino_ops.<op>``, whose C++ checks
+guard a direct call, rather than these.
 """
 
 from __future__ import annotations

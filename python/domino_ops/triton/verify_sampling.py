@@ -56,7 +56,7 @@ def _verify_sampling_kernel(draft_ptr, q_ptr, p_ptr, ua_ptr, ur_ptr, out_ptr, ac
         found = tl.minimum(found, tl.min(tl.where((cdf > target) & (w > 0), offs, V), 0))
         last_positive = tl.maximum(last_positive, tl.max(tl.where(w > 0, offs, -1), 0))
         carry += tl.sum(w, 0)
-    token = tl.where(found < V, found, last_positive)
+    token = tl.where(found < V, found, tl.maximum(last_positive, 0))  # no positive mass: token 0
     for i in range(0, k + 1):
         d = tl.load(draft_ptr + s * k + i, mask=i < k, other=0)
         tl.store(out_ptr + s * (k + 1) + i, tl.where(i < n, d, tl.where(i == n, token, -1)).to(tl.int64))
