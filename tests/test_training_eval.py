@@ -8,7 +8,7 @@ from domino.target import target_features
 from tiny_models import tiny_generator, tiny_target
 from training.data import Conversation, load_shards, make_batch
 from training.evaluate import generation_acceptance, stepped_rounds
-from training.generate_data import regenerate, shard_path, write_shard
+from training.generate_data import features_from_ids, regenerate, shard_path, write_shard
 from training.train import per_token_loss
 
 
@@ -80,6 +80,16 @@ def test_top_logprobs_are_the_targets_distribution(shard):
         ref = torch.log_softmax(logits.float(), -1).topk(8, -1)
         assert torch.equal(data.top_ids[lo:hi].long(), ref.indices)
         torch.testing.assert_close(data.top_logprobs[lo:hi].float(), ref.values, atol=2e-2, rtol=2e-3)
+
+
+def test_features_recomputed_from_token_ids_match_generation(shard):
+    """A committed token shard gets its tensors back from one teacher-forced forward."""
+    target, data, _ = shard
+    again = features_from_ids(target, data.records, data.layer_ids, pad=0, top_k=8)
+    assert again.offsets == data.offsets and again.response_offsets == data.response_offsets
+    torch.testing.assert_close(again.features.float(), data.features.float(), atol=2e-2, rtol=2e-2)
+    assert (again.top_ids == data.top_ids).float().mean() > 0.98  # ties may swap under rounding
+    torch.testing.assert_close(again.top_logprobs.float(), data.top_logprobs.float(), atol=2e-2, rtol=2e-3)
 
 
 def test_batch_carries_the_label_distributions(shard):
