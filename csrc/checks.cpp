@@ -81,6 +81,38 @@ void check_no_overlap(std::initializer_list<Named> outputs, std::initializer_lis
   }
 }
 
+// The head's weights (dtypes, shapes) for a vocabulary of V, w1s [r, G] non-empty.
+void check_head_weights(const at::Tensor& gru_input, const std::optional<at::Tensor>& w_ih,
+                        const at::Tensor& w_hh, const at::Tensor& w1s, const at::Tensor& w2, int64_t V,
+                        const at::Device& dev) {
+  check_tensor(gru_input, "gru_input", 2, dev);
+  check_tensor(w_hh, "w_hh", 2, dev);
+  check_tensor(w1s, "w1s", 2, dev);
+  check_tensor(w2, "w2", 2, dev);
+  const int64_t r = w1s.size(0), G = w1s.size(1);
+  TORCH_CHECK(r > 0 && G > 0, "w1s must be non-empty, got shape ", w1s.sizes());
+  const auto wt = w2.scalar_type();
+  TORCH_CHECK(wt == at::kFloat || wt == at::kBFloat16, "w2 must be float32 or bfloat16");
+  TORCH_CHECK(w1s.scalar_type() == wt && w_hh.scalar_type() == wt && gru_input.scalar_type() == wt,
+              "w1s, w_hh and gru_input must have the dtype of w2");
+  TORCH_CHECK(w_hh.size(0) == 3 * G && w_hh.size(1) == G, "w_hh must have shape [", 3 * G,
+              ", ", G, "], got ", w_hh.sizes());
+  TORCH_CHECK(w2.size(0) == V && w2.size(1) == r, "w2 must have shape [", V, ", ", r, "], got ",
+              w2.sizes());
+  TORCH_CHECK(gru_input.size(0) == V, "gru_input must have ", V, " rows, got ", gru_input.sizes());
+  if (w_ih.has_value()) {
+    check_tensor(*w_ih, "w_ih", 2, dev);
+    TORCH_CHECK(gru_input.size(1) > 0, "gru_input (the embedding, since w_ih is given) must have at least "
+                "one column, got shape ", gru_input.sizes());
+    TORCH_CHECK(w_ih->scalar_type() == wt, "w_ih must have the dtype of w2");
+    TORCH_CHECK(w_ih->size(0) == 3 * G && w_ih->size(1) == gru_input.size(1),
+                "w_ih must have shape [", 3 * G, ", ", gru_input.size(1), "], got ", w_ih->sizes());
+  } else {
+    TORCH_CHECK(gru_input.size(1) == 3 * G, "gru_input without w_ih is the table E @ w_ih.T and "
+                "must have shape [", V, ", ", 3 * G, "], got ", gru_input.sizes());
+  }
+}
+
 }  // namespace
 
 SamplingParams SamplingArgs::params() const {
@@ -106,10 +138,7 @@ void check_head_rollout_args(const at::Tensor& base_logits, const at::Tensor& hp
   check_tensor(base_logits, "base_logits", 3, dev);
   check_tensor(hproj, "hproj", 3, dev);
   check_tensor(state, "state", 2, dev);
-  check_tensor(gru_input, "gru_input", 2, dev);
-  check_tensor(w_hh, "w_hh", 2, dev);
   check_tensor(w1s, "w1s", 2, dev);
-  check_tensor(w2, "w2", 2, dev);
   check_tensor(tokens, "tokens", 2, dev);
   check_tensor(logprobs, "logprobs", 2, dev);
   check_tensor(state_out, "state_out", 2, dev);
@@ -121,30 +150,11 @@ void check_head_rollout_args(const at::Tensor& base_logits, const at::Tensor& hp
   TORCH_CHECK(is_float_or_bf16(base_logits), "base_logits must be float32 or bfloat16");
   TORCH_CHECK(is_float_or_bf16(hproj), "hproj must be float32 or bfloat16");
   TORCH_CHECK(state.scalar_type() == at::kFloat, "state must be float32");
-  const auto wt = w2.scalar_type();
-  TORCH_CHECK(wt == at::kFloat || wt == at::kBFloat16, "w2 must be float32 or bfloat16");
-  TORCH_CHECK(w1s.scalar_type() == wt && w_hh.scalar_type() == wt && gru_input.scalar_type() == wt,
-              "w1s, w_hh and gru_input must have the dtype of w2");
   TORCH_CHECK(hproj.size(0) == b && hproj.size(1) == k && hproj.size(2) == r,
               "hproj must have shape [", b, ", ", k, ", ", r, "], got ", hproj.sizes());
   TORCH_CHECK(state.size(0) == b && state.size(1) == G, "state must have shape [", b, ", ", G,
               "], got ", state.sizes());
-  TORCH_CHECK(w_hh.size(0) == 3 * G && w_hh.size(1) == G, "w_hh must have shape [", 3 * G,
-              ", ", G, "], got ", w_hh.sizes());
-  TORCH_CHECK(w2.size(0) == V && w2.size(1) == r, "w2 must have shape [", V, ", ", r, "], got ",
-              w2.sizes());
-  TORCH_CHECK(gru_input.size(0) == V, "gru_input must have ", V, " rows, got ", gru_input.sizes());
-  if (w_ih.has_value()) {
-    check_tensor(*w_ih, "w_ih", 2, dev);
-    TORCH_CHECK(gru_input.size(1) > 0, "gru_input (the embedding, since w_ih is given) must have at least "
-                "one column, got shape ", gru_input.sizes());
-    TORCH_CHECK(w_ih->scalar_type() == wt, "w_ih must have the dtype of w2");
-    TORCH_CHECK(w_ih->size(0) == 3 * G && w_ih->size(1) == gru_input.size(1),
-                "w_ih must have shape [", 3 * G, ", ", gru_input.size(1), "], got ", w_ih->sizes());
-  } else {
-    TORCH_CHECK(gru_input.size(1) == 3 * G, "gru_input without w_ih is the table E @ w_ih.T and "
-                "must have shape [", V, ", ", 3 * G, "], got ", gru_input.sizes());
-  }
+  check_head_weights(gru_input, w_ih, w_hh, w1s, w2, V, dev);
   check_uniforms(uniforms, sampling, {b, k}, dev);
   TORCH_CHECK(tokens.scalar_type() == at::kLong && tokens.size(0) == b && tokens.size(1) == k,
               "tokens must be int64 of shape [", b, ", ", k, "]");
@@ -160,6 +170,70 @@ void check_head_rollout_args(const at::Tensor& base_logits, const at::Tensor& hp
                     {"w_hh", &w_hh}, {"w1s", &w1s}, {"w2", &w2}, {"uniforms", u},
                     {"row_temperature", opt(sampling.row_temperature)}, {"row_top_k", opt(sampling.row_top_k)},
                     {"row_top_p", opt(sampling.row_top_p)}});
+}
+
+void check_head_expand_args(const at::Tensor& base_logits, const at::Tensor& hproj,
+                            const at::Tensor& node_state, const at::Tensor& node_seq,
+                            const at::Tensor& node_depth, const at::Tensor& gru_input,
+                            const std::optional<at::Tensor>& w_ih, const at::Tensor& w_hh,
+                            const at::Tensor& w1s, const at::Tensor& w2, const SamplingArgs& sampling,
+                            const std::optional<at::Tensor>& uniforms, const at::Tensor& child_tokens,
+                            const at::Tensor& child_logprobs, const at::Tensor& child_state,
+                            const at::Tensor& node_logits) {
+  const at::Device dev = base_logits.device();
+  check_tensor(base_logits, "base_logits", 3, dev);
+  check_tensor(hproj, "hproj", 3, dev);
+  check_tensor(node_state, "node_state", 2, dev);
+  check_tensor(node_seq, "node_seq", 1, dev);
+  check_tensor(node_depth, "node_depth", 1, dev);
+  check_tensor(w1s, "w1s", 2, dev);
+  check_tensor(child_tokens, "child_tokens", 2, dev);
+  check_tensor(child_logprobs, "child_logprobs", 2, dev);
+  check_tensor(child_state, "child_state", 3, dev);
+  check_tensor(node_logits, "node_logits", 2, dev);
+  const int64_t b = base_logits.size(0), k = base_logits.size(1), V = base_logits.size(2);
+  const int64_t n = node_state.size(0), m = child_tokens.size(1);
+  const int64_t r = w1s.size(0), G = w1s.size(1);
+  TORCH_CHECK(b > 0 && k > 0 && V > 0, "base_logits must be non-empty, got shape ", base_logits.sizes());
+  TORCH_CHECK(is_float_or_bf16(base_logits), "base_logits must be float32 or bfloat16");
+  TORCH_CHECK(is_float_or_bf16(hproj), "hproj must be float32 or bfloat16");
+  TORCH_CHECK(hproj.size(0) == b && hproj.size(1) == k && hproj.size(2) == r,
+              "hproj must have shape [", b, ", ", k, ", ", r, "], got ", hproj.sizes());
+  check_head_weights(gru_input, w_ih, w_hh, w1s, w2, V, dev);
+  TORCH_CHECK(node_state.scalar_type() == at::kFloat && node_state.size(1) == G,
+              "node_state must be float32 of shape [nodes, ", G, "], got ", node_state.scalar_type(), " ",
+              node_state.sizes());
+  TORCH_CHECK(node_seq.scalar_type() == at::kLong && node_seq.size(0) == n, "node_seq must be int64 of shape [", n,
+              "]");
+  TORCH_CHECK(node_depth.scalar_type() == at::kLong && node_depth.size(0) == n,
+              "node_depth must be int64 of shape [", n, "]");
+  TORCH_CHECK(m >= 1 && m <= V, "child_tokens must have between 1 and ", V, " columns (children per node), got ",
+              child_tokens.sizes());
+  TORCH_CHECK(child_tokens.scalar_type() == at::kLong && child_tokens.size(0) == n,
+              "child_tokens must be int64 of shape [", n, ", children]");
+  TORCH_CHECK(child_logprobs.scalar_type() == at::kFloat && child_logprobs.sizes() == child_tokens.sizes(),
+              "child_logprobs must be float32 of shape ", child_tokens.sizes());
+  TORCH_CHECK(child_state.scalar_type() == at::kFloat && child_state.size(0) == n && child_state.size(1) == m &&
+                  child_state.size(2) == G,
+              "child_state must be float32 of shape [", n, ", ", m, ", ", G, "]");
+  TORCH_CHECK(node_logits.scalar_type() == at::kFloat && node_logits.size(0) == n && node_logits.size(1) == V,
+              "node_logits must be float32 of shape [", n, ", ", V, "]");
+  TORCH_CHECK(!sampling.row_temperature && !sampling.row_top_k && !sampling.row_top_p,
+              "domino_head_expand takes scalar sampling parameters");
+  check_sampling_args(sampling, n, dev);
+  check_uniforms(uniforms, sampling, {n, m}, dev);
+  if (dev.is_cpu() && n > 0) {  // the indices address base_logits and hproj rows
+    TORCH_CHECK(node_seq.min().item<int64_t>() >= 0 && node_seq.max().item<int64_t>() < b,
+                "node_seq must hold sequence indices in [0, ", b, ")");
+    TORCH_CHECK(node_depth.min().item<int64_t>() >= 0 && node_depth.max().item<int64_t>() < k,
+                "node_depth must hold depths in [0, ", k, ")");
+  }
+  const at::Tensor* u = uniforms.has_value() ? &*uniforms : nullptr;
+  check_no_overlap({{"child_tokens", &child_tokens}, {"child_logprobs", &child_logprobs},
+                    {"child_state", &child_state}, {"node_logits", &node_logits}},
+                   {{"base_logits", &base_logits}, {"hproj", &hproj}, {"node_state", &node_state},
+                    {"node_seq", &node_seq}, {"node_depth", &node_depth}, {"gru_input", &gru_input},
+                    {"w_ih", opt(w_ih)}, {"w_hh", &w_hh}, {"w1s", &w1s}, {"w2", &w2}, {"uniforms", u}});
 }
 
 void check_sample_args(const at::Tensor& logits, const SamplingArgs& sampling,

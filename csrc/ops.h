@@ -35,6 +35,14 @@ void check_head_rollout_args(const at::Tensor& base_logits, const at::Tensor& hp
                              const std::optional<at::Tensor>& uniforms,
                              const at::Tensor& tokens, const at::Tensor& logprobs,
                              const at::Tensor& state_out);
+void check_head_expand_args(const at::Tensor& base_logits, const at::Tensor& hproj,
+                            const at::Tensor& node_state, const at::Tensor& node_seq,
+                            const at::Tensor& node_depth, const at::Tensor& gru_input,
+                            const std::optional<at::Tensor>& w_ih, const at::Tensor& w_hh,
+                            const at::Tensor& w1s, const at::Tensor& w2, const SamplingArgs& sampling,
+                            const std::optional<at::Tensor>& uniforms, const at::Tensor& child_tokens,
+                            const at::Tensor& child_logprobs, const at::Tensor& child_state,
+                            const at::Tensor& node_logits);
 void check_sample_args(const at::Tensor& logits, const SamplingArgs& sampling,
                        const std::optional<at::Tensor>& uniforms, const at::Tensor& tokens);
 void check_verify_greedy_args(const at::Tensor& draft_tokens, const at::Tensor& target_logits,
@@ -56,6 +64,13 @@ void domino_head_rollout_cpu(at::Tensor base_logits, const at::Tensor& hproj,
                              const std::optional<at::Tensor>& row_temperature,
                              const std::optional<at::Tensor>& row_top_k,
                              const std::optional<at::Tensor>& row_top_p);
+void domino_head_expand_cpu(const at::Tensor& base_logits, const at::Tensor& hproj,
+                            const at::Tensor& node_state, const at::Tensor& node_seq,
+                            const at::Tensor& node_depth, const at::Tensor& gru_input,
+                            const std::optional<at::Tensor>& w_ih, const at::Tensor& w_hh,
+                            const at::Tensor& w1s, const at::Tensor& w2, double temperature, int64_t top_k,
+                            double top_p, const std::optional<at::Tensor>& uniforms, at::Tensor child_tokens,
+                            at::Tensor child_logprobs, at::Tensor child_state, at::Tensor node_logits);
 void sample_cpu(const at::Tensor& logits, double temperature, int64_t top_k, double top_p,
                 const std::optional<at::Tensor>& uniforms, at::Tensor tokens,
                 const std::optional<at::Tensor>& row_temperature,

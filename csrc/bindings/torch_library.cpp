@@ -13,6 +13,7 @@ TORCH_LIBRARY(domino_ops, m) {
   m.def(domino::schemas::kVerifyTreeGreedy);
   m.def(domino::schemas::kTreeSpeculativeSamplingTargetOnly);
   m.def(domino::schemas::kVerifyTreeSampling);
+  m.def(domino::schemas::kDominoHeadExpand);
   m.def(domino::schemas::kSmallBatchLinear);
 }
 
@@ -25,5 +26,6 @@ TORCH_LIBRARY_IMPL(domino_ops, CPU, m) {
   m.impl("verify_tree_greedy", &domino::cpu::verify_tree_greedy_cpu);
   m.impl("tree_speculative_sampling_target_only", &domino::cpu::tree_speculative_sampling_target_only_cpu);
   m.impl("verify_tree_sampling", &domino::cpu::verify_tree_sampling_cpu);
+  m.impl("domino_head_expand", &domino::cpu::domino_head_expand_cpu);
   m.impl("small_batch_linear", &domino::cpu::small_batch_linear_cpu);
 }

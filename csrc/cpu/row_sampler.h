@@ -92,17 +92,22 @@ inline float temper(const Kernels& K, const c10::BFloat16* x, int64_t n, float t
   return K.temper_bf16(reinterpret_cast<const uint16_t*>(x), n, t, z);
 }
 
-// Samples one token from a row of n float or bf16 logits. u is uniform in [0, 1).
+// The filtered, unnormalised probabilities of a row of n float or bf16 logits, into s.w
+// (float64); returns their total. A row with no mass puts weight 1 on token 0.
 // Vectorised (kernels K): the tempering and max, the exponentials (double) and their sum.
 template <typename T>
-inline Sampled sample_row(const Kernels& K, const T* logits, int64_t n, float temperature,
-                          int64_t top_k, float top_p, double u, SampleScratch& s) {
+inline double filtered_row_weights(const Kernels& K, const T* logits, int64_t n, float temperature,
+                                   int64_t top_k, float top_p, SampleScratch& s) {
   s.resize(n);
   float* z = s.z.data();
   double* w = s.w.data();
   const float neg_inf = -std::numeric_limits<float>::infinity();
   const float m = temper(K, logits, n, temperature, z);  // top-k always keeps the max
-  if (m == neg_inf) return {0, 0.0f};  // no mass anywhere: token 0, as the reference
+  if (m == neg_inf) {  // no mass anywhere: token 0, as the reference
+    std::fill(w, w + n, 0.0);
+    w[0] = 1.0;
+    return 1.0;
+  }
 
   if (top_k > 0 && top_k < n) {
     const float kth = kth_largest(z, n, top_k, s.tmp);
@@ -143,8 +148,16 @@ inline Sampled sample_row(const Kernels& K, const T* logits, int64_t n, float te
     }
   }
 
-  const int64_t token = inverse_cdf(w, n, total, u);
-  const float logprob = static_cast<float>(std::log(w[token]) - std::log(total));
+  return total;
+}
+
+// Samples one token from a row of n float or bf16 logits. u is uniform in [0, 1).
+template <typename T>
+inline Sampled sample_row(const Kernels& K, const T* logits, int64_t n, float temperature,
+                          int64_t top_k, float top_p, double u, SampleScratch& s) {
+  const double total = filtered_row_weights(K, logits, n, temperature, top_k, top_p, s);
+  const int64_t token = inverse_cdf(s.w.data(), n, total, u);
+  const float logprob = static_cast<float>(std::log(s.w[token]) - std::log(total));
   return {token, logprob};
 }
 

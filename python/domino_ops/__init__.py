@@ -4,6 +4,8 @@ Ops (each also as a pure-PyTorch reference in :mod:`domino_ops.reference` and as
 dispatcher op ``torch.ops.domino_ops.<name>`` with caller-provided outputs):
 
 - :func:`domino_head_rollout`: the Domino head's k sequential correction + GRU steps.
+- :func:`domino_head_expand`: one step of Domino tree drafting, the children of a
+  frontier of tree nodes, each with its own GRU state.
 - :func:`sample`: temperature / top-k / top-p sampling of a row of logits.
 - :func:`verify_greedy`: greedy verification of a draft block.
 - :func:`verify_sampling`: lossless rejection-sampling verification.
@@ -35,7 +37,7 @@ if _C.torch_version != torch.__version__:
 
 from domino_ops import _fake, reference, sampling  # noqa: E402,F401
 from domino_ops.ops import (  # noqa: E402
-    domino_head_rollout, has_kernel, sample, select_backend, verify_greedy, verify_sampling)
+    domino_head_expand, domino_head_rollout, has_kernel, sample, select_backend, verify_greedy, verify_sampling)
 from domino_ops.sampling import check_sampling_params, draw_uniforms, filtered_probs  # noqa: E402
 from domino_ops import reference_tree, tree_ops  # noqa: E402,F401
 from domino_ops.tree_ops import (  # noqa: E402
@@ -44,7 +46,7 @@ from domino_ops.linear import small_batch_linear, small_batch_linear_isa  # noqa
 
 cuda_compiled: bool = _C.cuda_compiled
 __version__ = "0.1.0"
-__all__ = ["domino_head_rollout", "sample", "verify_greedy", "verify_sampling", "has_kernel", "select_backend",
+__all__ = ["domino_head_rollout", "domino_head_expand", "sample", "verify_greedy", "verify_sampling", "has_kernel", "select_backend",
            "check_sampling_params", "draw_uniforms", "filtered_probs", "reference", "sampling", "cuda_compiled",
            "build_tree_kernel_efficient", "verify_tree_greedy", "tree_speculative_sampling_target_only",
            "verify_tree_sampling", "reference_tree", "tree_ops",

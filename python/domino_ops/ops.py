@@ -46,10 +46,12 @@ def select_backend(op: str, device, backend: str | None = None) -> str:
     if choice == "auto":
         if has_kernel(op, device):
             return "native"
-        return "triton" if triton_ops.available(device) else "reference"
+        return "triton" if op in triton_ops.OPS and triton_ops.available(device) else "reference"
     if choice == "native" and not has_kernel(op, device):
         raise RuntimeError(f"backend='native': domino_ops has no {op} kernel for {device.type} "
                            f"(CUDA kernels compiled into this build: {_cuda_compiled()})")
+    if choice == "triton" and op not in triton_ops.OPS:
+        raise RuntimeError(f"backend='triton': there is no Triton kernel for {op} yet")
     if choice == "triton" and not triton_ops.available(device):
         raise RuntimeError(f"backend='triton': Triton cannot run on {device.type} here (needs triton and a CUDA "
                            "device, or TRITON_INTERPRET=1 for the CPU interpreter)")
@@ -63,6 +65,25 @@ def _cuda_compiled() -> bool:
 
 def _kernel(op: str, backend: str):
     return getattr(torch.ops.domino_ops, op) if backend == "native" else triton_ops.kernel(op)
+
+
+def _head_weights(gru_input, w_ih, w_hh, w1s, w2, V: int, dev) -> tuple[int, int]:
+    """Checks the head's weights for a vocabulary of V; returns (r, G)."""
+    w2 = _checks.tensor("w2", w2, ndim=2, dtypes=_checks.FLOAT_OR_BF16, device=dev, contiguous=True)
+    wdt = (w2.dtype,)
+    w1s = _checks.tensor("w1s", w1s, ndim=2, dtypes=wdt, device=dev, contiguous=True)
+    w_hh = _checks.tensor("w_hh", w_hh, ndim=2, dtypes=wdt, device=dev, contiguous=True)
+    gru_input = _checks.tensor("gru_input", gru_input, ndim=2, dtypes=wdt, device=dev, contiguous=True)
+    r, G = w1s.shape
+    _checks.shape("w_hh", w_hh, (3 * G, G))
+    _checks.shape("w2", w2, (V, r))
+    if w_ih is None:
+        _checks.shape("gru_input (the table E @ w_ih.T, since w_ih is None)", gru_input, (V, 3 * G))
+    else:
+        w_ih = _checks.tensor("w_ih", w_ih, ndim=2, dtypes=wdt, device=dev, contiguous=True)
+        _checks.shape("gru_input (the embedding, since w_ih is given)", gru_input, (V, None))
+        _checks.shape("w_ih", w_ih, (3 * G, gru_input.shape[1]))
+    return r, G
 
 
 def domino_head_rollout(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w2, *,
@@ -105,22 +126,9 @@ def domino_head_rollout(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w
     b, k, V = base_logits.shape
     hproj = _checks.tensor("hproj", hproj, ndim=3, dtypes=_checks.FLOAT_OR_BF16, device=dev)
     state = _checks.tensor("state", state, ndim=2, dtypes=(torch.float32,), device=dev)
-    w2 = _checks.tensor("w2", w2, ndim=2, dtypes=_checks.FLOAT_OR_BF16, device=dev, contiguous=True)
-    wdt = (w2.dtype,)
-    w1s = _checks.tensor("w1s", w1s, ndim=2, dtypes=wdt, device=dev, contiguous=True)
-    w_hh = _checks.tensor("w_hh", w_hh, ndim=2, dtypes=wdt, device=dev, contiguous=True)
-    gru_input = _checks.tensor("gru_input", gru_input, ndim=2, dtypes=wdt, device=dev, contiguous=True)
-    r, G = w1s.shape
+    r, G = _head_weights(gru_input, w_ih, w_hh, w1s, w2, V, dev)
     _checks.shape("hproj", hproj, (b, k, r))
     _checks.shape("state", state, (b, G))
-    _checks.shape("w_hh", w_hh, (3 * G, G))
-    _checks.shape("w2", w2, (V, r))
-    if w_ih is None:
-        _checks.shape("gru_input (the table E @ w_ih.T, since w_ih is None)", gru_input, (V, 3 * G))
-    else:
-        w_ih = _checks.tensor("w_ih", w_ih, ndim=2, dtypes=wdt, device=dev, contiguous=True)
-        _checks.shape("gru_input (the embedding, since w_ih is given)", gru_input, (V, None))
-        _checks.shape("w_ih", w_ih, (3 * G, gru_input.shape[1]))
     _checks.sampling_params(temperature, top_k, top_p, rows=b, device=dev)
     _checks.generator(generator, dev, rows=b)
     if not isinstance(write_logits, bool):
@@ -140,6 +148,87 @@ def domino_head_rollout(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w
         base_logits, hproj.contiguous(), state.contiguous(), gru_input, w_ih, w_hh, w1s, w2,
         T, top_k, top_p, uniforms, write_logits, tokens, logprobs, state_out, row_T, row_k, row_p)
     return tokens, logprobs, state_out
+
+
+def domino_head_expand(base_logits, hproj, node_state, node_seq, node_depth, gru_input, w_ih, w_hh, w1s, w2, *,
+                       num_children, temperature=0.0, top_k=0, top_p=1.0, generator=None, backend=None):
+    """One step of Domino tree drafting: the children of a frontier of tree nodes.
+
+    Node f belongs to sequence ``node_seq[f]``, sits at depth ``d = node_depth[f]`` and
+    carries its own GRU state ``S = node_state[f]``; nodes of a sequence at one depth share
+    that position's ``hproj`` and base logits. For every node::
+
+        L = base_logits[seq, d] + w2 @ silu(hproj[seq, d] + w1s @ S)
+
+    and its ``num_children`` children: at temperature 0 the best tokens of L (descending,
+    NaN first as torch.argmax, ties by index) with their ``log_softmax(L)``; at T > 0
+    draws *without replacement* from ``softmax(filter(L / T))`` (top-k, then top-p; draw j
+    is the inverse CDF at the node's j-th uniform over the weights not drawn yet), with
+    their log-probabilities under that whole filtered distribution; a node whose filtered
+    support is smaller than ``num_children`` fills the rest with its best remaining tokens
+    at log-probability -inf (a sampler never proposes them; :func:`verify_tree_sampling`
+    rejects them). Every child gets its own state ``GRUCell(E[child], S)``. The weights
+    are streamed once for the whole frontier, never once per node. A frontier of one node
+    with one child is a step of :func:`domino_head_rollout`.
+
+    Args:
+        base_logits: [b, k, V] float32 or bfloat16, the parallel backbone's logits per
+            position (read only).
+        hproj: [b, k, r] float32 or bfloat16, ``W1[:, :H] @ h`` per position.
+        node_state: [n, G] float32, each node's GRU state (its path's tokens consumed).
+        node_seq: [n] int64 in [0, b); node_depth: [n] int64 in [0, k).
+        gru_input, w_ih, w_hh, w1s, w2: as :func:`domino_head_rollout`.
+        num_children: int in [1, V], children per node.
+        temperature, top_k, top_p: Python numbers, as :func:`domino_head_rollout`.
+        generator: torch.Generator for the [n, num_children] float64 uniforms at T > 0.
+        backend: "auto", "native" or "reference" (no CUDA or Triton kernel yet: "auto" runs
+            the reference on a GPU).
+    Returns:
+        child_tokens [n, num_children] int64, child_logprobs [n, num_children] float32,
+        child_state [n, num_children, G] float32, node_logits [n, V] float32 (each node's L,
+        from which the draft distribution for :func:`verify_tree_sampling` is
+        ``filtered_probs(node_logits, temperature, top_k, top_p)``).
+    """
+    t = _checks.tensor("base_logits", base_logits, ndim=3, dtypes=_checks.FLOAT_OR_BF16, contiguous=True)
+    dev = t.device
+    b, k, V = base_logits.shape
+    hproj = _checks.tensor("hproj", hproj, ndim=3, dtypes=_checks.FLOAT_OR_BF16, device=dev)
+    node_state = _checks.tensor("node_state", node_state, ndim=2, dtypes=(torch.float32,), device=dev)
+    n = node_state.shape[0]
+    node_seq = _checks.tensor("node_seq", node_seq, ndim=1, dtypes=(torch.int64,), device=dev)
+    node_depth = _checks.tensor("node_depth", node_depth, ndim=1, dtypes=(torch.int64,), device=dev)
+    r, G = _head_weights(gru_input, w_ih, w_hh, w1s, w2, V, dev)
+    _checks.shape("hproj", hproj, (b, k, r))
+    _checks.shape("node_state", node_state, (None, G))
+    _checks.shape("node_seq", node_seq, (n,))
+    _checks.shape("node_depth", node_depth, (n,))
+    for name, t, hi in (("node_seq", node_seq, b), ("node_depth", node_depth, k)):  # read on the CPU only
+        if dev.type == "cpu" and n and (int(t.min()) < 0 or int(t.max()) >= hi):
+            raise ValueError(f"{name} must hold values in [0, {hi}), got values in [{int(t.min())}, {int(t.max())}]")
+    if isinstance(num_children, bool) or not isinstance(num_children, int):
+        raise TypeError(f"num_children must be an int, got {type(num_children).__name__}")
+    if not 1 <= num_children <= V:
+        raise ValueError(f"num_children must be in [1, {V}] (the vocabulary), got {num_children}")
+    for name, value in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p)):
+        if isinstance(value, torch.Tensor):
+            raise TypeError(f"{name} must be a Python number for domino_head_expand, got a tensor")
+    _checks.sampling_params(temperature, top_k, top_p)
+    _checks.generator(generator, dev)
+    chosen = select_backend("domino_head_expand", dev, backend)
+    if chosen == "reference":
+        return reference.domino_head_expand(base_logits, hproj, node_state, node_seq, node_depth, gru_input, w_ih,
+                                            w_hh, w1s, w2, num_children=num_children, temperature=temperature,
+                                            top_k=top_k, top_p=top_p, generator=generator)
+    T, top_k, top_p, _, _, _ = kernel_sampling_args(temperature, top_k, top_p, V)
+    uniforms = draw_uniforms((n, num_children), dev, generator) if may_sample(temperature) else None
+    tokens = torch.empty(n, num_children, dtype=torch.int64, device=dev)
+    logprobs = torch.empty(n, num_children, dtype=torch.float32, device=dev)
+    child_state = torch.empty(n, num_children, G, dtype=torch.float32, device=dev)
+    node_logits = torch.empty(n, V, dtype=torch.float32, device=dev)
+    _kernel("domino_head_expand", chosen)(
+        base_logits, hproj.contiguous(), node_state.contiguous(), node_seq.contiguous(), node_depth.contiguous(),
+        gru_input, w_ih, w_hh, w1s, w2, T, top_k, top_p, uniforms, tokens, logprobs, child_state, node_logits)
+    return tokens, logprobs, child_state, node_logits
 
 
 def sample(logits, *, temperature=0.0, top_k=0, top_p=1.0, generator=None, backend=None):

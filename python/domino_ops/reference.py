@@ -11,12 +11,14 @@ make the same choices (up to float rounding at a CDF boundary).
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
 from domino_ops.sampling import draw_uniforms, effective_temperature, filtered_weights, may_sample, per_row
 
-__all__ = ["domino_head_rollout", "sample", "verify_greedy", "verify_sampling", "sample_from_logits",
+__all__ = ["domino_head_rollout", "domino_head_expand", "sample", "verify_greedy", "verify_sampling", "sample_from_logits",
            "small_batch_linear"]
 
 
@@ -81,6 +83,61 @@ def domino_head_rollout(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w
         gh = F.linear(S.to(w_hh.dtype), w_hh).to(acc)
         S = _gru_cell(gi, gh, S)
     return tokens, logprobs, S.float()
+
+
+def greedy_children(L: torch.Tensor, m: int) -> torch.Tensor:
+    """The m best tokens of each row of L [F, V]: descending, NaN first (as torch.argmax),
+    ties by index. [F, m] int64."""
+    return torch.sort(L, dim=-1, descending=True, stable=True).indices[:, :m]
+
+
+def sampled_children(L: torch.Tensor, m: int, temperature, top_k, top_p, uniforms) -> tuple[torch.Tensor, torch.Tensor]:
+    """m tokens per row of L [F, V] drawn without replacement from the filtered distribution
+    (draw j: the inverse CDF at ``uniforms[f, j]`` of the weights left), with their
+    log-probabilities under the whole filtered distribution. Once no mass is left the next
+    children are the best remaining tokens by L (log-probability -inf: a draft sampler never
+    proposes them, so the tree verifier rejects them)."""
+    w_all = filtered_weights(L, temperature, top_k, top_p)
+    tokens = torch.empty(L.shape[0], m, dtype=torch.int64)
+    logprobs = torch.empty(L.shape[0], m, dtype=torch.float32)
+    order = greedy_children(L, L.shape[1])
+    for f in range(L.shape[0]):
+        w = w_all[f].clone()
+        total = float(torch.cumsum(w, 0)[-1])
+        for j in range(m):
+            if bool((w > 0).any()):
+                x = inverse_cdf_pick(w, uniforms[f, j])
+                logprobs[f, j] = math.log(float(w_all[f, x])) - math.log(total)
+            else:
+                taken = set(tokens[f, :j].tolist())
+                x = next(int(t) for t in order[f] if int(t) not in taken)
+                logprobs[f, j] = float("-inf")
+            tokens[f, j] = x
+            w[x] = 0.0
+    return tokens, logprobs
+
+
+def domino_head_expand(base_logits, hproj, node_state, node_seq, node_depth, gru_input, w_ih, w_hh, w1s, w2, *,
+                       num_children, temperature=0.0, top_k=0, top_p=1.0, generator=None):
+    """Reference of :func:`domino_ops.domino_head_expand` (see there for shapes)."""
+    Fn = node_state.shape[0]
+    acc = torch.float64 if w2.dtype == torch.float64 else torch.float32
+    S = node_state.to(acc)
+    rows = node_seq * base_logits.shape[1] + node_depth
+    hp = hproj.reshape(-1, hproj.shape[-1])[rows].to(acc)
+    a = F.silu(hp + F.linear(S.to(w1s.dtype), w1s).to(acc))
+    L = base_logits.reshape(-1, base_logits.shape[-1])[rows].to(acc) + F.linear(a.to(w2.dtype), w2).to(acc)
+    if may_sample(temperature):
+        uniforms = draw_uniforms((Fn, num_children), base_logits.device, generator)
+        tokens, logprobs = sampled_children(L, num_children, temperature, top_k, top_p, uniforms)
+    else:
+        tokens = greedy_children(L, num_children)
+        logprobs = torch.log_softmax(L, dim=-1).gather(-1, tokens).float()
+    x = tokens.reshape(-1)
+    gi = (gru_input[x] if w_ih is None else F.linear(gru_input[x], w_ih)).to(acc)
+    gh = F.linear(S.to(w_hh.dtype), w_hh).to(acc).repeat_interleave(num_children, dim=0)
+    child_state = _gru_cell(gi, gh, S.repeat_interleave(num_children, dim=0))
+    return tokens, logprobs, child_state.view(Fn, num_children, -1).float(), L.float()
 
 
 def sample(logits, *, temperature=0.0, top_k=0, top_p=1.0, generator=None):

@@ -1,0 +1,229 @@
+// CPU kernel of domino_head_expand: one step of Domino tree drafting over a frontier.
+//
+// Each of the n frontier nodes belongs to a sequence s and sits at a depth d; it carries its
+// own GRU state S. For every node, with hproj and base logits shared by the nodes of a
+// sequence at one depth:
+//   a = silu(hproj[s, d] + w1s @ S)                 w1s [r, G]
+//   L = base_logits[s, d] + w2 @ a                  w2  [V, r]     (written to node_logits)
+//   children: the m best tokens of L (T = 0: descending, NaN first, ties by index) or m
+//             draws without replacement from softmax(filter(L / T)) (inverse CDF at the
+//             node's m uniforms; once the mass is used up, the best remaining tokens with
+//             log-probability -inf), each with its log-probability (log_softmax(L) at T = 0,
+//             the filtered distribution at T > 0)
+//   S_child = GRUCell(E[child], S)                  w_hh [3G, G] once per node, the input
+//                                                   gates per child (table rows or w_ih @ E)
+// Bytes per step: w2 (V*r), w1s (r*G), w_hh (3G*G) and w_ih (3G*H) or n*m table rows, each
+// weight streamed once for the whole frontier (Gemv: a loaded weight row meets every
+// node's activations, as the rollout's batch), plus n base-logit rows read and n logits
+// rows of V floats written. At the paper shape in bf16 the stream is w2 (78 MB): a
+// 16-node frontier moves about what a batch-1 rollout step moves and does 16x its
+// multiply-adds, which from about 8 nodes up is the limit on a CPU without AVX-512 (see
+// domino_head_rollout.cpp for the per-ISA rates: ~35 G bf16 multiply-adds/s per core with
+// AVX2). The children's selection is per node and scalar (a partial sort of V, or m
+// inverse-CDF passes), parallel over nodes.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <type_traits>
+#include <vector>
+
+#include "cpu/head_math.h"
+#include "cpu/isa.h"
+#include "cpu/row_sampler.h"
+#include "ops.h"
+
+namespace domino::cpu {
+namespace {
+
+// Greedy order: NaN first (as torch.argmax), then descending, ties by index.
+inline bool before(const float* L, int64_t a, int64_t b) {
+  const bool na = L[a] != L[a], nb = L[b] != L[b];
+  if (na || nb) return na && (!nb || a < b);
+  return L[a] > L[b] || (L[a] == L[b] && a < b);
+}
+
+// The first m tokens of the greedy order.
+void best_tokens(const float* L, int64_t V, int64_t m, std::vector<int64_t>& idx, int64_t* out) {
+  idx.resize(V);
+  std::iota(idx.begin(), idx.end(), 0);
+  std::partial_sort(idx.begin(), idx.begin() + m, idx.end(), [L](int64_t a, int64_t b) { return before(L, a, b); });
+  std::copy(idx.begin(), idx.begin() + m, out);
+}
+
+// log_softmax(L)[x] = (L[x] - max) - log(sum exp(L - max)) for the children x of one node,
+// from the row's merged tile statistics: for the first child exactly the rollout's
+// -log(sum); NaN for a row of -inf or holding NaN, as log_softmax.
+void greedy_logprobs(const RunningLse& lse, const float* L, const int64_t* x, int64_t m, float* out) {
+  const float log_sum = std::log(lse.sum);
+  for (int64_t c = 0; c < m; ++c)
+    out[c] = lse.max == -std::numeric_limits<float>::infinity() ? std::numeric_limits<float>::quiet_NaN()
+                                                                 : (L[x[c]] - lse.max) - log_sum;
+}
+
+// m draws without replacement from the filtered distribution of L (row_sampler.h), then
+// the best remaining tokens once no mass is left.
+void sampled_children(const Kernels& K, const float* L, int64_t V, int64_t m, const SamplingParams& sp,
+                      const double* u, SampleScratch& s, std::vector<int64_t>& idx, int64_t* tokens,
+                      float* logprobs) {
+  const double total = filtered_row_weights(K, L, V, sp.temperature_at(0), sp.top_k_at(0),
+                                            static_cast<float>(sp.top_p_at(0)), s);
+  std::vector<double>& w = s.w;
+  std::vector<double> drawn_w(m);
+  int64_t c = 0;
+  for (; c < m; ++c) {
+    double left = 0.0;
+    for (int64_t j = 0; j < V; ++j) left += w[j];  // index order, as the reference's cumsum
+    if (!(left > 0.0)) break;
+    const int64_t x = inverse_cdf(w.data(), V, left, u[c]);
+    tokens[c] = x;
+    logprobs[c] = static_cast<float>(std::log(w[x]) - std::log(total));
+    w[x] = 0.0;
+  }
+  if (c == m) return;
+  // No mass left: the best tokens by L not drawn yet.
+  idx.resize(V);
+  std::iota(idx.begin(), idx.end(), 0);
+  std::stable_sort(idx.begin(), idx.end(), [L](int64_t a, int64_t b) { return before(L, a, b); });
+  for (int64_t j = 0; c < m; ++j) {
+    if (std::find(tokens, tokens + c, idx[j]) != tokens + c) continue;
+    tokens[c] = idx[j];
+    logprobs[c++] = -std::numeric_limits<float>::infinity();
+  }
+}
+
+template <typename W, typename BL>
+void expand(BL* base, const float* hproj, const float* S, const int64_t* seq, const int64_t* depth,
+            const W* gru_input, const W* w_ih, const W* w_hh, const W* w1s, const W* w2, int64_t n, int64_t k,
+            int64_t V, int64_t r, int64_t G, int64_t H, int64_t m, const SamplingParams& sp, const double* u,
+            int64_t* tokens, float* logprobs, float* S_child, float* L) {
+  const Kernels& K = kernels();
+  const Gemv<W> gemv{K};
+  const int64_t G3 = 3 * G, nc = n * m;
+  std::vector<float> w1s_out(n * r), act(n * r), gh(n * G3), gi(nc * G3), emb;
+  std::vector<float> S_buf, act_buf, emb_buf;
+
+  // a = silu(hproj[s, d] + S @ w1s^T), rows of w1s split across threads
+  const float* Sp = gemv.prepare(S, n, G, S_buf);
+  parallel_ranges(r, 16, Gemv<W>::min_rows(G), [&](int64_t, int64_t r0, int64_t r1) {
+    if (r0 >= r1) return;
+    gemv.dot(w1s + r0 * G, r1 - r0, G, Sp, n, w1s_out.data() + r0, r);
+    for (int64_t f = 0; f < n; ++f)
+      K.silu_add(hproj + (seq[f] * k + depth[f]) * r + r0, w1s_out.data() + f * r + r0, r1 - r0,
+                 act.data() + f * r + r0);
+  });
+  const float* ap = gemv.prepare(act.data(), n, r, act_buf);
+
+  // L = base[s, d] + a @ w2^T, written per node, over vocabulary chunks claimed dynamically;
+  // greedy: with each chunk's log-sum-exp statistics, merged in chunk order as the rollout's
+  const bool greedy = !sp.may_sample();
+  const int64_t n_chunks = (V + kVocabChunk - 1) / kVocabChunk;
+  std::vector<RunningLse> partial(greedy ? n_chunks * n : 0);
+  std::atomic<int64_t> next_chunk{0};
+  at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), n_chunks), 1, [&](int64_t, int64_t) {
+    std::vector<float> dots(n * kVocabTile);
+    for (int64_t c; (c = next_chunk.fetch_add(1, std::memory_order_relaxed)) < n_chunks;) {
+      const int64_t c_end = std::min(V, (c + 1) * kVocabChunk);
+      for (int64_t v0 = c * kVocabChunk; v0 < c_end; v0 += kVocabTile) {
+        const int64_t len = std::min(kVocabTile, c_end - v0);
+        gemv.dot(w2 + v0 * r, len, r, ap, n, dots.data(), kVocabTile);
+        for (int64_t f = 0; f < n; ++f) {
+          TileStats st;
+          logits_tile(K, dots.data() + f * kVocabTile, len, base + (seq[f] * k + depth[f]) * V + v0, false,
+                      L + f * V + v0, greedy ? &st : nullptr);
+          if (greedy) partial[c * n + f].merge(st.max, v0 + st.arg, st.sum);
+        }
+      }
+    }
+  });
+
+  // The children of every node
+  at::parallel_for(0, n, 1, [&](int64_t f0, int64_t f1) {
+    SampleScratch scratch;
+    std::vector<int64_t> idx;
+    for (int64_t f = f0; f < f1; ++f) {
+      if (greedy) {
+        RunningLse lse;
+        for (int64_t c = 0; c < n_chunks; ++c) {
+          const RunningLse& q = partial[c * n + f];
+          if (q.arg != std::numeric_limits<int64_t>::max()) lse.merge(q.max, q.arg, q.sum);
+        }
+        best_tokens(L + f * V, V, m, idx, tokens + f * m);
+        greedy_logprobs(lse, L + f * V, tokens + f * m, m, logprobs + f * m);
+      } else {
+        sampled_children(K, L + f * V, V, m, sp, u + f * m, scratch, idx, tokens + f * m, logprobs + f * m);
+      }
+    }
+  });
+
+  // S_child = GRUCell(E[child], S): w_hh @ S once per node, the input gates per child.
+  const float* ep = nullptr;
+  if (w_ih != nullptr) {
+    emb.resize(nc * H);
+    for (int64_t c = 0; c < nc; ++c) gemv.widen(gru_input + tokens[c] * H, H, emb.data() + c * H);
+    ep = gemv.prepare(emb.data(), nc, H, emb_buf);
+  }
+  const int64_t gru_cols = G + (w_ih != nullptr ? H : 0);
+  parallel_ranges(G, 16, std::max<int64_t>(1, Gemv<W>::min_rows(gru_cols) / 3), [&](int64_t, int64_t j0, int64_t j1) {
+    if (j0 >= j1) return;
+    for (int64_t g = 0; g < 3; ++g) {
+      gemv.dot(w_hh + (g * G + j0) * G, j1 - j0, G, Sp, n, gh.data() + g * G + j0, G3);
+      if (w_ih != nullptr)
+        gemv.dot(w_ih + (g * G + j0) * H, j1 - j0, H, ep, nc, gi.data() + g * G + j0, G3);
+      else
+        for (int64_t c = 0; c < nc; ++c)
+          gemv.widen(gru_input + tokens[c] * G3 + g * G + j0, j1 - j0, gi.data() + c * G3 + g * G + j0);
+    }
+    for (int64_t c = 0; c < nc; ++c)
+      K.gru_update(gi.data() + c * G3, gh.data() + (c / m) * G3, G, j0, j1, S + (c / m) * G, S_child + c * G);
+  });
+}
+
+}  // namespace
+
+void domino_head_expand_cpu(const at::Tensor& base_logits, const at::Tensor& hproj,
+                            const at::Tensor& node_state, const at::Tensor& node_seq,
+                            const at::Tensor& node_depth, const at::Tensor& gru_input,
+                            const std::optional<at::Tensor>& w_ih, const at::Tensor& w_hh,
+                            const at::Tensor& w1s, const at::Tensor& w2, double temperature, int64_t top_k,
+                            double top_p, const std::optional<at::Tensor>& uniforms, at::Tensor child_tokens,
+                            at::Tensor child_logprobs, at::Tensor child_state, at::Tensor node_logits) {
+  const std::optional<at::Tensor> none;
+  const SamplingArgs sampling{temperature, top_k, top_p, none, none, none};
+  check_head_expand_args(base_logits, hproj, node_state, node_seq, node_depth, gru_input, w_ih, w_hh, w1s, w2,
+                         sampling, uniforms, child_tokens, child_logprobs, child_state, node_logits);
+  const int64_t n = node_state.size(0);
+  if (n == 0) return;
+  const SamplingParams sp = sampling.params();
+  const int64_t k = base_logits.size(1), V = base_logits.size(2);
+  const int64_t r = w1s.size(0), G = w1s.size(1), m = child_tokens.size(1);
+  const int64_t H = w_ih.has_value() ? w_ih->size(1) : 0;
+  const at::Tensor hproj_f = hproj.to(at::kFloat).contiguous();
+  const double* u = sp.may_sample() ? uniforms->data_ptr<double>() : nullptr;
+
+  AT_DISPATCH_SWITCH(w2.scalar_type(), "domino_head_expand_cpu",
+    AT_DISPATCH_CASE_FLOATING_TYPES_AND(at::kBFloat16, [&] {
+      using W = scalar_t;
+      AT_DISPATCH_SWITCH(base_logits.scalar_type(), "domino_head_expand_cpu_base",
+        AT_DISPATCH_CASE_FLOATING_TYPES_AND(at::kBFloat16, [&] {
+          using BL = scalar_t;
+          if constexpr (std::is_same_v<W, double> || std::is_same_v<BL, double>) {
+            TORCH_CHECK(false, "domino_head_expand: float64 is not supported");
+          } else {
+            expand<W, BL>(base_logits.data_ptr<BL>(), hproj_f.data_ptr<float>(), node_state.data_ptr<float>(),
+                          node_seq.data_ptr<int64_t>(), node_depth.data_ptr<int64_t>(), gru_input.data_ptr<W>(),
+                          w_ih.has_value() ? w_ih->data_ptr<W>() : nullptr, w_hh.data_ptr<W>(),
+                          w1s.data_ptr<W>(), w2.data_ptr<W>(), n, k, V, r, G, H, m, sp, u,
+                          child_tokens.data_ptr<int64_t>(), child_logprobs.data_ptr<float>(),
+                          child_state.data_ptr<float>(), node_logits.data_ptr<float>());
+          }
+        }));
+    }));
+}
+
+}  // namespace domino::cpu

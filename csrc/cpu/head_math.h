@@ -1,0 +1,122 @@
+// The Domino head's per-step math on the CPU, shared by domino_head_rollout (a chain per
+// sequence) and domino_head_expand (a frontier of tree nodes): weight matrices streamed
+// once against a batch of activations through the instruction-set build of isa.h, the
+// logits tiles, and the thread split. See domino_head_rollout.cpp for what limits each.
+#pragma once
+
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include "cpu/isa.h"
+
+namespace domino::cpu {
+
+// Vocabulary rows per rows_dot call: the tile's dot products ([b][tile] floats) stay in L1.
+constexpr int64_t kVocabTile = 256;
+// Vocabulary rows a thread claims at a time (dynamic: a thread slowed by another process
+// takes fewer). Partials are kept per chunk and merged in chunk order, so results do not
+// depend on the schedule.
+constexpr int64_t kVocabChunk = 16 * kVocabTile;
+
+// A row's running max, its first index and sum(exp(L - max)) over vocabulary tiles
+// (log-sum-exp with rescaling): the greedy choice and its log-probability without storing L.
+struct RunningLse {
+  float max = -std::numeric_limits<float>::infinity();
+  int64_t arg = std::numeric_limits<int64_t>::max();
+  float sum = 0.0f;  // sum of exp(L - max)
+
+  // Merged in vocabulary order, so a NaN (max NaN: see TileStats) met first stays.
+  void merge(float other_max, int64_t other_arg, float other_sum) {
+    if (max != max) return;
+    if (other_max != other_max) {
+      *this = RunningLse{other_max, other_arg, other_sum};
+      return;
+    }
+    if (other_max > max || (other_max == max && other_arg < arg)) {
+      if (other_max > max) sum = sum * std::exp(max - other_max) + other_sum;
+      else sum += other_sum;
+      max = other_max;
+      arg = other_arg;
+    } else {
+      sum += other_sum * std::exp(other_max - max);
+    }
+  }
+};
+
+// Splits [0, n) into one contiguous range per thread, aligned to `align`, at least
+// `min_per_thread` long.
+template <typename F>
+void parallel_ranges(int64_t n, int64_t align, int64_t min_per_thread, const F& f) {
+  const int64_t max_parts = std::max<int64_t>(1, n / std::max<int64_t>(min_per_thread, 1));
+  const int64_t parts = std::min<int64_t>(at::get_num_threads(), max_parts);
+  int64_t per = (n + parts - 1) / parts;
+  per = (per + align - 1) / align * align;
+  if (parts == 1) {
+    f(0, 0, n);
+    return;
+  }
+  at::parallel_for(0, parts, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t begin = std::min(n, p * per), end = std::min(n, (p + 1) * per);
+      f(p, begin, end);
+    }
+  });
+}
+
+// Weight matrices of dtype W against nb activation vectors through the active build.
+template <typename W>
+struct Gemv {
+  const Kernels& K;
+  static constexpr bool kBf16 = std::is_same_v<W, c10::BFloat16>;
+
+  // Rows per thread so that a thread's share is worth a fork (>= 512 KB of weights): w1s
+  // (0.5 MB at the paper shape) then runs on one thread, ~20 us more than on two on a
+  // quiet machine, but one fork/join less per step, and on a shared machine every
+  // fork/join can wait a scheduler slice for its second thread.
+  static int64_t min_rows(int64_t cols) {
+    return std::max<int64_t>(16, (int64_t{512} << 10) / std::max<int64_t>(1, cols * int64_t(sizeof(W))));
+  }
+  // The activations [nb][cols] in the layout rows_dot reads (permuted for bf16 weights).
+  const float* prepare(const float* x, int64_t nb, int64_t cols, std::vector<float>& buf) const {
+    if constexpr (!kBf16) {
+      return x;
+    } else {
+      buf.resize(nb * cols);
+      K.pack_bf16_x(x, cols, nb, cols, buf.data());
+      return buf.data();
+    }
+  }
+  // y[j * ys + row] = dot(w[row, :cols], x_j) for rows [0, rows).
+  void dot(const W* w, int64_t rows, int64_t cols, const float* xp, int64_t nb, float* y,
+           int64_t ys) const {
+    if constexpr (kBf16)
+      K.rows_dot_bf16(reinterpret_cast<const uint16_t*>(w), rows, cols, xp, cols, nb, y, ys);
+    else
+      K.rows_dot_f32(w, rows, cols, xp, cols, nb, y, ys);
+  }
+  void widen(const W* x, int64_t n, float* out) const {
+    if constexpr (kBf16)
+      K.widen_bf16(reinterpret_cast<const uint16_t*>(x), n, out);
+    else
+      std::copy(x, x + n, out);
+  }
+};
+
+template <typename BL>
+void logits_tile(const Kernels& K, float* dots, int64_t n, BL* base, bool write, float* row,
+                 TileStats* st) {
+  if constexpr (std::is_same_v<BL, c10::BFloat16>) {
+    auto* bits = reinterpret_cast<uint16_t*>(base);
+    K.logits_tile_bf16(dots, n, bits, write ? bits : nullptr, row, st);
+  } else {
+    K.logits_tile_f32(dots, n, base, write ? base : nullptr, row, st);
+  }
+}
+
+}  // namespace domino::cpu

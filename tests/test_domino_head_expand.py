@@ -1,0 +1,223 @@
+"""domino_head_expand (one step of Domino tree drafting): a frontier of one node with one
+child walks exactly the rollout's chain; the native kernel's children are the best tokens
+of its own logits, which match the reference's; permuting the frontier permutes the
+outputs; sampled children are draws without replacement (the joint of the first two
+against the exact law, with a with-replacement negative control); bad input."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given
+from hypothesis import strategies as st
+
+import domino_ops
+from domino_ops import reference
+from kernel_cases import head_input_strategy, head_rollout_inputs, weights_as_float64
+from stats import assert_matches_distribution
+
+SIZES = dict(b=[1, 3], k=[1, 4], V=[1, 7, 300], r=[1, 16, 33], G=[1, 24], H=[1, 8])
+
+
+def expand(inputs, node_state, node_seq, node_depth, m, **kw):
+    base, hproj, _, gru_input, w_ih, w_hh, w1s, w2 = inputs
+    return domino_ops.domino_head_expand(base, hproj, node_state, node_seq, node_depth, gru_input, w_ih, w_hh, w1s,
+                                         w2, num_children=m, **kw)
+
+
+def random_frontier(inputs, n, seed):
+    b, k, _ = inputs[0].shape
+    g = torch.Generator().manual_seed(seed)
+    G = inputs[2].shape[1]
+    return (torch.randn(n, G, generator=g) * 0.5, torch.randint(0, b, (n,), generator=g),
+            torch.randint(0, k, (n,), generator=g))
+
+
+@given(case=head_input_strategy(**SIZES))
+def test_one_node_one_child_walks_the_rollout_chain(case):
+    """Expanding each sequence's single node with one child, depth by depth, is exactly
+    domino_head_rollout at temperature 0: same tokens, log-probabilities and final state."""
+    inputs = head_rollout_inputs(**case)
+    base, hproj, state = inputs[:3]
+    b, k, _ = base.shape
+    tokens, logprobs, final = domino_ops.domino_head_rollout(base.clone(), *inputs[1:])
+    S = state
+    for d in range(k):
+        t, lp, child, _ = expand(inputs, S, torch.arange(b), torch.full((b,), d), 1)
+        assert torch.equal(t[:, 0], tokens[:, d])
+        assert torch.equal(lp[:, 0], logprobs[:, d])
+        S = child[:, 0]
+    assert torch.equal(S, final)
+
+
+def greedy_order_ok(L: torch.Tensor, tokens: torch.Tensor) -> bool:
+    return torch.equal(tokens, reference.greedy_children(L, tokens.shape[1]))
+
+
+@given(case=head_input_strategy(**SIZES), n=st.integers(1, 11), m=st.integers(1, 4))
+def test_native_matches_reference(case, n, m):
+    inputs = head_rollout_inputs(**case)
+    V = inputs[0].shape[2]
+    m = min(m, V)
+    frontier = random_frontier(inputs, n, case["seed"])
+    base_before = inputs[0].clone()
+    t, lp, child, L = expand(inputs, *frontier, m)
+    assert torch.equal(inputs[0], base_before)  # base_logits is read only
+    # the reference in float64 (the kernel widens bf16 weights exactly, accumulates in fp32)
+    t_ref, _, _, L_ref = reference.domino_head_expand(*weights_as_float64(inputs)[:2], *frontier,
+                                                      *weights_as_float64(inputs)[3:], num_children=m)
+    torch.testing.assert_close(L, L_ref, atol=2e-4, rtol=2e-4)
+    # the kernel's children are the best tokens of its own logits (the reference's up to ties
+    # that rounding can swap), with their log_softmax
+    assert greedy_order_ok(L, t)
+    agree = (t == t_ref).all(dim=1)
+    assert agree.float().mean() > 0.5
+    torch.testing.assert_close(lp, torch.log_softmax(L, -1).gather(-1, t), atol=1e-5, rtol=1e-5)
+    # each child's state is GRUCell(E[child], S) of its own node
+    base, hproj, _, gru_input, w_ih, w_hh, w1s, w2 = inputs
+    x = t.reshape(-1)
+    gi = gru_input[x].double() if w_ih is None else F.linear(gru_input[x].double(), w_ih.double())
+    S = frontier[0].repeat_interleave(m, dim=0).double()
+    gh = F.linear(S, w_hh.double())
+    ir, iz, i_n = gi.chunk(3, -1)
+    hr, hz, hn = gh.chunk(3, -1)
+    r_, z_ = torch.sigmoid(ir + hr), torch.sigmoid(iz + hz)
+    want = (1 - z_) * torch.tanh(i_n + r_ * hn) + z_ * S
+    torch.testing.assert_close(child.reshape(-1, child.shape[-1]), want.float(), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_permuting_the_frontier_permutes_the_outputs(temperature):
+    inputs = head_rollout_inputs(3, 4, 300, 16, 24, 8, torch.bfloat16, torch.float32, False, seed=1)
+    frontier = random_frontier(inputs, 9, seed=2)
+    perm = torch.randperm(9, generator=torch.Generator().manual_seed(3))
+    g = torch.Generator().manual_seed(4)
+    u = domino_ops.draw_uniforms((9, 3), "cpu", g)
+    kw = dict(temperature=temperature, top_k=50)
+    # the uniforms follow their nodes: draw them once and permute them with the frontier
+    out = torch.ops.domino_ops.domino_head_expand
+    def run(state, seq, depth, uniforms):
+        res = (torch.empty(9, 3, dtype=torch.long), torch.empty(9, 3), torch.empty(9, 3, 24), torch.empty(9, 300))
+        out(inputs[0], inputs[1], state, seq, depth, inputs[3], inputs[4], inputs[5], inputs[6], inputs[7],
+            kw["temperature"], kw["top_k"], 1.0, uniforms if temperature > 0 else None, *res)
+        return res
+    a = run(*frontier, u)
+    b = run(*(x[perm] for x in frontier), u[perm])
+    assert torch.equal(a[0][perm], b[0])  # the same children
+    for x, y in zip(a[1:], b[1:]):  # the dot products group nodes by 8: rounding may differ
+        torch.testing.assert_close(x[perm], y, atol=1e-5, rtol=1e-5)
+
+
+# --- sampling ---------------------------------------------------------------------------------
+
+def single_node_population(N, V=6, seed=0):
+    """N identical nodes (one sequence, depth 0) of a head whose correction is zero (w2 = 0):
+    L = base, so the draft distribution is known exactly."""
+    g = torch.Generator().manual_seed(seed)
+    G, r = 4, 2
+    base = torch.randn(1, 1, V, generator=g) * 1.2
+    inputs = (base, torch.zeros(1, 1, r), torch.zeros(1, G), torch.randn(V, 3 * G, generator=g), None,
+              torch.randn(3 * G, G, generator=g), torch.randn(r, G, generator=g), torch.zeros(V, r))
+    return inputs, (torch.zeros(N, G), torch.zeros(N, dtype=torch.long), torch.zeros(N, dtype=torch.long))
+
+
+def without_replacement_joint(q: torch.Tensor) -> torch.Tensor:
+    """P(first = i, second = j) = q_i q_j / (1 - q_i), i != j: [V * V] float64."""
+    q = q.double()
+    joint = q[:, None] * q[None, :] / (1 - q[:, None])
+    joint.fill_diagonal_(0.0)
+    return joint.reshape(-1)
+
+
+@pytest.mark.parametrize("backend", ["native", "reference"])
+def test_sampled_children_are_draws_without_replacement(backend):
+    N = 40_000 if backend == "native" else 4_000
+    inputs, frontier = single_node_population(N)
+    T = 0.8
+    t, lp, _, L = expand(inputs, *frontier, 2, temperature=T, generator=torch.Generator().manual_seed(5),
+                         backend=backend)
+    q = domino_ops.filtered_probs(inputs[0][0], T)[0]
+    V = q.shape[0]
+    assert bool((t[:, 0] != t[:, 1]).all())
+    assert_matches_distribution(t[:, 0].numpy(), q.double().numpy(), what="first child")
+    assert_matches_distribution((t[:, 0] * V + t[:, 1]).numpy(), without_replacement_joint(q).numpy(),
+                                what="first two children")
+    torch.testing.assert_close(lp, q.log()[t], atol=1e-5, rtol=1e-5)
+
+
+def test_negative_control_with_replacement_fails():
+    """Two independent draws (with replacement, distinct by rejection) are a different law:
+    the same check must catch it."""
+    inputs, _ = single_node_population(1)
+    q = domino_ops.filtered_probs(inputs[0][0], 0.8)[0]
+    g = torch.Generator().manual_seed(6)
+    first = torch.multinomial(q, 40_000, replacement=True, generator=g)
+    second = torch.multinomial(q, 40_000, replacement=True, generator=g)
+    keep = first != second
+    with pytest.raises(AssertionError, match="chi-square"):
+        assert_matches_distribution((first * 6 + second)[keep].numpy(), without_replacement_joint(q).numpy())
+
+
+@pytest.mark.parametrize("backend", ["native", "reference"])
+def test_children_past_the_filtered_support_are_the_best_remaining_at_minus_inf(backend):
+    inputs, frontier = single_node_population(50)
+    t, lp, _, L = expand(inputs, *frontier, 4, temperature=1.0, top_k=2,
+                         generator=torch.Generator().manual_seed(7), backend=backend)
+    top2 = set(reference.greedy_children(L[:1], 2)[0].tolist())
+    assert all(set(row[:2].tolist()) == top2 for row in t)
+    assert torch.equal(t[:, 2:], reference.greedy_children(L[:1], 4)[0, 2:].expand(50, 2))
+    assert bool(torch.isfinite(lp[:, :2]).all()) and bool((lp[:, 2:] == float("-inf")).all())
+
+
+# --- bad input ----------------------------------------------------------------------------------
+
+def args(**over):
+    inputs = head_rollout_inputs(2, 3, 20, 4, 5, 3, torch.float32, torch.float32, True, seed=0)
+    base, hproj, _, gru_input, w_ih, w_hh, w1s, w2 = inputs
+    a = dict(base_logits=base, hproj=hproj, node_state=torch.zeros(4, 5), node_seq=torch.tensor([0, 1, 1, 0]),
+             node_depth=torch.tensor([0, 2, 1, 1]), gru_input=gru_input, w_ih=w_ih, w_hh=w_hh, w1s=w1s, w2=w2,
+             num_children=2)
+    a.update(over)
+    return a
+
+
+@pytest.mark.parametrize("backend", ["native", "reference"])
+@pytest.mark.parametrize("over,exc,msg", [
+    (dict(num_children=0), ValueError, r"num_children must be in \[1, 20\]"),
+    (dict(num_children=21), ValueError, "num_children must be in"),
+    (dict(num_children=2.0), TypeError, "num_children must be an int"),
+    (dict(node_seq=torch.tensor([0, 2, 1, 0])), ValueError, r"node_seq must hold values in \[0, 2\)"),
+    (dict(node_depth=torch.tensor([0, 3, 1, 0])), ValueError, r"node_depth must hold values in \[0, 3\)"),
+    (dict(node_depth=torch.tensor([0, 1, 1])), ValueError, "node_depth must have shape"),
+    (dict(node_state=torch.zeros(4, 6)), ValueError, "node_state must have shape"),
+    (dict(node_seq=torch.tensor([0, 1, 1, 0], dtype=torch.int32)), TypeError, "node_seq"),
+    (dict(temperature=torch.ones(4)), TypeError, "temperature must be a Python number"),
+    (dict(top_p=0.0), ValueError, "top_p"),
+])
+def test_wrapper_bad_input(over, exc, msg, backend):
+    with pytest.raises(exc, match=msg):
+        domino_ops.domino_head_expand(**args(**over), backend=backend)
+
+
+def test_direct_call_checks_indices_and_aliasing():
+    a = args()
+    outs = (torch.empty(4, 2, dtype=torch.long), torch.empty(4, 2), torch.empty(4, 2, 5), torch.empty(4, 20))
+    pos = [a[k] for k in ("base_logits", "hproj", "node_state", "node_seq", "node_depth", "gru_input", "w_ih",
+                          "w_hh", "w1s", "w2")]
+    op = torch.ops.domino_ops.domino_head_expand
+    pos_bad = list(pos)
+    pos_bad[3] = torch.tensor([0, 5, 0, 0])
+    with pytest.raises(RuntimeError, match="node_seq must hold sequence indices"):
+        op(*pos_bad, 0.0, 0, 1.0, None, *outs)
+    with pytest.raises(RuntimeError, match="must not share memory"):
+        op(*pos, 0.0, 0, 1.0, None, outs[0], outs[1], outs[2], pos[0].view(2 * 3, 20)[:4])
+    with pytest.raises(RuntimeError, match="uniforms are required"):
+        op(*pos, 1.0, 0, 1.0, None, *outs)
+
+
+def test_opcheck():
+    a = args()
+    pos = [a[k] for k in ("base_logits", "hproj", "node_state", "node_seq", "node_depth", "gru_input", "w_ih",
+                          "w_hh", "w1s", "w2")]
+    outs = (torch.empty(4, 2, dtype=torch.long), torch.empty(4, 2), torch.empty(4, 2, 5), torch.empty(4, 20))
+    torch.library.opcheck(torch.ops.domino_ops.domino_head_expand.default, (*pos, 0.0, 0, 1.0, None, *outs),
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
