@@ -8,10 +8,7 @@
 #include "tree_ops.h"
 
 TORCH_LIBRARY(domino_ops, m) {
-  domino::schemas::define_ops(m);  // the four ops the emulated CUDA library shares
-  m.def(domino::schemas::kBuildTreeKernelEfficient);
-  m.def(domino::schemas::kVerifyTreeGreedy);
-  m.def(domino::schemas::kTreeSpeculativeSamplingTargetOnly);
+  domino::schemas::define_ops(m);  // the kernel ops the emulated CUDA library shares
   m.def(domino::schemas::kSmallBatchLinear);
 }
 
