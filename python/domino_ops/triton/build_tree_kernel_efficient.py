@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 MAX_NODES = 256
+NUM_WARPS = 8  # the N x N tiles: 64 x 64 int64 over 256 threads keeps them in registers
 
 
 @triton.jit
@@ -104,4 +105,4 @@ def build_tree_kernel_efficient(parent_list, selected_index, verified_seq_len, t
     _build_tree_kernel[(bs,)](plist, selected_index, verified_seq_len, mask_bytes, tree_mask.numel(), positions,
                               retrive_index, retrive_next_token, retrive_next_sibling, bs, topk, parents, n,
                               MODE=tree_mask_mode, PACKED_BYTES=packed, BLOCK_N=max(2, triton.next_power_of_2(n)),
-                              BLOCK_B=min(1024, triton.next_power_of_2(bs)))
+                              BLOCK_B=min(1024, triton.next_power_of_2(bs)), num_warps=NUM_WARPS)
