@@ -19,7 +19,6 @@
 #include "cuda/build_tree_kernel_efficient.cuh"
 #include "cuda/domino_head_rollout.cuh"
 #include "cuda/sample.cuh"
-#include "cuda/tree_common.cuh"
 #include "cuda/tree_speculative_sampling_target_only.cuh"
 #include "cuda/verify_tree_greedy.cuh"
 #include "cuda/verify_greedy.cuh"
@@ -141,9 +140,8 @@ void domino_head_rollout(at::Tensor base_logits, const at::Tensor& hproj, const 
 // The tree ops: the shape/dtype/aliasing checks of tree_checks.cpp; index values are not
 // read here (that would need a device sync): the kernels never use a bad one as an address
 // (csrc/cuda/tree_common.cuh).
-inline void check_tree_nodes(int64_t n, const char* op) {
-  TORCH_CHECK(n <= kTreeMaxNodes, op, ": draft_token_num ", n, " exceeds the CUDA kernel's shared-memory limit of ",
-              kTreeMaxNodes, " nodes");
+inline void check_tree_nodes(int64_t n, int64_t limit, const char* op) {
+  TORCH_CHECK(n <= limit, op, ": ", n, " nodes per request exceed the CUDA kernel's shared-memory limit of ", limit);
 }
 
 template <class Device>
@@ -157,7 +155,7 @@ void build_tree_kernel_efficient(const at::Tensor& parent_list, const at::Tensor
                         retrive_next_token, retrive_next_sibling, topk, depth, draft_token_num, tree_mask_mode);
   const int64_t bs = selected_index.size(0);
   check_grid_rows(bs, "build_tree_kernel_efficient");
-  check_tree_nodes(draft_token_num, "build_tree_kernel_efficient");
+  check_tree_nodes(draft_token_num, kBuildTreeMaxNodes, "build_tree_kernel_efficient");
   if (bs == 0) return;
   BuildTreeArgs args{};
   args.parent_list = parent_list.numel() > 0 ? parent_list.data_ptr<int64_t>() : nullptr;
@@ -211,7 +209,7 @@ void tree_speculative_sampling_target_only(
                            draft_probs, threshold_single, threshold_acc);
   const int64_t bs = candidates.size(0), n = candidates.size(1);
   check_grid_rows(bs, "tree_speculative_sampling_target_only");
-  check_tree_nodes(n, "tree_speculative_sampling_target_only");
+  check_tree_nodes(n, kTreeSamplingMaxNodes, "tree_speculative_sampling_target_only");
   TORCH_CHECK(target_probs.size(2) < std::numeric_limits<int>::max(), "tree_speculative_sampling_target_only: "
               "vocabulary ", target_probs.size(2), " does not fit the kernel's int32 token ids");
   if (bs == 0) return;

@@ -6,6 +6,10 @@
 
 namespace domino::cuda {
 
+// Upper bound on draft_token_num (N): the kernel keeps each node's parent and depth in
+// dynamic shared memory (N * 8 B, 32 KiB at this bound).
+constexpr int64_t kBuildTreeMaxNodes = 4096;
+
 struct BuildTreeArgs {
   const int64_t* parent_list;  // [bs, parents]; nullptr when empty (depth 1)
   const int64_t* selected_index;  // [bs, n - 1]
@@ -19,7 +23,7 @@ struct BuildTreeArgs {
   int64_t bs, topk, parents, n, mode;  // parents = topk * (depth - 1) + 1
 };
 
-// Requires n <= kTreeMaxNodes (tree_common.cuh).
+// Requires n <= kBuildTreeMaxNodes.
 cudaError_t launch_build_tree_kernel_efficient(const BuildTreeArgs& args, cudaStream_t stream);
 
 }  // namespace domino::cuda

@@ -18,9 +18,6 @@ namespace domino::cuda {
 // Threads per block of the index-chasing kernels (build_tree_kernel_efficient,
 // verify_tree_greedy): one warp per request; the work is a few hundred dependent loads.
 constexpr int kTreeThreads = kWarp;
-// Upper bound on draft_token_num (N) for the CUDA kernels: they keep one int32 per node in
-// dynamic shared memory (build: parent and depth, N * 8 B; the sampler: rejected tokens, N * 4 B).
-constexpr int64_t kTreeMaxNodes = 4096;
 
 // sgl-kernel's TreeMaskMode (tree_ops.h's enum, restated here without torch headers).
 constexpr int64_t kTreeFullMask = 0, kTreeQlenOnly = 1, kTreeQlenOnlyBitpacking = 2;

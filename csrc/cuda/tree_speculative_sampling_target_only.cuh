@@ -6,6 +6,10 @@
 
 namespace domino::cuda {
 
+// Upper bound on the node count N: the kernel keeps the tokens of the children rejected at
+// the last node in dynamic shared memory (N * 4 B, 32 KiB at this bound).
+constexpr int64_t kTreeSamplingMaxNodes = 8192;
+
 struct TreeSamplingArgs {
   int32_t* predicts;  // slot_limit int32 slots
   int32_t* accept_index;  // [bs, steps]
@@ -22,7 +26,7 @@ struct TreeSamplingArgs {
   int64_t bs, n, steps, V, slot_limit;
 };
 
-// Requires n <= kTreeMaxNodes (tree_common.cuh) and V < 2^31.
+// Requires n <= kTreeSamplingMaxNodes and V < 2^31.
 cudaError_t launch_tree_speculative_sampling_target_only(const TreeSamplingArgs& args, cudaStream_t stream);
 
 }  // namespace domino::cuda
