@@ -193,10 +193,13 @@ def test_one_hot_target_is_verify_tree_greedy(bs, n, steps, vocab, seed, backend
 # --- losslessness -------------------------------------------------------------------------------
 
 V = 12
-# Requests per distribution check: the GPU backends run emulated or interpreted here, so
-# they get smaller populations (still ~1e-6 false-failure rate; the negative controls
-# show a lossy sampler fails at that size too).
-SAMPLES = {"reference": 40_000, "native": 40_000, "emulated_cuda": 4_000, "triton": 2_000}
+# Requests per distribution check. The GPU backends run emulated (~6 ms a request) or
+# interpreted (~35 ms) here, so they get small populations: the false-failure rate stays
+# ALPHA = 1e-6, and at these sizes the lossy negative control still fails with p < 1e-25
+# (exactness itself is test_kernels_match_reference's job). The reference equals the
+# native kernel there, so it is not sampled again.
+SAMPLES = {"native": 40_000, "emulated_cuda": 400, "triton": 200}
+DISTRIBUTION_BACKENDS = ("native",) + GPU
 
 
 def lossless_setup(samples, seed=0):
@@ -223,7 +226,7 @@ def sample_tree(case, backend="native", **kw):
     return outs
 
 
-@pytest.mark.parametrize("backend", params())
+@pytest.mark.parametrize("backend", params(DISTRIBUTION_BACKENDS))
 def test_lossless_with_thresholds_one(backend):
     """First token ~ p_root exactly (the accepted child or the residual draw); the second,
     given that node 1 was accepted, ~ p_node1."""
@@ -235,12 +238,12 @@ def test_lossless_with_thresholds_one(backend):
     took_1 = accept_index[:, 1] == torch.arange(b) * 6 + 1
     assert took_1.sum() > b // 40
     assert_matches_distribution(view[took_1, 1].numpy(), case["p"][1].double().numpy(), what="second token")
-    # and draft_probs = zeros (what SGLang passes) is the same sampler
-    again = sample_tree(case, backend, draft_probs=torch.zeros_like(case["target_probs"]))
-    assert all(torch.equal(a, b) for a, b in zip((predicts, accept_index, accept_num), again))
+    if backend == "native":  # and draft_probs = zeros (what SGLang passes) is the same sampler
+        again = sample_tree(case, backend, draft_probs=torch.zeros_like(case["target_probs"]))
+        assert all(torch.equal(a, b) for a, b in zip((predicts, accept_index, accept_num), again))
 
 
-@pytest.mark.parametrize("backend", params())
+@pytest.mark.parametrize("backend", params(DISTRIBUTION_BACKENDS))
 def test_negative_control_lossy_threshold_fails(backend):
     case = lossless_setup(SAMPLES[backend])
     predicts, _, _ = sample_tree(case, backend, threshold_acc=0.5)
