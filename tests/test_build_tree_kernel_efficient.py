@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import domino_ops
 from domino_ops import reference_tree
-from tree_backends import ALL, CPU_KERNELS, GPU, guarded, params, tree_op
+from tree_backends import ALL, CPU_KERNELS, GPU, params, run_guarded, tree_op
 from tree_backends import with_ as with_args
 from tree_cases import POISON, ancestry, oracle_tree, pack_rows, random_eagle_draft
 
@@ -398,11 +398,5 @@ def test_gpu_kernels_never_go_out_of_bounds_on_bad_values(backend, case):
     header): outputs in guarded buffers (the FULL_MASK buffer sized for seq_lens [3, 4])."""
     over = dict(BAD_VALUES[case])
     args = with_(**over)
-    checks = []
-    for name in ("tree_mask", "positions", "retrive_index", "retrive_next_token", "retrive_next_sibling"):
-        args[name], intact = guarded(args[name])
-        checks.append(intact)
-    tree_op(backend, "build_tree_kernel_efficient", checked=False)(**args)
-    for intact in checks:
-        intact()
+    run_guarded(backend, "build_tree_kernel_efficient", args, ("tree_mask", "positions", "retrive_index", "retrive_next_token", "retrive_next_sibling"))
     assert args["retrive_index"].view(-1).tolist() == list(range(10))

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import domino_ops
 from stats import assert_matches_distribution
-from tree_backends import ALL, GPU, guarded, params, tree_op
+from tree_backends import ALL, GPU, params, run_guarded, tree_op
 from tree_backends import with_ as with_args
 from tree_cases import chain_tree, links, random_tree, verify_outputs
 
@@ -390,11 +390,5 @@ def test_gpu_kernels_never_go_out_of_bounds_on_bad_values(backend, case):
     """What the CPU kernel rejects, the GPU kernels must survive (tree_common.cuh): outputs
     in guarded buffers, token ids in range."""
     args = with_(**BAD_VALUES[case])
-    checks = []
-    for name in ("predicts", "accept_index", "accept_token_num"):
-        args[name], intact = guarded(args[name])
-        checks.append(intact)
-    tree_op(backend, "tree_speculative_sampling_target_only", checked=False)(**args)
-    for intact in checks:
-        intact()
+    run_guarded(backend, "tree_speculative_sampling_target_only", args, ("predicts", "accept_index", "accept_token_num"))
     assert ((args["accept_token_num"] >= 0) & (args["accept_token_num"] < 4)).all()

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import domino_ops
-from tree_backends import ALL, CPU_KERNELS, GPU, guarded, params, tree_op
+from tree_backends import GPU, params, run_guarded, tree_op
 from tree_backends import with_ as with_args
 from tree_cases import chain_tree, links, oracle_greedy, random_tree, verify_outputs
 
@@ -257,11 +257,5 @@ def test_gpu_kernels_never_go_out_of_bounds_on_bad_values(backend, case):
     """What the CPU kernel rejects, the GPU kernels must survive (tree_common.cuh): outputs
     in guarded buffers, every slot in range written as in the valid case."""
     args = with_(**BAD_VALUES[case])
-    checks = []
-    for name in ("predicts", "accept_index", "accept_token_num"):
-        args[name], intact = guarded(args[name])
-        checks.append(intact)
-    tree_op(backend, "verify_tree_greedy", checked=False)(**args)
-    for intact in checks:
-        intact()
+    run_guarded(backend, "verify_tree_greedy", args, ("predicts", "accept_index", "accept_token_num"))
     assert ((args["accept_token_num"] >= 0) & (args["accept_token_num"] < 4)).all()
