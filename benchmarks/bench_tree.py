@@ -1,11 +1,15 @@
-"""The sgl-kernel-compatible tree ops on the CPU: C++ kernel vs PyTorch reference.
+"""The sgl-kernel-compatible tree ops: C++ CPU kernel vs PyTorch reference, and, when a CUDA
+device exists, the CUDA and Triton kernels.
 
 SGLang-like sizes: batch 1 and 8, EAGLE topk 4 and depth 5, N = 8 / 16 / 64 draft tokens,
 sequence lengths around 1k, a 32k vocabulary for the sampler (``--vocab``). For each op it
 reports the median time of the dispatcher op (``torch.ops.domino_ops.<op>``, outputs
 preallocated), of the validating wrapper (``domino_ops.<op>``, backend "native") and of the
 reference (``backend="reference"``). The trees are real EAGLE drafts: random scores, the
-N-1 best candidates, built by the op itself.
+N-1 best candidates, built by the op itself. With a CUDA device a second table times the
+CUDA kernel (``torch.ops.domino_ops.<op>`` on CUDA tensors) and the Triton kernel
+(``domino_ops.triton.kernel(op)``) on the same inputs, each call followed by a device
+synchronize (so a time includes the launch); without one it says they were skipped.
 
     python benchmarks/bench_tree.py                 # full table
     python benchmarks/bench_tree.py --quick         # fewer repeats
@@ -69,6 +73,58 @@ def row(op, bs, n, extra, raw, wrapper, ref):
     print(f"{op:<38} {bs:>3} {n:>3} {extra:<10} {raw:>10.1f} {wrapper:>10.1f} {ref:>12.1f} {ref / raw:>9.0f}x")
 
 
+def cases(vocab: int, gen: torch.Generator):
+    """(op, bs, N, label, dispatcher-op arguments) at every benchmarked size (CPU tensors)."""
+    modes = {0: "FULL", 1: "QLEN", 2: "PACKED"}
+    for bs in (1, 8):
+        for n in (8, 16, 64):
+            parent_list, selected = eagle_draft(bs, n, gen)
+            seq_lens = torch.randint(512, 1536, (bs,), generator=gen)
+            for mode, name in modes.items():
+                if mode == 2 and n > 32:
+                    continue
+                bufs = tree_buffers(bs, n, seq_lens, mode)
+                yield ("build_tree_kernel_efficient", bs, n, name,
+                       (parent_list, selected, seq_lens, *bufs, TOPK, DEPTH, n, mode))
+            # The verify ops run on the tree just built.
+            bufs = tree_buffers(bs, n, seq_lens, 1)
+            torch.ops.domino_ops.build_tree_kernel_efficient(parent_list, selected, seq_lens, *bufs, TOPK, DEPTH, n, 1)
+            _, _, ridx, nxt, sib = bufs
+            candidates = torch.randint(0, vocab, (bs, n), generator=gen)
+            first_child = candidates.gather(1, nxt.clamp(min=0))
+            planted = (nxt >= 0) & (torch.rand(bs, n, generator=gen) < 0.7)
+            target_predict = torch.where(planted, first_child, torch.randint(0, vocab, (bs, n), generator=gen))
+            outs = (torch.empty(bs * n, dtype=torch.int32), torch.empty(bs, DEPTH + 1, dtype=torch.int32),
+                    torch.empty(bs, dtype=torch.int32))
+            yield "verify_tree_greedy", bs, n, "", (*outs, candidates, ridx, nxt, sib, target_predict)
+            logits = torch.randn(bs, n, vocab, generator=gen) * 2
+            logits.scatter_add_(2, target_predict.unsqueeze(-1), torch.full((bs, n, 1), 6.0))
+            target_probs = torch.softmax(logits, dim=-1)
+            coins, final = torch.rand(bs, n, generator=gen), torch.rand(bs, generator=gen)
+            yield ("tree_speculative_sampling_target_only", bs, n, f"V={vocab}",
+                   (*outs, candidates, ridx, nxt, sib, coins, final, target_probs, None, 1.0, 1.0, True))
+
+
+def gpu_table(all_cases, repeats: int) -> None:
+    """CUDA kernel vs Triton kernel on the device, or a note that they were skipped."""
+    if not torch.cuda.is_available():
+        print("\nno CUDA device: the CUDA and Triton kernel timings were skipped")
+        return
+    from domino_ops import triton as triton_ops
+    print(f"\n{torch.cuda.get_device_name()}: CUDA and Triton kernels, microseconds per call (median, with a sync)")
+    print(f"{'op':<38} {'bs':>3} {'N':>3} {'mode/V':<10} {'CUDA':>10} {'Triton':>10}")
+    for op, bs, n, label, a in all_cases:
+        dev_args = tuple(x.cuda() if isinstance(x, torch.Tensor) else x for x in a)
+        timed = {}
+        for name, fn in (("CUDA", getattr(torch.ops.domino_ops, op) if domino_ops.has_kernel(op, "cuda") else None),
+                         ("Triton", triton_ops.kernel(op))):
+            if fn is None:
+                timed[name] = float("nan")
+                continue
+            timed[name] = median_us(lambda: (fn(*dev_args), torch.cuda.synchronize()), repeats, 3)
+        print(f"{op:<38} {bs:>3} {n:>3} {label:<10} {timed['CUDA']:>10.1f} {timed['Triton']:>10.1f}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--vocab", type=int, default=32000)
@@ -81,46 +137,13 @@ def main():
     gen = torch.Generator().manual_seed(0)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; times in microseconds (median)")
     print(f"{'op':<38} {'bs':>3} {'N':>3} {'mode/V':<10} {'torch.ops':>10} {'wrapper':>10} {'reference':>12} {'ref/ops':>10}")
-    modes = {0: "FULL", 1: "QLEN", 2: "PACKED"}
-    for bs in (1, 8):
-        for n in (8, 16, 64):
-            parent_list, selected = eagle_draft(bs, n, gen)
-            seq_lens = torch.randint(512, 1536, (bs,), generator=gen)
-            for mode, name in modes.items():
-                if mode == 2 and n > 32:
-                    continue
-                bufs = tree_buffers(bs, n, seq_lens, mode)
-                a = (parent_list, selected, seq_lens, *bufs, TOPK, DEPTH, n, mode)
-                raw = median_us(lambda: torch.ops.domino_ops.build_tree_kernel_efficient(*a), repeats)
-                wrap = median_us(lambda: domino_ops.build_tree_kernel_efficient(*a, backend="native"), repeats)
-                ref = median_us(lambda: domino_ops.build_tree_kernel_efficient(*a, backend="reference"), ref_repeats, 1)
-                row("build_tree_kernel_efficient", bs, n, name, raw, wrap, ref)
-            # The verify ops run on the tree just built.
-            bufs = tree_buffers(bs, n, seq_lens, 1)
-            torch.ops.domino_ops.build_tree_kernel_efficient(parent_list, selected, seq_lens, *bufs, TOPK, DEPTH, n, 1)
-            _, _, ridx, nxt, sib = bufs
-            candidates = torch.randint(0, args.vocab, (bs, n), generator=gen)
-            first_child = candidates.gather(1, nxt.clamp(min=0))
-            planted = (nxt >= 0) & (torch.rand(bs, n, generator=gen) < 0.7)
-            target_predict = torch.where(planted, first_child, torch.randint(0, args.vocab, (bs, n), generator=gen))
-            outs = (torch.empty(bs * n, dtype=torch.int32), torch.empty(bs, DEPTH + 1, dtype=torch.int32),
-                    torch.empty(bs, dtype=torch.int32))
-            a = (*outs, candidates, ridx, nxt, sib, target_predict)
-            raw = median_us(lambda: torch.ops.domino_ops.verify_tree_greedy(*a), repeats)
-            wrap = median_us(lambda: domino_ops.verify_tree_greedy(*a, backend="native"), repeats)
-            ref = median_us(lambda: domino_ops.verify_tree_greedy(*a, backend="reference"), ref_repeats, 1)
-            row("verify_tree_greedy", bs, n, "", raw, wrap, ref)
-
-            logits = torch.randn(bs, n, args.vocab, generator=gen) * 2
-            logits.scatter_add_(2, target_predict.unsqueeze(-1), torch.full((bs, n, 1), 6.0))
-            target_probs = torch.softmax(logits, dim=-1)
-            coins, final = torch.rand(bs, n, generator=gen), torch.rand(bs, generator=gen)
-            a = (*outs, candidates, ridx, nxt, sib, coins, final, target_probs, None, 1.0, 1.0, True)
-            raw = median_us(lambda: torch.ops.domino_ops.tree_speculative_sampling_target_only(*a), repeats)
-            wrap = median_us(lambda: domino_ops.tree_speculative_sampling_target_only(*a, backend="native"), repeats)
-            ref = median_us(lambda: domino_ops.tree_speculative_sampling_target_only(*a, backend="reference"),
-                            ref_repeats, 1)
-            row("tree_speculative_sampling_target_only", bs, n, f"V={args.vocab}", raw, wrap, ref)
+    all_cases = list(cases(args.vocab, gen))
+    for op, bs, n, label, a in all_cases:
+        raw = median_us(lambda: getattr(torch.ops.domino_ops, op)(*a), repeats)
+        wrap = median_us(lambda: getattr(domino_ops, op)(*a, backend="native"), repeats)
+        ref = median_us(lambda: getattr(domino_ops, op)(*a, backend="reference"), ref_repeats, 1)
+        row(op, bs, n, label, raw, wrap, ref)
+    gpu_table(all_cases, repeats)
 
 
 if __name__ == "__main__":

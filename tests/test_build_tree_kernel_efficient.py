@@ -1,5 +1,6 @@
-"""build_tree_kernel_efficient: sgl-kernel's hand-built case, random EAGLE drafts against a
-parent-pointer oracle in all three mask modes, and bad input."""
+"""build_tree_kernel_efficient on every backend (tree_backends.py: reference, native CPU,
+emulated CUDA, Triton): sgl-kernel's hand-built case, random EAGLE drafts against a
+parent-pointer oracle in all three mask modes with poisoned outputs, and bad input."""
 
 import random
 import re
@@ -11,10 +12,12 @@ from hypothesis import strategies as st
 
 import domino_ops
 from domino_ops import reference_tree
+from tree_backends import ALL, CPU_KERNELS, GPU, params, run_guarded, tree_op
+from tree_backends import with_ as with_args
 from tree_cases import POISON, ancestry, oracle_tree, pack_rows, random_eagle_draft
 
 FULL, QLEN, PACKED = 0, 1, 2
-BACKENDS = ["native", "reference"]
+WRAPPER_BACKENDS = ("native", "reference", "triton")  # the value checks run before the Triton kernel too
 
 
 def outputs(bs, n, seq_lens, mode, *, fill=None, gen=None, extra_positions=0):
@@ -34,9 +37,9 @@ def outputs(bs, n, seq_lens, mode, *, fill=None, gen=None, extra_positions=0):
     return mask, positions, *links
 
 
-def run(backend, parent_list, selected_index, seq_lens, topk, depth, n, mode, outs):
-    domino_ops.build_tree_kernel_efficient(parent_list, selected_index, torch.tensor(seq_lens, dtype=torch.int64),
-                                           *outs, topk, depth, n, mode, backend=backend)
+def run(backend, parent_list, selected_index, seq_lens, topk, depth, n, mode, outs, *, checked=True):
+    tree_op(backend, "build_tree_kernel_efficient", checked=checked)(
+        parent_list, selected_index, torch.tensor(seq_lens, dtype=torch.int64), *outs, topk, depth, n, mode)
 
 
 def check_against_oracle(outs, parents, seq_lens, mode, mask_before):
@@ -108,7 +111,7 @@ def parents_from_links(next_token, next_sibling):
     return parent
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", params())
 @pytest.mark.parametrize("mode", [FULL, QLEN, PACKED])
 def test_sglang_eagle_tree_case(backend, mode):
     parent_list, selected = sgl_case_inputs()
@@ -127,7 +130,7 @@ def test_sglang_eagle_tree_case(backend, mode):
         assert mask[: 8 * 13].view(8, 13)[:, :6].all() and not mask[: 8 * 13].view(8, 13)[0, 6:].any()
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", params())
 @pytest.mark.parametrize("n", [8, 9, 17, 32])
 def test_star_tree_bitpacking_word_sizes(backend, n):
     """All nodes children of the root (selected_index < topk, repeated): each row holds the
@@ -148,9 +151,9 @@ def test_star_tree_bitpacking_word_sizes(backend, n):
 
 # --- random drafts against the oracle --------------------------------------------------------
 
+@pytest.mark.parametrize("backend", params())
 @given(bs=st.integers(1, 3), topk=st.integers(1, 4), depth=st.integers(1, 5), frac=st.floats(0, 1),
-       mode=st.sampled_from([FULL, QLEN, PACKED]), sort=st.booleans(), seed=st.integers(0, 2**31 - 1),
-       backend=st.sampled_from(BACKENDS))
+       mode=st.sampled_from([FULL, QLEN, PACKED]), sort=st.booleans(), seed=st.integers(0, 2**31 - 1))
 def test_random_drafts_match_parent_pointer_oracle(bs, topk, depth, frac, mode, sort, seed, backend):
     rng = random.Random(seed)
     total = topk + (depth - 1) * topk * topk
@@ -163,22 +166,23 @@ def test_random_drafts_match_parent_pointer_oracle(bs, topk, depth, frac, mode, 
     check_against_oracle(outs, parents, seq_lens, mode, before)
 
 
+@pytest.mark.parametrize("backend", params(b for b in ALL if b != "reference"))
 @pytest.mark.parametrize("mode", [FULL, QLEN, PACKED])
-def test_native_equals_reference_on_sglang_sizes(mode):
+def test_kernels_equal_reference_on_sglang_sizes(backend, mode):
     rng = random.Random(mode)
     bs, topk, depth, n = 8, 4, 5, 32 if mode == PACKED else 64
     parent_list, selected, _ = random_eagle_draft(rng, bs, topk, depth, n)
     seq_lens = [rng.randrange(0, 300) for _ in range(bs)]
     got = {}
-    for backend in BACKENDS:
+    for be in ("reference", backend):
         outs = outputs(bs, n, seq_lens, mode, gen=torch.Generator().manual_seed(0))
-        run(backend, parent_list, selected, seq_lens, topk, depth, n, mode, outs)
-        got[backend] = outs
-    for a, b in zip(got["native"], got["reference"]):
+        run(be, parent_list, selected, seq_lens, topk, depth, n, mode, outs)
+        got[be] = outs
+    for a, b in zip(got[backend], got["reference"]):
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", params())
 def test_chain_is_lower_triangular(backend):
     """topk 1: a chain; positions seq_len + i, mask lower-triangular, links i -> i+1."""
     n, depth = 6, 5
@@ -191,7 +195,7 @@ def test_chain_is_lower_triangular(backend):
     assert outs[3].tolist() == [[1, 2, 3, 4, 5, -1]] and outs[4].tolist() == [[-1] * n]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", params())
 def test_depth_one_accepts_sglangs_empty_float_parent_list(backend):
     """SGLang passes torch.empty(bs, 0) (float32) as parent_list when spec_steps == 1."""
     topk, n = 4, 4
@@ -203,7 +207,7 @@ def test_depth_one_accepts_sglangs_empty_float_parent_list(backend):
     assert outs[4].tolist() == [[-1, 2, 3, -1]] * 2
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", params())
 def test_orphan_node_left_unlinked(backend, capfd):
     """A node whose parent was not selected: sgl-kernel warns and leaves it unlinked; its
     own child still hangs from it. Mask rows and positions cover the ancestry found."""
@@ -218,9 +222,11 @@ def test_orphan_node_left_unlinked(backend, capfd):
     if backend == "reference":
         with pytest.warns(UserWarning, match=warning):
             run(backend, parent_list, selected, [0], topk, depth, n, QLEN, outs)
-    else:  # a C++ warning: stderr (c10's handler) unless a Python warning handler is installed
+    elif backend == "native":  # a C++ warning: stderr (c10's handler) unless a Python warning handler is installed
         run(backend, parent_list, selected, [0], topk, depth, n, QLEN, outs)
         assert re.search(warning, capfd.readouterr().err)
+    else:  # the GPU kernels cannot warn without a host sync: same outputs, no warning
+        run(backend, parent_list, selected, [0], topk, depth, n, QLEN, outs)
     assert outs[3].tolist() == [[1, -1, 3, -1]] and outs[4].tolist() == [[-1, -1, -1, -1]]
     assert outs[1].tolist() == [0, 1, 1, 2]
     assert outs[0].view(n, n).int().tolist() == [[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]]
@@ -236,10 +242,24 @@ def test_parent_cycle_raises():
     args = (parent_list, selected, torch.tensor([0]), *outs, topk, depth, n, QLEN)
     with pytest.raises(RuntimeError, match="do not form a tree"):
         torch.ops.domino_ops.build_tree_kernel_efficient(*args)
-    for backend in BACKENDS:
+    for backend in CPU_KERNELS:
         with pytest.raises(ValueError, match="do not form a tree"):
             domino_ops.build_tree_kernel_efficient(*args, backend=backend)
     assert all(torch.equal(a, b) for a, b in zip(outs, before))  # nothing written
+
+
+@pytest.mark.parametrize("backend", params(GPU))
+def test_parent_cycle_nodes_become_orphans_on_gpu(backend):
+    """The GPU kernels cannot raise: the nodes on a parent cycle are made orphans (linked to
+    nothing, depth 1, mask row root + self)."""
+    topk, depth, n = 1, 3, 4
+    parent_list = torch.tensor([[-1, 2, 1]], dtype=torch.int64)
+    selected = torch.tensor([[1, 2, 0]], dtype=torch.int64)  # node 3: a child of the root
+    outs = outputs(1, n, [2], QLEN)
+    run(backend, parent_list, selected, [2], topk, depth, n, QLEN, outs, checked=False)
+    assert outs[1].tolist() == [2, 3, 3, 3]
+    assert outs[3].tolist() == [[3, -1, -1, -1]] and outs[4].tolist() == [[-1, -1, -1, -1]]
+    assert outs[0].view(n, n).int().tolist() == [[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 0, 1]]
 
 
 def test_opcheck():
@@ -264,9 +284,7 @@ def good_args(mode=QLEN):
 
 
 def with_(mode=QLEN, **over):
-    args = good_args(mode)
-    args.update(over)
-    return args
+    return with_args(lambda: good_args(mode), **over)
 
 
 WRAPPER_CASES = [
@@ -295,7 +313,7 @@ WRAPPER_CASES = [
 ]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", params(WRAPPER_BACKENDS))
 @pytest.mark.parametrize("args,exc,msg", WRAPPER_CASES)
 def test_wrapper_bad_input(args, exc, msg, backend):
     """Index values are checked by the native kernel (RuntimeError re-raised as ValueError)
@@ -308,10 +326,10 @@ def test_wrapper_bad_input(args, exc, msg, backend):
 
 def test_wrapper_bad_backend():
     with pytest.raises(ValueError, match="backend must be one of"):
-        domino_ops.build_tree_kernel_efficient(**good_args(), backend="triton")
+        domino_ops.build_tree_kernel_efficient(**good_args(), backend="cuda")
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", params(WRAPPER_BACKENDS))
 def test_wrapper_rejects_aliasing(backend):
     args = good_args()
     args["retrive_next_sibling"] = args["retrive_next_token"]
@@ -361,3 +379,24 @@ def test_direct_call_rejects_aliasing():
 
 def test_ancestry_helper_sanity():
     assert ancestry([-1, 0, 1, 1], 3) == [3, 1]
+
+
+# --- bad index values on the GPU kernels: no error (no host sync), never out of bounds ----------
+
+BAD_VALUES = {
+    "selected_index out of range": dict(selected_index=torch.tensor([[0, 1, 2, 2**40], [-1, 1, -(2**40), 3]])),
+    "negative verified_seq_len": dict(mode=FULL, verified_seq_len=torch.tensor([-3, 4])),
+    "FULL_MASK too small": dict(mode=FULL, verified_seq_len=torch.tensor([3, 2**62])),
+    "FULL_MASK too small for the last request": dict(mode=FULL, verified_seq_len=torch.tensor([3, 5])),
+}
+
+
+@pytest.mark.parametrize("backend", params(GPU))
+@pytest.mark.parametrize("case", list(BAD_VALUES))
+def test_gpu_kernels_never_go_out_of_bounds_on_bad_values(backend, case):
+    """What the CPU kernel rejects, the GPU kernels must survive (build_tree_kernel_efficient.cu's
+    header): outputs in guarded buffers (the FULL_MASK buffer sized for seq_lens [3, 4])."""
+    over = dict(BAD_VALUES[case])
+    args = with_(**over)
+    run_guarded(backend, "build_tree_kernel_efficient", args, ("tree_mask", "positions", "retrive_index", "retrive_next_token", "retrive_next_sibling"))
+    assert args["retrive_index"].view(-1).tolist() == list(range(10))

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 CSRC = Path(__file__).resolve().parents[1] / "csrc"
-KERNELS = ["domino_head_rollout", "sample", "verify_greedy", "verify_sampling"]
+KERNELS = ["domino_head_rollout", "sample", "verify_greedy", "verify_sampling", "build_tree_kernel_efficient",
+           "verify_tree_greedy", "tree_speculative_sampling_target_only"]
 NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
 
 

@@ -49,8 +49,20 @@ def test_torch_compile_traces_the_ops():
     assert torch.equal(eager[0], compiled[0]) and torch.equal(eager[1], compiled[1])
 
 
+KERNEL_OPS = ["domino_head_rollout", "sample", "verify_greedy", "verify_sampling", "build_tree_kernel_efficient",
+              "verify_tree_greedy", "tree_speculative_sampling_target_only"]
+
+
 def test_cpu_kernels_registered_and_cuda_reported():
-    for op in ["domino_head_rollout", "sample", "verify_greedy", "verify_sampling"]:
+    for op in KERNEL_OPS:
         assert domino_ops.has_kernel(op, "cpu")
-    # a CUDA build registers its CUDA kernels even on a machine without a GPU
-    assert domino_ops.has_kernel("verify_greedy", "cuda") == domino_ops.cuda_compiled
+        # a CUDA build registers its CUDA kernels even on a machine without a GPU
+        assert domino_ops.has_kernel(op, "cuda") == domino_ops.cuda_compiled, op
+
+
+def test_every_kernel_op_has_an_emulated_cuda_and_a_triton_kernel():
+    from domino_ops import triton as triton_ops
+    from kernel_backends import emulated_cuda_kernel
+    for op in KERNEL_OPS:
+        assert emulated_cuda_kernel(op) is not None
+        assert op in triton_ops.OPS

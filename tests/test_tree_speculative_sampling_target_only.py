@@ -1,6 +1,8 @@
-"""tree_speculative_sampling_target_only: sgl-kernel's hand-built cases, the native kernel
-against the reference on random trees, one-hot targets against verify_tree_greedy,
-losslessness with both thresholds 1 (chi-square, with negative controls), bad input."""
+"""tree_speculative_sampling_target_only on every backend (tree_backends.py: reference,
+native CPU, emulated CUDA, Triton): sgl-kernel's hand-built cases, the kernels against the
+reference on random trees with poisoned outputs, one-hot targets against
+verify_tree_greedy, losslessness with both thresholds 1 (chi-square against the exact
+distribution, with negative controls), bad input."""
 
 import random
 
@@ -12,20 +14,22 @@ from hypothesis import strategies as st
 
 import domino_ops
 from stats import assert_matches_distribution
+from tree_backends import ALL, GPU, params, run_guarded, tree_op
+from tree_backends import with_ as with_args
 from tree_cases import chain_tree, links, random_tree, verify_outputs
 
-BACKENDS = ["native", "reference"]
+WRAPPER_BACKENDS = ("native", "reference", "triton")  # the value checks run before the Triton kernel too
 
 
 def call(outs, candidates, retrive_index, next_token, next_sibling, coins, final_coins, target_probs,
-         draft_probs=None, threshold_single=1.0, threshold_acc=1.0, backend=None, **kw):
+         draft_probs=None, threshold_single=1.0, threshold_acc=1.0, backend="native", checked=True):
     predicts, accept_index, accept_num = outs
-    domino_ops.tree_speculative_sampling_target_only(
+    tree_op(backend, "tree_speculative_sampling_target_only", checked=checked)(
         predicts=predicts, accept_index=accept_index, accept_token_num=accept_num, candidates=candidates,
         retrive_index=retrive_index, retrive_next_token=next_token, retrive_next_sibling=next_sibling,
         uniform_samples=coins, uniform_samples_for_final_sampling=final_coins, target_probs=target_probs,
         draft_probs=draft_probs, threshold_single=threshold_single, threshold_acc=threshold_acc,
-        deterministic=True, backend=backend, **kw)
+        deterministic=True)
 
 
 # --- sgl-kernel's cases ----------------------------------------------------------------------
@@ -49,7 +53,7 @@ SGL_CASES = [  # threshold_single, threshold_acc, predicts, accept_index, accept
 ]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", params())
 @pytest.mark.parametrize("draft", ["zeros", "none"])
 @pytest.mark.parametrize("ts,ta,want_pred,want_index,want_num", SGL_CASES)
 def test_sglang_cases(backend, draft, ts, ta, want_pred, want_index, want_num):
@@ -67,7 +71,7 @@ def test_sglang_cases(backend, draft, ts, ta, want_pred, want_index, want_num):
         assert not draft_probs.any()  # never written (sgl-kernel scribbles into it)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", params())
 def test_rejected_child_is_masked_in_final_sampling(backend):
     """sgl-kernel's rejmask test (test_speculative_sampling.py, newer releases): node 1 is
     accepted by threshold_single (0.95 >= 0.91), node 2 rejected (coin 0.99 > 0.9, 0.9 <
@@ -85,7 +89,7 @@ def test_rejected_child_is_masked_in_final_sampling(backend):
     assert outs[1].tolist() == [[0, 1, -1]] and outs[2].tolist() == [1]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", params())
 def test_chain_with_one_hot_targets(backend):
     """sgl-kernel's chain test (topk 1, nearly one-hot targets): both drafts accepted within
     num_spec_step 3, then the target's bonus token."""
@@ -103,7 +107,7 @@ def test_chain_with_one_hot_targets(backend):
     assert outs[1].tolist() == [[0, 1, 2], [4, 5, 6]] and outs[2].tolist() == [2, 2]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", params())
 def test_draft_probs_residual(backend):
     """With draft_probs: the final draw is from max(p - q, 0) with the rejected children
     zeroed; after a full acceptance draft_probs is not used."""
@@ -125,15 +129,18 @@ def test_draft_probs_residual(backend):
     assert outs[0].tolist() == [0, 2] and outs[2].tolist() == [1]
 
 
-# --- native kernel == reference on random trees ---------------------------------------------
+# --- kernels == reference on random trees ----------------------------------------------------
 
+@pytest.mark.parametrize("backend", params(b for b in ALL if b != "reference"))
 @given(bs=st.integers(1, 3), n=st.integers(1, 16), steps=st.integers(1, 8), vocab=st.integers(1, 300),
        token_pool=st.integers(1, 6), sharp=st.sampled_from([0.0, 1.0, 8.0]), zeros=st.booleans(),
        thresholds=st.sampled_from([(1.0, 1.0), (0.0, 0.0), (0.9, 0.7), (1.0, 0.5), (0.3, 1.0)]),
        draft=st.sampled_from(["none", "zeros", "random"]), seed=st.integers(0, 2**31 - 1))
-def test_native_matches_reference(bs, n, steps, vocab, token_pool, sharp, zeros, thresholds, draft, seed):
-    """Exact equality (both use float32 acceptance sums and float64 residual CDFs). Candidates
-    come from a small pool so that siblings repeat tokens; some probabilities are zero."""
+def test_kernels_match_reference(backend, bs, n, steps, vocab, token_pool, sharp, zeros, thresholds, draft, seed):
+    """Exact equality (all use float32 acceptance sums and float64 residual CDFs; the GPU
+    kernels sum the CDF in another order, which could only matter within ~1e-16 of a step).
+    Candidates come from a small pool so that siblings repeat tokens; some probabilities are
+    zero. Outputs poisoned: slots no node names stay poisoned."""
     rng = random.Random(seed)
     g = torch.Generator().manual_seed(seed)
     children = [random_tree(rng, n, max_children=4)[1] for _ in range(bs)]
@@ -151,18 +158,19 @@ def test_native_matches_reference(bs, n, steps, vocab, token_pool, sharp, zeros,
     coins[torch.rand(bs, n, generator=g) < 0.1] = 0.0
     ridx = torch.randperm(bs * n, generator=g).view(bs, n).contiguous()
     results = []
-    for backend in BACKENDS:
+    for be in ("reference", backend):
         outs = verify_outputs(bs * n + 2, bs, steps)
         call(outs, candidates, ridx, next_token, next_sibling, coins, final_coins, target_probs, draft_probs,
-             *thresholds, backend=backend)
+             *thresholds, backend=be)
         results.append(outs)
         assert (outs[0][ridx.view(-1)] != -7).all() and (outs[0][-2:] == -7).all()
     for a, b in zip(*results):
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("backend", params())
 @given(bs=st.integers(1, 4), n=st.integers(1, 20), steps=st.integers(1, 8), vocab=st.integers(1, 5),
-       seed=st.integers(0, 2**31 - 1), backend=st.sampled_from(BACKENDS))
+       seed=st.integers(0, 2**31 - 1))
 def test_one_hot_target_is_verify_tree_greedy(bs, n, steps, vocab, seed, backend):
     """With a one-hot target, thresholds 1 and coins > 0 the sampler accepts exactly what
     greedy verification accepts and emits the same tokens."""
@@ -184,60 +192,72 @@ def test_one_hot_target_is_verify_tree_greedy(bs, n, steps, vocab, seed, backend
 
 # --- losslessness -------------------------------------------------------------------------------
 
-V, SAMPLES = 12, 40_000
+V = 12
+# Requests per distribution check. The GPU backends run emulated (~6 ms a request) or
+# interpreted (~35 ms) here, so they get small populations: the false-failure rate stays
+# ALPHA = 1e-6, and at these sizes the lossy negative control still fails with p < 1e-25
+# (exactness itself is test_kernels_match_reference's job). The reference equals the
+# native kernel there, so it is not sampled again.
+SAMPLES = {"native": 40_000, "emulated_cuda": 400, "triton": 200}
+DISTRIBUTION_BACKENDS = ("native",) + GPU
 
 
-def lossless_setup(seed=0):
+def lossless_setup(samples, seed=0):
     """Root -> nodes 1, 2, 3 (the target's three likeliest tokens at the root, in that
-    order); node 1 -> nodes 4, 5 (the two likeliest at node 1). SAMPLES copies."""
+    order); node 1 -> nodes 4, 5 (the two likeliest at node 1). ``samples`` copies."""
     g = torch.Generator().manual_seed(seed)
     p = F.softmax(torch.randn(6, V, generator=g), dim=-1)
     top0, top1 = p[0].argsort(descending=True), p[1].argsort(descending=True)
     cand = torch.tensor([0, int(top0[0]), int(top0[1]), int(top0[2]), int(top1[0]), int(top1[1])])
     children = [[1, 2, 3], [4, 5], [], [], [], []]
     next_token, next_sibling = links([children])
-    b = SAMPLES
+    b = samples
     return dict(candidates=cand.expand(b, 6).contiguous(), retrive_index=torch.arange(b * 6).view(b, 6),
                 next_token=next_token.expand(b, 6).contiguous(), next_sibling=next_sibling.expand(b, 6).contiguous(),
                 coins=torch.rand(b, 6, generator=g), final_coins=torch.rand(b, generator=g),
-                target_probs=p.expand(b, 6, V).contiguous(), p=p)
+                target_probs=p.expand(b, 6, V).contiguous(), p=p, samples=b)
 
 
-def sample_tree(case, **kw):
-    outs = verify_outputs(SAMPLES * 6, SAMPLES, 3)
+def sample_tree(case, backend="native", **kw):
+    b = case["samples"]
+    outs = verify_outputs(b * 6, b, 3)
     call(outs, case["candidates"], case["retrive_index"], case["next_token"], case["next_sibling"], case["coins"],
-         case["final_coins"], case["target_probs"], **kw)
+         case["final_coins"], case["target_probs"], backend=backend, **kw)
     return outs
 
 
-def test_lossless_with_thresholds_one():
+@pytest.mark.parametrize("backend", params(DISTRIBUTION_BACKENDS))
+def test_lossless_with_thresholds_one(backend):
     """First token ~ p_root exactly (the accepted child or the residual draw); the second,
     given that node 1 was accepted, ~ p_node1."""
-    case = lossless_setup()
-    predicts, accept_index, accept_num = sample_tree(case)
-    view = predicts.view(SAMPLES, 6)
+    case = lossless_setup(SAMPLES[backend])
+    b = case["samples"]
+    predicts, accept_index, accept_num = sample_tree(case, backend)
+    view = predicts.view(b, 6)
     assert_matches_distribution(view[:, 0].numpy(), case["p"][0].double().numpy(), what="first token")
-    took_1 = accept_index[:, 1] == torch.arange(SAMPLES) * 6 + 1
-    assert took_1.sum() > 1000
+    took_1 = accept_index[:, 1] == torch.arange(b) * 6 + 1
+    assert took_1.sum() > b // 40
     assert_matches_distribution(view[took_1, 1].numpy(), case["p"][1].double().numpy(), what="second token")
-    # and draft_probs = zeros (what SGLang passes) is the same sampler
-    again = sample_tree(case, draft_probs=torch.zeros_like(case["target_probs"]))
-    assert all(torch.equal(a, b) for a, b in zip((predicts, accept_index, accept_num), again))
+    if backend == "native":  # and draft_probs = zeros (what SGLang passes) is the same sampler
+        again = sample_tree(case, backend, draft_probs=torch.zeros_like(case["target_probs"]))
+        assert all(torch.equal(a, b) for a, b in zip((predicts, accept_index, accept_num), again))
 
 
-def test_negative_control_lossy_threshold_fails():
-    case = lossless_setup()
-    predicts, _, _ = sample_tree(case, threshold_acc=0.5)
+@pytest.mark.parametrize("backend", params(DISTRIBUTION_BACKENDS))
+def test_negative_control_lossy_threshold_fails(backend):
+    case = lossless_setup(SAMPLES[backend])
+    predicts, _, _ = sample_tree(case, backend, threshold_acc=0.5)
     with pytest.raises(AssertionError, match="chi-square"):
-        assert_matches_distribution(predicts.view(SAMPLES, 6)[:, 0].numpy(), case["p"][0].double().numpy())
+        assert_matches_distribution(predicts.view(case["samples"], 6)[:, 0].numpy(), case["p"][0].double().numpy())
 
 
 def test_negative_control_unmasked_residual_fails():
     """A sampler that redraws from the full target after rejecting every child (not removing
     the rejected children) over-weights them: the check must catch it."""
-    case = lossless_setup()
+    case = lossless_setup(SAMPLES["native"])
+    b = case["samples"]
     predicts, _, accept_num = sample_tree(case)
-    first = predicts.view(SAMPLES, 6)[:, 0].clone()
+    first = predicts.view(b, 6)[:, 0].clone()
     rejected_all = accept_num == 0
     g = torch.Generator().manual_seed(1)
     first[rejected_all] = torch.multinomial(case["p"][0], int(rejected_all.sum()), replacement=True,
@@ -268,9 +288,7 @@ def good_args():
 
 
 def with_(**over):
-    args = good_args()
-    args.update(over)
-    return args
+    return with_args(good_args, **over)
 
 
 WRAPPER_CASES = [
@@ -296,7 +314,7 @@ WRAPPER_CASES = [
 ]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", params(WRAPPER_BACKENDS))
 @pytest.mark.parametrize("args,exc,msg", WRAPPER_CASES)
 def test_wrapper_bad_input(args, exc, msg, backend):
     """Index values are checked by the native kernel (RuntimeError re-raised as ValueError)
@@ -311,7 +329,7 @@ def test_wrapper_accepts_positional_sgl_signature():
     assert args["accept_token_num"].tolist() == [3, 2]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", params(WRAPPER_BACKENDS))
 def test_wrapper_rejects_aliasing(backend):
     args = good_args()
     args["predicts"] = args["target_probs"].view(torch.int32)[0, 0, :12]
@@ -352,3 +370,25 @@ def test_direct_call_rejects_aliasing():
     args["accept_token_num"] = args["draft_probs"].view(torch.int32)[0, 0, :2]
     with pytest.raises(RuntimeError, match="output accept_token_num overlaps input draft_probs"):
         torch.ops.domino_ops.tree_speculative_sampling_target_only(*args.values())
+
+
+# --- bad index values on the GPU kernels: no error (no host sync), never out of bounds ----------
+
+BAD_VALUES = {
+    "candidates out of range": dict(candidates=torch.tensor([[0, 2**40, 2, 3, 4, 5], [7, 8, 9, 10, -5, 12]])),
+    "links out of range": dict(retrive_next_token=torch.tensor([[1, 2, -1, 4, 5, 6]] * 2),
+                               retrive_next_sibling=torch.tensor([[-9, 3, -1, 2**40, -1, -1]] * 2)),
+    "slots out of range": dict(retrive_index=torch.tensor([[0, 1, 2, 3, 4, 2**40], [-6, 7, 8, 9, 10, 12]])),
+    "sibling cycle": dict(retrive_next_sibling=torch.tensor([[-1, 3, -1, 1, -1, -1]] * 2),
+                          target_probs=F.one_hot(torch.full((2, 6), 18), 20).float()),
+}
+
+
+@pytest.mark.parametrize("backend", params(GPU))
+@pytest.mark.parametrize("case", list(BAD_VALUES))
+def test_gpu_kernels_never_go_out_of_bounds_on_bad_values(backend, case):
+    """What the CPU kernel rejects, the GPU kernels must survive (tree_common.cuh): outputs
+    in guarded buffers, token ids in range."""
+    args = with_(**BAD_VALUES[case])
+    run_guarded(backend, "tree_speculative_sampling_target_only", args, ("predicts", "accept_index", "accept_token_num"))
+    assert ((args["accept_token_num"] >= 0) & (args["accept_token_num"] < 4)).all()

@@ -23,5 +23,11 @@ def test_every_kernel_compiles_for_sm80_and_sm90_without_spills():
     print(out.stdout)
     from domino_ops.triton import aot
     assert len(rows) == 2 * len(aot._specs()), out.stdout  # every variant for both architectures
+    compiled = {name.split("[")[0] for _, name, _, _ in rows}
+    from domino_ops.triton import OPS
+    for op in OPS:  # every op's kernel module contributes (e.g. _tree_sampling_kernel)
+        module = __import__(f"domino_ops.triton.{op}", fromlist=["_"])
+        kernels = {k for k, v in vars(module).items() if k.endswith("_kernel") and hasattr(v, "fn")}
+        assert kernels & compiled, f"no kernel of {op} compiled ahead of time"
     spilled = [(arch, name) for arch, name, _, spills in rows if int(spills) > 0]
     assert not spilled, f"register spills: {spilled}"

@@ -1,5 +1,6 @@
-"""verify_tree_greedy: sgl-kernel's hand-built case, random trees against a parent-pointer
-oracle, a one-branch tree against verify_greedy, and bad input."""
+"""verify_tree_greedy on every backend (tree_backends.py: reference, native CPU, emulated
+CUDA, Triton): sgl-kernel's hand-built case, random trees against a parent-pointer oracle
+with poisoned outputs, a one-branch tree against verify_greedy, and bad input."""
 
 import random
 
@@ -9,9 +10,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import domino_ops
-from tree_cases import POISON, chain_tree, links, oracle_greedy, random_tree, verify_outputs
+from tree_backends import GPU, params, run_guarded, tree_op
+from tree_backends import with_ as with_args
+from tree_cases import chain_tree, links, oracle_greedy, random_tree, verify_outputs
 
-BACKENDS = ["native", "reference"]
+WRAPPER_BACKENDS = ("native", "reference", "triton")  # the value checks run before the Triton kernel too
 
 
 def sgl_case():
@@ -28,21 +31,21 @@ def sgl_case():
     return candidates, retrive_index, next_token, next_sibling, logits
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", params())
 def test_sglang_case(backend):
     candidates, retrive_index, next_token, next_sibling, logits = sgl_case()
     predicts, accept_index, accept_num = verify_outputs(12, 2, 4)
     predicts.fill_(-1)  # as sgl-kernel's test: off-path slots stay -1 either way
-    domino_ops.verify_tree_greedy(predicts, accept_index, accept_num, candidates, retrive_index, next_token,
-                                  next_sibling, logits.argmax(-1), backend=backend)
+    tree_op(backend, "verify_tree_greedy")(predicts, accept_index, accept_num, candidates, retrive_index, next_token,
+                                           next_sibling, logits.argmax(-1))
     assert predicts.tolist() == [3, -1, -1, 4, 5, 18, 11, -1, -1, -1, 12, 18]
     assert accept_index.tolist() == [[0, 3, 4, 5], [6, 10, 11, -1]]
     assert accept_num.tolist() == [3, 2]
 
 
+@pytest.mark.parametrize("backend", params())
 @given(bs=st.integers(1, 4), n=st.integers(1, 24), steps=st.integers(1, 8), vocab=st.integers(1, 4),
-       permuted=st.booleans(), extra=st.integers(0, 3), seed=st.integers(0, 2**31 - 1),
-       backend=st.sampled_from(BACKENDS))
+       permuted=st.booleans(), extra=st.integers(0, 3), seed=st.integers(0, 2**31 - 1))
 def test_random_trees_match_parent_pointer_oracle(bs, n, steps, vocab, permuted, extra, seed, backend):
     """Random trees (shuffled sibling order), tiny vocabularies so that paths get accepted,
     retrive_index the identity or a permutation of the predicts slots; outputs poisoned, and
@@ -58,15 +61,15 @@ def test_random_trees_match_parent_pointer_oracle(bs, n, steps, vocab, permuted,
     retrive_index = slots.view(bs, n).contiguous()
     predicts, accept_index, accept_num = verify_outputs(bs * n + extra, bs, steps)
     expected = oracle_greedy(children, candidates, retrive_index, target_predict, steps, bs * n + extra, predicts)
-    domino_ops.verify_tree_greedy(predicts, accept_index, accept_num, candidates, retrive_index, next_token,
-                                  next_sibling, target_predict, backend=backend)
+    tree_op(backend, "verify_tree_greedy")(predicts, accept_index, accept_num, candidates, retrive_index, next_token,
+                                           next_sibling, target_predict)
     assert torch.equal(predicts, expected[0])
     assert torch.equal(accept_index, expected[1])
     assert torch.equal(accept_num, expected[2])
 
 
-@given(b=st.integers(1, 5), k=st.integers(1, 9), V=st.sampled_from([2, 3, 50]), seed=st.integers(0, 2**31 - 1),
-       backend=st.sampled_from(BACKENDS))
+@pytest.mark.parametrize("backend", params())
+@given(b=st.integers(1, 5), k=st.integers(1, 9), V=st.sampled_from([2, 3, 50]), seed=st.integers(0, 2**31 - 1))
 def test_one_branch_tree_is_verify_greedy(b, k, V, seed, backend):
     """A chain of k drafts verified as a tree gives exactly what verify_greedy gives."""
     g = torch.Generator().manual_seed(seed)
@@ -82,8 +85,8 @@ def test_one_branch_tree_is_verify_greedy(b, k, V, seed, backend):
     next_token, next_sibling = links([children] * b)
     retrive_index = torch.arange(b * n).view(b, n)
     predicts, accept_index, accept_num = verify_outputs(b * n, b, n)
-    domino_ops.verify_tree_greedy(predicts, accept_index, accept_num, candidates, retrive_index, next_token,
-                                  next_sibling, target, backend=backend)
+    tree_op(backend, "verify_tree_greedy")(predicts, accept_index, accept_num, candidates, retrive_index, next_token,
+                                           next_sibling, target)
     assert torch.equal(accept_num.long(), num_accepted)
     for s in range(b):
         m = int(num_accepted[s])
@@ -92,7 +95,7 @@ def test_one_branch_tree_is_verify_greedy(b, k, V, seed, backend):
         assert accept_index[s].tolist() == [s * n + j for j in range(m + 1)] + [-1] * (n - m - 1)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", params())
 def test_num_spec_step_limits_the_walk(backend):
     """A chain whose drafts all match: num_spec_step - 1 of them are accepted, the bonus is
     the target's token at the last accepted node; num_spec_step 1 takes the root's token."""
@@ -103,13 +106,13 @@ def test_num_spec_step_limits_the_walk(backend):
     for steps, want_pred, want_num in [(1, [1, -1, -1, -1, -1], 0), (3, [1, 2, 3, -1, -1], 2),
                                        (5, [1, 2, 3, 4, 7], 4), (8, [1, 2, 3, 4, 7], 4)]:
         predicts, accept_index, accept_num = verify_outputs(n, 1, steps)
-        domino_ops.verify_tree_greedy(predicts, accept_index, accept_num, candidates, torch.arange(n).view(1, n),
-                                      next_token, next_sibling, target_predict, backend=backend)
+        tree_op(backend, "verify_tree_greedy")(predicts, accept_index, accept_num, candidates,
+                                               torch.arange(n).view(1, n), next_token, next_sibling, target_predict)
         assert predicts.tolist() == want_pred and accept_num.tolist() == [want_num]
         assert accept_index.tolist() == [list(range(want_num + 1)) + [-1] * (steps - want_num - 1)]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", params())
 def test_first_matching_sibling_wins(backend):
     """Two siblings with the target's token: the first in sibling order is taken."""
     candidates = torch.tensor([[0, 5, 5, 6, 6]])
@@ -118,8 +121,8 @@ def test_first_matching_sibling_wins(backend):
     next_sibling = torch.tensor([[-1, -1, 1, -1, -1]])
     target_predict = torch.tensor([[5, 6, 6, 0, 0]])
     predicts, accept_index, accept_num = verify_outputs(5, 1, 3)
-    domino_ops.verify_tree_greedy(predicts, accept_index, accept_num, candidates, torch.arange(5).view(1, 5),
-                                  next_token, next_sibling, target_predict, backend=backend)
+    tree_op(backend, "verify_tree_greedy")(predicts, accept_index, accept_num, candidates, torch.arange(5).view(1, 5),
+                                           next_token, next_sibling, target_predict)
     assert accept_index.tolist() == [[0, 2, 4]] and predicts.tolist() == [5, -1, 6, -1, 0]
 
 
@@ -142,9 +145,7 @@ def good_args():
 
 
 def with_(**over):
-    args = good_args()
-    args.update(over)
-    return args
+    return with_args(good_args, **over)
 
 
 WRAPPER_CASES = [
@@ -166,7 +167,7 @@ WRAPPER_CASES = [
 ]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", params(WRAPPER_BACKENDS))
 @pytest.mark.parametrize("args,exc,msg", WRAPPER_CASES)
 def test_wrapper_bad_input(args, exc, msg, backend):
     """Index values are checked by the native kernel (RuntimeError re-raised as ValueError)
@@ -175,7 +176,7 @@ def test_wrapper_bad_input(args, exc, msg, backend):
         domino_ops.verify_tree_greedy(**args, backend=backend)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", params(WRAPPER_BACKENDS))
 def test_wrapper_aliasing(backend):
     args = good_args()
     buf = torch.zeros(20, dtype=torch.int32)
@@ -237,3 +238,24 @@ def test_direct_call_rejects_aliasing():
     args["predicts"] = args["candidates"].view(torch.int32)[0]  # 12 int32 over request 0's candidates
     with pytest.raises(RuntimeError, match="output predicts overlaps input candidates"):
         torch.ops.domino_ops.verify_tree_greedy(*args.values())
+
+
+# --- bad index values on the GPU kernels: no error (no host sync), never out of bounds ----------
+
+BAD_VALUES = {
+    "links out of range": dict(retrive_next_token=torch.tensor([[1, 2, -1, 4, 5, 6]] * 2),
+                               retrive_next_sibling=torch.tensor([[-9, 3, -1, 2**40, -1, -1]] * 2)),
+    "slots out of range": dict(retrive_index=torch.tensor([[0, 1, 2, 3, 4, 2**40], [-6, 7, 8, 9, 10, 12]])),
+    "sibling cycle": dict(retrive_next_sibling=torch.tensor([[-1, 3, -1, 1, -1, -1], [-1, -1, -1, -1, 1, -1]]),
+                          target_predict=torch.full((2, 6), 17)),
+}
+
+
+@pytest.mark.parametrize("backend", params(GPU))
+@pytest.mark.parametrize("case", list(BAD_VALUES))
+def test_gpu_kernels_never_go_out_of_bounds_on_bad_values(backend, case):
+    """What the CPU kernel rejects, the GPU kernels must survive (tree_common.cuh): outputs
+    in guarded buffers, every slot in range written as in the valid case."""
+    args = with_(**BAD_VALUES[case])
+    run_guarded(backend, "verify_tree_greedy", args, ("predicts", "accept_index", "accept_token_num"))
+    assert ((args["accept_token_num"] >= 0) & (args["accept_token_num"] < 4)).all()

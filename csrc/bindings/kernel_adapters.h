@@ -1,5 +1,6 @@
 // Tensors -> the plain launchers in csrc/cuda/, written once as the dispatcher kernels of
-// the four ops over a `Device` policy, and registered for both builds of those launchers:
+// the ops (the four Domino ops and the three sgl-kernel-compatible tree ops) over a
+// `Device` policy, and registered for both builds of those launchers:
 // the real CUDA ops (bindings/cuda_impls.cpp: a CUDAGuard and torch's current stream) and
 // their emulated twins (simt/emulated_module.cpp, test infrastructure: no guard, no
 // stream), so the emulator tests exercise this marshalling too. A policy provides
@@ -14,8 +15,12 @@
 #include <limits>
 
 #include "ops.h"
+#include "tree_ops.h"
+#include "cuda/build_tree_kernel_efficient.cuh"
 #include "cuda/domino_head_rollout.cuh"
 #include "cuda/sample.cuh"
+#include "cuda/tree_speculative_sampling_target_only.cuh"
+#include "cuda/verify_tree_greedy.cuh"
 #include "cuda/verify_greedy.cuh"
 #include "cuda/verify_sampling.cuh"
 
@@ -132,7 +137,106 @@ void domino_head_rollout(at::Tensor base_logits, const at::Tensor& hproj, const 
   check_launch(launch_domino_head_rollout(args, Device::stream()), "domino_head_rollout");
 }
 
-// The four ops' implementations for one dispatch key of a library, e.g.
+// The tree ops: the shape/dtype/aliasing checks of tree_checks.cpp; index values are not
+// read here (that would need a device sync): the kernels never use a bad one as an address
+// (csrc/cuda/tree_common.cuh).
+inline void check_tree_nodes(int64_t n, int64_t limit, const char* op) {
+  TORCH_CHECK(n <= limit, op, ": ", n, " nodes per request exceed the CUDA kernel's shared-memory limit of ", limit);
+}
+
+template <class Device>
+void build_tree_kernel_efficient(const at::Tensor& parent_list, const at::Tensor& selected_index,
+                                 const at::Tensor& verified_seq_len, at::Tensor tree_mask, at::Tensor positions,
+                                 at::Tensor retrive_index, at::Tensor retrive_next_token,
+                                 at::Tensor retrive_next_sibling, int64_t topk, int64_t depth, int64_t draft_token_num,
+                                 int64_t tree_mask_mode) {
+  const typename Device::Guard guard(selected_index.device());
+  check_build_tree_args(parent_list, selected_index, verified_seq_len, tree_mask, positions, retrive_index,
+                        retrive_next_token, retrive_next_sibling, topk, depth, draft_token_num, tree_mask_mode);
+  const int64_t bs = selected_index.size(0);
+  check_grid_rows(bs, "build_tree_kernel_efficient");
+  check_tree_nodes(draft_token_num, kBuildTreeMaxNodes, "build_tree_kernel_efficient");
+  if (bs == 0) return;
+  BuildTreeArgs args{};
+  args.parent_list = parent_list.numel() > 0 ? parent_list.data_ptr<int64_t>() : nullptr;
+  args.selected_index = selected_index.data_ptr<int64_t>();
+  args.verified_seq_len = verified_seq_len.data_ptr<int64_t>();
+  args.tree_mask = static_cast<uint8_t*>(tree_mask.data_ptr());
+  args.mask_numel = tree_mask.numel();
+  args.positions = positions.data_ptr<int64_t>();
+  args.retrive_index = retrive_index.data_ptr<int64_t>();
+  args.retrive_next_token = retrive_next_token.data_ptr<int64_t>();
+  args.retrive_next_sibling = retrive_next_sibling.data_ptr<int64_t>();
+  args.bs = bs;
+  args.topk = topk;
+  args.parents = topk * (depth - 1) + 1;
+  args.n = draft_token_num;
+  args.mode = tree_mask_mode;
+  check_launch(launch_build_tree_kernel_efficient(args, Device::stream()), "build_tree_kernel_efficient");
+}
+
+template <class Device>
+void verify_tree_greedy(at::Tensor predicts, at::Tensor accept_index, at::Tensor accept_token_num,
+                        const at::Tensor& candidates, const at::Tensor& retrive_index,
+                        const at::Tensor& retrive_next_token, const at::Tensor& retrive_next_sibling,
+                        const at::Tensor& target_predict) {
+  const typename Device::Guard guard(candidates.device());
+  check_verify_tree_greedy_args(predicts, accept_index, accept_token_num, candidates, retrive_index,
+                                retrive_next_token, retrive_next_sibling, target_predict);
+  const int64_t bs = candidates.size(0), n = candidates.size(1);
+  check_grid_rows(bs, "verify_tree_greedy");
+  if (bs == 0) return;
+  check_launch(launch_verify_tree_greedy(predicts.data_ptr<int32_t>(), accept_index.data_ptr<int32_t>(),
+                                         accept_token_num.data_ptr<int32_t>(), candidates.data_ptr<int64_t>(),
+                                         retrive_index.data_ptr<int64_t>(), retrive_next_token.data_ptr<int64_t>(),
+                                         retrive_next_sibling.data_ptr<int64_t>(), target_predict.data_ptr<int64_t>(),
+                                         bs, n, accept_index.size(1), std::min<int64_t>(predicts.numel(), bs * n),
+                                         Device::stream()),
+               "verify_tree_greedy");
+}
+
+template <class Device>
+void tree_speculative_sampling_target_only(
+    at::Tensor predicts, at::Tensor accept_index, at::Tensor accept_token_num, const at::Tensor& candidates,
+    const at::Tensor& retrive_index, const at::Tensor& retrive_next_token, const at::Tensor& retrive_next_sibling,
+    const at::Tensor& uniform_samples, const at::Tensor& uniform_samples_for_final_sampling,
+    const at::Tensor& target_probs, const std::optional<at::Tensor>& draft_probs, double threshold_single,
+    double threshold_acc, bool deterministic) {
+  (void)deterministic;  // always deterministic
+  const typename Device::Guard guard(candidates.device());
+  check_tree_sampling_args(predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
+                           retrive_next_sibling, uniform_samples, uniform_samples_for_final_sampling, target_probs,
+                           draft_probs, threshold_single, threshold_acc);
+  const int64_t bs = candidates.size(0), n = candidates.size(1);
+  check_grid_rows(bs, "tree_speculative_sampling_target_only");
+  check_tree_nodes(n, kTreeSamplingMaxNodes, "tree_speculative_sampling_target_only");
+  TORCH_CHECK(target_probs.size(2) < std::numeric_limits<int>::max(), "tree_speculative_sampling_target_only: "
+              "vocabulary ", target_probs.size(2), " does not fit the kernel's int32 token ids");
+  if (bs == 0) return;
+  TreeSamplingArgs args{};
+  args.predicts = predicts.data_ptr<int32_t>();
+  args.accept_index = accept_index.data_ptr<int32_t>();
+  args.accept_token_num = accept_token_num.data_ptr<int32_t>();
+  args.candidates = candidates.data_ptr<int64_t>();
+  args.retrive_index = retrive_index.data_ptr<int64_t>();
+  args.retrive_next_token = retrive_next_token.data_ptr<int64_t>();
+  args.retrive_next_sibling = retrive_next_sibling.data_ptr<int64_t>();
+  args.uniform_samples = uniform_samples.data_ptr<float>();
+  args.final_uniforms = uniform_samples_for_final_sampling.data_ptr<float>();
+  args.target_probs = target_probs.data_ptr<float>();
+  args.draft_probs = draft_probs.has_value() ? draft_probs->data_ptr<float>() : nullptr;
+  args.threshold_single = static_cast<float>(threshold_single);
+  args.threshold_acc = static_cast<float>(threshold_acc);
+  args.bs = bs;
+  args.n = n;
+  args.steps = accept_index.size(1);
+  args.V = target_probs.size(2);
+  args.slot_limit = predicts.numel();
+  check_launch(launch_tree_speculative_sampling_target_only(args, Device::stream()),
+               "tree_speculative_sampling_target_only");
+}
+
+// The ops' implementations for one dispatch key of a library, e.g.
 //   TORCH_LIBRARY_IMPL(domino_ops, CUDA, m) { domino::cuda::impl_ops<CudaDevice>(m); }
 template <class Device>
 void impl_ops(torch::Library& m) {
@@ -140,6 +244,9 @@ void impl_ops(torch::Library& m) {
   m.impl("sample", &sample<Device>);
   m.impl("verify_greedy", &verify_greedy<Device>);
   m.impl("verify_sampling", &verify_sampling<Device>);
+  m.impl("build_tree_kernel_efficient", &build_tree_kernel_efficient<Device>);
+  m.impl("verify_tree_greedy", &verify_tree_greedy<Device>);
+  m.impl("tree_speculative_sampling_target_only", &tree_speculative_sampling_target_only<Device>);
 }
 
 }  // namespace domino::cuda

@@ -29,14 +29,6 @@ inline constexpr const char* kVerifySampling =
 inline constexpr const char* kSmallBatchLinear =
     "small_batch_linear(Tensor x, Tensor weight, Tensor? bias, Tensor(a!) out) -> ()";
 
-// Defines the four ops in a library: TORCH_LIBRARY(ns, m) { domino::schemas::define_ops(m); }
-inline void define_ops(torch::Library& m) {
-  m.def(kDominoHeadRollout);
-  m.def(kSample);
-  m.def(kVerifyGreedy);
-  m.def(kVerifySampling);
-}
-
 // The sgl-kernel-compatible tree ops (csrc/tree_ops.h): sgl-kernel's signatures, with
 // draft_probs optional (newer sgl-kernel releases dropped it).
 inline constexpr const char* kBuildTreeKernelEfficient =
@@ -66,5 +58,17 @@ inline constexpr const char* kVerifyTreeSampling =
     "Tensor candidates, Tensor retrive_index, Tensor retrive_next_token, Tensor retrive_next_sibling, "
     "Tensor uniform_samples, Tensor uniform_samples_for_final_sampling, Tensor target_probs, "
     "Tensor draft_probs) -> ()";
+
+// Defines the kernel ops (the four Domino ops and the three tree ops) in a library:
+//   TORCH_LIBRARY(ns, m) { domino::schemas::define_ops(m); }
+inline void define_ops(torch::Library& m) {
+  m.def(kDominoHeadRollout);
+  m.def(kSample);
+  m.def(kVerifyGreedy);
+  m.def(kVerifySampling);
+  m.def(kBuildTreeKernelEfficient);
+  m.def(kVerifyTreeGreedy);
+  m.def(kTreeSpeculativeSamplingTargetOnly);
+}
 
 }  // namespace domino::schemas

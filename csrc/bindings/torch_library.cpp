@@ -8,12 +8,9 @@
 #include "tree_ops.h"
 
 TORCH_LIBRARY(domino_ops, m) {
-  domino::schemas::define_ops(m);  // the four ops the emulated CUDA library shares
-  m.def(domino::schemas::kBuildTreeKernelEfficient);
-  m.def(domino::schemas::kVerifyTreeGreedy);
-  m.def(domino::schemas::kTreeSpeculativeSamplingTargetOnly);
-  m.def(domino::schemas::kVerifyTreeSampling);
-  m.def(domino::schemas::kDominoHeadExpand);
+  domino::schemas::define_ops(m);  // the kernel ops the emulated CUDA library shares
+  m.def(domino::schemas::kVerifyTreeSampling);  // CPU only so far
+  m.def(domino::schemas::kDominoHeadExpand);    // CPU only so far
   m.def(domino::schemas::kSmallBatchLinear);
 }
 

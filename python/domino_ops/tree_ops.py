@@ -15,64 +15,44 @@ next sibling, -1 for none; children are in ascending node order, i.e. descending
 score. ``retrive_index[b, u]`` is u's slot in the flat ``predicts`` buffer, ``b * N + u``.
 (The ``retrive`` spelling is sgl-kernel's.)
 
-Backends, per call (``backend=``) or for the process (``DOMINO_OPS_BACKEND``): ``"native"``
-is the C++ CPU kernel registered as ``torch.ops.domino_ops.<op>``; ``"reference"`` the
-PyTorch reference of :mod:`domino_ops.reference_tree`; ``"auto"`` (the default) takes the
-native kernel when the tensors' device has one, else the reference. CUDA and Triton kernels
-for these ops come later: on a GPU, ``"auto"`` runs the reference for now, and
-``DOMINO_OPS_BACKEND=triton`` means ``"auto"`` for them.
+Backends, per call (``backend=``) or for the process (``DOMINO_OPS_BACKEND``), chosen by
+the same rule as the other ops (:func:`domino_ops.select_backend`): ``"native"`` is the
+kernel registered as ``torch.ops.domino_ops.<op>`` for the tensors' device (the C++ CPU
+kernel, or the CUDA kernel of ``csrc/cuda/``); ``"triton"`` the Triton kernel of
+:mod:`domino_ops.triton` (CUDA devices, or the CPU under ``TRITON_INTERPRET=1``);
+``"reference"`` the PyTorch reference of :mod:`domino_ops.reference_tree`. ``"auto"`` (the
+default) takes the native kernel when the device has one, else Triton where it can run,
+else the reference. :func:`verify_tree_sampling` has only its CPU kernel and reference so
+far (on a GPU, "auto" runs the reference).
 
 Arguments are validated with TypeError (wrong type or dtype) or ValueError (shape, device,
 layout, outputs overlapping inputs, index values out of range, links that do not form a
 tree), naming the argument. Types, shapes and layouts are checked here; aliasing and the
-index values are checked by the native kernel before it writes anything (its RuntimeError
-is re-raised as ValueError; a direct ``torch.ops`` call gets the RuntimeError and can
-never read or write out of bounds), and here, on CPU tensors, before the reference runs.
+index values are checked by the native CPU kernel before it writes anything (its
+RuntimeError is re-raised as ValueError; a direct ``torch.ops`` call gets the RuntimeError
+and can never read or write out of bounds), and here, on CPU tensors, before the reference
+or a Triton kernel runs. On a GPU the index values are not read on the host (that would
+cost a device sync): the CUDA and Triton kernels never use a bad one as an address (an
+out-of-range link reads as "none", an out-of-range slot is skipped, walks are bounded, a
+parent cycle makes its nodes orphans; csrc/cuda/tree_common.cuh), so such input gives
+unspecified but in-bounds results, and an orphan gets no warning.
 """
 
 from __future__ import annotations
 
 import operator
-import os
 
 import torch
 
 from domino_ops import reference_tree
-from domino_ops.ops import has_kernel
+from domino_ops import triton as triton_ops
+from domino_ops.ops import select_backend
 
 __all__ = ["build_tree_kernel_efficient", "verify_tree_greedy", "tree_speculative_sampling_target_only",
            "verify_tree_sampling", "FULL_MASK", "QLEN_ONLY", "QLEN_ONLY_BITPACKING"]
 
 FULL_MASK, QLEN_ONLY, QLEN_ONLY_BITPACKING = 0, 1, 2  # sgl-kernel's TreeMaskMode
-BACKENDS = ("auto", "native", "reference")
 _INT_DTYPES = {1: (torch.uint8, torch.int8), 2: (torch.uint16, torch.int16), 4: (torch.uint32, torch.int32)}
-
-
-_HAS_KERNEL: dict = {}
-
-
-def _has_kernel(op: str, device: torch.device) -> bool:
-    key = (op, device.type)
-    if key not in _HAS_KERNEL:  # registrations are static: ask the dispatcher once
-        _HAS_KERNEL[key] = has_kernel(op, device)
-    return _HAS_KERNEL[key]
-
-
-def _select(op: str, device: torch.device, backend: str | None) -> str:
-    if backend is None:
-        choice = os.environ.get("DOMINO_OPS_BACKEND", "auto")
-        choice = "auto" if choice == "triton" else choice  # no Triton kernels for the tree ops yet
-        source = "DOMINO_OPS_BACKEND"
-    else:
-        choice, source = backend, "backend"
-    if choice not in BACKENDS:
-        raise ValueError(f"{source} must be one of {BACKENDS} for {op} (no Triton or CUDA kernel yet), got {choice!r}")
-    if choice == "auto":
-        return "native" if _has_kernel(op, device) else "reference"
-    if choice == "native" and not _has_kernel(op, device):
-        raise RuntimeError(f"backend='native': domino_ops has no {op} kernel for {device.type} "
-                           "(only the CPU kernel exists so far)")
-    return choice
 
 
 def _dtype_names(dtypes) -> str:
@@ -126,12 +106,14 @@ def _in_range(name: str, t: torch.Tensor, lo: int, hi: int, what: str = "") -> N
                          f"got values in [{int(t.min())}, {int(t.max())}]")
 
 
-def _run(op: str, device: torch.device, backend, args: tuple, reference_checks) -> None:
-    """The native kernel (its value and aliasing checks re-raised as ValueError), or the
-    reference after ``reference_checks`` (the same checks in Python)."""
-    if _select(op, device, backend) == "reference":
-        reference_checks()
-        getattr(reference_tree, op)(*args)
+def _run(op: str, device: torch.device, backend, args: tuple, value_checks) -> None:
+    """The chosen backend: the native kernel (its value and aliasing checks re-raised as
+    ValueError), or the reference or Triton kernel after ``value_checks`` (the same checks
+    in Python; their value checks read CPU tensors only)."""
+    chosen = select_backend(op, device, backend)
+    if chosen != "native":
+        value_checks()
+        (getattr(reference_tree, op) if chosen == "reference" else triton_ops.kernel(op))(*args)
         return
     try:
         getattr(torch.ops.domino_ops, op)(*args)
@@ -190,7 +172,7 @@ def build_tree_kernel_efficient(parent_list, selected_index, verified_seq_len, t
             ``b*N + u``; u's first child; u's next sibling (-1 for none). Every element is
             written (sgl-kernel needs the links pre-filled with -1; the result is the same).
         topk, depth, draft_token_num (N): ints >= 1. tree_mask_mode: 0, 1 or 2.
-        backend: "auto", "native" or "reference" (see the module docstring).
+        backend: "auto", "native", "triton" or "reference" (see the module docstring).
     """
     topk = _int("topk", topk, 1)
     depth = _int("depth", depth, 1)
@@ -291,7 +273,7 @@ def verify_tree_greedy(predicts, accept_index, accept_token_num, candidates, ret
         retrive_index, retrive_next_token, retrive_next_sibling: [bs, N] int64, the tree.
         target_predict: [bs, N] int64, the target's argmax at each node, addressed by
             ``retrive_index`` as a flat [bs*N] array (as sgl-kernel does).
-        backend: "auto", "native" or "reference" (see the module docstring).
+        backend: "auto", "native", "triton" or "reference" (see the module docstring).
     """
     dev, bs, n = _verify_common(predicts, accept_index, accept_token_num, candidates, retrive_index,
                                 retrive_next_token, retrive_next_sibling)
@@ -339,8 +321,8 @@ def tree_speculative_sampling_target_only(predicts, accept_index, accept_token_n
             this argument; pass the thresholds by keyword then). Never written here
             (sgl-kernel writes rejected children's target probabilities into it).
         threshold_single, threshold_acc: in [0, 1]. deterministic: bool, accepted for
-            compatibility (the CPU kernel is always deterministic).
-        backend: "auto", "native" or "reference" (see the module docstring).
+            compatibility (every kernel here is deterministic).
+        backend: "auto", "native", "triton" or "reference" (see the module docstring).
     """
     if draft_probs is not None and not isinstance(draft_probs, torch.Tensor):
         raise TypeError(f"draft_probs must be a torch.Tensor or None, got {type(draft_probs).__name__} (newer "

@@ -22,7 +22,8 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, compile as triton_compile
 
 from domino_ops.triton import domino_head_rollout as head
-from domino_ops.triton import sample, verify_greedy, verify_sampling
+from domino_ops.triton import (build_tree_kernel_efficient, sample, tree_speculative_sampling_target_only,
+                               verify_greedy, verify_sampling, verify_tree_greedy)
 from domino_ops.triton.row_sampler import BLOCK_V
 
 
@@ -63,8 +64,34 @@ def _specs():
     specs.append(("_verify_sampling_kernel", verify_sampling._verify_sampling_kernel, {
         "draft_ptr": "*i64", "q_ptr": "*fp32", "p_ptr": "*fp32", "ua_ptr": "*fp64", "ur_ptr": "*fp64",
         "out_ptr": "*i64", "accepted_ptr": "*i64", "k": "i32", "V": "i32", "BLOCK": BLOCK_V}))
+    specs += _tree_specs()
     return specs
 
+
+def _tree_specs():
+    """The tree ops at SGLang's sizes: N = 64 nodes (32 with bit-packed masks), 8 steps."""
+    specs = []
+    for mode, name, packed, block_n in ((0, "full", 1, 64), (1, "qlen", 1, 64), (2, "bitpacking", 4, 32)):
+        specs.append((f"_build_tree_kernel[{name}]", build_tree_kernel_efficient._build_tree_kernel, {
+            "plist_ptr": "*i64", "sel_ptr": "*i64", "seq_ptr": "*i64", "mask_ptr": "*u8", "mask_numel": "i64",
+            "pos_ptr": "*i64", "ridx_ptr": "*i64", "nt_ptr": "*i64", "ns_ptr": "*i64", "b_total": "i32",
+            "topk": "i32", "parents": "i32", "n": "i32", "MODE": mode, "PACKED_BYTES": packed, "BLOCK_N": block_n,
+            "BLOCK_B": 1024}))
+    outputs = {"pred_ptr": "*i32", "acc_index_ptr": "*i32", "acc_num_ptr": "*i32", "cand_ptr": "*i64",
+               "ridx_ptr": "*i64", "nt_ptr": "*i64", "ns_ptr": "*i64"}
+    specs.append(("_verify_tree_greedy_kernel", verify_tree_greedy._verify_tree_greedy_kernel, {
+        **outputs, "target_ptr": "*i64", "n": "i32", "steps": "i32", "limit": "i32", "BLOCK_N": 64, "BLOCK_S": 8}))
+    for has_q in (False, True):
+        specs.append((f"_tree_sampling_kernel[has_q={has_q}]", tree_speculative_sampling_target_only._tree_sampling_kernel, {
+            **outputs, "coins_ptr": "*fp32", "final_ptr": "*fp32", "p_ptr": "*fp32", "q_ptr": "*fp32",
+            "threshold_single": "fp32", "acc_div": "fp32", "n": "i32", "steps": "i32", "V": "i32", "limit": "i32",
+            "HAS_Q": has_q, "BLOCK": BLOCK_V, "BLOCK_N": 64, "BLOCK_S": 8}))
+    return specs
+
+
+# Launch options of kernels that the wrappers launch with more than Triton's default 4 warps.
+_OPTIONS = {head._head_update_kernel: {"num_warps": head.UPDATE_WARPS},
+            build_tree_kernel_efficient._build_tree_kernel: {"num_warps": build_tree_kernel_efficient.NUM_WARPS}}
 
 PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
 
@@ -90,7 +117,7 @@ def compile_all(capability: int):
     for name, fn, args in _specs():
         signature = {a: (v if isinstance(v, str) else "constexpr") for a, v in args.items()}
         constexprs = {a: v for a, v in args.items() if not isinstance(v, str)}
-        options = {"num_warps": head.UPDATE_WARPS} if fn is head._head_update_kernel else {}
+        options = _OPTIONS.get(fn, {})
         compiled = triton_compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=target,
                                   options=options)
         regs, spills = ptxas_report(compiled.asm["ptx"], f"sm_{capability}{'a' if capability >= 90 else ''}")
