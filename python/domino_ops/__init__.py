@@ -16,7 +16,9 @@ Drop-in, sgl-kernel-compatible tree ops (:mod:`domino_ops.tree_ops`, references 
 :mod:`domino_ops.reference_tree`): :func:`build_tree_kernel_efficient`,
 :func:`verify_tree_greedy`, :func:`tree_speculative_sampling_target_only`; and, in the same
 layout, :func:`verify_tree_sampling`, lossless tree verification that uses the draft's
-probabilities.
+probabilities, and :func:`draft_tree` (:mod:`domino_ops.tree_draft`), Domino tree drafting
+in SGLang's EAGLE-2 layout (expand with :func:`domino_head_expand`, select the frontier,
+emit what :func:`build_tree_kernel_efficient` consumes).
 
 Runtime sampling helpers (:func:`filtered_probs`, :func:`draw_uniforms`,
 :func:`check_sampling_params`) live in :mod:`domino_ops.sampling`.
@@ -43,11 +45,12 @@ from domino_ops import reference_tree, tree_ops  # noqa: E402,F401
 from domino_ops.tree_ops import (  # noqa: E402
     build_tree_kernel_efficient, tree_speculative_sampling_target_only, verify_tree_greedy, verify_tree_sampling)
 from domino_ops.linear import small_batch_linear, small_batch_linear_isa  # noqa: E402
+from domino_ops.tree_draft import DraftTree, draft_tree  # noqa: E402
 
 cuda_compiled: bool = _C.cuda_compiled
 __version__ = "0.1.0"
 __all__ = ["domino_head_rollout", "domino_head_expand", "sample", "verify_greedy", "verify_sampling", "has_kernel", "select_backend",
            "check_sampling_params", "draw_uniforms", "filtered_probs", "reference", "sampling", "cuda_compiled",
            "build_tree_kernel_efficient", "verify_tree_greedy", "tree_speculative_sampling_target_only",
-           "verify_tree_sampling", "reference_tree", "tree_ops",
+           "verify_tree_sampling", "reference_tree", "draft_tree", "DraftTree", "tree_ops",
            "small_batch_linear", "small_batch_linear_isa"]

@@ -1,0 +1,150 @@
+"""Domino tree drafting in SGLang's EAGLE-2 layout: expand a frontier depth by depth with
+:func:`domino_ops.domino_head_expand`, keep the best ``topk`` children per sequence as the
+next frontier, and emit ``parent_list``, ``selected_index`` and the draft tokens exactly as
+:func:`domino_ops.build_tree_kernel_efficient` consumes them. Everything is tensor
+operations on the inputs' device (no host round trip), so expand -> select -> build ->
+verify runs on a GPU without a sync.
+
+The layout (sgl-project/sglang ``select_top_k_tokens`` / ``organize_draft_results``): step 0
+expands each sequence's root into ``topk`` candidates (flat indices ``0..topk-1``), all of
+which form the first frontier; step ``s >= 1`` expands the ``topk`` frontier nodes into
+``topk`` children each (flat indices ``topk + (s-1)*topk**2 + j*topk + c`` for frontier slot
+j, child c), and the ``topk`` best of them by cumulative log-probability become the next
+frontier. ``parent_list`` is ``[-1, 0..topk-1]`` followed by the flat indices of every
+later frontier but the last, ``[b, topk*(depth-1)+1]``.
+
+Which candidates become tree nodes:
+
+- temperature 0 (EAGLE-2): the ``num_draft_tokens - 1`` best of all candidates by
+  cumulative log-probability (``selected_index``, ascending), verified with
+  :func:`domino_ops.verify_tree_greedy`;
+- temperature > 0: every candidate. Children are drawn without replacement from the
+  draft, and :func:`domino_ops.verify_tree_sampling` is lossless only if a node's verified
+  children are all of its draws (pruning a child by its own score would tilt the proposal).
+  Choosing which nodes to expand next does not (a node's children are drawn after that
+  choice), so the frontier selection is the same at every temperature.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from domino_ops.ops import domino_head_expand
+from domino_ops.sampling import filtered_probs
+
+__all__ = ["DraftTree", "draft_tree", "tree_size"]
+
+
+def tree_size(topk: int, depth: int) -> int:
+    """Candidates of a tree of ``depth`` expansion steps: ``topk + (depth-1)*topk**2``."""
+    return topk + (depth - 1) * topk * topk
+
+
+@dataclass
+class DraftTree:
+    """A drafted tree, per sequence of the batch (N = number of tree nodes, root included).
+
+    parent_list: [b, topk*(depth-1)+1] int64; selected_index: [b, N-1] int64 (ascending);
+    candidates: [b, N] int64, the root token then the selected candidates' tokens (the
+    ``candidates`` of the verify ops once ``build_tree_kernel_efficient`` has linked them);
+    draft_probs: [b, N, V] float32 at temperature > 0, the distribution each node's
+    children were drawn from (zeros for nodes never expanded), else None.
+    """
+
+    parent_list: torch.Tensor
+    selected_index: torch.Tensor
+    candidates: torch.Tensor
+    draft_probs: Optional[torch.Tensor]
+
+
+def draft_tree(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w2, root_tokens, *, topk: int, depth: int,
+               num_draft_tokens: Optional[int] = None, temperature=0.0, top_k=0, top_p=1.0, generator=None,
+               backend=None) -> DraftTree:
+    """Drafts a tree per sequence with the Domino head, in SGLang's EAGLE-2 layout.
+
+    Args:
+        base_logits [b, k, V], hproj [b, k, r], state [b, G], gru_input, w_ih, w_hh, w1s,
+            w2: as :func:`domino_ops.domino_head_rollout` (state: the GRU state at the root).
+        root_tokens: [b] int64, each sequence's last verified token (node 0).
+        topk: children per expanded node and frontier size, >= 1.
+        depth: expansion steps, in [1, k]; candidates at step s sit at block position s.
+        num_draft_tokens: tree nodes N including the root, in [2, 1 + tree_size]; at
+            temperature 0 only (default: every candidate). At temperature > 0 every
+            candidate is a node (see the module docstring).
+        temperature, top_k, top_p, generator, backend: as :func:`domino_head_expand`.
+    Returns:
+        a :class:`DraftTree`.
+    """
+    b, k, V = base_logits.shape
+    if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
+        raise ValueError(f"topk must be an int >= 1, got {topk!r}")
+    if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= k:
+        raise ValueError(f"depth must be an int in [1, {k}] (the block's positions), got {depth!r}")
+    total = tree_size(topk, depth)
+    sampled = not (isinstance(temperature, (int, float)) and temperature < 1e-20)
+    if num_draft_tokens is None or sampled:
+        if sampled and num_draft_tokens not in (None, total + 1):
+            raise ValueError(f"num_draft_tokens must be {total + 1} (every candidate) at temperature > 0, "
+                             f"got {num_draft_tokens}")
+        num_draft_tokens = total + 1
+    if not 2 <= num_draft_tokens <= total + 1:
+        raise ValueError(f"num_draft_tokens must be in [2, {total + 1}] for topk={topk}, depth={depth}, "
+                         f"got {num_draft_tokens}")
+    dev = base_logits.device
+    seq = torch.arange(b, device=dev)
+    kw = dict(num_children=topk, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator,
+              backend=backend)
+
+    def expand(node_state, node_seq, d):
+        return domino_head_expand(base_logits, hproj, node_state, node_seq,
+                                  torch.full_like(node_seq, d), gru_input, w_ih, w_hh, w1s, w2, **kw)
+
+    tokens, logprobs, child_state, logits = expand(state, seq, 0)
+    scores, token_list, score_list = logprobs, [tokens], [logprobs]
+    parents = [torch.arange(-1, topk, device=dev).expand(b, topk + 1)]
+    node_logits = [logits.view(b, 1, V)]  # row r: the node parent_list[:, r] (row 0: the root)
+    frontier_state = child_state.reshape(b * topk, -1)
+    frontier_seq = seq.repeat_interleave(topk)
+    for s in range(1, depth):
+        tokens, logprobs, child_state, logits = expand(frontier_state, frontier_seq, s)
+        cand_scores = (scores.unsqueeze(2) + logprobs.view(b, topk, topk)).flatten(1)  # [b, topk*topk]
+        score_list.append(cand_scores)
+        token_list.append(tokens.view(b, topk * topk))
+        node_logits.append(logits.view(b, topk, V))
+        if s == depth - 1:
+            break  # the last frontier is never expanded (nor listed in parent_list)
+        scores, best = torch.topk(cand_scores, topk, dim=-1)
+        parents.append(best + tree_size(topk, s))
+        frontier_state = child_state.view(b, topk * topk, -1).gather(
+            1, best.unsqueeze(-1).expand(-1, -1, child_state.shape[-1])).reshape(b * topk, -1)
+
+    all_scores, all_tokens = torch.cat(score_list, dim=1), torch.cat(token_list, dim=1)
+    if num_draft_tokens == total + 1:
+        selected = torch.arange(total, device=dev).expand(b, total)
+    else:
+        selected = torch.sort(torch.topk(all_scores, num_draft_tokens - 1, dim=-1).indices, dim=-1).values
+    parent_list = torch.cat(parents, dim=1) if depth > 1 else torch.empty(b, 0, dtype=torch.int64, device=dev)
+    candidates = torch.cat([root_tokens.view(b, 1).to(torch.int64), all_tokens.gather(1, selected)], dim=1)
+    draft_probs = None
+    if sampled:
+        draft_probs = _node_draft_probs(torch.cat(node_logits, dim=1), parent_list, selected,
+                                        temperature, top_k, top_p)
+    return DraftTree(parent_list, selected.contiguous(), candidates, draft_probs)
+
+
+def _node_draft_probs(node_logits, parent_list, selected, temperature, top_k, top_p) -> torch.Tensor:
+    """[b, N, V]: node i's children's draft distribution, filtered_probs of its expansion
+    logits (row r of node_logits is the node parent_list[:, r]; node 0 is row 0), zeros for
+    a node never expanded."""
+    b, rows, V = node_logits.shape
+    probs = filtered_probs(node_logits, temperature, top_k, top_p)  # [b, rows, V]
+    # node i >= 1 (flat index selected[:, i-1]) was expanded iff some parent_list[:, r >= 1] equals it
+    match = parent_list[:, None, 1:rows] == selected[:, :, None]  # [b, N-1, rows-1]
+    row = torch.where(match.any(-1), match.int().argmax(-1) + 1, 0)
+    expanded = torch.cat([torch.ones(b, 1, dtype=torch.bool, device=probs.device), match.any(-1)], dim=1)
+    row = torch.cat([torch.zeros(b, 1, dtype=row.dtype, device=row.device), row], dim=1)
+    out = probs.gather(1, row.unsqueeze(-1).expand(-1, -1, V))
+    return torch.where(expanded.unsqueeze(-1), out, torch.zeros((), device=out.device))

@@ -1,0 +1,217 @@
+"""Domino tree drafting end to end: draft_tree (expand + frontier selection) -> 
+build_tree_kernel_efficient -> verify_tree_greedy / verify_tree_sampling, against a slow
+reference written from the description (one node at a time, Python lists, explicit
+parent pointers); topk = 1 is the rollout's chain; sampled trees verify losslessly."""
+
+import warnings
+
+import pytest
+import torch
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+import domino_ops
+from domino_ops import reference
+from domino_ops.tree_draft import draft_tree, tree_size
+from kernel_cases import head_rollout_inputs
+from stats import assert_matches_distribution
+
+MARGIN = 1e-3  # near ties may be ordered differently by the kernel's rounding: skip them
+
+
+def build(tree, seq_lens, topk, depth):
+    """build_tree_kernel_efficient on a DraftTree: (retrive_index, next_token, next_sibling)."""
+    b, n = tree.candidates.shape
+    ridx, nxt, sib = (torch.full((b, n), -9, dtype=torch.long) for _ in range(3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an orphan node ("invalid eagle tree") fails the test
+        domino_ops.build_tree_kernel_efficient(tree.parent_list, tree.selected_index, seq_lens,
+                                               torch.zeros(b * n * n, dtype=torch.bool),
+                                               torch.zeros(b * n, dtype=torch.long), ridx, nxt, sib, topk, depth, n, 1)
+    return ridx, nxt, sib
+
+
+def paths(nxt, sib, candidates):
+    """Per sequence, each node's token path from the root (root token excluded)."""
+    out = []
+    for b in range(candidates.shape[0]):
+        path = {0: ()}
+        stack = [0]
+        while stack:
+            u = stack.pop()
+            c = int(nxt[b, u])
+            while c != -1:
+                path[c] = path[u] + (int(candidates[b, c]),)
+                stack.append(c)
+                c = int(sib[b, c])
+        out.append([path[u] for u in range(candidates.shape[1])])
+    return out
+
+
+def target_oracle(V, seed):
+    """A deterministic 'target': its greedy token after a path (a hash of the path), equal
+    to a fixed favourite token half the time so drafts get accepted."""
+    def target(path):
+        h = hash((seed,) + path) & 0xFFFF
+        return h % V if h & 1 else (7 * len(path) + (path[-1] if path else 0)) % V
+    return target
+
+
+# --- the slow reference ------------------------------------------------------------------
+
+def slow_tree(inputs, b_index, topk, depth, n_nodes):
+    """One sequence's tree, candidate by candidate: (tokens of the selected candidates in
+    ascending flat order, parent node of each node). Calls assume(False) on near ties."""
+    base, hproj, state, gru_input, w_ih, w_hh, w1s, w2 = inputs
+    cand = []  # flat index -> dict(token, score, parent flat (-1 root), state)
+
+    def children(node_state, d):
+        t, lp, st_, L = reference.domino_head_expand(
+            base, hproj, node_state.view(1, -1), torch.tensor([b_index]), torch.tensor([d]), gru_input, w_ih, w_hh,
+            w1s, w2, num_children=topk)
+        top = L[0].sort(descending=True).values[:topk + 1]
+        assume(len(top) <= topk or float(top[topk - 1] - top[topk]) > MARGIN)
+        return t[0].tolist(), lp[0].tolist(), st_[0]
+
+    t, lp, st_ = children(state[b_index], 0)
+    for c in range(topk):
+        cand.append(dict(token=t[c], score=lp[c], parent=-1, state=st_[c]))
+    frontier = list(range(topk))
+    for s in range(1, depth):
+        step = []
+        for f in frontier:
+            t, lp, st_ = children(cand[f]["state"], s)
+            for c in range(topk):
+                step.append(len(cand))
+                cand.append(dict(token=t[c], score=cand[f]["score"] + lp[c], parent=f, state=st_[c]))
+        ranked = sorted(step, key=lambda i: -cand[i]["score"])
+        if len(ranked) > topk:
+            assume(cand[ranked[topk - 1]]["score"] - cand[ranked[topk]]["score"] > MARGIN)
+        frontier = ranked[:topk]
+    ranked = sorted(range(len(cand)), key=lambda i: -cand[i]["score"])
+    if n_nodes - 1 < len(ranked):
+        assume(cand[ranked[n_nodes - 2]]["score"] - cand[ranked[n_nodes - 1]]["score"] > MARGIN)
+    chosen = sorted(ranked[:n_nodes - 1])
+    node_of = {f: i + 1 for i, f in enumerate(chosen)}
+    parents = [-1] + [0 if cand[f]["parent"] == -1 else node_of[cand[f]["parent"]] for f in chosen]
+    return [cand[f]["token"] for f in chosen], parents
+
+
+def slow_verify_greedy(tokens, parents, target, steps):
+    """Emitted tokens: from the root, the first child (ascending node order) whose token
+    is the target's, at most steps - 1 times, then the target's token."""
+    path, node, out = (), 0, []
+    while len(out) < steps - 1:
+        want = target(path)
+        child = next((c for c in range(1, len(parents)) if parents[c] == node and tokens[c - 1] == want), None)
+        if child is None:
+            break
+        out.append(want)
+        path += (want,)
+        node = child
+    return out + [target(path)]
+
+
+@given(b=st.integers(1, 2), V=st.sampled_from([8, 40]), topk=st.integers(1, 3), depth=st.integers(1, 4),
+       extra=st.integers(0, 30), seed=st.integers(0, 2**31 - 1))
+def test_greedy_expand_select_build_verify_matches_the_slow_reference(b, V, topk, depth, extra, seed):
+    k = 4
+    inputs = head_rollout_inputs(b, k, V, 8, 12, 4, torch.float32, torch.float32, seed % 2 == 0, seed)
+    n_nodes = min(tree_size(topk, depth) + 1, 2 + extra)
+    roots = torch.randint(0, V, (b,), generator=torch.Generator().manual_seed(seed))
+    slow = [slow_tree(inputs, i, topk, depth, n_nodes) for i in range(b)]
+    tree = draft_tree(*inputs, roots, topk=topk, depth=depth, num_draft_tokens=n_nodes)
+    for i, (tokens, _) in enumerate(slow):
+        assert tree.candidates[i, 1:].tolist() == tokens
+        assert tree.candidates[i, 0] == roots[i]
+    assert tree.draft_probs is None
+    ridx, nxt, sib = build(tree, torch.full((b,), 5), topk, depth)
+    target = target_oracle(V, seed)
+    node_paths = paths(nxt, sib, tree.candidates)
+    target_predict = torch.tensor([[target(p) for p in node_paths[i]] for i in range(b)])
+    steps = depth + 1
+    predicts = torch.full((b * n_nodes,), -5, dtype=torch.int32)
+    accept_index = torch.full((b, steps), -5, dtype=torch.int32)
+    accept_num = torch.full((b,), -5, dtype=torch.int32)
+    domino_ops.verify_tree_greedy(predicts, accept_index, accept_num, tree.candidates, ridx, nxt, sib,
+                                  target_predict)
+    for i, (tokens, parents) in enumerate(slow):
+        want = slow_verify_greedy(tokens, parents, target, steps)
+        got = [int(predicts[int(a)]) for a in accept_index[i, :int(accept_num[i]) + 1]]
+        assert got == want
+
+
+@pytest.mark.parametrize("table", [True, False])
+def test_topk_one_is_the_rollout_chain(table):
+    inputs = head_rollout_inputs(3, 5, 300, 16, 24, 8, torch.bfloat16, torch.float32, table, seed=4)
+    tokens, _, _ = domino_ops.domino_head_rollout(inputs[0].clone(), *inputs[1:])
+    tree = draft_tree(*inputs, torch.zeros(3, dtype=torch.long), topk=1, depth=5)
+    assert torch.equal(tree.candidates[:, 1:], tokens)
+    assert tree.parent_list.tolist() == [[-1, 0, 1, 2, 3]] * 3  # each frontier: the one candidate of its step
+
+
+def test_sampled_tree_keeps_every_draw_and_carries_the_draft_distributions():
+    inputs = head_rollout_inputs(2, 3, 50, 8, 12, 4, torch.float32, torch.float32, True, seed=3)
+    tree = draft_tree(*inputs, torch.zeros(2, dtype=torch.long), topk=2, depth=3, temperature=0.8, top_k=20,
+                      generator=torch.Generator().manual_seed(0))
+    n = tree_size(2, 3) + 1
+    assert tree.candidates.shape == (2, n) and tree.draft_probs.shape == (2, n, 50)
+    assert torch.equal(tree.selected_index, torch.arange(n - 1).expand(2, n - 1))
+    ridx, nxt, sib = build(tree, torch.zeros(2, dtype=torch.long), 2, 3)
+    # every expanded node's children are distinct draws from its distribution
+    for b in range(2):
+        for u in range(n):
+            kids = []
+            c = int(nxt[b, u])
+            while c != -1:
+                kids.append(int(tree.candidates[b, c]))
+                c = int(sib[b, c])
+            if kids:
+                assert len(set(kids)) == len(kids) == 2
+                assert bool((tree.draft_probs[b, u, kids] > 0).all())
+                torch.testing.assert_close(tree.draft_probs[b, u].sum(), torch.tensor(1.0))
+            else:
+                assert bool((tree.draft_probs[b, u] == 0).all())  # never expanded
+
+
+def test_sampled_expand_select_build_verify_is_lossless():
+    """Population of independent sequences: draft a sampled tree (topk 2, depth 2) with a
+    head whose first-token distribution differs from the target's, verify it with
+    verify_tree_sampling: the first emitted token follows the target exactly."""
+    N, V = 20_000, 6
+    g = torch.Generator().manual_seed(11)
+    base = (torch.randn(1, 2, V, generator=g) * 1.5).expand(N, 2, V).contiguous()
+    r, G = 4, 5
+    inputs = (base, torch.randn(1, 2, r, generator=g).expand(N, 2, r).contiguous(), torch.zeros(N, G),
+              torch.randn(V, 3 * G, generator=g), None, torch.randn(3 * G, G, generator=g) / 2,
+              torch.randn(r, G, generator=g) / 2, torch.randn(V, r, generator=g) / 2)
+    tree = draft_tree(*inputs, torch.zeros(N, dtype=torch.long), topk=2, depth=2, temperature=1.0,
+                      generator=torch.Generator().manual_seed(12))
+    n = tree.candidates.shape[1]
+    ridx, nxt, sib = build(tree, torch.zeros(N, dtype=torch.long), 2, 2)
+    p_root = torch.softmax(torch.randn(V, generator=g), -1)
+    after = torch.softmax(torch.randn(V, V, generator=g), -1)  # the target after each first token
+    target_probs = torch.empty(N, n, V)
+    target_probs[:, 0] = p_root
+    target_probs[:, 1:] = after[tree.candidates[:, 1:]]
+    predicts = torch.full((N * n,), -5, dtype=torch.int32)
+    accept_index = torch.full((N, 3), -5, dtype=torch.int32)
+    accept_num = torch.full((N,), -5, dtype=torch.int32)
+    domino_ops.verify_tree_sampling(predicts, accept_index, accept_num, tree.candidates, ridx, nxt, sib,
+                                    torch.rand(N, n, dtype=torch.float64, generator=g),
+                                    torch.rand(N, dtype=torch.float64, generator=g), target_probs, tree.draft_probs)
+    first = predicts[accept_index[:, 0].long()]  # the root's slot holds the first emitted token
+    assert 0.2 < float((accept_num > 0).float().mean()) < 0.95
+    assert_matches_distribution(first.numpy(), p_root.double().numpy(), what="first token")
+
+
+@pytest.mark.parametrize("kw,msg", [
+    (dict(topk=0, depth=2), "topk must be"),
+    (dict(topk=2, depth=5), r"depth must be an int in \[1, 4\]"),
+    (dict(topk=2, depth=2, num_draft_tokens=8), r"num_draft_tokens must be in \[2, 7\]"),
+    (dict(topk=2, depth=2, num_draft_tokens=4, temperature=1.0), "every candidate"),
+])
+def test_bad_input(kw, msg):
+    inputs = head_rollout_inputs(1, 4, 20, 4, 5, 3, torch.float32, torch.float32, True, seed=0)
+    with pytest.raises(ValueError, match=msg):
+        draft_tree(*inputs, torch.zeros(1, dtype=torch.long), **kw)
