@@ -13,6 +13,8 @@ speedup over eager PyTorch.
   (``avx512``, ``avx2``, ``sse2``: see domino_ops.cpu; each column names its build), vs
   eager PyTorch, then ``sample``, ``verify_greedy`` and ``verify_sampling`` over a
   151936-token vocabulary at batch 1 and 32 the same way (bytes = the rows they must read),
+  one Domino tree step (``domino_head_expand``) for frontiers of 4-64 nodes against one
+  batch-1 chain step,
   and the correctness status of the CUDA kernels under the SIMT emulator and of the Triton
   kernels under the interpreter (those run here for correctness only, never for time).
   The CPU model, the build the ops pick by default (``DOMINO_CPU_ISA``, else the widest)
@@ -194,6 +196,50 @@ def ops_table(args, copy_bw: float) -> None:
         print(row + " | " + cells(eager, nbytes, copy_bw))
 
 
+def expand_bytes(n, m, G, r, V, wbytes) -> int:
+    """Bytes one greedy tree step (domino_head_expand, table mode) moves: the weights once,
+    the one base-logit row the frontier's nodes share (one sequence, one depth), the
+    children's table rows, and each node's logits row written (float32)."""
+    return (V * r + 3 * G * G + r * G) * wbytes + V * wbytes + n * m * 3 * G * wbytes + n * V * 4
+
+
+def tree_table(args, copy_bw: float) -> None:
+    """One Domino tree step (domino_head_expand) for frontiers of n nodes of one sequence at
+    one depth, per build, against one batch-1 chain step (a k = 1 greedy rollout)."""
+    m = args.tree_children
+    print(f"tree head step (domino_head_expand, greedy, {m} children per node, table mode), bf16 weights; "
+          f"median of {args.repeats} after warm-up; x chain = step ms / one batch-1 rollout step ms (goal at "
+          "n = 16: <= 1.5x)")
+    head = "".join(f" | {isa + ' ms':>9} {'GB/s':>6} {'%copy':>6} {'x chain':>7}" for isa in args.isas)
+    header = f"{'shape':6} {'n':>3} | {'MB':>6}{head}"
+    print(header)
+    print("-" * len(header))
+    gen = torch.Generator().manual_seed(0)
+    for shape in args.shapes:
+        H, G, r, V = SHAPES[shape]
+        base, hproj, state, gru_input, w_ih, w_hh, w1s, w2 = make_inputs(1, 1, H, G, r, V, torch.bfloat16, True, gen)
+        chain = {}
+        for isa in args.isas:
+            with cpu.forced_isa(isa):
+                chain[isa] = median_ms(lambda: domino_ops.domino_head_rollout(base, hproj, state, gru_input, None,
+                                                                              w_hh, w1s, w2), args.repeats)
+        nbytes = rollout_bytes(1, 1, H, G, r, V, 2, True)
+        print(f"{shape:6} {'chain':>5} | {nbytes / 1e6:6.1f}" +
+              "".join(" | " + cells(chain[isa], nbytes, copy_bw) + f" {1.0:6.2f}x" for isa in args.isas))
+        for n in args.tree_frontiers:
+            node_state = torch.randn(n, G, generator=gen) * 0.5
+            zeros = torch.zeros(n, dtype=torch.long)
+            nbytes = expand_bytes(n, m, G, r, V, 2)
+            row = f"{shape:6} {n:>5} | {nbytes / 1e6:6.1f}"
+            for isa in args.isas:
+                with cpu.forced_isa(isa):
+                    ms = median_ms(lambda: domino_ops.domino_head_expand(
+                        base, hproj, node_state, zeros, zeros, gru_input, None, w_hh, w1s, w2, num_children=m),
+                        args.repeats)
+                row += " | " + cells(ms, nbytes, copy_bw) + f" {ms / chain[isa]:6.2f}x"
+            print(row)
+
+
 def gpu_table(args) -> None:
     """CUDA kernels vs Triton vs eager, plain and in CUDA graphs, on the current GPU."""
     from triton.testing import do_bench
@@ -299,6 +345,9 @@ def main() -> None:
     parser.add_argument("--ops-batches", nargs="*", type=int, default=[1, 32],
                         help="batches of the sample/verify table (none: skip it)")
     parser.add_argument("--no-rollout", action="store_true", help="skip the head-rollout table")
+    parser.add_argument("--tree-frontiers", nargs="*", type=int, default=[4, 8, 16, 64],
+                        help="frontier sizes of the tree-step table (none: skip it)")
+    parser.add_argument("--tree-children", type=int, default=4, help="children per node in the tree-step table")
     args = parser.parse_args()
     if args.quick:
         args.shapes, args.repeats = ["small"], 3
@@ -325,6 +374,9 @@ def main() -> None:
     if not args.no_rollout:
         print()
         cpu_table(args, copy_bw)
+    if args.tree_frontiers:
+        print()
+        tree_table(args, copy_bw)
     if args.ops_batches:
         print()
         ops_table(args, copy_bw)

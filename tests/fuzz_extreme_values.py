@@ -309,8 +309,59 @@ def check_rollout_against_reference(inputs, base, tokens, logprobs, T) -> None:
             break  # past a near tie the two rollouts' states differ
 
 
+# ----------------------------------------------------------------------------- domino_head_expand
+def fuzz_domino_head_expand(backend: str, examples: int):
+    if backend not in ("native", "reference", "direct"):
+        return  # no CUDA or Triton kernel yet
+    @settings(max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(st.data())
+    def run(data):
+        b, k = data.draw(st.integers(1, 2), label="b"), data.draw(st.integers(1, 3), label="k")
+        V = data.draw(st.sampled_from([1, 2, 40]), label="V")
+        n, m = data.draw(st.integers(0, 5), label="n"), data.draw(st.integers(0, 4), label="m")
+        r, G = data.draw(st.sampled_from([1, 4])), data.draw(st.sampled_from([1, 16]))
+        wdt = data.draw(st.sampled_from([torch.float32, torch.bfloat16]))
+        g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**31 - 1)))
+        base = data.draw(hostile_rows(b * k, V, wdt)).reshape(b, k, V)
+        w = lambda *s: (torch.randn(*s, generator=g) / 4).to(wdt)  # noqa: E731
+        node_state = torch.randn(n, G, generator=g)
+        if n and data.draw(st.booleans()):
+            node_state[0, 0] = data.draw(st.sampled_from([NAN, INF, -INF]))
+        seq, depth = torch.randint(0, b, (n,), generator=g), torch.randint(0, k, (n,), generator=g)
+        T, top_k, top_p = data.draw(sampling_params(b, V))
+        if isinstance(T, torch.Tensor):  # scalar parameters only: a tensor must be refused
+            T = T[:1]
+        args = (base, w(b, k, r).float(), node_state, seq, depth, w(V, 3 * G), None, w(3 * G, G), w(r, G), w(V, r))
+        print(f"domino_head_expand b={b} k={k} V={V} n={n} m={m} T={T} top_k={top_k} top_p={top_p}", flush=True)
+        seed = data.draw(st.integers(0, 1000))
+        try:
+            if backend == "direct":
+                outs = (torch.full((n, m), -7, dtype=torch.int64), torch.full((n, m), NAN),
+                        torch.full((n, m, G), NAN), torch.full((n, V), NAN))
+                u = torch.rand(n, m, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+                torch.ops.domino_ops.domino_head_expand(*args, T, top_k, top_p, u, *outs)
+                tokens, logprobs, _, L = outs
+            else:
+                tokens, logprobs, _, L = domino_ops.domino_head_expand(
+                    *args, num_children=m, temperature=T, top_k=top_k, top_p=top_p,
+                    generator=torch.Generator().manual_seed(seed), backend=backend)
+        except Exception as exc:  # noqa: BLE001
+            expect_clean(exc, WRAPPER_ERRORS if backend in WRAPPER_BACKENDS else SCHEMA_ERRORS)
+            return
+        assert tokens.shape == (n, m) and bool(((tokens >= 0) & (tokens < V)).all()), tokens
+        for f in range(n):
+            assert len(set(tokens[f].tolist())) == m, f"node {f}: children repeat {tokens[f].tolist()}"
+            if is_greedy(T):  # the greedy order of the node's own logits, NaN first
+                assert torch.equal(tokens[f], reference.greedy_children(L[f:f + 1], m)[0]), (tokens[f], L[f])
+            else:
+                for c in range(m):
+                    if logprobs[f, c] > float("-inf"):
+                        check_token_rule(L[f], int(tokens[f, c]), T, top_k, top_p, f"expand node {f} child {c}")
+    run()
+
+
 FUZZERS = {"sample": fuzz_sample, "verify_greedy": fuzz_verify_greedy, "verify_sampling": fuzz_verify_sampling,
-           "domino_head_rollout": fuzz_domino_head_rollout}
+           "domino_head_rollout": fuzz_domino_head_rollout, "domino_head_expand": fuzz_domino_head_expand}
 
 
 def main() -> None:

@@ -253,3 +253,20 @@ def test_direct_call_checks_values_before_writing():
 def test_opcheck():
     torch.library.opcheck(torch.ops.domino_ops.verify_tree_sampling.default, tuple(good_args().values()),
                           test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_child_without_draft_mass_is_rejected(backend):
+    """A child the draft gives probability 0 (draft_tree's filler past the filtered
+    support) could not have been drawn: it is never accepted, whatever the target says."""
+    args = good_args()
+    args["draft_probs"] = F.one_hot(torch.full((2, 3), 1), 5).float()  # only token 1 (node 1) has mass
+    args["uniform_samples"] = torch.zeros(2, 3, dtype=torch.float64)  # accept whatever can be accepted
+    domino_ops.verify_tree_sampling(**args, backend=backend)
+    # node 1 (token 1, q = 1, p = 0.2) accepted at coin 0; node 2 (token 2, q = 0) is never tried first
+    assert args["accept_token_num"].tolist() == [1, 1]
+    args = good_args()
+    args["draft_probs"] = F.one_hot(torch.full((2, 3), 3), 5).float()  # neither child has draft mass
+    args["uniform_samples"] = torch.zeros(2, 3, dtype=torch.float64)
+    domino_ops.verify_tree_sampling(**args, backend=backend)
+    assert args["accept_token_num"].tolist() == [0, 0]

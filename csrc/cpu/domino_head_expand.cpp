@@ -48,12 +48,31 @@ inline bool before(const float* L, int64_t a, int64_t b) {
   return L[a] > L[b] || (L[a] == L[b] && a < b);
 }
 
-// The first m tokens of the greedy order.
+// The first m tokens of the greedy order. For small m one pass keeps them sorted in
+// `out` (a token enters only if it beats the current m-th: one compare per token, predicted
+// "no" almost always); for large m a partial sort of the indices.
 void best_tokens(const float* L, int64_t V, int64_t m, std::vector<int64_t>& idx, int64_t* out) {
-  idx.resize(V);
-  std::iota(idx.begin(), idx.end(), 0);
-  std::partial_sort(idx.begin(), idx.begin() + m, idx.end(), [L](int64_t a, int64_t b) { return before(L, a, b); });
-  std::copy(idx.begin(), idx.begin() + m, out);
+  if (m > 32) {
+    idx.resize(V);
+    std::iota(idx.begin(), idx.end(), 0);
+    std::partial_sort(idx.begin(), idx.begin() + m, idx.end(), [L](int64_t a, int64_t b) { return before(L, a, b); });
+    std::copy(idx.begin(), idx.begin() + m, out);
+    return;
+  }
+  int64_t count = 0;
+  for (int64_t j = 0; j < V; ++j) {
+    if (count == m) {
+      // j comes after every kept index, so it enters only if strictly before the m-th
+      const float x = L[j], worst = L[out[m - 1]];
+      if (!(x > worst) && !(x != x && worst == worst)) continue;
+    }
+    int64_t pos = count < m ? count++ : m - 1;
+    while (pos > 0 && before(L, j, out[pos - 1])) {
+      out[pos] = out[pos - 1];
+      --pos;
+    }
+    out[pos] = j;
+  }
 }
 
 // log_softmax(L)[x] = (L[x] - max) - log(sum exp(L - max)) for the children x of one node,

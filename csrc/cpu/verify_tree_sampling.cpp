@@ -5,8 +5,9 @@
 // The children of a node u were drawn from the draft distribution q_u without replacement,
 // in sibling order. Per request, from the root: the children of the current node are tried
 // in sibling order against a target p and a draft q that start as p_u and q_u; child x is
-// accepted when coin * q(x) < p(x), coin = uniform_samples[b, child] (probability
-// min(1, p(x)/q(x))), and the walk moves to it. A rejection updates both: the target becomes
+// accepted when q(x) > 0 and coin * q(x) < p(x), coin = uniform_samples[b, child]
+// (probability min(1, p(x)/q(x)); a child of draft probability 0 could not have been drawn
+// and is rejected, a no-op), and the walk moves to it. A rejection updates both: the target becomes
 // the residual normalize(max(0, p - q)) (unchanged if that is all zero: the rejection then
 // had probability zero) and the draft loses x (the next sibling was drawn from q without x).
 // When every child is rejected the last token is drawn from the current target; when the
@@ -17,7 +18,8 @@
 // Every emitted token is distributed exactly as the target's. With one child per node the
 // arithmetic is verify_sampling's, operation for operation: the same accept test (p and q
 // used as given at the first sibling), the same residual weights and the same draw, so a
-// chain gives exactly verify_sampling's tokens for the same uniforms.
+// chain gives exactly verify_sampling's tokens for the same uniforms (for drafts drawn from
+// q: verify_sampling would accept a q(x) = 0 draft whenever p(x) > 0).
 //
 // Bytes moved per request: the target and draft rows of every visited node (2 * 4 * V
 // bytes each), plus per rejected sibling three passes over two float64 scratch rows of V
@@ -49,9 +51,11 @@ struct Sibling {
     q.assign(qrow, qrow + vocab);
     pn = qn = 1.0;
   }
+  // A child the draft gives no mass could not have been drawn: rejected (a no-op, the
+  // residual of a zero draft is the target itself).
   bool accepts(int64_t x, double coin) const {
     const double qx = qn > 0.0 ? q[x] / qn : 0.0;
-    return coin * qx < p[x] / pn;
+    return qx > 0.0 && coin * qx < p[x] / pn;
   }
   // After rejecting x: p <- max(0, p/pn - q/qn) unless that is all zero; q <- q without x.
   void reject(int64_t x, std::vector<double>& scratch) {

@@ -264,7 +264,9 @@ def verify_tree_sampling(predicts, accept_index, accept_token_num, candidates, r
                 for child in _walk_links(nt[b], ns[b], node, n):
                     x = cand[b][child]
                     qx = float(q[x]) / qn if qn > 0 else 0.0
-                    if coins[b][child] * qx < float(p[x]) / pn:
+                    # a child the draft gives no mass could not have been drawn: it is rejected
+                    # (a no-op: the residual of a zero draft is the target itself)
+                    if qx > 0 and coins[b][child] * qx < float(p[x]) / pn:
                         chosen = child
                         break
                     p, pn = next_target(p, pn, q, qn)

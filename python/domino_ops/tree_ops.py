@@ -380,15 +380,18 @@ def verify_tree_sampling(predicts, accept_index, accept_token_num, candidates, r
     ``q_u = draft_probs[b, u]`` *without replacement*, in sibling order (e.g. Gumbel-top-k),
     and be distinct tokens. From the root, the children of the current node are tried in
     sibling order against a target ``p`` and draft ``q`` that start as ``p_u`` and ``q_u``:
-    child x is accepted when ``uniform_samples[b, x's node] * q(x) < p(x)`` (probability
-    ``min(1, p(x)/q(x))``) and the walk moves to it (at most ``num_spec_step - 1`` times).
+    child x is accepted when ``q(x) > 0`` and ``uniform_samples[b, x's node] * q(x) < p(x)``
+    (probability ``min(1, p(x)/q(x))``; a child of draft probability 0 could not have been
+    drawn and is rejected, a no-op) and the walk moves to it (at most
+    ``num_spec_step - 1`` times).
     A rejection replaces ``p`` by the residual ``normalize(max(0, p - q))`` and removes x from
     ``q`` (renormalised). When all children are rejected the last token is drawn from the
     residual; at a leaf, or after ``num_spec_step - 1`` acceptances, from ``p_u``. The draw
     uses ``uniform_samples_for_final_sampling[b]`` (inverse CDF, float64, index order).
-    Every emitted token is distributed exactly as the target's; with one child per node the
-    result is exactly :func:`domino_ops.verify_sampling`'s for the same uniforms (column
-    ``u`` of ``uniform_samples`` playing ``uniforms_accept[:, u-1]`` for the chain's node u).
+    Every emitted token is distributed exactly as the target's; with one child per node
+    (drawn from q) the result is exactly :func:`domino_ops.verify_sampling`'s for the same
+    uniforms (column ``u`` of ``uniform_samples`` playing ``uniforms_accept[:, u-1]`` for
+    the chain's node u).
 
     Unlike :func:`tree_speculative_sampling_target_only`, which accepts child k with
     probability ``p_u(token_k)`` whatever the draft believed, this uses ``q``: a draft that
