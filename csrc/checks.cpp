@@ -81,6 +81,23 @@ void check_no_overlap(std::initializer_list<Named> outputs, std::initializer_lis
   }
 }
 
+// base_logits [b, k, V] and hproj [b, k, r] (float32 or bfloat16, non-empty), w1s [r, G]
+// non-empty: the per-position inputs of both head ops.
+void check_head_positions(const at::Tensor& base_logits, const at::Tensor& hproj, const at::Tensor& w1s,
+                          const at::Device& dev) {
+  check_tensor(base_logits, "base_logits", 3, dev);
+  check_tensor(hproj, "hproj", 3, dev);
+  check_tensor(w1s, "w1s", 2, dev);
+  const int64_t b = base_logits.size(0), k = base_logits.size(1), V = base_logits.size(2);
+  const int64_t r = w1s.size(0), G = w1s.size(1);
+  TORCH_CHECK(b > 0 && k > 0 && V > 0, "base_logits must be non-empty, got shape ", base_logits.sizes());
+  TORCH_CHECK(r > 0 && G > 0, "w1s must be non-empty, got shape ", w1s.sizes());
+  TORCH_CHECK(is_float_or_bf16(base_logits), "base_logits must be float32 or bfloat16");
+  TORCH_CHECK(is_float_or_bf16(hproj), "hproj must be float32 or bfloat16");
+  TORCH_CHECK(hproj.size(0) == b && hproj.size(1) == k && hproj.size(2) == r,
+              "hproj must have shape [", b, ", ", k, ", ", r, "], got ", hproj.sizes());
+}
+
 // The head's weights (dtypes, shapes) for a vocabulary of V, w1s [r, G] non-empty.
 void check_head_weights(const at::Tensor& gru_input, const std::optional<at::Tensor>& w_ih,
                         const at::Tensor& w_hh, const at::Tensor& w1s, const at::Tensor& w2, int64_t V,
@@ -135,23 +152,15 @@ void check_head_rollout_args(const at::Tensor& base_logits, const at::Tensor& hp
                              const at::Tensor& tokens, const at::Tensor& logprobs,
                              const at::Tensor& state_out) {
   const at::Device dev = base_logits.device();
-  check_tensor(base_logits, "base_logits", 3, dev);
-  check_tensor(hproj, "hproj", 3, dev);
+  check_head_positions(base_logits, hproj, w1s, dev);
   check_tensor(state, "state", 2, dev);
-  check_tensor(w1s, "w1s", 2, dev);
   check_tensor(tokens, "tokens", 2, dev);
   check_tensor(logprobs, "logprobs", 2, dev);
   check_tensor(state_out, "state_out", 2, dev);
   const int64_t b = base_logits.size(0), k = base_logits.size(1), V = base_logits.size(2);
   check_sampling_args(sampling, b, dev);
-  const int64_t r = w1s.size(0), G = w1s.size(1);
-  TORCH_CHECK(b > 0 && k > 0 && V > 0, "base_logits must be non-empty, got shape ", base_logits.sizes());
-  TORCH_CHECK(r > 0 && G > 0, "w1s must be non-empty, got shape ", w1s.sizes());
-  TORCH_CHECK(is_float_or_bf16(base_logits), "base_logits must be float32 or bfloat16");
-  TORCH_CHECK(is_float_or_bf16(hproj), "hproj must be float32 or bfloat16");
+  const int64_t G = w1s.size(1);
   TORCH_CHECK(state.scalar_type() == at::kFloat, "state must be float32");
-  TORCH_CHECK(hproj.size(0) == b && hproj.size(1) == k && hproj.size(2) == r,
-              "hproj must have shape [", b, ", ", k, ", ", r, "], got ", hproj.sizes());
   TORCH_CHECK(state.size(0) == b && state.size(1) == G, "state must have shape [", b, ", ", G,
               "], got ", state.sizes());
   check_head_weights(gru_input, w_ih, w_hh, w1s, w2, V, dev);
@@ -181,24 +190,17 @@ void check_head_expand_args(const at::Tensor& base_logits, const at::Tensor& hpr
                             const at::Tensor& child_logprobs, const at::Tensor& child_state,
                             const at::Tensor& node_logits) {
   const at::Device dev = base_logits.device();
-  check_tensor(base_logits, "base_logits", 3, dev);
-  check_tensor(hproj, "hproj", 3, dev);
+  check_head_positions(base_logits, hproj, w1s, dev);
   check_tensor(node_state, "node_state", 2, dev);
   check_tensor(node_seq, "node_seq", 1, dev);
   check_tensor(node_depth, "node_depth", 1, dev);
-  check_tensor(w1s, "w1s", 2, dev);
   check_tensor(child_tokens, "child_tokens", 2, dev);
   check_tensor(child_logprobs, "child_logprobs", 2, dev);
   check_tensor(child_state, "child_state", 3, dev);
   check_tensor(node_logits, "node_logits", 2, dev);
   const int64_t b = base_logits.size(0), k = base_logits.size(1), V = base_logits.size(2);
   const int64_t n = node_state.size(0), m = child_tokens.size(1);
-  const int64_t r = w1s.size(0), G = w1s.size(1);
-  TORCH_CHECK(b > 0 && k > 0 && V > 0, "base_logits must be non-empty, got shape ", base_logits.sizes());
-  TORCH_CHECK(is_float_or_bf16(base_logits), "base_logits must be float32 or bfloat16");
-  TORCH_CHECK(is_float_or_bf16(hproj), "hproj must be float32 or bfloat16");
-  TORCH_CHECK(hproj.size(0) == b && hproj.size(1) == k && hproj.size(2) == r,
-              "hproj must have shape [", b, ", ", k, ", ", r, "], got ", hproj.sizes());
+  const int64_t G = w1s.size(1);
   check_head_weights(gru_input, w_ih, w_hh, w1s, w2, V, dev);
   TORCH_CHECK(node_state.scalar_type() == at::kFloat && node_state.size(1) == G,
               "node_state must be float32 of shape [nodes, ", G, "], got ", node_state.scalar_type(), " ",

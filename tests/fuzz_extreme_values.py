@@ -15,7 +15,9 @@ either raise a clear exception (a Python exception with a message, never a crash
 hang) or return a valid answer: every token in [0, V), and the answer the documented rules
 fix (domino_ops.sampling.filtered_weights): the argmax with NaN first when greedy, a
 ``+inf`` logit winning, token 0 for a row with no mass, a token of nonzero filtered
-probability when sampling, and the reference's verify_greedy result exactly.
+probability when sampling, and the reference's verify_greedy result exactly. (A
+non-finite GRU *state* defines only the tokens' range: the kernels' saturating exp and
+torch's silu differ at +-inf.)
 
 Backends: ``reference``, ``native`` and ``triton`` (interpreted without a GPU) go through
 the public wrappers (``backend=``); ``direct`` calls ``torch.ops.domino_ops.<op>`` (the
@@ -116,14 +118,28 @@ def check_token_rule(x: torch.Tensor, token: int, T, top_k, top_p, what: str) ->
                           f"at T={T}, top_k={top_k}, top_p={top_p}")
 
 
+def fuzz_cases(examples: int):
+    """One op's fuzz loop: ``examples`` hypothesis cases drawn inside the test (st.data()),
+    no deadline, no example database (each run is fresh)."""
+    def wrap(test):
+        return settings(max_examples=examples, deadline=None, database=None,
+                        suppress_health_check=list(HealthCheck))(given(st.data())(test))
+    return wrap
+
+
+def verify_shape(data) -> tuple[int, int, int]:
+    """(b, k, V) of a verify op's case, empty batches and blocks included."""
+    return (data.draw(st.integers(0, 3), label="b"), data.draw(st.integers(0, 4), label="k"),
+            data.draw(st.sampled_from([1, 2, 9, 130]), label="V"))
+
+
 def expect_clean(exc: BaseException, allowed) -> None:
     assert isinstance(exc, allowed) and str(exc), f"not a clear error: {type(exc).__name__}: {exc}"
 
 
 # ---------------------------------------------------------------------------------------- sample
 def fuzz_sample(backend: str, examples: int):
-    @settings(max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
-    @given(st.data())
+    @fuzz_cases(examples)
     def run(data):
         b = data.draw(st.integers(0, 3), label="b")
         V = data.draw(st.sampled_from([0, 1, 2, 7, 130]), label="V")
@@ -157,12 +173,9 @@ def fuzz_sample(backend: str, examples: int):
 
 # --------------------------------------------------------------------------------- verify_greedy
 def fuzz_verify_greedy(backend: str, examples: int):
-    @settings(max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
-    @given(st.data())
+    @fuzz_cases(examples)
     def run(data):
-        b = data.draw(st.integers(0, 3), label="b")
-        k = data.draw(st.integers(0, 4), label="k")
-        V = data.draw(st.sampled_from([1, 2, 9, 130]), label="V")
+        b, k, V = verify_shape(data)
         dtype = data.draw(st.sampled_from([torch.float32, torch.bfloat16]))
         logits = data.draw(hostile_rows(b * (k + 1), V, dtype)).reshape(b, k + 1, V)
         g = torch.Generator().manual_seed(data.draw(st.integers(0, 1000)))
@@ -189,12 +202,9 @@ def fuzz_verify_greedy(backend: str, examples: int):
 
 # ------------------------------------------------------------------------------- verify_sampling
 def fuzz_verify_sampling(backend: str, examples: int):
-    @settings(max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
-    @given(st.data())
+    @fuzz_cases(examples)
     def run(data):
-        b = data.draw(st.integers(0, 3), label="b")
-        k = data.draw(st.integers(0, 4), label="k")
-        V = data.draw(st.sampled_from([1, 2, 9, 130]), label="V")
+        b, k, V = verify_shape(data)
         g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**31 - 1)))
         q = torch.softmax(torch.randn(b, k, V, generator=g) * 3, -1)
         p = torch.softmax(torch.randn(b, k + 1, V, generator=g) * 3, -1)
@@ -236,8 +246,7 @@ def fuzz_verify_sampling(backend: str, examples: int):
 
 # ---------------------------------------------------------------------------- domino_head_rollout
 def fuzz_domino_head_rollout(backend: str, examples: int):
-    @settings(max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
-    @given(st.data())
+    @fuzz_cases(examples)
     def run(data):
         b = data.draw(st.integers(0, 2), label="b")
         k = data.draw(st.integers(0, 3), label="k")
@@ -291,6 +300,11 @@ def check_rollout_against_reference(inputs, base, tokens, logprobs, T) -> None:
     b, k = tokens.shape
     for i in range(b):
         Ti = row_value(T, i)
+        if not bool(torch.isfinite(inputs[2][i]).all()):
+            # A non-finite GRU state: each backend follows IEEE through its own silu and
+            # sigmoid (the kernels' exp saturates, torch's silu(-inf) is NaN), so only the
+            # range of the tokens is defined (checked by the caller).
+            continue
         if not is_greedy(Ti):
             assert not bool(torch.isnan(logprobs[i]).any()) and bool((logprobs[i] <= 1e-4).all()), logprobs[i]
             continue
@@ -313,8 +327,7 @@ def check_rollout_against_reference(inputs, base, tokens, logprobs, T) -> None:
 def fuzz_domino_head_expand(backend: str, examples: int):
     if backend not in ("native", "reference", "direct"):
         return  # no CUDA or Triton kernel yet
-    @settings(max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
-    @given(st.data())
+    @fuzz_cases(examples)
     def run(data):
         b, k = data.draw(st.integers(1, 2), label="b"), data.draw(st.integers(1, 3), label="k")
         V = data.draw(st.sampled_from([1, 2, 40]), label="V")

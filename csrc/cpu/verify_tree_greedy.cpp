@@ -21,6 +21,7 @@
 
 #include <vector>
 
+#include "cpu/tree_paths.h"
 #include "tree_ops.h"
 
 namespace domino::cpu {
@@ -43,8 +44,8 @@ void verify_tree_greedy_cpu(at::Tensor predicts, at::Tensor accept_index, at::Te
   check_tree_links(ridx, next_token, next_sibling, bs, n, std::min<int64_t>(predicts.numel(), bs * n),
                    "min(predicts.numel(), bs * num_draft_tokens)");
 
-  // Pass 1: the accepted path of every request (nodes), nothing written yet.
-  std::vector<int64_t> path(bs * steps), accepted(bs);
+  // Pass 1: the accepted path of every request (nodes) and its tokens, nothing written yet.
+  std::vector<int64_t> path(bs * steps), tokens(bs * steps), accepted(bs);
   for (int64_t b = 0; b < bs; ++b) {
     const int64_t* nt = next_token + b * n;
     const int64_t* ns = next_sibling + b * n;
@@ -59,26 +60,14 @@ void verify_tree_greedy_cpu(at::Tensor predicts, at::Tensor accept_index, at::Te
         TORCH_CHECK(++tried < n, "retrive_next_sibling of request ", b, " has a cycle");
       }
       if (child == -1) break;
+      tokens[b * steps + num] = want;
       p[++num] = node = child;
     }
+    tokens[b * steps + num] = target[ridx[b * n + node]];  // the target's token at the last node
     accepted[b] = num;
   }
 
-  // Pass 2: write. First clear every node's predicts slot, then the paths.
-  int32_t* pred = predicts.data_ptr<int32_t>();
-  int32_t* acc_index = accept_index.data_ptr<int32_t>();
-  int32_t* acc_num = accept_token_num.data_ptr<int32_t>();
-  for (int64_t i = 0; i < bs * n; ++i) pred[ridx[i]] = -1;
-  for (int64_t b = 0; b < bs; ++b) {
-    const int64_t* p = path.data() + b * steps;
-    const int64_t num = accepted[b];
-    for (int64_t j = 0; j < steps; ++j)
-      acc_index[b * steps + j] = j <= num ? static_cast<int32_t>(ridx[b * n + p[j]]) : -1;
-    for (int64_t j = 0; j < num; ++j) pred[ridx[b * n + p[j]]] = static_cast<int32_t>(cand[b * n + p[j + 1]]);
-    const int64_t last = ridx[b * n + p[num]];
-    pred[last] = static_cast<int32_t>(target[last]);
-    acc_num[b] = static_cast<int32_t>(num);
-  }
+  write_tree_paths(predicts, accept_index, accept_token_num, ridx, bs, n, steps, path, tokens, accepted);
 }
 
 }  // namespace domino::cpu

@@ -34,6 +34,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "cpu/tree_paths.h"
 #include "tree_ops.h"
 
 namespace domino::cpu {
@@ -156,20 +157,7 @@ void verify_tree_sampling_cpu(at::Tensor predicts, at::Tensor accept_index, at::
     }
   });
 
-  // Pass 2: write.
-  int32_t* pred = predicts.data_ptr<int32_t>();
-  int32_t* acc_index = accept_index.data_ptr<int32_t>();
-  int32_t* acc_num = accept_token_num.data_ptr<int32_t>();
-  for (int64_t i = 0; i < bs * n; ++i) pred[ridx[i]] = -1;
-  for (int64_t b = 0; b < bs; ++b) {
-    const int64_t* pth = path.data() + b * steps;
-    const int64_t* tok = tokens.data() + b * steps;
-    const int64_t num = accepted[b];
-    for (int64_t j = 0; j < steps; ++j)
-      acc_index[b * steps + j] = j <= num ? static_cast<int32_t>(ridx[b * n + pth[j]]) : -1;
-    for (int64_t j = 0; j <= num; ++j) pred[ridx[b * n + pth[j]]] = static_cast<int32_t>(tok[j]);
-    acc_num[b] = static_cast<int32_t>(num);
-  }
+  write_tree_paths(predicts, accept_index, accept_token_num, ridx, bs, n, steps, path, tokens, accepted);
 }
 
 }  // namespace domino::cpu
