@@ -23,6 +23,7 @@
 #include "cuda/verify_tree_greedy.cuh"
 #include "cuda/verify_greedy.cuh"
 #include "cuda/verify_sampling.cuh"
+#include "cuda/verify_tree_sampling.cuh"
 
 namespace domino::cuda {
 
@@ -236,6 +237,44 @@ void tree_speculative_sampling_target_only(
                "tree_speculative_sampling_target_only");
 }
 
+template <class Device>
+void verify_tree_sampling(at::Tensor predicts, at::Tensor accept_index, at::Tensor accept_token_num,
+                          const at::Tensor& candidates, const at::Tensor& retrive_index,
+                          const at::Tensor& retrive_next_token, const at::Tensor& retrive_next_sibling,
+                          const at::Tensor& uniform_samples, const at::Tensor& uniform_samples_for_final_sampling,
+                          const at::Tensor& target_probs, const at::Tensor& draft_probs) {
+  const typename Device::Guard guard(candidates.device());
+  check_verify_tree_sampling_args(predicts, accept_index, accept_token_num, candidates, retrive_index,
+                                  retrive_next_token, retrive_next_sibling, uniform_samples,
+                                  uniform_samples_for_final_sampling, target_probs, draft_probs);
+  const int64_t bs = candidates.size(0), V = target_probs.size(2);
+  check_grid_rows(bs, "verify_tree_sampling");
+  TORCH_CHECK(V < std::numeric_limits<int>::max(), "verify_tree_sampling: vocabulary ", V,
+              " does not fit the kernel's int32 token ids");
+  if (bs == 0) return;
+  at::Tensor workspace =
+      at::empty({verify_tree_sampling_workspace_doubles(bs, V)}, target_probs.options().dtype(at::kDouble));
+  VerifyTreeSamplingArgs args{};
+  args.predicts = predicts.data_ptr<int32_t>();
+  args.accept_index = accept_index.data_ptr<int32_t>();
+  args.accept_token_num = accept_token_num.data_ptr<int32_t>();
+  args.candidates = candidates.data_ptr<int64_t>();
+  args.retrive_index = retrive_index.data_ptr<int64_t>();
+  args.retrive_next_token = retrive_next_token.data_ptr<int64_t>();
+  args.retrive_next_sibling = retrive_next_sibling.data_ptr<int64_t>();
+  args.uniform_samples = uniform_samples.data_ptr<double>();
+  args.final_uniforms = uniform_samples_for_final_sampling.data_ptr<double>();
+  args.target_probs = target_probs.data_ptr<float>();
+  args.draft_probs = draft_probs.data_ptr<float>();
+  args.workspace = workspace.data_ptr<double>();
+  args.bs = bs;
+  args.n = candidates.size(1);
+  args.steps = accept_index.size(1);
+  args.V = V;
+  args.slot_limit = predicts.numel();
+  check_launch(launch_verify_tree_sampling(args, Device::stream()), "verify_tree_sampling");
+}
+
 // The ops' implementations for one dispatch key of a library, e.g.
 //   TORCH_LIBRARY_IMPL(domino_ops, CUDA, m) { domino::cuda::impl_ops<CudaDevice>(m); }
 template <class Device>
@@ -247,6 +286,7 @@ void impl_ops(torch::Library& m) {
   m.impl("build_tree_kernel_efficient", &build_tree_kernel_efficient<Device>);
   m.impl("verify_tree_greedy", &verify_tree_greedy<Device>);
   m.impl("tree_speculative_sampling_target_only", &tree_speculative_sampling_target_only<Device>);
+  m.impl("verify_tree_sampling", &verify_tree_sampling<Device>);
 }
 
 }  // namespace domino::cuda

@@ -69,6 +69,7 @@ inline void define_ops(torch::Library& m) {
   m.def(kBuildTreeKernelEfficient);
   m.def(kVerifyTreeGreedy);
   m.def(kTreeSpeculativeSamplingTargetOnly);
+  m.def(kVerifyTreeSampling);
 }
 
 }  // namespace domino::schemas

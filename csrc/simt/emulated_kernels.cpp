@@ -8,3 +8,4 @@
 #include "cuda/verify_sampling.cu"
 #include "cuda/tree_speculative_sampling_target_only.cu"
 #include "cuda/verify_tree_greedy.cu"
+#include "cuda/verify_tree_sampling.cu"
