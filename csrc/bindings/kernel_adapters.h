@@ -1,5 +1,5 @@
 // Tensors -> the plain launchers in csrc/cuda/, written once as the dispatcher kernels of
-// the ops (the four Domino ops and the three sgl-kernel-compatible tree ops) over a
+// the ops (the five Domino ops and the four tree ops) over a
 // `Device` policy, and registered for both builds of those launchers:
 // the real CUDA ops (bindings/cuda_impls.cpp: a CUDAGuard and torch's current stream) and
 // their emulated twins (simt/emulated_module.cpp, test infrastructure: no guard, no
@@ -17,6 +17,7 @@
 #include "ops.h"
 #include "tree_ops.h"
 #include "cuda/build_tree_kernel_efficient.cuh"
+#include "cuda/domino_head_expand.cuh"
 #include "cuda/domino_head_rollout.cuh"
 #include "cuda/sample.cuh"
 #include "cuda/tree_speculative_sampling_target_only.cuh"
@@ -82,6 +83,29 @@ void verify_sampling(const at::Tensor& draft_tokens, const at::Tensor& draft_pro
                "verify_sampling");
 }
 
+// The head's weights and shape limits, shared by the rollout and the expand step.
+inline void fill_head_weights(HeadRolloutArgs& args, const at::Tensor& hproj_f, const at::Tensor& gru_input,
+                              const std::optional<at::Tensor>& w_ih, const at::Tensor& w_hh, const at::Tensor& w1s,
+                              const at::Tensor& w2, int64_t V, const char* op) {
+  const int64_t r = w1s.size(0), G = w1s.size(1), H = w_ih ? w_ih->size(1) : 0;
+  TORCH_CHECK(V < std::numeric_limits<int>::max(), op, ": vocabulary ", V, " does not fit the kernel's int32 token ids");
+  TORCH_CHECK(r <= kHeadMaxRank, op, ": rank r = ", r, " (w1s.shape[0]) exceeds the kernel's ",
+              "shared-memory limit of ", kHeadMaxRank);
+  TORCH_CHECK(G + H <= kHeadMaxGruFloats, op, ": GRU width G = ", G, " and embedding width H = ", H,
+              " exceed the kernel's shared-memory limit (G + H <= ", kHeadMaxGruFloats, ")");
+  args.hproj = hproj_f.data_ptr<float>();
+  args.gru_input = gru_input.data_ptr();
+  args.w_ih = w_ih ? w_ih->data_ptr() : nullptr;
+  args.w_hh = w_hh.data_ptr();
+  args.w1s = w1s.data_ptr();
+  args.w2 = w2.data_ptr();
+  args.weights_bf16 = w2.scalar_type() == at::kBFloat16;
+  args.V = V;
+  args.r = r;
+  args.G = G;
+  args.H = H;
+}
+
 // Workspace comes from torch's caching allocator (no cudaMalloc once warm, and legal
 // inside torch.cuda.graph capture, where it is served from the graph's private pool).
 template <class Device>
@@ -99,35 +123,17 @@ void domino_head_rollout(at::Tensor base_logits, const at::Tensor& hproj, const 
                           tokens, logprobs, state_out);
   const SamplingParams sp = sampling.params();
   const int64_t b = base_logits.size(0), k = base_logits.size(1), V = base_logits.size(2);
-  const int64_t r = w1s.size(0), G = w1s.size(1), H = w_ih ? w_ih->size(1) : 0;
-  TORCH_CHECK(V < std::numeric_limits<int>::max(), "domino_head_rollout: vocabulary ", V,
-              " does not fit the kernel's int32 token ids");
-  TORCH_CHECK(r <= kHeadMaxRank, "domino_head_rollout: rank r = ", r, " (w1s.shape[0]) exceeds the kernel's ",
-              "shared-memory limit of ", kHeadMaxRank);
-  TORCH_CHECK(G + H <= kHeadMaxGruFloats, "domino_head_rollout: GRU width G = ", G,
-              " and embedding width H = ", H, " exceed the kernel's shared-memory limit (G + H <= ",
-              kHeadMaxGruFloats, ")");
   check_grid_rows(b, "domino_head_rollout");
   const at::Tensor hproj_f = hproj.to(at::kFloat).contiguous();
-  at::Tensor workspace =
-      at::empty({head_rollout_workspace_floats(b, V, r, G, sp.may_filter())}, state.options().dtype(at::kFloat));
   HeadRolloutArgs args{};
+  fill_head_weights(args, hproj_f, gru_input, w_ih, w_hh, w1s, w2, V, "domino_head_rollout");
+  at::Tensor workspace = at::empty({head_rollout_workspace_floats(b, V, args.r, args.G, sp.may_filter())},
+                                   state.options().dtype(at::kFloat));
   args.base_logits = base_logits.data_ptr();
   args.logits_bf16 = base_logits.scalar_type() == at::kBFloat16;
-  args.hproj = hproj_f.data_ptr<float>();
   args.state = state.data_ptr<float>();
-  args.gru_input = gru_input.data_ptr();
-  args.w_ih = w_ih ? w_ih->data_ptr() : nullptr;
-  args.w_hh = w_hh.data_ptr();
-  args.w1s = w1s.data_ptr();
-  args.w2 = w2.data_ptr();
-  args.weights_bf16 = w2.scalar_type() == at::kBFloat16;
   args.b = b;
   args.k = k;
-  args.V = V;
-  args.r = r;
-  args.G = G;
-  args.H = H;
   args.sampling = sp;
   args.uniforms = sp.may_sample() ? uniforms->data_ptr<double>() : nullptr;
   args.write_logits = write_logits;
@@ -136,6 +142,48 @@ void domino_head_rollout(at::Tensor base_logits, const at::Tensor& hproj, const 
   args.state_out = state_out.data_ptr<float>();
   args.workspace = workspace.data_ptr<float>();
   check_launch(launch_domino_head_rollout(args, Device::stream()), "domino_head_rollout");
+}
+
+template <class Device>
+void domino_head_expand(const at::Tensor& base_logits, const at::Tensor& hproj, const at::Tensor& node_state,
+                        const at::Tensor& node_seq, const at::Tensor& node_depth, const at::Tensor& gru_input,
+                        const std::optional<at::Tensor>& w_ih, const at::Tensor& w_hh, const at::Tensor& w1s,
+                        const at::Tensor& w2, double temperature, int64_t top_k, double top_p,
+                        const std::optional<at::Tensor>& uniforms, at::Tensor child_tokens, at::Tensor child_logprobs,
+                        at::Tensor child_state, at::Tensor node_logits) {
+  const typename Device::Guard guard(base_logits.device());
+  const std::optional<at::Tensor> none;
+  const SamplingArgs sampling{temperature, top_k, top_p, none, none, none};
+  check_head_expand_args(base_logits, hproj, node_state, node_seq, node_depth, gru_input, w_ih, w_hh, w1s, w2,
+                         sampling, uniforms, child_tokens, child_logprobs, child_state, node_logits);
+  const int64_t n = node_state.size(0), m = child_tokens.size(1), V = base_logits.size(2);
+  check_grid_rows(n, "domino_head_expand");
+  TORCH_CHECK(n * m <= 65535, "domino_head_expand: ", n, " nodes x ", m,
+              " children exceed the GRU kernel's grid limit of 65535 children");
+  if (n == 0) return;
+  const SamplingParams sp = sampling.params();
+  const at::Tensor hproj_f = hproj.to(at::kFloat).contiguous();
+  HeadRolloutArgs args{};
+  fill_head_weights(args, hproj_f, gru_input, w_ih, w_hh, w1s, w2, V, "domino_head_expand");
+  at::Tensor workspace = at::empty({head_expand_workspace_floats(n, V, args.r, args.G, sp.may_sample())},
+                                   node_state.options().dtype(at::kFloat));
+  args.base_logits = base_logits.data_ptr();
+  args.logits_bf16 = base_logits.scalar_type() == at::kBFloat16;
+  args.state = node_state.data_ptr<float>();
+  args.b = n;
+  args.k = base_logits.size(1);
+  args.sampling = sp;
+  args.uniforms = sp.may_sample() ? uniforms->data_ptr<double>() : nullptr;
+  args.tokens = child_tokens.data_ptr<int64_t>();
+  args.logprobs = child_logprobs.data_ptr<float>();
+  args.state_out = child_state.data_ptr<float>();
+  args.workspace = workspace.data_ptr<float>();
+  args.node_seq = node_seq.data_ptr<int64_t>();
+  args.node_depth = node_depth.data_ptr<int64_t>();
+  args.seqs = base_logits.size(0);
+  args.m = m;
+  args.node_logits = node_logits.data_ptr<float>();
+  check_launch(launch_domino_head_expand(args, Device::stream()), "domino_head_expand");
 }
 
 // The tree ops: the shape/dtype/aliasing checks of tree_checks.cpp; index values are not
@@ -280,6 +328,7 @@ void verify_tree_sampling(at::Tensor predicts, at::Tensor accept_index, at::Tens
 template <class Device>
 void impl_ops(torch::Library& m) {
   m.impl("domino_head_rollout", &domino_head_rollout<Device>);
+  m.impl("domino_head_expand", &domino_head_expand<Device>);
   m.impl("sample", &sample<Device>);
   m.impl("verify_greedy", &verify_greedy<Device>);
   m.impl("verify_sampling", &verify_sampling<Device>);

@@ -2,6 +2,7 @@
 // for the SIMT emulator (DOMINO_SIMT is defined for the domino_simt target); bound to
 // torch.ops.domino_simt by emulated_module.cpp.
 #include "cuda/build_tree_kernel_efficient.cu"
+#include "cuda/domino_head_expand.cu"
 #include "cuda/domino_head_rollout.cu"
 #include "cuda/sample.cu"
 #include "cuda/verify_greedy.cu"
