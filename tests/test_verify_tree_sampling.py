@@ -19,7 +19,7 @@ from domino_ops import reference_tree
 from domino_ops import triton as triton_ops
 from kernel_backends import emulated_cuda_kernel
 from stats import assert_matches_distribution
-from tree_backends import ALL, GPU, params, run_guarded, tree_op
+from tree_backends import ALL, CPU_KERNELS, GPU, params, run_guarded, tree_op
 from tree_cases import chain_tree, links, random_tree, verify_outputs
 
 
@@ -259,13 +259,22 @@ WRAPPER_BACKENDS = ("native", "reference", "triton")  # the value checks run bef
     (dict(draft_probs=torch.rand(2, 3, 4)), ValueError, "draft_probs must have shape"),
     (dict(target_probs=torch.rand(2, 3, 5, dtype=torch.float64)), TypeError, "target_probs must be float32"),
     (dict(candidates=torch.tensor([[0, 1, 9]] * 2)), ValueError, "candidates must be token ids"),
-    (dict(retrive_next_sibling=torch.tensor([[-1, 2, 1]] * 2),  # both children rejected: the walk loops
-          target_probs=F.one_hot(torch.zeros(2, 3, dtype=torch.long), 5).float()), ValueError, "cycle"),
 ])
 def test_wrapper_bad_input(over, exc, msg, backend):
     args = good_args()
     args.update(over)
     with pytest.raises(exc, match=msg):
+        domino_ops.verify_tree_sampling(**args, backend=backend)
+
+
+@pytest.mark.parametrize("backend", params(CPU_KERNELS))
+def test_sibling_cycle_met_by_the_walk_raises(backend):
+    """Both children rejected: the walk loops (found by the CPU walks only; the GPU kernels
+    bound it, test_gpu_kernels_never_go_out_of_bounds_on_bad_values)."""
+    args = good_args()
+    args.update(retrive_next_sibling=torch.tensor([[-1, 2, 1]] * 2),
+                target_probs=F.one_hot(torch.zeros(2, 3, dtype=torch.long), 5).float())
+    with pytest.raises(ValueError, match="cycle"):
         domino_ops.verify_tree_sampling(**args, backend=backend)
 
 

@@ -171,7 +171,7 @@ head_logits_kernel(HeadRolloutArgs args, int64_t step, int tiles) {
     const int ng = static_cast<int>(b - g0 < kGroup ? b - g0 : kGroup);
     __syncthreads();  // the previous group is done with a_sh
     for (int64_t i = threadIdx.x; i < ng * r; i += blockDim.x) a_sh[i] = a[g0 * r + i];
-    if (threadIdx.x < ng) row_sh[threadIdx.x] = head_row(args, g0 + threadIdx.x, step);
+    if (threadIdx.x < static_cast<unsigned>(ng)) row_sh[threadIdx.x] = head_row(args, g0 + threadIdx.x, step);
     __syncthreads();
     Lse lse[kGroup];
     Race best[kGroup];

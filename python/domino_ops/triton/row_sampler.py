@@ -87,10 +87,9 @@ def _final_weights(row_ptr, offs, V, temperature, xmax, zmax, kth, cut, n_tie, t
 
 
 @triton.jit
-def sample_row(row_ptr, V, temperature, top_k, top_p, u, BLOCK: tl.constexpr):
-    """Samples row[0:V] at temperature > 0 with top-k (0 = off) and top-p (1 = off) by
-    inverse CDF at the uniform u. Returns (token, logprob under the filtered law); a row
-    with no mass (all -inf / NaN) gives token 0 with log-probability 0, as the reference."""
+def filter_row(row_ptr, V, temperature, top_k, top_p, BLOCK: tl.constexpr):
+    """The filtered law of row[0:V] at temperature > 0 with top-k (0 = off) and top-p (1 =
+    off): (xmax, no_mass, kth, cut, n_tie), whose weights final_weights gives chunk by chunk."""
     xmax = row_max(row_ptr, V, BLOCK)
     no_mass = xmax == -float("inf")
     xmax = tl.where(no_mass, 0.0, xmax)  # any finite value: every z is -inf
@@ -148,6 +147,23 @@ def sample_row(row_ptr, V, temperature, top_k, top_p, u, BLOCK: tl.constexpr):
         n_tie = tl.maximum(tl.ceil((bound - above) / w_tie).to(tl.int64), 1)
         n_tie = tl.where((n_tie > 1) & ~(above + (n_tie - 1) * w_tie < bound), n_tie - 1, n_tie)
         n_tie = tl.where(above + n_tie * w_tie < bound, n_tie + 1, n_tie)
+    return xmax, no_mass, kth, cut, n_tie
+
+
+@triton.jit
+def final_weights(row_ptr, offs, V, temperature, xmax, kth, cut, n_tie, tie_carry):
+    """(w, ties) for one chunk of the law filter_row describes (see _final_weights)."""
+    return _final_weights(row_ptr, offs, V, temperature, xmax, tl.full([], 0.0, tl.float32), kth, cut, n_tie,
+                          tie_carry)
+
+
+@triton.jit
+def sample_row(row_ptr, V, temperature, top_k, top_p, u, BLOCK: tl.constexpr):
+    """Samples row[0:V] at temperature > 0 with top-k (0 = off) and top-p (1 = off) by
+    inverse CDF at the uniform u. Returns (token, logprob under the filtered law); a row
+    with no mass (all -inf / NaN) gives token 0 with log-probability 0, as the reference."""
+    xmax, no_mass, kth, cut, n_tie = filter_row(row_ptr, V, temperature, top_k, top_p, BLOCK)
+    zmax = tl.full([], 0.0, tl.float32)
     # inverse CDF in index order: the first j with cumsum(w)[j] > u * total
     total = tl.full([], 0.0, tl.float64)
     tie_carry = tl.full([], 0, tl.int64)
