@@ -87,7 +87,7 @@ def _best_remaining(row_ptr, V, taken_ptr, count, BLOCK: tl.constexpr, BLOCK_M: 
 
 @triton.jit
 def _expand_children_kernel(partial_ptr, logits_ptr, w_ptr, uniforms_ptr, tokens_ptr, logprobs_ptr, state_ptr,
-                            child_state_ptr, gru_input_ptr, w_ih_ptr, w_hh_ptr, temperature, top_k, top_p, m, V, G, H,
+                            child_state_ptr, gru_input_ptr, w_ih_ptr, w_hh_ptr, params_ptr, top_k_ptr, m, V, G, H,
                             tiles, SAMPLED: tl.constexpr, TABLE: tl.constexpr, BLOCK_T: tl.constexpr,
                             BLOCK_V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
                             BLOCK_J: tl.constexpr):
@@ -96,7 +96,9 @@ def _expand_children_kernel(partial_ptr, logits_ptr, w_ptr, uniforms_ptr, tokens
     tok_row = tokens_ptr + f * m
     lp_row = logprobs_ptr + f * m
     if SAMPLED:
-        xmax, no_mass, kth, cut, n_tie = filter_row(L_row, V, temperature, top_k, top_p.to(tl.float64), BLOCK_V)
+        temperature = tl.load(params_ptr)  # float32, as the rollout's row parameters
+        top_p = tl.load(params_ptr + 1).to(tl.float64)
+        xmax, no_mass, kth, cut, n_tie = filter_row(L_row, V, temperature, tl.load(top_k_ptr), top_p, BLOCK_V)
         w_row = w_ptr + f * V
         total = tl.full([], 0.0, tl.float64)
         tie_carry = tl.full([], 0, tl.int64)
@@ -163,6 +165,8 @@ def domino_head_expand(base_logits, hproj, node_state, node_seq, node_depth, gru
     a = torch.empty(n, r, dtype=torch.float32, device=dev)
     partials = torch.empty(n, tiles, 6, dtype=torch.float32, device=dev)
     weights = torch.empty(n, V, dtype=torch.float64, device=dev) if sampled else partials
+    params = torch.tensor([temperature, top_p], dtype=torch.float32, device=dev)
+    top_k_t = torch.tensor([top_k], dtype=torch.int64, device=dev)
     block_r = min(32, triton.next_power_of_2(r))
     _expand_input_kernel[(n,)](hproj, node_state, node_seq, node_depth, w1s, a, seqs, k, r, G, BLOCK_C=BLOCK_C,
                                BLOCK_R=block_r)
@@ -170,7 +174,7 @@ def domino_head_expand(base_logits, hproj, node_state, node_seq, node_depth, gru
                                     r, tiles, GREEDY=not sampled, TILE=TILE_V, BLOCK_R=block_r)
     _expand_children_kernel[(n,)](
         partials, node_logits, weights, uniforms if sampled else partials, child_tokens, child_logprobs, node_state,
-        child_state, gru_input, w_ih if w_ih is not None else w_hh, w_hh, float(temperature), int(top_k),
-        float(top_p), m, V, G, H, tiles, SAMPLED=sampled, TABLE=w_ih is None,
+        child_state, gru_input, w_ih if w_ih is not None else w_hh, w_hh, params, top_k_t, m, V, G, H, tiles,
+        SAMPLED=sampled, TABLE=w_ih is None,
         BLOCK_T=min(1024, triton.next_power_of_2(tiles)), BLOCK_V=min(BLOCK_V, triton.next_power_of_2(V)),
         BLOCK_M=triton.next_power_of_2(m), BLOCK_C=BLOCK_C, BLOCK_J=BLOCK_J, num_warps=UPDATE_WARPS)
