@@ -121,6 +121,22 @@ def test_native_matches_reference(case, n, m):
 
 
 @pytest.mark.parametrize("backend", params(GPU))
+@pytest.mark.parametrize("top_k,top_p", [(0, 1.0), (5, 0.9)])
+def test_gpu_sampled_children_equal_native(backend, top_k, top_p):
+    """Given the same uniforms the GPU kernels draw the native kernel's children (their
+    float64 totals are block reductions: a draw could differ only within ~1e-16 of a CDF
+    step), with the same log-probabilities up to float32 rounding."""
+    inputs = head_rollout_inputs(*GPU_CASES[0], seed=10)
+    frontier = random_frontier(inputs, 5, 11)
+    kw = dict(temperature=0.9, top_k=top_k, top_p=top_p)
+    got = expand(inputs, *frontier, 3, backend=backend, generator=torch.Generator().manual_seed(12), **kw)
+    want = expand(inputs, *frontier, 3, generator=torch.Generator().manual_seed(12), **kw)
+    assert torch.equal(got[0], want[0])
+    for x, y in zip(got[1:], want[1:]):
+        torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("backend", params(GPU))
 @pytest.mark.parametrize("case", GPU_CASES, ids=range(len(GPU_CASES)))
 def test_gpu_kernels_match_reference(case, backend):
     """And the GPU kernels' outputs equal the native kernel's (same arithmetic up to fp32
@@ -210,7 +226,7 @@ def without_replacement_joint(q: torch.Tensor) -> torch.Tensor:
 
 # Nodes per distribution check (the GPU backends' small populations keep ALPHA = 1e-6; the
 # draws without replacement must still follow the exact joint law).
-POPULATION = {"native": 40_000, "reference": 4_000, "emulated_cuda": 600, "triton": 400}
+POPULATION = {"native": 40_000, "reference": 4_000, "emulated_cuda": 150, "triton": 120}
 
 
 @pytest.mark.parametrize("backend", params())
