@@ -12,8 +12,8 @@ gives exactly the Triton rollout's tokens, log-probabilities and states:
 - ``_expand_children_kernel``, grid (n,): the node's m children (T = 0: m argmax passes
   over its logits row, the chosen excluded, log-probabilities from the tile partials' log-sum-exp;
   T > 0: the filtered weights (row_sampler.filter_row) into a float64 workspace row, then m
-  inverse-CDF draws without replacement, then the best remaining tokens at -inf), and
-  each child's GRU state.
+  inverse-CDF draws without replacement, then the best remaining tokens at -inf);
+- ``_expand_gru_kernel``, grid (n * m,): each child's GRU state (the rollout's gru_step).
 
 A node index out of range is clamped, never an address. The float64 totals are chunked
 tl.sum reductions, not the CPU's index-order sums (a draw changes only within rounding of
@@ -63,18 +63,18 @@ def _expand_logits_kernel(base_ptr, w2_ptr, a_ptr, seq_ptr, depth_ptr, partial_p
 
 
 @triton.jit
-def _best_remaining(row_ptr, V, taken_ptr, count, BLOCK: tl.constexpr, BLOCK_M: tl.constexpr):
+def _best_remaining(row_ptr, V, taken_ptr, count, BLOCK: tl.constexpr):
     """The first token of row[0:V] in the greedy order (the first NaN, else the first
     maximum) among those not in taken[0:count]."""
-    offs_m = tl.arange(0, BLOCK_M)
-    taken = tl.load(taken_ptr + offs_m, mask=offs_m < count, other=-1)
     best_val = -float("inf")
     best_idx = V
     nan_idx = V
     for start in range(0, V, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         x = tl.load(row_ptr + offs, mask=offs < V, other=-float("inf"))
-        ok = (offs < V) & (tl.sum((offs[:, None] == taken[None, :]).to(tl.int32), 1) == 0)
+        ok = offs < V
+        for c in range(0, count):
+            ok = ok & (offs != tl.load(taken_ptr + c))
         nan_idx = tl.minimum(nan_idx, tl.min(tl.where(ok & (x != x), offs, V), 0))
         ok = ok & (x == x)
         m = tl.max(tl.where(ok, x, -float("inf")), 0)
@@ -85,12 +85,16 @@ def _best_remaining(row_ptr, V, taken_ptr, count, BLOCK: tl.constexpr, BLOCK_M: 
     return tl.where(nan_idx < V, nan_idx, best_idx)
 
 
+def children_warps(sampled: bool) -> int:
+    """Warps of _expand_children_kernel without register spills on sm_80/sm_90: the argmax
+    passes want more threads, the sampler's float64 scalars more registers per thread."""
+    return 4 if sampled else UPDATE_WARPS
+
+
 @triton.jit
-def _expand_children_kernel(partial_ptr, logits_ptr, w_ptr, uniforms_ptr, tokens_ptr, logprobs_ptr, state_ptr,
-                            child_state_ptr, gru_input_ptr, w_ih_ptr, w_hh_ptr, params_ptr, top_k_ptr, m, V, G, H,
-                            tiles, SAMPLED: tl.constexpr, TABLE: tl.constexpr, BLOCK_T: tl.constexpr,
-                            BLOCK_V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
-                            BLOCK_J: tl.constexpr):
+def _expand_children_kernel(partial_ptr, logits_ptr, w_ptr, uniforms_ptr, tokens_ptr, logprobs_ptr, params_ptr,
+                            top_k_ptr, m, V, tiles, SAMPLED: tl.constexpr, BLOCK_T: tl.constexpr,
+                            BLOCK_V: tl.constexpr):
     f = tl.program_id(0).to(tl.int64)
     L_row = logits_ptr + f * V
     tok_row = tokens_ptr + f * m
@@ -132,7 +136,7 @@ def _expand_children_kernel(partial_ptr, logits_ptr, w_ptr, uniforms_ptr, tokens
                 tl.debug_barrier()
                 tl.store(w_row + x, 0.0)
             else:  # no mass left: the best remaining token by L
-                x = _best_remaining(L_row, V, tok_row, j, BLOCK_V, BLOCK_M).to(tl.int64)
+                x = _best_remaining(L_row, V, tok_row, j, BLOCK_V).to(tl.int64)
                 logprob = tl.full([], -float("inf"), tl.float32)
             tl.store(tok_row + j, x)
             tl.store(lp_row + j, logprob)
@@ -140,13 +144,18 @@ def _expand_children_kernel(partial_ptr, logits_ptr, w_ptr, uniforms_ptr, tokens
     else:
         _, _, lse = choose_from_partials(partial_ptr, f, tiles, V, False, BLOCK_T)
         for j in range(0, m):
-            x = _best_remaining(L_row, V, tok_row, j, BLOCK_V, BLOCK_M).to(tl.int64)
+            x = _best_remaining(L_row, V, tok_row, j, BLOCK_V).to(tl.int64)
             tl.store(tok_row + j, x)
             tl.store(lp_row + j, tl.load(L_row + x) - lse)
             tl.debug_barrier()
-    for j in range(0, m):  # S_child = GRUCell(E[child], S)
-        gru_step(tl.load(tok_row + j), state_ptr + f * G, child_state_ptr + (f * m + j) * G, gru_input_ptr, w_ih_ptr,
-                 w_hh_ptr, G, H, TABLE, BLOCK_C, BLOCK_J)
+
+
+@triton.jit
+def _expand_gru_kernel(tokens_ptr, state_ptr, child_state_ptr, gru_input_ptr, w_ih_ptr, w_hh_ptr, m, G, H,
+                       TABLE: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_J: tl.constexpr):
+    c = tl.program_id(0).to(tl.int64)  # child c of node c // m: S_child = GRUCell(E[child], S)
+    gru_step(tl.load(tokens_ptr + c), state_ptr + (c // m) * G, child_state_ptr + c * G, gru_input_ptr, w_ih_ptr,
+             w_hh_ptr, G, H, TABLE, BLOCK_C, BLOCK_J)
 
 
 def domino_head_expand(base_logits, hproj, node_state, node_seq, node_depth, gru_input, w_ih, w_hh, w1s, w2,
@@ -172,9 +181,10 @@ def domino_head_expand(base_logits, hproj, node_state, node_seq, node_depth, gru
                                BLOCK_R=block_r)
     _expand_logits_kernel[(tiles,)](base_logits, w2, a, node_seq, node_depth, partials, node_logits, n, seqs, k, V,
                                     r, tiles, GREEDY=not sampled, TILE=TILE_V, BLOCK_R=block_r)
-    _expand_children_kernel[(n,)](
-        partials, node_logits, weights, uniforms if sampled else partials, child_tokens, child_logprobs, node_state,
-        child_state, gru_input, w_ih if w_ih is not None else w_hh, w_hh, params, top_k_t, m, V, G, H, tiles,
-        SAMPLED=sampled, TABLE=w_ih is None,
-        BLOCK_T=min(1024, triton.next_power_of_2(tiles)), BLOCK_V=min(BLOCK_V, triton.next_power_of_2(V)),
-        BLOCK_M=triton.next_power_of_2(m), BLOCK_C=BLOCK_C, BLOCK_J=BLOCK_J, num_warps=UPDATE_WARPS)
+    _expand_children_kernel[(n,)](partials, node_logits, weights, uniforms if sampled else partials, child_tokens,
+                                  child_logprobs, params, top_k_t, m, V, tiles, SAMPLED=sampled,
+                                  BLOCK_T=min(1024, triton.next_power_of_2(tiles)),
+                                  BLOCK_V=min(BLOCK_V, triton.next_power_of_2(V)), num_warps=children_warps(sampled))
+    _expand_gru_kernel[(n * m,)](child_tokens, node_state, child_state, gru_input, w_ih if w_ih is not None else w_hh,
+                                 w_hh, m, G, H, TABLE=w_ih is None, BLOCK_C=BLOCK_C, BLOCK_J=BLOCK_J,
+                                 num_warps=UPDATE_WARPS)
