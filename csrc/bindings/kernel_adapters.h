@@ -106,6 +106,24 @@ inline void fill_head_weights(HeadRolloutArgs& args, const at::Tensor& hproj_f, 
   args.H = H;
 }
 
+// The per-call fields of a head launch (rollout or expand step) over b rows.
+inline void fill_head_call(HeadRolloutArgs& args, const at::Tensor& base_logits, const at::Tensor& state, int64_t b,
+                           const SamplingParams& sp, const std::optional<at::Tensor>& uniforms,
+                           const at::Tensor& tokens, const at::Tensor& logprobs, const at::Tensor& state_out,
+                           const at::Tensor& workspace) {
+  args.base_logits = base_logits.data_ptr();
+  args.logits_bf16 = base_logits.scalar_type() == at::kBFloat16;
+  args.state = state.data_ptr<float>();
+  args.b = b;
+  args.k = base_logits.size(1);
+  args.sampling = sp;
+  args.uniforms = sp.may_sample() ? uniforms->data_ptr<double>() : nullptr;
+  args.tokens = tokens.data_ptr<int64_t>();
+  args.logprobs = logprobs.data_ptr<float>();
+  args.state_out = state_out.data_ptr<float>();
+  args.workspace = workspace.data_ptr<float>();
+}
+
 // Workspace comes from torch's caching allocator (no cudaMalloc once warm, and legal
 // inside torch.cuda.graph capture, where it is served from the graph's private pool).
 template <class Device>
@@ -122,25 +140,15 @@ void domino_head_rollout(at::Tensor base_logits, const at::Tensor& hproj, const 
   check_head_rollout_args(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w2, sampling, uniforms,
                           tokens, logprobs, state_out);
   const SamplingParams sp = sampling.params();
-  const int64_t b = base_logits.size(0), k = base_logits.size(1), V = base_logits.size(2);
+  const int64_t b = base_logits.size(0), V = base_logits.size(2);
   check_grid_rows(b, "domino_head_rollout");
   const at::Tensor hproj_f = hproj.to(at::kFloat).contiguous();
   HeadRolloutArgs args{};
   fill_head_weights(args, hproj_f, gru_input, w_ih, w_hh, w1s, w2, V, "domino_head_rollout");
   at::Tensor workspace = at::empty({head_rollout_workspace_floats(b, V, args.r, args.G, sp.may_filter())},
                                    state.options().dtype(at::kFloat));
-  args.base_logits = base_logits.data_ptr();
-  args.logits_bf16 = base_logits.scalar_type() == at::kBFloat16;
-  args.state = state.data_ptr<float>();
-  args.b = b;
-  args.k = k;
-  args.sampling = sp;
-  args.uniforms = sp.may_sample() ? uniforms->data_ptr<double>() : nullptr;
+  fill_head_call(args, base_logits, state, b, sp, uniforms, tokens, logprobs, state_out, workspace);
   args.write_logits = write_logits;
-  args.tokens = tokens.data_ptr<int64_t>();
-  args.logprobs = logprobs.data_ptr<float>();
-  args.state_out = state_out.data_ptr<float>();
-  args.workspace = workspace.data_ptr<float>();
   check_launch(launch_domino_head_rollout(args, Device::stream()), "domino_head_rollout");
 }
 
@@ -167,23 +175,33 @@ void domino_head_expand(const at::Tensor& base_logits, const at::Tensor& hproj, 
   fill_head_weights(args, hproj_f, gru_input, w_ih, w_hh, w1s, w2, V, "domino_head_expand");
   at::Tensor workspace = at::empty({head_expand_workspace_floats(n, V, args.r, args.G, sp.may_sample())},
                                    node_state.options().dtype(at::kFloat));
-  args.base_logits = base_logits.data_ptr();
-  args.logits_bf16 = base_logits.scalar_type() == at::kBFloat16;
-  args.state = node_state.data_ptr<float>();
-  args.b = n;
-  args.k = base_logits.size(1);
-  args.sampling = sp;
-  args.uniforms = sp.may_sample() ? uniforms->data_ptr<double>() : nullptr;
-  args.tokens = child_tokens.data_ptr<int64_t>();
-  args.logprobs = child_logprobs.data_ptr<float>();
-  args.state_out = child_state.data_ptr<float>();
-  args.workspace = workspace.data_ptr<float>();
+  fill_head_call(args, base_logits, node_state, n, sp, uniforms, child_tokens, child_logprobs, child_state, workspace);
   args.node_seq = node_seq.data_ptr<int64_t>();
   args.node_depth = node_depth.data_ptr<int64_t>();
   args.seqs = base_logits.size(0);
   args.m = m;
   args.node_logits = node_logits.data_ptr<float>();
   check_launch(launch_domino_head_expand(args, Device::stream()), "domino_head_expand");
+}
+
+// The tree and outputs of a tree verification kernel's arguments.
+inline TreeVerifyArgs tree_verify_args(const at::Tensor& predicts, const at::Tensor& accept_index,
+                                       const at::Tensor& accept_token_num, const at::Tensor& candidates,
+                                       const at::Tensor& retrive_index, const at::Tensor& retrive_next_token,
+                                       const at::Tensor& retrive_next_sibling) {
+  TreeVerifyArgs t{};
+  t.predicts = predicts.data_ptr<int32_t>();
+  t.accept_index = accept_index.data_ptr<int32_t>();
+  t.accept_token_num = accept_token_num.data_ptr<int32_t>();
+  t.candidates = candidates.data_ptr<int64_t>();
+  t.retrive_index = retrive_index.data_ptr<int64_t>();
+  t.retrive_next_token = retrive_next_token.data_ptr<int64_t>();
+  t.retrive_next_sibling = retrive_next_sibling.data_ptr<int64_t>();
+  t.bs = candidates.size(0);
+  t.n = candidates.size(1);
+  t.steps = accept_index.size(1);
+  t.slot_limit = predicts.numel();
+  return t;
 }
 
 // The tree ops: the shape/dtype/aliasing checks of tree_checks.cpp; index values are not
@@ -263,24 +281,15 @@ void tree_speculative_sampling_target_only(
               "vocabulary ", target_probs.size(2), " does not fit the kernel's int32 token ids");
   if (bs == 0) return;
   TreeSamplingArgs args{};
-  args.predicts = predicts.data_ptr<int32_t>();
-  args.accept_index = accept_index.data_ptr<int32_t>();
-  args.accept_token_num = accept_token_num.data_ptr<int32_t>();
-  args.candidates = candidates.data_ptr<int64_t>();
-  args.retrive_index = retrive_index.data_ptr<int64_t>();
-  args.retrive_next_token = retrive_next_token.data_ptr<int64_t>();
-  args.retrive_next_sibling = retrive_next_sibling.data_ptr<int64_t>();
+  static_cast<TreeVerifyArgs&>(args) = tree_verify_args(predicts, accept_index, accept_token_num, candidates,
+                                                        retrive_index, retrive_next_token, retrive_next_sibling);
   args.uniform_samples = uniform_samples.data_ptr<float>();
   args.final_uniforms = uniform_samples_for_final_sampling.data_ptr<float>();
   args.target_probs = target_probs.data_ptr<float>();
   args.draft_probs = draft_probs.has_value() ? draft_probs->data_ptr<float>() : nullptr;
   args.threshold_single = static_cast<float>(threshold_single);
   args.threshold_acc = static_cast<float>(threshold_acc);
-  args.bs = bs;
-  args.n = n;
-  args.steps = accept_index.size(1);
   args.V = target_probs.size(2);
-  args.slot_limit = predicts.numel();
   check_launch(launch_tree_speculative_sampling_target_only(args, Device::stream()),
                "tree_speculative_sampling_target_only");
 }
@@ -303,23 +312,14 @@ void verify_tree_sampling(at::Tensor predicts, at::Tensor accept_index, at::Tens
   at::Tensor workspace =
       at::empty({verify_tree_sampling_workspace_doubles(bs, V)}, target_probs.options().dtype(at::kDouble));
   VerifyTreeSamplingArgs args{};
-  args.predicts = predicts.data_ptr<int32_t>();
-  args.accept_index = accept_index.data_ptr<int32_t>();
-  args.accept_token_num = accept_token_num.data_ptr<int32_t>();
-  args.candidates = candidates.data_ptr<int64_t>();
-  args.retrive_index = retrive_index.data_ptr<int64_t>();
-  args.retrive_next_token = retrive_next_token.data_ptr<int64_t>();
-  args.retrive_next_sibling = retrive_next_sibling.data_ptr<int64_t>();
+  static_cast<TreeVerifyArgs&>(args) = tree_verify_args(predicts, accept_index, accept_token_num, candidates,
+                                                        retrive_index, retrive_next_token, retrive_next_sibling);
   args.uniform_samples = uniform_samples.data_ptr<double>();
   args.final_uniforms = uniform_samples_for_final_sampling.data_ptr<double>();
   args.target_probs = target_probs.data_ptr<float>();
   args.draft_probs = draft_probs.data_ptr<float>();
   args.workspace = workspace.data_ptr<double>();
-  args.bs = bs;
-  args.n = candidates.size(1);
-  args.steps = accept_index.size(1);
   args.V = V;
-  args.slot_limit = predicts.numel();
   check_launch(launch_verify_tree_sampling(args, Device::stream()), "verify_tree_sampling");
 }
 

@@ -143,12 +143,7 @@ int64_t head_expand_workspace_floats(int64_t n, int64_t V, int64_t r, int64_t G,
 cudaError_t launch_domino_head_expand(const HeadRolloutArgs& expand, cudaStream_t stream) {
   HeadRolloutArgs args = expand;
   args.logits_rows = args.node_logits;
-  if (args.logits_bf16) {
-    return args.weights_bf16 ? launch_expand_typed<__nv_bfloat16, __nv_bfloat16>(args, stream)
-                             : launch_expand_typed<__nv_bfloat16, float>(args, stream);
-  }
-  return args.weights_bf16 ? launch_expand_typed<float, __nv_bfloat16>(args, stream)
-                           : launch_expand_typed<float, float>(args, stream);
+  return with_head_dtypes(args, [&]<typename TL, typename TW>() { return launch_expand_typed<TL, TW>(args, stream); });
 }
 
 }  // namespace domino::cuda

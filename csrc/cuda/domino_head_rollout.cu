@@ -117,12 +117,7 @@ int64_t head_rollout_workspace_floats(int64_t b, int64_t V, int64_t r, int64_t G
 cudaError_t launch_domino_head_rollout(const HeadRolloutArgs& rollout, cudaStream_t stream) {
   HeadRolloutArgs args = rollout;
   args.logits_rows = head_rollout_rows(args, (args.V + kTileRows - 1) / kTileRows);
-  if (args.logits_bf16) {
-    return args.weights_bf16 ? launch_typed<__nv_bfloat16, __nv_bfloat16>(args, stream)
-                             : launch_typed<__nv_bfloat16, float>(args, stream);
-  }
-  return args.weights_bf16 ? launch_typed<float, __nv_bfloat16>(args, stream)
-                           : launch_typed<float, float>(args, stream);
+  return with_head_dtypes(args, [&]<typename TL, typename TW>() { return launch_typed<TL, TW>(args, stream); });
 }
 
 }  // namespace domino::cuda

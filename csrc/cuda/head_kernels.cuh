@@ -315,5 +315,16 @@ head_input_kernel(HeadRolloutArgs args, int64_t step, int tiles) {
   if (lane == 0) ws.a[s * r + c] = v / (1.0f + __expf(-v));
 }
 
+// launch.template operator()<TL, TW>() for the call's logits and weight dtypes (bf16 or float).
+template <typename Launch>
+cudaError_t with_head_dtypes(const HeadRolloutArgs& args, const Launch& launch) {
+  if (args.logits_bf16) {
+    return args.weights_bf16 ? launch.template operator()<__nv_bfloat16, __nv_bfloat16>()
+                             : launch.template operator()<__nv_bfloat16, float>();
+  }
+  return args.weights_bf16 ? launch.template operator()<float, __nv_bfloat16>()
+                           : launch.template operator()<float, float>();
+}
+
 }  // namespace
 }  // namespace domino::cuda

@@ -2,24 +2,17 @@
 // plain CUDA (no torch headers) behind a C++ launcher.
 #pragma once
 
-#include "cuda/portable.cuh"
+#include "cuda/tree_args.cuh"
 
 namespace domino::cuda {
 
-struct VerifyTreeSamplingArgs {
-  int32_t* predicts;          // slot_limit int32 slots
-  int32_t* accept_index;      // [bs, steps]
-  int32_t* accept_token_num;  // [bs]
-  const int64_t* candidates;  // [bs, n]
-  const int64_t* retrive_index;
-  const int64_t* retrive_next_token;
-  const int64_t* retrive_next_sibling;
+struct VerifyTreeSamplingArgs : TreeVerifyArgs {
   const double* uniform_samples;  // [bs, n]
   const double* final_uniforms;   // [bs]
   const float* target_probs;      // [bs, n, V]
   const float* draft_probs;       // [bs, n, V]
   double* workspace;              // verify_tree_sampling_workspace_doubles(bs, V)
-  int64_t bs, n, steps, V, slot_limit;
+  int64_t V;
 };
 
 // The current target and draft rows of every request, float64: [bs, 2, V].

@@ -28,7 +28,7 @@ import triton.language as tl
 
 from domino_ops.triton.domino_head_rollout import (BLOCK_C, BLOCK_J, TILE_V, UPDATE_WARPS, choose_from_partials,
                                                    gru_step, input_step, logits_tile, store_tile_stats)
-from domino_ops.triton.row_sampler import BLOCK_V, filter_row, final_weights
+from domino_ops.triton.row_sampler import BLOCK_V, filter_row, final_weights, pick_from_weights
 
 
 @triton.jit
@@ -121,17 +121,7 @@ def _expand_children_kernel(partial_ptr, logits_ptr, w_ptr, uniforms_ptr, tokens
                 left += tl.sum(tl.load(w_row + offs, mask=offs < V, other=0.0), 0)
             if left > 0:
                 target = tl.load(uniforms_ptr + f * m + j) * left
-                carry = tl.full([], 0.0, tl.float64)
-                found = V
-                last_positive = -1
-                for start in range(0, V, BLOCK_V):
-                    offs = start + tl.arange(0, BLOCK_V)
-                    w = tl.load(w_row + offs, mask=offs < V, other=0.0)
-                    cdf = carry + tl.cumsum(w, 0)
-                    found = tl.minimum(found, tl.min(tl.where((cdf > target) & (w > 0), offs, V), 0))
-                    last_positive = tl.maximum(last_positive, tl.max(tl.where(w > 0, offs, -1), 0))
-                    carry += tl.sum(w, 0)
-                x = tl.where(found < V, found, last_positive).to(tl.int64)
+                x = pick_from_weights(w_row, V, target, BLOCK_V, False).to(tl.int64)
                 logprob = (tl.log(tl.load(w_row + x)) - tl.log(total)).to(tl.float32)
                 tl.debug_barrier()
                 tl.store(w_row + x, 0.0)

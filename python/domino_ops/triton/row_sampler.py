@@ -45,6 +45,25 @@ def argmax_row(row_ptr, V, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def pick_from_weights(w_ptr, V, target, BLOCK: tl.constexpr, POSITIVE: tl.constexpr):
+    """The first j whose running float64 sum of w[0:V] (max(0, w) when POSITIVE) exceeds
+    target (in index order, chunked), else the last positive weight, else -1."""
+    carry = tl.full([], 0.0, tl.float64)
+    found = V
+    last_positive = -1
+    for start in range(0, V, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        w = tl.load(w_ptr + offs, mask=offs < V, other=0.0)
+        if POSITIVE:
+            w = tl.where(w > 0, w, 0.0)
+        cdf = carry + tl.cumsum(w, 0)
+        found = tl.minimum(found, tl.min(tl.where((cdf > target) & (w > 0), offs, V), 0))
+        last_positive = tl.maximum(last_positive, tl.max(tl.where(w > 0, offs, -1), 0))
+        carry += tl.sum(w, 0)
+    return tl.where(found < V, found, last_positive)
+
+
+@triton.jit
 def row_max(row_ptr, V, BLOCK: tl.constexpr):
     """The largest non-NaN value of row[0:V] (float32; -inf if there is none)."""
     xmax = -float("inf")

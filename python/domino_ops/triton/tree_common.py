@@ -23,6 +23,16 @@ def tree_link(row_ptr, node, n, ok):
 
 
 @triton.jit
+def start_walk(BLOCK_S: tl.constexpr):
+    """A walk's registers at the root: (js, path, toks, node, num): the column indices, the
+    path (path[0] = the root), the token per path node (-1: none yet), the current node
+    and the number of accepted tokens."""
+    js = tl.arange(0, BLOCK_S)
+    return js, tl.zeros([BLOCK_S], dtype=tl.int64), tl.full([BLOCK_S], -1, tl.int64), tl.full([], 0, tl.int64), \
+        tl.full([], 0, tl.int64)
+
+
+@triton.jit
 def write_tree_outputs(pred_ptr, acc_index_ptr, acc_num_ptr, ridx_row, b, n, steps, limit, path, toks, num,
                        BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr):
     """predicts[ridx[u]] = toks[j] for path node u = path[j] (j <= num; the last j wins if

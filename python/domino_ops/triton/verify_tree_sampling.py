@@ -16,8 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from domino_ops.triton.row_sampler import BLOCK_V
-from domino_ops.triton.tree_common import block_sizes, tree_link, write_tree_outputs
+from domino_ops.triton.row_sampler import BLOCK_V, pick_from_weights
+from domino_ops.triton.tree_common import block_sizes, start_walk, tree_link, write_tree_outputs
 
 
 @triton.jit
@@ -49,11 +49,7 @@ def _verify_tree_sampling_kernel(pred_ptr, acc_index_ptr, acc_num_ptr, cand_ptr,
     row = b * n
     p_ws = ws_ptr + 2 * b * V
     q_ws = p_ws + V
-    js = tl.arange(0, BLOCK_S)
-    path = tl.zeros([BLOCK_S], dtype=tl.int64)
-    toks = tl.full([BLOCK_S], -1, tl.int64)
-    node = tl.full([], 0, tl.int64)
-    num = tl.full([], 0, tl.int64)
+    js, path, toks, node, num = start_walk(BLOCK_S)
     go = tl.full([], 1, tl.int1)
     while go:
         for start in range(0, V, BLOCK):
@@ -101,20 +97,9 @@ def _verify_tree_sampling_kernel(pred_ptr, acc_index_ptr, acc_num_ptr, cand_ptr,
         go = accepted
         tl.debug_barrier()
 
-    # The final draw from max(0, p) at `node`.
+    # The final draw from max(0, p) at `node` (token 0 when nothing is positive).
     target = tl.load(final_ptr + b) * _row_total(p_ws, V, BLOCK, True)
-    carry = tl.full([], 0.0, tl.float64)
-    found = V
-    last_positive = -1
-    for start in range(0, V, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        w = tl.load(p_ws + offs, mask=offs < V, other=0.0)
-        w = tl.where(w > 0, w, 0.0)
-        cdf = carry + tl.cumsum(w, 0)
-        found = tl.minimum(found, tl.min(tl.where((cdf > target) & (w > 0), offs, V), 0))
-        last_positive = tl.maximum(last_positive, tl.max(tl.where(w > 0, offs, -1), 0))
-        carry += tl.sum(w, 0)
-    final = tl.where(found < V, found, tl.where(last_positive >= 0, last_positive, 0))
+    final = tl.maximum(pick_from_weights(p_ws, V, target, BLOCK, True), 0)
     toks = tl.where(js == num, final.to(tl.int64), toks)
     write_tree_outputs(pred_ptr, acc_index_ptr, acc_num_ptr, ridx_ptr + row, b, n, steps, limit, path, toks, num,
                        BLOCK_N, BLOCK_S)
