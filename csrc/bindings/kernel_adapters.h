@@ -106,11 +106,24 @@ inline void fill_head_weights(HeadRolloutArgs& args, const at::Tensor& hproj_f, 
   args.H = H;
 }
 
-// The per-call fields of a head launch (rollout or expand step) over b rows.
-inline void fill_head_call(HeadRolloutArgs& args, const at::Tensor& base_logits, const at::Tensor& state, int64_t b,
-                           const SamplingParams& sp, const std::optional<at::Tensor>& uniforms,
-                           const at::Tensor& tokens, const at::Tensor& logprobs, const at::Tensor& state_out,
-                           const at::Tensor& workspace) {
+// A head launch (rollout or expand step) over b rows: its arguments and the tensors they
+// point into (float32 hproj, the workspace of workspace_floats(r, G) floats).
+struct HeadCall {
+  HeadRolloutArgs args{};
+  at::Tensor hproj_f, workspace;
+};
+
+template <class WorkspaceFloats>
+HeadCall head_call(const at::Tensor& base_logits, const at::Tensor& hproj, const at::Tensor& state,
+                   const at::Tensor& gru_input, const std::optional<at::Tensor>& w_ih, const at::Tensor& w_hh,
+                   const at::Tensor& w1s, const at::Tensor& w2, int64_t b, const SamplingParams& sp,
+                   const std::optional<at::Tensor>& uniforms, const at::Tensor& tokens, const at::Tensor& logprobs,
+                   const at::Tensor& state_out, const WorkspaceFloats& workspace_floats, const char* op) {
+  HeadCall call;
+  HeadRolloutArgs& args = call.args;
+  call.hproj_f = hproj.to(at::kFloat).contiguous();
+  fill_head_weights(args, call.hproj_f, gru_input, w_ih, w_hh, w1s, w2, base_logits.size(2), op);
+  call.workspace = at::empty({workspace_floats(args.r, args.G)}, state.options().dtype(at::kFloat));
   args.base_logits = base_logits.data_ptr();
   args.logits_bf16 = base_logits.scalar_type() == at::kBFloat16;
   args.state = state.data_ptr<float>();
@@ -121,7 +134,8 @@ inline void fill_head_call(HeadRolloutArgs& args, const at::Tensor& base_logits,
   args.tokens = tokens.data_ptr<int64_t>();
   args.logprobs = logprobs.data_ptr<float>();
   args.state_out = state_out.data_ptr<float>();
-  args.workspace = workspace.data_ptr<float>();
+  args.workspace = call.workspace.data_ptr<float>();
+  return call;
 }
 
 // Workspace comes from torch's caching allocator (no cudaMalloc once warm, and legal
@@ -142,14 +156,12 @@ void domino_head_rollout(at::Tensor base_logits, const at::Tensor& hproj, const 
   const SamplingParams sp = sampling.params();
   const int64_t b = base_logits.size(0), V = base_logits.size(2);
   check_grid_rows(b, "domino_head_rollout");
-  const at::Tensor hproj_f = hproj.to(at::kFloat).contiguous();
-  HeadRolloutArgs args{};
-  fill_head_weights(args, hproj_f, gru_input, w_ih, w_hh, w1s, w2, V, "domino_head_rollout");
-  at::Tensor workspace = at::empty({head_rollout_workspace_floats(b, V, args.r, args.G, sp.may_filter())},
-                                   state.options().dtype(at::kFloat));
-  fill_head_call(args, base_logits, state, b, sp, uniforms, tokens, logprobs, state_out, workspace);
-  args.write_logits = write_logits;
-  check_launch(launch_domino_head_rollout(args, Device::stream()), "domino_head_rollout");
+  HeadCall call = head_call(
+      base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w2, b, sp, uniforms, tokens, logprobs, state_out,
+      [&](int64_t r, int64_t G) { return head_rollout_workspace_floats(b, V, r, G, sp.may_filter()); },
+      "domino_head_rollout");
+  call.args.write_logits = write_logits;
+  check_launch(launch_domino_head_rollout(call.args, Device::stream()), "domino_head_rollout");
 }
 
 template <class Device>
@@ -170,12 +182,11 @@ void domino_head_expand(const at::Tensor& base_logits, const at::Tensor& hproj, 
               " children exceed the GRU kernel's grid limit of 65535 children");
   if (n == 0) return;
   const SamplingParams sp = sampling.params();
-  const at::Tensor hproj_f = hproj.to(at::kFloat).contiguous();
-  HeadRolloutArgs args{};
-  fill_head_weights(args, hproj_f, gru_input, w_ih, w_hh, w1s, w2, V, "domino_head_expand");
-  at::Tensor workspace = at::empty({head_expand_workspace_floats(n, V, args.r, args.G, sp.may_sample())},
-                                   node_state.options().dtype(at::kFloat));
-  fill_head_call(args, base_logits, node_state, n, sp, uniforms, child_tokens, child_logprobs, child_state, workspace);
+  HeadCall call = head_call(
+      base_logits, hproj, node_state, gru_input, w_ih, w_hh, w1s, w2, n, sp, uniforms, child_tokens, child_logprobs,
+      child_state, [&](int64_t r, int64_t G) { return head_expand_workspace_floats(n, V, r, G, sp.may_sample()); },
+      "domino_head_expand");
+  HeadRolloutArgs& args = call.args;
   args.node_seq = node_seq.data_ptr<int64_t>();
   args.node_depth = node_depth.data_ptr<int64_t>();
   args.seqs = base_logits.size(0);
