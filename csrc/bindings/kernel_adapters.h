@@ -215,6 +215,28 @@ inline TreeVerifyArgs tree_verify_args(const at::Tensor& predicts, const at::Ten
   return t;
 }
 
+// A tree sampler's arguments (U: the coins' dtype), the vocabulary checked against the
+// kernels' int32 token ids.
+template <typename U>
+TreeSamplerArgs<U> tree_sampler_args(const at::Tensor& predicts, const at::Tensor& accept_index,
+                                     const at::Tensor& accept_token_num, const at::Tensor& candidates,
+                                     const at::Tensor& retrive_index, const at::Tensor& retrive_next_token,
+                                     const at::Tensor& retrive_next_sibling, const at::Tensor& uniform_samples,
+                                     const at::Tensor& final_uniforms, const at::Tensor& target_probs,
+                                     const std::optional<at::Tensor>& draft_probs, const char* op) {
+  TreeSamplerArgs<U> a{};
+  static_cast<TreeVerifyArgs&>(a) = tree_verify_args(predicts, accept_index, accept_token_num, candidates,
+                                                     retrive_index, retrive_next_token, retrive_next_sibling);
+  a.uniform_samples = uniform_samples.data_ptr<U>();
+  a.final_uniforms = final_uniforms.data_ptr<U>();
+  a.target_probs = target_probs.data_ptr<float>();
+  a.draft_probs = draft_probs.has_value() ? draft_probs->data_ptr<float>() : nullptr;
+  a.V = target_probs.size(2);
+  TORCH_CHECK(a.V < std::numeric_limits<int>::max(), op, ": vocabulary ", a.V,
+              " does not fit the kernel's int32 token ids");
+  return a;
+}
+
 // The tree ops: the shape/dtype/aliasing checks of tree_checks.cpp; index values are not
 // read here (that would need a device sync): the kernels never use a bad one as an address
 // (csrc/cuda/tree_common.cuh).
@@ -288,19 +310,14 @@ void tree_speculative_sampling_target_only(
   const int64_t bs = candidates.size(0), n = candidates.size(1);
   check_grid_rows(bs, "tree_speculative_sampling_target_only");
   check_tree_nodes(n, kTreeSamplingMaxNodes, "tree_speculative_sampling_target_only");
-  TORCH_CHECK(target_probs.size(2) < std::numeric_limits<int>::max(), "tree_speculative_sampling_target_only: "
-              "vocabulary ", target_probs.size(2), " does not fit the kernel's int32 token ids");
-  if (bs == 0) return;
   TreeSamplingArgs args{};
-  static_cast<TreeVerifyArgs&>(args) = tree_verify_args(predicts, accept_index, accept_token_num, candidates,
-                                                        retrive_index, retrive_next_token, retrive_next_sibling);
-  args.uniform_samples = uniform_samples.data_ptr<float>();
-  args.final_uniforms = uniform_samples_for_final_sampling.data_ptr<float>();
-  args.target_probs = target_probs.data_ptr<float>();
-  args.draft_probs = draft_probs.has_value() ? draft_probs->data_ptr<float>() : nullptr;
+  static_cast<TreeSamplerArgs<float>&>(args) = tree_sampler_args<float>(
+      predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token, retrive_next_sibling,
+      uniform_samples, uniform_samples_for_final_sampling, target_probs, draft_probs,
+      "tree_speculative_sampling_target_only");
+  if (bs == 0) return;
   args.threshold_single = static_cast<float>(threshold_single);
   args.threshold_acc = static_cast<float>(threshold_acc);
-  args.V = target_probs.size(2);
   check_launch(launch_tree_speculative_sampling_target_only(args, Device::stream()),
                "tree_speculative_sampling_target_only");
 }
@@ -315,22 +332,16 @@ void verify_tree_sampling(at::Tensor predicts, at::Tensor accept_index, at::Tens
   check_verify_tree_sampling_args(predicts, accept_index, accept_token_num, candidates, retrive_index,
                                   retrive_next_token, retrive_next_sibling, uniform_samples,
                                   uniform_samples_for_final_sampling, target_probs, draft_probs);
-  const int64_t bs = candidates.size(0), V = target_probs.size(2);
+  const int64_t bs = candidates.size(0);
   check_grid_rows(bs, "verify_tree_sampling");
-  TORCH_CHECK(V < std::numeric_limits<int>::max(), "verify_tree_sampling: vocabulary ", V,
-              " does not fit the kernel's int32 token ids");
+  VerifyTreeSamplingArgs args{};
+  static_cast<TreeSamplerArgs<double>&>(args) = tree_sampler_args<double>(
+      predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token, retrive_next_sibling,
+      uniform_samples, uniform_samples_for_final_sampling, target_probs, draft_probs, "verify_tree_sampling");
   if (bs == 0) return;
   at::Tensor workspace =
-      at::empty({verify_tree_sampling_workspace_doubles(bs, V)}, target_probs.options().dtype(at::kDouble));
-  VerifyTreeSamplingArgs args{};
-  static_cast<TreeVerifyArgs&>(args) = tree_verify_args(predicts, accept_index, accept_token_num, candidates,
-                                                        retrive_index, retrive_next_token, retrive_next_sibling);
-  args.uniform_samples = uniform_samples.data_ptr<double>();
-  args.final_uniforms = uniform_samples_for_final_sampling.data_ptr<double>();
-  args.target_probs = target_probs.data_ptr<float>();
-  args.draft_probs = draft_probs.data_ptr<float>();
+      at::empty({verify_tree_sampling_workspace_doubles(bs, args.V)}, target_probs.options().dtype(at::kDouble));
   args.workspace = workspace.data_ptr<double>();
-  args.V = V;
   check_launch(launch_verify_tree_sampling(args, Device::stream()), "verify_tree_sampling");
 }
 

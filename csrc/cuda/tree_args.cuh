@@ -17,4 +17,15 @@ struct TreeVerifyArgs {
   int64_t bs, n, steps, slot_limit;
 };
 
+// ... and those of the tree samplers: per-node coins and a final coin per request (float
+// or double U), target and draft rows over a vocabulary of V.
+template <typename U>
+struct TreeSamplerArgs : TreeVerifyArgs {
+  const U* uniform_samples;  // [bs, n]
+  const U* final_uniforms;   // [bs]
+  const float* target_probs;  // [bs, n, V]
+  const float* draft_probs;   // [bs, n, V] or nullptr
+  int64_t V;
+};
+
 }  // namespace domino::cuda

@@ -10,13 +10,8 @@ namespace domino::cuda {
 // the last node in dynamic shared memory (N * 4 B, 32 KiB at this bound).
 constexpr int64_t kTreeSamplingMaxNodes = 8192;
 
-struct TreeSamplingArgs : TreeVerifyArgs {
-  const float* uniform_samples;  // [bs, n]
-  const float* final_uniforms;  // [bs]
-  const float* target_probs;  // [bs, n, V]
-  const float* draft_probs;  // [bs, n, V] or nullptr
+struct TreeSamplingArgs : TreeSamplerArgs<float> {
   float threshold_single, threshold_acc;
-  int64_t V;
 };
 
 // Requires n <= kTreeSamplingMaxNodes and V < 2^31.

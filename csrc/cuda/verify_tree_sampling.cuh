@@ -6,13 +6,8 @@
 
 namespace domino::cuda {
 
-struct VerifyTreeSamplingArgs : TreeVerifyArgs {
-  const double* uniform_samples;  // [bs, n]
-  const double* final_uniforms;   // [bs]
-  const float* target_probs;      // [bs, n, V]
-  const float* draft_probs;       // [bs, n, V]
-  double* workspace;              // verify_tree_sampling_workspace_doubles(bs, V)
-  int64_t V;
+struct VerifyTreeSamplingArgs : TreeSamplerArgs<double> {
+  double* workspace;  // verify_tree_sampling_workspace_doubles(bs, V)
 };
 
 // The current target and draft rows of every request, float64: [bs, 2, V].
