@@ -1,5 +1,6 @@
 """``@triton.jit`` helpers shared by the Triton kernels of the tree ops (verify_tree_greedy,
-tree_speculative_sampling_target_only), as csrc/cuda/tree_common.cuh is by the CUDA ones.
+tree_speculative_sampling_target_only, verify_tree_sampling), as csrc/cuda/tree_common.cuh
+is by the CUDA ones.
 
 As there, bad index values never become addresses: an out-of-range link reads as -1, a
 node whose retrive_index slot is out of range is never written through (and ends a walk),
