@@ -7,7 +7,7 @@ import torch
 import domino_ops
 from domino_ops import select_backend
 from kernel_backends import TRITON
-from kernel_cases import verify_sampling_population
+from kernel_cases import head_rollout_inputs, verify_sampling_population
 from stats import assert_matches_distribution
 
 DEV = TRITON.device
@@ -49,7 +49,8 @@ def test_verify_sampling_with_backend_triton_is_distributed_as_target():
     assert_matches_distribution(out[:, 0].cpu().numpy(), target, what="first token")
 
 
-TREE_OPS = ("build_tree_kernel_efficient", "verify_tree_greedy", "tree_speculative_sampling_target_only")
+TREE_OPS = ("build_tree_kernel_efficient", "verify_tree_greedy", "tree_speculative_sampling_target_only",
+            "verify_tree_sampling")
 
 
 def test_tree_ops_choose_backends_like_the_other_ops(monkeypatch):
@@ -85,3 +86,38 @@ def test_tree_ops_choose_backends_like_the_other_ops(monkeypatch):
     monkeypatch.setattr(domino_ops.ops, "has_kernel", lambda op, dev: False)
     for op in TREE_OPS:
         assert select_backend(op, DEV) == "triton"
+
+
+def test_expand_and_tree_sampling_choose_backends_like_the_other_ops(monkeypatch):
+    """domino_head_expand and verify_tree_sampling: native on the CPU, Triton where no native
+    kernel exists, the reference on meta; backend="triton" runs the Triton kernel and gives
+    the native result (greedy expand; a chain verified with draft = target accepts all)."""
+    from tree_cases import chain_tree, links, verify_outputs
+    monkeypatch.delenv("DOMINO_OPS_BACKEND", raising=False)
+    for op in ("domino_head_expand", "verify_tree_sampling"):
+        assert select_backend(op, "cpu") == "native"
+        assert select_backend(op, "meta") == "reference"
+    ran = []
+    real_kernel = domino_ops.triton.kernel
+    monkeypatch.setattr(domino_ops.triton, "kernel", lambda op: (ran.append(op), real_kernel(op))[1])
+    base, hproj, _, gru_input, w_ih, w_hh, w1s, w2 = [
+        x.to(DEV) if x is not None else None
+        for x in head_rollout_inputs(2, 3, 40, 8, 8, 8, torch.float32, torch.float32, True, 2)]
+    frontier = (torch.zeros(3, 8, device=DEV), torch.tensor([0, 1, 1], device=DEV), torch.tensor([0, 2, 1], device=DEV))
+    got = domino_ops.domino_head_expand(base, hproj, *frontier, gru_input, w_ih, w_hh, w1s, w2, num_children=2,
+                                        backend="triton")
+    assert ran == ["domino_head_expand"]
+    want = domino_ops.domino_head_expand(*(x.cpu() if x is not None else None for x in (
+        base, hproj, *frontier, gru_input, w_ih, w_hh, w1s, w2)), num_children=2)
+    assert torch.equal(got[0].cpu(), want[0])
+    n = 4
+    next_token, next_sibling = links([chain_tree(n)[1]])
+    p = torch.softmax(torch.randn(1, n, 6, generator=torch.Generator().manual_seed(0)), -1)
+    tree = [t.to(DEV) for t in (torch.tensor([[0, 1, 2, 3]]), torch.arange(n).view(1, n), next_token, next_sibling,
+                                torch.rand(1, n, dtype=torch.float64), torch.rand(1, dtype=torch.float64), p, p)]
+    outs = [t.to(DEV) for t in verify_outputs(n, 1, n)]
+    domino_ops.verify_tree_sampling(*outs, *tree, backend="triton")
+    assert ran == ["domino_head_expand", "verify_tree_sampling"] and outs[2].tolist() == [n - 1]
+    monkeypatch.setattr(domino_ops.ops, "has_kernel", lambda op, dev: False)
+    assert select_backend("domino_head_expand", DEV) == "triton"
+    assert select_backend("verify_tree_sampling", DEV) == "triton"

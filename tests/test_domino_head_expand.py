@@ -1,8 +1,10 @@
-"""domino_head_expand (one step of Domino tree drafting): a frontier of one node with one
-child walks exactly the rollout's chain; the native kernel's children are the best tokens
-of its own logits, which match the reference's; permuting the frontier permutes the
-outputs; sampled children are draws without replacement (the joint of the first two
-against the exact law, with a with-replacement negative control); bad input."""
+"""domino_head_expand (one step of Domino tree drafting) on every backend (reference, native
+CPU, emulated CUDA, interpreted Triton): a frontier of one node with one child walks
+exactly that backend's own rollout chain; each kernel's children are the best tokens of its
+own logits, which match the reference's; permuting the frontier permutes the outputs;
+sampled children are draws without replacement (the joint of the first two against the
+exact law, with a with-replacement negative control); bad input. The GPU backends run
+emulated or interpreted here: fixed small cases and populations, outputs poisoned."""
 
 import pytest
 import torch
@@ -12,16 +14,65 @@ from hypothesis import strategies as st
 
 import domino_ops
 from domino_ops import reference
+from domino_ops import triton as triton_ops
+from domino_ops.sampling import kernel_sampling_args
+from kernel_backends import TRITON, emulated_cuda_kernel
 from kernel_cases import head_input_strategy, head_rollout_inputs, weights_as_float64
+from poisoned_calls import run_head_poisoned
 from stats import assert_matches_distribution
 
 SIZES = dict(b=[1, 3], k=[1, 4], V=[1, 7, 300], r=[1, 16, 33], G=[1, 24], H=[1, 8])
+ALL = ("reference", "native", "emulated_cuda", "triton")
+GPU = ("emulated_cuda", "triton")
+# The GPU backends' cases (emulated blocks and interpreted programs are slow): head_rollout_inputs
+# arguments (b, k, V, r, G, H, weight dtype, base dtype, table) covering both dtypes, both GRU
+# inputs, vocabularies over several tiles (300: two emulated 256-row tiles, three Triton 128-row
+# tiles) and ranks over one column chunk.
+GPU_CASES = [(2, 3, 300, 16, 8, 4, torch.bfloat16, torch.float32, False),
+             (1, 2, 17, 33, 5, 3, torch.float32, torch.bfloat16, True),
+             (3, 2, 7, 3, 40, 8, torch.float32, torch.float32, False)]
 
 
-def expand(inputs, node_state, node_seq, node_depth, m, **kw):
+def params(backends=ALL):
+    return [pytest.param(be, id=be, marks=[pytest.mark.skip(reason=TRITON.skip_reason)]
+                         if be == "triton" and TRITON.skip_reason else []) for be in backends]
+
+
+def _kernel(backend, op):
+    if backend == "emulated_cuda":
+        return emulated_cuda_kernel(op)
+    return triton_ops.kernel(op) if backend == "triton" else getattr(torch.ops.domino_ops, op)
+
+
+def expand(inputs, node_state, node_seq, node_depth, m, backend="native", temperature=0.0, top_k=0, top_p=1.0,
+           generator=None):
+    """domino_head_expand on ``backend``: the wrapper for the reference, else the op with
+    poisoned outputs passed in (and the uniforms the wrapper would draw)."""
     base, hproj, _, gru_input, w_ih, w_hh, w1s, w2 = inputs
-    return domino_ops.domino_head_expand(base, hproj, node_state, node_seq, node_depth, gru_input, w_ih, w_hh, w1s,
-                                         w2, num_children=m, **kw)
+    kw = dict(temperature=temperature, top_k=top_k, top_p=top_p)
+    if backend == "reference":
+        return domino_ops.domino_head_expand(base, hproj, node_state, node_seq, node_depth, gru_input, w_ih, w_hh,
+                                             w1s, w2, num_children=m, generator=generator, backend=backend, **kw)
+    n, V, G = node_state.shape[0], base.shape[2], node_state.shape[1]
+    T, top_k, top_p, _, _, _ = kernel_sampling_args(temperature, top_k, top_p, V)
+    u = domino_ops.draw_uniforms((n, m), "cpu", generator) if T > 0 else None
+    outs = (torch.full((n, m), -7, dtype=torch.long), torch.full((n, m), float("nan")),
+            torch.full((n, m, G), float("nan")), torch.full((n, V), float("nan")))
+    dev = TRITON.device if backend == "triton" else "cpu"
+    moved = [x.to(dev) if x is not None else None for x in (base, hproj, node_state, node_seq, node_depth, gru_input,
+                                                            w_ih, w_hh, w1s, w2)]
+    dev_outs = [o.to(dev) for o in outs]
+    _kernel(backend, "domino_head_expand")(*moved, T, top_k, top_p, u.to(dev) if u is not None else None, *dev_outs)
+    return tuple(o.cpu() for o in dev_outs)
+
+
+def rollout(backend, inputs):
+    """The greedy head rollout on ``backend``: tokens, logprobs, final state."""
+    if backend == "reference":
+        return domino_ops.domino_head_rollout(inputs[0].clone(), *inputs[1:], backend="reference")
+    dev = TRITON.device if backend == "triton" else "cpu"
+    return run_head_poisoned(_kernel(backend, "domino_head_rollout"), [inputs[0].clone(), *inputs[1:]],
+                             device=dev)[:3]
 
 
 def random_frontier(inputs, n, seed):
@@ -32,21 +83,32 @@ def random_frontier(inputs, n, seed):
             torch.randint(0, k, (n,), generator=g))
 
 
-@given(case=head_input_strategy(**SIZES))
-def test_one_node_one_child_walks_the_rollout_chain(case):
-    """Expanding each sequence's single node with one child, depth by depth, is exactly
-    domino_head_rollout at temperature 0: same tokens, log-probabilities and final state."""
-    inputs = head_rollout_inputs(**case)
+def assert_chain_is_rollout(inputs, backend):
     base, hproj, state = inputs[:3]
     b, k, _ = base.shape
-    tokens, logprobs, final = domino_ops.domino_head_rollout(base.clone(), *inputs[1:])
+    tokens, logprobs, final = rollout(backend, inputs)
     S = state
     for d in range(k):
-        t, lp, child, _ = expand(inputs, S, torch.arange(b), torch.full((b,), d), 1)
+        t, lp, child, _ = expand(inputs, S, torch.arange(b), torch.full((b,), d), 1, backend=backend)
         assert torch.equal(t[:, 0], tokens[:, d])
         assert torch.equal(lp[:, 0], logprobs[:, d])
         S = child[:, 0]
     assert torch.equal(S, final)
+
+
+@pytest.mark.parametrize("backend", params(("reference", "native")))
+@given(case=head_input_strategy(**SIZES))
+def test_one_node_one_child_walks_the_rollout_chain(case, backend):
+    """Expanding each sequence's single node with one child, depth by depth, is exactly
+    domino_head_rollout at temperature 0 on the same backend: same tokens, log-probabilities
+    and final state."""
+    assert_chain_is_rollout(head_rollout_inputs(**case), backend)
+
+
+@pytest.mark.parametrize("backend", params(GPU))
+@pytest.mark.parametrize("case", GPU_CASES, ids=range(len(GPU_CASES)))
+def test_one_node_one_child_walks_the_rollout_chain_gpu(case, backend):
+    assert_chain_is_rollout(head_rollout_inputs(*case, seed=7), backend)
 
 
 def greedy_order_ok(L: torch.Tensor, tokens: torch.Tensor) -> bool:
@@ -55,12 +117,45 @@ def greedy_order_ok(L: torch.Tensor, tokens: torch.Tensor) -> bool:
 
 @given(case=head_input_strategy(**SIZES), n=st.integers(1, 11), m=st.integers(1, 4))
 def test_native_matches_reference(case, n, m):
-    inputs = head_rollout_inputs(**case)
+    assert_kernel_matches_reference(head_rollout_inputs(**case), n, m, case["seed"], "native")
+
+
+@pytest.mark.parametrize("backend", params(GPU))
+@pytest.mark.parametrize("top_k,top_p", [(0, 1.0), (5, 0.9)])
+def test_gpu_sampled_children_equal_native(backend, top_k, top_p):
+    """Given the same uniforms the GPU kernels draw the native kernel's children (their
+    float64 totals are block reductions: a draw could differ only within ~1e-16 of a CDF
+    step), with the same log-probabilities up to float32 rounding."""
+    inputs = head_rollout_inputs(*GPU_CASES[0], seed=10)
+    frontier = random_frontier(inputs, 5, 11)
+    kw = dict(temperature=0.9, top_k=top_k, top_p=top_p)
+    got = expand(inputs, *frontier, 3, backend=backend, generator=torch.Generator().manual_seed(12), **kw)
+    want = expand(inputs, *frontier, 3, generator=torch.Generator().manual_seed(12), **kw)
+    assert torch.equal(got[0], want[0])
+    for x, y in zip(got[1:], want[1:]):
+        torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("backend", params(GPU))
+@pytest.mark.parametrize("case", GPU_CASES, ids=range(len(GPU_CASES)))
+def test_gpu_kernels_match_reference(case, backend):
+    """And the GPU kernels' outputs equal the native kernel's (same arithmetic up to fp32
+    summation order: logits within 1e-5, the same children)."""
+    inputs = head_rollout_inputs(*case, seed=8)
+    n, m = 9, min(3, case[2])  # 9 nodes: two groups of 8 in the CUDA logits kernel
+    got = assert_kernel_matches_reference(inputs, n, m, 9, backend)
+    want = expand(inputs, *random_frontier(inputs, n, 9), m)
+    assert torch.equal(got[0], want[0])
+    for x, y in zip(got[1:], want[1:]):
+        torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
+
+
+def assert_kernel_matches_reference(inputs, n, m, seed, backend):
     V = inputs[0].shape[2]
     m = min(m, V)
-    frontier = random_frontier(inputs, n, case["seed"])
+    frontier = random_frontier(inputs, n, seed)
     base_before = inputs[0].clone()
-    t, lp, child, L = expand(inputs, *frontier, m)
+    t, lp, child, L = out = expand(inputs, *frontier, m, backend=backend)
     assert torch.equal(inputs[0], base_before)  # base_logits is read only
     # the reference in float64 (the kernel widens bf16 weights exactly, accumulates in fp32)
     t_ref, _, _, L_ref = reference.domino_head_expand(*weights_as_float64(inputs)[:2], *frontier,
@@ -83,6 +178,7 @@ def test_native_matches_reference(case, n, m):
     r_, z_ = torch.sigmoid(ir + hr), torch.sigmoid(iz + hz)
     want = (1 - z_) * torch.tanh(i_n + r_ * hn) + z_ * S
     torch.testing.assert_close(child.reshape(-1, child.shape[-1]), want.float(), atol=1e-4, rtol=1e-4)
+    return out
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
@@ -128,9 +224,14 @@ def without_replacement_joint(q: torch.Tensor) -> torch.Tensor:
     return joint.reshape(-1)
 
 
-@pytest.mark.parametrize("backend", ["native", "reference"])
+# Nodes per distribution check (the GPU backends' small populations keep ALPHA = 1e-6; the
+# draws without replacement must still follow the exact joint law).
+POPULATION = {"native": 40_000, "reference": 4_000, "emulated_cuda": 150, "triton": 120}
+
+
+@pytest.mark.parametrize("backend", params())
 def test_sampled_children_are_draws_without_replacement(backend):
-    N = 40_000 if backend == "native" else 4_000
+    N = POPULATION[backend]
     inputs, frontier = single_node_population(N)
     T = 0.8
     t, lp, _, L = expand(inputs, *frontier, 2, temperature=T, generator=torch.Generator().manual_seed(5),
@@ -157,14 +258,14 @@ def test_negative_control_with_replacement_fails():
         assert_matches_distribution((first * 6 + second)[keep].numpy(), without_replacement_joint(q).numpy())
 
 
-@pytest.mark.parametrize("backend", ["native", "reference"])
+@pytest.mark.parametrize("backend", params())
 def test_children_past_the_filtered_support_are_the_best_remaining_at_minus_inf(backend):
-    inputs, frontier = single_node_population(50)
+    inputs, frontier = single_node_population(8)
     t, lp, _, L = expand(inputs, *frontier, 4, temperature=1.0, top_k=2,
                          generator=torch.Generator().manual_seed(7), backend=backend)
     top2 = set(reference.greedy_children(L[:1], 2)[0].tolist())
     assert all(set(row[:2].tolist()) == top2 for row in t)
-    assert torch.equal(t[:, 2:], reference.greedy_children(L[:1], 4)[0, 2:].expand(50, 2))
+    assert torch.equal(t[:, 2:], reference.greedy_children(L[:1], 4)[0, 2:].expand(8, 2))
     assert bool(torch.isfinite(lp[:, :2]).all()) and bool((lp[:, 2:] == float("-inf")).all())
 
 
@@ -180,7 +281,7 @@ def args(**over):
     return a
 
 
-@pytest.mark.parametrize("backend", ["native", "reference"])
+@pytest.mark.parametrize("backend", params(("native", "reference", "triton")))  # the wrapper's checks
 @pytest.mark.parametrize("over,exc,msg", [
     (dict(num_children=0), ValueError, r"num_children must be in \[1, 20\]"),
     (dict(num_children=21), ValueError, "num_children must be in"),

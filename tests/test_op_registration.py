@@ -49,8 +49,9 @@ def test_torch_compile_traces_the_ops():
     assert torch.equal(eager[0], compiled[0]) and torch.equal(eager[1], compiled[1])
 
 
-KERNEL_OPS = ["domino_head_rollout", "sample", "verify_greedy", "verify_sampling", "build_tree_kernel_efficient",
-              "verify_tree_greedy", "tree_speculative_sampling_target_only"]
+KERNEL_OPS = ["domino_head_rollout", "domino_head_expand", "sample", "verify_greedy", "verify_sampling",
+              "build_tree_kernel_efficient", "verify_tree_greedy", "tree_speculative_sampling_target_only",
+              "verify_tree_sampling"]
 
 
 def test_cpu_kernels_registered_and_cuda_reported():

@@ -1,7 +1,10 @@
-"""verify_tree_sampling: a chain gives exactly verify_sampling's result; the native kernel
-equals the reference on random trees; losslessness of the first token and of the first two
-(chi-square, over trees whose children are drawn without replacement), with negative
-controls that a subtly wrong sampler fails; bad input."""
+"""verify_tree_sampling on every backend (tree_backends.py: reference, native CPU, emulated
+CUDA, interpreted Triton): a chain gives exactly that backend's verify_sampling result; the
+kernels equal the reference on random trees (the GPU kernels' parallel float64 totals could
+only differ within rounding of a threshold); losslessness of the first token and of the
+first two (chi-square, over trees whose children are drawn without replacement), with
+negative controls that a subtly wrong sampler fails; bad input, and bad index values on the
+GPU kernels."""
 
 import random
 
@@ -13,17 +16,25 @@ from hypothesis import strategies as st
 
 import domino_ops
 from domino_ops import reference_tree
+from domino_ops import triton as triton_ops
+from kernel_backends import emulated_cuda_kernel
 from stats import assert_matches_distribution
+from tree_backends import ALL, CPU_KERNELS, GPU, params, run_guarded, tree_op
 from tree_cases import chain_tree, links, random_tree, verify_outputs
-
-BACKENDS = ["native", "reference"]
 
 
 def call(outs, candidates, retrive_index, next_token, next_sibling, coins, final_coins, target_probs, draft_probs,
-         backend=None):
+         backend="native"):
     predicts, accept_index, accept_num = outs
-    domino_ops.verify_tree_sampling(predicts, accept_index, accept_num, candidates, retrive_index, next_token,
-                                    next_sibling, coins, final_coins, target_probs, draft_probs, backend=backend)
+    tree_op(backend, "verify_tree_sampling")(predicts, accept_index, accept_num, candidates, retrive_index,
+                                             next_token, next_sibling, coins, final_coins, target_probs, draft_probs)
+
+
+def verify_sampling_op(backend):
+    """The same backend's verify_sampling (the CPU op for the reference and native ones)."""
+    if backend == "emulated_cuda":
+        return emulated_cuda_kernel("verify_sampling")
+    return triton_ops.kernel("verify_sampling") if backend == "triton" else torch.ops.domino_ops.verify_sampling
 
 
 def random_probs(g, *shape, sharpness=1.0, zeros=False):
@@ -37,7 +48,7 @@ def random_probs(g, *shape, sharpness=1.0, zeros=False):
 
 # --- a chain is verify_sampling ------------------------------------------------------------
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", params())
 @given(b=st.integers(1, 4), k=st.integers(1, 6), V=st.integers(1, 70), sharpness=st.sampled_from([0.5, 3.0, 30.0]),
        same=st.booleans(), zeros=st.booleans(), seed=st.integers(0, 2**31 - 1))
 def test_chain_is_verify_sampling(backend, b, k, V, sharpness, same, zeros, seed):
@@ -49,7 +60,7 @@ def test_chain_is_verify_sampling(backend, b, k, V, sharpness, same, zeros, seed
     u_resample = torch.rand(b, dtype=torch.float64, generator=g)
     out = torch.full((b, k + 1), -7, dtype=torch.int64)
     acc = torch.full((b,), -7, dtype=torch.int64)
-    torch.ops.domino_ops.verify_sampling(draft, q, p, u_accept, u_resample, out, acc)
+    verify_sampling_op(backend)(draft, q, p, u_accept, u_resample, out, acc)
 
     n = k + 1
     _, children = chain_tree(n)
@@ -69,11 +80,15 @@ def test_chain_is_verify_sampling(backend, b, k, V, sharpness, same, zeros, seed
         assert bool((predicts[ridx[s, m + 1:]] == -1).all())
 
 
-# --- native == reference ---------------------------------------------------------------------
+# --- kernels == reference ---------------------------------------------------------------------
 
+@pytest.mark.parametrize("backend", params(b for b in ALL if b != "reference"))
 @given(bs=st.integers(1, 3), n=st.integers(1, 14), steps=st.integers(1, 6), V=st.integers(1, 40),
        sharpness=st.sampled_from([0.5, 3.0, 30.0]), zeros=st.booleans(), seed=st.integers(0, 2**31 - 1))
-def test_native_matches_reference(bs, n, steps, V, sharpness, zeros, seed):
+def test_kernels_match_reference(backend, bs, n, steps, V, sharpness, zeros, seed):
+    """Exact equality: the native kernel sums as the reference does; the GPU kernels' block
+    reductions round differently, which changes a result only if a uniform lands within
+    ~1e-16 of a threshold (never, at these sizes). Outputs poisoned."""
     rng, g = random.Random(seed), torch.Generator().manual_seed(seed)
     trees = [random_tree(rng, n, max_children=min(V, 3)) for _ in range(bs)]
     next_token, next_sibling = links([children for _, children in trees])
@@ -89,9 +104,9 @@ def test_native_matches_reference(bs, n, steps, V, sharpness, zeros, seed):
     final = torch.rand(bs, dtype=torch.float64, generator=g)
     ridx = torch.randperm(bs * n, generator=g).view(bs, n)  # any slot layout
     results = []
-    for backend in BACKENDS:
+    for be in ("reference", backend):
         outs = verify_outputs(bs * n + 2, bs, steps)
-        call(outs, candidates, ridx, next_token, next_sibling, coins, final, p, q, backend=backend)
+        call(outs, candidates, ridx, next_token, next_sibling, coins, final, p, q, backend=be)
         results.append(outs)
     for got, want in zip(*results):
         assert torch.equal(got, want), (got, want)
@@ -120,11 +135,13 @@ def draws_without_replacement(q: torch.Tensor, m: int, g) -> torch.Tensor:
     return (q.double().log() + gumbel).topk(m, dim=-1).indices
 
 
-def two_level_round(root_p, root_q, child_p_of, child_q_of, g, backend):
+def two_level_round(root_p, root_q, child_p_of, child_q_of, g, backend, claim_target=False):
     """One round on ``rows`` trees: root -> nodes 1, 2 (two draws from root_q without
     replacement); node 1 -> 3, 4 and node 2 -> 5, 6 (two draws from the child's draft).
     root_p, root_q [rows, V]; child_*_of(tokens [rows]) -> [rows, V]. Returns the emitted
-    tokens [rows, 3] (-1 past the end) and accept counts [rows]."""
+    tokens [rows, 3] (-1 past the end) and accept counts [rows]. ``claim_target``: the
+    verifier is told draft_probs = target_probs (a lie: every child is accepted, so the
+    tokens follow the draft)."""
     rows = root_p.shape[0]
     n = 7
     first = draws_without_replacement(root_q, 2, g)  # nodes 1, 2
@@ -145,7 +162,7 @@ def two_level_round(root_p, root_q, child_p_of, child_q_of, g, backend):
     ridx = torch.arange(rows * n).view(rows, n)
     call(outs, cand, ridx, next_token.expand(rows, n).contiguous(), next_sibling.expand(rows, n).contiguous(),
          torch.rand(rows, n, dtype=torch.float64, generator=g), torch.rand(rows, dtype=torch.float64, generator=g),
-         tp, dp, backend=backend)
+         tp, tp if claim_target else dp, backend=backend)
     predicts, accept_index, accept_num = outs
     emitted = torch.full((rows, 3), -1, dtype=torch.long)
     for j in range(3):
@@ -154,18 +171,18 @@ def two_level_round(root_p, root_q, child_p_of, child_q_of, g, backend):
     return emitted, accept_num.long()
 
 
-def first_two_tokens(rows, seed, backend):
+def first_two_tokens(rows, seed, backend, claim_target=False):
     """The first two tokens generation emits, over ``rows`` independent generations: from
     the first round, or the second round's first token when the first emitted only one."""
     P1, P2, Q1, Q2 = lossless_tables()
     g = torch.Generator().manual_seed(seed)
     emitted, acc = two_level_round(P1.expand(rows, V), Q1.expand(rows, V), lambda t: P2[t], lambda t: Q2[t], g,
-                                   backend)
+                                   backend, claim_target)
     t1, t2 = emitted[:, 0], emitted[:, 1].clone()
     again = acc == 0
     if bool(again.any()):
         t = t1[again]
-        emitted2, _ = two_level_round(P2[t], Q2[t], lambda s: P2[s], lambda s: Q2[s], g, backend)
+        emitted2, _ = two_level_round(P2[t], Q2[t], lambda s: P2[s], lambda s: Q2[s], g, backend, claim_target)
         t2[again] = emitted2[:, 0]
     return t1, t2, acc, (P1, P2)
 
@@ -176,10 +193,26 @@ def assert_lossless(t1, t2, P1, P2):
     assert_matches_distribution((t1 * V + t2).numpy(), joint.numpy(), what="first two tokens")
 
 
-def test_lossless_first_token_and_first_two():
-    t1, t2, acc, (P1, P2) = first_two_tokens(60_000, seed=1, backend="native")
+# Generations per distribution check: the GPU backends run emulated or interpreted here,
+# so they get small populations (exactness is test_kernels_match_reference's job); the
+# false-failure rate stays ALPHA = 1e-6 and the negative control below still fails there.
+SAMPLES = {"native": 60_000, "emulated_cuda": 200, "triton": 120}
+
+
+@pytest.mark.parametrize("backend", params(("native",) + GPU))
+def test_lossless_first_token_and_first_two(backend):
+    t1, t2, acc, (P1, P2) = first_two_tokens(SAMPLES[backend], seed=1, backend=backend)
     assert 0.2 < float((acc == 0).float().mean()) < 0.9 and bool((acc == 2).any())  # every path is exercised
     assert_lossless(t1, t2, P1, P2)
+
+
+@pytest.mark.parametrize("backend", params(GPU))
+def test_gpu_negative_control_draft_claimed_as_target_fails(backend):
+    """The same population and check on the GPU kernel, told that the draft is the target
+    (so it accepts every child): the tokens follow the draft, which the check must catch."""
+    t1, t2, _, (P1, P2) = first_two_tokens(SAMPLES[backend], seed=1, backend=backend, claim_target=True)
+    with pytest.raises(AssertionError, match="chi-square|zero probability"):
+        assert_lossless(t1, t2, P1, P2)
 
 
 @pytest.mark.parametrize("wrong", ["draft_keeps_rejected_token", "target_not_residual"])
@@ -214,7 +247,10 @@ def good_args(b=2, n=3, V=5):
                 draft_probs=p.clone())
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+WRAPPER_BACKENDS = ("native", "reference", "triton")  # the value checks run before the Triton kernel too
+
+
+@pytest.mark.parametrize("backend", params(WRAPPER_BACKENDS))
 @pytest.mark.parametrize("over,exc,msg", [
     (dict(uniform_samples=torch.rand(2, 3)), TypeError, "uniform_samples must be float64"),
     (dict(uniform_samples_for_final_sampling=torch.rand(3, dtype=torch.float64)), ValueError,
@@ -223,8 +259,6 @@ def good_args(b=2, n=3, V=5):
     (dict(draft_probs=torch.rand(2, 3, 4)), ValueError, "draft_probs must have shape"),
     (dict(target_probs=torch.rand(2, 3, 5, dtype=torch.float64)), TypeError, "target_probs must be float32"),
     (dict(candidates=torch.tensor([[0, 1, 9]] * 2)), ValueError, "candidates must be token ids"),
-    (dict(retrive_next_sibling=torch.tensor([[-1, 2, 1]] * 2),  # both children rejected: the walk loops
-          target_probs=F.one_hot(torch.zeros(2, 3, dtype=torch.long), 5).float()), ValueError, "cycle"),
 ])
 def test_wrapper_bad_input(over, exc, msg, backend):
     args = good_args()
@@ -233,7 +267,18 @@ def test_wrapper_bad_input(over, exc, msg, backend):
         domino_ops.verify_tree_sampling(**args, backend=backend)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", params(CPU_KERNELS))
+def test_sibling_cycle_met_by_the_walk_raises(backend):
+    """Both children rejected: the walk loops (found by the CPU walks only; the GPU kernels
+    bound it, test_gpu_kernels_never_go_out_of_bounds_on_bad_values)."""
+    args = good_args()
+    args.update(retrive_next_sibling=torch.tensor([[-1, 2, 1]] * 2),
+                target_probs=F.one_hot(torch.zeros(2, 3, dtype=torch.long), 5).float())
+    with pytest.raises(ValueError, match="cycle"):
+        domino_ops.verify_tree_sampling(**args, backend=backend)
+
+
+@pytest.mark.parametrize("backend", params(WRAPPER_BACKENDS))
 def test_wrapper_rejects_aliasing(backend):
     args = good_args()
     args["accept_token_num"] = args["predicts"][:2]
@@ -255,18 +300,37 @@ def test_opcheck():
                           test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", params(ALL))
 def test_a_child_without_draft_mass_is_rejected(backend):
     """A child the draft gives probability 0 (draft_tree's filler past the filtered
     support) could not have been drawn: it is never accepted, whatever the target says."""
+    for token, accepted in ((1, [1, 1]), (3, [0, 0])):  # draft mass on node 1's token only / on no child
+        args = good_args()
+        args["draft_probs"] = F.one_hot(torch.full((2, 3), token), 5).float()
+        args["uniform_samples"] = torch.zeros(2, 3, dtype=torch.float64)  # accept whatever can be accepted
+        tree_op(backend, "verify_tree_sampling")(**args)
+        assert args["accept_token_num"].tolist() == accepted
+
+
+# --- bad index values on the GPU kernels: no error (no host sync), never out of bounds ----------
+
+BAD_VALUES = {
+    "candidates out of range": dict(candidates=torch.tensor([[0, 2**40, 2], [7, -5, 1]])),
+    "links out of range": dict(retrive_next_token=torch.tensor([[1, 2**40, -1]] * 2),
+                               retrive_next_sibling=torch.tensor([[-9, 7, -1]] * 2)),
+    "slots out of range": dict(retrive_index=torch.tensor([[0, 1, 2**40], [-6, 4, 5]])),
+    "sibling cycle": dict(retrive_next_sibling=torch.tensor([[-1, 2, 1]] * 2),
+                          target_probs=F.one_hot(torch.zeros(2, 3, dtype=torch.long), 5).float()),
+}
+
+
+@pytest.mark.parametrize("backend", params(GPU))
+@pytest.mark.parametrize("case", list(BAD_VALUES))
+def test_gpu_kernels_never_go_out_of_bounds_on_bad_values(backend, case):
+    """What the CPU kernel rejects, the GPU kernels must survive (tree_common.cuh): outputs
+    in guarded buffers, counts and tokens in range."""
     args = good_args()
-    args["draft_probs"] = F.one_hot(torch.full((2, 3), 1), 5).float()  # only token 1 (node 1) has mass
-    args["uniform_samples"] = torch.zeros(2, 3, dtype=torch.float64)  # accept whatever can be accepted
-    domino_ops.verify_tree_sampling(**args, backend=backend)
-    # node 1 (token 1, q = 1, p = 0.2) accepted at coin 0; node 2 (token 2, q = 0) is never tried first
-    assert args["accept_token_num"].tolist() == [1, 1]
-    args = good_args()
-    args["draft_probs"] = F.one_hot(torch.full((2, 3), 3), 5).float()  # neither child has draft mass
-    args["uniform_samples"] = torch.zeros(2, 3, dtype=torch.float64)
-    domino_ops.verify_tree_sampling(**args, backend=backend)
-    assert args["accept_token_num"].tolist() == [0, 0]
+    args.update(BAD_VALUES[case])
+    run_guarded(backend, "verify_tree_sampling", args, ("predicts", "accept_index", "accept_token_num"))
+    assert ((args["accept_token_num"] >= 0) & (args["accept_token_num"] < 2)).all()
+    assert ((args["predicts"] >= -1) & (args["predicts"] < 5)).all()

@@ -1,5 +1,5 @@
 // Tensors -> the plain launchers in csrc/cuda/, written once as the dispatcher kernels of
-// the ops (the four Domino ops and the three sgl-kernel-compatible tree ops) over a
+// the ops (the five Domino ops and the four tree ops) over a
 // `Device` policy, and registered for both builds of those launchers:
 // the real CUDA ops (bindings/cuda_impls.cpp: a CUDAGuard and torch's current stream) and
 // their emulated twins (simt/emulated_module.cpp, test infrastructure: no guard, no
@@ -17,12 +17,14 @@
 #include "ops.h"
 #include "tree_ops.h"
 #include "cuda/build_tree_kernel_efficient.cuh"
+#include "cuda/domino_head_expand.cuh"
 #include "cuda/domino_head_rollout.cuh"
 #include "cuda/sample.cuh"
 #include "cuda/tree_speculative_sampling_target_only.cuh"
 #include "cuda/verify_tree_greedy.cuh"
 #include "cuda/verify_greedy.cuh"
 #include "cuda/verify_sampling.cuh"
+#include "cuda/verify_tree_sampling.cuh"
 
 namespace domino::cuda {
 
@@ -81,6 +83,61 @@ void verify_sampling(const at::Tensor& draft_tokens, const at::Tensor& draft_pro
                "verify_sampling");
 }
 
+// The head's weights and shape limits, shared by the rollout and the expand step.
+inline void fill_head_weights(HeadRolloutArgs& args, const at::Tensor& hproj_f, const at::Tensor& gru_input,
+                              const std::optional<at::Tensor>& w_ih, const at::Tensor& w_hh, const at::Tensor& w1s,
+                              const at::Tensor& w2, int64_t V, const char* op) {
+  const int64_t r = w1s.size(0), G = w1s.size(1), H = w_ih ? w_ih->size(1) : 0;
+  TORCH_CHECK(V < std::numeric_limits<int>::max(), op, ": vocabulary ", V, " does not fit the kernel's int32 token ids");
+  TORCH_CHECK(r <= kHeadMaxRank, op, ": rank r = ", r, " (w1s.shape[0]) exceeds the kernel's ",
+              "shared-memory limit of ", kHeadMaxRank);
+  TORCH_CHECK(G + H <= kHeadMaxGruFloats, op, ": GRU width G = ", G, " and embedding width H = ", H,
+              " exceed the kernel's shared-memory limit (G + H <= ", kHeadMaxGruFloats, ")");
+  args.hproj = hproj_f.data_ptr<float>();
+  args.gru_input = gru_input.data_ptr();
+  args.w_ih = w_ih ? w_ih->data_ptr() : nullptr;
+  args.w_hh = w_hh.data_ptr();
+  args.w1s = w1s.data_ptr();
+  args.w2 = w2.data_ptr();
+  args.weights_bf16 = w2.scalar_type() == at::kBFloat16;
+  args.V = V;
+  args.r = r;
+  args.G = G;
+  args.H = H;
+}
+
+// A head launch (rollout or expand step) over b rows: its arguments and the tensors they
+// point into (float32 hproj, the workspace of workspace_floats(r, G) floats).
+struct HeadCall {
+  HeadRolloutArgs args{};
+  at::Tensor hproj_f, workspace;
+};
+
+template <class WorkspaceFloats>
+HeadCall head_call(const at::Tensor& base_logits, const at::Tensor& hproj, const at::Tensor& state,
+                   const at::Tensor& gru_input, const std::optional<at::Tensor>& w_ih, const at::Tensor& w_hh,
+                   const at::Tensor& w1s, const at::Tensor& w2, int64_t b, const SamplingParams& sp,
+                   const std::optional<at::Tensor>& uniforms, const at::Tensor& tokens, const at::Tensor& logprobs,
+                   const at::Tensor& state_out, const WorkspaceFloats& workspace_floats, const char* op) {
+  HeadCall call;
+  HeadRolloutArgs& args = call.args;
+  call.hproj_f = hproj.to(at::kFloat).contiguous();
+  fill_head_weights(args, call.hproj_f, gru_input, w_ih, w_hh, w1s, w2, base_logits.size(2), op);
+  call.workspace = at::empty({workspace_floats(args.r, args.G)}, state.options().dtype(at::kFloat));
+  args.base_logits = base_logits.data_ptr();
+  args.logits_bf16 = base_logits.scalar_type() == at::kBFloat16;
+  args.state = state.data_ptr<float>();
+  args.b = b;
+  args.k = base_logits.size(1);
+  args.sampling = sp;
+  args.uniforms = sp.may_sample() ? uniforms->data_ptr<double>() : nullptr;
+  args.tokens = tokens.data_ptr<int64_t>();
+  args.logprobs = logprobs.data_ptr<float>();
+  args.state_out = state_out.data_ptr<float>();
+  args.workspace = call.workspace.data_ptr<float>();
+  return call;
+}
+
 // Workspace comes from torch's caching allocator (no cudaMalloc once warm, and legal
 // inside torch.cuda.graph capture, where it is served from the graph's private pool).
 template <class Device>
@@ -97,44 +154,87 @@ void domino_head_rollout(at::Tensor base_logits, const at::Tensor& hproj, const 
   check_head_rollout_args(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w2, sampling, uniforms,
                           tokens, logprobs, state_out);
   const SamplingParams sp = sampling.params();
-  const int64_t b = base_logits.size(0), k = base_logits.size(1), V = base_logits.size(2);
-  const int64_t r = w1s.size(0), G = w1s.size(1), H = w_ih ? w_ih->size(1) : 0;
-  TORCH_CHECK(V < std::numeric_limits<int>::max(), "domino_head_rollout: vocabulary ", V,
-              " does not fit the kernel's int32 token ids");
-  TORCH_CHECK(r <= kHeadMaxRank, "domino_head_rollout: rank r = ", r, " (w1s.shape[0]) exceeds the kernel's ",
-              "shared-memory limit of ", kHeadMaxRank);
-  TORCH_CHECK(G + H <= kHeadMaxGruFloats, "domino_head_rollout: GRU width G = ", G,
-              " and embedding width H = ", H, " exceed the kernel's shared-memory limit (G + H <= ",
-              kHeadMaxGruFloats, ")");
+  const int64_t b = base_logits.size(0), V = base_logits.size(2);
   check_grid_rows(b, "domino_head_rollout");
-  const at::Tensor hproj_f = hproj.to(at::kFloat).contiguous();
-  at::Tensor workspace =
-      at::empty({head_rollout_workspace_floats(b, V, r, G, sp.may_filter())}, state.options().dtype(at::kFloat));
-  HeadRolloutArgs args{};
-  args.base_logits = base_logits.data_ptr();
-  args.logits_bf16 = base_logits.scalar_type() == at::kBFloat16;
-  args.hproj = hproj_f.data_ptr<float>();
-  args.state = state.data_ptr<float>();
-  args.gru_input = gru_input.data_ptr();
-  args.w_ih = w_ih ? w_ih->data_ptr() : nullptr;
-  args.w_hh = w_hh.data_ptr();
-  args.w1s = w1s.data_ptr();
-  args.w2 = w2.data_ptr();
-  args.weights_bf16 = w2.scalar_type() == at::kBFloat16;
-  args.b = b;
-  args.k = k;
-  args.V = V;
-  args.r = r;
-  args.G = G;
-  args.H = H;
-  args.sampling = sp;
-  args.uniforms = sp.may_sample() ? uniforms->data_ptr<double>() : nullptr;
-  args.write_logits = write_logits;
-  args.tokens = tokens.data_ptr<int64_t>();
-  args.logprobs = logprobs.data_ptr<float>();
-  args.state_out = state_out.data_ptr<float>();
-  args.workspace = workspace.data_ptr<float>();
-  check_launch(launch_domino_head_rollout(args, Device::stream()), "domino_head_rollout");
+  HeadCall call = head_call(
+      base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w2, b, sp, uniforms, tokens, logprobs, state_out,
+      [&](int64_t r, int64_t G) { return head_rollout_workspace_floats(b, V, r, G, sp.may_filter()); },
+      "domino_head_rollout");
+  call.args.write_logits = write_logits;
+  check_launch(launch_domino_head_rollout(call.args, Device::stream()), "domino_head_rollout");
+}
+
+template <class Device>
+void domino_head_expand(const at::Tensor& base_logits, const at::Tensor& hproj, const at::Tensor& node_state,
+                        const at::Tensor& node_seq, const at::Tensor& node_depth, const at::Tensor& gru_input,
+                        const std::optional<at::Tensor>& w_ih, const at::Tensor& w_hh, const at::Tensor& w1s,
+                        const at::Tensor& w2, double temperature, int64_t top_k, double top_p,
+                        const std::optional<at::Tensor>& uniforms, at::Tensor child_tokens, at::Tensor child_logprobs,
+                        at::Tensor child_state, at::Tensor node_logits) {
+  const typename Device::Guard guard(base_logits.device());
+  const std::optional<at::Tensor> none;
+  const SamplingArgs sampling{temperature, top_k, top_p, none, none, none};
+  check_head_expand_args(base_logits, hproj, node_state, node_seq, node_depth, gru_input, w_ih, w_hh, w1s, w2,
+                         sampling, uniforms, child_tokens, child_logprobs, child_state, node_logits);
+  const int64_t n = node_state.size(0), m = child_tokens.size(1), V = base_logits.size(2);
+  check_grid_rows(n, "domino_head_expand");
+  TORCH_CHECK(n * m <= 65535, "domino_head_expand: ", n, " nodes x ", m,
+              " children exceed the GRU kernel's grid limit of 65535 children");
+  if (n == 0) return;
+  const SamplingParams sp = sampling.params();
+  HeadCall call = head_call(
+      base_logits, hproj, node_state, gru_input, w_ih, w_hh, w1s, w2, n, sp, uniforms, child_tokens, child_logprobs,
+      child_state, [&](int64_t r, int64_t G) { return head_expand_workspace_floats(n, V, r, G, sp.may_sample()); },
+      "domino_head_expand");
+  HeadRolloutArgs& args = call.args;
+  args.node_seq = node_seq.data_ptr<int64_t>();
+  args.node_depth = node_depth.data_ptr<int64_t>();
+  args.seqs = base_logits.size(0);
+  args.m = m;
+  args.node_logits = node_logits.data_ptr<float>();
+  check_launch(launch_domino_head_expand(args, Device::stream()), "domino_head_expand");
+}
+
+// The tree and outputs of a tree verification kernel's arguments.
+inline TreeVerifyArgs tree_verify_args(const at::Tensor& predicts, const at::Tensor& accept_index,
+                                       const at::Tensor& accept_token_num, const at::Tensor& candidates,
+                                       const at::Tensor& retrive_index, const at::Tensor& retrive_next_token,
+                                       const at::Tensor& retrive_next_sibling) {
+  TreeVerifyArgs t{};
+  t.predicts = predicts.data_ptr<int32_t>();
+  t.accept_index = accept_index.data_ptr<int32_t>();
+  t.accept_token_num = accept_token_num.data_ptr<int32_t>();
+  t.candidates = candidates.data_ptr<int64_t>();
+  t.retrive_index = retrive_index.data_ptr<int64_t>();
+  t.retrive_next_token = retrive_next_token.data_ptr<int64_t>();
+  t.retrive_next_sibling = retrive_next_sibling.data_ptr<int64_t>();
+  t.bs = candidates.size(0);
+  t.n = candidates.size(1);
+  t.steps = accept_index.size(1);
+  t.slot_limit = predicts.numel();
+  return t;
+}
+
+// A tree sampler's arguments (U: the coins' dtype), the vocabulary checked against the
+// kernels' int32 token ids.
+template <typename U>
+TreeSamplerArgs<U> tree_sampler_args(const at::Tensor& predicts, const at::Tensor& accept_index,
+                                     const at::Tensor& accept_token_num, const at::Tensor& candidates,
+                                     const at::Tensor& retrive_index, const at::Tensor& retrive_next_token,
+                                     const at::Tensor& retrive_next_sibling, const at::Tensor& uniform_samples,
+                                     const at::Tensor& final_uniforms, const at::Tensor& target_probs,
+                                     const std::optional<at::Tensor>& draft_probs, const char* op) {
+  TreeSamplerArgs<U> a{};
+  static_cast<TreeVerifyArgs&>(a) = tree_verify_args(predicts, accept_index, accept_token_num, candidates,
+                                                     retrive_index, retrive_next_token, retrive_next_sibling);
+  a.uniform_samples = uniform_samples.data_ptr<U>();
+  a.final_uniforms = final_uniforms.data_ptr<U>();
+  a.target_probs = target_probs.data_ptr<float>();
+  a.draft_probs = draft_probs.has_value() ? draft_probs->data_ptr<float>() : nullptr;
+  a.V = target_probs.size(2);
+  TORCH_CHECK(a.V < std::numeric_limits<int>::max(), op, ": vocabulary ", a.V,
+              " does not fit the kernel's int32 token ids");
+  return a;
 }
 
 // The tree ops: the shape/dtype/aliasing checks of tree_checks.cpp; index values are not
@@ -210,30 +310,39 @@ void tree_speculative_sampling_target_only(
   const int64_t bs = candidates.size(0), n = candidates.size(1);
   check_grid_rows(bs, "tree_speculative_sampling_target_only");
   check_tree_nodes(n, kTreeSamplingMaxNodes, "tree_speculative_sampling_target_only");
-  TORCH_CHECK(target_probs.size(2) < std::numeric_limits<int>::max(), "tree_speculative_sampling_target_only: "
-              "vocabulary ", target_probs.size(2), " does not fit the kernel's int32 token ids");
-  if (bs == 0) return;
   TreeSamplingArgs args{};
-  args.predicts = predicts.data_ptr<int32_t>();
-  args.accept_index = accept_index.data_ptr<int32_t>();
-  args.accept_token_num = accept_token_num.data_ptr<int32_t>();
-  args.candidates = candidates.data_ptr<int64_t>();
-  args.retrive_index = retrive_index.data_ptr<int64_t>();
-  args.retrive_next_token = retrive_next_token.data_ptr<int64_t>();
-  args.retrive_next_sibling = retrive_next_sibling.data_ptr<int64_t>();
-  args.uniform_samples = uniform_samples.data_ptr<float>();
-  args.final_uniforms = uniform_samples_for_final_sampling.data_ptr<float>();
-  args.target_probs = target_probs.data_ptr<float>();
-  args.draft_probs = draft_probs.has_value() ? draft_probs->data_ptr<float>() : nullptr;
+  static_cast<TreeSamplerArgs<float>&>(args) = tree_sampler_args<float>(
+      predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token, retrive_next_sibling,
+      uniform_samples, uniform_samples_for_final_sampling, target_probs, draft_probs,
+      "tree_speculative_sampling_target_only");
+  if (bs == 0) return;
   args.threshold_single = static_cast<float>(threshold_single);
   args.threshold_acc = static_cast<float>(threshold_acc);
-  args.bs = bs;
-  args.n = n;
-  args.steps = accept_index.size(1);
-  args.V = target_probs.size(2);
-  args.slot_limit = predicts.numel();
   check_launch(launch_tree_speculative_sampling_target_only(args, Device::stream()),
                "tree_speculative_sampling_target_only");
+}
+
+template <class Device>
+void verify_tree_sampling(at::Tensor predicts, at::Tensor accept_index, at::Tensor accept_token_num,
+                          const at::Tensor& candidates, const at::Tensor& retrive_index,
+                          const at::Tensor& retrive_next_token, const at::Tensor& retrive_next_sibling,
+                          const at::Tensor& uniform_samples, const at::Tensor& uniform_samples_for_final_sampling,
+                          const at::Tensor& target_probs, const at::Tensor& draft_probs) {
+  const typename Device::Guard guard(candidates.device());
+  check_verify_tree_sampling_args(predicts, accept_index, accept_token_num, candidates, retrive_index,
+                                  retrive_next_token, retrive_next_sibling, uniform_samples,
+                                  uniform_samples_for_final_sampling, target_probs, draft_probs);
+  const int64_t bs = candidates.size(0);
+  check_grid_rows(bs, "verify_tree_sampling");
+  VerifyTreeSamplingArgs args{};
+  static_cast<TreeSamplerArgs<double>&>(args) = tree_sampler_args<double>(
+      predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token, retrive_next_sibling,
+      uniform_samples, uniform_samples_for_final_sampling, target_probs, draft_probs, "verify_tree_sampling");
+  if (bs == 0) return;
+  at::Tensor workspace =
+      at::empty({verify_tree_sampling_workspace_doubles(bs, args.V)}, target_probs.options().dtype(at::kDouble));
+  args.workspace = workspace.data_ptr<double>();
+  check_launch(launch_verify_tree_sampling(args, Device::stream()), "verify_tree_sampling");
 }
 
 // The ops' implementations for one dispatch key of a library, e.g.
@@ -241,12 +350,14 @@ void tree_speculative_sampling_target_only(
 template <class Device>
 void impl_ops(torch::Library& m) {
   m.impl("domino_head_rollout", &domino_head_rollout<Device>);
+  m.impl("domino_head_expand", &domino_head_expand<Device>);
   m.impl("sample", &sample<Device>);
   m.impl("verify_greedy", &verify_greedy<Device>);
   m.impl("verify_sampling", &verify_sampling<Device>);
   m.impl("build_tree_kernel_efficient", &build_tree_kernel_efficient<Device>);
   m.impl("verify_tree_greedy", &verify_tree_greedy<Device>);
   m.impl("tree_speculative_sampling_target_only", &tree_speculative_sampling_target_only<Device>);
+  m.impl("verify_tree_sampling", &verify_tree_sampling<Device>);
 }
 
 }  // namespace domino::cuda

@@ -59,16 +59,18 @@ inline constexpr const char* kVerifyTreeSampling =
     "Tensor uniform_samples, Tensor uniform_samples_for_final_sampling, Tensor target_probs, "
     "Tensor draft_probs) -> ()";
 
-// Defines the kernel ops (the four Domino ops and the three tree ops) in a library:
+// Defines the kernel ops (the five Domino ops and the four tree ops) in a library:
 //   TORCH_LIBRARY(ns, m) { domino::schemas::define_ops(m); }
 inline void define_ops(torch::Library& m) {
   m.def(kDominoHeadRollout);
+  m.def(kDominoHeadExpand);
   m.def(kSample);
   m.def(kVerifyGreedy);
   m.def(kVerifySampling);
   m.def(kBuildTreeKernelEfficient);
   m.def(kVerifyTreeGreedy);
   m.def(kTreeSpeculativeSamplingTargetOnly);
+  m.def(kVerifyTreeSampling);
 }
 
 }  // namespace domino::schemas

@@ -9,8 +9,6 @@
 
 TORCH_LIBRARY(domino_ops, m) {
   domino::schemas::define_ops(m);  // the kernel ops the emulated CUDA library shares
-  m.def(domino::schemas::kVerifyTreeSampling);  // CPU only so far
-  m.def(domino::schemas::kDominoHeadExpand);    // CPU only so far
   m.def(domino::schemas::kSmallBatchLinear);
 }
 

@@ -25,6 +25,16 @@ struct HeadRolloutArgs {
   float* logprobs;    // [b, k]
   float* state_out;   // [b, G], also the running GRU state
   float* workspace;   // head_rollout_workspace_floats(...) floats
+  float* logits_rows;  // set by the launchers: where the logits kernel writes full rows, or nullptr
+  // domino_head_expand only (launch_domino_head_expand; nullptr / 0 for the rollout): row s
+  // of the batch (b = n) is frontier node s, whose base-logit and hproj row is
+  // node_seq[s] * k + node_depth[s] (indices clamped into [0, seqs) x [0, k): a bad value
+  // is never an address); its m children's tokens, log-probs and GRU states are rows
+  // s * m .. s * m + m - 1 of tokens, logprobs and state_out; its logits go to node_logits.
+  const int64_t* node_seq;
+  const int64_t* node_depth;
+  int64_t seqs, m;
+  float* node_logits;  // [n, V]
 };
 
 // Workspace the launcher needs: the correction input a [b, r], per-tile partial

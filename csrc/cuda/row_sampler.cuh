@@ -102,16 +102,19 @@ __device__ Pick inverse_cdf_pick(const WeightFn& weight, int64_t V, double u, lo
   return {token, static_cast<float>(log(found_w) - log(total))};
 }
 
-// Samples row[0:V] (float or bf16) at temperature > 0 with top-k (0 = off) and top-p.
-template <typename T>
-__device__ Pick sample_row(const T* row, int64_t V, float temperature, int64_t top_k, double top_p,
-                           double u, RowScratch& sh) {
+// The filtered weights of row[0:V] (float or bf16) at temperature > 0 with top-k (0 = off)
+// and top-p: returns finish(weight, ties_before), where weight(j, rank) is the float64
+// weight of token j (for the j of this thread's chunk in order, rank starting at
+// ties_before), or empty() when the row has no mass.
+template <typename T, typename Empty, typename Finish>
+__device__ auto filtered_row(const T* row, int64_t V, float temperature, int64_t top_k, double top_p,
+                             RowScratch& sh, const Empty& empty, const Finish& finish) {
   int64_t begin, end;
   thread_chunk(V, begin, end);
   float xmax = -INFINITY;
   for (int64_t j = threadIdx.x; j < V; j += blockDim.x) xmax = fmaxf(xmax, to_float(row[j]));  // skips NaN
   xmax = block_max(xmax, sh.fmax);
-  if (xmax == -INFINITY) return {0, 0.0f};  // no mass: token 0, as the reference
+  if (xmax == -INFINITY) return empty();
   const bool inf_row = xmax == INFINITY;
   auto z_of = [&](int64_t j) {
     const float x = to_float(row[j]);
@@ -193,7 +196,16 @@ __device__ Pick sample_row(const T* row, int64_t V, float temperature, int64_t t
     if (key < cut) return 0.0;
     return rank++ < n_tie ? w : 0.0;
   };
-  return inverse_cdf_pick(weight, V, u, ties_before, sh);
+  return finish(weight, ties_before);
+}
+
+// Samples row[0:V] (float or bf16) at temperature > 0 with top-k (0 = off) and top-p.
+template <typename T>
+__device__ Pick sample_row(const T* row, int64_t V, float temperature, int64_t top_k, double top_p,
+                           double u, RowScratch& sh) {
+  return filtered_row(
+      row, V, temperature, top_k, top_p, sh, [] { return Pick{0, 0.0f}; },  // no mass: token 0, as the reference
+      [&](const auto& weight, long long ties_before) { return inverse_cdf_pick(weight, V, u, ties_before, sh); });
 }
 
 // Greedy choice of row[0:V]: (argmax, lowest index on ties).

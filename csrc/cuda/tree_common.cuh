@@ -1,6 +1,6 @@
 // Device helpers shared by the CUDA kernels of the sgl-kernel-compatible tree ops
 // (build_tree_kernel_efficient.cu, verify_tree_greedy.cu,
-// tree_speculative_sampling_target_only.cu): index validation, the predicts clear and the
+// tree_speculative_sampling_target_only.cu, verify_tree_sampling.cu): index validation, the predicts clear and the
 // accept_index padding. Plain CUDA (no torch headers), also built for the SIMT emulator.
 //
 // A GPU kernel cannot raise. Where the CPU kernels (csrc/cpu/) raise on a bad index value,

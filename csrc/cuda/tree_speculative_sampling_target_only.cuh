@@ -2,7 +2,7 @@
 // CUDA (no torch headers) behind a C++ launcher.
 #pragma once
 
-#include "cuda/portable.cuh"
+#include "cuda/tree_args.cuh"
 
 namespace domino::cuda {
 
@@ -10,20 +10,8 @@ namespace domino::cuda {
 // the last node in dynamic shared memory (N * 4 B, 32 KiB at this bound).
 constexpr int64_t kTreeSamplingMaxNodes = 8192;
 
-struct TreeSamplingArgs {
-  int32_t* predicts;  // slot_limit int32 slots
-  int32_t* accept_index;  // [bs, steps]
-  int32_t* accept_token_num;  // [bs]
-  const int64_t* candidates;  // [bs, n]
-  const int64_t* retrive_index;
-  const int64_t* retrive_next_token;
-  const int64_t* retrive_next_sibling;
-  const float* uniform_samples;  // [bs, n]
-  const float* final_uniforms;  // [bs]
-  const float* target_probs;  // [bs, n, V]
-  const float* draft_probs;  // [bs, n, V] or nullptr
+struct TreeSamplingArgs : TreeSamplerArgs<float> {
   float threshold_single, threshold_acc;
-  int64_t bs, n, steps, V, slot_limit;
 };
 
 // Requires n <= kTreeSamplingMaxNodes and V < 2^31.

@@ -181,8 +181,11 @@ def domino_head_expand(base_logits, hproj, node_state, node_seq, node_depth, gru
         num_children: int in [1, V], children per node.
         temperature, top_k, top_p: Python numbers, as :func:`domino_head_rollout`.
         generator: torch.Generator for the [n, num_children] float64 uniforms at T > 0.
-        backend: "auto", "native" or "reference" (no CUDA or Triton kernel yet: "auto" runs
-            the reference on a GPU).
+        backend: "auto", "native", "triton" or "reference" (see the module docstring). The
+            CUDA and Triton kernels sum the float64 sampling totals by parallel reduction (a
+            draw can differ from the CPU kernel's only within rounding of a CDF step), and
+            clamp node indices they cannot check without a device sync (a node_seq or
+            node_depth out of range on a GPU gives unspecified but in-bounds results).
     Returns:
         child_tokens [n, num_children] int64, child_logprobs [n, num_children] float32,
         child_state [n, num_children, G] float32, node_logits [n, V] float32 (each node's L,

@@ -22,8 +22,7 @@ kernel, or the CUDA kernel of ``csrc/cuda/``); ``"triton"`` the Triton kernel of
 :mod:`domino_ops.triton` (CUDA devices, or the CPU under ``TRITON_INTERPRET=1``);
 ``"reference"`` the PyTorch reference of :mod:`domino_ops.reference_tree`. ``"auto"`` (the
 default) takes the native kernel when the device has one, else Triton where it can run,
-else the reference. :func:`verify_tree_sampling` has only its CPU kernel and reference so
-far (on a GPU, "auto" runs the reference).
+else the reference.
 
 Arguments are validated with TypeError (wrong type or dtype) or ValueError (shape, device,
 layout, outputs overlapping inputs, index values out of range, links that do not form a
@@ -407,9 +406,12 @@ def verify_tree_sampling(predicts, accept_index, accept_token_num, candidates, r
         target_probs: [bs, N, vocab_size] float32, the target's distribution at each node.
         draft_probs: [bs, N, vocab_size] float32, the distribution each node's children were
             drawn from.
-        backend: "auto", "native" or "reference" (see the module docstring).
+        backend: "auto", "native", "triton" or "reference" (see the module docstring).
     The last token is 0 when the distribution it is drawn from has no positive mass (not a
-    distribution: zeros, NaN, negatives), as in :func:`domino_ops.verify_sampling`.
+    distribution: zeros, NaN, negatives), as in :func:`domino_ops.verify_sampling`. The CPU
+    kernel and the reference sum in index order and agree exactly; the CUDA and Triton
+    kernels' float64 totals are parallel reductions, which can change a decision only when a
+    uniform lands within rounding (~1e-16 relative) of a threshold.
     """
     if not isinstance(draft_probs, torch.Tensor):
         raise TypeError(f"draft_probs must be a torch.Tensor, got {type(draft_probs).__name__}")

@@ -21,9 +21,10 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, compile as triton_compile
 
+from domino_ops.triton import domino_head_expand as expand
 from domino_ops.triton import domino_head_rollout as head
 from domino_ops.triton import (build_tree_kernel_efficient, sample, tree_speculative_sampling_target_only,
-                               verify_greedy, verify_sampling, verify_tree_greedy)
+                               verify_greedy, verify_sampling, verify_tree_greedy, verify_tree_sampling)
 from domino_ops.triton.row_sampler import BLOCK_V
 
 
@@ -49,6 +50,7 @@ def _specs():
                     "MAY_FILTER": sampling_mode == "filtered",
                     "TABLE": table, "BLOCK_T": 1024, "BLOCK_C": head.BLOCK_C, "BLOCK_J": head.BLOCK_J,
                     "BLOCK_R": 32}))
+        specs += _expand_specs(wt)
         specs.append((f"_head_choose_filtered_kernel[{wt}]", head._head_choose_filtered_kernel, {
             "partial_ptr": "*fp32", "rows_ptr": "*fp32", "uniforms_ptr": "*fp64", "tokens_ptr": "*i64",
             "logprobs_ptr": "*fp32", "temperature_ptr": "*fp32", "top_k_ptr": "*i64", "top_p_ptr": "*fp32",
@@ -65,6 +67,30 @@ def _specs():
         "draft_ptr": "*i64", "q_ptr": "*fp32", "p_ptr": "*fp32", "ua_ptr": "*fp64", "ur_ptr": "*fp64",
         "out_ptr": "*i64", "accepted_ptr": "*i64", "k": "i32", "V": "i32", "BLOCK": BLOCK_V}))
     specs += _tree_specs()
+    return specs
+
+
+def _expand_specs(wt):
+    """domino_head_expand's kernels for one weight dtype (greedy and sampled children, both
+    GRU inputs)."""
+    specs = [(f"_expand_input_kernel[{wt}]", expand._expand_input_kernel, {
+        "hproj_ptr": "*fp32", "state_ptr": "*fp32", "seq_ptr": "*i64", "depth_ptr": "*i64", "w1s_ptr": f"*{wt}",
+        "a_ptr": "*fp32", "seqs": "i32", "k": "i32", "r": "i32", "G": "i32", "BLOCK_C": head.BLOCK_C,
+        "BLOCK_R": 32})]
+    for sampled in (False, True):
+        specs.append((f"_expand_logits_kernel[{wt},sampled={sampled}]", expand._expand_logits_kernel, {
+            "base_ptr": f"*{wt}", "w2_ptr": f"*{wt}", "a_ptr": "*fp32", "seq_ptr": "*i64", "depth_ptr": "*i64",
+            "partial_ptr": "*fp32", "logits_ptr": "*fp32", "n": "i32", "seqs": "i32", "k": "i32", "V": "i32",
+            "r": "i32", "tiles": "i32", "GREEDY": not sampled, "TILE": head.TILE_V, "BLOCK_R": 32}))
+        specs.append((f"_expand_children_kernel[{wt},sampled={sampled}]", expand._expand_children_kernel, {
+            "partial_ptr": "*fp32", "logits_ptr": "*fp32", "w_ptr": "*fp64", "uniforms_ptr": "*fp64",
+            "tokens_ptr": "*i64", "logprobs_ptr": "*fp32", "params_ptr": "*fp32", "top_k_ptr": "*i64", "m": "i32",
+            "V": "i32", "tiles": "i32", "SAMPLED": sampled, "BLOCK_T": 1024, "BLOCK_V": BLOCK_V}))
+    for table in (True, False):
+        specs.append((f"_expand_gru_kernel[{wt},table={table}]", expand._expand_gru_kernel, {
+            "tokens_ptr": "*i64", "state_ptr": "*fp32", "child_state_ptr": "*fp32", "gru_input_ptr": f"*{wt}",
+            "w_ih_ptr": f"*{wt}", "w_hh_ptr": f"*{wt}", "m": "i32", "G": "i32", "H": "i32", "TABLE": table,
+            "BLOCK_C": head.BLOCK_C, "BLOCK_J": head.BLOCK_J}))
     return specs
 
 
@@ -86,11 +112,17 @@ def _tree_specs():
             **outputs, "coins_ptr": "*fp32", "final_ptr": "*fp32", "p_ptr": "*fp32", "q_ptr": "*fp32",
             "threshold_single": "fp32", "acc_div": "fp32", "n": "i32", "steps": "i32", "V": "i32", "limit": "i32",
             "HAS_Q": has_q, "BLOCK": BLOCK_V, "BLOCK_N": 64, "BLOCK_S": 8}))
+    specs.append(("_verify_tree_sampling_kernel", verify_tree_sampling._verify_tree_sampling_kernel, {
+        **outputs, "coins_ptr": "*fp64", "final_ptr": "*fp64", "p_ptr": "*fp32", "q_ptr": "*fp32", "ws_ptr": "*fp64",
+        "n": "i32", "steps": "i32", "V": "i32", "limit": "i32", "BLOCK": BLOCK_V, "BLOCK_N": 64, "BLOCK_S": 8}))
     return specs
 
 
-# Launch options of kernels that the wrappers launch with more than Triton's default 4 warps.
+# Launch options of kernels that the wrappers launch with more than Triton's default 4 warps
+# (a function of the variant's constexprs where that depends on them).
 _OPTIONS = {head._head_update_kernel: {"num_warps": head.UPDATE_WARPS},
+            expand._expand_children_kernel: lambda c: {"num_warps": expand.children_warps(c["SAMPLED"])},
+            expand._expand_gru_kernel: {"num_warps": head.UPDATE_WARPS},
             build_tree_kernel_efficient._build_tree_kernel: {"num_warps": build_tree_kernel_efficient.NUM_WARPS}}
 
 PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
@@ -118,6 +150,7 @@ def compile_all(capability: int):
         signature = {a: (v if isinstance(v, str) else "constexpr") for a, v in args.items()}
         constexprs = {a: v for a, v in args.items() if not isinstance(v, str)}
         options = _OPTIONS.get(fn, {})
+        options = options(constexprs) if callable(options) else options
         compiled = triton_compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=target,
                                   options=options)
         regs, spills = ptxas_report(compiled.asm["ptx"], f"sm_{capability}{'a' if capability >= 90 else ''}")

@@ -34,6 +34,40 @@ UPDATE_WARPS = 8  # one program per sequence does the GRU GEMVs: more threads, a
 
 
 @triton.jit
+def logits_tile(base_row, w2_ptr, a_row, offs_v, mask_v, r, TILE: tl.constexpr, BLOCK_R: tl.constexpr):
+    """L = base_row[offs_v] + w2[offs_v] @ a_row (float32), in chunks of BLOCK_R columns."""
+    acc = tl.zeros([TILE], dtype=tl.float32)
+    for c0 in range(0, r, BLOCK_R):
+        offs_c = c0 + tl.arange(0, BLOCK_R)
+        mask_c = offs_c < r
+        a = tl.load(a_row + offs_c, mask=mask_c, other=0.0)
+        w = tl.load(w2_ptr + offs_v[:, None] * r + offs_c[None, :], mask=mask_v[:, None] & mask_c[None, :],
+                    other=0.0).to(tl.float32)
+        acc += tl.sum(w * a[None, :], 1)
+    return tl.load(base_row + offs_v, mask=mask_v, other=0.0).to(tl.float32) + acc
+
+
+@triton.jit
+def store_tile_stats(out, z, offs_v, mask_v, V):
+    """Stores a tile's partial (max, sum exp(z - max), argmax; NaN, NaN, first NaN if the
+    tile holds one) at out[0:3]; returns z with NaN as -inf."""
+    z = tl.where(mask_v, z, -float("inf"))
+    is_nan = z != z
+    nan_arg = tl.min(tl.where(is_nan, offs_v, V), 0)
+    zn = tl.where(is_nan, -float("inf"), z)
+    m = tl.max(zn, 0)
+    # equal maxima count 1 each (at +inf the sum counts the +inf entries)
+    sumexp = tl.sum(tl.where(zn == m, 1.0, tl.where(zn > -float("inf"), tl.exp(zn - m), 0.0)), 0)
+    sumexp = tl.where(m == -float("inf"), 0.0, sumexp)
+    arg = tl.min(tl.where((zn == m) & mask_v, offs_v, V), 0)
+    has_nan = nan_arg < V
+    tl.store(out + 0, tl.where(has_nan, float("nan"), m))
+    tl.store(out + 1, tl.where(has_nan, float("nan"), sumexp))
+    tl.store(out + 2, tl.where(has_nan, nan_arg, arg).to(tl.float32))
+    return zn
+
+
+@triton.jit
 def _head_logits_kernel(base_ptr, w2_ptr, a_ptr, seeds_ptr, partial_ptr, rows_ptr, temperature_ptr, top_k_ptr,
                         top_p_ptr, step, k, V, r, tiles,
                         MAY_SAMPLE: tl.constexpr, MAY_FILTER: tl.constexpr, WRITE_LOGITS: tl.constexpr,
@@ -42,16 +76,8 @@ def _head_logits_kernel(base_ptr, w2_ptr, a_ptr, seeds_ptr, partial_ptr, rows_pt
     s = tl.program_id(1).to(tl.int64)
     offs_v = t * TILE + tl.arange(0, TILE)
     mask_v = offs_v < V
-    acc = tl.zeros([TILE], dtype=tl.float32)
-    for c0 in range(0, r, BLOCK_R):
-        offs_c = c0 + tl.arange(0, BLOCK_R)
-        mask_c = offs_c < r
-        a = tl.load(a_ptr + s * r + offs_c, mask=mask_c, other=0.0)
-        w = tl.load(w2_ptr + offs_v[:, None] * r + offs_c[None, :], mask=mask_v[:, None] & mask_c[None, :],
-                    other=0.0).to(tl.float32)
-        acc += tl.sum(w * a[None, :], 1)
     base_row = base_ptr + (s * k + step) * V
-    L = tl.load(base_row + offs_v, mask=mask_v, other=0.0).to(tl.float32) + acc
+    L = logits_tile(base_row, w2_ptr, a_ptr + s * r, offs_v, mask_v, r, TILE, BLOCK_R)
     if WRITE_LOGITS:
         tl.store(base_row + offs_v, L.to(base_ptr.dtype.element_ty), mask=mask_v)
     if MAY_FILTER:
@@ -63,20 +89,8 @@ def _head_logits_kernel(base_ptr, w2_ptr, a_ptr, seeds_ptr, partial_ptr, rows_pt
     sampled = temperature > 0
     # greedy rows keep NaN (torch.argmax picks the first); sampled rows count it as -inf
     z = tl.where(sampled, tl.where(L == L, L / tl.where(sampled, temperature, 1.0), -float("inf")), L)
-    z = tl.where(mask_v, z, -float("inf"))
-    is_nan = z != z
-    nan_arg = tl.min(tl.where(is_nan, offs_v, V), 0)
-    zn = tl.where(is_nan, -float("inf"), z)
-    m = tl.max(zn, 0)
-    # equal maxima count 1 each (at +inf the sum counts the +inf entries)
-    sumexp = tl.sum(tl.where(zn == m, 1.0, tl.where(zn > -float("inf"), tl.exp(zn - m), 0.0)), 0)
-    sumexp = tl.where(m == -float("inf"), 0.0, sumexp)
-    arg = tl.min(tl.where((zn == m) & mask_v, offs_v, V), 0)
-    has_nan = nan_arg < V
     out = partial_ptr + (s * tiles + t) * 6
-    tl.store(out + 0, tl.where(has_nan, float("nan"), m))
-    tl.store(out + 1, tl.where(has_nan, float("nan"), sumexp))
-    tl.store(out + 2, tl.where(has_nan, nan_arg, arg).to(tl.float32))
+    zn = store_tile_stats(out, z, offs_v, mask_v, V)
     if MAY_SAMPLE and not MAY_FILTER:  # with MAY_FILTER every sampled row is sampled from its row
         if sampled:
             # the exponential race argmax z + G (G Gumbel); +inf entries race among themselves
@@ -115,10 +129,50 @@ def _gate_rows_dot(w_ptr, x_ptr, offs_j, mj, G, n, BLOCK_J: tl.constexpr, BLOCK_
 
 
 @triton.jit
-def _choose_from_partials(partial_ptr, s, tiles, V, SAMPLED: tl.constexpr, BLOCK_T: tl.constexpr):
+def gru_step(token, s_in, s_out, gru_input_ptr, w_ih_ptr, w_hh_ptr, G, H, TABLE: tl.constexpr,
+             BLOCK_C: tl.constexpr, BLOCK_J: tl.constexpr):
+    """s_out[0:G] = GRUCell(E[token], s_in[0:G]), rows in chunks of BLOCK_J."""
+    for j0 in range(0, G, BLOCK_J):
+        offs_j = j0 + tl.arange(0, BLOCK_J)
+        mj = offs_j < G
+        gh_r, gh_z, gh_n = _gate_rows_dot(w_hh_ptr, s_in, offs_j, mj, G, G, BLOCK_J, BLOCK_C)
+        if TABLE:
+            row = gru_input_ptr + token * 3 * G
+            gi_r = tl.load(row + offs_j, mask=mj, other=0.0).to(tl.float32)
+            gi_z = tl.load(row + G + offs_j, mask=mj, other=0.0).to(tl.float32)
+            gi_n = tl.load(row + 2 * G + offs_j, mask=mj, other=0.0).to(tl.float32)
+        else:
+            gi_r, gi_z, gi_n = _gate_rows_dot(w_ih_ptr, gru_input_ptr + token * H, offs_j, mj, G, H, BLOCK_J, BLOCK_C)
+        rg = tl.sigmoid(gi_r + gh_r)
+        zg = tl.sigmoid(gi_z + gh_z)
+        n = 2.0 * tl.sigmoid(2.0 * (gi_n + rg * gh_n)) - 1.0  # tanh
+        s_old = tl.load(s_in + offs_j, mask=mj, other=0.0)
+        tl.store(s_out + offs_j, (1.0 - zg) * n + zg * s_old, mask=mj)
+
+
+@triton.jit
+def input_step(hproj_row, s_row, w1s_ptr, a_row, r, G, BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr):
+    """a_row[0:r] = silu(hproj_row + w1s @ s_row)."""
+    for c0r in range(0, r, BLOCK_R):
+        offs_r = c0r + tl.arange(0, BLOCK_R)
+        mr = offs_r < r
+        acc = tl.load(hproj_row + offs_r, mask=mr, other=0.0)
+        for c0 in range(0, G, BLOCK_C):
+            offs_c = c0 + tl.arange(0, BLOCK_C)
+            mc = offs_c < G
+            sv = tl.load(s_row + offs_c, mask=mc, other=0.0)[None, :]
+            w = tl.load(w1s_ptr + offs_r[:, None] * G + offs_c[None, :], mask=mr[:, None] & mc[None, :],
+                        other=0.0).to(tl.float32)
+            acc += tl.sum(w * sv, 1)
+        tl.store(a_row + offs_r, acc * tl.sigmoid(acc), mask=mr)
+
+
+@triton.jit
+def choose_from_partials(partial_ptr, s, tiles, V, SAMPLED: tl.constexpr, BLOCK_T: tl.constexpr):
     """The token and log-probability of sequence s from its tile partials: at temperature 0
     the argmax (the first NaN if any, as torch.argmax), else the exponential race's winner
-    (a +inf entry first; token 0 when no entry has mass, as the reference)."""
+    (a +inf entry first; token 0 when no entry has mass, as the reference); and the row's
+    log-sum-exp (NaN when the row holds a NaN)."""
     nan_arg = V
     M = -float("inf")
     for t0 in range(0, tiles, BLOCK_T):
@@ -167,7 +221,7 @@ def _choose_from_partials(partial_ptr, s, tiles, V, SAMPLED: tl.constexpr, BLOCK
     else:
         token = tl.where(nan_arg < V, nan_arg, tl.where(arg < V, arg, 0))
         logprob = tl.where(nan_arg < V, float("nan"), M - lse)
-    return token, logprob
+    return token, logprob, tl.where(nan_arg < V, float("nan"), lse)
 
 
 @triton.jit
@@ -180,7 +234,7 @@ def _head_choose_filtered_kernel(partial_ptr, rows_ptr, uniforms_ptr, tokens_ptr
     s = tl.program_id(0).to(tl.int64)
     temperature = tl.load(temperature_ptr + s)
     if temperature == 0:
-        token, logprob = _choose_from_partials(partial_ptr, s, tiles, V, False, BLOCK_T)
+        token, logprob, _ = choose_from_partials(partial_ptr, s, tiles, V, False, BLOCK_T)
     else:
         u = tl.load(uniforms_ptr + s * k + step)
         token, logprob = sample_row(rows_ptr + s * V, V, temperature, tl.load(top_k_ptr + s),
@@ -208,30 +262,14 @@ def _head_update_kernel(partial_ptr, rows_ptr, uniforms_ptr, tokens_ptr, logprob
             if MAY_SAMPLE:
                 greedy = tl.load(temperature_ptr + s) == 0
             if greedy:
-                token, logprob = _choose_from_partials(partial_ptr, s, tiles, V, False, BLOCK_T)
+                token, logprob, _ = choose_from_partials(partial_ptr, s, tiles, V, False, BLOCK_T)
             else:
-                token, logprob = _choose_from_partials(partial_ptr, s, tiles, V, True, BLOCK_T)
+                token, logprob, _ = choose_from_partials(partial_ptr, s, tiles, V, True, BLOCK_T)
             tl.store(tokens_ptr + s * k + step - 1, token.to(tl.int64))
             tl.store(logprobs_ptr + s * k + step - 1, logprob.to(tl.float32))
-        # 2. S = GRUCell(E[token], S), rows in chunks of BLOCK_J
-        token = token.to(tl.int64)
-        for j0 in range(0, G, BLOCK_J):
-            offs_j = j0 + tl.arange(0, BLOCK_J)
-            mj = offs_j < G
-            gh_r, gh_z, gh_n = _gate_rows_dot(w_hh_ptr, s_in_ptr + s * G, offs_j, mj, G, G, BLOCK_J, BLOCK_C)
-            if TABLE:
-                row = gru_input_ptr + token * 3 * G
-                gi_r = tl.load(row + offs_j, mask=mj, other=0.0).to(tl.float32)
-                gi_z = tl.load(row + G + offs_j, mask=mj, other=0.0).to(tl.float32)
-                gi_n = tl.load(row + 2 * G + offs_j, mask=mj, other=0.0).to(tl.float32)
-            else:
-                gi_r, gi_z, gi_n = _gate_rows_dot(w_ih_ptr, gru_input_ptr + token * H, offs_j, mj, G, H, BLOCK_J,
-                                                  BLOCK_C)
-            rg = tl.sigmoid(gi_r + gh_r)
-            zg = tl.sigmoid(gi_z + gh_z)
-            n = 2.0 * tl.sigmoid(2.0 * (gi_n + rg * gh_n)) - 1.0  # tanh
-            s_old = tl.load(s_in_ptr + s * G + offs_j, mask=mj, other=0.0)
-            tl.store(s_out_ptr + s * G + offs_j, (1.0 - zg) * n + zg * s_old, mask=mj)
+        # 2. S = GRUCell(E[token], S)
+        gru_step(token.to(tl.int64), s_in_ptr + s * G, s_out_ptr + s * G, gru_input_ptr, w_ih_ptr, w_hh_ptr, G, H,
+                 TABLE, BLOCK_C, BLOCK_J)
         tl.debug_barrier()  # the new S is read back by every thread below
     if not LAST:
         # 3. a = silu(hproj[s, step] + w1s @ S)
@@ -239,18 +277,7 @@ def _head_update_kernel(partial_ptr, rows_ptr, uniforms_ptr, tokens_ptr, logprob
             s_ptr = s_in_ptr
         else:
             s_ptr = s_out_ptr
-        for c0r in range(0, r, BLOCK_R):
-            offs_r = c0r + tl.arange(0, BLOCK_R)
-            mr = offs_r < r
-            acc = tl.load(hproj_ptr + (s * k + step) * r + offs_r, mask=mr, other=0.0)
-            for c0 in range(0, G, BLOCK_C):
-                offs_c = c0 + tl.arange(0, BLOCK_C)
-                mc = offs_c < G
-                sv = tl.load(s_ptr + s * G + offs_c, mask=mc, other=0.0)[None, :]
-                w = tl.load(w1s_ptr + offs_r[:, None] * G + offs_c[None, :], mask=mr[:, None] & mc[None, :],
-                            other=0.0).to(tl.float32)
-                acc += tl.sum(w * sv, 1)
-            tl.store(a_ptr + s * r + offs_r, acc * tl.sigmoid(acc), mask=mr)
+        input_step(hproj_ptr + (s * k + step) * r, s_ptr + s * G, w1s_ptr, a_ptr + s * r, r, G, BLOCK_C, BLOCK_R)
 
 
 def domino_head_rollout(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w2, temperature, top_k, top_p,

@@ -45,6 +45,25 @@ def argmax_row(row_ptr, V, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def pick_from_weights(w_ptr, V, target, BLOCK: tl.constexpr, POSITIVE: tl.constexpr):
+    """The first j whose running float64 sum of w[0:V] (max(0, w) when POSITIVE) exceeds
+    target (in index order, chunked), else the last positive weight, else -1."""
+    carry = tl.full([], 0.0, tl.float64)
+    found = V
+    last_positive = -1
+    for start in range(0, V, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        w = tl.load(w_ptr + offs, mask=offs < V, other=0.0)
+        if POSITIVE:
+            w = tl.where(w > 0, w, 0.0)
+        cdf = carry + tl.cumsum(w, 0)
+        found = tl.minimum(found, tl.min(tl.where((cdf > target) & (w > 0), offs, V), 0))
+        last_positive = tl.maximum(last_positive, tl.max(tl.where(w > 0, offs, -1), 0))
+        carry += tl.sum(w, 0)
+    return tl.where(found < V, found, last_positive)
+
+
+@triton.jit
 def row_max(row_ptr, V, BLOCK: tl.constexpr):
     """The largest non-NaN value of row[0:V] (float32; -inf if there is none)."""
     xmax = -float("inf")
@@ -87,10 +106,9 @@ def _final_weights(row_ptr, offs, V, temperature, xmax, zmax, kth, cut, n_tie, t
 
 
 @triton.jit
-def sample_row(row_ptr, V, temperature, top_k, top_p, u, BLOCK: tl.constexpr):
-    """Samples row[0:V] at temperature > 0 with top-k (0 = off) and top-p (1 = off) by
-    inverse CDF at the uniform u. Returns (token, logprob under the filtered law); a row
-    with no mass (all -inf / NaN) gives token 0 with log-probability 0, as the reference."""
+def filter_row(row_ptr, V, temperature, top_k, top_p, BLOCK: tl.constexpr):
+    """The filtered law of row[0:V] at temperature > 0 with top-k (0 = off) and top-p (1 =
+    off): (xmax, no_mass, kth, cut, n_tie), whose weights final_weights gives chunk by chunk."""
     xmax = row_max(row_ptr, V, BLOCK)
     no_mass = xmax == -float("inf")
     xmax = tl.where(no_mass, 0.0, xmax)  # any finite value: every z is -inf
@@ -148,6 +166,23 @@ def sample_row(row_ptr, V, temperature, top_k, top_p, u, BLOCK: tl.constexpr):
         n_tie = tl.maximum(tl.ceil((bound - above) / w_tie).to(tl.int64), 1)
         n_tie = tl.where((n_tie > 1) & ~(above + (n_tie - 1) * w_tie < bound), n_tie - 1, n_tie)
         n_tie = tl.where(above + n_tie * w_tie < bound, n_tie + 1, n_tie)
+    return xmax, no_mass, kth, cut, n_tie
+
+
+@triton.jit
+def final_weights(row_ptr, offs, V, temperature, xmax, kth, cut, n_tie, tie_carry):
+    """(w, ties) for one chunk of the law filter_row describes (see _final_weights)."""
+    return _final_weights(row_ptr, offs, V, temperature, xmax, tl.full([], 0.0, tl.float32), kth, cut, n_tie,
+                          tie_carry)
+
+
+@triton.jit
+def sample_row(row_ptr, V, temperature, top_k, top_p, u, BLOCK: tl.constexpr):
+    """Samples row[0:V] at temperature > 0 with top-k (0 = off) and top-p (1 = off) by
+    inverse CDF at the uniform u. Returns (token, logprob under the filtered law); a row
+    with no mass (all -inf / NaN) gives token 0 with log-probability 0, as the reference."""
+    xmax, no_mass, kth, cut, n_tie = filter_row(row_ptr, V, temperature, top_k, top_p, BLOCK)
+    zmax = tl.full([], 0.0, tl.float32)
     # inverse CDF in index order: the first j with cumsum(w)[j] > u * total
     total = tl.full([], 0.0, tl.float64)
     tie_carry = tl.full([], 0, tl.int64)

@@ -1,5 +1,6 @@
 """``@triton.jit`` helpers shared by the Triton kernels of the tree ops (verify_tree_greedy,
-tree_speculative_sampling_target_only), as csrc/cuda/tree_common.cuh is by the CUDA ones.
+tree_speculative_sampling_target_only, verify_tree_sampling), as csrc/cuda/tree_common.cuh
+is by the CUDA ones.
 
 As there, bad index values never become addresses: an out-of-range link reads as -1, a
 node whose retrive_index slot is out of range is never written through (and ends a walk),
@@ -20,6 +21,16 @@ def tree_link(row_ptr, node, n, ok):
     """row[node] where ``ok`` and node >= 0, as a link: a node in [0, n), else -1."""
     v = tl.load(row_ptr + node, mask=ok & (node >= 0), other=-1)
     return tl.where((v >= 0) & (v < n), v, -1)
+
+
+@triton.jit
+def start_walk(BLOCK_S: tl.constexpr):
+    """A walk's registers at the root: (js, path, toks, node, num): the column indices, the
+    path (path[0] = the root), the token per path node (-1: none yet), the current node
+    and the number of accepted tokens."""
+    js = tl.arange(0, BLOCK_S)
+    return js, tl.zeros([BLOCK_S], dtype=tl.int64), tl.full([BLOCK_S], -1, tl.int64), tl.full([], 0, tl.int64), \
+        tl.full([], 0, tl.int64)
 
 
 @triton.jit

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from domino_ops.triton.row_sampler import BLOCK_V
-from domino_ops.triton.tree_common import block_sizes, tree_link, write_tree_outputs
+from domino_ops.triton.tree_common import block_sizes, start_walk, tree_link, write_tree_outputs
 
 
 @triton.jit
@@ -41,11 +41,7 @@ def _tree_sampling_kernel(pred_ptr, acc_index_ptr, acc_num_ptr, cand_ptr, ridx_p
                           HAS_Q: tl.constexpr, BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     row = b * n
-    js = tl.arange(0, BLOCK_S)
-    path = tl.zeros([BLOCK_S], dtype=tl.int64)
-    toks = tl.full([BLOCK_S], -1, tl.int64)
-    node = tl.full([], 0, tl.int64)
-    num = tl.full([], 0, tl.int64)
+    js, path, toks, node, num = start_walk(BLOCK_S)
     done = tl.full([], 0, tl.int1)
     masked = tl.full([], 0, tl.int1)  # the walk ended with every child of `node` rejected
     for _level in range(1, steps):

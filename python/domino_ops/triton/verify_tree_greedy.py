@@ -10,7 +10,7 @@ from __future__ import annotations
 import triton.language as tl
 import triton
 
-from domino_ops.triton.tree_common import block_sizes, tree_link, write_tree_outputs
+from domino_ops.triton.tree_common import block_sizes, start_walk, tree_link, write_tree_outputs
 
 
 @triton.jit
@@ -18,11 +18,7 @@ def _verify_tree_greedy_kernel(pred_ptr, acc_index_ptr, acc_num_ptr, cand_ptr, r
                                n, steps, limit, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     row = b * n
-    js = tl.arange(0, BLOCK_S)
-    path = tl.zeros([BLOCK_S], dtype=tl.int64)  # path[0] = the root
-    toks = tl.full([BLOCK_S], -1, tl.int64)
-    node = tl.full([], 0, tl.int64)
-    num = tl.full([], 0, tl.int64)
+    js, path, toks, node, num = start_walk(BLOCK_S)
     done = tl.full([], 0, tl.int1)
     for _level in range(1, steps):
         r = tl.load(ridx_ptr + row + node)

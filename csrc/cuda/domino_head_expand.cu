@@ -1,0 +1,149 @@
+// CUDA kernels of domino_head_expand: one step of Domino tree drafting for a frontier of n
+// nodes, each with its own GRU state S (the CPU kernel csrc/cpu/domino_head_expand.cpp
+// states the semantics). The rollout's kernels (head_kernels.cuh) do the arithmetic, with
+// batch row s = frontier node s reading base-logit and hproj row (node_seq[s], node_depth[s]):
+//   head_input_kernel  (grid (r / warps, n)): a = silu(hproj[seq, depth] + w1s @ S)
+//   head_logits_kernel (grid = vocabulary tiles): L = base[seq, depth] + w2 @ a, written to
+//     node_logits, with the rollout's per-tile log-sum-exp partials; each w2 tile is loaded
+//     once per group of 8 nodes, so a frontier of up to 8 nodes streams w2 once from HBM
+//     (and re-reads each tile from L1/L2 per further group), never once per node
+//   expand_choose_kernel (grid n, below): the node's m children
+//   head_gru_kernel    (grid (G / warps, n * m)): S_child = GRUCell(E[child], S), one block
+//     row per child; the w_hh rows are re-read per child (from L2 after the first).
+// The same kernels and arithmetic as the rollout, so a chain of one-child greedy steps
+// gives exactly the CUDA rollout's tokens, log-probabilities and states.
+//
+// Children, T = 0: m block-wide argmax passes over the node's logits row (NaN first, then
+// descending, ties by index; the tokens already chosen excluded), each log-probability
+// L[x] - (max + log(sum)) from the merged tile partials (for the first child exactly the
+// rollout's). T > 0: the filtered weights of the row (row_sampler.cuh, as `sample`) into a
+// float64 workspace row, then m inverse-CDF draws each followed by zeroing the drawn token;
+// once no mass is left, the best remaining tokens by L with log-probability -inf. The
+// totals are block reductions (per-thread chunks, then across the block), not the CPU's
+// index-order sums: a draw changes only if its uniform lands within ~1e-16 of a CDF step.
+//
+// Bytes per step (the floor): w2 (V*r), w1s (r*G), w_hh (3G*G) and w_ih (3G*H) or n*m
+// table rows, plus n base-logit rows read and n logits rows of V floats written and read
+// back by the choose kernel (m + 1 passes, L2-resident at small n). At the paper shape in
+// bf16 a frontier of 8 nodes moves w2 (77.8 MB) once: ~25 us at 3.35 TB/s, the logits
+// kernel's HBM stream being the limit, as in a batch-8 rollout step. A node index out of
+// range is clamped (head_row), never an address.
+#include "cuda/domino_head_expand.cuh"
+#include "cuda/head_kernels.cuh"
+
+namespace domino::cuda {
+namespace {
+
+// Block-wide argmax of row[0:V] in the greedy order, skipping the `count` tokens in taken.
+__device__ int64_t best_remaining(const float* row, int64_t V, const int64_t* taken, int64_t count,
+                                  RowScratch& sh) {
+  ArgMax best{-INFINITY, INT64_MAX};
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
+    bool skip = false;
+    for (int64_t c = 0; c < count; ++c) skip = skip || taken[c] == j;
+    if (!skip) best = argmax_merge(best, {row[j], j});
+  }
+  return block_argmax(best, sh.argmax).idx;
+}
+
+// One block per node: its m children and their log-probabilities.
+__global__ void __launch_bounds__(kBlockThreads, 1)
+expand_choose_kernel(HeadRolloutArgs args, int tiles, double* weights) {
+  __shared__ MergeScratch merge_sh;
+  __shared__ RowScratch row_sh;
+  const int64_t f = blockIdx.x, V = args.V, m = args.m;
+  const Workspace ws = carve(args, tiles);
+  const float* L = args.node_logits + f * V;
+  int64_t* tokens = args.tokens + f * m;
+  float* logprobs = args.logprobs + f * m;
+  int64_t c = 0;
+  if (args.sampling.may_sample()) {
+    double* w = weights + f * V;
+    int64_t begin, end;
+    thread_chunk(V, begin, end);
+    const double total = filtered_row(
+        L, V, args.sampling.temperature_at(0), args.sampling.top_k_at(0), args.sampling.top_p_at(0), row_sh,
+        [&] {
+          for (int64_t j = threadIdx.x; j < V; j += blockDim.x) w[j] = 0.0;
+          return 0.0;
+        },
+        [&](const auto& weight, long long rank) {
+          double part = 0.0;
+          for (int64_t j = begin; j < end; ++j) part += (w[j] = weight(j, rank));
+          return block_sum(part, row_sh.dsum);
+        });
+    __syncthreads();  // every weight written before any thread scans
+    auto left = [&](int64_t j, long long&) -> double { return w[j]; };
+    for (; c < m; ++c) {
+      const Pick pick = inverse_cdf_pick(left, V, args.uniforms[f * m + c], 0, row_sh);
+      if (pick.token < 0) break;  // no mass left
+      if (threadIdx.x == 0) {
+        tokens[c] = pick.token;
+        logprobs[c] = static_cast<float>(log(w[pick.token]) - log(total));
+        w[pick.token] = 0.0;
+      }
+      __syncthreads();
+    }
+    for (; c < m; ++c) {  // the best remaining tokens by L
+      const int64_t x = best_remaining(L, V, tokens, c, row_sh);
+      if (threadIdx.x == 0) {
+        tokens[c] = x;
+        logprobs[c] = -INFINITY;
+      }
+      __syncthreads();
+    }
+    return;
+  }
+  Lse l;
+  Race q;
+  merge_tile_partials(ws, f, tiles, l, q, merge_sh);
+  const float lse = l.m + logf(l.s);
+  for (; c < m; ++c) {
+    const int64_t x = best_remaining(L, V, tokens, c, row_sh);
+    if (threadIdx.x == 0) {
+      tokens[c] = x;
+      logprobs[c] = l.arg == INT_MAX ? NAN : L[x] - lse;  // a row of -inf: NaN, as log_softmax
+    }
+    __syncthreads();
+  }
+}
+
+template <typename TL, typename TW>
+cudaError_t launch_expand_typed(const HeadRolloutArgs& args, cudaStream_t stream) {
+  const int tiles = static_cast<int>((args.V + kTileRows - 1) / kTileRows);
+  const unsigned n = static_cast<unsigned>(args.b), warps = kBlockThreads / kWarp;
+  const dim3 block(kBlockThreads);
+  const size_t logits_smem = static_cast<size_t>(kGroup * args.r) * sizeof(float);
+  const size_t input_smem = static_cast<size_t>(args.G) * sizeof(float);
+  const size_t gru_smem = static_cast<size_t>(args.G + (args.w_ih ? args.H : 0)) * sizeof(float);
+  double* weights = reinterpret_cast<double*>(args.workspace + head_expand_workspace_floats(args.b, args.V, args.r,
+                                                                                           args.G, false));
+  auto logits_kernel = head_logits_kernel<TL, TW>;
+  cudaError_t err = DOMINO_LAUNCH(head_input_kernel<TW>, dim3(static_cast<unsigned>((args.r + warps - 1) / warps), n),
+                                  block, input_smem, stream, args, int64_t{0}, tiles);
+  if (err == cudaSuccess)
+    err = DOMINO_LAUNCH(logits_kernel, dim3(static_cast<unsigned>(tiles)), block, logits_smem, stream, args,
+                        int64_t{0}, tiles);
+  if (err == cudaSuccess) err = DOMINO_LAUNCH(expand_choose_kernel, dim3(n), block, 0, stream, args, tiles, weights);
+  if (err == cudaSuccess)
+    err = DOMINO_LAUNCH(head_gru_kernel<TW>,
+                        dim3(static_cast<unsigned>((args.G + warps - 1) / warps), static_cast<unsigned>(args.b * args.m)),
+                        block, gru_smem, stream, args, int64_t{0}, tiles);
+  return err;
+}
+
+}  // namespace
+
+int64_t head_expand_workspace_floats(int64_t n, int64_t V, int64_t r, int64_t G, bool may_sample) {
+  int64_t floats = head_rollout_workspace_floats(n, V, r, G, false);
+  floats += floats % 2;  // the float64 rows start 8-byte aligned
+  return floats + (may_sample ? 2 * n * V : 0);
+}
+
+cudaError_t launch_domino_head_expand(const HeadRolloutArgs& expand, cudaStream_t stream) {
+  HeadRolloutArgs args = expand;
+  args.logits_rows = args.node_logits;
+  return with_head_dtypes(args, [&]<typename TL, typename TW>() { return launch_expand_typed<TL, TW>(args, stream); });
+}
+
+}  // namespace domino::cuda

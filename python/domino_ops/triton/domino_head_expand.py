@@ -1,0 +1,180 @@
+"""Triton kernels of ``domino_head_expand`` (one step of Domino tree drafting for a frontier
+of n nodes), the same step as the CUDA kernels (csrc/cuda/domino_head_expand.cu, whose
+header states the bytes and limits), from the rollout's helpers
+(:mod:`domino_ops.triton.domino_head_rollout`), so that a chain of one-child greedy steps
+gives exactly the Triton rollout's tokens, log-probabilities and states:
+
+- ``_expand_input_kernel``, grid (n,): ``a = silu(hproj[seq, depth] + w1s @ S)``;
+- ``_expand_logits_kernel``, grid (vocabulary tiles,): for every node in turn
+  ``L = base[seq, depth] + w2_tile @ a`` written to node_logits, with the greedy tile
+  partials; each program loads its w2 tile from HBM once for the whole frontier (the
+  other nodes re-read it from L1/L2), never once per node from HBM;
+- ``_expand_children_kernel``, grid (n,): the node's m children (T = 0: m argmax passes
+  over its logits row, the chosen excluded, log-probabilities from the tile partials' log-sum-exp;
+  T > 0: the filtered weights (row_sampler.filter_row) into a float64 workspace row, then m
+  inverse-CDF draws without replacement, then the best remaining tokens at -inf);
+- ``_expand_gru_kernel``, grid (n * m,): each child's GRU state (the rollout's gru_step).
+
+A node index out of range is clamped, never an address. The float64 totals are chunked
+tl.sum reductions, not the CPU's index-order sums (a draw changes only within rounding of
+a CDF step).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from domino_ops.triton.domino_head_rollout import (BLOCK_C, BLOCK_J, TILE_V, UPDATE_WARPS, choose_from_partials,
+                                                   gru_step, input_step, logits_tile, store_tile_stats)
+from domino_ops.triton.row_sampler import BLOCK_V, filter_row, final_weights, pick_from_weights
+
+
+@triton.jit
+def _node_row(seq_ptr, depth_ptr, f, seqs, k):
+    """The base-logit / hproj row of node f, its (sequence, depth) clamped into range (int64)."""
+    seq = tl.load(seq_ptr + f)
+    depth = tl.load(depth_ptr + f)
+    return tl.minimum(tl.maximum(seq, 0), seqs - 1) * k + tl.minimum(tl.maximum(depth, 0), k - 1)
+
+
+@triton.jit
+def _expand_input_kernel(hproj_ptr, state_ptr, seq_ptr, depth_ptr, w1s_ptr, a_ptr, seqs, k, r, G,
+                         BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr):
+    f = tl.program_id(0).to(tl.int64)
+    row = _node_row(seq_ptr, depth_ptr, f, seqs, k)
+    input_step(hproj_ptr + row * r, state_ptr + f * G, w1s_ptr, a_ptr + f * r, r, G, BLOCK_C, BLOCK_R)
+
+
+@triton.jit
+def _expand_logits_kernel(base_ptr, w2_ptr, a_ptr, seq_ptr, depth_ptr, partial_ptr, logits_ptr, n, seqs, k, V, r,
+                          tiles, GREEDY: tl.constexpr, TILE: tl.constexpr, BLOCK_R: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    offs_v = t * TILE + tl.arange(0, TILE)
+    mask_v = offs_v < V
+    for f0 in range(0, n):
+        f = f0 + tl.zeros([], dtype=tl.int64)
+        row = _node_row(seq_ptr, depth_ptr, f, seqs, k)
+        L = logits_tile(base_ptr + row * V, w2_ptr, a_ptr + f * r, offs_v, mask_v, r, TILE, BLOCK_R)
+        tl.store(logits_ptr + f * V + offs_v, L, mask=mask_v)
+        if GREEDY:
+            store_tile_stats(partial_ptr + (f * tiles + t) * 6, L, offs_v, mask_v, V)
+
+
+@triton.jit
+def _best_remaining(row_ptr, V, taken_ptr, count, BLOCK: tl.constexpr):
+    """The first token of row[0:V] in the greedy order (the first NaN, else the first
+    maximum) among those not in taken[0:count]."""
+    best_val = -float("inf")
+    best_idx = V
+    nan_idx = V
+    for start in range(0, V, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        x = tl.load(row_ptr + offs, mask=offs < V, other=-float("inf"))
+        ok = offs < V
+        for c in range(0, count):
+            ok = ok & (offs != tl.load(taken_ptr + c))
+        nan_idx = tl.minimum(nan_idx, tl.min(tl.where(ok & (x != x), offs, V), 0))
+        ok = ok & (x == x)
+        m = tl.max(tl.where(ok, x, -float("inf")), 0)
+        idx = tl.min(tl.where(ok & (x == m), offs, V), 0)
+        take = (idx < V) & ((m > best_val) | (best_idx == V))
+        best_idx = tl.where(take, idx, best_idx)
+        best_val = tl.where(take, m, best_val)
+    return tl.where(nan_idx < V, nan_idx, best_idx)
+
+
+def children_warps(sampled: bool) -> int:
+    """Warps of _expand_children_kernel without register spills on sm_80/sm_90: the argmax
+    passes want more threads, the sampler's float64 scalars more registers per thread."""
+    return 4 if sampled else UPDATE_WARPS
+
+
+@triton.jit
+def _expand_children_kernel(partial_ptr, logits_ptr, w_ptr, uniforms_ptr, tokens_ptr, logprobs_ptr, params_ptr,
+                            top_k_ptr, m, V, tiles, SAMPLED: tl.constexpr, BLOCK_T: tl.constexpr,
+                            BLOCK_V: tl.constexpr):
+    f = tl.program_id(0).to(tl.int64)
+    L_row = logits_ptr + f * V
+    tok_row = tokens_ptr + f * m
+    lp_row = logprobs_ptr + f * m
+    if SAMPLED:
+        temperature = tl.load(params_ptr)  # float32, as the rollout's row parameters
+        top_p = tl.load(params_ptr + 1).to(tl.float64)
+        xmax, no_mass, kth, cut, n_tie = filter_row(L_row, V, temperature, tl.load(top_k_ptr), top_p, BLOCK_V)
+        w_row = w_ptr + f * V
+        total = tl.full([], 0.0, tl.float64)
+        tie_carry = tl.full([], 0, tl.int64)
+        for start in range(0, V, BLOCK_V):
+            offs = start + tl.arange(0, BLOCK_V)
+            w, ties = final_weights(L_row, offs, V, temperature, xmax, kth, cut, n_tie, tie_carry)
+            w = tl.where(no_mass, 0.0, w)
+            tl.store(w_row + offs, w, mask=offs < V)
+            total += tl.sum(w, 0)
+            tie_carry += ties
+        tl.debug_barrier()
+        for j in range(0, m):
+            left = tl.full([], 0.0, tl.float64)
+            for start in range(0, V, BLOCK_V):
+                offs = start + tl.arange(0, BLOCK_V)
+                left += tl.sum(tl.load(w_row + offs, mask=offs < V, other=0.0), 0)
+            if left > 0:
+                target = tl.load(uniforms_ptr + f * m + j) * left
+                x = pick_from_weights(w_row, V, target, BLOCK_V, False).to(tl.int64)
+                logprob = (tl.log(tl.load(w_row + x)) - tl.log(total)).to(tl.float32)
+                tl.debug_barrier()
+                tl.store(w_row + x, 0.0)
+            else:  # no mass left: the best remaining token by L
+                x = _best_remaining(L_row, V, tok_row, j, BLOCK_V).to(tl.int64)
+                logprob = tl.full([], -float("inf"), tl.float32)
+            tl.store(tok_row + j, x)
+            tl.store(lp_row + j, logprob)
+            tl.debug_barrier()
+    else:
+        _, _, lse = choose_from_partials(partial_ptr, f, tiles, V, False, BLOCK_T)
+        for j in range(0, m):
+            x = _best_remaining(L_row, V, tok_row, j, BLOCK_V).to(tl.int64)
+            tl.store(tok_row + j, x)
+            tl.store(lp_row + j, tl.load(L_row + x) - lse)
+            tl.debug_barrier()
+
+
+@triton.jit
+def _expand_gru_kernel(tokens_ptr, state_ptr, child_state_ptr, gru_input_ptr, w_ih_ptr, w_hh_ptr, m, G, H,
+                       TABLE: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_J: tl.constexpr):
+    c = tl.program_id(0).to(tl.int64)  # child c of node c // m: S_child = GRUCell(E[child], S)
+    gru_step(tl.load(tokens_ptr + c), state_ptr + (c // m) * G, child_state_ptr + c * G, gru_input_ptr, w_ih_ptr,
+             w_hh_ptr, G, H, TABLE, BLOCK_C, BLOCK_J)
+
+
+def domino_head_expand(base_logits, hproj, node_state, node_seq, node_depth, gru_input, w_ih, w_hh, w1s, w2,
+                       temperature, top_k, top_p, uniforms, child_tokens, child_logprobs, child_state, node_logits):
+    """``domino_head_expand`` with the op's schema (see domino_ops.domino_head_expand)."""
+    n, m = child_tokens.shape
+    if n == 0:
+        return
+    seqs, k, V = base_logits.shape
+    r, G = w1s.shape
+    H = 0 if w_ih is None else w_ih.shape[1]
+    dev = base_logits.device
+    sampled = temperature > 0
+    hproj = hproj.float().contiguous()
+    tiles = triton.cdiv(V, TILE_V)
+    a = torch.empty(n, r, dtype=torch.float32, device=dev)
+    partials = torch.empty(n, tiles, 6, dtype=torch.float32, device=dev)
+    weights = torch.empty(n, V, dtype=torch.float64, device=dev) if sampled else partials
+    params = torch.tensor([temperature, top_p], dtype=torch.float32, device=dev)
+    top_k_t = torch.tensor([top_k], dtype=torch.int64, device=dev)
+    block_r = min(32, triton.next_power_of_2(r))
+    _expand_input_kernel[(n,)](hproj, node_state, node_seq, node_depth, w1s, a, seqs, k, r, G, BLOCK_C=BLOCK_C,
+                               BLOCK_R=block_r)
+    _expand_logits_kernel[(tiles,)](base_logits, w2, a, node_seq, node_depth, partials, node_logits, n, seqs, k, V,
+                                    r, tiles, GREEDY=not sampled, TILE=TILE_V, BLOCK_R=block_r)
+    _expand_children_kernel[(n,)](partials, node_logits, weights, uniforms if sampled else partials, child_tokens,
+                                  child_logprobs, params, top_k_t, m, V, tiles, SAMPLED=sampled,
+                                  BLOCK_T=min(1024, triton.next_power_of_2(tiles)),
+                                  BLOCK_V=min(BLOCK_V, triton.next_power_of_2(V)), num_warps=children_warps(sampled))
+    _expand_gru_kernel[(n * m,)](child_tokens, node_state, child_state, gru_input, w_ih if w_ih is not None else w_hh,
+                                 w_hh, m, G, H, TABLE=w_ih is None, BLOCK_C=BLOCK_C, BLOCK_J=BLOCK_J,
+                                 num_warps=UPDATE_WARPS)
