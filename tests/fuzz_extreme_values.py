@@ -325,8 +325,6 @@ def check_rollout_against_reference(inputs, base, tokens, logprobs, T) -> None:
 
 # ----------------------------------------------------------------------------- domino_head_expand
 def fuzz_domino_head_expand(backend: str, examples: int):
-    if backend not in ("native", "reference", "direct"):
-        return  # no CUDA or Triton kernel yet
     @fuzz_cases(examples)
     def run(data):
         b, k = data.draw(st.integers(1, 2), label="b"), data.draw(st.integers(1, 3), label="k")
@@ -348,11 +346,11 @@ def fuzz_domino_head_expand(backend: str, examples: int):
         print(f"domino_head_expand b={b} k={k} V={V} n={n} m={m} T={T} top_k={top_k} top_p={top_p}", flush=True)
         seed = data.draw(st.integers(0, 1000))
         try:
-            if backend == "direct":
+            if backend in SCHEMA_BACKENDS:
                 outs = (torch.full((n, m), -7, dtype=torch.int64), torch.full((n, m), NAN),
                         torch.full((n, m, G), NAN), torch.full((n, V), NAN))
                 u = torch.rand(n, m, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
-                torch.ops.domino_ops.domino_head_expand(*args, T, top_k, top_p, u, *outs)
+                schema_op(backend, "domino_head_expand")(*args, T, top_k, top_p, u, *outs)
                 tokens, logprobs, _, L = outs
             else:
                 tokens, logprobs, _, L = domino_ops.domino_head_expand(
