@@ -2,6 +2,7 @@
 #include <ATen/MemoryOverlap.h>
 #include <c10/util/Exception.h>
 
+#include <cmath>
 #include <initializer_list>
 #include <utility>
 
@@ -21,7 +22,8 @@ void check_tensor(const at::Tensor& t, const char* name, int64_t dim, const at::
 }
 
 void check_sampling_params(double temperature, int64_t top_k, double top_p) {
-  TORCH_CHECK(temperature >= 0.0, "temperature must be >= 0, got ", temperature);
+  TORCH_CHECK(temperature >= 0.0 && std::isfinite(temperature), "temperature must be finite and >= 0, got ",
+              temperature);
   TORCH_CHECK(top_k >= 0, "top_k must be >= 0, got ", top_k);
   TORCH_CHECK(top_p > 0.0 && top_p <= 1.0, "top_p must be in (0, 1], got ", top_p);
 }
@@ -43,7 +45,8 @@ void check_sampling_args(const SamplingArgs& a, int64_t b, const at::Device& dev
   check_row_param(a.row_top_p, "row_top_p", at::kFloat, b, device);
   if (device.is_cpu()) {
     if (a.row_temperature)
-      TORCH_CHECK(at::all(a.row_temperature->ge(0)).item<bool>(), "row_temperature must be >= 0 in every row");
+      TORCH_CHECK(at::all(a.row_temperature->ge(0).logical_and(a.row_temperature->isfinite())).item<bool>(),
+                  "row_temperature must be finite and >= 0 in every row");
     if (a.row_top_k) TORCH_CHECK(at::all(a.row_top_k->ge(0)).item<bool>(), "row_top_k must be >= 0 in every row");
     if (a.row_top_p)
       TORCH_CHECK(at::all(a.row_top_p->gt(0).logical_and(a.row_top_p->le(1))).item<bool>(),

@@ -63,13 +63,15 @@ TRITON = KernelBackend(
     verify_greedy_sizes=dict(b=[1, 3, 33], k=[1, 4], V=[1, 17, 1500]),
     sample_vocab=[1, 2, 17, 1500],
     verify_sampling_shapes=[(1, 1, 5), (4, 5, 300), (3, 2, 1500)],
-    target_population=2000,
+    target_population=1200,
     head_sizes=dict(b=[1, 3, 33], k=[1, 3],
                     V=[1, 17, 300],  # 300: three 128-row tiles, the last partial
                     r=[1, 3, 33],  # 33: two 32-column chunks
                     G=[1, 5, 40],  # 40: two 32-row GRU chunks
                     H=[1, 8]),
-    race_cases=[(5, 800, F32), (5, 800, BF16)],
+    # one dtype, N 500: 75 s interpreted (both dtypes at 800 took 147 s of the 10-minute
+    # suite); the float32 weight path is covered by the greedy and filtered-sampling tests
+    race_cases=[(5, 500, BF16)],
 )
 
 BACKENDS = [EMULATED_CUDA, TRITON]

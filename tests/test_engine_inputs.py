@@ -28,7 +28,7 @@ def gen():
     (torch.tensor([1.0, 2.0]), {}, TypeError, "integer token ids"),
     ([1.5, 2], {}, TypeError, "prompt must be a string"),
     ([1] * 1000, dict(max_new_tokens=100), ValueError, "context window of 1024"),
-    ([1, 2, 3], dict(temperature=-1.0), ValueError, "temperature must be >= 0"),
+    ([1, 2, 3], dict(temperature=-1.0), ValueError, "temperature must be finite and >= 0"),
 ])
 def test_bad_requests_raise_naming_the_argument(gen, method, prompt, kwargs, error, match):
     if method == "generate_target_only" and "stop" in kwargs:

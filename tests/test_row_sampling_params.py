@@ -113,8 +113,8 @@ def test_public_rollout_with_a_mixed_batch_runs_each_row_by_its_parameters():
 
 
 @pytest.mark.parametrize("bad,match", [
-    (dict(temperature=torch.tensor([1.0, -0.5])), "temperature must be >= 0 in every row"),
-    (dict(temperature=torch.tensor([1.0, float("nan")])), "temperature must be >= 0 in every row"),
+    (dict(temperature=torch.tensor([1.0, -0.5])), "temperature must be finite and >= 0 in every row"),
+    (dict(temperature=torch.tensor([1.0, float("nan")])), "temperature must be finite and >= 0 in every row"),
     (dict(top_p=torch.tensor([1.0, 0.0])), r"top_p must be in \(0, 1\] in every row"),
     (dict(top_p=torch.tensor([1.5, 0.5])), r"top_p must be in \(0, 1\] in every row"),
     (dict(top_k=torch.tensor([1, -1])), "top_k must be >= 0 in every row"),

@@ -36,7 +36,7 @@ def test_scalars_and_one_sampling_params_are_the_same_request(gen):
 
 
 @pytest.mark.parametrize("kwargs, error, match", [
-    (dict(temperature=-1.0), ValueError, "temperature must be >= 0"),
+    (dict(temperature=-1.0), ValueError, "temperature must be finite and >= 0"),
     (dict(top_p=0.0), ValueError, r"top_p must be in \(0, 1\]"),
     (dict(top_p=1.5), ValueError, r"top_p must be in \(0, 1\]"),
     (dict(top_k=-2), ValueError, "top_k must be >= 0"),

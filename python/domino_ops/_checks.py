@@ -48,16 +48,16 @@ def sampling_params(temperature, top_k, top_p, rows: int | None = None, device=N
     _param("temperature", temperature, rows, device, integer=False)
     _param("top_k", top_k, rows, device, integer=True)
     _param("top_p", top_p, rows, device, integer=False)
-    if not isinstance(temperature, torch.Tensor) and not temperature >= 0.0:  # also rejects NaN
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if not isinstance(temperature, torch.Tensor) and not 0.0 <= temperature < float("inf"):  # also rejects NaN
+        raise ValueError(f"temperature must be finite and >= 0, got {temperature}")
     if not isinstance(top_k, torch.Tensor) and top_k < 0:
         raise ValueError(f"top_k must be >= 0 (0 disables it), got {top_k}")
     if not isinstance(top_p, torch.Tensor) and not 0.0 < top_p <= 1.0:
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
     if _capturing(device):
         return
-    if isinstance(temperature, torch.Tensor) and not bool((temperature >= 0).all()):  # NaN fails too
-        raise ValueError(f"temperature must be >= 0 in every row, got {temperature.tolist()}")
+    if isinstance(temperature, torch.Tensor) and not bool(((temperature >= 0) & temperature.isfinite()).all()):
+        raise ValueError(f"temperature must be finite and >= 0 in every row, got {temperature.tolist()}")
     if isinstance(top_k, torch.Tensor) and bool((top_k < 0).any()):
         raise ValueError(f"top_k must be >= 0 in every row (0 disables it), got {top_k.tolist()}")
     if isinstance(top_p, torch.Tensor) and not bool(((top_p > 0) & (top_p <= 1)).all()):
