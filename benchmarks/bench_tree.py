@@ -1,5 +1,5 @@
-"""The sgl-kernel-compatible tree ops: C++ CPU kernel vs PyTorch reference, and, when a CUDA
-device exists, the CUDA and Triton kernels.
+"""The tree ops (the sgl-kernel-compatible three and verify_tree_sampling): C++ CPU kernel vs
+PyTorch reference, and, when a CUDA device exists, the CUDA and Triton kernels.
 
 SGLang-like sizes: batch 1 and 8, EAGLE topk 4 and depth 5, N = 8 / 16 / 64 draft tokens,
 sequence lengths around 1k, a 32k vocabulary for the sampler (``--vocab``). For each op it
@@ -103,6 +103,10 @@ def cases(vocab: int, gen: torch.Generator):
             coins, final = torch.rand(bs, n, generator=gen), torch.rand(bs, generator=gen)
             yield ("tree_speculative_sampling_target_only", bs, n, f"V={vocab}",
                    (*outs, candidates, ridx, nxt, sib, coins, final, target_probs, None, 1.0, 1.0, True))
+            # the draft that (nominally) proposed the children: the target's rows, sharpened
+            draft_probs = torch.softmax(logits * 1.5, dim=-1)
+            yield ("verify_tree_sampling", bs, n, f"V={vocab}",
+                   (*outs, candidates, ridx, nxt, sib, coins.double(), final.double(), target_probs, draft_probs))
 
 
 def gpu_table(all_cases, repeats: int) -> None:
