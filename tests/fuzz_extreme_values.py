@@ -5,7 +5,7 @@ segfault in a native kernel) fails that backend's test instead of killing the te
 each example is printed before it runs, so the last line of a crashed run names the case.
 For a longer soak run it by hand:
 
-    .venv/bin/python tests/fuzz_extreme_values.py --backend native --examples 3000
+    .venv/bin/python tests/fuzz_extreme_values.py --backend native --examples 3000 [--shrink]
 
 Each example builds an op's inputs with extreme values (NaN, +-inf, huge magnitudes, exact
 ties, empty dimensions, non-contiguous views), extreme sampling parameters (temperatures
@@ -35,7 +35,7 @@ import sys
 from pathlib import Path
 
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # conftest: TRITON_INTERPRET, domino_simt's path
@@ -118,11 +118,17 @@ def check_token_rule(x: torch.Tensor, token: int, T, top_k, top_p, what: str) ->
                           f"at T={T}, top_k={top_k}, top_p={top_p}")
 
 
+SHRINK = False  # --shrink: minimise a failing case (slow: the interpreted Triton ops took 300 s)
+
+
 def fuzz_cases(examples: int):
     """One op's fuzz loop: ``examples`` hypothesis cases drawn inside the test (st.data()),
-    no deadline, no example database (each run is fresh)."""
+    no deadline, no example database (each run is fresh), and no shrinking unless --shrink
+    (the case printed last before a failure names it)."""
+    phases = list(Phase) if SHRINK else [Phase.explicit, Phase.generate]
+
     def wrap(test):
-        return settings(max_examples=examples, deadline=None, database=None,
+        return settings(max_examples=examples, deadline=None, database=None, phases=phases,
                         suppress_health_check=list(HealthCheck))(given(st.data())(test))
     return wrap
 
@@ -381,7 +387,10 @@ def main() -> None:
     parser.add_argument("--examples", type=int, default=int(os.environ.get("DOMINO_FUZZ_EXAMPLES", 40)),
                         help="hypothesis examples per op")
     parser.add_argument("--ops", nargs="*", default=list(FUZZERS), choices=list(FUZZERS))
+    parser.add_argument("--shrink", action="store_true", help="minimise a failing case before reporting it")
     args = parser.parse_args()
+    global SHRINK
+    SHRINK = args.shrink
     torch.set_num_threads(1)
     for op in args.ops:
         FUZZERS[op](args.backend, args.examples)
