@@ -144,3 +144,26 @@ def test_a_target_row_without_mass_gives_token_0_in_verify_sampling(backend):
                                               backend=backend)
     assert acc.tolist() == [0, 0, 0]
     assert out[:, 0].tolist() == [0, 0, 0]
+
+
+@pytest.mark.parametrize("backend", ["native", "reference", "triton", "emulated_cuda"])
+def test_a_sampled_rollout_row_of_nan_gives_token_0_with_logprob_0(backend):
+    """NaN logits count as -inf when sampling; a row with no mass gives token 0 at
+    log-probability 0 (the CUDA race used to rank a -inf key and report NaN; found by the
+    fuzzer: V = 1, per-row temperature)."""
+    a = head_args(G=4)
+    a[0] = torch.full((1, 2, 1), float("nan"))
+    a[3], a[7] = torch.randn(1, 12), torch.randn(1, 8)  # V = 1: table [1, 3G], w2 [1, r]
+    T = torch.tensor([5.0])
+    if backend == "emulated_cuda":
+        from kernel_backends import emulated_cuda_kernel
+        from domino_ops.sampling import kernel_sampling_args
+        args = kernel_sampling_args(T, 0, 1.0, 1)
+        tokens, logprobs = torch.full((1, 2), -7), torch.full((1, 2), float("nan"))
+        emulated_cuda_kernel("domino_head_rollout")(*a, *args[:3], torch.rand(1, 2, dtype=torch.float64), False,
+                                                    tokens, logprobs, torch.empty(1, 4), *args[3:])
+    else:
+        tokens, logprobs, _ = domino_ops.domino_head_rollout(*a, temperature=T, generator=torch.Generator().manual_seed(0),
+                                                             backend=backend)
+    assert tokens.tolist() == [[0, 0]]
+    assert logprobs.tolist() == [[0.0, 0.0]]

@@ -65,10 +65,12 @@ head_choose_kernel(HeadRolloutArgs args, int64_t step, int tiles) {
     merge_tile_partials(ws, s, tiles, l, q, merge_sh);
     const float lse = l.m + logf(l.s);
     if (temperature > 0.0f) {
-      // no mass (every z -inf): token 0 with probability 1, as the reference; a +inf
-      // winner has probability 1 / (number of +inf entries) = 1 / l.s
-      token = q.arg == INT_MAX ? 0 : q.arg;
-      logprob = q.arg == INT_MAX ? 0.0f : q.z == INFINITY ? -logf(l.s) : q.z - lse;
+      // no mass (every z -inf, NaN included: the race may still have ranked a -inf key):
+      // token 0 with probability 1, as the reference; a +inf winner has probability
+      // 1 / (number of +inf entries) = 1 / l.s
+      const bool no_mass = l.m == -INFINITY || q.arg == INT_MAX;
+      token = no_mass ? 0 : q.arg;
+      logprob = no_mass ? 0.0f : q.z == INFINITY ? -logf(l.s) : q.z - lse;
     } else {
       token = l.arg == INT_MAX ? 0 : l.arg;  // a row of -inf: torch.argmax's 0 (log-prob NaN)
       logprob = l.arg == INT_MAX ? NAN : l.m - lse;
