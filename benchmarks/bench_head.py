@@ -240,6 +240,55 @@ def tree_table(args, copy_bw: float) -> None:
             print(row)
 
 
+def engine_table(args, copy_bw: float) -> None:
+    """The rollout exactly as DominoGenerator calls it (python/domino/model.py choose_tokens):
+    the shipped drafter's weights in the engine's dtype (float32), the target's embedding
+    with w_ih as the GRU input, float32 base logits, batch 1, k = the block's drafts after
+    the base-drafted prefix; timed warm (back to back) and cold (a 256 MB buffer streamed
+    before each call, as the target's forward leaves the caches). Loads SmolLM2 and the
+    default drafter."""
+    import time
+
+    from domino import load_default
+    gen = load_default()
+    d = gen.drafter
+    c = d.config
+    E, w_ih, w_hh, w1h, w1s, w2 = d.head_weights()
+    k = c.num_drafts - c.pure_draft_prefix_len
+    V, r, G = w2.shape[0], w2.shape[1], w_hh.shape[1]
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(1, k, V, generator=g) * 2
+    hproj = torch.randn(1, k, r, generator=g)
+    state = torch.randn(1, G, generator=g) * 0.5
+    H = E.shape[1]
+    wbytes = w2.element_size()
+    nbytes = rollout_bytes(1, k, H, G, r, V, wbytes, table=False) + k * V * (4 - wbytes)  # float32 base rows
+    flush_src = torch.ones(64 << 20)  # 256 MB
+    flush_dst = torch.empty_like(flush_src)
+
+    def call():
+        domino_ops.domino_head_rollout(base, hproj, state, E, w_ih, w_hh, w1s, w2)
+
+    def cold_ms(repeats):
+        times = []
+        for i in range(repeats + 1):
+            flush_dst.copy_(flush_src)
+            t0 = time.perf_counter()
+            call()
+            if i:  # the first call is the warm-up
+                times.append((time.perf_counter() - t0) * 1e3)
+        return sorted(times)[len(times) // 2]
+
+    print(f"the rollout as generation calls it: SmolLM2 drafter, {w2.dtype}, embed + w_ih, batch 1, k = {k}, "
+          f"V = {V}, r = {r}, G = {G}; median of {args.repeats}; cold = a 256 MB copy before each call")
+    print(f"{'build':6} | {'MB':>6} | {'warm ms':>8} {'GB/s':>6} {'%copy':>6} | {'cold ms':>8} {'GB/s':>6} {'%copy':>6}")
+    for isa in args.isas:
+        with cpu.forced_isa(isa):
+            warm = median_ms(call, args.repeats)
+            cold = cold_ms(args.repeats)
+        print(f"{isa:6} | {nbytes / 1e6:6.1f} | " + cells(warm, nbytes, copy_bw) + " | " + cells(cold, nbytes, copy_bw))
+
+
 def gpu_table(args) -> None:
     """CUDA kernels vs Triton vs eager, plain and in CUDA graphs, on the current GPU."""
     from triton.testing import do_bench
@@ -348,6 +397,8 @@ def main() -> None:
     parser.add_argument("--tree-frontiers", nargs="*", type=int, default=[4, 8, 16, 64],
                         help="frontier sizes of the tree-step table (none: skip it)")
     parser.add_argument("--tree-children", type=int, default=4, help="children per node in the tree-step table")
+    parser.add_argument("--engine", action="store_true",
+                        help="also time the rollout as DominoGenerator calls it (loads SmolLM2 and the drafter)")
     args = parser.parse_args()
     if args.quick:
         args.shapes, args.repeats = ["small"], 3
@@ -374,6 +425,9 @@ def main() -> None:
     if not args.no_rollout:
         print()
         cpu_table(args, copy_bw)
+    if args.engine:
+        print()
+        engine_table(args, copy_bw)
     if args.tree_frontiers:
         print()
         tree_table(args, copy_bw)
