@@ -93,7 +93,6 @@ void sampled_children(const Kernels& K, const float* L, int64_t V, int64_t m, co
   const double total = filtered_row_weights(K, L, V, sp.temperature_at(0), sp.top_k_at(0),
                                             static_cast<float>(sp.top_p_at(0)), s);
   std::vector<double>& w = s.w;
-  std::vector<double> drawn_w(m);
   int64_t c = 0;
   for (; c < m; ++c) {
     double left = 0.0;
@@ -105,13 +104,12 @@ void sampled_children(const Kernels& K, const float* L, int64_t V, int64_t m, co
     w[x] = 0.0;
   }
   if (c == m) return;
-  // No mass left: the best tokens by L not drawn yet.
-  idx.resize(V);
-  std::iota(idx.begin(), idx.end(), 0);
-  std::stable_sort(idx.begin(), idx.end(), [L](int64_t a, int64_t b) { return before(L, a, b); });
+  // No mass left: the best tokens by L not drawn yet, all among the m best (c < m are drawn).
+  std::vector<int64_t> best(m);
+  best_tokens(L, V, m, idx, best.data());
   for (int64_t j = 0; c < m; ++j) {
-    if (std::find(tokens, tokens + c, idx[j]) != tokens + c) continue;
-    tokens[c] = idx[j];
+    if (std::find(tokens, tokens + c, best[j]) != tokens + c) continue;
+    tokens[c] = best[j];
     logprobs[c++] = -std::numeric_limits<float>::infinity();
   }
 }
@@ -167,13 +165,9 @@ void expand(BL* base, const float* hproj, const float* S, const int64_t* seq, co
     std::vector<int64_t> idx;
     for (int64_t f = f0; f < f1; ++f) {
       if (greedy) {
-        RunningLse lse;
-        for (int64_t c = 0; c < n_chunks; ++c) {
-          const RunningLse& q = partial[c * n + f];
-          if (q.arg != std::numeric_limits<int64_t>::max()) lse.merge(q.max, q.arg, q.sum);
-        }
         best_tokens(L + f * V, V, m, idx, tokens + f * m);
-        greedy_logprobs(lse, L + f * V, tokens + f * m, m, logprobs + f * m);
+        greedy_logprobs(RunningLse::of_chunks(partial.data() + f, n_chunks, n), L + f * V, tokens + f * m, m,
+                        logprobs + f * m);
       } else {
         sampled_children(K, L + f * V, V, m, sp, u + f * m, scratch, idx, tokens + f * m, logprobs + f * m);
       }

@@ -126,11 +126,7 @@ void rollout(BL* base, const float* hproj, float* S, const W* gru_input, const W
     // Choose the token of every sequence.
     if (greedy) {
       for (int64_t s = 0; s < b; ++s) {
-        RunningLse total;
-        for (int64_t c = 0; c < n_chunks; ++c) {
-          const RunningLse& q = partial[c * b + s];
-          if (q.arg != std::numeric_limits<int64_t>::max()) total.merge(q.max, q.arg, q.sum);
-        }
+        const RunningLse total = RunningLse::of_chunks(partial.data() + s, n_chunks, b);
         x[s] = total.arg;
         // L[x] - lse with L[x] = max; NaN for a row of -inf, as log_softmax
         logprobs[s * k + i] = total.max == -std::numeric_limits<float>::infinity()

@@ -47,6 +47,17 @@ struct RunningLse {
       sum += other_sum * std::exp(other_max - max);
     }
   }
+
+  // One row's total from its per-chunk partials partial[c * stride], merged in chunk order
+  // (so the result does not depend on which thread computed which chunk).
+  static RunningLse of_chunks(const RunningLse* partial, int64_t n_chunks, int64_t stride) {
+    RunningLse total;
+    for (int64_t c = 0; c < n_chunks; ++c) {
+      const RunningLse& q = partial[c * stride];
+      if (q.arg != std::numeric_limits<int64_t>::max()) total.merge(q.max, q.arg, q.sum);
+    }
+    return total;
+  }
 };
 
 // Splits [0, n) into one contiguous range per thread, aligned to `align`, at least

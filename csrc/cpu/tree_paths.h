@@ -1,7 +1,8 @@
-// The write pass shared by the CPU tree-verify kernels (verify_tree_greedy and the two
-// tree samplers): each kernel first finds every request's accepted path and the token
-// each path node emits, writing nothing (so a request that raises leaves the outputs as
-// they were), then this writes them in sgl-kernel's layout.
+// What the CPU tree-verify kernels (verify_tree_greedy and the two tree samplers) share:
+// the tree's index arrays as raw pointers, and the write pass. Each kernel first finds
+// every request's accepted path and the token each path node emits, writing nothing (so a
+// request that raises leaves the outputs as they were), then write_tree_paths writes them
+// in sgl-kernel's layout.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -11,14 +12,34 @@
 
 namespace domino::cpu {
 
+// A verified tree: bs requests of n nodes, paths of at most `steps` nodes
+// (accept_index.size(1)), and its [bs, n] int64 index arrays (checked by the op's argument
+// checks; their values by check_tree_links before they are used as addresses).
+struct TreeView {
+  int64_t bs, n, steps;
+  const int64_t* cand;          // candidates
+  const int64_t* ridx;          // retrive_index
+  const int64_t* next_token;    // retrive_next_token
+  const int64_t* next_sibling;  // retrive_next_sibling
+};
+
+inline TreeView tree_view(const at::Tensor& candidates, const at::Tensor& retrive_index,
+                          const at::Tensor& retrive_next_token, const at::Tensor& retrive_next_sibling,
+                          const at::Tensor& accept_index) {
+  return {candidates.size(0), candidates.size(1), accept_index.size(1), candidates.const_data_ptr<int64_t>(),
+          retrive_index.const_data_ptr<int64_t>(), retrive_next_token.const_data_ptr<int64_t>(),
+          retrive_next_sibling.const_data_ptr<int64_t>()};
+}
+
 // path[b * steps + j]: the j-th node of request b's accepted path (j <= accepted[b], node 0
 // the root); tokens[b * steps + j]: the token predicts gets at that node's slot (the next
 // accepted token, or the last one drawn). predicts: -1 at every node's slot, then the
 // tokens; accept_index: the path's retrive_index slots, then -1; accept_token_num: accepted.
 inline void write_tree_paths(at::Tensor& predicts, at::Tensor& accept_index, at::Tensor& accept_token_num,
-                             const int64_t* ridx, int64_t bs, int64_t n, int64_t steps,
-                             const std::vector<int64_t>& path, const std::vector<int64_t>& tokens,
-                             const std::vector<int64_t>& accepted) {
+                             const TreeView& tree, const std::vector<int64_t>& path,
+                             const std::vector<int64_t>& tokens, const std::vector<int64_t>& accepted) {
+  const int64_t bs = tree.bs, n = tree.n, steps = tree.steps;
+  const int64_t* ridx = tree.ridx;
   int32_t* pred = predicts.data_ptr<int32_t>();
   int32_t* acc_index = accept_index.data_ptr<int32_t>();
   int32_t* acc_num = accept_token_num.data_ptr<int32_t>();

@@ -62,13 +62,10 @@ void tree_speculative_sampling_target_only_cpu(
   check_tree_sampling_args(predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
                            retrive_next_sibling, uniform_samples, uniform_samples_for_final_sampling, target_probs,
                            draft_probs, threshold_single, threshold_acc);
-  const int64_t bs = candidates.size(0), n = candidates.size(1), steps = accept_index.size(1);
+  const TreeView tree = tree_view(candidates, retrive_index, retrive_next_token, retrive_next_sibling, accept_index);
+  const auto [bs, n, steps, cand, ridx, next_token, next_sibling] = tree;
   const int64_t vocab = target_probs.size(2);
   if (bs == 0) return;
-  const int64_t* cand = candidates.const_data_ptr<int64_t>();
-  const int64_t* ridx = retrive_index.const_data_ptr<int64_t>();
-  const int64_t* next_token = retrive_next_token.const_data_ptr<int64_t>();
-  const int64_t* next_sibling = retrive_next_sibling.const_data_ptr<int64_t>();
   const float* coins = uniform_samples.const_data_ptr<float>();
   const float* final_coins = uniform_samples_for_final_sampling.const_data_ptr<float>();
   const float* p_all = target_probs.const_data_ptr<float>();
@@ -148,7 +145,7 @@ void tree_speculative_sampling_target_only_cpu(
     }
   });
 
-  write_tree_paths(predicts, accept_index, accept_token_num, ridx, bs, n, steps, path, tokens, accepted);
+  write_tree_paths(predicts, accept_index, accept_token_num, tree, path, tokens, accepted);
 }
 
 }  // namespace domino::cpu

@@ -32,12 +32,9 @@ void verify_tree_greedy_cpu(at::Tensor predicts, at::Tensor accept_index, at::Te
                             const at::Tensor& retrive_next_sibling, const at::Tensor& target_predict) {
   check_verify_tree_greedy_args(predicts, accept_index, accept_token_num, candidates, retrive_index,
                                 retrive_next_token, retrive_next_sibling, target_predict);
-  const int64_t bs = candidates.size(0), n = candidates.size(1), steps = accept_index.size(1);
+  const TreeView tree = tree_view(candidates, retrive_index, retrive_next_token, retrive_next_sibling, accept_index);
+  const auto [bs, n, steps, cand, ridx, next_token, next_sibling] = tree;
   if (bs == 0) return;
-  const int64_t* cand = candidates.const_data_ptr<int64_t>();
-  const int64_t* ridx = retrive_index.const_data_ptr<int64_t>();
-  const int64_t* next_token = retrive_next_token.const_data_ptr<int64_t>();
-  const int64_t* next_sibling = retrive_next_sibling.const_data_ptr<int64_t>();
   const int64_t* target = target_predict.const_data_ptr<int64_t>();
 
   // retrive_index addresses predicts and (flat) target_predict; the links address nodes.
@@ -67,7 +64,7 @@ void verify_tree_greedy_cpu(at::Tensor predicts, at::Tensor accept_index, at::Te
     accepted[b] = num;
   }
 
-  write_tree_paths(predicts, accept_index, accept_token_num, ridx, bs, n, steps, path, tokens, accepted);
+  write_tree_paths(predicts, accept_index, accept_token_num, tree, path, tokens, accepted);
 }
 
 }  // namespace domino::cpu

@@ -34,6 +34,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "cpu/row_sampler.h"
 #include "cpu/tree_paths.h"
 #include "tree_ops.h"
 
@@ -76,23 +77,12 @@ struct Sibling {
   }
 };
 
-// The final draw from max(0, w): -1 when nothing is positive.
-int64_t inverse_cdf_pick(const std::vector<double>& w, double coin) {
-  const int64_t vocab = static_cast<int64_t>(w.size());
+// The final draw from max(0, p) (p clamped in place: the walk is over), by row_sampler.h's
+// inverse CDF; -1 when nothing is positive.
+int64_t final_draw(std::vector<double>& p, double coin) {
   double total = 0.0;
-  for (int64_t t = 0; t < vocab; ++t) total += positive(w[t]);
-  const double target = coin * total;
-  double cum = 0.0;
-  int64_t last = -1;
-  for (int64_t t = 0; t < vocab; ++t) {
-    const double wt = positive(w[t]);
-    cum += wt;
-    if (wt > 0.0) {
-      if (cum > target) return t;
-      last = t;
-    }
-  }
-  return last;
+  for (double& w : p) total += (w = positive(w));
+  return inverse_cdf(p.data(), static_cast<int64_t>(p.size()), total, coin);
 }
 
 }  // namespace
@@ -106,13 +96,10 @@ void verify_tree_sampling_cpu(at::Tensor predicts, at::Tensor accept_index, at::
   check_verify_tree_sampling_args(predicts, accept_index, accept_token_num, candidates, retrive_index,
                                   retrive_next_token, retrive_next_sibling, uniform_samples,
                                   uniform_samples_for_final_sampling, target_probs, draft_probs);
-  const int64_t bs = candidates.size(0), n = candidates.size(1), steps = accept_index.size(1);
+  const TreeView tree = tree_view(candidates, retrive_index, retrive_next_token, retrive_next_sibling, accept_index);
+  const auto [bs, n, steps, cand, ridx, next_token, next_sibling] = tree;
   const int64_t vocab = target_probs.size(2);
   if (bs == 0) return;
-  const int64_t* cand = candidates.const_data_ptr<int64_t>();
-  const int64_t* ridx = retrive_index.const_data_ptr<int64_t>();
-  const int64_t* next_token = retrive_next_token.const_data_ptr<int64_t>();
-  const int64_t* next_sibling = retrive_next_sibling.const_data_ptr<int64_t>();
   const double* coins = uniform_samples.const_data_ptr<double>();
   const double* final_coins = uniform_samples_for_final_sampling.const_data_ptr<double>();
   const float* p_all = target_probs.const_data_ptr<float>();
@@ -152,12 +139,12 @@ void verify_tree_sampling_cpu(at::Tensor predicts, at::Tensor accept_index, at::
         pth[++num] = node = child;
       }
       accepted[b] = num;
-      const int64_t last = inverse_cdf_pick(s.p, final_coins[b]);
+      const int64_t last = final_draw(s.p, final_coins[b]);
       tok[num] = last >= 0 ? last : 0;  // no positive mass: token 0, as verify_sampling
     }
   });
 
-  write_tree_paths(predicts, accept_index, accept_token_num, ridx, bs, n, steps, path, tokens, accepted);
+  write_tree_paths(predicts, accept_index, accept_token_num, tree, path, tokens, accepted);
 }
 
 }  // namespace domino::cpu

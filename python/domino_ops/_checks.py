@@ -89,12 +89,17 @@ def _capturing(device) -> bool:
             and torch.cuda.is_current_stream_capturing())
 
 
+def in_range(name: str, t: torch.Tensor, lo: int, hi: int, must: str = "be") -> None:
+    """Raises ValueError "<name> must <must> in [lo, hi), got values in [min, max]" unless
+    lo <= t < hi. Reads the values, so only on the CPU (no device sync); the kernels never
+    use such a value as an address unchecked."""
+    if t.device.type == "cpu" and t.numel() and (int(t.min()) < lo or int(t.max()) >= hi):
+        raise ValueError(f"{name} must {must} in [{lo}, {hi}), got values in [{int(t.min())}, {int(t.max())}]")
+
+
 def token_ids(name: str, t: torch.Tensor, vocab_size: int) -> None:
-    """Checks 0 <= t < vocab_size. Reads the values, so only on the CPU (no device sync);
-    the CUDA kernels never use a draft id as an address."""
-    if t.device.type == "cpu" and t.numel() and (int(t.min()) < 0 or int(t.max()) >= vocab_size):
-        raise ValueError(f"{name} must hold token ids in [0, {vocab_size}), "
-                         f"got values in [{int(t.min())}, {int(t.max())}]")
+    """Checks 0 <= t < vocab_size (on the CPU: see :func:`in_range`)."""
+    in_range(name, t, 0, vocab_size, "hold token ids")
 
 
 def generator(gen, device: torch.device, rows: int | None = None) -> None:

@@ -205,9 +205,8 @@ def domino_head_expand(base_logits, hproj, node_state, node_seq, node_depth, gru
     _checks.shape("node_state", node_state, (None, G))
     _checks.shape("node_seq", node_seq, (n,))
     _checks.shape("node_depth", node_depth, (n,))
-    for name, t, hi in (("node_seq", node_seq, b), ("node_depth", node_depth, k)):  # read on the CPU only
-        if dev.type == "cpu" and n and (int(t.min()) < 0 or int(t.max()) >= hi):
-            raise ValueError(f"{name} must hold values in [0, {hi}), got values in [{int(t.min())}, {int(t.max())}]")
+    _checks.in_range("node_seq", node_seq, 0, b, "hold values")
+    _checks.in_range("node_depth", node_depth, 0, k, "hold values")
     if isinstance(num_children, bool) or not isinstance(num_children, int):
         raise TypeError(f"num_children must be an int, got {type(num_children).__name__}")
     if not 1 <= num_children <= V:

@@ -100,7 +100,7 @@ def sampled_children(L: torch.Tensor, m: int, temperature, top_k, top_p, uniform
     w_all = filtered_weights(L, temperature, top_k, top_p)
     tokens = torch.empty(L.shape[0], m, dtype=torch.int64)
     logprobs = torch.empty(L.shape[0], m, dtype=torch.float32)
-    order = greedy_children(L, L.shape[1])
+    order = greedy_children(L, m)  # the fallback's tokens: fewer than m are drawn, so among the m best
     for f in range(L.shape[0]):
         w = w_all[f].clone()
         total = float(torch.cumsum(w, 0)[-1])

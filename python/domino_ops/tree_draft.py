@@ -31,9 +31,10 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 
 from domino_ops.ops import domino_head_expand
-from domino_ops.sampling import filtered_probs
+from domino_ops.sampling import filtered_probs, may_sample
 
 __all__ = ["DraftTree", "draft_tree", "tree_size"]
 
@@ -84,11 +85,11 @@ def draft_tree(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w2, root_t
     if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= k:
         raise ValueError(f"depth must be an int in [1, {k}] (the block's positions), got {depth!r}")
     total = tree_size(topk, depth)
-    sampled = not (isinstance(temperature, (int, float)) and temperature < 1e-20)
-    if num_draft_tokens is None or sampled:
-        if sampled and num_draft_tokens not in (None, total + 1):
-            raise ValueError(f"num_draft_tokens must be {total + 1} (every candidate) at temperature > 0, "
-                             f"got {num_draft_tokens}")
+    sampled = may_sample(temperature)
+    if sampled and num_draft_tokens not in (None, total + 1):
+        raise ValueError(f"num_draft_tokens must be {total + 1} (every candidate) at temperature > 0, "
+                         f"got {num_draft_tokens}")
+    if num_draft_tokens is None:
         num_draft_tokens = total + 1
     if not 2 <= num_draft_tokens <= total + 1:
         raise ValueError(f"num_draft_tokens must be in [2, {total + 1}] for topk={topk}, depth={depth}, "
@@ -139,12 +140,12 @@ def _node_draft_probs(node_logits, parent_list, selected, temperature, top_k, to
     """[b, N, V]: node i's children's draft distribution, filtered_probs of its expansion
     logits (row r of node_logits is the node parent_list[:, r]; node 0 is row 0), zeros for
     a node never expanded."""
-    b, rows, V = node_logits.shape
+    rows, V = node_logits.shape[1:]
     probs = filtered_probs(node_logits, temperature, top_k, top_p)  # [b, rows, V]
-    # node i >= 1 (flat index selected[:, i-1]) was expanded iff some parent_list[:, r >= 1] equals it
+    # node i >= 1 (flat index selected[:, i-1]) was expanded iff some parent_list[:, r >= 1] equals
+    # it; node 0, the root, is row 0
     match = parent_list[:, None, 1:rows] == selected[:, :, None]  # [b, N-1, rows-1]
-    row = torch.where(match.any(-1), match.int().argmax(-1) + 1, 0)
-    expanded = torch.cat([torch.ones(b, 1, dtype=torch.bool, device=probs.device), match.any(-1)], dim=1)
-    row = torch.cat([torch.zeros(b, 1, dtype=row.dtype, device=row.device), row], dim=1)
+    expanded = F.pad(match.any(-1), (1, 0), value=True)  # [b, N]
+    row = F.pad(match.int().argmax(-1) + 1, (1, 0))  # [b, N]; an unexpanded node's row is masked below
     out = probs.gather(1, row.unsqueeze(-1).expand(-1, -1, V))
     return torch.where(expanded.unsqueeze(-1), out, torch.zeros((), device=out.device))

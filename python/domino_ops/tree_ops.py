@@ -43,7 +43,7 @@ import operator
 
 import torch
 
-from domino_ops import reference_tree
+from domino_ops import _checks, reference_tree
 from domino_ops import triton as triton_ops
 from domino_ops.ops import select_backend
 
@@ -98,11 +98,9 @@ def _number(name: str, v) -> float:
 
 
 def _in_range(name: str, t: torch.Tensor, lo: int, hi: int, what: str = "") -> None:
-    """lo <= t < hi, read only on the CPU (no device sync). Used before the reference runs;
-    the native kernel checks the values itself (with the same wording)."""
-    if t.device.type == "cpu" and t.numel() and (int(t.min()) < lo or int(t.max()) >= hi):
-        raise ValueError(f"{name} must be {what + ' ' if what else ''}in [{lo}, {hi}), "
-                         f"got values in [{int(t.min())}, {int(t.max())}]")
+    """lo <= t < hi (on the CPU: :func:`domino_ops._checks.in_range`). Used before the
+    reference runs; the native kernel checks the values itself (with the same wording)."""
+    _checks.in_range(name, t, lo, hi, f"be {what}" if what else "be")
 
 
 def _run(op: str, device: torch.device, backend, args: tuple, value_checks) -> None:
