@@ -125,15 +125,10 @@ void expand(BL* base, const float* hproj, const float* S, const int64_t* seq, co
   std::vector<float> w1s_out(n * r), act(n * r), gh(n * G3), gi(nc * G3), emb;
   std::vector<float> S_buf, act_buf, emb_buf;
 
-  // a = silu(hproj[s, d] + S @ w1s^T), rows of w1s split across threads
+  // a = silu(hproj[s, d] + S @ w1s^T)
   const float* Sp = gemv.prepare(S, n, G, S_buf);
-  parallel_ranges(r, 16, Gemv<W>::min_rows(G), [&](int64_t, int64_t r0, int64_t r1) {
-    if (r0 >= r1) return;
-    gemv.dot(w1s + r0 * G, r1 - r0, G, Sp, n, w1s_out.data() + r0, r);
-    for (int64_t f = 0; f < n; ++f)
-      K.silu_add(hproj + (seq[f] * k + depth[f]) * r + r0, w1s_out.data() + f * r + r0, r1 - r0,
-                 act.data() + f * r + r0);
-  });
+  correction_input(gemv, w1s, Sp, n, r, G, [&](int64_t f) { return hproj + (seq[f] * k + depth[f]) * r; },
+                   w1s_out.data(), act.data());
   const float* ap = gemv.prepare(act.data(), n, r, act_buf);
 
   // L = base[s, d] + a @ w2^T, written per node, over vocabulary chunks claimed dynamically;
@@ -175,26 +170,7 @@ void expand(BL* base, const float* hproj, const float* S, const int64_t* seq, co
   });
 
   // S_child = GRUCell(E[child], S): w_hh @ S once per node, the input gates per child.
-  const float* ep = nullptr;
-  if (w_ih != nullptr) {
-    emb.resize(nc * H);
-    for (int64_t c = 0; c < nc; ++c) gemv.widen(gru_input + tokens[c] * H, H, emb.data() + c * H);
-    ep = gemv.prepare(emb.data(), nc, H, emb_buf);
-  }
-  const int64_t gru_cols = G + (w_ih != nullptr ? H : 0);
-  parallel_ranges(G, 16, std::max<int64_t>(1, Gemv<W>::min_rows(gru_cols) / 3), [&](int64_t, int64_t j0, int64_t j1) {
-    if (j0 >= j1) return;
-    for (int64_t g = 0; g < 3; ++g) {
-      gemv.dot(w_hh + (g * G + j0) * G, j1 - j0, G, Sp, n, gh.data() + g * G + j0, G3);
-      if (w_ih != nullptr)
-        gemv.dot(w_ih + (g * G + j0) * H, j1 - j0, H, ep, nc, gi.data() + g * G + j0, G3);
-      else
-        for (int64_t c = 0; c < nc; ++c)
-          gemv.widen(gru_input + tokens[c] * G3 + g * G + j0, j1 - j0, gi.data() + c * G3 + g * G + j0);
-    }
-    for (int64_t c = 0; c < nc; ++c)
-      K.gru_update(gi.data() + c * G3, gh.data() + (c / m) * G3, G, j0, j1, S + (c / m) * G, S_child + c * G);
-  });
+  gru_step(gemv, gru_input, w_ih, w_hh, S, Sp, tokens, n, m, G, H, gi.data(), gh.data(), emb, emb_buf, S_child);
 }
 
 }  // namespace

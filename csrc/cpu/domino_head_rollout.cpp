@@ -82,7 +82,6 @@ void rollout(BL* base, const float* hproj, float* S, const W* gru_input, const W
   std::vector<float> S_buf, act_buf, emb_buf;  // activations in rows_dot's layout
   std::vector<float> row;  // the one [b, V] logits row, only when sampling
   if (!greedy) row.resize(b * V);
-  if (w_ih != nullptr) emb.resize(b * H);
 
   const int64_t n_chunks = (V + kVocabChunk - 1) / kVocabChunk;
   std::vector<RunningLse> partial(n_chunks * b);
@@ -93,13 +92,8 @@ void rollout(BL* base, const float* hproj, float* S, const W* gru_input, const W
   for (int64_t i = 0; i < k; ++i) {
     // a = silu(hproj[:, i] + S @ w1s^T), rows of w1s split across threads
     const float* Sp = gemv.prepare(S, b, G, S_buf);
-    parallel_ranges(r, 16, Gemv<W>::min_rows(G), [&](int64_t, int64_t r0, int64_t r1) {
-      if (r0 >= r1) return;
-      gemv.dot(w1s + r0 * G, r1 - r0, G, Sp, b, w1s_out.data() + r0, r);
-      for (int64_t s = 0; s < b; ++s)
-        K.silu_add(hproj + (s * k + i) * r + r0, w1s_out.data() + s * r + r0, r1 - r0,
-                   act.data() + s * r + r0);
-    });
+    correction_input(gemv, w1s, Sp, b, r, G, [&](int64_t s) { return hproj + (s * k + i) * r; }, w1s_out.data(),
+                     act.data());
     const float* ap = gemv.prepare(act.data(), b, r, act_buf);
 
     // L = base + a @ w2^T over vocabulary tiles; reduce (greedy) or write the row.
@@ -154,28 +148,9 @@ void rollout(BL* base, const float* hproj, float* S, const W* gru_input, const W
     }
     for (int64_t s = 0; s < b; ++s) tokens[s * k + i] = x[s];
 
-    // S = GRUCell(E[x], S), gates in torch.nn.GRUCell order (r, z, n), no biases. Each
-    // thread owns hidden units [j0, j1): the three gate rows of w_hh (and w_ih) for them,
-    // then their new state, so the whole GRU is one parallel phase.
-    const float* ep = nullptr;
-    if (w_ih != nullptr) {
-      for (int64_t s = 0; s < b; ++s) gemv.widen(gru_input + x[s] * H, H, emb.data() + s * H);
-      ep = gemv.prepare(emb.data(), b, H, emb_buf);
-    }
-    const int64_t gru_cols = G + (w_ih != nullptr ? H : 0);
-    parallel_ranges(G, 16, std::max<int64_t>(1, Gemv<W>::min_rows(gru_cols) / 3), [&](int64_t, int64_t j0, int64_t j1) {
-      if (j0 >= j1) return;
-      for (int64_t g = 0; g < 3; ++g) {
-        gemv.dot(w_hh + (g * G + j0) * G, j1 - j0, G, Sp, b, gh.data() + g * G + j0, G3);
-        if (w_ih != nullptr)
-          gemv.dot(w_ih + (g * G + j0) * H, j1 - j0, H, ep, b, gi.data() + g * G + j0, G3);
-        else
-          for (int64_t s = 0; s < b; ++s)
-            gemv.widen(gru_input + x[s] * G3 + g * G + j0, j1 - j0, gi.data() + s * G3 + g * G + j0);
-      }
-      for (int64_t s = 0; s < b; ++s)
-        K.gru_update(gi.data() + s * G3, gh.data() + s * G3, G, j0, j1, S + s * G, S_new.data() + s * G);
-    });
+    // S = GRUCell(E[x], S)
+    gru_step(gemv, gru_input, w_ih, w_hh, S, Sp, x.data(), b, 1, G, H, gi.data(), gh.data(), emb, emb_buf,
+             S_new.data());
     std::copy(S_new.begin(), S_new.end(), S);
   }
 }

@@ -130,4 +130,48 @@ void logits_tile(const Kernels& K, float* dots, int64_t n, BL* base, bool write,
   }
 }
 
+// act[f] = silu(hproj_row(f) + w1s @ S[f]) for n states (Sp: S in rows_dot's layout), the
+// rows of w1s split across threads; hproj_row(f) points at state f's r floats of hproj.
+template <typename W, typename HprojRow>
+void correction_input(const Gemv<W>& gemv, const W* w1s, const float* Sp, int64_t n, int64_t r, int64_t G,
+                      const HprojRow& hproj_row, float* w1s_out, float* act) {
+  parallel_ranges(r, 16, Gemv<W>::min_rows(G), [&](int64_t, int64_t r0, int64_t r1) {
+    if (r0 >= r1) return;
+    gemv.dot(w1s + r0 * G, r1 - r0, G, Sp, n, w1s_out + r0, r);
+    for (int64_t f = 0; f < n; ++f) gemv.K.silu_add(hproj_row(f) + r0, w1s_out + f * r + r0, r1 - r0, act + f * r + r0);
+  });
+}
+
+// S_out[c] = GRUCell(E[tokens[c]], S[c / m]) for the n * m children of n states, gates in
+// torch.nn.GRUCell order (r, z, n), no biases: w_hh @ S once per state, the input gates per
+// child (rows of the table gru_input [V, 3G], or w_ih [3G, H] @ the embedding rows). Each
+// thread owns hidden units [j0, j1): the three gate rows of w_hh (and w_ih) for them, then
+// their new state, so the whole GRU is one parallel phase. gi [n*m, 3G], gh [n, 3G].
+template <typename W>
+void gru_step(const Gemv<W>& gemv, const W* gru_input, const W* w_ih, const W* w_hh, const float* S,
+              const float* Sp, const int64_t* tokens, int64_t n, int64_t m, int64_t G, int64_t H, float* gi,
+              float* gh, std::vector<float>& emb, std::vector<float>& emb_buf, float* S_out) {
+  const int64_t G3 = 3 * G, nc = n * m;
+  const float* ep = nullptr;
+  if (w_ih != nullptr) {
+    emb.resize(nc * H);
+    for (int64_t c = 0; c < nc; ++c) gemv.widen(gru_input + tokens[c] * H, H, emb.data() + c * H);
+    ep = gemv.prepare(emb.data(), nc, H, emb_buf);
+  }
+  const int64_t gru_cols = G + (w_ih != nullptr ? H : 0);
+  parallel_ranges(G, 16, std::max<int64_t>(1, Gemv<W>::min_rows(gru_cols) / 3), [&](int64_t, int64_t j0, int64_t j1) {
+    if (j0 >= j1) return;
+    for (int64_t g = 0; g < 3; ++g) {
+      gemv.dot(w_hh + (g * G + j0) * G, j1 - j0, G, Sp, n, gh + g * G + j0, G3);
+      if (w_ih != nullptr)
+        gemv.dot(w_ih + (g * G + j0) * H, j1 - j0, H, ep, nc, gi + g * G + j0, G3);
+      else
+        for (int64_t c = 0; c < nc; ++c)
+          gemv.widen(gru_input + tokens[c] * G3 + g * G + j0, j1 - j0, gi + c * G3 + g * G + j0);
+    }
+    for (int64_t c = 0; c < nc; ++c)
+      gemv.K.gru_update(gi + c * G3, gh + (c / m) * G3, G, j0, j1, S + (c / m) * G, S_out + c * G);
+  });
+}
+
 }  // namespace domino::cpu
