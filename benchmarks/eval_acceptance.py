@@ -30,12 +30,13 @@ def humaneval_prompts(n: int, offset: int = 0) -> list[list[dict]]:
 
 
 def mean_tau(gen, prompts, *, use_head: bool, temperature: float, max_new_tokens: int, batch: int = 8) -> float:
-    """Mean tokens advanced per verification round over all rounds of all prompts."""
+    """Mean tokens advanced per verification round over all rounds of all prompts, every
+    round drafting and verifying the drafter's whole block (a chain)."""
     total_tokens = total_rounds = 0
     g = torch.Generator().manual_seed(0)
     for i in range(0, len(prompts), batch):
         res = gen.generate(prompts[i:i + batch], max_new_tokens=max_new_tokens, temperature=temperature,
-                           use_head=use_head, generator=g)
+                           use_head=use_head, generator=g, num_drafts=gen.drafter.config.num_drafts)
         for acc in res.acceptance_lengths:
             total_tokens += sum(acc)
             total_rounds += len(acc)

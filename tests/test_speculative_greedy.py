@@ -15,10 +15,12 @@ def prompts(n, seed=0, vocab=64):
 @pytest.mark.parametrize("kind", ["qwen3", "llama"])
 @pytest.mark.parametrize("use_head", [True, False])
 @pytest.mark.parametrize("batch", [1, 3])
-def test_random_drafter_matches_target_greedy(kind, use_head, batch):
+@pytest.mark.parametrize("budget", ["adaptive", "whole block"])
+def test_random_drafter_matches_target_greedy(kind, use_head, batch, budget):
     gen = tiny_generator(kind)
     ps = prompts(batch, seed=batch)
-    spec = gen.generate(ps, max_new_tokens=40, use_head=use_head)
+    num_drafts = None if budget == "adaptive" else gen.drafter.config.num_drafts
+    spec = gen.generate(ps, max_new_tokens=40, use_head=use_head, num_drafts=num_drafts)
     plain = gen.generate_target_only(ps, max_new_tokens=40)
     assert spec.token_ids == plain.token_ids
     assert all(len(t) == 40 for t in spec.token_ids)
@@ -31,7 +33,7 @@ def test_rigged_drafter_full_acceptance(batch):
     ps = prompts(batch, seed=7)
     plain = gen.generate_target_only(ps, max_new_tokens=50)
     rig = RiggedDrafts(gen, [p + t for p, t in zip(ps, plain.token_ids)])
-    spec = gen.generate(ps, max_new_tokens=50)
+    spec = gen.generate(ps, max_new_tokens=50, num_drafts=gen.drafter.config.num_drafts)
     rig.restore()
     assert spec.token_ids == plain.token_ids
     full = gen.drafter.config.num_drafts + 1
@@ -46,7 +48,7 @@ def test_alternating_full_and_zero_acceptance_keeps_caches_consistent():
     ps = prompts(2, seed=11)
     plain = gen.generate_target_only(ps, max_new_tokens=200)
     rig = RiggedDrafts(gen, [p + t for p, t in zip(ps, plain.token_ids)], alternate=True)
-    spec = gen.generate(ps, max_new_tokens=200)
+    spec = gen.generate(ps, max_new_tokens=200, num_drafts=gen.drafter.config.num_drafts)
     rig.restore()
     assert spec.token_ids == plain.token_ids
     full = gen.drafter.config.num_drafts + 1
@@ -61,7 +63,7 @@ def test_batch_sequences_advance_independently():
     full = [p + t for p, t in zip(ps, plain.token_ids)]
     full[1] = [(t + 1) % 64 for t in full[1]]  # sequence 1's drafts are always wrong
     rig = RiggedDrafts(gen, full)
-    spec = gen.generate(ps, max_new_tokens=30)
+    spec = gen.generate(ps, max_new_tokens=30, num_drafts=gen.drafter.config.num_drafts)
     rig.restore()
     assert spec.token_ids == plain.token_ids
     assert max(spec.acceptance_lengths[0]) == gen.drafter.config.num_drafts + 1
@@ -72,7 +74,8 @@ def test_shift_label_drafter_and_no_pure_prefix():
     for kw in (dict(shift_label=True), dict(pure_draft_prefix_len=0), dict(projector_type=None)):
         gen = tiny_generator("qwen3", **kw)
         ps = prompts(2, seed=3)
-        assert gen.generate(ps, max_new_tokens=20).token_ids == gen.generate_target_only(ps, max_new_tokens=20).token_ids
+        spec = gen.generate(ps, max_new_tokens=20, num_drafts=gen.drafter.config.num_drafts)
+        assert spec.token_ids == gen.generate_target_only(ps, max_new_tokens=20).token_ids
 
 
 def test_stop_conditions_and_streaming():
@@ -91,3 +94,33 @@ def test_stop_conditions_and_streaming():
     stop = " ".join(str(t) for t in plain[4:6])
     res = gen.generate(p, max_new_tokens=30, stop=[stop])
     assert stop not in res.text and len(res.token_ids) < 30
+
+
+def test_adaptive_budget_follows_acceptance_and_stays_exact():
+    """With the default budget the drafts are chosen from measured costs: a drafter that is
+    always right gets whole-block rounds, one that is always wrong gets none accepted (its
+    rounds shrink to plain steps), and the output is the target's greedy decoding either way."""
+    gen = tiny_generator("qwen3")
+    ps = prompts(1, seed=7)
+    plain = gen.generate_target_only(ps, max_new_tokens=120)
+    rig = RiggedDrafts(gen, [p + t for p, t in zip(ps, plain.token_ids)])
+    spec = gen.generate(ps, max_new_tokens=120)
+    rig.restore()
+    assert spec.token_ids == plain.token_ids
+    assert max(spec.acceptance_lengths[0]) == gen.drafter.config.num_drafts + 1
+    wrong = [[(t + 1) % 64 for t in p + t_] for p, t_ in zip(ps, plain.token_ids)]
+    rig = RiggedDrafts(gen, wrong)
+    spec = gen.generate(ps, max_new_tokens=120)
+    rig.restore()
+    assert spec.token_ids == plain.token_ids
+    assert set(spec.acceptance_lengths[0]) == {1}
+
+
+def test_num_drafts_is_validated():
+    gen = tiny_generator("qwen3")
+    for bad in (-1, gen.drafter.config.num_drafts + 1, 2.0, True, "3"):
+        with pytest.raises(ValueError, match="num_drafts"):
+            gen.generate([1, 2, 3], max_new_tokens=4, num_drafts=bad)
+    zero = gen.generate([1, 2, 3], max_new_tokens=6, num_drafts=0)  # plain decoding through the engine
+    assert zero.token_ids == gen.generate_target_only([1, 2, 3], max_new_tokens=6).token_ids
+    assert set(zero.acceptance_lengths) == {1}

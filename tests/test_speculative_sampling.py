@@ -7,6 +7,8 @@ import pytest
 import torch
 
 import domino.generate
+from domino import budget
+from domino.budget import RoundCosts
 from domino_ops import reference
 from oracles import filtered_probs
 from stats import assert_matches_distribution
@@ -24,9 +26,9 @@ def exact_next(gen, prefixes, temperature, top_k, top_p):
     return np.stack([filtered_probs(row, temperature, top_k, top_p) for row in logits])
 
 
-def check(gen, temperature, top_k, top_p, N=4000):
+def check(gen, temperature, top_k, top_p, N=4000, num_drafts=3):
     res = gen.generate([PROMPT] * N, max_new_tokens=3, temperature=temperature, top_k=top_k, top_p=top_p,
-                       generator=torch.Generator().manual_seed(0))
+                       generator=torch.Generator().manual_seed(0), num_drafts=num_drafts)
     toks = np.array(res.token_ids)
     assert toks.shape == (N, 3)
     p1 = exact_next(gen, [()], temperature, top_k, top_p)[0]
@@ -69,3 +71,20 @@ def test_a_biased_verifier_is_caught(monkeypatch):
     gen = tiny_generator("qwen3", vocab=V, block_size=4, seed=3)
     with pytest.raises(AssertionError, match="chi-square|zero probability"):
         check(gen, 1.0, 0, 1.0)
+
+
+def test_adaptive_budget_sampling_matches_target(monkeypatch):
+    """The default budget (drafts planned from costs, a verify length from the drafter's
+    confidence by a stopping rule) keeps the output distributed as the target's. The costs
+    are pinned so that rounds do draft (measured ones may make plain steps the best choice
+    for a random drafter); that a stopping rule cannot tilt the verified drafts is
+    tests/test_budget.py::test_verify_length_is_a_stopping_rule."""
+    gen = tiny_generator("qwen3", vocab=V, block_size=4, seed=3)
+    gen._costs[4000] = RoundCosts((0.0, 10.0, 10.5, 11.0, 11.5), (0.0, 0.5, 0.5, 0.5))
+    chosen = []
+    real = budget.best_verify_length
+    monkeypatch.setattr(domino.generate.budget, "best_verify_length",
+                        lambda a, c, n: chosen.append(real(a, c, n)) or chosen[-1])
+    res = check(gen, 0.8, 0, 1.0, num_drafts=None)
+    lens = [a for seq in res.acceptance_lengths for a in seq]
+    assert max(lens) > 1 and max(chosen) > 0  # drafts were verified and accepted

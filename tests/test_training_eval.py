@@ -25,7 +25,7 @@ def test_stepped_rounds_draft_what_the_generator_drafts(use_head):
 
     gen.drafter.draft = spy
     prompt = [5, 9, 3, 17, 22, 41]
-    res = gen.generate(prompt, max_new_tokens=40, use_head=use_head)
+    res = gen.generate(prompt, max_new_tokens=40, use_head=use_head, num_drafts=gen.drafter.config.num_drafts)
     tokens = torch.tensor(prompt + res.token_ids)
     with torch.no_grad():  # the cached-feature conversation the trainer would hold
         hs = gen.target(tokens[None, :-1], output_hidden_states=True).hidden_states

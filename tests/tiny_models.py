@@ -64,7 +64,7 @@ class RiggedDrafts:
     def __call__(self, cache, anchor, anchor_pos, **kw):
         from domino.model import Draft
 
-        n = self.gen.drafter.config.num_drafts
+        n = kw.get("num_drafts") or self.gen.drafter.config.num_drafts
         V = self.gen.drafter.config.vocab_size
         rows = []
         for s, p in enumerate(anchor_pos.tolist()):
@@ -76,7 +76,7 @@ class RiggedDrafts:
         self.round += 1
         tokens = torch.tensor(rows, dtype=torch.int64)
         logits = torch.nn.functional.one_hot(tokens, V).float() * 20.0
-        return Draft(tokens, logits)
+        return Draft(tokens, logits, torch.ones(tokens.shape))
 
     def restore(self):
         self.gen.drafter.draft = self.original

@@ -2,8 +2,10 @@
 
 One round, for every sequence of the batch at once:
   1. the drafter drafts n tokens after the anchor (the last verified token) from its cached
-     context (backbone forward + Domino head rollout);
-  2. the target runs once over [anchor, drafts] with its KV cache;
+     context (backbone forward + Domino head rollout); by default n, and the k <= n of them
+     verified, are chosen each round to maximise expected tokens per millisecond from
+     measured costs and the drafter's calibrated confidence (:mod:`domino.budget`);
+  2. the target runs once over [anchor, k drafts] with its KV cache;
   3. ``domino_ops.verify_greedy`` (T = 0) or ``verify_sampling`` (T > 0, rejection
      sampling against the drafter's corrected distribution) keeps the longest valid
      prefix plus one target token;
@@ -23,7 +25,8 @@ import torch
 from transformers import DynamicCache
 
 import domino_ops
-from domino import prompts
+from domino import budget, prompts
+from domino.budget import DepthAcceptance, RoundCosts
 from domino.model import DominoDraftModel
 from domino.sampling_params import RowSampling, SamplingParams
 from domino.target import special_token_ids, target_features
@@ -55,6 +58,7 @@ class DominoGenerator:
         self.drafter = drafter.eval().bind_target(target)
         self.tokenizer = tokenizer
         self.eos_ids, self.pad_id = special_token_ids(target, tokenizer)
+        self._costs: dict[int, RoundCosts] = {}
 
     @property
     def device(self) -> torch.device:
@@ -84,6 +88,14 @@ class DominoGenerator:
             mask[i, T - len(s):] = True
         return ids.to(self.device), mask.to(self.device)
 
+    def round_costs(self, batch_size: int) -> RoundCosts:
+        """Measured milliseconds of a round's drafting and verification at this batch size
+        (:func:`domino.budget.round_costs`: measured once per model, dtype and machine,
+        cached on disk)."""
+        if batch_size not in self._costs:
+            self._costs[batch_size] = budget.round_costs(self, batch_size)
+        return self._costs[batch_size]
+
     # ---- the target -------------------------------------------------------------------
 
     def _target_forward(self, ids, mask, positions, cache):
@@ -98,7 +110,8 @@ class DominoGenerator:
     @torch.inference_mode()
     def generate(self, prompt, *, max_new_tokens: int = 256, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, sampling: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_head: bool = True, stop: Sequence[str] = (), generator: torch.Generator | None = None,
+                 use_head: bool = True, num_drafts: int | None = None, stop: Sequence[str] = (),
+                 generator: torch.Generator | None = None,
                  stream: Callable[[int, list[int]], None] | None = None) -> GenerationResult:
         """Generates up to ``max_new_tokens`` per prompt, stopping at EOS or a stop string.
 
@@ -107,14 +120,22 @@ class DominoGenerator:
         ``sampling``, one :class:`SamplingParams` for all or one per prompt (each may carry
         its own seed); ``generator`` drives the draws of requests without a seed.
         ``stream(i, new_ids)`` is called with each sequence's newly accepted tokens after
-        every round. The output is exactly the target's own decoding: greedy at temperature
+        every round. ``num_drafts``: tokens drafted and verified per round; None (the
+        default, fastest) chooses them each round from the measured costs of this machine
+        (measured on the first call for a batch size, then cached on disk) and the
+        drafter's confidence. The output is exactly the target's own decoding: greedy at temperature
         0, distributed as the target's filtered distribution otherwise, per request.
         """
         seqs, batch, stop = self._encode_request(prompt, max_new_tokens, stop)
         params = self._sampling_params(len(seqs), temperature, top_k, top_p, sampling)
         rows = RowSampling.from_params(params, self.device, generator)
+        if num_drafts is not None:
+            n_max = self.drafter.config.num_drafts
+            if isinstance(num_drafts, bool) or not isinstance(num_drafts, int) or not 0 <= num_drafts <= n_max:
+                raise ValueError(f"num_drafts must be None or an int in [0, {n_max}], got {num_drafts!r}")
+        costs = self.round_costs(len(seqs)) if num_drafts is None else None  # before the clock starts
         t0 = time.perf_counter()
-        token_ids, accept = self._speculative(seqs, max_new_tokens, rows, use_head, stop, stream)
+        token_ids, accept = self._speculative(seqs, max_new_tokens, rows, use_head, stop, stream, costs, num_drafts)
         elapsed = time.perf_counter() - t0
         texts = [self._decode_until_stop(t, stop) for t in token_ids]
         total = sum(len(t) for t in token_ids)
@@ -157,7 +178,40 @@ class DominoGenerator:
                 return True, ids
         return False, ids
 
-    def _speculative(self, seqs, max_new_tokens, sampling: RowSampling, use_head, stop, stream):
+    def _draft_and_choose(self, dcache, anchor, anchor_pos, live, use_head, sampling, costs, num_drafts,
+                          depth_acceptance: DepthAcceptance):
+        """This round's drafts [b, k] and the logits they were chosen from [b, k, V]: n
+        drafted and the first k of them kept for verification, fixed (``num_drafts``) or
+        chosen from ``costs`` (n planned from the acceptance per depth so far in this call,
+        then k from the calibrated confidence of the live sequences' drafts)."""
+        n = num_drafts if costs is None else budget.best_draft_length(depth_acceptance.rates(), costs, len(live))
+        if n == 0:  # a plain decoding step: nothing is worth drafting
+            V = self.drafter.config.vocab_size
+            return anchor.new_empty(anchor.shape[0], 0), torch.empty(anchor.shape[0], 0, V, device=anchor.device)
+        draft = self.drafter.draft(dcache, anchor, anchor_pos, use_head=use_head, sampling=sampling, num_drafts=n)
+        k = n
+        if costs is not None:
+            accept_probs = self.drafter.calibration(draft.confidence[live])
+            k = budget.best_verify_length(accept_probs, costs, n)
+        return draft.tokens[:, :k], draft.logits[:, :k]
+
+    @staticmethod
+    def _verify_chain(draft_tokens, draft_logits, logits, sampling: RowSampling):
+        """Verified tokens [b, k+1] and accepted drafts [b] for drafts [b, k] (chosen from
+        draft_logits [b, k, V]) against the target's logits [b, k+1, V]: greedy matching, or
+        rejection sampling against the drafter's distribution; k = 0 is a plain step."""
+        if draft_tokens.shape[1] == 0:
+            token = domino_ops.sample(logits[:, 0], **sampling.op_kwargs())
+            return token[:, None], torch.zeros_like(token)
+        if not sampling.any_sampled:
+            return domino_ops.verify_greedy(draft_tokens, logits)
+        # greedy rows of a mixed batch have one-hot p and q: rejection sampling is exact matching
+        p = domino_ops.filtered_probs(logits, **sampling.filter_kwargs())
+        q = domino_ops.filtered_probs(draft_logits, **sampling.filter_kwargs())
+        return domino_ops.verify_sampling(draft_tokens, q, p, generator=sampling.generator)
+
+    def _speculative(self, seqs, max_new_tokens, sampling: RowSampling, use_head, stop, stream,
+                     costs: RoundCosts | None, num_drafts: int | None):
         b = len(seqs)
         dev = self.device
         ids, mask = self._left_pad(seqs)
@@ -170,6 +224,9 @@ class DominoGenerator:
         cache_mask = mask
         anchor_pos = positions[:, -1] + 1
 
+        # learnt within this call only, from the drafter's measured rates: a call's choices,
+        # and so its sampled output under a seed, do not depend on earlier calls
+        depth_acceptance = DepthAcceptance(self.drafter.config.num_drafts, self.drafter.calibration.depth_rates or 0.5)
         out_ids = [[t] for t in anchor.tolist()]
         accept = [[] for _ in range(b)]
         done = [False] * b
@@ -178,22 +235,20 @@ class DominoGenerator:
             if stream:
                 stream(s, list(out_ids[s]))
         while not all(done):
-            draft = self.drafter.draft(dcache, anchor, anchor_pos, use_head=use_head, sampling=sampling)
-            n = draft.tokens.shape[1]
-            block = torch.cat([anchor[:, None], draft.tokens], dim=1)
+            live = [s for s in range(b) if not done[s]]
+            draft_tokens, draft_logits = self._draft_and_choose(dcache, anchor, anchor_pos, live, use_head, sampling,
+                                                                costs, num_drafts, depth_acceptance)
+            n = draft_tokens.shape[1]
+            block = torch.cat([anchor[:, None], draft_tokens], dim=1)
             block_pos = anchor_pos[:, None] + torch.arange(n + 1, device=dev)
             logits, features = self._target_forward(block, torch.cat([cache_mask, mask.new_ones(b, n + 1)], 1),
                                                     block_pos, cache)
-            if not sampling.any_sampled:
-                verified, num_acc = domino_ops.verify_greedy(draft.tokens, logits)
-            else:  # greedy rows of a mixed batch have one-hot p and q: rejection sampling is exact matching
-                p = domino_ops.filtered_probs(logits, **sampling.filter_kwargs())
-                q = domino_ops.filtered_probs(draft.logits, **sampling.filter_kwargs())
-                verified, num_acc = domino_ops.verify_sampling(draft.tokens, q, p, generator=sampling.generator)
+            verified, num_acc = self._verify_chain(draft_tokens, draft_logits, logits, sampling)
             kept = num_acc + 1  # anchor + accepted drafts enter the context
             host = torch.cat([kept[:, None], verified], dim=1).tolist()  # the one host sync of the round
             kept_list = [row[0] for row in host]
             verified_rows = [row[1:] for row in host]
+            depth_acceptance.update([n] * len(live), [kept_list[s] - 1 for s in live])
             m = max(kept_list)
             valid = torch.arange(m, device=dev)[None, :] < kept[:, None]
             if n + 1 > m:

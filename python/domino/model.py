@@ -27,6 +27,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 import domino_ops
+from domino.budget import Calibration
 from domino.config import DominoConfig
 from domino.sampling_params import RowSampling
 
@@ -116,6 +117,11 @@ class DraftLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
+# Beside a checkpoint's weights: how the drafter's confidence maps to acceptance by its
+# target (domino.budget.Calibration; written by benchmarks/calibration.py).
+CALIBRATION_FILE = "calibration.json"
+
+
 @dataclass
 class DraftContextCache:
     """Per-layer context keys/values [b, kvh, T, hd] and which context slots are real [b, T]."""
@@ -133,6 +139,12 @@ class DraftContextCache:
 class Draft:
     tokens: torch.Tensor  # [b, n] int64
     logits: torch.Tensor  # [b, n, V] float32: the logits each token was chosen from
+    # [b, n] float32: the largest probability of the distribution each token was chosen
+    # from (the token's own probability at temperature 0): the drafter's confidence, which
+    # domino.budget maps to an acceptance probability. Position i's depends only on the
+    # tokens before it, so a verify length chosen from it by a stopping rule keeps
+    # rejection sampling exact.
+    confidence: torch.Tensor
 
 
 class DominoDraftModel(nn.Module):
@@ -151,6 +163,8 @@ class DominoDraftModel(nn.Module):
                 nn.Linear(c.hidden_size + c.gru_hidden_dim, c.emb_dim, bias=False), nn.SiLU(),
                 nn.Linear(c.emb_dim, c.vocab_size, bias=False))
         self._target: tuple[nn.Module, nn.Module] | None = None  # (embed_tokens, lm_head), frozen, not ours
+        # confidence -> acceptance probability (identity until fitted; from_pretrained loads it)
+        self.calibration = Calibration()
 
     # ---- the target's borrowed pieces -------------------------------------------------
 
@@ -284,11 +298,17 @@ class DominoDraftModel(nn.Module):
 
     @torch.no_grad()
     def draft(self, cache: DraftContextCache, anchor: torch.Tensor, anchor_pos: torch.Tensor, *,
-              use_head: bool = True, sampling: RowSampling | None = None) -> Draft:
-        """Drafts ``config.num_drafts`` tokens after ``anchor`` [b] at positions ``anchor_pos``
-        [b]; ``sampling`` holds each sequence's sampling arguments (None: greedy)."""
+              use_head: bool = True, sampling: RowSampling | None = None, num_drafts: int | None = None) -> Draft:
+        """Drafts ``num_drafts`` tokens (default ``config.num_drafts``, the most a block
+        holds) after ``anchor`` [b] at positions ``anchor_pos`` [b]; ``sampling`` holds each
+        sequence's sampling arguments (None: greedy). Fewer drafts cost fewer LM-head rows
+        and head steps; the first n drafts are the same whatever n (the head is causal)."""
+        n_max = self.config.num_drafts
+        n = n_max if num_drafts is None else num_drafts
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= n_max:
+            raise ValueError(f"num_drafts must be an int in [1, {n_max}], got {num_drafts!r}")
         block, positions = self.block_input(anchor, anchor_pos)
-        h = self.draft_hidden(self.backbone(cache, block, positions))
+        h = self.draft_hidden(self.backbone(cache, block, positions))[:, :n]
         logits = self.lm_head(h.to(self.lm_head.weight.dtype)).float()  # [b, n, V] base logits
         return self.choose_tokens(h, logits, anchor, use_head=use_head, sampling=sampling)
 
@@ -306,22 +326,30 @@ class DominoDraftModel(nn.Module):
         def sample_rows(rows):  # [b, m, V] -> [b, m]
             return domino_ops.sample(rows.reshape(-1, V), **sampling.repeat_rows(rows.shape[1]).op_kwargs()).view(b, -1)
 
+        def confidence(rows):  # [b, m, V] -> [b, m]: the top probability of each row's distribution
+            if sampling.any_sampled:
+                return domino_ops.filtered_probs(rows, **sampling.filter_kwargs()).amax(-1)
+            return torch.softmax(rows, dim=-1).amax(-1)
+
         if not (use_head and c.has_head):
-            return Draft(sample_rows(logits), logits)
+            return Draft(sample_rows(logits), logits, confidence(logits))
         P = min(c.pure_draft_prefix_len, n)
         prefix = sample_rows(logits[:, :P]) if P > 0 else anchor.new_empty(b, 0)
-        tokens = [prefix]
+        tokens, confidences = [prefix], [confidence(logits[:, :P])]
         if P < n:
             E, w_ih, w_hh, w1h, w1s, w2 = self.head_weights()
             state = self.gru_state(torch.cat([anchor[:, None], prefix], dim=1))
             hproj = (h[:, P:].to(w1h.dtype) @ w1h.T).float()
             rest = logits[:, P:].contiguous()
-            drafted, _, _ = domino_ops.domino_head_rollout(
+            drafted, logprobs, _ = domino_ops.domino_head_rollout(
                 rest, hproj, state, E, w_ih, w_hh, w1s, w2, write_logits=sampling.any_sampled, **sampling.op_kwargs())
             tokens.append(drafted)
             if sampling.any_sampled:  # the rollout wrote the corrected logits the tokens came from
                 logits = torch.cat([logits[:, :P], rest], dim=1)
-        return Draft(torch.cat(tokens, dim=1), logits)
+                confidences.append(confidence(rest))
+            else:  # the argmax's own log-probability, from the kernel
+                confidences.append(logprobs.exp())
+        return Draft(torch.cat(tokens, dim=1), logits, torch.cat(confidences, dim=1))
 
     # ---- checkpoints ------------------------------------------------------------------
 
@@ -331,6 +359,8 @@ class DominoDraftModel(nn.Module):
         self.config.save(directory)
         state = {k: v.detach().to(dtype).contiguous() for k, v in self.state_dict().items()}
         save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
+        if self.calibration.edges:
+            self.calibration.save(directory / CALIBRATION_FILE)
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, dtype: torch.dtype = torch.float32,
@@ -349,4 +379,5 @@ class DominoDraftModel(nn.Module):
         if missing or unexpected:
             raise ValueError(f"checkpoint {directory} does not match its config: missing {missing}, "
                              f"unexpected {unexpected}")
+        model.calibration = Calibration.load(directory / CALIBRATION_FILE)
         return model.to(device=device, dtype=dtype).eval()

@@ -1,0 +1,329 @@
+"""How many drafted tokens to verify each round, chosen from measured costs.
+
+A round drafts n tokens and verifies a prefix of k <= n of them in one target forward over
+k + 1 tokens (the anchor and the k drafts). It yields ``1 + accepted`` tokens and costs
+``draft_ms(n) + verify_ms(k + 1)``. Long-run speed is tokens per millisecond, so each
+round picks the size that maximises expected tokens over expected cost:
+
+- before drafting, n from the acceptance rate seen so far at each depth (a running mean,
+  :class:`DepthAcceptance`), because drafting n positions costs LM-head rows and head
+  steps for every one of them;
+- after drafting, k from the drafter's own confidence in each drafted token, mapped to a
+  probability of acceptance by :class:`Calibration` (the drafter's softmax is not a
+  calibrated acceptance probability: it is fitted on measured rounds, see
+  ``benchmarks/calibration.py``).
+
+With per-position acceptance probabilities a_1..a_k (each given the prefix before it was
+accepted), the expected tokens of a round are ``1 + sum_j prod_{i<=j} a_i``; a batch shares
+one target forward, so the batch's choice maximises the sum over its live sequences.
+
+The costs (:class:`RoundCosts`) are measured once per target, drafter, dtype, device,
+machine and thread count by :func:`measure_round_costs` and cached on disk as JSON
+(:func:`round_costs`): a different machine, model or dtype gets a fresh measurement.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import time
+from bisect import bisect_right
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+__all__ = ["Calibration", "DepthAcceptance", "RoundCosts", "best_draft_length", "best_verify_length",
+           "cost_key", "expected_tokens", "measure_round_costs", "round_costs"]
+
+# Sizes timed by measure_round_costs; the others are interpolated linearly between them.
+_TIMED_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+
+
+@dataclass(frozen=True)
+class RoundCosts:
+    """Measured milliseconds of a round's two parts, for one batch size.
+
+    ``verify_ms[t]``: one target forward over t new tokens per sequence (t = 1 .. len-1;
+    entry 0 unused), with a KV cache, as a verification round runs it.
+    ``draft_ms[n]``: drafting n tokens per sequence (n = 0 .. len-1; 0 costs nothing):
+    the backbone, base logits at n positions and the head over them.
+    """
+
+    verify_ms: tuple[float, ...]
+    draft_ms: tuple[float, ...]
+    batch_size: int = 1
+    key: str = ""
+
+    @property
+    def max_drafts(self) -> int:
+        return min(len(self.draft_ms), len(self.verify_ms) - 1) - 1
+
+    def round_ms(self, n: int, k: int) -> float:
+        """Milliseconds of a round that drafts n tokens and verifies k of them."""
+        return self.draft_ms[n] + self.verify_ms[k + 1]
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "RoundCosts":
+        d = json.loads(text)
+        return cls(tuple(d["verify_ms"]), tuple(d["draft_ms"]), d.get("batch_size", 1), d.get("key", ""))
+
+
+def interpolate(points: dict[int, float], n_max: int) -> tuple[float, ...]:
+    """Values at 0..n_max, linear between the measured sizes, flat beyond them; entry 0 is 0."""
+    xs = sorted(points)
+    out = [0.0]
+    for n in range(1, n_max + 1):
+        j = bisect_right(xs, n)
+        if j == 0:
+            out.append(points[xs[0]])
+        elif j == len(xs) or xs[j - 1] == n:
+            out.append(points[xs[j - 1]])
+        else:
+            x0, x1 = xs[j - 1], xs[j]
+            out.append(points[x0] + (points[x1] - points[x0]) * (n - x0) / (x1 - x0))
+    return tuple(out)
+
+
+# ---- acceptance ------------------------------------------------------------------------
+
+
+@dataclass
+class Calibration:
+    """Maps the drafter's probability of a drafted token to the probability the target
+    accepts it (given the tokens before it were accepted): a monotone step function over
+    ``edges`` (ascending bin upper edges in [0, 1]) with ``rates`` per bin. Identity when
+    empty."""
+
+    edges: list[float] = field(default_factory=list)
+    rates: list[float] = field(default_factory=list)
+    # measured acceptance at each draft depth (given the depths before it were accepted):
+    # the prior of DepthAcceptance, which plans how many tokens to draft
+    depth_rates: list[float] = field(default_factory=list)
+
+    def __call__(self, confidence: torch.Tensor) -> torch.Tensor:
+        """Acceptance probabilities, the shape and device of ``confidence`` (float32)."""
+        c = confidence.float()
+        if not self.edges:
+            return c.clamp(0.0, 1.0)
+        edges = torch.tensor(self.edges[:-1], dtype=torch.float32, device=c.device)
+        rates = torch.tensor(self.rates, dtype=torch.float32, device=c.device)
+        return rates[torch.bucketize(c.clamp(0.0, 1.0), edges, right=True)]
+
+    @classmethod
+    def fit(cls, confidence: Sequence[float], accepted: Sequence[bool], bins: int = 10,
+            prior: float = 1.0, depth: Sequence[int] | None = None) -> "Calibration":
+        """Histogram binning into equal-count bins, smoothed by ``prior`` pseudo-counts at the
+        bin's mean confidence, then made monotone (pool adjacent violators): a more
+        confident draft never maps to a lower acceptance probability. ``depth`` (each
+        draft's 0-based position in its round) also gives the per-depth rates."""
+        pairs = sorted(zip((float(c) for c in confidence), (bool(a) for a in accepted)))
+        if not pairs:
+            return cls()
+        depth_rates = []
+        if depth is not None:
+            for d in range(max(depth) + 1):
+                sel = [a for a, dd in zip(accepted, depth) if dd == d]
+                depth_rates.append((sum(sel) + 0.5) / (len(sel) + 1.0))
+        bins = max(1, min(bins, len(pairs)))
+        groups = [pairs[i * len(pairs) // bins:(i + 1) * len(pairs) // bins] for i in range(bins)]
+        groups = [g for g in groups if g]
+        stats = []  # [upper edge, accepted, count, weight-mean confidence]
+        for g in groups:
+            mean_c = sum(c for c, _ in g) / len(g)
+            stats.append([g[-1][0], sum(a for _, a in g) + prior * mean_c, len(g) + prior])
+        pooled: list[list[float]] = []
+        for edge, acc, cnt in stats:  # pool adjacent violators on rate = acc / cnt
+            pooled.append([edge, acc, cnt])
+            while len(pooled) > 1 and pooled[-2][1] / pooled[-2][2] > pooled[-1][1] / pooled[-1][2]:
+                e, a, n = pooled.pop()
+                pooled[-1] = [e, pooled[-1][1] + a, pooled[-1][2] + n]
+        edges = [p[0] for p in pooled]
+        edges[-1] = 1.0
+        return cls(edges, [p[1] / p[2] for p in pooled], depth_rates)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(asdict(self), indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Calibration":
+        """The calibration stored at ``path``, or the identity if there is none."""
+        path = Path(path)
+        if not path.exists():
+            return cls()
+        d = json.loads(path.read_text())
+        return cls(list(d["edges"]), list(d["rates"]), list(d.get("depth_rates", [])))
+
+
+class DepthAcceptance:
+    """Running acceptance rate at each draft depth, given the depths before it were
+    accepted: a prior of ``prior_weight`` pseudo-rounds at ``prior`` (one rate, or one per
+    depth, e.g. ``Calibration.depth_rates``) plus the rounds verified so far. Used to plan
+    how many tokens to draft."""
+
+    def __init__(self, depths: int, prior: float | Sequence[float] = 0.5, prior_weight: float = 4.0):
+        rates = [prior] * depths if isinstance(prior, (int, float)) else list(prior)[:depths]
+        rates += [rates[-1] if rates else 0.5] * (depths - len(rates))
+        self.accepted = [r * prior_weight for r in rates]
+        self.tried = [prior_weight] * depths
+
+    def rates(self) -> list[float]:
+        return [a / t for a, t in zip(self.accepted, self.tried)]
+
+    def update(self, verified: Sequence[int], accepted: Sequence[int]) -> None:
+        """One round: per sequence, how many drafts were verified and how many accepted."""
+        for k, a in zip(verified, accepted):
+            for d in range(min(k, a + 1, len(self.tried))):  # depth d was tried iff the d before it were accepted
+                self.tried[d] += 1
+                self.accepted[d] += d < a
+
+
+def expected_tokens(accept_probs: torch.Tensor) -> torch.Tensor:
+    """Expected tokens of a round verifying the first k drafts, for every k = 0..n.
+
+    accept_probs: [b, n] float32, the probability that draft i is accepted given drafts
+    before it were. Returns [n + 1] float32: ``sum over the batch of 1 + sum_{j<=k}
+    prod_{i<=j} a_i``."""
+    b, n = accept_probs.shape
+    reach = torch.cumprod(accept_probs.float(), dim=1)  # [b, n]: P(the first j+1 drafts accepted)
+    per_k = torch.cat([reach.new_zeros(b, 1), reach.cumsum(1)], dim=1) + 1.0
+    return per_k.sum(0)
+
+
+def best_verify_length(accept_probs: torch.Tensor, costs: RoundCosts, n: int) -> int:
+    """The drafts k in 0..n to verify this round (n of them drafted): the first k at which
+    verifying one more would lower the expected tokens per millisecond.
+
+    A stopping rule, not the argmax over all k: whether draft i is verified then depends
+    only on the acceptance probabilities up to position i + 1, which depend on the drafts
+    before i + 1 and not on draft i + 1 itself. Verification by rejection sampling stays
+    exact under such a rule (a rule that looked at later positions would tilt which drafts
+    get verified). accept_probs: [b, >=n] float32 for the batch's live sequences."""
+    exp = expected_tokens(accept_probs[:, :n]).tolist()
+    k = 0
+    while k < n and exp[k + 1] / costs.round_ms(n, k + 1) > exp[k] / costs.round_ms(n, k):
+        k += 1
+    return k
+
+
+def best_draft_length(depth_rates: Sequence[float], costs: RoundCosts, live: int = 1) -> int:
+    """The number of tokens n to draft (0 .. max) maximising expected tokens per
+    millisecond if all n are verified, from per-depth acceptance rates."""
+    n_max = min(costs.max_drafts, len(depth_rates))
+    rates = torch.tensor(list(depth_rates[:n_max]), dtype=torch.float32).expand(live, n_max)
+    exp = expected_tokens(rates).tolist()
+    return max(range(n_max + 1), key=lambda n: exp[n] / costs.round_ms(n, n))
+
+
+# ---- costs -----------------------------------------------------------------------------
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cost_key(gen, batch_size: int) -> str:
+    """What the costs depend on: the models' shapes and dtypes, the device, the machine,
+    torch's version and thread count, whether the small-batch linear is on, the batch size."""
+    from domino.fast_linear import uses_small_batch_linear
+
+    target = gen.target
+    dev = gen.device
+    parts = {
+        "target": target.config.to_json_string(use_diff=False),
+        "target_dtype": str(next(target.parameters()).dtype),
+        "drafter": json.dumps(gen.drafter.config.to_json_dict(), sort_keys=True),
+        "drafter_dtype": str(gen.drafter.fc.weight.dtype),
+        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else _cpu_name(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "small_batch_linear": uses_small_batch_linear(target),
+        "batch_size": batch_size,
+        "cpu_isa": os.environ.get("DOMINO_CPU_ISA", ""),
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def _median_ms(fn, repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    times.sort()
+    return times[len(times) // 2]
+
+
+@torch.inference_mode()
+def measure_round_costs(gen, batch_size: int = 1, context: int = 128, repeats: int = 3) -> RoundCosts:
+    """Times a target verification forward over t tokens and a drafting of n tokens, as a
+    round runs them (KV cache of ``context`` tokens, cropped back after each forward), at
+    the sizes in ``_TIMED_SIZES`` up to the drafter's block, interpolated in between."""
+    from transformers import DynamicCache
+
+    dev = gen.device
+    vocab = gen.target.config.get_text_config().vocab_size
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab, (batch_size, context), generator=g).to(dev)
+    mask = torch.ones(batch_size, context, dtype=torch.bool, device=dev)
+    positions = torch.arange(context, device=dev).expand(batch_size, context)
+    cache = DynamicCache()
+    _, features = gen._target_forward(ids, mask, positions, cache)
+    dcache = gen.drafter.new_cache(batch_size, dev, gen.drafter.fc.weight.dtype)
+    gen.drafter.extend_context(dcache, features, positions, mask)
+    n_max = gen.drafter.config.num_drafts
+    sizes = [t for t in _TIMED_SIZES if t <= n_max + 1]
+    anchor = ids[:, -1]
+    anchor_pos = torch.full((batch_size,), context, device=dev)
+
+    def verify(t):
+        block = ids[:, :t]
+        gen._target_forward(block, torch.ones(batch_size, context + t, dtype=torch.bool, device=dev),
+                            context + torch.arange(t, device=dev).expand(batch_size, t), cache)
+        cache.crop(-t)
+
+    def draft(n):
+        gen.drafter.draft(dcache, anchor, anchor_pos, num_drafts=n)
+
+    verify_pts = {t: _median_ms(lambda: verify(t), repeats) for t in sizes}
+    draft_pts = {n: _median_ms(lambda: draft(n), repeats) for n in sizes if n <= n_max}
+    return RoundCosts(interpolate(verify_pts, n_max + 1), interpolate(draft_pts, n_max), batch_size,
+                      cost_key(gen, batch_size))
+
+
+def cost_cache_dir() -> Path:
+    from domino.loading import cache_dir
+
+    return cache_dir() / "round_costs"
+
+
+def round_costs(gen, batch_size: int = 1, *, remeasure: bool = False) -> RoundCosts:
+    """The round costs for ``gen`` at ``batch_size``: from the disk cache when this model,
+    dtype, machine and thread count were measured before, else measured now (a few
+    seconds) and stored."""
+    key = cost_key(gen, batch_size)
+    path = cost_cache_dir() / f"{key}.json"
+    if path.exists() and not remeasure:
+        try:
+            return RoundCosts.from_json(path.read_text())
+        except (ValueError, KeyError):
+            pass  # a corrupt or old file: measure again
+    costs = measure_round_costs(gen, batch_size)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(costs.to_json())
+    tmp.replace(path)  # atomic: concurrent processes never read half a file
+    return costs

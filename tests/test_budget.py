@@ -1,0 +1,133 @@
+"""domino.budget: expected tokens, the size choices, calibration, the cost cache."""
+
+import itertools
+import json
+
+import pytest
+import torch
+
+from domino import budget
+from domino.budget import Calibration, DepthAcceptance, RoundCosts
+from tiny_models import tiny_generator
+
+
+def costs(verify, draft):
+    return RoundCosts(tuple([0.0] + list(verify)), tuple([0.0] + list(draft)))
+
+
+def test_expected_tokens_matches_enumeration():
+    g = torch.Generator().manual_seed(0)
+    a = torch.rand(3, 4, generator=g)
+    exp = budget.expected_tokens(a)
+    for k in range(5):  # enumerate every accept/reject pattern of the first k drafts
+        total = 0.0
+        for row in a.tolist():
+            for pattern in itertools.product([0, 1], repeat=k):
+                p = 1.0
+                for ai, acc in zip(row, pattern):
+                    p *= ai if acc else 1 - ai
+                accepted = next((i for i, acc in enumerate(pattern) if not acc), k)
+                total += p * (1 + accepted)
+        assert exp[k].item() == pytest.approx(total, rel=1e-5)
+
+
+def test_interpolate_is_linear_between_measured_sizes_and_flat_beyond():
+    assert budget.interpolate({1: 10.0, 4: 40.0}, 6) == (0.0, 10.0, 20.0, 30.0, 40.0, 40.0, 40.0)
+    assert budget.interpolate({2: 5.0}, 3) == (0.0, 5.0, 5.0, 5.0)
+
+
+def test_verify_length_follows_costs_and_confidence():
+    flat = costs([10.0] * 9, [1.0] * 8)  # verifying more costs nothing: verify all that may be right
+    assert budget.best_verify_length(torch.full((1, 8), 0.9), flat, 8) == 8
+    linear = costs([10.0 * t for t in range(1, 10)], [1.0] * 8)  # each token costs a full step
+    assert budget.best_verify_length(torch.full((1, 8), 0.5), linear, 8) == 0
+    steps = costs([10.0, 11.0, 12.0, 13.0, 30.0, 31.0, 32.0, 33.0, 34.0], [1.0] * 8)
+    # confident drafts until the cost jumps at 5 tokens: stop before the jump
+    assert budget.best_verify_length(torch.full((2, 8), 0.8), steps, 8) == 3
+    # a confident prefix, then a draft the drafter doubts: stop at the doubt
+    a = torch.tensor([[0.95, 0.95, 0.05, 0.95, 0.95, 0.95, 0.95, 0.95]])
+    sloped = costs([10.0 + 0.5 * t for t in range(1, 10)], [1.0] * 8)
+    assert budget.best_verify_length(a, sloped, 8) == 2
+    assert budget.best_verify_length(a, sloped, 1) == 1  # never beyond what was drafted
+
+
+def test_verify_length_is_a_stopping_rule():
+    """Whether draft i is verified must not depend on draft i + 1's confidence (exactness
+    of rejection sampling): changing the confidences after the chosen k + 1 changes nothing."""
+    g = torch.Generator().manual_seed(1)
+    c = costs([10.0 + 3.0 * t for t in range(9)], [2.0] * 8)
+    for _ in range(200):
+        a = torch.rand(1, 8, generator=g)
+        k = budget.best_verify_length(a, c, 8)
+        b = a.clone()
+        b[:, k + 1:] = torch.rand(1, 8 - k - 1, generator=g) if k + 1 < 8 else b[:, k + 1:]
+        assert budget.best_verify_length(b, c, 8) == k
+
+
+def test_draft_length_grows_with_acceptance():
+    c = costs([10.0 + 1.0 * t for t in range(9)], [2.0 + 1.0 * n for n in range(1, 9)])
+    assert budget.best_draft_length([0.0] * 8, c) == 0
+    assert budget.best_draft_length([0.99] * 8, c) == 8
+    mid = budget.best_draft_length([0.6] * 8, c)
+    assert 0 < mid < 8
+
+
+def test_depth_acceptance_counts_only_reached_depths():
+    d = DepthAcceptance(4, prior=0.5, prior_weight=2.0)
+    d.update([4, 4, 2], [4, 1, 0])  # all accepted; first accepted then rejected; first rejected
+    assert d.tried == [5.0, 4.0, 3.0, 3.0]
+    assert d.accepted == [3.0, 2.0, 2.0, 2.0]
+
+
+def test_calibration_fit_is_monotone_and_recovers_rates():
+    g = torch.Generator().manual_seed(2)
+    conf = torch.rand(20000, generator=g)
+    accepted = torch.rand(20000, generator=g) < conf ** 2  # the drafter is overconfident
+    cal = Calibration.fit(conf.tolist(), accepted.tolist(), bins=10)
+    assert all(x <= y for x, y in zip(cal.rates, cal.rates[1:]))
+    probe = torch.tensor([0.15, 0.55, 0.95])
+    assert cal(probe).tolist() == pytest.approx((probe ** 2).tolist(), abs=0.06)
+    assert Calibration()(probe).tolist() == pytest.approx(probe.tolist())  # identity when not fitted
+
+
+def test_calibration_pools_violators_and_round_trips(tmp_path):
+    cal = Calibration.fit([0.1, 0.2, 0.3, 0.4], [True, False, True, False], bins=4, prior=0.0)
+    assert all(x <= y for x, y in zip(cal.rates, cal.rates[1:]))
+    cal.save(tmp_path / "c.json")
+    again = Calibration.load(tmp_path / "c.json")
+    assert (again.edges, again.rates) == (cal.edges, cal.rates)
+    assert Calibration.load(tmp_path / "missing.json").edges == []
+
+
+def test_round_costs_are_measured_once_and_cached_per_configuration(tmp_path, monkeypatch):
+    monkeypatch.setenv("DOMINO_CACHE", str(tmp_path))
+    gen = tiny_generator("qwen3")
+    calls = []
+    real = budget.measure_round_costs
+
+    def counting(g, batch_size=1, **kw):
+        calls.append(batch_size)
+        return real(g, batch_size, context=16, repeats=1)
+
+    monkeypatch.setattr(budget, "measure_round_costs", counting)
+    first = budget.round_costs(gen, 2)
+    n = gen.drafter.config.num_drafts
+    assert len(first.verify_ms) == n + 2 and len(first.draft_ms) == n + 1
+    assert all(t > 0 for t in first.verify_ms[1:]) and all(t > 0 for t in first.draft_ms[1:])
+    assert budget.round_costs(gen, 2) == first and calls == [2]  # from the disk cache
+    files = list((tmp_path / "round_costs").glob("*.json"))
+    assert len(files) == 1 and json.loads(files[0].read_text())["batch_size"] == 2
+    budget.round_costs(gen, 3)  # another batch size: measured
+    gen.target.to(torch.bfloat16)  # another dtype: another key
+    assert budget.cost_key(gen, 2) != first.key
+    assert calls == [2, 3]
+
+
+def test_depth_rates_from_the_fit_seed_the_plan():
+    conf = [0.9, 0.9, 0.8, 0.2, 0.3]
+    acc = [True, True, False, False, False]
+    depth = [0, 0, 1, 0, 1]
+    cal = Calibration.fit(conf, acc, bins=2, depth=depth)
+    assert cal.depth_rates == pytest.approx([2.5 / 4, 0.5 / 3])
+    d = DepthAcceptance(4, cal.depth_rates)
+    assert d.rates() == pytest.approx([2.5 / 4, 0.5 / 3, 0.5 / 3, 0.5 / 3])
