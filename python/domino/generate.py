@@ -11,6 +11,12 @@ One round, for every sequence of the batch at once:
      shorter sequence did not keep stay as masked holes, so sequences advance independently;
      the kept tokens' target features become new draft context.
 The only host-device synchronisation per round is reading the accepted lengths.
+
+With ``tree=TreeShape(topk, depth, num_draft_tokens)`` step 1 drafts a tree instead (the
+Domino head carries a GRU state per branch), step 2 runs the target once over its nodes
+with a tree attention mask, step 3 walks the tree (``verify_tree_greedy`` /
+``verify_tree_sampling``), and step 4 first moves the accepted path's KV entries to the
+front of the round (:mod:`domino.tree`); the rest is the chain's commit step.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from domino import prompts
 from domino.model import DominoDraftModel
 from domino.sampling_params import RowSampling, SamplingParams
 from domino.target import special_token_ids, target_features
+from domino.tree import TreeShape, compact_tree_cache, tree_attention_mask, tree_links, verify_tree
 
 
 @dataclass
@@ -44,6 +51,17 @@ class GenerationResult:
         lens = self.acceptance_lengths
         flat = [x for seq in lens for x in seq] if lens and isinstance(lens[0], list) else list(lens)
         return sum(flat) / max(len(flat), 1)
+
+
+@dataclass
+class _Decoding:
+    """What carries over from round to round, for a batch of b sequences."""
+
+    cache: DynamicCache  # the target's KV cache, with holes
+    cache_mask: torch.Tensor  # [b, T] bool: which cache slots are real tokens
+    dcache: object  # the drafter's context cache (DraftContextCache)
+    anchor: torch.Tensor  # [b] int64: the last verified token (not in the caches yet)
+    anchor_pos: torch.Tensor  # [b] int64: its position
 
 
 class DominoGenerator:
@@ -87,8 +105,11 @@ class DominoGenerator:
     # ---- the target -------------------------------------------------------------------
 
     def _target_forward(self, ids, mask, positions, cache):
-        """Logits [b, T, V] float32 and the drafter's context features [b, T, n*H]."""
-        out = self.target.model(input_ids=ids, attention_mask=mask.long(), position_ids=positions,
+        """Logits [b, T, V] float32 and the drafter's context features [b, T, n*H]. ``mask``
+        is [b, past + T] bool (real tokens; causal within ids) or a 4D additive float mask
+        [b, 1, T, past + T], passed to the model as it is."""
+        mask = mask.long() if mask.dtype == torch.bool else mask
+        out = self.target.model(input_ids=ids, attention_mask=mask, position_ids=positions,
                                 past_key_values=cache, use_cache=True, output_hidden_states=True)
         features = target_features(out.hidden_states, self.drafter.config.target_layer_ids)
         return self.target.lm_head(out.last_hidden_state).float(), features
@@ -99,7 +120,8 @@ class DominoGenerator:
     def generate(self, prompt, *, max_new_tokens: int = 256, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, sampling: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_head: bool = True, stop: Sequence[str] = (), generator: torch.Generator | None = None,
-                 stream: Callable[[int, list[int]], None] | None = None) -> GenerationResult:
+                 stream: Callable[[int, list[int]], None] | None = None,
+                 tree: TreeShape | None = None) -> GenerationResult:
         """Generates up to ``max_new_tokens`` per prompt, stopping at EOS or a stop string.
 
         ``prompt`` is one prompt (string, chat message list, token ids) or a list of them
@@ -109,12 +131,20 @@ class DominoGenerator:
         ``stream(i, new_ids)`` is called with each sequence's newly accepted tokens after
         every round. The output is exactly the target's own decoding: greedy at temperature
         0, distributed as the target's filtered distribution otherwise, per request.
+
+        ``tree``: a :class:`domino.TreeShape` drafts and verifies a tree of tokens per round
+        instead of a chain (None: the chain of ``num_drafts`` drafts). Sampled trees need
+        one temperature/top_k/top_p for the whole batch and no per-request seed.
         """
         seqs, batch, stop = self._encode_request(prompt, max_new_tokens, stop)
         params = self._sampling_params(len(seqs), temperature, top_k, top_p, sampling)
+        if tree is not None:
+            if not isinstance(tree, TreeShape):
+                raise ValueError(f"tree must be a domino.TreeShape or None, got {tree!r}")
+            tree.check(self.drafter.config.num_drafts, params)
         rows = RowSampling.from_params(params, self.device, generator)
         t0 = time.perf_counter()
-        token_ids, accept = self._speculative(seqs, max_new_tokens, rows, use_head, stop, stream)
+        token_ids, accept = self._speculative(seqs, max_new_tokens, rows, use_head, stop, stream, tree)
         elapsed = time.perf_counter() - t0
         texts = [self._decode_until_stop(t, stop) for t in token_ids]
         total = sum(len(t) for t in token_ids)
@@ -157,20 +187,10 @@ class DominoGenerator:
                 return True, ids
         return False, ids
 
-    def _speculative(self, seqs, max_new_tokens, sampling: RowSampling, use_head, stop, stream):
+    def _speculative(self, seqs, max_new_tokens, sampling: RowSampling, use_head, stop, stream, tree):
         b = len(seqs)
-        dev = self.device
-        ids, mask = self._left_pad(seqs)
-        positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache()
-        logits, features = self._target_forward(ids, mask, positions, cache)
-        anchor = domino_ops.sample(logits[:, -1], **sampling.op_kwargs())
-        dcache = self.drafter.new_cache(b, dev, self.drafter.fc.weight.dtype)
-        self.drafter.extend_context(dcache, features, positions, mask)
-        cache_mask = mask
-        anchor_pos = positions[:, -1] + 1
-
-        out_ids = [[t] for t in anchor.tolist()]
+        state, first = self._prefill(seqs, sampling)
+        out_ids = [[t] for t in first]
         accept = [[] for _ in range(b)]
         done = [False] * b
         for s in range(b):
@@ -178,40 +198,95 @@ class DominoGenerator:
             if stream:
                 stream(s, list(out_ids[s]))
         while not all(done):
-            draft = self.drafter.draft(dcache, anchor, anchor_pos, use_head=use_head, sampling=sampling)
-            n = draft.tokens.shape[1]
-            block = torch.cat([anchor[:, None], draft.tokens], dim=1)
-            block_pos = anchor_pos[:, None] + torch.arange(n + 1, device=dev)
-            logits, features = self._target_forward(block, torch.cat([cache_mask, mask.new_ones(b, n + 1)], 1),
-                                                    block_pos, cache)
-            if not sampling.any_sampled:
-                verified, num_acc = domino_ops.verify_greedy(draft.tokens, logits)
-            else:  # greedy rows of a mixed batch have one-hot p and q: rejection sampling is exact matching
-                p = domino_ops.filtered_probs(logits, **sampling.filter_kwargs())
-                q = domino_ops.filtered_probs(draft.logits, **sampling.filter_kwargs())
-                verified, num_acc = domino_ops.verify_sampling(draft.tokens, q, p, generator=sampling.generator)
-            kept = num_acc + 1  # anchor + accepted drafts enter the context
-            host = torch.cat([kept[:, None], verified], dim=1).tolist()  # the one host sync of the round
-            kept_list = [row[0] for row in host]
-            verified_rows = [row[1:] for row in host]
-            m = max(kept_list)
-            valid = torch.arange(m, device=dev)[None, :] < kept[:, None]
-            if n + 1 > m:
-                cache.crop(-(n + 1 - m))
-            cache_mask = torch.cat([cache_mask, valid], dim=1)
-            self.drafter.extend_context(dcache, features[:, :m], block_pos[:, :m], valid)
-            anchor = verified.gather(1, num_acc[:, None])[:, 0]
-            anchor_pos = anchor_pos + kept
+            if tree is None:
+                kept_list, new_rows = self._chain_round(state, sampling, use_head)
+            else:
+                kept_list, new_rows = self._tree_round(state, sampling, use_head, tree)
             for s in range(b):
                 if done[s]:
                     continue
-                new = verified_rows[s][: kept_list[s]]
                 before = len(out_ids[s])
-                done[s], out_ids[s] = self._finished(out_ids[s] + new, max_new_tokens, stop)
+                done[s], out_ids[s] = self._finished(out_ids[s] + new_rows[s], max_new_tokens, stop)
                 accept[s].append(kept_list[s])
                 if stream and len(out_ids[s]) > before:
                     stream(s, out_ids[s][before:])
         return out_ids, accept
+
+    def _prefill(self, seqs, sampling: RowSampling) -> tuple[_Decoding, list[int]]:
+        """The target over the left-padded prompts, the first token and the drafter's context."""
+        b = len(seqs)
+        ids, mask = self._left_pad(seqs)
+        positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        logits, features = self._target_forward(ids, mask, positions, cache)
+        anchor = domino_ops.sample(logits[:, -1], **sampling.op_kwargs())
+        dcache = self.drafter.new_cache(b, self.device, self.drafter.fc.weight.dtype)
+        self.drafter.extend_context(dcache, features, positions, mask)
+        return _Decoding(cache, mask, dcache, anchor, positions[:, -1] + 1), anchor.tolist()
+
+    def _chain_round(self, st: _Decoding, sampling: RowSampling, use_head) -> tuple[list[int], list[list[int]]]:
+        """One chain round: draft, verify, commit. Returns each sequence's kept length
+        (anchor + accepted drafts) and its new tokens (accepted drafts + one target token)."""
+        b, dev = st.anchor.shape[0], st.anchor.device
+        draft = self.drafter.draft(st.dcache, st.anchor, st.anchor_pos, use_head=use_head, sampling=sampling)
+        n = draft.tokens.shape[1]
+        block = torch.cat([st.anchor[:, None], draft.tokens], dim=1)
+        block_pos = st.anchor_pos[:, None] + torch.arange(n + 1, device=dev)
+        logits, features = self._target_forward(block, torch.cat([st.cache_mask, st.cache_mask.new_ones(b, n + 1)], 1),
+                                                block_pos, st.cache)
+        verified, num_acc = self._verify_chain(draft, logits, sampling)
+        kept = num_acc + 1  # anchor + accepted drafts enter the context
+        host = torch.cat([kept[:, None], verified], dim=1).tolist()  # the one host sync of the round
+        kept_list = [row[0] for row in host]
+        m = max(kept_list)
+        self._commit(st, kept, n + 1, features[:, :m], verified.gather(1, num_acc[:, None])[:, 0])
+        return kept_list, [row[1:1 + k] for row, k in zip(host, kept_list)]
+
+    @staticmethod
+    def _verify_chain(draft, logits, sampling: RowSampling):
+        """(verified tokens [b, n + 1], accepted drafts [b]) of a chain draft."""
+        if not sampling.any_sampled:
+            return domino_ops.verify_greedy(draft.tokens, logits)
+        # greedy rows of a mixed batch have one-hot p and q: rejection sampling is exact matching
+        p = domino_ops.filtered_probs(logits, **sampling.filter_kwargs())
+        q = domino_ops.filtered_probs(draft.logits, **sampling.filter_kwargs())
+        return domino_ops.verify_sampling(draft.tokens, q, p, generator=sampling.generator)
+
+    def _tree_round(self, st: _Decoding, sampling: RowSampling, use_head, shape: TreeShape
+                    ) -> tuple[list[int], list[list[int]]]:
+        """One tree round: draft a tree, verify all its nodes in one target forward, keep the
+        accepted path in the caches. Returns what :meth:`_chain_round` does."""
+        tree = self.drafter.draft_tree(st.dcache, st.anchor, st.anchor_pos, topk=shape.topk, depth=shape.depth,
+                                       num_draft_tokens=shape.num_draft_tokens, use_head=use_head, sampling=sampling)
+        n = tree.candidates.shape[1]
+        links = tree_links(tree, st.anchor_pos, shape.topk, shape.depth)
+        mask = tree_attention_mask(st.cache_mask, links.ancestors, self.target.dtype)
+        logits, features = self._target_forward(tree.candidates, mask, links.positions, st.cache)
+        tokens, path, num_acc = verify_tree(tree, links, logits, sampling, shape.depth)
+        kept = num_acc + 1  # the root (anchor) + accepted drafts enter the context
+        host = torch.cat([kept[:, None], tokens], dim=1).tolist()  # the one host sync of the round
+        kept_list = [row[0] for row in host]
+        m = max(kept_list)
+        compact_tree_cache(st.cache, path[:, :m], n)
+        path_features = features.gather(1, path[:, :m, None].expand(-1, -1, features.shape[2]))
+        self._commit(st, kept, n, path_features, tokens.gather(1, num_acc[:, None])[:, 0])
+        return kept_list, [row[1:1 + k] for row, k in zip(host, kept_list)]
+
+    def _commit(self, st: _Decoding, kept: torch.Tensor, round_len: int, features: torch.Tensor,
+                next_anchor: torch.Tensor) -> None:
+        """Keeps the first m = max(kept) of the round's ``round_len`` target cache slots
+        (the anchor and the accepted drafts, in path order; slots past a sequence's own
+        ``kept`` [b] become masked holes), feeds their target ``features`` [b, m, n*H] to
+        the drafter's context, and moves the anchor to ``next_anchor`` [b]."""
+        m = features.shape[1]
+        if round_len > m:
+            st.cache.crop(-(round_len - m))
+        valid = torch.arange(m, device=kept.device)[None, :] < kept[:, None]
+        st.cache_mask = torch.cat([st.cache_mask, valid], dim=1)
+        positions = st.anchor_pos[:, None] + torch.arange(m, device=kept.device)
+        self.drafter.extend_context(st.dcache, features, positions, valid)
+        st.anchor = next_anchor
+        st.anchor_pos = st.anchor_pos + kept
 
     # ---- the baseline -----------------------------------------------------------------
 
