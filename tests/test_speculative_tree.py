@@ -87,6 +87,14 @@ def test_tree_matches_target_greedy(kind, use_head, batch, shape):
     assert all(1 <= a <= shape.depth + 1 for seq in spec.acceptance_lengths for a in seq)
 
 
+@pytest.mark.parametrize("drafter_kw", [dict(shift_label=True), dict(pure_draft_prefix_len=0),
+                                        dict(pure_draft_prefix_len=3), dict(projector_type=None)])
+def test_tree_with_other_drafter_configs(drafter_kw):
+    gen = tiny_generator("qwen3", **drafter_kw)
+    ps = prompts(2, seed=3)
+    assert gen.generate(ps, max_new_tokens=20, tree=TreeShape(2, 4, 7)).token_ids == greedy_plain(gen, ps, 20)
+
+
 def test_tree_matches_target_greedy_with_eager_attention():
     """The eager path adds the 4D mask to the scores as sdpa does (a bool mask would be
     added as 0/1 there and mask nothing)."""
@@ -298,6 +306,15 @@ def test_greedy_batch_with_per_request_seeds_is_fine():
     params = [domino.SamplingParams(seed=1), domino.SamplingParams(seed=2)]
     assert gen.generate(ps, max_new_tokens=10, sampling=params, tree=TreeShape(2, 2)).token_ids == \
         greedy_plain(gen, ps, 10)
+
+
+def test_cli_rejects_a_bad_tree_before_loading_anything(capsys):
+    from domino import cli
+
+    for bad, msg in (("0,3", "topk must be"), ("3", "TOPK,DEPTH"), ("2,x", "invalid literal")):
+        with pytest.raises(SystemExit):
+            cli.main(["generate", "hi", "--tree", bad])
+        assert msg in capsys.readouterr().err
 
 
 # ---- SmolLM2 ---------------------------------------------------------------------------

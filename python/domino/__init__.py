@@ -12,5 +12,5 @@ from domino.model import DominoDraftModel
 from domino.sampling_params import SamplingParams
 from domino.tree import TreeShape
 
-__all__ = ["DominoConfig", "DominoDraftModel", "DominoGenerator", "GenerationResult", "SamplingParams", "TreeShape", "load",
-           "load_default"]
+__all__ = ["DominoConfig", "DominoDraftModel", "DominoGenerator", "GenerationResult", "SamplingParams", "TreeShape",
+           "load", "load_default"]
