@@ -30,7 +30,7 @@ from transformers import DynamicCache
 
 import domino_ops
 from domino import prompts
-from domino.model import DominoDraftModel
+from domino.model import DominoDraftModel, DraftContextCache
 from domino.sampling_params import RowSampling, SamplingParams
 from domino.target import special_token_ids, target_features
 from domino.tree import TreeShape, compact_tree_cache, tree_attention_mask, tree_links, verify_tree
@@ -59,7 +59,7 @@ class _Decoding:
 
     cache: DynamicCache  # the target's KV cache, with holes
     cache_mask: torch.Tensor  # [b, T] bool: which cache slots are real tokens
-    dcache: object  # the drafter's context cache (DraftContextCache)
+    dcache: DraftContextCache  # the drafter's context
     anchor: torch.Tensor  # [b] int64: the last verified token (not in the caches yet)
     anchor_pos: torch.Tensor  # [b] int64: its position
 

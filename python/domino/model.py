@@ -11,7 +11,8 @@ target's embeddings of the anchor and the drafted tokens, and a low-rank correct
 State-dict keys follow the public DFlash/Domino checkpoints (``fc``, ``hidden_norm``,
 ``layers.*``, ``norm``, ``prefix_gru``, ``embed_proj``), so those load as they are.
 
-The drafter owns all of its math: generation (:meth:`DominoDraftModel.draft`) and training
+The drafter owns all of its math: generation (:meth:`DominoDraftModel.draft`, and
+:meth:`DominoDraftModel.draft_tree` for tree speculation) and training
 (:meth:`DominoDraftModel.packed_draft_hidden`, :meth:`DominoDraftModel.teacher_forced_logits`,
 :meth:`DominoDraftModel.self_fed_logits`) call the same backbone and head.
 """
@@ -339,7 +340,9 @@ class DominoDraftModel(nn.Module):
         ``pure_draft_prefix_len`` depths use the base logits alone, as :meth:`choose_tokens`
         does, while the states still advance. Without the head (or a head-less drafter) the
         children of every node at depth d are the same: the best (or drawn) tokens of the
-        base logits at d. ``topk = 1`` drafts exactly :meth:`draft`'s chain at temperature 0.
+        base logits at d. ``topk = 1`` drafts :meth:`draft`'s chain at temperature 0: bit for
+        bit without a pure-draft prefix; with one, the prefix tokens' GRU steps are the expand
+        kernel's float32 cell rather than ``nn.GRU`` in the drafter's dtype (equal to rounding).
 
         ``sampling`` (None: greedy) must hold one temperature/top_k/top_p and at most one
         generator for the whole batch when it samples (the tree ops take Python numbers).
