@@ -14,9 +14,19 @@ from domino.sampling_params import RowSampling
 from domino_ops.tree_draft import DraftTree, tree_size
 from test_speculative_greedy import prompts
 from test_speculative_sampling import PROMPT, V as SMALL_V, check
-from tiny_models import tiny_generator
+from tiny_models import RiggedDrafts, tiny_generator
 
 GREEDY = RowSampling(0.0, 0, 1.0, None, False)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """The tiny models' matrices are too small for a second thread to help, and on a busy
+    machine intra-op threads contending for the cores made these tests 5x slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 class RiggedTree:
@@ -186,6 +196,40 @@ def test_acceptance_through_siblings(topk, depth):
     for seq in spec.acceptance_lengths[:2]:
         assert seq[:-1] == [depth + 1] * (len(seq) - 1)
     assert set(spec.acceptance_lengths[2]) == {1}
+
+
+def test_sibling_paths_feed_the_drafter_what_a_chain_feeds():
+    """A tree whose path runs through last siblings and a rigged chain accept the same
+    tokens; the drafter's context gets the same features, positions and validity."""
+    gen = tiny_generator("qwen3")
+    ps = prompts(2, seed=12)
+    plain = greedy_plain(gen, ps, 30)
+    full = [p + t for p, t in zip(ps, plain)]
+    k = len(ps[1]) + 11  # sequence 1's drafts go wrong after 10 tokens (in the tree: every sibling): ragged
+    full[1] = full[1][:k] + [(t + 1) % 64 for t in full[1][k:]]
+    n = gen.drafter.config.num_drafts
+
+    def run(rig_class, **kw):
+        calls = []
+        extend = gen.drafter.extend_context
+        gen.drafter.extend_context = lambda cache, f, pos, valid: (calls.append((f, pos, valid)),
+                                                                   extend(cache, f, pos, valid))
+        rig = rig_class(gen, full)
+        try:
+            res = gen.generate(ps, max_new_tokens=30, **kw)
+        finally:
+            rig.restore()
+            del gen.drafter.extend_context
+        return res, calls
+
+    chain, chain_calls = run(RiggedDrafts)
+    tree, tree_calls = run(RiggedTree, tree=TreeShape(2, n))
+    assert chain.token_ids == tree.token_ids == plain
+    assert chain.acceptance_lengths == tree.acceptance_lengths
+    assert len(chain_calls) == len(tree_calls)
+    for (cf, cp, cv), (tf, tp, tv) in zip(chain_calls, tree_calls):
+        assert torch.equal(cp, tp) and torch.equal(cv, tv)
+        torch.testing.assert_close(tf[tv], cf[cv], atol=1e-5, rtol=1e-5)
 
 
 def test_alternating_sibling_and_zero_acceptance():
