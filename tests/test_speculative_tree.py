@@ -344,6 +344,13 @@ def test_bad_tree_arguments(kw, msg):
         gen.generate(prompts(2), max_new_tokens=4, **kw)
 
 
+def test_attention_without_4d_masks_is_refused():
+    gen = tiny_generator("qwen3")
+    gen.target.config._attn_implementation = "flash_attention_2"  # not installed here: only the check runs
+    with pytest.raises(ValueError, match="attention implementation"):
+        gen.generate(prompts(1), max_new_tokens=4, tree=TreeShape(2, 2))
+
+
 def test_greedy_batch_with_per_request_seeds_is_fine():
     gen = tiny_generator("qwen3")
     ps = prompts(2, seed=8)

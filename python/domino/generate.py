@@ -33,7 +33,8 @@ from domino import prompts
 from domino.model import DominoDraftModel, DraftContextCache
 from domino.sampling_params import RowSampling, SamplingParams
 from domino.target import special_token_ids, target_features
-from domino.tree import TreeShape, compact_tree_cache, tree_attention_mask, tree_links, verify_tree
+from domino.tree import (TreeShape, check_tree_attention, compact_tree_cache, tree_attention_mask, tree_links,
+                         verify_tree)
 
 
 @dataclass
@@ -142,6 +143,7 @@ class DominoGenerator:
             if not isinstance(tree, TreeShape):
                 raise ValueError(f"tree must be a domino.TreeShape or None, got {tree!r}")
             tree.check(self.drafter.config.num_drafts, params)
+            check_tree_attention(self.target)
         rows = RowSampling.from_params(params, self.device, generator)
         t0 = time.perf_counter()
         token_ids, accept = self._speculative(seqs, max_new_tokens, rows, use_head, stop, stream, tree)

@@ -84,6 +84,19 @@ class TreeShape:
                              f"temperature > 0, got {self.num_draft_tokens}")
 
 
+# The attention implementations that take a 4D additive mask as it is (transformers 5.x).
+MASKABLE_ATTENTION = ("eager", "sdpa")
+
+
+def check_tree_attention(target) -> None:
+    """Raises ValueError unless the target's attention takes the tree's 4D float mask."""
+    impl = getattr(target.config, "_attn_implementation", None)
+    if impl not in MASKABLE_ATTENTION:
+        raise ValueError(f"tree: tree speculation needs the target's attention implementation to be one of "
+                         f"{MASKABLE_ATTENTION} (a 4D tree mask), got {impl!r}; set it with "
+                         f"target.set_attn_implementation('sdpa')")
+
+
 @dataclass
 class TreeLinks:
     """A drafted tree laid out for verification (b sequences, N nodes each).
