@@ -47,8 +47,10 @@ class TreeShape:
         temperature > 0 that is the only choice (a sampled tree is verified losslessly only
         with all of its draws).
 
-    ``TreeShape(1, d)`` is the chain of d drafts: it drafts, accepts and outputs exactly
-    what a chain round with d drafts does.
+    ``TreeShape(1, num_drafts)`` is the engine's chain: at temperature 0 it drafts,
+    accepts and outputs what a chain round does (tokens and acceptance lengths; see
+    :meth:`domino.DominoDraftModel.draft_tree` on rounding with a pure-draft prefix). At
+    T > 0 both are lossless but draw from different random streams.
     """
 
     topk: int
