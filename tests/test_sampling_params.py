@@ -15,16 +15,21 @@ def gen():
 
 
 def test_a_seeded_request_gives_the_same_tokens_alone_and_in_a_batch(gen):
+    """With a fixed number of drafts per round; the adaptive budget chooses one size for
+    the whole batch, so there a seeded request repeats only within the same batch."""
+    fixed = dict(max_new_tokens=12, num_drafts=gen.drafter.config.num_drafts)
     seeded = SamplingParams(temperature=1.0, seed=123)
-    alone = gen.generate(PROMPT, max_new_tokens=12, sampling=seeded).token_ids
+    alone = gen.generate(PROMPT, sampling=seeded, **fixed).token_ids
     other = SamplingParams(temperature=1.0, seed=7)
-    batch = gen.generate([[1, 2, 3], PROMPT, [4, 4]], max_new_tokens=12,
-                         sampling=[other, seeded, SamplingParams(temperature=1.0)]).token_ids
+    batch = gen.generate([[1, 2, 3], PROMPT, [4, 4]], sampling=[other, seeded, SamplingParams(temperature=1.0)],
+                         **fixed).token_ids
     assert batch[1] == alone
-    again = gen.generate(PROMPT, max_new_tokens=12, sampling=seeded).token_ids
+    again = gen.generate(PROMPT, sampling=seeded, **fixed).token_ids
     assert again == alone
-    different = gen.generate(PROMPT, max_new_tokens=12, sampling=SamplingParams(temperature=1.0, seed=124)).token_ids
+    different = gen.generate(PROMPT, sampling=SamplingParams(temperature=1.0, seed=124), **fixed).token_ids
     assert different != alone
+    adaptive = [gen.generate(PROMPT, max_new_tokens=12, sampling=seeded).token_ids for _ in range(2)]
+    assert adaptive[0] == adaptive[1]
 
 
 def test_scalars_and_one_sampling_params_are_the_same_request(gen):

@@ -10,6 +10,7 @@ from domino.generate import DominoGenerator, GenerationResult
 from domino.loading import load, load_default
 from domino.model import DominoDraftModel
 from domino.sampling_params import SamplingParams
+from domino.tree import TreeShape
 
-__all__ = ["DominoConfig", "DominoDraftModel", "DominoGenerator", "GenerationResult", "SamplingParams", "load",
-           "load_default"]
+__all__ = ["DominoConfig", "DominoDraftModel", "DominoGenerator", "GenerationResult", "SamplingParams", "TreeShape",
+           "load", "load_default"]

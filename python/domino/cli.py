@@ -17,11 +17,15 @@ def main(argv=None) -> int:
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--no-head", action="store_true", help="backbone-only drafting (the DFlash baseline)")
     g.add_argument("--seed", type=int, default=0, help="seed for sampling (temperature > 0)")
+    g.add_argument("--tree", metavar="TOPK,DEPTH[,NODES]",
+                   help="draft and verify a tree per round instead of a chain: TOPK children per node, DEPTH levels, "
+                        "NODES verified nodes including the root (default: all; greedy only), e.g. --tree 3,5,16")
     g.add_argument("--target", help="HF target directory (default: SmolLM2-135M-Instruct)")
     g.add_argument("--drafter", help="drafter checkpoint directory (default: the shipped one)")
     g.add_argument("--compare", action="store_true",
                    help="also run the target's own decoding and report both speeds and whether outputs match")
     args = parser.parse_args(argv)
+    tree = _tree_shape(parser, args.tree) if args.tree else None
 
     import torch
 
@@ -30,9 +34,10 @@ def main(argv=None) -> int:
     print("[domino] loading models (first run converts the GGUF once)...", file=sys.stderr, flush=True)
     gen = domino.load(args.target, args.drafter, quiet=False) if args.target else domino.load_default(quiet=False)
     kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
-    print(f"[domino] generating (head {'off' if args.no_head else 'on'}, T={args.temperature})", file=sys.stderr)
+    print(f"[domino] generating (head {'off' if args.no_head else 'on'}, T={args.temperature}"
+          f"{f', tree {args.tree}' if tree else ''})", file=sys.stderr)
     gen.generate("warm-up", max_new_tokens=4)  # first-call overheads out of the timing
-    res = gen.generate(args.prompt, use_head=not args.no_head,
+    res = gen.generate(args.prompt, use_head=not args.no_head, tree=tree,
                        generator=torch.Generator().manual_seed(args.seed),
                        stream=lambda i, ids: print(gen.tokenizer.decode(ids), end="", flush=True), **kw)
     print()
@@ -49,6 +54,19 @@ def main(argv=None) -> int:
         if args.temperature == 0 and not same:
             return 1
     return 0
+
+
+def _tree_shape(parser, text: str):
+    """``TOPK,DEPTH[,NODES]`` as a :class:`domino.TreeShape` (argparse's error on bad input)."""
+    from domino.tree import TreeShape
+
+    try:
+        parts = [int(x) for x in text.split(",")]
+        if len(parts) not in (2, 3):
+            raise ValueError("give TOPK,DEPTH or TOPK,DEPTH,NODES")
+        return TreeShape(*parts)
+    except ValueError as e:
+        parser.error(f"--tree {text}: {e}")
 
 
 if __name__ == "__main__":

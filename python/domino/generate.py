@@ -13,6 +13,12 @@ One round, for every sequence of the batch at once:
      shorter sequence did not keep stay as masked holes, so sequences advance independently;
      the kept tokens' target features become new draft context.
 The only host-device synchronisation per round is reading the accepted lengths.
+
+With ``tree=TreeShape(topk, depth, num_draft_tokens)`` step 1 drafts a tree instead (the
+Domino head carries a GRU state per branch), step 2 runs the target once over its nodes
+with a tree attention mask, step 3 walks the tree (``verify_tree_greedy`` /
+``verify_tree_sampling``), and step 4 first moves the accepted path's KV entries to the
+front of the round (:mod:`domino.tree`); the rest is the chain's commit step.
 """
 
 from __future__ import annotations
@@ -27,9 +33,11 @@ from transformers import DynamicCache
 import domino_ops
 from domino import budget, prompts
 from domino.budget import DepthAcceptance, RoundCosts
-from domino.model import DominoDraftModel
+from domino.model import DominoDraftModel, DraftContextCache
 from domino.sampling_params import RowSampling, SamplingParams
 from domino.target import special_token_ids, target_features
+from domino.tree import (TreeShape, check_tree_attention, compact_tree_cache, tree_attention_mask, tree_links,
+                         verify_tree)
 
 
 @dataclass
@@ -47,6 +55,17 @@ class GenerationResult:
         lens = self.acceptance_lengths
         flat = [x for seq in lens for x in seq] if lens and isinstance(lens[0], list) else list(lens)
         return sum(flat) / max(len(flat), 1)
+
+
+@dataclass
+class _Decoding:
+    """What carries over from round to round, for a batch of b sequences."""
+
+    cache: DynamicCache  # the target's KV cache, with holes
+    cache_mask: torch.Tensor  # [b, T] bool: which cache slots are real tokens
+    dcache: DraftContextCache  # the drafter's context
+    anchor: torch.Tensor  # [b] int64: the last verified token (not in the caches yet)
+    anchor_pos: torch.Tensor  # [b] int64: its position
 
 
 class DominoGenerator:
@@ -99,8 +118,11 @@ class DominoGenerator:
     # ---- the target -------------------------------------------------------------------
 
     def _target_forward(self, ids, mask, positions, cache):
-        """Logits [b, T, V] float32 and the drafter's context features [b, T, n*H]."""
-        out = self.target.model(input_ids=ids, attention_mask=mask.long(), position_ids=positions,
+        """Logits [b, T, V] float32 and the drafter's context features [b, T, n*H]. ``mask``
+        is [b, past + T] bool (real tokens; causal within ids) or a 4D additive float mask
+        [b, 1, T, past + T], passed to the model as it is."""
+        mask = mask.long() if mask.dtype == torch.bool else mask
+        out = self.target.model(input_ids=ids, attention_mask=mask, position_ids=positions,
                                 past_key_values=cache, use_cache=True, output_hidden_states=True)
         features = target_features(out.hidden_states, self.drafter.config.target_layer_ids)
         return self.target.lm_head(out.last_hidden_state).float(), features
@@ -112,7 +134,8 @@ class DominoGenerator:
                  top_p: float = 1.0, sampling: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_head: bool = True, num_drafts: int | None = None, stop: Sequence[str] = (),
                  generator: torch.Generator | None = None,
-                 stream: Callable[[int, list[int]], None] | None = None) -> GenerationResult:
+                 stream: Callable[[int, list[int]], None] | None = None,
+                 tree: TreeShape | None = None) -> GenerationResult:
         """Generates up to ``max_new_tokens`` per prompt, stopping at EOS or a stop string.
 
         ``prompt`` is one prompt (string, chat message list, token ids) or a list of them
@@ -123,19 +146,31 @@ class DominoGenerator:
         every round. ``num_drafts``: tokens drafted and verified per round; None (the
         default, fastest) chooses them each round from the measured costs of this machine
         (measured on the first call for a batch size, then cached on disk) and the
-        drafter's confidence. The output is exactly the target's own decoding: greedy at temperature
+        drafter's confidence; it chooses one size for the whole batch, so a seeded request
+        repeats its tokens in another batch only with a fixed ``num_drafts``. The output is exactly the target's own decoding: greedy at temperature
         0, distributed as the target's filtered distribution otherwise, per request.
+
+        ``tree``: a :class:`domino.TreeShape` drafts and verifies a tree of tokens per round
+        instead of a chain (None: the chain of ``num_drafts`` drafts). Sampled trees need
+        one temperature/top_k/top_p for the whole batch and no per-request seed.
         """
         seqs, batch, stop = self._encode_request(prompt, max_new_tokens, stop)
         params = self._sampling_params(len(seqs), temperature, top_k, top_p, sampling)
+        if tree is not None:
+            if not isinstance(tree, TreeShape):
+                raise ValueError(f"tree must be a domino.TreeShape or None, got {tree!r}")
+            tree.check(self.drafter.config.num_drafts, params)
+            check_tree_attention(self.target)
         rows = RowSampling.from_params(params, self.device, generator)
         if num_drafts is not None:
             n_max = self.drafter.config.num_drafts
             if isinstance(num_drafts, bool) or not isinstance(num_drafts, int) or not 0 <= num_drafts <= n_max:
                 raise ValueError(f"num_drafts must be None or an int in [0, {n_max}], got {num_drafts!r}")
-        costs = self.round_costs(len(seqs)) if num_drafts is None else None  # before the clock starts
+        # the chain's budget, measured before the clock starts
+        costs = self.round_costs(len(seqs)) if num_drafts is None and tree is None else None
         t0 = time.perf_counter()
-        token_ids, accept = self._speculative(seqs, max_new_tokens, rows, use_head, stop, stream, costs, num_drafts)
+        token_ids, accept = self._speculative(seqs, max_new_tokens, rows, use_head, stop, stream, tree, costs,
+                                              num_drafts)
         elapsed = time.perf_counter() - t0
         texts = [self._decode_until_stop(t, stop) for t in token_ids]
         total = sum(len(t) for t in token_ids)
@@ -178,7 +213,7 @@ class DominoGenerator:
                 return True, ids
         return False, ids
 
-    def _draft_and_choose(self, dcache, anchor, anchor_pos, live, use_head, sampling, costs, num_drafts,
+    def _draft_and_choose(self, st: _Decoding, live, use_head, sampling, costs, num_drafts,
                           depth_acceptance: DepthAcceptance):
         """This round's drafts [b, k] and the logits they were chosen from [b, k, V]: n
         drafted and the first k of them kept for verification, fixed (``num_drafts``) or
@@ -186,9 +221,10 @@ class DominoGenerator:
         then k from the calibrated confidence of the live sequences' drafts)."""
         n = num_drafts if costs is None else budget.best_draft_length(depth_acceptance.rates(), costs, len(live))
         if n == 0:  # a plain decoding step: nothing is worth drafting
-            V = self.drafter.config.vocab_size
-            return anchor.new_empty(anchor.shape[0], 0), torch.empty(anchor.shape[0], 0, V, device=anchor.device)
-        draft = self.drafter.draft(dcache, anchor, anchor_pos, use_head=use_head, sampling=sampling, num_drafts=n)
+            V, b = self.drafter.config.vocab_size, st.anchor.shape[0]
+            return st.anchor.new_empty(b, 0), torch.empty(b, 0, V, device=st.anchor.device)
+        draft = self.drafter.draft(st.dcache, st.anchor, st.anchor_pos, use_head=use_head, sampling=sampling,
+                                   num_drafts=n)
         k = n
         if costs is not None:
             accept_probs = self.drafter.calibration(draft.confidence[live])
@@ -210,24 +246,14 @@ class DominoGenerator:
         q = domino_ops.filtered_probs(draft_logits, **sampling.filter_kwargs())
         return domino_ops.verify_sampling(draft_tokens, q, p, generator=sampling.generator)
 
-    def _speculative(self, seqs, max_new_tokens, sampling: RowSampling, use_head, stop, stream,
+    def _speculative(self, seqs, max_new_tokens, sampling: RowSampling, use_head, stop, stream, tree,
                      costs: RoundCosts | None, num_drafts: int | None):
         b = len(seqs)
-        dev = self.device
-        ids, mask = self._left_pad(seqs)
-        positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache()
-        logits, features = self._target_forward(ids, mask, positions, cache)
-        anchor = domino_ops.sample(logits[:, -1], **sampling.op_kwargs())
-        dcache = self.drafter.new_cache(b, dev, self.drafter.fc.weight.dtype)
-        self.drafter.extend_context(dcache, features, positions, mask)
-        cache_mask = mask
-        anchor_pos = positions[:, -1] + 1
-
+        state, first = self._prefill(seqs, sampling)
         # learnt within this call only, from the drafter's measured rates: a call's choices,
         # and so its sampled output under a seed, do not depend on earlier calls
         depth_acceptance = DepthAcceptance(self.drafter.config.num_drafts, self.drafter.calibration.depth_rates or 0.5)
-        out_ids = [[t] for t in anchor.tolist()]
+        out_ids = [[t] for t in first]
         accept = [[] for _ in range(b)]
         done = [False] * b
         for s in range(b):
@@ -235,38 +261,90 @@ class DominoGenerator:
             if stream:
                 stream(s, list(out_ids[s]))
         while not all(done):
-            live = [s for s in range(b) if not done[s]]
-            draft_tokens, draft_logits = self._draft_and_choose(dcache, anchor, anchor_pos, live, use_head, sampling,
-                                                                costs, num_drafts, depth_acceptance)
-            n = draft_tokens.shape[1]
-            block = torch.cat([anchor[:, None], draft_tokens], dim=1)
-            block_pos = anchor_pos[:, None] + torch.arange(n + 1, device=dev)
-            logits, features = self._target_forward(block, torch.cat([cache_mask, mask.new_ones(b, n + 1)], 1),
-                                                    block_pos, cache)
-            verified, num_acc = self._verify_chain(draft_tokens, draft_logits, logits, sampling)
-            kept = num_acc + 1  # anchor + accepted drafts enter the context
-            host = torch.cat([kept[:, None], verified], dim=1).tolist()  # the one host sync of the round
-            kept_list = [row[0] for row in host]
-            verified_rows = [row[1:] for row in host]
-            depth_acceptance.update([n] * len(live), [kept_list[s] - 1 for s in live])
-            m = max(kept_list)
-            valid = torch.arange(m, device=dev)[None, :] < kept[:, None]
-            if n + 1 > m:
-                cache.crop(-(n + 1 - m))
-            cache_mask = torch.cat([cache_mask, valid], dim=1)
-            self.drafter.extend_context(dcache, features[:, :m], block_pos[:, :m], valid)
-            anchor = verified.gather(1, num_acc[:, None])[:, 0]
-            anchor_pos = anchor_pos + kept
+            if tree is None:
+                live = [s for s in range(b) if not done[s]]
+                kept_list, new_rows = self._chain_round(state, sampling, use_head, live, costs, num_drafts,
+                                                        depth_acceptance)
+            else:
+                kept_list, new_rows = self._tree_round(state, sampling, use_head, tree)
             for s in range(b):
                 if done[s]:
                     continue
-                new = verified_rows[s][: kept_list[s]]
                 before = len(out_ids[s])
-                done[s], out_ids[s] = self._finished(out_ids[s] + new, max_new_tokens, stop)
+                done[s], out_ids[s] = self._finished(out_ids[s] + new_rows[s], max_new_tokens, stop)
                 accept[s].append(kept_list[s])
                 if stream and len(out_ids[s]) > before:
                     stream(s, out_ids[s][before:])
         return out_ids, accept
+
+    def _prefill(self, seqs, sampling: RowSampling) -> tuple[_Decoding, list[int]]:
+        """The target over the left-padded prompts, the first token and the drafter's context."""
+        b = len(seqs)
+        ids, mask = self._left_pad(seqs)
+        positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        logits, features = self._target_forward(ids, mask, positions, cache)
+        anchor = domino_ops.sample(logits[:, -1], **sampling.op_kwargs())
+        dcache = self.drafter.new_cache(b, self.device, self.drafter.fc.weight.dtype)
+        self.drafter.extend_context(dcache, features, positions, mask)
+        return _Decoding(cache, mask, dcache, anchor, positions[:, -1] + 1), anchor.tolist()
+
+    def _chain_round(self, st: _Decoding, sampling: RowSampling, use_head, live: list[int], costs: RoundCosts | None,
+                     num_drafts: int | None, depth_acceptance: DepthAcceptance) -> tuple[list[int], list[list[int]]]:
+        """One chain round: draft, verify, commit. Returns each sequence's kept length
+        (anchor + accepted drafts) and its new tokens (accepted drafts + one target token)."""
+        b, dev = st.anchor.shape[0], st.anchor.device
+        draft_tokens, draft_logits = self._draft_and_choose(st, live, use_head, sampling, costs, num_drafts,
+                                                            depth_acceptance)
+        n = draft_tokens.shape[1]
+        block = torch.cat([st.anchor[:, None], draft_tokens], dim=1)
+        block_pos = st.anchor_pos[:, None] + torch.arange(n + 1, device=dev)
+        logits, features = self._target_forward(block, torch.cat([st.cache_mask, st.cache_mask.new_ones(b, n + 1)], 1),
+                                                block_pos, st.cache)
+        verified, num_acc = self._verify_chain(draft_tokens, draft_logits, logits, sampling)
+        kept = num_acc + 1  # anchor + accepted drafts enter the context
+        host = torch.cat([kept[:, None], verified], dim=1).tolist()  # the one host sync of the round
+        kept_list = [row[0] for row in host]
+        depth_acceptance.update([n] * len(live), [kept_list[s] - 1 for s in live])
+        m = max(kept_list)
+        self._commit(st, kept, n + 1, features[:, :m], verified.gather(1, num_acc[:, None])[:, 0])
+        return kept_list, [row[1:1 + k] for row, k in zip(host, kept_list)]
+
+    def _tree_round(self, st: _Decoding, sampling: RowSampling, use_head, shape: TreeShape
+                    ) -> tuple[list[int], list[list[int]]]:
+        """One tree round: draft a tree, verify all its nodes in one target forward, keep the
+        accepted path in the caches. Returns what :meth:`_chain_round` does."""
+        tree = self.drafter.draft_tree(st.dcache, st.anchor, st.anchor_pos, topk=shape.topk, depth=shape.depth,
+                                       num_draft_tokens=shape.num_draft_tokens, use_head=use_head, sampling=sampling)
+        n = tree.candidates.shape[1]
+        links = tree_links(tree, st.anchor_pos, shape.topk, shape.depth)
+        mask = tree_attention_mask(st.cache_mask, links.ancestors, self.target.dtype)
+        logits, features = self._target_forward(tree.candidates, mask, links.positions, st.cache)
+        tokens, path, num_acc = verify_tree(tree, links, logits, sampling, shape.depth)
+        kept = num_acc + 1  # the root (anchor) + accepted drafts enter the context
+        host = torch.cat([kept[:, None], tokens], dim=1).tolist()  # the one host sync of the round
+        kept_list = [row[0] for row in host]
+        m = max(kept_list)
+        compact_tree_cache(st.cache, path[:, :m], n)
+        path_features = features.gather(1, path[:, :m, None].expand(-1, -1, features.shape[2]))
+        self._commit(st, kept, n, path_features, tokens.gather(1, num_acc[:, None])[:, 0])
+        return kept_list, [row[1:1 + k] for row, k in zip(host, kept_list)]
+
+    def _commit(self, st: _Decoding, kept: torch.Tensor, round_len: int, features: torch.Tensor,
+                next_anchor: torch.Tensor) -> None:
+        """Keeps the first m = max(kept) of the round's ``round_len`` target cache slots
+        (the anchor and the accepted drafts, in path order; slots past a sequence's own
+        ``kept`` [b] become masked holes), feeds their target ``features`` [b, m, n*H] to
+        the drafter's context, and moves the anchor to ``next_anchor`` [b]."""
+        m = features.shape[1]
+        if round_len > m:
+            st.cache.crop(-(round_len - m))
+        valid = torch.arange(m, device=kept.device)[None, :] < kept[:, None]
+        st.cache_mask = torch.cat([st.cache_mask, valid], dim=1)
+        positions = st.anchor_pos[:, None] + torch.arange(m, device=kept.device)
+        self.drafter.extend_context(st.dcache, features, positions, valid)
+        st.anchor = next_anchor
+        st.anchor_pos = st.anchor_pos + kept
 
     # ---- the baseline -----------------------------------------------------------------
 

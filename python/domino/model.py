@@ -11,7 +11,8 @@ target's embeddings of the anchor and the drafted tokens, and a low-rank correct
 State-dict keys follow the public DFlash/Domino checkpoints (``fc``, ``hidden_norm``,
 ``layers.*``, ``norm``, ``prefix_gru``, ``embed_proj``), so those load as they are.
 
-The drafter owns all of its math: generation (:meth:`DominoDraftModel.draft`) and training
+The drafter owns all of its math: generation (:meth:`DominoDraftModel.draft`, and
+:meth:`DominoDraftModel.draft_tree` for tree speculation) and training
 (:meth:`DominoDraftModel.packed_draft_hidden`, :meth:`DominoDraftModel.teacher_forced_logits`,
 :meth:`DominoDraftModel.self_fed_logits`) call the same backbone and head.
 """
@@ -351,6 +352,52 @@ class DominoDraftModel(nn.Module):
                 confidences.append(logprobs.exp())
         return Draft(torch.cat(tokens, dim=1), logits, torch.cat(confidences, dim=1))
 
+    @torch.no_grad()
+    def draft_tree(self, cache: DraftContextCache, anchor: torch.Tensor, anchor_pos: torch.Tensor, *, topk: int,
+                   depth: int, num_draft_tokens: int | None = None, use_head: bool = True,
+                   sampling: RowSampling | None = None) -> domino_ops.DraftTree:
+        """Drafts a tree of tokens after ``anchor`` [b] (node 0, the root) at positions
+        ``anchor_pos`` [b], in SGLang's EAGLE-2 layout (:func:`domino_ops.draft_tree`):
+        ``topk`` children per expanded node, ``depth`` expansion steps (depth d's children
+        sit at draft position d, so ``depth <= config.num_drafts``), ``num_draft_tokens``
+        nodes including the root (greedy only; default every candidate).
+
+        One backbone forward, as :meth:`draft`; base logits for the first ``depth`` draft
+        positions only. With the head, each node carries its own GRU state (the root's:
+        after the anchor) and its children see the correction for its own path; the first
+        ``pure_draft_prefix_len`` depths use the base logits alone, as :meth:`choose_tokens`
+        does, while the states still advance. Without the head (or a head-less drafter) the
+        children of every node at depth d are the same: the best (or drawn) tokens of the
+        base logits at d. ``topk = 1`` drafts :meth:`draft`'s chain at temperature 0: bit for
+        bit without a pure-draft prefix; with one, the prefix tokens' GRU steps are the expand
+        kernel's float32 cell rather than ``nn.GRU`` in the drafter's dtype (equal to rounding).
+
+        ``sampling`` (None: greedy) must hold one temperature/top_k/top_p and at most one
+        generator for the whole batch when it samples (the tree ops take Python numbers).
+        Returns a :class:`domino_ops.DraftTree` (``draft_probs`` [b, N, V] float32 at T > 0).
+        """
+        n = self.config.num_drafts
+        if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= n:
+            raise ValueError(f"depth must be an int in [1, {n}] (the drafter's num_drafts), got {depth!r}")
+        if sampling is None or not sampling.any_sampled:
+            sampling = RowSampling(0.0, 0, 1.0, None, False)  # greedy rows' other arguments do not matter
+        elif (isinstance(sampling.generator, list) or any(
+                isinstance(x, torch.Tensor) for x in (sampling.temperature, sampling.top_k, sampling.top_p))):
+            raise ValueError("sampling: tree drafting needs the same temperature, top_k and top_p for every "
+                             "sequence of the batch and no per-request seeds")
+        block, positions = self.block_input(anchor, anchor_pos)
+        h = self.draft_hidden(self.backbone(cache, block, positions))[:, :depth]
+        base = self.lm_head(h.to(self.lm_head.weight.dtype)).float()  # [b, depth, V]
+        if use_head and self.config.has_head:
+            E, w_ih, w_hh, w1h, w1s, w2 = self.head_weights()
+            hproj = (h.to(w1h.dtype) @ w1h.T).float()
+            head = (hproj, self.gru_state(anchor[:, None]), E, w_ih, w_hh, w1s, w2)
+            plain = min(self.config.pure_draft_prefix_len, depth)
+        else:
+            head, plain = _zero_head(base), depth
+        return domino_ops.draft_tree(base, *head, anchor, topk=topk, depth=depth, num_draft_tokens=num_draft_tokens,
+                                     plain_depths=plain, **sampling.op_kwargs())
+
     # ---- checkpoints ------------------------------------------------------------------
 
     def save_pretrained(self, directory: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:
@@ -381,3 +428,14 @@ class DominoDraftModel(nn.Module):
                              f"unexpected {unexpected}")
         model.calibration = Calibration.load(directory / CALIBRATION_FILE)
         return model.to(device=device, dtype=dtype).eval()
+
+
+def _zero_head(base: torch.Tensor) -> tuple:
+    """A head of rank 1 and GRU width 1 with every weight zero, in
+    :func:`domino_ops.draft_tree`'s argument order after the base logits [b, k, V]: with
+    every depth plain its correction is exactly zero, so a tree drafts from the base logits
+    alone (the block drafter's tree), through the same expand and sampling kernels."""
+    b, k, V = base.shape
+    z = lambda *shape: torch.zeros(*shape, device=base.device, dtype=torch.float32)  # noqa: E731
+    # hproj, state, gru_input (a [V, 3G] table), w_ih (unused with a table), w_hh, w1s, w2
+    return z(b, k, 1), z(b, 1), z(V, 3), None, z(3, 1), z(1, 1), z(V, 1)

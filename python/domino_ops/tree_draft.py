@@ -62,8 +62,8 @@ class DraftTree:
 
 
 def draft_tree(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w2, root_tokens, *, topk: int, depth: int,
-               num_draft_tokens: Optional[int] = None, temperature=0.0, top_k=0, top_p=1.0, generator=None,
-               backend=None) -> DraftTree:
+               num_draft_tokens: Optional[int] = None, plain_depths: int = 0, temperature=0.0, top_k=0, top_p=1.0,
+               generator=None, backend=None) -> DraftTree:
     """Drafts a tree per sequence with the Domino head, in SGLang's EAGLE-2 layout.
 
     Args:
@@ -84,6 +84,8 @@ def draft_tree(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w2, root_t
         raise ValueError(f"topk must be an int >= 1, got {topk!r}")
     if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= k:
         raise ValueError(f"depth must be an int in [1, {k}] (the block's positions), got {depth!r}")
+    if isinstance(plain_depths, bool) or not isinstance(plain_depths, int) or plain_depths < 0:
+        raise ValueError(f"plain_depths must be an int >= 0, got {plain_depths!r}")
     total = tree_size(topk, depth)
     sampled = may_sample(temperature)
     if sampled and num_draft_tokens not in (None, total + 1):
@@ -99,9 +101,11 @@ def draft_tree(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w2, root_t
     kw = dict(num_children=topk, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator,
               backend=backend)
 
+    zero_w2 = torch.zeros_like(w2) if plain_depths > 0 else None
+
     def expand(node_state, node_seq, d):
-        return domino_head_expand(base_logits, hproj, node_state, node_seq,
-                                  torch.full_like(node_seq, d), gru_input, w_ih, w_hh, w1s, w2, **kw)
+        return domino_head_expand(base_logits, hproj, node_state, node_seq, torch.full_like(node_seq, d),
+                                  gru_input, w_ih, w_hh, w1s, zero_w2 if d < plain_depths else w2, **kw)
 
     tokens, logprobs, child_state, logits = expand(state, seq, 0)
     scores, token_list, score_list = logprobs, [tokens], [logprobs]

@@ -1,0 +1,189 @@
+"""Tree speculation on a HF transformers target: the tree's shape, its verification in one
+target forward, and the KV cache compaction that keeps only the accepted path.
+
+A round with a tree (see :mod:`domino.generate`):
+  1. the drafter drafts a tree of N nodes per sequence (node 0, the root, is the anchor)
+     in SGLang's EAGLE-2 layout (:meth:`domino.DominoDraftModel.draft_tree`);
+  2. :func:`tree_links` turns it into each node's ancestors, position and the
+     left-child / right-sibling links (:func:`domino_ops.build_tree_kernel_efficient`);
+  3. the target runs once over the N nodes with :func:`tree_attention_mask`: a node sees
+     the real cached tokens and its own ancestors (itself included), at position
+     ``anchor_pos + depth``;
+  4. :func:`verify_tree` walks the tree (:func:`domino_ops.verify_tree_greedy`, or the
+     lossless :func:`domino_ops.verify_tree_sampling` at T > 0) and returns the accepted
+     path and the emitted tokens (the accepted drafts plus one target token);
+  5. :func:`compact_tree_cache` moves the accepted path's KV entries to the first slots of
+     the round, so that the cache looks exactly as after a chain round that accepted the
+     same tokens, and the engine then crops it as it does for chains.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers.cache_utils import DynamicCache, DynamicLayer
+
+import domino_ops
+from domino_ops.tree_draft import DraftTree, tree_size
+from domino.sampling_params import RowSampling, SamplingParams
+
+
+def _positive_int(name: str, v) -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """The shape of the draft tree of every round (SGLang's EAGLE-2 parameters).
+
+    topk: children per expanded node, and nodes kept per depth for expansion (>= 1).
+    depth: expansion steps, the longest path's drafts (>= 1, at most the drafter's
+        ``num_drafts``); a round advances at most ``depth + 1`` tokens.
+    num_draft_tokens: tree nodes verified per round, the root included, in
+        ``[2, 1 + topk + (depth - 1) * topk**2]``; the best by cumulative draft
+        log-probability are kept. None (the default) keeps every candidate; at
+        temperature > 0 that is the only choice (a sampled tree is verified losslessly only
+        with all of its draws).
+
+    ``TreeShape(1, num_drafts)`` is the engine's chain: at temperature 0 it drafts,
+    accepts and outputs what a chain round does (tokens and acceptance lengths; see
+    :meth:`domino.DominoDraftModel.draft_tree` on rounding with a pure-draft prefix). At
+    T > 0 both are lossless but draw from different random streams.
+    """
+
+    topk: int
+    depth: int
+    num_draft_tokens: int | None = None
+
+    def __post_init__(self):
+        _positive_int("topk", self.topk)
+        _positive_int("depth", self.depth)
+        if self.num_draft_tokens is not None:
+            _positive_int("num_draft_tokens", self.num_draft_tokens)
+            if not 2 <= self.num_draft_tokens <= self.max_nodes:
+                raise ValueError(f"num_draft_tokens must be in [2, {self.max_nodes}] for topk={self.topk}, "
+                                 f"depth={self.depth}, got {self.num_draft_tokens}")
+
+    @property
+    def max_nodes(self) -> int:
+        """Nodes of the full tree, root included: ``1 + topk + (depth - 1) * topk**2``."""
+        return 1 + tree_size(self.topk, self.depth)
+
+    def check(self, num_drafts: int, params: list[SamplingParams]) -> None:
+        """Raises ValueError when this shape cannot serve a request: too deep for the
+        drafter's ``num_drafts``, or pruned / mixed sampling parameters at T > 0."""
+        if self.depth > num_drafts:
+            raise ValueError(f"tree depth must be at most the drafter's num_drafts ({num_drafts}), got {self.depth}")
+        sampled = any(domino_ops.sampling.may_sample(p.temperature) for p in params)
+        if sampled and any((p.temperature, p.top_k, p.top_p, p.seed) != (params[0].temperature, params[0].top_k,
+                                                                         params[0].top_p, None) for p in params):
+            raise ValueError("sampling: sampled tree speculation needs one temperature/top_k/top_p for every prompt "
+                             "of the batch and no per-request seed (use generator=)")
+        if sampled and self.num_draft_tokens not in (None, self.max_nodes):
+            raise ValueError(f"tree num_draft_tokens must be None (every candidate, {self.max_nodes}) at "
+                             f"temperature > 0, got {self.num_draft_tokens}")
+
+
+# The attention implementations that take a 4D additive mask as it is (transformers 5.x).
+MASKABLE_ATTENTION = ("eager", "sdpa")
+
+
+def check_tree_attention(target) -> None:
+    """Raises ValueError unless the target's attention takes the tree's 4D float mask."""
+    impl = getattr(target.config, "_attn_implementation", None)
+    if impl not in MASKABLE_ATTENTION:
+        raise ValueError(f"tree: tree speculation needs the target's attention implementation to be one of "
+                         f"{MASKABLE_ATTENTION} (a 4D tree mask), got {impl!r}; set it with "
+                         f"target.set_attn_implementation('sdpa')")
+
+
+@dataclass
+class TreeLinks:
+    """A drafted tree laid out for verification (b sequences, N nodes each).
+
+    ancestors: [b, N, N] bool, row t true at t and its ancestors (the root included);
+    positions: [b, N] int64, ``anchor_pos + depth``; retrive_index, next_token,
+    next_sibling: [b, N] int64, the verify ops' tree (:mod:`domino_ops.tree_ops`).
+    """
+
+    ancestors: torch.Tensor
+    positions: torch.Tensor
+    retrive_index: torch.Tensor
+    next_token: torch.Tensor
+    next_sibling: torch.Tensor
+
+
+def tree_links(tree: DraftTree, anchor_pos: torch.Tensor, topk: int, depth: int) -> TreeLinks:
+    """:func:`domino_ops.build_tree_kernel_efficient` on a drafted tree whose roots sit at
+    ``anchor_pos`` [b] int64 (QLEN_ONLY mask: the tree part of the attention mask)."""
+    b, n = tree.candidates.shape
+    dev = tree.candidates.device
+    ancestors = torch.empty(b, n, n, dtype=torch.bool, device=dev)
+    positions = torch.empty(b, n, dtype=torch.int64, device=dev)
+    ridx, nxt, sib = (torch.empty(b, n, dtype=torch.int64, device=dev) for _ in range(3))
+    domino_ops.build_tree_kernel_efficient(tree.parent_list, tree.selected_index, anchor_pos.contiguous(), ancestors,
+                                           positions, ridx, nxt, sib, topk, depth, n, domino_ops.tree_ops.QLEN_ONLY)
+    return TreeLinks(ancestors, positions, ridx, nxt, sib)
+
+
+def tree_attention_mask(cache_mask: torch.Tensor, ancestors: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The target's 4D additive attention mask [b, 1, N, past + N] of ``dtype``: 0 where a
+    node may attend (a real cached token, ``cache_mask`` [b, past] bool, or one of its
+    ``ancestors`` [b, N, N] bool), the dtype's lowest value elsewhere.
+
+    transformers (5.x ``masking_utils``) returns a 4D mask as given for the eager and sdpa
+    attention paths; both *add* it to the scores, so it must be a float mask (eager would
+    add a bool one as 0/1 and mask nothing). flash_attention_2 does not take 4D masks."""
+    b, n, _ = ancestors.shape
+    allowed = torch.cat([cache_mask[:, None, :].expand(b, n, -1), ancestors], dim=2)
+    zero = torch.zeros((), dtype=dtype, device=allowed.device)
+    return torch.where(allowed, zero, torch.finfo(dtype).min)[:, None]
+
+
+def verify_tree(tree: DraftTree, links: TreeLinks, logits: torch.Tensor, sampling: RowSampling, depth: int):
+    """Verifies the tree against the target's ``logits`` [b, N, V] float32 at its nodes:
+    greedily when the tree was drafted greedily (``tree.draft_probs`` is None), else by
+    lossless recursive rejection sampling with ``sampling``'s filter and generator.
+
+    Returns (tokens [b, depth + 1] int64: the accepted drafts then the target's token,
+    path [b, depth + 1] int64: the accepted nodes, root first, num_accepted [b] int64);
+    entries past ``num_accepted + 1`` are padding (tokens -1, path 0)."""
+    b, n = tree.candidates.shape
+    dev = logits.device
+    predicts = torch.empty(b * n, dtype=torch.int32, device=dev)
+    accept_index = torch.empty(b, depth + 1, dtype=torch.int32, device=dev)
+    accept_num = torch.empty(b, dtype=torch.int32, device=dev)
+    common = (predicts, accept_index, accept_num, tree.candidates, links.retrive_index, links.next_token,
+              links.next_sibling)
+    if tree.draft_probs is None:
+        domino_ops.verify_tree_greedy(*common, logits.argmax(-1))
+    else:
+        target_probs = domino_ops.filtered_probs(logits, **sampling.filter_kwargs()).contiguous()
+        domino_ops.verify_tree_sampling(*common, domino_ops.draw_uniforms((b, n), dev, sampling.generator),
+                                        domino_ops.draw_uniforms((b,), dev, sampling.generator), target_probs,
+                                        tree.draft_probs)
+    on_path = accept_index >= 0
+    flat = accept_index.long().clamp(min=0)
+    tokens = torch.where(on_path, predicts.long()[flat], -1)
+    path = torch.where(on_path, flat - links.retrive_index[:, :1], 0)  # retrive_index[:, 0] = b * N
+    return tokens, path, accept_num.long()
+
+
+def compact_tree_cache(cache: DynamicCache, path: torch.Tensor, num_nodes: int) -> None:
+    """Moves each sequence's accepted nodes' keys/values (``path`` [b, m] int64, node
+    indices in path order, m <= num_nodes) to the first m slots of the round, the last
+    ``num_nodes`` slots of every layer; the caller then crops the ``num_nodes - m`` left.
+    A sequence that kept fewer than m tokens gets copies of its root in its extra slots;
+    the caller's cache mask makes them holes."""
+    m = path.shape[1]
+    for layer in cache.layers:
+        if type(layer) is not DynamicLayer:  # a sliding-window or static layer cannot be compacted this way
+            raise NotImplementedError(f"tree speculation needs a DynamicCache of full-attention layers, "
+                                      f"got {type(layer).__name__}")
+        start = layer.keys.shape[2] - num_nodes
+        for name in ("keys", "values"):
+            t = getattr(layer, name)  # [b, kvh, T, hd]
+            idx = (start + path)[:, None, :, None].expand(-1, t.shape[1], -1, t.shape[3])
+            t[:, :, start:start + m] = t.gather(2, idx)  # gather copies first: no overlap hazard

@@ -1,0 +1,380 @@
+"""Tree speculation in the engine (``generate(..., tree=TreeShape(...))``): greedy output is
+the target's own greedy decoding, a topk = 1 tree is the chain, acceptance through a
+sibling keeps the caches right, sampled trees are distributed as the target, and the
+one-forward tree verification sees exactly what each path's own forward sees."""
+
+import numpy as np
+import pytest
+import torch
+
+import domino.tree
+import domino_ops
+from domino import TreeShape
+from domino.sampling_params import RowSampling
+from domino_ops.tree_draft import DraftTree, tree_size
+from test_speculative_greedy import prompts
+from test_speculative_sampling import PROMPT, V as SMALL_V, check
+from tiny_models import RiggedDrafts, tiny_generator
+
+GREEDY = RowSampling(0.0, 0, 1.0, None, False)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """The tiny models' matrices are too small for a second thread to help, and on a busy
+    machine intra-op threads contending for the cores made these tests 5x slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+class RiggedTree:
+    """Replaces ``drafter.draft_tree`` with a full tree (every candidate a node) whose
+    target path is always the *last* sibling: at depth 1 the last root child, deeper the
+    last child of the last frontier slot. Every other node is a wrong token. With
+    ``alternate`` the path's first token is wrong on every other round (no acceptance)."""
+
+    def __init__(self, gen, full_sequences, alternate=False):
+        self.gen, self.full, self.alternate, self.round = gen, full_sequences, alternate, 0
+        self.original = gen.drafter.draft_tree
+        gen.drafter.draft_tree = self
+
+    def __call__(self, cache, anchor, anchor_pos, *, topk, depth, **kw):
+        vocab = self.gen.drafter.config.vocab_size
+        wrong_round = self.alternate and self.round % 2 == 1
+        self.round += 1
+        parents = [-1, *range(topk)]
+        for s in range(1, depth - 1):  # frontier of step s: its first topk - 1 candidates, then the path's node
+            base = tree_size(topk, s)
+            parents += [base + j for j in range(topk - 1)] + [base + topk * topk - 1]
+        rows = []
+        for seq, p in zip(self.full, anchor_pos.tolist()):
+            right = [seq[q] if q < len(seq) else 1 for q in range(p + 1, p + 1 + depth)]
+            if wrong_round:
+                right[0] = (right[0] + topk) % vocab  # differs from every sibling: (t + 1 + c) % V, c < topk - 1
+            row = [(right[0] + 1 + c) % vocab for c in range(topk - 1)] + [right[0]]
+            for s in range(1, depth):
+                step = [(right[s] + 1 + c) % vocab for _ in range(topk) for c in range(topk)]
+                step[-1] = right[s]  # the last child of the last frontier slot
+                row += step
+            rows.append(row)
+        b, total = len(rows), tree_size(topk, depth)
+        tokens = torch.tensor(rows, dtype=torch.int64)
+        parent_list = torch.tensor([parents], dtype=torch.int64).expand(b, -1).contiguous()
+        if depth == 1:
+            parent_list = torch.empty(b, 0, dtype=torch.int64)
+        return DraftTree(parent_list, torch.arange(total).expand(b, total).contiguous(),
+                         torch.cat([anchor[:, None], tokens], dim=1), None)
+
+    def restore(self):
+        self.gen.drafter.draft_tree = self.original
+
+
+def greedy_plain(gen, ps, n):
+    return gen.generate_target_only(ps, max_new_tokens=n).token_ids
+
+
+# ---- greedy: exactly the target -------------------------------------------------------
+
+@pytest.mark.parametrize("kind,use_head,batch,shape", [
+    ("qwen3", True, 1, TreeShape(1, 1)),
+    ("qwen3", True, 3, TreeShape(2, 3)),
+    ("qwen3", False, 3, TreeShape(4, 5, 12)),
+    ("qwen3", True, 1, TreeShape(3, 2)),
+    ("qwen3", False, 1, TreeShape(2, 5, 4)),
+    ("llama", True, 3, TreeShape(4, 4, 9)),
+    ("llama", False, 3, TreeShape(3, 1)),
+    ("llama", True, 1, TreeShape(1, 5)),
+    ("llama", False, 1, TreeShape(2, 2, 2)),
+    ("llama", True, 3, TreeShape(3, 5, 20)),
+])
+def test_tree_matches_target_greedy(kind, use_head, batch, shape):
+    gen = tiny_generator(kind)
+    ps = prompts(batch, seed=batch + shape.topk)
+    spec = gen.generate(ps, max_new_tokens=30, use_head=use_head, tree=shape)
+    assert spec.token_ids == greedy_plain(gen, ps, 30)
+    assert all(1 <= a <= shape.depth + 1 for seq in spec.acceptance_lengths for a in seq)
+
+
+@pytest.mark.parametrize("drafter_kw", [dict(shift_label=True), dict(pure_draft_prefix_len=0),
+                                        dict(pure_draft_prefix_len=3), dict(projector_type=None)])
+def test_tree_with_other_drafter_configs(drafter_kw):
+    gen = tiny_generator("qwen3", **drafter_kw)
+    ps = prompts(2, seed=3)
+    assert gen.generate(ps, max_new_tokens=20, tree=TreeShape(2, 4, 7)).token_ids == greedy_plain(gen, ps, 20)
+
+
+def test_tree_matches_target_greedy_with_eager_attention():
+    """The eager path adds the 4D mask to the scores as sdpa does (a bool mask would be
+    added as 0/1 there and mask nothing)."""
+    gen = tiny_generator("qwen3")
+    gen.target.set_attn_implementation("eager")
+    ps = prompts(3, seed=4)
+    assert gen.generate(ps, max_new_tokens=24, tree=TreeShape(3, 3)).token_ids == greedy_plain(gen, ps, 24)
+
+
+@pytest.mark.parametrize("kind,use_head", [("qwen3", True), ("llama", False)])
+def test_topk_one_tree_is_the_chain(kind, use_head):
+    gen = tiny_generator(kind)
+    ps = prompts(3, seed=9)
+    chain = gen.generate(ps, max_new_tokens=30, use_head=use_head, num_drafts=gen.drafter.config.num_drafts)
+    tree = gen.generate(ps, max_new_tokens=30, use_head=use_head, tree=TreeShape(1, gen.drafter.config.num_drafts))
+    assert tree.token_ids == chain.token_ids
+    assert tree.acceptance_lengths == chain.acceptance_lengths
+
+
+@pytest.mark.parametrize("drafter_kw", [{}, dict(pure_draft_prefix_len=0), dict(pure_draft_prefix_len=3),
+                                        dict(shift_label=True), dict(projector_type=None)])
+def test_topk_one_tree_drafts_the_chain_tokens(drafter_kw):
+    gen = tiny_generator("qwen3", **drafter_kw)
+    d = gen.drafter
+    st, _ = gen._prefill(prompts(3, seed=2), GREEDY)
+    n = d.config.num_drafts
+    for use_head in (True, False):
+        chain = d.draft(st.dcache, st.anchor, st.anchor_pos, use_head=use_head).tokens
+        for depth in (1, 2, n):
+            tree = d.draft_tree(st.dcache, st.anchor, st.anchor_pos, topk=1, depth=depth, use_head=use_head)
+            assert torch.equal(tree.candidates[:, 0], st.anchor)
+            assert torch.equal(tree.candidates[:, 1:], chain[:, :depth]), (use_head, depth)
+
+
+def test_head_free_tree_children_are_the_base_top_k():
+    """Without the head every node at depth d has the same children: the base logits' best."""
+    gen = tiny_generator("llama")
+    d = gen.drafter
+    st, _ = gen._prefill(prompts(2, seed=1), GREEDY)
+    block, pos = d.block_input(st.anchor, st.anchor_pos)
+    base = d.lm_head(d.draft_hidden(d.backbone(st.dcache, block, pos))).float()
+    tree = d.draft_tree(st.dcache, st.anchor, st.anchor_pos, topk=3, depth=3, use_head=False)
+    best = base.topk(3, dim=-1).indices  # [b, n, 3]
+    cands = tree.candidates[:, 1:]  # every candidate selected: the layout's own order
+    assert torch.equal(cands[:, :3], best[:, 0])
+    for s in (1, 2):
+        step = cands[:, tree_size(3, s):tree_size(3, s + 1)].view(2, 3, 3)
+        assert torch.equal(step, best[:, s, None].expand(2, 3, 3))
+
+
+# ---- the target's side: mask, positions, compaction ------------------------------------
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_tree_forward_equals_each_paths_own_forward(attn):
+    """One forward over a tree (ragged batch: the cache has left-padding holes) gives at
+    every node the logits of a plain forward over the prompt and that node's path."""
+    gen = tiny_generator("qwen3")
+    gen.target.set_attn_implementation(attn)
+    ps = prompts(3, seed=6)
+    st, _ = gen._prefill(ps, GREEDY)
+    tree = gen.drafter.draft_tree(st.dcache, st.anchor, st.anchor_pos, topk=3, depth=3, num_draft_tokens=8)
+    links = domino.tree.tree_links(tree, st.anchor_pos, 3, 3)
+    mask = domino.tree.tree_attention_mask(st.cache_mask, links.ancestors, gen.target.dtype)
+    logits, _ = gen._target_forward(tree.candidates, mask, links.positions, st.cache)
+    for s, prompt in enumerate(ps):
+        for u in range(tree.candidates.shape[1]):
+            path = [int(tree.candidates[s, a]) for a in range(u + 1) if links.ancestors[s, u, a]]
+            assert links.positions[s, u] == len(prompt) + len(path) - 1
+            want = gen.target(torch.tensor([prompt + path])).logits[0, -1].float()
+            torch.testing.assert_close(logits[s, u], want, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("topk,depth", [(2, 3), (3, 4), (2, 1)])
+def test_acceptance_through_siblings(topk, depth):
+    """The target's path is always the last sibling: every round accepts depth drafts
+    through non-first children, and the compacted caches keep the next rounds right
+    (ragged batch; one sequence's drafts always wrong)."""
+    gen = tiny_generator("llama")
+    ps = prompts(3, seed=5)
+    plain = greedy_plain(gen, ps, 40)
+    full = [p + t for p, t in zip(ps, plain)]
+    full[2] = [(t + 1) % 64 for t in full[2]]  # sequence 2's trees never hold its path
+    rig = RiggedTree(gen, full)
+    try:
+        spec = gen.generate(ps, max_new_tokens=40, tree=TreeShape(topk, depth))
+    finally:
+        rig.restore()
+    assert spec.token_ids == plain
+    for seq in spec.acceptance_lengths[:2]:
+        assert seq[:-1] == [depth + 1] * (len(seq) - 1)
+    assert set(spec.acceptance_lengths[2]) == {1}
+
+
+def test_sibling_paths_feed_the_drafter_what_a_chain_feeds():
+    """A tree whose path runs through last siblings and a rigged chain accept the same
+    tokens; the drafter's context gets the same features, positions and validity."""
+    gen = tiny_generator("qwen3")
+    ps = prompts(2, seed=12)
+    plain = greedy_plain(gen, ps, 30)
+    full = [p + t for p, t in zip(ps, plain)]
+    k = len(ps[1]) + 11  # sequence 1's drafts go wrong after 10 tokens (in the tree: every sibling): ragged
+    full[1] = full[1][:k] + [(t + 1) % 64 for t in full[1][k:]]
+    n = gen.drafter.config.num_drafts
+
+    def run(rig_class, **kw):
+        calls = []
+        extend = gen.drafter.extend_context
+        gen.drafter.extend_context = lambda cache, f, pos, valid: (calls.append((f, pos, valid)),
+                                                                   extend(cache, f, pos, valid))
+        rig = rig_class(gen, full)
+        try:
+            res = gen.generate(ps, max_new_tokens=30, **kw)
+        finally:
+            rig.restore()
+            del gen.drafter.extend_context
+        return res, calls
+
+    chain, chain_calls = run(RiggedDrafts, num_drafts=n)
+    tree, tree_calls = run(RiggedTree, tree=TreeShape(2, n))
+    assert chain.token_ids == tree.token_ids == plain
+    assert chain.acceptance_lengths == tree.acceptance_lengths
+    assert len(chain_calls) == len(tree_calls)
+    for (cf, cp, cv), (tf, tp, tv) in zip(chain_calls, tree_calls):
+        assert torch.equal(cp, tp) and torch.equal(cv, tv)
+        torch.testing.assert_close(tf[tv], cf[cv], atol=1e-5, rtol=1e-5)
+
+
+def test_alternating_sibling_and_zero_acceptance():
+    gen = tiny_generator("qwen3")
+    ps = prompts(2, seed=11)
+    plain = greedy_plain(gen, ps, 80)
+    rig = RiggedTree(gen, [p + t for p, t in zip(ps, plain)], alternate=True)
+    try:
+        spec = gen.generate(ps, max_new_tokens=80, tree=TreeShape(3, 4))
+    finally:
+        rig.restore()
+    assert spec.token_ids == plain
+    assert set(spec.acceptance_lengths[0][:-1]) == {1, 5}
+
+
+def test_without_compaction_sibling_acceptance_goes_wrong(monkeypatch):
+    """Negative control: skipping the KV compaction (keeping the round's first slots, the
+    root and its first children, instead of the accepted path) breaks the output."""
+    gen = tiny_generator("llama")
+    ps = prompts(2, seed=5)
+    plain = greedy_plain(gen, ps, 30)
+    monkeypatch.setattr(domino.generate, "compact_tree_cache", lambda cache, path, n: None)
+    rig = RiggedTree(gen, [p + t for p, t in zip(ps, plain)])
+    try:
+        spec = gen.generate(ps, max_new_tokens=30, tree=TreeShape(2, 3))
+    finally:
+        rig.restore()
+    assert spec.token_ids != plain
+
+
+def test_stop_conditions_and_streaming():
+    gen = tiny_generator("qwen3")
+    p = prompts(1, seed=2)[0]
+    shape = TreeShape(2, 3)
+    plain = greedy_plain(gen, p, 30)
+    streamed = []
+    res = gen.generate(p, max_new_tokens=30, tree=shape, stream=lambda i, ids: streamed.extend(ids))
+    assert streamed == res.token_ids == plain
+    gen.eos_ids = [plain[9]]
+    assert gen.generate(p, max_new_tokens=30, tree=shape).token_ids == plain[: plain.index(plain[9]) + 1]
+    gen.eos_ids = []
+    stop = " ".join(str(t) for t in plain[4:6])
+    res = gen.generate(p, max_new_tokens=30, stop=[stop], tree=shape)
+    assert stop not in res.text and len(res.token_ids) < 30
+    assert len(gen.generate(p, max_new_tokens=7, tree=shape).token_ids) == 7
+
+
+# ---- sampling: distributed as the target ----------------------------------------------
+
+def _with_tree(gen, shape, use_head):
+    original = gen.generate
+    gen.generate = lambda *a, **k: original(*a, tree=shape, use_head=use_head, **k)
+    return gen
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p,use_head", [(1.0, 0, 1.0, True), (0.7, 4, 0.9, False)])
+def test_sampled_tree_matches_target(temperature, top_k, top_p, use_head):
+    gen = _with_tree(tiny_generator("qwen3", vocab=SMALL_V, block_size=4, seed=3), TreeShape(2, 2), use_head)
+    res = check(gen, temperature, top_k, top_p, N=3000)
+    lens = [a for seq in res.acceptance_lengths for a in seq]
+    assert 1 in lens and max(lens) > 1
+
+
+def test_biased_draft_probabilities_are_caught(monkeypatch):
+    """Negative control: verifying with draft probabilities that are not the ones the
+    children were drawn from (uniform ones) fails the same test."""
+    verify = domino_ops.verify_tree_sampling
+
+    def uniform_q(*args):
+        q = torch.where(args[-1] > 0, 1.0 / args[-1].shape[-1], 0.0)
+        return verify(*args[:-1], q)
+
+    monkeypatch.setattr(domino.tree.domino_ops, "verify_tree_sampling", uniform_q)
+    gen = _with_tree(tiny_generator("qwen3", vocab=SMALL_V, block_size=4, seed=3), TreeShape(2, 2), True)
+    with pytest.raises(AssertionError, match="chi-square|zero probability"):
+        check(gen, 1.0, 0, 1.0, N=3000)
+
+
+def test_sampled_tree_runs_with_one_generator_and_is_reproducible():
+    gen = tiny_generator("llama")
+    ps = prompts(2, seed=3)
+    kw = dict(max_new_tokens=12, temperature=0.8, top_k=20, tree=TreeShape(2, 3))
+    a = gen.generate(ps, generator=torch.Generator().manual_seed(5), **kw)
+    b = gen.generate(ps, generator=torch.Generator().manual_seed(5), **kw)
+    assert a.token_ids == b.token_ids and all(len(t) == 12 for t in a.token_ids)
+
+
+# ---- arguments ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("make,msg", [
+    (lambda: TreeShape(0, 2), "topk must be"),
+    (lambda: TreeShape(2, 0), "depth must be"),
+    (lambda: TreeShape(True, 2), "topk must be"),
+    (lambda: TreeShape(2, 2, num_draft_tokens=8), r"num_draft_tokens must be in \[2, 7\]"),
+    (lambda: TreeShape(2, 2, num_draft_tokens=1), r"num_draft_tokens must be in \[2, 7\]"),
+])
+def test_bad_tree_shapes(make, msg):
+    with pytest.raises(ValueError, match=msg):
+        make()
+
+
+@pytest.mark.parametrize("kw,msg", [
+    (dict(tree=TreeShape(2, 8)), r"depth must be at most the drafter's num_drafts \(7\)"),
+    (dict(tree=(2, 3)), "tree must be a domino.TreeShape"),
+    (dict(tree=TreeShape(2, 3, 5), temperature=0.8), "num_draft_tokens must be None"),
+    (dict(tree=TreeShape(2, 3), sampling=[domino.SamplingParams(0.8), domino.SamplingParams(0.5)]), "sampling"),
+    (dict(tree=TreeShape(2, 3), sampling=[domino.SamplingParams(0.8, seed=1)] * 2), "sampling"),
+])
+def test_bad_tree_arguments(kw, msg):
+    gen = tiny_generator("qwen3")
+    with pytest.raises(ValueError, match=msg):
+        gen.generate(prompts(2), max_new_tokens=4, **kw)
+
+
+def test_attention_without_4d_masks_is_refused():
+    gen = tiny_generator("qwen3")
+    gen.target.config._attn_implementation = "flash_attention_2"  # not installed here: only the check runs
+    with pytest.raises(ValueError, match="attention implementation"):
+        gen.generate(prompts(1), max_new_tokens=4, tree=TreeShape(2, 2))
+
+
+def test_greedy_batch_with_per_request_seeds_is_fine():
+    gen = tiny_generator("qwen3")
+    ps = prompts(2, seed=8)
+    params = [domino.SamplingParams(seed=1), domino.SamplingParams(seed=2)]
+    assert gen.generate(ps, max_new_tokens=10, sampling=params, tree=TreeShape(2, 2)).token_ids == \
+        greedy_plain(gen, ps, 10)
+
+
+def test_cli_rejects_a_bad_tree_before_loading_anything(capsys):
+    from domino import cli
+
+    for bad, msg in (("0,3", "topk must be"), ("3", "TOPK,DEPTH"), ("2,x", "invalid literal")):
+        with pytest.raises(SystemExit):
+            cli.main(["generate", "hi", "--tree", bad])
+        assert msg in capsys.readouterr().err
+
+
+# ---- SmolLM2 ---------------------------------------------------------------------------
+
+def test_smollm2_tree_greedy_equals_plain_greedy():
+    try:
+        gen = domino.load_default()
+    except Exception as e:  # noqa: BLE001 - no weights on this machine: nothing to test
+        pytest.skip(f"SmolLM2 default model unavailable: {e}")
+    prompt = "List three prime numbers."
+    plain = gen.generate_target_only(prompt, max_new_tokens=24).token_ids
+    assert gen.generate(prompt, max_new_tokens=24, tree=TreeShape(3, 4, 10)).token_ids == plain
