@@ -1,82 +1,253 @@
-"""End-to-end greedy decoding on HumanEval prompts, every method in one run, side by side.
+"""End-to-end greedy decoding, every method in one run, side by side, every output checked
+identical to plain greedy decoding.
 
-Methods: plain HF ``generate``; HF prompt-lookup decoding (``prompt_lookup_num_tokens``);
-Domino with the head off (backbone only, the DFlash baseline); Domino. Reports tokens/s
-(total new tokens / total time, after one warm-up generation per method), mean acceptance
-length (tokens advanced per target forward), speedup over plain, and whether every output
-is identical to plain greedy decoding.
+For each model configuration (``--configs``: fp32 with PyTorch's linears, bf16 with the
+batch-invariant ``small_batch_linear``; the same kernels serve both sides of each
+comparison) it times, on the same prompts:
 
-    python benchmarks/bench_e2e.py --num-prompts 20 --max-new-tokens 128
+- plain HF greedy ``generate`` and HF prompt lookup (``prompt_lookup_num_tokens``);
+- Domino, a chain of the whole block every round (``num_drafts`` = block - 1);
+- Domino, a chain with the adaptive budget (the default of ``generate``);
+- Domino, a tree (``--tree``), head on, and the same tree with the head off (children from
+  the base marginals only: a block drafter's tree, without causal state).
+
+Speedups are against the fastest plain decoding of all configurations. Per method it
+reports tokens/s (total new tokens / total time, one warm-up generation per method
+excluded), acceptance (tokens advanced per round), tokens verified per round and the
+round's cost breakdown (drafting / target forward / the rest, ms per round). The costs of
+the adaptive budget are measured (or read from the disk cache) before any timing.
+
+    python benchmarks/bench_e2e.py --num-prompts 8 --max-new-tokens 96
+    python benchmarks/bench_e2e.py --chat        # held-out chat prompts instead of HumanEval
+    python benchmarks/bench_e2e.py --sweep       # acceptance vs tokens verified: chain vs tree,
+                                                 # head on vs off (PNG in results/)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import platform
+import statistics
 import time
+from collections import defaultdict
+from pathlib import Path
 
 import torch
 
 import domino
-from eval_acceptance import humaneval_prompts  # one prompt format for both benchmarks
+from domino.loading import DEFAULT_DRAFTER_DIR, smollm2_dir
+from eval_acceptance import humaneval_prompts
+
+RESULTS = Path(__file__).parent / "results"
+CONFIGS = {"fp32": (torch.float32, False), "bf16-sbl": (torch.bfloat16, True)}
 
 
-def run_method(name, fn, prompts):
-    fn(prompts[0], 8)  # warm-up, not timed
-    tokens, accepts, outputs = 0, [], []
-    t0 = time.perf_counter()
-    for p in prompts:
-        ids, acc = fn(p, None)
-        outputs.append(ids)
-        tokens += len(ids)
-        accepts.extend(acc)
-    elapsed = time.perf_counter() - t0
-    return dict(name=name, tps=tokens / elapsed, tau=sum(accepts) / max(len(accepts), 1), outputs=outputs,
-                tokens=tokens, elapsed=elapsed)
+def chat_prompts(n: int) -> list[list[dict]]:
+    """The first user turns of the held-out conversations (shard 0 of the regenerated mix,
+    which the trainer never trains on)."""
+    from transformers import AutoTokenizer
+
+    shard = Path(__file__).resolve().parents[1] / "training" / "regenerated" / "smollm2_mix" / "shard_00000.jsonl"
+    tok = AutoTokenizer.from_pretrained(smollm2_dir(quiet=True))
+    out = []
+    for line in shard.read_text().splitlines():
+        rec = json.loads(line)
+        ids = rec["tokens"][: rec["prompt_len"]]
+        text = tok.decode(ids, skip_special_tokens=False)
+        user = text.split("<|im_start|>user\n", 1)[-1].split("<|im_end|>", 1)[0].strip()
+        if user:
+            out.append([{"role": "user", "content": user}])
+        if len(out) == n:
+            break
+    return out
+
+
+class RoundTimer:
+    """Accumulates the wall time of the drafter's drafting and of the target's forwards
+    while installed (wrapping the generator's own methods)."""
+
+    def __init__(self, gen):
+        self.gen, self.ms = gen, defaultdict(float)
+        self.originals = {}
+        for owner, name, key in ((gen.drafter, "draft", "draft"), (gen.drafter, "draft_tree", "draft"),
+                                 (gen, "_target_forward", "target")):
+            fn = getattr(owner, name)
+            self.originals[(owner, name)] = fn
+            setattr(owner, name, self._timed(fn, key))
+
+    def _timed(self, fn, key):
+        def wrapper(*a, **kw):
+            t0 = time.perf_counter()
+            out = fn(*a, **kw)
+            self.ms[key] += (time.perf_counter() - t0) * 1e3
+            return out
+        return wrapper
+
+    def remove(self):
+        for (owner, name) in self.originals:
+            delattr(owner, name)  # the instance attribute shadowed the class's method
+
+
+def run_method(name, fn, prompts, gen, repeats: int):
+    """Generates every prompt ``repeats`` times (after one untimed warm-up); tokens/s is
+    the median over repeats of total tokens / total time."""
+    fn(prompts[0], 8)
+    tps, outputs, accepts, verified = [], None, [], []
+    timer = RoundTimer(gen)
+    t_total = 0.0
+    try:
+        for r in range(repeats):
+            timer.ms.clear()
+            tokens, outs, t0 = 0, [], time.perf_counter()
+            acc_r, ver_r = [], []
+            for p in prompts:
+                res = fn(p, None)
+                outs.append(res.token_ids)
+                tokens += len(res.token_ids)
+                acc_r.extend(res.acceptance_lengths)
+                ver_r.extend(res.verified_lengths or [1] * len(res.token_ids))
+            elapsed = time.perf_counter() - t0
+            tps.append(tokens / elapsed)
+            outputs, accepts, verified, t_total = outs, acc_r, ver_r, elapsed
+            ms = dict(timer.ms)
+    finally:
+        timer.remove()
+    rounds = max(len(accepts), 1)
+    return dict(name=name, tps=statistics.median(tps), outputs=outputs, tau=sum(accepts) / rounds,
+                verified=sum(verified) / rounds, rounds=rounds, draft_ms=ms.get("draft", 0.0) / rounds,
+                target_ms=ms.get("target", 0.0) / rounds,
+                other_ms=(t_total * 1e3 - ms.get("draft", 0.0) - ms.get("target", 0.0)) / rounds)
+
+
+def methods(gen, args, tree):
+    M = args.max_new_tokens
+    n_block = gen.drafter.config.num_drafts
+
+    def plain(p, m):
+        return gen.generate_target_only(p, max_new_tokens=m or M)
+
+    def lookup(p, m):
+        return gen.generate_target_only(p, max_new_tokens=m or M, prompt_lookup_num_tokens=args.prompt_lookup_tokens)
+
+    def spec(**kw):
+        return lambda p, m: gen.generate(p, max_new_tokens=m or M, **kw)
+
+    return [("plain HF greedy", plain),
+            (f"HF prompt lookup ({args.prompt_lookup_tokens})", lookup),
+            (f"Domino chain {n_block}", spec(num_drafts=n_block)),
+            ("Domino chain, adaptive", spec()),
+            (f"Domino tree {tree.topk},{tree.depth},{tree.num_draft_tokens}", spec(tree=tree)),
+            (f"tree {tree.topk},{tree.depth},{tree.num_draft_tokens} head off", spec(tree=tree, use_head=False))]
+
+
+def load(config: str, drafter):
+    dtype, sbl = CONFIGS[config]
+    return domino.load(smollm2_dir(), drafter, dtype=dtype, small_batch_linear=sbl)
+
+
+def cmd_compare(args) -> None:
+    prompts = chat_prompts(args.num_prompts) if args.chat else humaneval_prompts(args.num_prompts, args.offset)
+    tree = domino.TreeShape(*args.tree)
+    torch.set_grad_enabled(False)
+    rows = []
+    for config in args.configs:
+        gen = load(config, args.drafter)
+        gen.round_costs(1)  # the adaptive budget's costs: measured (or read) before any timing
+        for name, fn in methods(gen, args, tree):
+            r = run_method(name, fn, prompts, gen, args.repeats)
+            r["config"] = config
+            rows.append(r)
+            print(f"  {config:8} {name:30} {r['tps']:6.1f} tok/s", flush=True)
+    plains = {r["config"]: r for r in rows if r["name"] == "plain HF greedy"}
+    fastest = max(plains.values(), key=lambda r: r["tps"])
+    cpu = domino.budget._cpu_name()
+    head = (f"\n{'HumanEval prompts %d..%d' % (args.offset, args.offset + len(prompts) - 1) if not args.chat else 'held-out chat prompts (%d)' % len(prompts)}, "
+            f"greedy, max_new_tokens={args.max_new_tokens}, median of {args.repeats}; {cpu}, "
+            f"{torch.get_num_threads()} threads, torch {torch.__version__}; speedup vs the fastest plain "
+            f"decoding ({fastest['config']}, {fastest['tps']:.1f} tok/s)")
+    lines = [head, f"{'config':8} | {'method':30} | {'tok/s':>6} | {'speedup':>7} | {'tau':>5} | {'verified':>8} | "
+             f"{'draft ms':>8} | {'target ms':>9} | {'other ms':>8} | identical",
+             "-" * 122]
+    for r in rows:
+        same = r["outputs"] == plains[r["config"]]["outputs"]  # vs plain greedy in the same configuration
+        spec = "lookup" not in r["name"] and "plain" not in r["name"]
+        lines.append(f"{r['config']:8} | {r['name']:30} | {r['tps']:6.1f} | {r['tps'] / fastest['tps']:6.2f}x | "
+                     + (f"{r['tau']:5.2f} | {r['verified']:8.2f} | {r['draft_ms']:8.1f} | {r['target_ms']:9.1f} | "
+                        f"{r['other_ms']:8.1f}" if spec else f"{'':5} | {'':8} | {'':8} | {'':9} | {'':8}")
+                     + f" | {'yes' if same else 'NO'}")
+    text = "\n".join(lines)
+    print(text)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / ("e2e_chat.txt" if args.chat else "e2e.txt")).write_text(text + "\n")
+
+
+def cmd_sweep(args) -> None:
+    """Acceptance against tokens verified per round: chains of n drafts and trees of N
+    nodes, head on and off, one configuration, greedy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    prompts = humaneval_prompts(args.num_prompts, args.offset)
+    gen = load(args.configs[0], args.drafter)
+    torch.set_grad_enabled(False)
+    n_block = gen.drafter.config.num_drafts
+    curves = {}
+    for use_head in (True, False):
+        on = "head on" if use_head else "head off"
+        curves[f"chain, {on}"] = [(n, {"num_drafts": n}) for n in (1, 2, 3, 4, 6, 8, n_block)]
+        curves[f"tree, {on}"] = [(N, {"tree": domino.TreeShape(4, 6, N)}) for N in (3, 4, 6, 8, 12, 16, 24)]
+        for key in (f"chain, {on}", f"tree, {on}"):
+            pts = []
+            for size, kw in curves[key]:
+                acc = rounds = 0
+                for p in prompts:
+                    res = gen.generate(p, max_new_tokens=args.max_new_tokens, use_head=use_head, **kw)
+                    acc += sum(res.acceptance_lengths)
+                    rounds += len(res.acceptance_lengths)
+                pts.append((size + (1 if "chain" in key else 0), acc / rounds))
+                print(f"  {key:16} verified {pts[-1][0]:3d}: tau {pts[-1][1]:.3f}", flush=True)
+            curves[key] = pts
+    lines = [f"HumanEval prompts {args.offset}..{args.offset + len(prompts) - 1}, greedy, "
+             f"max_new_tokens={args.max_new_tokens}, {args.configs[0]}; tau = tokens advanced per round",
+             f"{'curve':16} | " + " | ".join(f"{'verified':>8} {'tau':>5}" for _ in range(7))]
+    for key, pts in curves.items():
+        lines.append(f"{key:16} | " + " | ".join(f"{v:8d} {t:5.2f}" for v, t in pts))
+    text = "\n".join(lines)
+    print(text)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "acceptance_vs_verified.txt").write_text(text + "\n")
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for key, pts in curves.items():
+        ax.plot(*zip(*pts), marker="o" if "chain" in key else "s", linestyle="-" if "head on" in key else "--",
+                label=key)
+    ax.set_xlabel("tokens verified per round (anchor + drafts / tree nodes)")
+    ax.set_ylabel("acceptance (tokens advanced per round)")
+    ax.set_title("SmolLM2-135M + Domino drafter, HumanEval, greedy")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(RESULTS / "acceptance_vs_verified.png", dpi=120)
+    print(f"wrote {RESULTS / 'acceptance_vs_verified.png'}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--num-prompts", type=int, default=20)
+    parser.add_argument("--num-prompts", type=int, default=8)
     parser.add_argument("--offset", type=int, default=0)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--drafter", help="drafter checkpoint (default: the shipped one)")
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--repeats", type=int, default=1, help="timed passes over the prompts (median)")
+    parser.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
+    parser.add_argument("--drafter", type=Path, default=DEFAULT_DRAFTER_DIR)
+    parser.add_argument("--tree", type=int, nargs=3, default=(3, 4, 8), metavar=("TOPK", "DEPTH", "NODES"))
     parser.add_argument("--prompt-lookup-tokens", type=int, default=10)
+    parser.add_argument("--chat", action="store_true", help="held-out chat prompts instead of HumanEval")
+    parser.add_argument("--sweep", action="store_true", help="acceptance vs tokens verified (plot)")
     args = parser.parse_args()
-
-    gen = domino.load_default(quiet=False) if args.drafter is None else domino.load(
-        domino.loading.smollm2_dir(), args.drafter, quiet=False)
-    prompts = humaneval_prompts(args.num_prompts, args.offset)
-    M = args.max_new_tokens
-    torch.set_grad_enabled(False)
-
-    def plain(p, m):
-        r = gen.generate_target_only(p, max_new_tokens=m or M)
-        return r.token_ids, [1] * len(r.token_ids)
-
-    def lookup(p, m):
-        r = gen.generate_target_only(p, max_new_tokens=m or M, prompt_lookup_num_tokens=args.prompt_lookup_tokens)
-        return r.token_ids, []
-
-    def spec(use_head):
-        def f(p, m):
-            r = gen.generate(p, max_new_tokens=m or M, use_head=use_head)
-            return r.token_ids, r.acceptance_lengths
-        return f
-
-    results = [run_method("plain HF generate", plain, prompts),
-               run_method(f"HF prompt lookup ({args.prompt_lookup_tokens})", lookup, prompts),
-               run_method("Domino, head off (DFlash)", spec(False), prompts),
-               run_method("Domino", spec(True), prompts)]
-    base = results[0]
-    print(f"\nHumanEval prompts {args.offset}..{args.offset + len(prompts) - 1}, greedy, max_new_tokens={M}, "
-          f"block {gen.drafter.config.block_size}, torch {torch.__version__}, {torch.get_num_threads()} threads")
-    print(f"{'method':30} | {'tok/s':>7} | {'tau':>5} | {'speedup':>7} | {'tokens':>6} | identical to plain")
-    print("-" * 84)
-    for r in results:
-        same = all(a == b for a, b in zip(r["outputs"], base["outputs"]))
-        tau = f"{r['tau']:.2f}" if r["name"] != results[1]["name"] else "  n/a"
-        print(f"{r['name']:30} | {r['tps']:7.1f} | {tau:>5} | {r['tps'] / base['tps']:6.2f}x | {r['tokens']:6d} | "
-              f"{'yes' if same else 'NO'}")
+    print(f"[bench_e2e] {platform.node()} {domino.budget._cpu_name()}", flush=True)
+    (cmd_sweep if args.sweep else cmd_compare)(args)
 
 
 if __name__ == "__main__":

@@ -49,6 +49,9 @@ class GenerationResult:
     acceptance_lengths: list[int] | list[list[int]]  # tokens advanced per verification round
     tokens_per_second: float
     elapsed_s: float = 0.0
+    # tokens the target verified per round (the anchor and the drafts or tree nodes), per
+    # round of acceptance_lengths: the cost side of the acceptance
+    verified_lengths: list[int] | list[list[int]] | None = None
 
     @property
     def mean_acceptance_length(self) -> float:
@@ -117,15 +120,18 @@ class DominoGenerator:
 
     # ---- the target -------------------------------------------------------------------
 
-    def _target_forward(self, ids, mask, positions, cache):
-        """Logits [b, T, V] float32 and the drafter's context features [b, T, n*H]. ``mask``
-        is [b, past + T] bool (real tokens; causal within ids) or a 4D additive float mask
-        [b, 1, T, past + T], passed to the model as it is."""
+    def _target_forward(self, ids, mask, positions, cache, last_logits_only: bool = False):
+        """Logits [b, T, V] float32 (only the last position's, [b, 1, V], with
+        ``last_logits_only``: the prefill needs no others, and a prompt's LM-head rows
+        would cost more than its layers) and the drafter's context features [b, T, n*H].
+        ``mask`` is [b, past + T] bool (real tokens; causal within ids) or a 4D additive
+        float mask [b, 1, T, past + T], passed to the model as it is."""
         mask = mask.long() if mask.dtype == torch.bool else mask
         out = self.target.model(input_ids=ids, attention_mask=mask, position_ids=positions,
                                 past_key_values=cache, use_cache=True, output_hidden_states=True)
         features = target_features(out.hidden_states, self.drafter.config.target_layer_ids)
-        return self.target.lm_head(out.last_hidden_state).float(), features
+        h = out.last_hidden_state[:, -1:] if last_logits_only else out.last_hidden_state
+        return self.target.lm_head(h).float(), features
 
     # ---- generation -------------------------------------------------------------------
 
@@ -169,14 +175,15 @@ class DominoGenerator:
         # the chain's budget, measured before the clock starts
         costs = self.round_costs(len(seqs)) if num_drafts is None and tree is None else None
         t0 = time.perf_counter()
-        token_ids, accept = self._speculative(seqs, max_new_tokens, rows, use_head, stop, stream, tree, costs,
+        token_ids, accept, verified = self._speculative(seqs, max_new_tokens, rows, use_head, stop, stream, tree, costs,
                                               num_drafts)
         elapsed = time.perf_counter() - t0
         texts = [self._decode_until_stop(t, stop) for t in token_ids]
         total = sum(len(t) for t in token_ids)
-        res = GenerationResult(texts, token_ids, accept, total / elapsed, elapsed)
+        res = GenerationResult(texts, token_ids, accept, total / elapsed, elapsed, verified)
         if not batch:
             res.text, res.token_ids, res.acceptance_lengths = texts[0], token_ids[0], accept[0]
+            res.verified_lengths = verified[0]
         return res
 
     @staticmethod
@@ -255,6 +262,7 @@ class DominoGenerator:
         depth_acceptance = DepthAcceptance(self.drafter.config.num_drafts, self.drafter.calibration.depth_rates or 0.5)
         out_ids = [[t] for t in first]
         accept = [[] for _ in range(b)]
+        verified = [[] for _ in range(b)]
         done = [False] * b
         for s in range(b):
             done[s], out_ids[s] = self._finished(out_ids[s], max_new_tokens, stop)
@@ -263,19 +271,20 @@ class DominoGenerator:
         while not all(done):
             if tree is None:
                 live = [s for s in range(b) if not done[s]]
-                kept_list, new_rows = self._chain_round(state, sampling, use_head, live, costs, num_drafts,
-                                                        depth_acceptance)
+                kept_list, new_rows, verified_len = self._chain_round(state, sampling, use_head, live, costs,
+                                                                      num_drafts, depth_acceptance)
             else:
-                kept_list, new_rows = self._tree_round(state, sampling, use_head, tree)
+                kept_list, new_rows, verified_len = self._tree_round(state, sampling, use_head, tree)
             for s in range(b):
                 if done[s]:
                     continue
                 before = len(out_ids[s])
                 done[s], out_ids[s] = self._finished(out_ids[s] + new_rows[s], max_new_tokens, stop)
                 accept[s].append(kept_list[s])
+                verified[s].append(verified_len)
                 if stream and len(out_ids[s]) > before:
                     stream(s, out_ids[s][before:])
-        return out_ids, accept
+        return out_ids, accept, verified
 
     def _prefill(self, seqs, sampling: RowSampling) -> tuple[_Decoding, list[int]]:
         """The target over the left-padded prompts, the first token and the drafter's context."""
@@ -283,7 +292,7 @@ class DominoGenerator:
         ids, mask = self._left_pad(seqs)
         positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache()
-        logits, features = self._target_forward(ids, mask, positions, cache)
+        logits, features = self._target_forward(ids, mask, positions, cache, last_logits_only=True)
         anchor = domino_ops.sample(logits[:, -1], **sampling.op_kwargs())
         dcache = self.drafter.new_cache(b, self.device, self.drafter.fc.weight.dtype)
         self.drafter.extend_context(dcache, features, positions, mask)
@@ -292,7 +301,8 @@ class DominoGenerator:
     def _chain_round(self, st: _Decoding, sampling: RowSampling, use_head, live: list[int], costs: RoundCosts | None,
                      num_drafts: int | None, depth_acceptance: DepthAcceptance) -> tuple[list[int], list[list[int]]]:
         """One chain round: draft, verify, commit. Returns each sequence's kept length
-        (anchor + accepted drafts) and its new tokens (accepted drafts + one target token)."""
+        (anchor + accepted drafts), its new tokens (accepted drafts + one target token) and
+        the tokens the target verified (the anchor and the drafts)."""
         b, dev = st.anchor.shape[0], st.anchor.device
         draft_tokens, draft_logits = self._draft_and_choose(st, live, use_head, sampling, costs, num_drafts,
                                                             depth_acceptance)
@@ -308,7 +318,7 @@ class DominoGenerator:
         depth_acceptance.update([n] * len(live), [kept_list[s] - 1 for s in live])
         m = max(kept_list)
         self._commit(st, kept, n + 1, features[:, :m], verified.gather(1, num_acc[:, None])[:, 0])
-        return kept_list, [row[1:1 + k] for row, k in zip(host, kept_list)]
+        return kept_list, [row[1:1 + k] for row, k in zip(host, kept_list)], n + 1
 
     def _tree_round(self, st: _Decoding, sampling: RowSampling, use_head, shape: TreeShape
                     ) -> tuple[list[int], list[list[int]]]:
@@ -328,7 +338,7 @@ class DominoGenerator:
         compact_tree_cache(st.cache, path[:, :m], n)
         path_features = features.gather(1, path[:, :m, None].expand(-1, -1, features.shape[2]))
         self._commit(st, kept, n, path_features, tokens.gather(1, num_acc[:, None])[:, 0])
-        return kept_list, [row[1:1 + k] for row, k in zip(host, kept_list)]
+        return kept_list, [row[1:1 + k] for row, k in zip(host, kept_list)], n
 
     def _commit(self, st: _Decoding, kept: torch.Tensor, round_len: int, features: torch.Tensor,
                 next_anchor: torch.Tensor) -> None:
