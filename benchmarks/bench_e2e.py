@@ -8,8 +8,9 @@ comparison) it times, on the same prompts:
 - plain HF greedy ``generate`` and HF prompt lookup (``prompt_lookup_num_tokens``);
 - Domino, a chain of the whole block every round (``num_drafts`` = block - 1);
 - Domino, a chain with the adaptive budget (the default of ``generate``);
-- Domino, a tree (``--tree``), head on, and the same tree with the head off (children from
-  the base marginals only: a block drafter's tree, without causal state).
+- Domino, a tree (``--tree``; its size chosen each round by the adaptive budget unless
+  given), head on, and the same tree with the head off (children from the base marginals
+  only: a block drafter's tree, without causal state).
 
 Speedups are against the fastest plain decoding of all configurations. Per method it
 reports tokens/s (total new tokens / total time, one warm-up generation per method
@@ -123,6 +124,7 @@ def run_method(name, fn, prompts, gen, repeats: int):
 def methods(gen, args, tree):
     M = args.max_new_tokens
     n_block = gen.drafter.config.num_drafts
+    shape = f"{tree.topk},{tree.depth}," + (str(tree.num_draft_tokens) if tree.num_draft_tokens else "adaptive")
 
     def plain(p, m):
         return gen.generate_target_only(p, max_new_tokens=m or M)
@@ -137,8 +139,8 @@ def methods(gen, args, tree):
             (f"HF prompt lookup ({args.prompt_lookup_tokens})", lookup),
             (f"Domino chain {n_block}", spec(num_drafts=n_block)),
             ("Domino chain, adaptive", spec()),
-            (f"Domino tree {tree.topk},{tree.depth},{tree.num_draft_tokens}", spec(tree=tree)),
-            (f"tree {tree.topk},{tree.depth},{tree.num_draft_tokens} head off", spec(tree=tree, use_head=False))]
+            (f"Domino tree {shape}", spec(tree=tree)),
+            (f"tree {shape}, head off", spec(tree=tree, use_head=False))]
 
 
 def load(config: str, drafter):
@@ -148,7 +150,8 @@ def load(config: str, drafter):
 
 def cmd_compare(args) -> None:
     prompts = chat_prompts(args.num_prompts) if args.chat else humaneval_prompts(args.num_prompts, args.offset)
-    tree = domino.TreeShape(*args.tree)
+    topk, depth, nodes = args.tree
+    tree = domino.TreeShape(topk, depth, nodes or None)
     torch.set_grad_enabled(False)
     rows = []
     for config in args.configs:
@@ -241,7 +244,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1, help="timed passes over the prompts (median)")
     parser.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
     parser.add_argument("--drafter", type=Path, default=DEFAULT_DRAFTER_DIR)
-    parser.add_argument("--tree", type=int, nargs=3, default=(3, 4, 8), metavar=("TOPK", "DEPTH", "NODES"))
+    parser.add_argument("--tree", type=int, nargs=3, default=(3, 4, 0), metavar=("TOPK", "DEPTH", "NODES"),
+                        help="the tree's shape; NODES 0: chosen each round by the adaptive budget")
     parser.add_argument("--prompt-lookup-tokens", type=int, default=10)
     parser.add_argument("--chat", action="store_true", help="held-out chat prompts instead of HumanEval")
     parser.add_argument("--sweep", action="store_true", help="acceptance vs tokens verified (plot)")

@@ -112,7 +112,7 @@ def test_round_costs_are_measured_once_and_cached_per_configuration(tmp_path, mo
     monkeypatch.setattr(budget, "measure_round_costs", counting)
     first = budget.round_costs(gen, 2)
     n = gen.drafter.config.num_drafts
-    assert len(first.verify_ms) == n + 2 and len(first.draft_ms) == n + 1
+    assert len(first.verify_ms) == max(n + 2, 33) and len(first.draft_ms) == n + 1  # trees verify up to 32
     assert all(t > 0 for t in first.verify_ms[1:]) and all(t > 0 for t in first.draft_ms[1:])
     assert budget.round_costs(gen, 2) == first and calls == [2]  # from the disk cache
     files = list((tmp_path / "round_costs").glob("*.json"))
@@ -131,3 +131,31 @@ def test_depth_rates_from_the_fit_seed_the_plan():
     assert cal.depth_rates == pytest.approx([2.5 / 4, 0.5 / 3])
     d = DepthAcceptance(4, cal.depth_rates)
     assert d.rates() == pytest.approx([2.5 / 4, 0.5 / 3, 0.5 / 3, 0.5 / 3])
+
+
+def test_path_acceptance_is_the_product_along_each_path():
+    """With the identity calibration a candidate's path probability is its cumulative draft
+    probability; a calibration scales every node on the path."""
+    from domino.tree import path_acceptance
+    from domino_ops.tree_draft import draft_tree
+    from kernel_cases import head_rollout_inputs
+
+    inputs = head_rollout_inputs(2, 4, 40, 8, 12, 4, torch.float32, torch.float32, True, seed=3)
+    tree = draft_tree(*inputs, torch.tensor([1, 2]), topk=3, depth=3)
+    ident = path_acceptance(tree, 3, 3, Calibration())
+    torch.testing.assert_close(ident, tree.candidate_scores.exp(), rtol=1e-5, atol=1e-6)
+    half = path_acceptance(tree, 3, 3, lambda c: c * 0.5)  # each node's own probability halved
+    depth_of = torch.tensor([0] * 3 + [1] * 9 + [2] * 9)
+    torch.testing.assert_close(half, ident * 0.5 ** (depth_of + 1), rtol=1e-5, atol=1e-6)
+
+
+def test_tree_size_follows_costs():
+    scores = torch.log(torch.tensor([[0.9, 0.5, 0.3, 0.1]]))
+    paths = scores.exp()
+    flat = costs([10.0] * 8, [1.0] * 4)
+    assert budget.best_tree_size(paths, scores, flat, 5.0, max_nodes=5) == 5  # every node is free
+    steep = costs([10.0 * t for t in range(1, 9)], [1.0] * 4)
+    assert budget.best_tree_size(paths, scores, steep, 5.0, max_nodes=5) == 2  # the smallest tree
+    mid = costs([10.0, 10.0, 10.5, 11.0, 20.0, 21.0, 22.0, 23.0], [1.0] * 4)
+    # the first three candidates are worth their cost, the jump at 5 nodes is not
+    assert budget.best_tree_size(paths, scores, mid, 5.0, max_nodes=5) == 4

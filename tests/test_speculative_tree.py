@@ -29,6 +29,12 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+
+def every_node(topk: int, depth: int) -> TreeShape:
+    """A tree verified with every candidate each round (the default chooses the size from
+    measured costs, which the rigged trees below do not carry the scores for)."""
+    return TreeShape(topk, depth, TreeShape(topk, depth).max_nodes)
+
 class RiggedTree:
     """Replaces ``drafter.draft_tree`` with a full tree (every candidate a node) whose
     target path is always the *last* sibling: at depth 1 the last root child, deeper the
@@ -119,7 +125,7 @@ def test_topk_one_tree_is_the_chain(kind, use_head):
     gen = tiny_generator(kind)
     ps = prompts(3, seed=9)
     chain = gen.generate(ps, max_new_tokens=30, use_head=use_head, num_drafts=gen.drafter.config.num_drafts)
-    tree = gen.generate(ps, max_new_tokens=30, use_head=use_head, tree=TreeShape(1, gen.drafter.config.num_drafts))
+    tree = gen.generate(ps, max_new_tokens=30, use_head=use_head, tree=every_node(1, gen.drafter.config.num_drafts))
     assert tree.token_ids == chain.token_ids
     assert tree.acceptance_lengths == chain.acceptance_lengths
 
@@ -189,7 +195,7 @@ def test_acceptance_through_siblings(topk, depth):
     full[2] = [(t + 1) % 64 for t in full[2]]  # sequence 2's trees never hold its path
     rig = RiggedTree(gen, full)
     try:
-        spec = gen.generate(ps, max_new_tokens=40, tree=TreeShape(topk, depth))
+        spec = gen.generate(ps, max_new_tokens=40, tree=every_node(topk, depth))
     finally:
         rig.restore()
     assert spec.token_ids == plain
@@ -223,7 +229,7 @@ def test_sibling_paths_feed_the_drafter_what_a_chain_feeds():
         return res, calls
 
     chain, chain_calls = run(RiggedDrafts, num_drafts=n)
-    tree, tree_calls = run(RiggedTree, tree=TreeShape(2, n))
+    tree, tree_calls = run(RiggedTree, tree=every_node(2, n))
     assert chain.token_ids == tree.token_ids == plain
     assert chain.acceptance_lengths == tree.acceptance_lengths
     assert len(chain_calls) == len(tree_calls)
@@ -238,7 +244,7 @@ def test_alternating_sibling_and_zero_acceptance():
     plain = greedy_plain(gen, ps, 80)
     rig = RiggedTree(gen, [p + t for p, t in zip(ps, plain)], alternate=True)
     try:
-        spec = gen.generate(ps, max_new_tokens=80, tree=TreeShape(3, 4))
+        spec = gen.generate(ps, max_new_tokens=80, tree=every_node(3, 4))
     finally:
         rig.restore()
     assert spec.token_ids == plain
@@ -254,7 +260,7 @@ def test_without_compaction_sibling_acceptance_goes_wrong(monkeypatch):
     monkeypatch.setattr(domino.generate, "compact_tree_cache", lambda cache, path, n: None)
     rig = RiggedTree(gen, [p + t for p, t in zip(ps, plain)])
     try:
-        spec = gen.generate(ps, max_new_tokens=30, tree=TreeShape(2, 3))
+        spec = gen.generate(ps, max_new_tokens=30, tree=every_node(2, 3))
     finally:
         rig.restore()
     assert spec.token_ids != plain

@@ -215,3 +215,32 @@ def test_bad_input(kw, msg):
     inputs = head_rollout_inputs(1, 4, 20, 4, 5, 3, torch.float32, torch.float32, True, seed=0)
     with pytest.raises(ValueError, match=msg):
         draft_tree(*inputs, torch.zeros(1, dtype=torch.long), **kw)
+
+
+@pytest.mark.parametrize("topk,depth", [(1, 3), (2, 1), (2, 4), (3, 3)])
+def test_candidate_parents_and_reselection(topk, depth):
+    """candidate_parents follows parent_list (each child's cumulative score is its parent's
+    plus its own log-probability <= 0, and a child's parent was expanded at the step
+    before); select_draft_nodes(tree, N) is what draft_tree keeps with num_draft_tokens=N."""
+    from domino_ops.tree_draft import candidate_parents, select_draft_nodes
+
+    b = 3
+    inputs = head_rollout_inputs(b, 4, 50, 8, 12, 4, torch.float32, torch.float32, True, seed=topk * 10 + depth)
+    roots = torch.tensor([1, 2, 3])
+    full = draft_tree(*inputs, roots, topk=topk, depth=depth)
+    total = tree_size(topk, depth)
+    parents = candidate_parents(full.parent_list, topk, depth)
+    assert parents.shape == (b, total)
+    assert (parents[:, :topk] == -1).all()
+    for c in range(topk, total):
+        s = 1 + (c - topk) // (topk * topk)
+        p = parents[:, c]
+        assert ((p >= tree_size(topk, s - 1) if s > 1 else p >= 0) & (p < tree_size(topk, s))).all()
+        assert (full.candidate_scores[:, c] <= full.candidate_scores.gather(1, p[:, None])[:, 0] + 1e-6).all()
+    for N in range(2, total + 2):
+        pruned = draft_tree(*inputs, roots, topk=topk, depth=depth, num_draft_tokens=N)
+        again = select_draft_nodes(full, N)
+        assert torch.equal(again.selected_index, pruned.selected_index)
+        assert torch.equal(again.candidates, pruned.candidates)
+    with pytest.raises(ValueError, match="num_draft_tokens"):
+        select_draft_nodes(full, total + 2)

@@ -36,7 +36,7 @@ from typing import Sequence
 
 import torch
 
-__all__ = ["Calibration", "DepthAcceptance", "RoundCosts", "best_draft_length", "best_verify_length",
+__all__ = ["Calibration", "DepthAcceptance", "RoundCosts", "best_draft_length", "best_tree_size", "best_verify_length",
            "cost_key", "expected_tokens", "measure_round_costs", "round_costs"]
 
 # Sizes timed by measure_round_costs; the others are interpolated linearly between them.
@@ -48,7 +48,8 @@ class RoundCosts:
     """Measured milliseconds of a round's two parts, for one batch size.
 
     ``verify_ms[t]``: one target forward over t new tokens per sequence (t = 1 .. len-1;
-    entry 0 unused), with a KV cache, as a verification round runs it.
+    entry 0 unused; up to 32 or the drafter's block, for trees), with a KV cache, as a
+    verification round runs it.
     ``draft_ms[n]``: drafting n tokens per sequence (n = 0 .. len-1; 0 costs nothing):
     the backbone, base logits at n positions and the head over them.
     """
@@ -65,6 +66,10 @@ class RoundCosts:
     def round_ms(self, n: int, k: int) -> float:
         """Milliseconds of a round that drafts n tokens and verifies k of them."""
         return self.draft_ms[n] + self.verify_ms[k + 1]
+
+    def verify(self, t: int) -> float:
+        """Milliseconds of a target forward over t tokens (flat beyond the largest measured)."""
+        return self.verify_ms[min(t, len(self.verify_ms) - 1)]
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -221,6 +226,20 @@ def best_draft_length(depth_rates: Sequence[float], costs: RoundCosts, live: int
     return max(range(n_max + 1), key=lambda n: exp[n] / costs.round_ms(n, n))
 
 
+def best_tree_size(path_probs: torch.Tensor, scores: torch.Tensor, costs: RoundCosts, draft_ms: float,
+                   max_nodes: int) -> int:
+    """The nodes N in 2..max_nodes (root included) of a greedy tree to verify this round,
+    maximising expected tokens per millisecond when the N - 1 best candidates by
+    cumulative draft log-probability ``scores`` [b, M] are kept (as EAGLE-2 selects them).
+    ``path_probs`` [b, M]: each candidate's probability of lying on the accepted path
+    (``domino.tree.path_acceptance``); a kept set closed under ancestors accepts, in
+    expectation, the sum of its members'. ``draft_ms``: the tree's drafting cost."""
+    order = torch.argsort(scores, dim=1, descending=True)
+    gain = path_probs.gather(1, order).sum(0).cumsum(0).tolist()  # [M]: N - 1 = 1..M kept
+    b = path_probs.shape[0]
+    return max(range(2, max_nodes + 1), key=lambda N: (b + gain[N - 2]) / (draft_ms + costs.verify(N)))
+
+
 # ---- costs -----------------------------------------------------------------------------
 
 
@@ -296,12 +315,15 @@ def measure_round_costs(gen, batch_size: int = 1, context: int = 128, repeats: i
     dcache = gen.drafter.new_cache(batch_size, dev, gen.drafter.fc.weight.dtype)
     gen.drafter.extend_context(dcache, features, positions, mask)
     n_max = gen.drafter.config.num_drafts
-    sizes = [t for t in _TIMED_SIZES if t <= n_max + 1]
+    t_max = max(n_max + 1, _TIMED_SIZES[-1])  # trees verify more tokens than a chain
+    sizes = [t for t in _TIMED_SIZES if t <= t_max]
     anchor = ids[:, -1]
     anchor_pos = torch.full((batch_size,), context, device=dev)
 
+    new = torch.randint(0, vocab, (batch_size, t_max), generator=g).to(dev)
+
     def verify(t):
-        block = ids[:, :t]
+        block = new[:, :t]
         gen._target_forward(block, torch.ones(batch_size, context + t, dtype=torch.bool, device=dev),
                             context + torch.arange(t, device=dev).expand(batch_size, t), cache)
         cache.crop(-t)
@@ -311,7 +333,7 @@ def measure_round_costs(gen, batch_size: int = 1, context: int = 128, repeats: i
 
     verify_pts = {t: _min_ms(lambda: verify(t), repeats) for t in sizes}
     draft_pts = {n: _min_ms(lambda: draft(n), repeats) for n in sizes if n <= n_max}
-    return RoundCosts(_nondecreasing(interpolate(verify_pts, n_max + 1)),
+    return RoundCosts(_nondecreasing(interpolate(verify_pts, t_max)),
                       _nondecreasing(interpolate(draft_pts, n_max)), batch_size, cost_key(gen, batch_size))
 
 

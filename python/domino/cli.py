@@ -19,7 +19,10 @@ def main(argv=None) -> int:
     g.add_argument("--seed", type=int, default=0, help="seed for sampling (temperature > 0)")
     g.add_argument("--tree", metavar="TOPK,DEPTH[,NODES]",
                    help="draft and verify a tree per round instead of a chain: TOPK children per node, DEPTH levels, "
-                        "NODES verified nodes including the root (default: all; greedy only), e.g. --tree 3,5,16")
+                        "NODES verified nodes including the root (default: chosen each round from measured costs at "
+                        "T = 0, every candidate at T > 0), e.g. --tree 3,4 or --tree 3,5,16")
+    g.add_argument("--num-drafts", type=int, default=None,
+                   help="chain: drafts verified per round (default: chosen each round from measured costs)")
     g.add_argument("--target", help="HF target directory (default: SmolLM2-135M-Instruct)")
     g.add_argument("--drafter", help="drafter checkpoint directory (default: the shipped one)")
     g.add_argument("--compare", action="store_true",
@@ -37,7 +40,7 @@ def main(argv=None) -> int:
     print(f"[domino] generating (head {'off' if args.no_head else 'on'}, T={args.temperature}"
           f"{f', tree {args.tree}' if tree else ''})", file=sys.stderr)
     gen.generate("warm-up", max_new_tokens=4)  # first-call overheads out of the timing
-    res = gen.generate(args.prompt, use_head=not args.no_head, tree=tree,
+    res = gen.generate(args.prompt, use_head=not args.no_head, tree=tree, num_drafts=args.num_drafts,
                        generator=torch.Generator().manual_seed(args.seed),
                        stream=lambda i, ids: print(gen.tokenizer.decode(ids), end="", flush=True), **kw)
     print()

@@ -36,8 +36,9 @@ from domino.budget import DepthAcceptance, RoundCosts
 from domino.model import DominoDraftModel, DraftContextCache
 from domino.sampling_params import RowSampling, SamplingParams
 from domino.target import special_token_ids, target_features
-from domino.tree import (TreeShape, check_tree_attention, compact_tree_cache, tree_attention_mask, tree_links,
-                         verify_tree)
+from domino.tree import (TreeShape, check_tree_attention, compact_tree_cache, path_acceptance, tree_attention_mask,
+                         tree_links, verify_tree)
+from domino_ops.tree_draft import DraftTree, select_draft_nodes
 
 
 @dataclass
@@ -172,8 +173,9 @@ class DominoGenerator:
             n_max = self.drafter.config.num_drafts
             if isinstance(num_drafts, bool) or not isinstance(num_drafts, int) or not 0 <= num_drafts <= n_max:
                 raise ValueError(f"num_drafts must be None or an int in [0, {n_max}], got {num_drafts!r}")
-        # the chain's budget, measured before the clock starts
-        costs = self.round_costs(len(seqs)) if num_drafts is None and tree is None else None
+        # the budget's costs, measured (or read from disk) before the clock starts
+        adaptive = num_drafts is None if tree is None else tree.num_draft_tokens is None
+        costs = self.round_costs(len(seqs)) if adaptive else None
         t0 = time.perf_counter()
         token_ids, accept, verified = self._speculative(seqs, max_new_tokens, rows, use_head, stop, stream, tree, costs,
                                               num_drafts)
@@ -274,7 +276,8 @@ class DominoGenerator:
                 kept_list, new_rows, verified_len = self._chain_round(state, sampling, use_head, live, costs,
                                                                       num_drafts, depth_acceptance)
             else:
-                kept_list, new_rows, verified_len = self._tree_round(state, sampling, use_head, tree)
+                live = [s for s in range(b) if not done[s]]
+                kept_list, new_rows, verified_len = self._tree_round(state, sampling, use_head, tree, live, costs)
             for s in range(b):
                 if done[s]:
                     continue
@@ -320,12 +323,28 @@ class DominoGenerator:
         self._commit(st, kept, n + 1, features[:, :m], verified.gather(1, num_acc[:, None])[:, 0])
         return kept_list, [row[1:1 + k] for row, k in zip(host, kept_list)], n + 1
 
-    def _tree_round(self, st: _Decoding, sampling: RowSampling, use_head, shape: TreeShape
-                    ) -> tuple[list[int], list[list[int]]]:
-        """One tree round: draft a tree, verify all its nodes in one target forward, keep the
-        accepted path in the caches. Returns what :meth:`_chain_round` does."""
+    def _draft_tree(self, st: _Decoding, sampling: RowSampling, use_head, shape: TreeShape, live: list[int],
+                    costs: RoundCosts | None) -> DraftTree:
+        """This round's tree: ``shape.num_draft_tokens`` nodes, or at temperature 0 with
+        ``costs`` (the adaptive budget) the number of nodes that maximises expected tokens
+        per millisecond, given the drafter's calibrated confidence along every path, the
+        measured cost of verifying N tokens and this round's own drafting time."""
+        t0 = time.perf_counter()
         tree = self.drafter.draft_tree(st.dcache, st.anchor, st.anchor_pos, topk=shape.topk, depth=shape.depth,
                                        num_draft_tokens=shape.num_draft_tokens, use_head=use_head, sampling=sampling)
+        if costs is None or tree.draft_probs is not None:  # a fixed size, or sampled: every draw is verified
+            return tree
+        draft_ms = (time.perf_counter() - t0) * 1e3
+        paths = path_acceptance(tree, shape.topk, shape.depth, self.drafter.calibration)
+        most = min(shape.max_nodes, len(costs.verify_ms) - 1)  # no larger than the measured verify sizes
+        N = budget.best_tree_size(paths[live], tree.candidate_scores[live], costs, draft_ms, most)
+        return select_draft_nodes(tree, N)
+
+    def _tree_round(self, st: _Decoding, sampling: RowSampling, use_head, shape: TreeShape, live: list[int],
+                    costs: RoundCosts | None) -> tuple[list[int], list[list[int]], int]:
+        """One tree round: draft a tree, verify all its nodes in one target forward, keep the
+        accepted path in the caches. Returns what :meth:`_chain_round` does."""
+        tree = self._draft_tree(st, sampling, use_head, shape, live, costs)
         n = tree.candidates.shape[1]
         links = tree_links(tree, st.anchor_pos, shape.topk, shape.depth)
         mask = tree_attention_mask(st.cache_mask, links.ancestors, self.target.dtype)

@@ -25,7 +25,7 @@ import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 import domino_ops
-from domino_ops.tree_draft import DraftTree, tree_size
+from domino_ops.tree_draft import DraftTree, candidate_parents, tree_size
 from domino.sampling_params import RowSampling, SamplingParams
 
 
@@ -43,11 +43,13 @@ class TreeShape:
         ``num_drafts``); a round advances at most ``depth + 1`` tokens.
     num_draft_tokens: tree nodes verified per round, the root included, in
         ``[2, 1 + topk + (depth - 1) * topk**2]``; the best by cumulative draft
-        log-probability are kept. None (the default) keeps every candidate; at
-        temperature > 0 that is the only choice (a sampled tree is verified losslessly only
-        with all of its draws).
+        log-probability are kept. None (the default): at temperature 0 chosen every round
+        to maximise expected tokens per millisecond (:func:`domino.budget.best_tree_size`,
+        from measured costs and the drafter's calibrated confidence along each path); at
+        temperature > 0 every candidate, the only choice there (a sampled tree is verified
+        losslessly only with all of its draws).
 
-    ``TreeShape(1, num_drafts)`` is the engine's chain: at temperature 0 it drafts,
+    ``TreeShape(1, num_drafts, num_drafts + 1)`` is the engine's chain: at temperature 0 it drafts,
     accepts and outputs what a chain round does (tokens and acceptance lengths; see
     :meth:`domino.DominoDraftModel.draft_tree` on rounding with a pure-draft prefix). At
     T > 0 both are lossless but draw from different random streams.
@@ -187,3 +189,19 @@ def compact_tree_cache(cache: DynamicCache, path: torch.Tensor, num_nodes: int) 
             t = getattr(layer, name)  # [b, kvh, T, hd]
             idx = (start + path)[:, None, :, None].expand(-1, t.shape[1], -1, t.shape[3])
             t[:, :, start:start + m] = t.gather(2, idx)  # gather copies first: no overlap hazard
+
+
+def path_acceptance(tree: DraftTree, topk: int, depth: int, calibration) -> torch.Tensor:
+    """[b, tree_size] float32: for every candidate of a greedy tree, the probability that
+    the target accepts it and all of its ancestors, estimated as the product along its path
+    of ``calibration`` (``domino.budget.Calibration``) applied to each node's own draft
+    probability (its cumulative probability over its parent's)."""
+    scores = tree.candidate_scores
+    parents = candidate_parents(tree.parent_list, topk, depth)
+    parent_scores = torch.where(parents >= 0, scores.gather(1, parents.clamp(min=0)), torch.zeros((), device=scores.device))
+    own = calibration((scores - parent_scores).exp())
+    path = own.clone()
+    for s in range(1, depth):  # step s's parents are step s-1 candidates: done by then
+        lo, hi = tree_size(topk, s), tree_size(topk, s + 1)
+        path[:, lo:hi] = own[:, lo:hi] * path.gather(1, parents[:, lo:hi])
+    return path

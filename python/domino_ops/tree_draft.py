@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from domino_ops.ops import domino_head_expand
 from domino_ops.sampling import filtered_probs, may_sample
 
-__all__ = ["DraftTree", "draft_tree", "tree_size"]
+__all__ = ["DraftTree", "candidate_parents", "draft_tree", "select_draft_nodes", "tree_size"]
 
 
 def tree_size(topk: int, depth: int) -> int:
@@ -53,12 +53,17 @@ class DraftTree:
     ``candidates`` of the verify ops once ``build_tree_kernel_efficient`` has linked them);
     draft_probs: [b, N, V] float32 at temperature > 0, the distribution each node's
     children were drawn from (zeros for nodes never expanded), else None.
+    candidate_scores, candidate_tokens: [b, tree_size] float32 / int64, every candidate's
+    cumulative draft log-probability and token by flat index, selected or not (what
+    :func:`select_draft_nodes` re-selects from).
     """
 
     parent_list: torch.Tensor
     selected_index: torch.Tensor
     candidates: torch.Tensor
     draft_probs: Optional[torch.Tensor]
+    candidate_scores: Optional[torch.Tensor] = None
+    candidate_tokens: Optional[torch.Tensor] = None
 
 
 def draft_tree(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w2, root_tokens, *, topk: int, depth: int,
@@ -130,14 +135,48 @@ def draft_tree(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w2, root_t
     if num_draft_tokens == total + 1:
         selected = torch.arange(total, device=dev).expand(b, total)
     else:
-        selected = torch.sort(torch.topk(all_scores, num_draft_tokens - 1, dim=-1).indices, dim=-1).values
+        selected = _best_candidates(all_scores, num_draft_tokens - 1)
     parent_list = torch.cat(parents, dim=1) if depth > 1 else torch.empty(b, 0, dtype=torch.int64, device=dev)
     candidates = torch.cat([root_tokens.view(b, 1).to(torch.int64), all_tokens.gather(1, selected)], dim=1)
     draft_probs = None
     if sampled:
         draft_probs = _node_draft_probs(torch.cat(node_logits, dim=1), parent_list, selected,
                                         temperature, top_k, top_p)
-    return DraftTree(parent_list, selected.contiguous(), candidates, draft_probs)
+    return DraftTree(parent_list, selected.contiguous(), candidates, draft_probs, all_scores, all_tokens)
+
+
+def _best_candidates(scores: torch.Tensor, m: int) -> torch.Tensor:
+    """Flat indices [b, m] (ascending) of the m best candidates by cumulative log-probability."""
+    return torch.sort(torch.topk(scores, m, dim=-1).indices, dim=-1).values
+
+
+def select_draft_nodes(tree: DraftTree, num_draft_tokens: int) -> DraftTree:
+    """The same drafted tree verified with ``num_draft_tokens`` nodes (root included): the
+    best candidates by cumulative log-probability, as :func:`draft_tree` selects them.
+    Greedy trees only (a sampled tree is verified with every draw)."""
+    if tree.draft_probs is not None:
+        raise ValueError("select_draft_nodes: a sampled tree must keep every candidate")
+    total = tree.candidate_scores.shape[1]
+    if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, int) or \
+            not 2 <= num_draft_tokens <= total + 1:
+        raise ValueError(f"num_draft_tokens must be an int in [2, {total + 1}], got {num_draft_tokens!r}")
+    selected = _best_candidates(tree.candidate_scores, num_draft_tokens - 1).contiguous()
+    candidates = torch.cat([tree.candidates[:, :1], tree.candidate_tokens.gather(1, selected)], dim=1)
+    return DraftTree(tree.parent_list, selected, candidates, None, tree.candidate_scores, tree.candidate_tokens)
+
+
+def candidate_parents(parent_list: torch.Tensor, topk: int, depth: int) -> torch.Tensor:
+    """Each candidate's parent by flat index [b, tree_size] int64 (-1: the root), from
+    ``parent_list``: a step-s candidate (s >= 1) at flat index ``topk + (s-1)*topk**2 +
+    j*topk + c`` is a child of frontier slot j of step s, which is ``parent_list[:, 1 +
+    (s-1)*topk + j]``."""
+    b = parent_list.shape[0]
+    dev = parent_list.device
+    first = torch.full((b, topk), -1, dtype=torch.int64, device=dev)
+    if depth == 1:
+        return first
+    slot = torch.arange((depth - 1) * topk * topk, device=dev) // topk  # (s-1)*topk + j
+    return torch.cat([first, parent_list[:, 1 + slot]], dim=1)
 
 
 def _node_draft_probs(node_logits, parent_list, selected, temperature, top_k, top_p) -> torch.Tensor:
