@@ -3,13 +3,8 @@
 import pytest
 import torch
 
+from engine_cases import prompts
 from tiny_models import RiggedDrafts, tiny_generator
-
-
-def prompts(n, seed=0, vocab=64):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(2, vocab, (int(torch.randint(3, 12, (1,), generator=g)),), generator=g).tolist()
-            for _ in range(n)]
 
 
 @pytest.mark.parametrize("kind", ["qwen3", "llama"])

@@ -12,8 +12,7 @@ import domino_ops
 from domino import TreeShape
 from domino.sampling_params import RowSampling
 from domino_ops.tree_draft import DraftTree, tree_size
-from test_speculative_greedy import prompts
-from test_speculative_sampling import PROMPT, V as SMALL_V, check
+from engine_cases import PROMPT, V as SMALL_V, check, prompts
 from tiny_models import RiggedDrafts, tiny_generator
 
 GREEDY = RowSampling(0.0, 0, 1.0, None, False)

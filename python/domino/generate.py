@@ -174,7 +174,8 @@ class DominoGenerator:
             if isinstance(num_drafts, bool) or not isinstance(num_drafts, int) or not 0 <= num_drafts <= n_max:
                 raise ValueError(f"num_drafts must be None or an int in [0, {n_max}], got {num_drafts!r}")
         # the budget's costs, measured (or read from disk) before the clock starts
-        adaptive = num_drafts is None if tree is None else tree.num_draft_tokens is None
+        # (a sampled tree verifies every draw: no budget)
+        adaptive = num_drafts is None if tree is None else tree.num_draft_tokens is None and not rows.any_sampled
         costs = self.round_costs(len(seqs)) if adaptive else None
         t0 = time.perf_counter()
         token_ids, accept, verified = self._speculative(seqs, max_new_tokens, rows, use_head, stop, stream, tree, costs,

@@ -1,0 +1,47 @@
+"""Shared cases of the engine tests (chains and trees): random prompts for the tiny
+models, and the statistical check that speculative sampling is the target's sampling."""
+
+import itertools
+
+import numpy as np
+import torch
+
+from oracles import filtered_probs
+from stats import assert_matches_distribution
+
+
+def prompts(n, seed=0, vocab=64):
+    """n random prompts of 3..11 token ids in [2, vocab)."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(2, vocab, (int(torch.randint(3, 12, (1,), generator=g)),), generator=g).tolist()
+            for _ in range(n)]
+
+
+V = 8
+PROMPT = [3, 5, 2, 6]
+
+
+@torch.no_grad()
+def exact_next(gen, prefixes, temperature, top_k, top_p):
+    """The target's filtered next-token distribution after each prefix (full forward)."""
+    ids = torch.tensor([PROMPT + list(p) for p in prefixes])
+    logits = gen.target(ids).logits[:, -1].double().numpy()
+    return np.stack([filtered_probs(row, temperature, top_k, top_p) for row in logits])
+
+
+def check(gen, temperature, top_k, top_p, N=4000, num_drafts=3):
+    res = gen.generate([PROMPT] * N, max_new_tokens=3, temperature=temperature, top_k=top_k, top_p=top_p,
+                       generator=torch.Generator().manual_seed(0), num_drafts=num_drafts)
+    toks = np.array(res.token_ids)
+    assert toks.shape == (N, 3)
+    p1 = exact_next(gen, [()], temperature, top_k, top_p)[0]
+    assert_matches_distribution(toks[:, 0], p1, what="token 1")
+    pairs = list(itertools.product(range(V), repeat=1))
+    p2 = exact_next(gen, pairs, temperature, top_k, top_p)  # [V, V]
+    joint12 = p1[:, None] * p2
+    assert_matches_distribution(toks[:, 0] * V + toks[:, 1], joint12.ravel(), what="tokens 1-2")
+    triples = list(itertools.product(range(V), repeat=2))
+    p3 = exact_next(gen, triples, temperature, top_k, top_p).reshape(V, V, V)
+    marginal3 = (joint12[:, :, None] * p3).sum(axis=(0, 1))
+    assert_matches_distribution(toks[:, 2], marginal3, what="token 3")
+    return res
