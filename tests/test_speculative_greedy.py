@@ -1,7 +1,6 @@
 """Greedy speculative generation is the target's own greedy decoding, token for token."""
 
 import pytest
-import torch
 
 from engine_cases import prompts
 from tiny_models import RiggedDrafts, tiny_generator

@@ -3,7 +3,6 @@ the target's own greedy decoding, a topk = 1 tree is the chain, acceptance throu
 sibling keeps the caches right, sampled trees are distributed as the target, and the
 one-forward tree verification sees exactly what each path's own forward sees."""
 
-import numpy as np
 import pytest
 import torch
 
@@ -12,7 +11,7 @@ import domino_ops
 from domino import TreeShape
 from domino.sampling_params import RowSampling
 from domino_ops.tree_draft import DraftTree, tree_size
-from engine_cases import PROMPT, V as SMALL_V, check, prompts
+from engine_cases import V as SMALL_V, check, prompts
 from tiny_models import RiggedDrafts, tiny_generator
 
 GREEDY = RowSampling(0.0, 0, 1.0, None, False)
