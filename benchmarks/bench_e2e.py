@@ -1,9 +1,9 @@
 """End-to-end greedy decoding, every method in one run, side by side, every output checked
 identical to plain greedy decoding.
 
-For each model configuration (``--configs``: fp32 with PyTorch's linears, bf16 with the
-batch-invariant ``small_batch_linear``; the same kernels serve both sides of each
-comparison) it times, on the same prompts:
+For each model configuration (``--configs``: fp32 with PyTorch's linears, fp32 and bf16
+with the batch-invariant ``small_batch_linear`` under both models; the same kernels serve
+both sides of each comparison) it times, on the same prompts:
 
 - plain HF greedy ``generate`` and HF prompt lookup (``prompt_lookup_num_tokens``);
 - Domino, a chain of the whole block every round (``num_drafts`` = block - 1);
@@ -41,27 +41,14 @@ from domino.loading import DEFAULT_DRAFTER_DIR, smollm2_dir
 from eval_acceptance import humaneval_prompts
 
 RESULTS = Path(__file__).parent / "results"
-CONFIGS = {"fp32": (torch.float32, False), "bf16-sbl": (torch.bfloat16, True)}
+CONFIGS = {"fp32": (torch.float32, False), "fp32-sbl": (torch.float32, True), "bf16-sbl": (torch.bfloat16, True)}
 
 
-def chat_prompts(n: int) -> list[list[dict]]:
-    """The first user turns of the held-out conversations (shard 0 of the regenerated mix,
-    which the trainer never trains on)."""
-    from transformers import AutoTokenizer
-
+def chat_prompts(n: int) -> list[list[int]]:
+    """The prompts (chat-templated token ids, as the target saw them) of the first n
+    held-out conversations: shard 0 of the regenerated mix, which the trainer never trains on."""
     shard = Path(__file__).resolve().parents[1] / "training" / "regenerated" / "smollm2_mix" / "shard_00000.jsonl"
-    tok = AutoTokenizer.from_pretrained(smollm2_dir(quiet=True))
-    out = []
-    for line in shard.read_text().splitlines():
-        rec = json.loads(line)
-        ids = rec["tokens"][: rec["prompt_len"]]
-        text = tok.decode(ids, skip_special_tokens=False)
-        user = text.split("<|im_start|>user\n", 1)[-1].split("<|im_end|>", 1)[0].strip()
-        if user:
-            out.append([{"role": "user", "content": user}])
-        if len(out) == n:
-            break
-    return out
+    return [json.loads(line)["prompt_ids"] for line in shard.read_text().splitlines()[:n]]
 
 
 class RoundTimer:
