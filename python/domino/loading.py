@@ -90,8 +90,8 @@ def load(target, drafter=None, tokenizer=None, *, device="cpu", dtype=torch.floa
     """A generator for ``target`` (path or HF model) and ``drafter`` (checkpoint path, a
     DominoDraftModel, or None for an untrained one). On the CPU, ``small_batch_linear=True``
     puts both models' linear layers on the batch-invariant kernel (see
-    :mod:`domino.fast_linear`; the plain-decoding baseline then uses it too). Off by
-    default until its end-to-end speed is measured on a quiet machine."""
+    :mod:`domino.fast_linear`; the plain-decoding baseline then uses it too).
+    :func:`load_default` turns it on."""
     _say("loading the target", quiet)
     model, tokenizer = load_target(target, tokenizer, dtype=dtype, device=device)
     if drafter is None:
@@ -108,7 +108,12 @@ def load(target, drafter=None, tokenizer=None, *, device="cpu", dtype=torch.floa
 
 
 def load_default(*, quiet: bool = True) -> DominoGenerator:
-    """SmolLM2-135M-Instruct with the default drafter, all from local packages."""
+    """SmolLM2-135M-Instruct with the default drafter, all from local packages: fp32 with
+    the batch-invariant small-batch linear under both models on the CPU (on this
+    project's AVX2 machine 1.2x faster than PyTorch's linears for plain decoding and for
+    Domino alike, with identical outputs; ``benchmarks/bench_e2e.py``). fp32, not the
+    faster bf16: bf16 speculation is not token-identical to bf16 plain decoding (HF's
+    attention is not batch-invariant)."""
     target_dir = smollm2_dir(quiet)
     drafter = DEFAULT_DRAFTER_DIR if (DEFAULT_DRAFTER_DIR / "config.json").exists() else None
-    return load(target_dir, drafter, quiet=quiet)
+    return load(target_dir, drafter, quiet=quiet, small_batch_linear=True)
