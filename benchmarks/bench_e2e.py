@@ -38,6 +38,7 @@ import torch
 
 import domino
 from domino.loading import DEFAULT_DRAFTER_DIR, smollm2_dir
+from domino_ops import cpu
 from eval_acceptance import humaneval_prompts
 
 RESULTS = Path(__file__).parent / "results"
@@ -151,9 +152,9 @@ def cmd_compare(args) -> None:
             print(f"  {config:8} {name:30} {r['tps']:6.1f} tok/s", flush=True)
     plains = {r["config"]: r for r in rows if r["name"] == "plain HF greedy"}
     fastest = max(plains.values(), key=lambda r: r["tps"])
-    cpu = domino.budget._cpu_name()
+    cpu_model = cpu.model()
     head = (f"\n{'HumanEval prompts %d..%d' % (args.offset, args.offset + len(prompts) - 1) if not args.chat else 'held-out chat prompts (%d)' % len(prompts)}, "
-            f"greedy, max_new_tokens={args.max_new_tokens}, median of {args.repeats}; {cpu}, "
+            f"greedy, max_new_tokens={args.max_new_tokens}, median of {args.repeats}; {cpu_model}, "
             f"{torch.get_num_threads()} threads, torch {torch.__version__}; speedup vs the fastest plain "
             f"decoding ({fastest['config']}, {fastest['tps']:.1f} tok/s)")
     lines = [head, f"{'config':8} | {'method':30} | {'tok/s':>6} | {'speedup':>7} | {'tau':>5} | {'verified':>8} | "
@@ -237,7 +238,7 @@ def main() -> None:
     parser.add_argument("--chat", action="store_true", help="held-out chat prompts instead of HumanEval")
     parser.add_argument("--sweep", action="store_true", help="acceptance vs tokens verified (plot)")
     args = parser.parse_args()
-    print(f"[bench_e2e] {platform.node()} {domino.budget._cpu_name()}", flush=True)
+    print(f"[bench_e2e] {platform.node()} {cpu.model()}", flush=True)
     (cmd_sweep if args.sweep else cmd_compare)(args)
 
 

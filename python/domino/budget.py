@@ -27,14 +27,16 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 import time
 from bisect import bisect_right
 from dataclasses import asdict, dataclass, field
+from itertools import accumulate
 from pathlib import Path
 from typing import Sequence
 
 import torch
+
+from domino_ops import cpu
 
 __all__ = ["Calibration", "DepthAcceptance", "RoundCosts", "best_draft_length", "best_tree_size", "best_verify_length",
            "cost_key", "expected_tokens", "measure_round_costs", "round_costs"]
@@ -65,7 +67,7 @@ class RoundCosts:
 
     def round_ms(self, n: int, k: int) -> float:
         """Milliseconds of a round that drafts n tokens and verifies k of them."""
-        return self.draft_ms[n] + self.verify_ms[k + 1]
+        return self.draft_ms[n] + self.verify(k + 1)
 
     def verify(self, t: int) -> float:
         """Milliseconds of a target forward over t tokens (flat beyond the largest measured)."""
@@ -243,16 +245,6 @@ def best_tree_size(path_probs: torch.Tensor, scores: torch.Tensor, costs: RoundC
 # ---- costs -----------------------------------------------------------------------------
 
 
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def cost_key(gen, batch_size: int) -> str:
     """What the costs depend on: the models' shapes and dtypes, the device, the machine,
     torch's version and thread count, whether the small-batch linear is on, the batch size."""
@@ -265,7 +257,7 @@ def cost_key(gen, batch_size: int) -> str:
         "target_dtype": str(next(target.parameters()).dtype),
         "drafter": json.dumps(gen.drafter.config.to_json_dict(), sort_keys=True),
         "drafter_dtype": str(gen.drafter.fc.weight.dtype),
-        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else _cpu_name(),
+        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else cpu.model(),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "small_batch_linear": uses_small_batch_linear(target),
@@ -289,11 +281,7 @@ def _min_ms(fn, repeats: int) -> float:
 
 def _nondecreasing(values: tuple[float, ...]) -> tuple[float, ...]:
     """Running maximum: more tokens never cost less (a dip is measurement noise)."""
-    out, top = [], 0.0
-    for v in values:
-        top = max(top, v)
-        out.append(top)
-    return tuple(out)
+    return tuple(accumulate(values, max))
 
 
 @torch.inference_mode()

@@ -154,8 +154,9 @@ class DominoGenerator:
         default, fastest) chooses them each round from the measured costs of this machine
         (measured on the first call for a batch size, then cached on disk) and the
         drafter's confidence; it chooses one size for the whole batch, so a seeded request
-        repeats its tokens in another batch only with a fixed ``num_drafts``. The output is exactly the target's own decoding: greedy at temperature
-        0, distributed as the target's filtered distribution otherwise, per request.
+        repeats its tokens in another batch only with a fixed ``num_drafts``. The output
+        is exactly the target's own decoding: greedy at temperature 0, distributed as the
+        target's filtered distribution otherwise, per request.
 
         ``tree``: a :class:`domino.TreeShape` drafts and verifies a tree of tokens per round
         instead of a chain (None: the chain of ``num_drafts`` drafts). Sampled trees need
@@ -178,8 +179,8 @@ class DominoGenerator:
         adaptive = num_drafts is None if tree is None else tree.num_draft_tokens is None and not rows.any_sampled
         costs = self.round_costs(len(seqs)) if adaptive else None
         t0 = time.perf_counter()
-        token_ids, accept, verified = self._speculative(seqs, max_new_tokens, rows, use_head, stop, stream, tree, costs,
-                                              num_drafts)
+        token_ids, accept, verified = self._speculative(seqs, max_new_tokens, rows, use_head, stop, stream, tree,
+                                                        costs, num_drafts)
         elapsed = time.perf_counter() - t0
         texts = [self._decode_until_stop(t, stop) for t in token_ids]
         total = sum(len(t) for t in token_ids)
@@ -272,12 +273,11 @@ class DominoGenerator:
             if stream:
                 stream(s, list(out_ids[s]))
         while not all(done):
+            live = [s for s in range(b) if not done[s]]
             if tree is None:
-                live = [s for s in range(b) if not done[s]]
                 kept_list, new_rows, verified_len = self._chain_round(state, sampling, use_head, live, costs,
                                                                       num_drafts, depth_acceptance)
             else:
-                live = [s for s in range(b) if not done[s]]
                 kept_list, new_rows, verified_len = self._tree_round(state, sampling, use_head, tree, live, costs)
             for s in range(b):
                 if done[s]:
