@@ -6,6 +6,13 @@ import torch
 import domino_ops
 
 
+def check_bad_input(fn, args: dict, over: dict, exc: type[Exception], msg: str) -> None:
+    """``fn(**args)`` with the entries of ``over`` replacing those of ``args`` (one row of a
+    bad-input table) raises ``exc`` with a message matching the regex ``msg``."""
+    with pytest.raises(exc, match=msg):
+        fn(**{**args, **over})
+
+
 def head(b=2, k=3, V=50, r=4, G=6, H=5, table=True):
     args = dict(base_logits=torch.randn(b, k, V), hproj=torch.randn(b, k, r), state=torch.randn(b, G),
                 gru_input=torch.randn(V, 3 * G) if table else torch.randn(V, H),
@@ -109,10 +116,7 @@ GREEDY_CASES = [
 
 @pytest.mark.parametrize("over,exc,msg", GREEDY_CASES)
 def test_verify_greedy_bad_input(over, exc, msg):
-    args = greedy_args()
-    args.update(over)
-    with pytest.raises(exc, match=msg):
-        domino_ops.verify_greedy(**args)
+    check_bad_input(domino_ops.verify_greedy, greedy_args(), over, exc, msg)
 
 
 def sampling_args():
@@ -133,10 +137,7 @@ SAMPLING_CASES = [
 
 @pytest.mark.parametrize("over,exc,msg", SAMPLING_CASES)
 def test_verify_sampling_bad_input(over, exc, msg):
-    args = sampling_args()
-    args.update(over)
-    with pytest.raises(exc, match=msg):
-        domino_ops.verify_sampling(**args)
+    check_bad_input(domino_ops.verify_sampling, sampling_args(), over, exc, msg)
 
 
 def test_direct_dispatcher_call_is_checked_too():

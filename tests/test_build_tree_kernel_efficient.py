@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import domino_ops
 from domino_ops import reference_tree
-from tree_backends import ALL, CPU_KERNELS, GPU, params, run_guarded, tree_op
+from tree_backends import ALL, CPU_KERNELS, GPU, check_direct_call_raises, params, run_guarded, tree_op
 from tree_backends import with_ as with_args
 from tree_cases import POISON, ancestry, oracle_tree, pack_rows, random_eagle_draft
 
@@ -362,19 +362,17 @@ DIRECT_CASES = [
 
 @pytest.mark.parametrize("args,msg", DIRECT_CASES)
 def test_direct_call_bad_input_raises(args, msg):
-    with pytest.raises(RuntimeError, match=msg):
-        torch.ops.domino_ops.build_tree_kernel_efficient(*args.values())
+    check_direct_call_raises("build_tree_kernel_efficient", args, msg)
 
 
 def test_direct_call_rejects_aliasing():
     args = good_args()
     args["retrive_next_token"] = args["retrive_index"]
-    with pytest.raises(RuntimeError, match="output retrive_next_token overlaps output retrive_index"):
-        torch.ops.domino_ops.build_tree_kernel_efficient(*args.values())
+    check_direct_call_raises("build_tree_kernel_efficient", args,
+                             "output retrive_next_token overlaps output retrive_index")
     args = good_args()
     args["selected_index"] = args["positions"][:8].view(2, 4)
-    with pytest.raises(RuntimeError, match="output positions overlaps input selected_index"):
-        torch.ops.domino_ops.build_tree_kernel_efficient(*args.values())
+    check_direct_call_raises("build_tree_kernel_efficient", args, "output positions overlaps input selected_index")
 
 
 def test_ancestry_helper_sanity():

@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 
 import domino_ops
 from stats import assert_matches_distribution
-from tree_backends import ALL, GPU, params, run_guarded, tree_op
+from tree_backends import ALL, GPU, check_direct_call_raises, check_wrapper_bad_input, params, run_guarded, tree_op
 from tree_backends import with_ as with_args
-from tree_cases import chain_tree, links, random_tree, verify_outputs
+from tree_cases import chain_tree, links, random_tree, sgl_eagle_case, sgl_verify_args, verify_outputs
 
 WRAPPER_BACKENDS = ("native", "reference", "triton")  # the value checks run before the Triton kernel too
 
@@ -34,17 +34,16 @@ def call(outs, candidates, retrive_index, next_token, next_sibling, coins, final
 
 # --- sgl-kernel's cases ----------------------------------------------------------------------
 
-def sgl_case():
+def sgl_target_probs(logits):
     """sgl-kernel/tests/speculative/test_speculative_sampling.py (sgl-project/sglang): the
-    tree of test_eagle_utils.py, target = softmax(logits / 0.01) (one-hot in float32)."""
-    candidates = torch.tensor([[0, 1, 2, 3, 4, 5], [7, 8, 9, 10, 11, 12]])
-    retrive_index = torch.tensor([[0, 1, 2, 3, 4, 5], [6, 7, 8, 9, 10, 11]])
-    next_token = torch.tensor([[1, 2, -1, 4, 5, -1], [4, 2, 3, -1, 5, -1]])
-    next_sibling = torch.tensor([[-1, 3, -1, -1, -1, -1], [-1, -1, -1, -1, 1, -1]])
-    logits = torch.full((2, 6, 20), 1.0)
-    logits[0, 0, 3] = logits[0, 3, 4] = logits[0, 4, 5] = logits[1, 0, 11] = logits[1, 4, 12] = 10
-    logits[logits.amax(-1) < 10] = torch.where(torch.arange(20) == 18, 10.0, 1.0)
-    return candidates, retrive_index, next_token, next_sibling, F.softmax(logits / 0.01, dim=-1)
+    target of the tree of test_eagle_utils.py, softmax(logits / 0.01) (one-hot in float32)."""
+    return F.softmax(logits / 0.01, dim=-1)
+
+
+def sgl_case():
+    """tree_cases.sgl_eagle_case's tree with target_probs = sgl_target_probs(logits)."""
+    candidates, retrive_index, next_token, next_sibling, logits = sgl_eagle_case()
+    return candidates, retrive_index, next_token, next_sibling, sgl_target_probs(logits)
 
 
 SGL_CASES = [  # threshold_single, threshold_acc, predicts, accept_index, accept_token_num
@@ -267,23 +266,22 @@ def test_negative_control_unmasked_residual_fails():
 
 
 def test_opcheck():
-    candidates, retrive_index, next_token, next_sibling, target_probs = sgl_case()
-    for draft in (None, torch.zeros_like(target_probs)):
-        args = (*verify_outputs(12, 2, 4), candidates, retrive_index, next_token, next_sibling, torch.rand(2, 6),
-                torch.rand(2), target_probs, draft, 1.0, 1.0, True)
-        torch.library.opcheck(torch.ops.domino_ops.tree_speculative_sampling_target_only.default, args,
+    for zero_draft in (False, True):  # draft_probs None, then zeros (what SGLang passes)
+        args = good_args()
+        if zero_draft:
+            args["draft_probs"] = torch.zeros_like(args["target_probs"])
+        torch.library.opcheck(torch.ops.domino_ops.tree_speculative_sampling_target_only.default,
+                              tuple(args.values()),
                               test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
 
 
 # --- bad input -----------------------------------------------------------------------------
 
 def good_args():
-    candidates, retrive_index, next_token, next_sibling, target_probs = sgl_case()
-    predicts, accept_index, accept_num = verify_outputs(12, 2, 4)
-    return dict(predicts=predicts, accept_index=accept_index, accept_token_num=accept_num, candidates=candidates,
-                retrive_index=retrive_index, retrive_next_token=next_token, retrive_next_sibling=next_sibling,
-                uniform_samples=torch.rand(2, 6), uniform_samples_for_final_sampling=torch.rand(2),
-                target_probs=target_probs, draft_probs=None, threshold_single=1.0, threshold_acc=1.0,
+    """sgl-kernel's case with poisoned outputs and random coins, by schema name in schema order."""
+    args, logits = sgl_verify_args()
+    return dict(args, uniform_samples=torch.rand(2, 6), uniform_samples_for_final_sampling=torch.rand(2),
+                target_probs=sgl_target_probs(logits), draft_probs=None, threshold_single=1.0, threshold_acc=1.0,
                 deterministic=True)
 
 
@@ -317,10 +315,7 @@ WRAPPER_CASES = [
 @pytest.mark.parametrize("backend", params(WRAPPER_BACKENDS))
 @pytest.mark.parametrize("args,exc,msg", WRAPPER_CASES)
 def test_wrapper_bad_input(args, exc, msg, backend):
-    """Index values are checked by the native kernel (RuntimeError re-raised as ValueError)
-    or by the wrapper before the reference runs, with the same wording."""
-    with pytest.raises(exc, match=msg):
-        domino_ops.tree_speculative_sampling_target_only(**args, backend=backend)
+    check_wrapper_bad_input("tree_speculative_sampling_target_only", args, exc, msg, backend)
 
 
 def test_wrapper_accepts_positional_sgl_signature():
@@ -356,8 +351,7 @@ DIRECT_CASES = [
 @pytest.mark.parametrize("args,msg", DIRECT_CASES)
 def test_direct_call_bad_input_raises(args, msg):
     before = [args[k].clone() for k in ("predicts", "accept_index", "accept_token_num")]
-    with pytest.raises(RuntimeError, match=msg):
-        torch.ops.domino_ops.tree_speculative_sampling_target_only(*args.values())
+    check_direct_call_raises("tree_speculative_sampling_target_only", args, msg)
     assert all(torch.equal(args[k], b) for k, b in zip(("predicts", "accept_index", "accept_token_num"), before))
 
 
@@ -368,8 +362,8 @@ def test_direct_call_rejects_aliasing():
     args = good_args()
     args["draft_probs"] = torch.zeros(2, 6, 20)
     args["accept_token_num"] = args["draft_probs"].view(torch.int32)[0, 0, :2]
-    with pytest.raises(RuntimeError, match="output accept_token_num overlaps input draft_probs"):
-        torch.ops.domino_ops.tree_speculative_sampling_target_only(*args.values())
+    check_direct_call_raises("tree_speculative_sampling_target_only", args,
+                             "output accept_token_num overlaps input draft_probs")
 
 
 # --- bad index values on the GPU kernels: no error (no host sync), never out of bounds ----------

@@ -10,30 +10,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import domino_ops
-from tree_backends import GPU, params, run_guarded, tree_op
+from tree_backends import GPU, check_direct_call_raises, check_wrapper_bad_input, params, run_guarded, tree_op
 from tree_backends import with_ as with_args
-from tree_cases import chain_tree, links, oracle_greedy, random_tree, verify_outputs
+from tree_cases import chain_tree, links, oracle_greedy, random_tree, sgl_eagle_case, sgl_verify_args, verify_outputs
 
 WRAPPER_BACKENDS = ("native", "reference", "triton")  # the value checks run before the Triton kernel too
 
 
-def sgl_case():
-    """sgl-kernel/tests/speculative/test_eagle_utils.py (sgl-project/sglang): two requests of
-    6 nodes; request 0: 0 -> {1, 3}, 1 -> 2, 3 -> 4 -> 5; request 1: 0 -> {4, 1}, 4 -> 5,
-    1 -> 2 -> 3. The target's argmax is planted at a few nodes, token 18 elsewhere."""
-    candidates = torch.tensor([[0, 1, 2, 3, 4, 5], [7, 8, 9, 10, 11, 12]])
-    retrive_index = torch.tensor([[0, 1, 2, 3, 4, 5], [6, 7, 8, 9, 10, 11]])
-    next_token = torch.tensor([[1, 2, -1, 4, 5, -1], [4, 2, 3, -1, 5, -1]])
-    next_sibling = torch.tensor([[-1, 3, -1, -1, -1, -1], [-1, -1, -1, -1, 1, -1]])
-    logits = torch.full((2, 6, 20), 1.0)
-    logits[0, 0, 3] = logits[0, 3, 4] = logits[0, 4, 5] = logits[1, 0, 11] = logits[1, 4, 12] = 10
-    logits[logits.amax(-1) < 10] = torch.where(torch.arange(20) == 18, 10.0, 1.0)
-    return candidates, retrive_index, next_token, next_sibling, logits
-
-
 @pytest.mark.parametrize("backend", params())
 def test_sglang_case(backend):
-    candidates, retrive_index, next_token, next_sibling, logits = sgl_case()
+    candidates, retrive_index, next_token, next_sibling, logits = sgl_eagle_case()
     predicts, accept_index, accept_num = verify_outputs(12, 2, 4)
     predicts.fill_(-1)  # as sgl-kernel's test: off-path slots stay -1 either way
     tree_op(backend, "verify_tree_greedy")(predicts, accept_index, accept_num, candidates, retrive_index, next_token,
@@ -127,21 +113,16 @@ def test_first_matching_sibling_wins(backend):
 
 
 def test_opcheck():
-    candidates, retrive_index, next_token, next_sibling, logits = sgl_case()
-    outs = verify_outputs(12, 2, 4)
-    torch.library.opcheck(torch.ops.domino_ops.verify_tree_greedy.default,
-                          (*outs, candidates, retrive_index, next_token, next_sibling, logits.argmax(-1)),
+    torch.library.opcheck(torch.ops.domino_ops.verify_tree_greedy.default, tuple(good_args().values()),
                           test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
 
 
 # --- bad input -----------------------------------------------------------------------------
 
 def good_args():
-    candidates, retrive_index, next_token, next_sibling, logits = sgl_case()
-    predicts, accept_index, accept_num = verify_outputs(12, 2, 4)
-    return dict(predicts=predicts, accept_index=accept_index, accept_token_num=accept_num, candidates=candidates,
-                retrive_index=retrive_index, retrive_next_token=next_token, retrive_next_sibling=next_sibling,
-                target_predict=logits.argmax(-1))
+    """sgl-kernel's case with poisoned outputs, by schema name in schema order."""
+    args, logits = sgl_verify_args()
+    return dict(args, target_predict=logits.argmax(-1))
 
 
 def with_(**over):
@@ -170,10 +151,7 @@ WRAPPER_CASES = [
 @pytest.mark.parametrize("backend", params(WRAPPER_BACKENDS))
 @pytest.mark.parametrize("args,exc,msg", WRAPPER_CASES)
 def test_wrapper_bad_input(args, exc, msg, backend):
-    """Index values are checked by the native kernel (RuntimeError re-raised as ValueError)
-    or by the wrapper before the reference runs, with the same wording."""
-    with pytest.raises(exc, match=msg):
-        domino_ops.verify_tree_greedy(**args, backend=backend)
+    check_wrapper_bad_input("verify_tree_greedy", args, exc, msg, backend)
 
 
 @pytest.mark.parametrize("backend", params(WRAPPER_BACKENDS))
@@ -205,8 +183,7 @@ def test_sibling_cycle_raises_and_writes_nothing():
     args = with_(retrive_next_sibling=torch.tensor([[-1, 3, -1, 1, -1, -1], [-1, -1, -1, -1, 1, -1]]),
                  target_predict=torch.full((2, 6), 17))  # nothing matches: the walk loops on 1 <-> 3
     before = [args[k].clone() for k in ("predicts", "accept_index", "accept_token_num")]
-    with pytest.raises(RuntimeError, match="retrive_next_sibling of request 0 has a cycle"):
-        torch.ops.domino_ops.verify_tree_greedy(*args.values())
+    check_direct_call_raises("verify_tree_greedy", args, "retrive_next_sibling of request 0 has a cycle")
     with pytest.raises(ValueError, match="retrive_next_sibling of request 0 has a cycle"):
         domino_ops.verify_tree_greedy(**args, backend="native")
     assert all(torch.equal(args[k], b) for k, b in zip(("predicts", "accept_index", "accept_token_num"), before))
@@ -229,15 +206,13 @@ DIRECT_CASES = [
 
 @pytest.mark.parametrize("args,msg", DIRECT_CASES)
 def test_direct_call_bad_input_raises(args, msg):
-    with pytest.raises(RuntimeError, match=msg):
-        torch.ops.domino_ops.verify_tree_greedy(*args.values())
+    check_direct_call_raises("verify_tree_greedy", args, msg)
 
 
 def test_direct_call_rejects_aliasing():
     args = good_args()
     args["predicts"] = args["candidates"].view(torch.int32)[0]  # 12 int32 over request 0's candidates
-    with pytest.raises(RuntimeError, match="output predicts overlaps input candidates"):
-        torch.ops.domino_ops.verify_tree_greedy(*args.values())
+    check_direct_call_raises("verify_tree_greedy", args, "output predicts overlaps input candidates")
 
 
 # --- bad index values on the GPU kernels: no error (no host sync), never out of bounds ----------

@@ -70,6 +70,23 @@ def with_(good_args, **over):
     return args
 
 
+def check_wrapper_bad_input(op: str, args: dict, exc: type[Exception], msg: str, backend: str) -> None:
+    """``domino_ops.<op>(**args, backend=backend)`` raises ``exc`` with a message matching the
+    regex ``msg`` (one row of a wrapper bad-input table). Index values are checked by the
+    native kernel (RuntimeError re-raised as ValueError) or by the wrapper before the
+    reference runs, with the same wording."""
+    with pytest.raises(exc, match=msg):
+        getattr(domino_ops, op)(**args, backend=backend)
+
+
+def check_direct_call_raises(op: str, args: dict, msg: str) -> None:
+    """``torch.ops.domino_ops.<op>`` called with ``args``' values in order (schema order: the
+    tables' dicts are built so), skipping the wrapper, raises RuntimeError matching ``msg``:
+    the C++ checks refuse on their own."""
+    with pytest.raises(RuntimeError, match=msg):
+        getattr(torch.ops.domino_ops, op)(*args.values())
+
+
 GUARD = 16  # elements poisoned on each side of a guarded output
 
 

@@ -1,4 +1,5 @@
-"""Random draft trees for the tree-op tests, and plain parent-pointer oracles.
+"""Random draft trees for the tree-op tests, sgl-kernel's hand-built verify case, and plain
+parent-pointer oracles.
 
 The oracles work from parent pointers and child lists directly, never through
 parent_list / selected_index look-ups or the left-child / right-sibling links, so they
@@ -73,23 +74,16 @@ def oracle_tree(parents: list[list[int]], seq_lens: list[int]):
     retrive_next_token, retrive_next_sibling [bs, n]) from parent pointers."""
     bs, n = len(parents), len(parents[0])
     masks = torch.zeros(bs, n, n, dtype=torch.bool)
-    positions, rnext, rsib = [], [], []
+    positions = []
     for b, par in enumerate(parents):
         for t in range(n):
             masks[b, t, 0] = True
             masks[b, t, ancestry(par, t)] = True
             positions.append(seq_lens[b] + len(ancestry(par, t)))
-        nxt, sib = [-1] * n, [-1] * n
-        for u in range(n):
-            kids = [c for c in range(1, n) if par[c] == u]
-            if kids:
-                nxt[u] = kids[0]
-                for a, c in zip(kids, kids[1:]):
-                    sib[a] = c
-        rnext.append(nxt)
-        rsib.append(sib)
+    # each node's children in ascending node order, as child lists for links()
+    rnext, rsib = links([[[c for c in range(1, n) if par[c] == u] for u in range(n)] for par in parents])
     ridx = torch.arange(bs * n, dtype=torch.int64).view(bs, n)
-    return masks, torch.tensor(positions, dtype=torch.int64), ridx, torch.tensor(rnext), torch.tensor(rsib)
+    return masks, torch.tensor(positions, dtype=torch.int64), ridx, rnext, rsib
 
 
 def pack_rows(masks: torch.Tensor) -> torch.Tensor:
@@ -145,6 +139,35 @@ def verify_outputs(num_predicts: int, bs: int, steps: int):
     return (torch.full((num_predicts,), POISON, dtype=torch.int32),
             torch.full((bs, steps), POISON, dtype=torch.int32),
             torch.full((bs,), POISON, dtype=torch.int32))
+
+
+# --- sgl-kernel's hand-built tree (the verify ops' sgl-case tests and bad-input tables) ------
+
+def sgl_eagle_case():
+    """sgl-kernel/tests/speculative/test_eagle_utils.py (sgl-project/sglang): two requests of
+    6 nodes; request 0: 0 -> {1, 3}, 1 -> 2, 3 -> 4 -> 5; request 1: 0 -> {4, 1}, 4 -> 5,
+    1 -> 2 -> 3. The target's argmax is planted at a few nodes, token 18 elsewhere. Returns
+    (candidates, retrive_index, next_token, next_sibling [2, 6], logits [2, 6, 20])."""
+    candidates = torch.tensor([[0, 1, 2, 3, 4, 5], [7, 8, 9, 10, 11, 12]])
+    retrive_index = torch.tensor([[0, 1, 2, 3, 4, 5], [6, 7, 8, 9, 10, 11]])
+    next_token = torch.tensor([[1, 2, -1, 4, 5, -1], [4, 2, 3, -1, 5, -1]])
+    next_sibling = torch.tensor([[-1, 3, -1, -1, -1, -1], [-1, -1, -1, -1, 1, -1]])
+    logits = torch.full((2, 6, 20), 1.0)
+    logits[0, 0, 3] = logits[0, 3, 4] = logits[0, 4, 5] = logits[1, 0, 11] = logits[1, 4, 12] = 10
+    logits[logits.amax(-1) < 10] = torch.where(torch.arange(20) == 18, 10.0, 1.0)
+    return candidates, retrive_index, next_token, next_sibling, logits
+
+
+def sgl_verify_args():
+    """The arguments the tree-verify ops share, on ``sgl_eagle_case``, by schema name in
+    schema order: poisoned outputs (predicts [12], accept_index [2, 4], accept_token_num
+    [2]), then candidates, retrive_index, retrive_next_token, retrive_next_sibling. Returns
+    (that dict, the case's logits), for the caller to append its target arguments."""
+    candidates, retrive_index, next_token, next_sibling, logits = sgl_eagle_case()
+    predicts, accept_index, accept_num = verify_outputs(12, 2, 4)
+    return dict(predicts=predicts, accept_index=accept_index, accept_token_num=accept_num, candidates=candidates,
+                retrive_index=retrive_index, retrive_next_token=next_token,
+                retrive_next_sibling=next_sibling), logits
 
 
 def oracle_greedy(children_per_request, candidates, ridx, target_predict, steps: int, num_predicts: int,
