@@ -1,4 +1,4 @@
-// Entry points of every op, per device, and the argument checks they share.
+// The argument checks every op shares between its CPU and CUDA kernels.
 //
 // The Python wrappers in python/domino_ops/ validate arguments with friendly exceptions
 // before calling these; the checks here keep a direct torch.ops caller from reading or
@@ -53,41 +53,6 @@ void check_verify_sampling_args(const at::Tensor& draft_tokens, const at::Tensor
                                 const at::Tensor& uniforms_resample,
                                 const at::Tensor& out_tokens, const at::Tensor& num_accepted);
 
-namespace cpu {
-void domino_head_rollout_cpu(at::Tensor base_logits, const at::Tensor& hproj,
-                             const at::Tensor& state, const at::Tensor& gru_input,
-                             const std::optional<at::Tensor>& w_ih, const at::Tensor& w_hh,
-                             const at::Tensor& w1s, const at::Tensor& w2, double temperature,
-                             int64_t top_k, double top_p,
-                             const std::optional<at::Tensor>& uniforms, bool write_logits,
-                             at::Tensor tokens, at::Tensor logprobs, at::Tensor state_out,
-                             const std::optional<at::Tensor>& row_temperature,
-                             const std::optional<at::Tensor>& row_top_k,
-                             const std::optional<at::Tensor>& row_top_p);
-void domino_head_expand_cpu(const at::Tensor& base_logits, const at::Tensor& hproj,
-                            const at::Tensor& node_state, const at::Tensor& node_seq,
-                            const at::Tensor& node_depth, const at::Tensor& gru_input,
-                            const std::optional<at::Tensor>& w_ih, const at::Tensor& w_hh,
-                            const at::Tensor& w1s, const at::Tensor& w2, double temperature, int64_t top_k,
-                            double top_p, const std::optional<at::Tensor>& uniforms, at::Tensor child_tokens,
-                            at::Tensor child_logprobs, at::Tensor child_state, at::Tensor node_logits);
-void sample_cpu(const at::Tensor& logits, double temperature, int64_t top_k, double top_p,
-                const std::optional<at::Tensor>& uniforms, at::Tensor tokens,
-                const std::optional<at::Tensor>& row_temperature,
-                const std::optional<at::Tensor>& row_top_k,
-                const std::optional<at::Tensor>& row_top_p);
-void verify_greedy_cpu(const at::Tensor& draft_tokens, const at::Tensor& target_logits,
-                       at::Tensor out_tokens, at::Tensor num_accepted);
-void verify_sampling_cpu(const at::Tensor& draft_tokens, const at::Tensor& draft_probs,
-                         const at::Tensor& target_probs, const at::Tensor& uniforms_accept,
-                         const at::Tensor& uniforms_resample, at::Tensor out_tokens,
-                         at::Tensor num_accepted);
-// small_batch_linear.cpp: out = x @ weight.T (+ bias), batch-invariant; checks its own
-// arguments. small_batch_linear_isa() names the instruction-set path a call takes now.
-void small_batch_linear_cpu(const at::Tensor& x, const at::Tensor& weight,
-                            const std::optional<at::Tensor>& bias, at::Tensor out);
-const char* small_batch_linear_isa();
-}  // namespace cpu
-
-
+// Each op's CPU kernel, <op>_cpu, is defined in csrc/cpu/<op>.cpp and registered there
+// for the CPU dispatch key.
 }  // namespace domino

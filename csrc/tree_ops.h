@@ -62,30 +62,4 @@ void check_tree_links(const int64_t* retrive_index, const int64_t* retrive_next_
                       const int64_t* retrive_next_sibling, int64_t bs, int64_t n, int64_t index_limit,
                       const char* index_limit_desc);
 
-namespace cpu {
-void build_tree_kernel_efficient_cpu(const at::Tensor& parent_list, const at::Tensor& selected_index,
-                                     const at::Tensor& verified_seq_len, at::Tensor tree_mask,
-                                     at::Tensor positions, at::Tensor retrive_index,
-                                     at::Tensor retrive_next_token, at::Tensor retrive_next_sibling,
-                                     int64_t topk, int64_t depth, int64_t draft_token_num,
-                                     int64_t tree_mask_mode);
-void verify_tree_greedy_cpu(at::Tensor predicts, at::Tensor accept_index, at::Tensor accept_token_num,
-                            const at::Tensor& candidates, const at::Tensor& retrive_index,
-                            const at::Tensor& retrive_next_token,
-                            const at::Tensor& retrive_next_sibling, const at::Tensor& target_predict);
-void tree_speculative_sampling_target_only_cpu(
-    at::Tensor predicts, at::Tensor accept_index, at::Tensor accept_token_num,
-    const at::Tensor& candidates, const at::Tensor& retrive_index,
-    const at::Tensor& retrive_next_token, const at::Tensor& retrive_next_sibling,
-    const at::Tensor& uniform_samples, const at::Tensor& uniform_samples_for_final_sampling,
-    const at::Tensor& target_probs, const std::optional<at::Tensor>& draft_probs,
-    double threshold_single, double threshold_acc, bool deterministic);
-void verify_tree_sampling_cpu(at::Tensor predicts, at::Tensor accept_index, at::Tensor accept_token_num,
-                              const at::Tensor& candidates, const at::Tensor& retrive_index,
-                              const at::Tensor& retrive_next_token, const at::Tensor& retrive_next_sibling,
-                              const at::Tensor& uniform_samples,
-                              const at::Tensor& uniform_samples_for_final_sampling,
-                              const at::Tensor& target_probs, const at::Tensor& draft_probs);
-}  // namespace cpu
-
 }  // namespace domino

@@ -25,6 +25,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
+#include <torch/library.h>
 
 #include <algorithm>
 #include <cstring>
@@ -157,3 +158,6 @@ void build_tree_kernel_efficient_cpu(const at::Tensor& parent_list, const at::Te
 }
 
 }  // namespace domino::cpu
+
+// The CPU implementation of the op's schema (bindings/schemas.h).
+TORCH_LIBRARY_IMPL(domino_ops, CPU, m) { m.impl("build_tree_kernel_efficient", &domino::cpu::build_tree_kernel_efficient_cpu); }

@@ -24,6 +24,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
+#include <torch/library.h>
 
 #include <algorithm>
 #include <atomic>
@@ -216,3 +217,6 @@ void domino_head_expand_cpu(const at::Tensor& base_logits, const at::Tensor& hpr
 }
 
 }  // namespace domino::cpu
+
+// The CPU implementation of the op's schema (bindings/schemas.h).
+TORCH_LIBRARY_IMPL(domino_ops, CPU, m) { m.impl("domino_head_expand", &domino::cpu::domino_head_expand_cpu); }

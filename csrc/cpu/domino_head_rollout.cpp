@@ -48,6 +48,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
+#include <torch/library.h>
 
 #include <algorithm>
 #include <atomic>
@@ -199,3 +200,6 @@ void domino_head_rollout_cpu(at::Tensor base_logits, const at::Tensor& hproj,
 }
 
 }  // namespace domino::cpu
+
+// The CPU implementation of the op's schema (bindings/schemas.h).
+TORCH_LIBRARY_IMPL(domino_ops, CPU, m) { m.impl("domino_head_rollout", &domino::cpu::domino_head_rollout_cpu); }

@@ -13,6 +13,7 @@
 // the sampled one (the limit at batch 1, with top_k's nth_element and top_p's sort).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <torch/library.h>
 
 #include <vector>
 
@@ -68,3 +69,6 @@ void sample_cpu(const at::Tensor& logits, double temperature, int64_t top_k, dou
 }
 
 }  // namespace domino::cpu
+
+// The CPU implementation of the op's schema (bindings/schemas.h).
+TORCH_LIBRARY_IMPL(domino_ops, CPU, m) { m.impl("sample", &domino::cpu::sample_cpu); }

@@ -54,6 +54,7 @@
 #include <ATen/ATen.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/Parallel.h>
+#include <torch/library.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -549,3 +550,6 @@ void small_batch_linear_cpu(const at::Tensor& x, const at::Tensor& weight,
 }
 
 }  // namespace domino::cpu
+
+// The CPU implementation of the op's schema (bindings/schemas.h).
+TORCH_LIBRARY_IMPL(domino_ops, CPU, m) { m.impl("small_batch_linear", &domino::cpu::small_batch_linear_cpu); }

@@ -31,6 +31,35 @@ inline TreeView tree_view(const at::Tensor& candidates, const at::Tensor& retriv
           retrive_next_sibling.const_data_ptr<int64_t>()};
 }
 
+// Request b's part of a walk down the tree: its links, and its slots in the walk's path and
+// tokens arrays ([bs * steps] each); the path starts at the root (path[0] = 0).
+struct RequestWalk {
+  const int64_t* next_token;    // [n]
+  const int64_t* next_sibling;  // [n]
+  int64_t* path;                // [steps]
+  int64_t* tokens;              // [steps]
+};
+
+inline RequestWalk request_walk(const TreeView& tree, int64_t b, std::vector<int64_t>& path,
+                                std::vector<int64_t>& tokens) {
+  int64_t* p = path.data() + b * tree.steps;
+  p[0] = 0;
+  return {tree.next_token + b * tree.n, tree.next_sibling + b * tree.n, p, tokens.data() + b * tree.steps};
+}
+
+// The probability rows a tree sampler reads, [bs, n, vocab] float32 (checked by the op's
+// argument checks): the target's p, and the draft's q or null where the op has none.
+struct TreeProbs {
+  const float* p;
+  const float* q;
+  int64_t vocab;
+};
+
+inline TreeProbs tree_probs(const at::Tensor& target_probs, const at::Tensor* draft_probs) {
+  return {target_probs.const_data_ptr<float>(),
+          draft_probs != nullptr ? draft_probs->const_data_ptr<float>() : nullptr, target_probs.size(2)};
+}
+
 // path[b * steps + j]: the j-th node of request b's accepted path (j <= accepted[b], node 0
 // the root); tokens[b * steps + j]: the token predicts gets at that node's slot (the next
 // accepted token, or the last one drawn). predicts: -1 at every node's slot, then the

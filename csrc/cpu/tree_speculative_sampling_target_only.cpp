@@ -33,6 +33,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
+#include <torch/library.h>
 
 #include <algorithm>
 #include <cmath>
@@ -64,12 +65,10 @@ void tree_speculative_sampling_target_only_cpu(
                            draft_probs, threshold_single, threshold_acc);
   const TreeView tree = tree_view(candidates, retrive_index, retrive_next_token, retrive_next_sibling, accept_index);
   const auto [bs, n, steps, cand, ridx, next_token, next_sibling] = tree;
-  const int64_t vocab = target_probs.size(2);
+  const auto [p_all, q_all, vocab] = tree_probs(target_probs, draft_probs.has_value() ? &*draft_probs : nullptr);
   if (bs == 0) return;
   const float* coins = uniform_samples.const_data_ptr<float>();
   const float* final_coins = uniform_samples_for_final_sampling.const_data_ptr<float>();
-  const float* p_all = target_probs.const_data_ptr<float>();
-  const float* q_all = draft_probs.has_value() ? draft_probs->const_data_ptr<float>() : nullptr;
   const float single = static_cast<float>(threshold_single);
   const float acc_div = std::max(static_cast<float>(threshold_acc), 1e-9f);  // sgl-kernel's cap
 
@@ -82,12 +81,8 @@ void tree_speculative_sampling_target_only_cpu(
     std::vector<int64_t> rejected;
     rejected.reserve(n);
     for (int64_t b = b0; b < b1; ++b) {
-      const int64_t* nt = next_token + b * n;
-      const int64_t* ns = next_sibling + b * n;
-      int64_t* p = path.data() + b * steps;
-      int64_t* tok = tokens.data() + b * steps;
+      const auto [nt, ns, p, tok] = request_walk(tree, b, path, tokens);
       int64_t num = 0, node = 0;
-      p[0] = 0;
       rejected.clear();
       for (int64_t level = 1; level < steps; ++level) {
         const float* prow = p_all + (b * n + node) * vocab;
@@ -149,3 +144,6 @@ void tree_speculative_sampling_target_only_cpu(
 }
 
 }  // namespace domino::cpu
+
+// The CPU implementation of the op's schema (bindings/schemas.h).
+TORCH_LIBRARY_IMPL(domino_ops, CPU, m) { m.impl("tree_speculative_sampling_target_only", &domino::cpu::tree_speculative_sampling_target_only_cpu); }

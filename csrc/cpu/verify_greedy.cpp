@@ -6,6 +6,7 @@
 // threads only when very long: argmax.h).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <torch/library.h>
 
 #include "cpu/argmax.h"
 #include "ops.h"
@@ -56,3 +57,6 @@ void verify_greedy_cpu(const at::Tensor& draft_tokens, const at::Tensor& target_
 }
 
 }  // namespace domino::cpu
+
+// The CPU implementation of the op's schema (bindings/schemas.h).
+TORCH_LIBRARY_IMPL(domino_ops, CPU, m) { m.impl("verify_greedy", &domino::cpu::verify_greedy_cpu); }

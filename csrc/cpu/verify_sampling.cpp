@@ -19,6 +19,7 @@
 // Sequences run in parallel.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <torch/library.h>
 
 #include <algorithm>
 #include <vector>
@@ -126,3 +127,6 @@ void verify_sampling_cpu(const at::Tensor& draft_tokens, const at::Tensor& draft
 }
 
 }  // namespace domino::cpu
+
+// The CPU implementation of the op's schema (bindings/schemas.h).
+TORCH_LIBRARY_IMPL(domino_ops, CPU, m) { m.impl("verify_sampling", &domino::cpu::verify_sampling_cpu); }

@@ -18,6 +18,7 @@
 // plus the call overhead, so requests run serially.
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+#include <torch/library.h>
 
 #include <vector>
 
@@ -44,11 +45,8 @@ void verify_tree_greedy_cpu(at::Tensor predicts, at::Tensor accept_index, at::Te
   // Pass 1: the accepted path of every request (nodes) and its tokens, nothing written yet.
   std::vector<int64_t> path(bs * steps), tokens(bs * steps), accepted(bs);
   for (int64_t b = 0; b < bs; ++b) {
-    const int64_t* nt = next_token + b * n;
-    const int64_t* ns = next_sibling + b * n;
-    int64_t* p = path.data() + b * steps;
+    const auto [nt, ns, p, tok] = request_walk(tree, b, path, tokens);
     int64_t num = 0, node = 0;
-    p[0] = 0;
     for (int64_t level = 1; level < steps; ++level) {
       const int64_t want = target[ridx[b * n + node]];
       int64_t child = nt[node], tried = 0;
@@ -57,10 +55,10 @@ void verify_tree_greedy_cpu(at::Tensor predicts, at::Tensor accept_index, at::Te
         TORCH_CHECK(++tried < n, "retrive_next_sibling of request ", b, " has a cycle");
       }
       if (child == -1) break;
-      tokens[b * steps + num] = want;
+      tok[num] = want;
       p[++num] = node = child;
     }
-    tokens[b * steps + num] = target[ridx[b * n + node]];  // the target's token at the last node
+    tok[num] = target[ridx[b * n + node]];  // the target's token at the last node
     accepted[b] = num;
   }
 
@@ -68,3 +66,6 @@ void verify_tree_greedy_cpu(at::Tensor predicts, at::Tensor accept_index, at::Te
 }
 
 }  // namespace domino::cpu
+
+// The CPU implementation of the op's schema (bindings/schemas.h).
+TORCH_LIBRARY_IMPL(domino_ops, CPU, m) { m.impl("verify_tree_greedy", &domino::cpu::verify_tree_greedy_cpu); }

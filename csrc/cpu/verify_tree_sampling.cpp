@@ -30,6 +30,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
+#include <torch/library.h>
 
 #include <algorithm>
 #include <vector>
@@ -98,12 +99,10 @@ void verify_tree_sampling_cpu(at::Tensor predicts, at::Tensor accept_index, at::
                                   uniform_samples_for_final_sampling, target_probs, draft_probs);
   const TreeView tree = tree_view(candidates, retrive_index, retrive_next_token, retrive_next_sibling, accept_index);
   const auto [bs, n, steps, cand, ridx, next_token, next_sibling] = tree;
-  const int64_t vocab = target_probs.size(2);
+  const auto [p_all, q_all, vocab] = tree_probs(target_probs, &draft_probs);
   if (bs == 0) return;
   const double* coins = uniform_samples.const_data_ptr<double>();
   const double* final_coins = uniform_samples_for_final_sampling.const_data_ptr<double>();
-  const float* p_all = target_probs.const_data_ptr<float>();
-  const float* q_all = draft_probs.const_data_ptr<float>();
 
   check_tree_links(ridx, next_token, next_sibling, bs, n, predicts.numel(), "predicts.numel()");
   for (int64_t b = 0; b < bs; ++b)  // every draft token, read or not (the root's is not a draft)
@@ -118,12 +117,8 @@ void verify_tree_sampling_cpu(at::Tensor predicts, at::Tensor accept_index, at::
     Sibling s;
     std::vector<double> scratch(vocab);
     for (int64_t b = b0; b < b1; ++b) {
-      const int64_t* nt = next_token + b * n;
-      const int64_t* ns = next_sibling + b * n;
-      int64_t* pth = path.data() + b * steps;
-      int64_t* tok = tokens.data() + b * steps;
+      const auto [nt, ns, pth, tok] = request_walk(tree, b, path, tokens);
       int64_t num = 0, node = 0;
-      pth[0] = 0;
       for (;;) {
         s.start(p_all + (b * n + node) * vocab, q_all + (b * n + node) * vocab, vocab);
         int64_t child = num + 1 < steps ? nt[node] : -1, tried = 0;
@@ -148,3 +143,6 @@ void verify_tree_sampling_cpu(at::Tensor predicts, at::Tensor accept_index, at::
 }
 
 }  // namespace domino::cpu
+
+// The CPU implementation of the op's schema (bindings/schemas.h).
+TORCH_LIBRARY_IMPL(domino_ops, CPU, m) { m.impl("verify_tree_sampling", &domino::cpu::verify_tree_sampling_cpu); }
