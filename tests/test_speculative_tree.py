@@ -9,6 +9,7 @@ import torch
 import domino.tree
 import domino_ops
 from domino import TreeShape
+from domino.budget import RoundCosts
 from domino.sampling_params import RowSampling
 from domino_ops.tree_draft import DraftTree, tree_size
 from engine_cases import V as SMALL_V, check, prompts
@@ -262,6 +263,35 @@ def test_without_compaction_sibling_acceptance_goes_wrong(monkeypatch):
     finally:
         rig.restore()
     assert spec.token_ids != plain
+
+
+def _costs(verify_one: float, verify_more: float, draft: float) -> RoundCosts:
+    """Rigged round costs: a forward over one token, over 2..32 tokens, drafting 1..15."""
+    return RoundCosts((0.0, verify_one) + (verify_more,) * 31, (0.0,) + (draft,) * 15)
+
+
+@pytest.mark.parametrize("costs,expect", [
+    (_costs(10.0, 10.0, 0.0), "trees"),  # verifying more is free: a tree every round
+    (_costs(10.0, 100.0, 50.0), "plain"),  # no draft ever pays: plain steps, nothing drafted
+    (_costs(10.0, 12.0, 1.0), "trees, then plain"),  # pays at the prior's 0.5, not at what it sees
+])
+def test_adaptive_tree_is_planned_before_drafting(costs, expect):
+    """The adaptive tree plans each round from the acceptance seen so far before drafting, as
+    the chain does: where no draft is worth its cost the round is a plain step (and nothing
+    is drafted); the output is the target's greedy decoding whatever the plan."""
+    gen = tiny_generator("qwen3")
+    ps = prompts(1, seed=5)
+    gen._costs[1] = costs
+    trees = []
+    real = gen.drafter.draft_tree
+    gen.drafter.draft_tree = lambda *a, **kw: trees.append(1) or real(*a, **kw)
+    spec = gen.generate(ps, max_new_tokens=40, tree=TreeShape(2, 3))
+    assert spec.token_ids == greedy_plain(gen, ps, 40)
+    v = spec.verified_lengths[0]
+    plain = v.index(1) if 1 in v else len(v)
+    assert v[plain:] == [1] * (len(v) - plain)  # once plain, the seen acceptance no longer moves
+    assert len(trees) == plain and all(x > 1 for x in v[:plain])
+    assert {"trees": plain == len(v), "plain": plain == 0, "trees, then plain": 0 < plain < len(v)}[expect]
 
 
 def test_stop_conditions_and_streaming():

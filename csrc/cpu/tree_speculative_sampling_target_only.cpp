@@ -39,7 +39,7 @@
 #include <cmath>
 #include <vector>
 
-#include "cpu/tree_paths.h"
+#include "cpu/tree_common.h"
 #include "tree_ops.h"
 
 namespace domino::cpu {

@@ -22,7 +22,7 @@
 
 #include <vector>
 
-#include "cpu/tree_paths.h"
+#include "cpu/tree_common.h"
 #include "tree_ops.h"
 
 namespace domino::cpu {

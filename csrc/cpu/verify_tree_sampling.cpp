@@ -36,7 +36,7 @@
 #include <vector>
 
 #include "cpu/row_sampler.h"
-#include "cpu/tree_paths.h"
+#include "cpu/tree_common.h"
 #include "tree_ops.h"
 
 namespace domino::cpu {

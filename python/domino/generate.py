@@ -278,7 +278,8 @@ class DominoGenerator:
                 kept_list, new_rows, verified_len = self._chain_round(state, sampling, use_head, live, costs,
                                                                       num_drafts, depth_acceptance)
             else:
-                kept_list, new_rows, verified_len = self._tree_round(state, sampling, use_head, tree, live, costs)
+                kept_list, new_rows, verified_len = self._tree_round(state, sampling, use_head, tree, live, costs,
+                                                                     depth_acceptance)
             for s in range(b):
                 if done[s]:
                     continue
@@ -342,9 +343,18 @@ class DominoGenerator:
         return select_draft_nodes(tree, N)
 
     def _tree_round(self, st: _Decoding, sampling: RowSampling, use_head, shape: TreeShape, live: list[int],
-                    costs: RoundCosts | None) -> tuple[list[int], list[list[int]], int]:
+                    costs: RoundCosts | None,
+                    depth_acceptance: DepthAcceptance) -> tuple[list[int], list[list[int]], int]:
         """One tree round: draft a tree, verify all its nodes in one target forward, keep the
-        accepted path in the caches. Returns what :meth:`_chain_round` does."""
+        accepted path in the caches. Returns what :meth:`_chain_round` does.
+
+        With ``costs`` (the adaptive budget) the round is planned before anything is drafted,
+        as a chain round is: where the acceptance per depth so far (seeded by the
+        calibration, then counted along each tree's accepted path, which a tree makes at
+        least as long as its top chain) says no draft is worth its cost, the round is a
+        plain decoding step. The plan reads only earlier rounds, never this round's drafts."""
+        if costs is not None and budget.best_draft_length(depth_acceptance.rates(), costs, len(live)) == 0:
+            return self._chain_round(st, sampling, use_head, live, None, 0, depth_acceptance)
         tree = self._draft_tree(st, sampling, use_head, shape, live, costs)
         n = tree.candidates.shape[1]
         links = tree_links(tree, st.anchor_pos, shape.topk, shape.depth)
@@ -354,6 +364,7 @@ class DominoGenerator:
         kept = num_acc + 1  # the root (anchor) + accepted drafts enter the context
         host = torch.cat([kept[:, None], tokens], dim=1).tolist()  # the one host sync of the round
         kept_list = [row[0] for row in host]
+        depth_acceptance.update([shape.depth] * len(live), [kept_list[s] - 1 for s in live])
         m = max(kept_list)
         compact_tree_cache(st.cache, path[:, :m], n)
         path_features = features.gather(1, path[:, :m, None].expand(-1, -1, features.shape[2]))

@@ -1,5 +1,6 @@
-// What the CPU tree-verify kernels (verify_tree_greedy and the two tree samplers) share:
-// the tree's index arrays as raw pointers, and the write pass. Each kernel first finds
+// What the CPU tree-verify kernels (verify_tree_greedy and the two tree samplers) share, as
+// csrc/cuda/tree_common.cuh is for the CUDA ones: the tree's index arrays as raw pointers,
+// one request's walk, the samplers' probability rows, and the write pass. Each kernel first finds
 // every request's accepted path and the token each path node emits, writing nothing (so a
 // request that raises leaves the outputs as they were), then write_tree_paths writes them
 // in sgl-kernel's layout.
