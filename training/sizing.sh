@@ -7,7 +7,9 @@
 set -e
 cd "$(dirname "$0")/.."
 DATA=${DATA:-training/regenerated/smollm2_mix}
-COMMON="--data $DATA --steps ${STEPS:-1000} --seqs-per-step 16 --anchors 8 --lr 6e-4 --bf16 --init-from-target --eval-every 250 --ckpt-every 50"
+# BF16=--bf16 on a GPU or an AVX-512 CPU; on an AVX2 CPU bf16 training is ~25x slower than fp32
+BF16=${BF16:-}
+COMMON="--data $DATA --steps ${STEPS:-1000} --seqs-per-step 16 --anchors 8 --lr 6e-4 $BF16 --init-from-target --eval-every 250 --ckpt-every 50"
 .venv/bin/python -m training.train $COMMON --out training/runs/size_l2_b16 --layers 2 --block-size 16
 .venv/bin/python -m training.train $COMMON --out training/runs/size_l3_b16 --layers 3 --block-size 16
 .venv/bin/python -m training.train $COMMON --out training/runs/size_l2_b8 --layers 2 --block-size 8
