@@ -1,7 +1,7 @@
 // The argument checks every op shares between its CPU and CUDA kernels.
 //
 // The Python wrappers in python/domino_ops/ validate arguments with friendly exceptions
-// before calling these; the checks here keep a direct torch.ops caller from reading or
+// before calling the ops; the checks here keep a direct torch.ops caller from reading or
 // writing out of bounds (they raise RuntimeError naming the argument).
 #pragma once
 

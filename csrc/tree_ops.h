@@ -1,4 +1,4 @@
-// The tree ops (issue 13): entry points and their shared argument checks.
+// The tree ops (issue 13): their shared argument checks.
 // build_tree_kernel_efficient, verify_tree_greedy and tree_speculative_sampling_target_only
 // have sgl-kernel's names, argument order, dtypes and in-place outputs (sgl-project/sglang,
 // sgl-kernel/csrc/speculative/), so an engine that calls those can call

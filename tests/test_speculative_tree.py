@@ -265,6 +265,21 @@ def test_without_compaction_sibling_acceptance_goes_wrong(monkeypatch):
     assert spec.token_ids != plain
 
 
+def test_depths_tried_stop_at_the_cut_trees_leaves():
+    """A round counts a depth as tried only where the verified tree had a node there: a path
+    accepted to a leaf tried no further depth, one that stops above children tried one more."""
+    from types import SimpleNamespace
+
+    next_token = torch.tensor([[1, -1, -1],   # root -> 1: the one draft accepted, a leaf
+                               [1, -1, -1],   # the same tree, its draft rejected
+                               [1, 2, -1],    # root -> 1 -> 2: stopped at 1, above node 2
+                               [1, 2, -1]])   # accepted to the leaf 2
+    path = torch.tensor([[0, 1, 0], [0, 0, 0], [0, 1, 0], [0, 1, 2]])
+    num_acc = torch.tensor([1, 0, 1, 2])
+    tried = domino.tree.depths_tried(SimpleNamespace(next_token=next_token), path, num_acc)
+    assert tried.tolist() == [1, 1, 2, 2]
+
+
 def _costs(verify_one: float, verify_more: float, draft: float) -> RoundCosts:
     """Rigged round costs: a forward over one token, over 2..32 tokens, drafting 1..15."""
     return RoundCosts((0.0, verify_one) + (verify_more,) * 31, (0.0,) + (draft,) * 15)

@@ -1,5 +1,5 @@
 // The Python module domino_ops._C. Importing it registers the ops (static initialisers in
-// torch_library.cpp); the functions here describe the build and choose the instruction-set
+// torch_library.cpp and at the end of each csrc/cpu/<op>.cpp); the functions here describe the build and choose the instruction-set
 // build of the CPU kernels (python/domino_ops/cpu.py wraps them).
 #include <c10/util/Exception.h>
 #include <pybind11/pybind11.h>

@@ -36,8 +36,8 @@ from domino.budget import DepthAcceptance, RoundCosts
 from domino.model import DominoDraftModel, DraftContextCache
 from domino.sampling_params import RowSampling, SamplingParams
 from domino.target import special_token_ids, target_features
-from domino.tree import (TreeShape, check_tree_attention, compact_tree_cache, path_acceptance, tree_attention_mask,
-                         tree_links, verify_tree)
+from domino.tree import (TreeShape, check_tree_attention, compact_tree_cache, depths_tried, path_acceptance,
+                         tree_attention_mask, tree_links, verify_tree)
 from domino_ops.tree_draft import DraftTree, select_draft_nodes
 
 
@@ -351,9 +351,10 @@ class DominoGenerator:
         With ``costs`` (the adaptive budget) the round is planned before anything is drafted,
         as a chain round is: where the acceptance per depth so far (seeded by the
         calibration, then counted along each tree's accepted path, which a tree makes at
-        least as long as its top chain) says no draft is worth its cost, the round is a
-        plain decoding step. The plan reads only earlier rounds, never this round's drafts."""
-        if costs is not None and budget.best_draft_length(depth_acceptance.rates(), costs, len(live)) == 0:
+        least as long as its top chain, up to the tree's depth) says no draft is worth its
+        cost, the round is a plain decoding step. The plan reads only earlier rounds, never this round's drafts."""
+        rates = depth_acceptance.rates()[:shape.depth]  # the depths a tree of this shape can reach
+        if costs is not None and budget.best_draft_length(rates, costs, len(live)) == 0:
             return self._chain_round(st, sampling, use_head, live, None, 0, depth_acceptance)
         tree = self._draft_tree(st, sampling, use_head, shape, live, costs)
         n = tree.candidates.shape[1]
@@ -362,14 +363,15 @@ class DominoGenerator:
         logits, features = self._target_forward(tree.candidates, mask, links.positions, st.cache)
         tokens, path, num_acc = verify_tree(tree, links, logits, sampling, shape.depth)
         kept = num_acc + 1  # the root (anchor) + accepted drafts enter the context
-        host = torch.cat([kept[:, None], tokens], dim=1).tolist()  # the one host sync of the round
+        tried = depths_tried(links, path, num_acc)
+        host = torch.cat([kept[:, None], tried[:, None], tokens], dim=1).tolist()  # the one host sync
         kept_list = [row[0] for row in host]
-        depth_acceptance.update([shape.depth] * len(live), [kept_list[s] - 1 for s in live])
+        depth_acceptance.update([host[s][1] for s in live], [kept_list[s] - 1 for s in live])
         m = max(kept_list)
         compact_tree_cache(st.cache, path[:, :m], n)
         path_features = features.gather(1, path[:, :m, None].expand(-1, -1, features.shape[2]))
         self._commit(st, kept, n, path_features, tokens.gather(1, num_acc[:, None])[:, 0])
-        return kept_list, [row[1:1 + k] for row, k in zip(host, kept_list)], n
+        return kept_list, [row[2:2 + k] for row, k in zip(host, kept_list)], n
 
     def _commit(self, st: _Decoding, kept: torch.Tensor, round_len: int, features: torch.Tensor,
                 next_anchor: torch.Tensor) -> None:

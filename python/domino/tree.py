@@ -173,6 +173,16 @@ def verify_tree(tree: DraftTree, links: TreeLinks, logits: torch.Tensor, samplin
     return tokens, path, accept_num.long()
 
 
+def depths_tried(links: TreeLinks, path: torch.Tensor, num_accepted: torch.Tensor) -> torch.Tensor:
+    """How many depths of the tree the target tried along each sequence's accepted path:
+    the accepted drafts, plus one where the path's last node has children in the verified
+    (possibly cut) tree, all of them rejected. [b] int64, from ``path`` [b, depth + 1] and
+    ``num_accepted`` [b] as :func:`verify_tree` returns them. Per-depth acceptance counts a
+    tree round by it, as a chain round by its verified length."""
+    last = path.gather(1, num_accepted[:, None])
+    return num_accepted + (links.next_token.gather(1, last)[:, 0] >= 0).long()
+
+
 def compact_tree_cache(cache: DynamicCache, path: torch.Tensor, num_nodes: int) -> None:
     """Moves each sequence's accepted nodes' keys/values (``path`` [b, m] int64, node
     indices in path order, m <= num_nodes) to the first m slots of the round, the last
