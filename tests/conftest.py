@@ -34,6 +34,20 @@ settings.load_profile(os.environ.get("DOMINO_HYPOTHESIS_PROFILE", "ci"))
 
 POISON_TOKEN = -7
 
+
+@pytest.fixture(autouse=True, scope="session")
+def round_costs_of_this_run(tmp_path_factory):
+    """The engine's measured round costs go to a directory of this test run, not the user's
+    cache: a measurement taken while the suite loads the machine must not outlive it. Tests
+    that assert on the budget's choices rig the costs instead (``gen._costs``)."""
+    from domino import budget
+
+    mp = pytest.MonkeyPatch()
+    where = tmp_path_factory.mktemp("round_costs")
+    mp.setattr(budget, "cost_cache_dir", lambda: where)
+    yield
+    mp.undo()
+
 # The CPU kernels are compiled once per instruction set (csrc/cpu/isa.h). Every test in
 # these files runs once per build this machine supports (or only the one DOMINO_CPU_ISA
 # names), through the autouse `cpu_isa` fixture below.

@@ -100,7 +100,7 @@ def test_calibration_pools_violators_and_round_trips(tmp_path):
 
 
 def test_round_costs_are_measured_once_and_cached_per_configuration(tmp_path, monkeypatch):
-    monkeypatch.setenv("DOMINO_CACHE", str(tmp_path))
+    monkeypatch.setattr(budget, "cost_cache_dir", lambda: tmp_path / "round_costs")
     gen = tiny_generator("qwen3")
     calls = []
     real = budget.measure_round_costs

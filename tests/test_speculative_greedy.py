@@ -2,6 +2,7 @@
 
 import pytest
 
+from domino.budget import RoundCosts
 from engine_cases import prompts
 from tiny_models import RiggedDrafts, tiny_generator
 
@@ -91,10 +92,14 @@ def test_stop_conditions_and_streaming():
 
 
 def test_adaptive_budget_follows_acceptance_and_stays_exact():
-    """With the default budget the drafts are chosen from measured costs: a drafter that is
+    """With the default budget the drafts are chosen from the round costs: a drafter that is
     always right gets whole-block rounds, one that is always wrong gets none accepted (its
-    rounds shrink to plain steps), and the output is the target's greedy decoding either way."""
+    rounds shrink to plain steps), and the output is the target's greedy decoding either way.
+    The costs are rigged to a verification that grows slowly with its tokens, as on a GPU
+    (measured ones follow the machine's load)."""
     gen = tiny_generator("qwen3")
+    gen._costs[1] = RoundCosts(tuple([0.0] + [10.0 + 0.05 * t for t in range(1, 33)]),
+                               tuple([0.0] + [0.05 * n for n in range(1, 16)]))
     ps = prompts(1, seed=7)
     plain = gen.generate_target_only(ps, max_new_tokens=120)
     rig = RiggedDrafts(gen, [p + t for p, t in zip(ps, plain.token_ids)])
