@@ -83,13 +83,16 @@ def test_top_logprobs_are_the_targets_distribution(shard):
 
 
 def test_features_recomputed_from_token_ids_match_generation(shard):
-    """A committed token shard gets its tensors back from one teacher-forced forward."""
+    """A committed token shard gets its tensors back from teacher-forced forwards, in one
+    batch or several."""
     target, data, _ = shard
-    again = features_from_ids(target, data.records, data.layer_ids, pad=0, top_k=8)
-    assert again.offsets == data.offsets and again.response_offsets == data.response_offsets
-    torch.testing.assert_close(again.features.float(), data.features.float(), atol=2e-2, rtol=2e-2)
-    assert (again.top_ids == data.top_ids).float().mean() > 0.98  # ties may swap under rounding
-    torch.testing.assert_close(again.top_logprobs.float(), data.top_logprobs.float(), atol=2e-2, rtol=2e-3)
+    assert len(data.records) > 2
+    for batch_size in (2, len(data.records)):
+        again = features_from_ids(target, data.records, data.layer_ids, pad=0, top_k=8, batch_size=batch_size)
+        assert again.offsets == data.offsets and again.response_offsets == data.response_offsets
+        torch.testing.assert_close(again.features.float(), data.features.float(), atol=2e-2, rtol=2e-2)
+        assert (again.top_ids == data.top_ids).float().mean() > 0.98  # ties may swap under rounding
+        torch.testing.assert_close(again.top_logprobs.float(), data.top_logprobs.float(), atol=2e-2, rtol=2e-3)
 
 
 def test_batch_carries_the_label_distributions(shard):

@@ -121,27 +121,36 @@ def regenerate(model, batch: list[list[int]], layer_ids: list[int], eos: set[int
                        torch.cat(top_lp).contiguous(), r_offsets, layer_ids)
 
 
-def features_from_ids(model, records: list[dict], layer_ids: list[int], pad: int, top_k: int = 32) -> Regenerated:
-    """The tensors ``regenerate`` stores beside a shard, recomputed from its token ids by one
-    teacher-forced forward (right-padded; causal attention makes the padding invisible to
-    the real tokens). Equal to what generation recorded up to floating-point rounding."""
-    seqs = [r["prompt_ids"] + r["response_ids"][:-1] for r in records]
-    T = max(len(s) for s in seqs)
-    ids = torch.tensor([s + [pad] * (T - len(s)) for s in seqs])
-    mask = torch.tensor([[1] * len(s) + [0] * (T - len(s)) for s in seqs])
-    with torch.inference_mode():
-        out = model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
-    feats_all = target_features(out.hidden_states, layer_ids).to(torch.bfloat16)
-    logprobs = torch.log_softmax(out.logits.float(), dim=-1)
+def features_from_ids(model, records: list[dict], layer_ids: list[int], pad: int, top_k: int = 32,
+                      batch_size: int = 8) -> Regenerated:
+    """The tensors ``regenerate`` stores beside a shard, recomputed from its token ids by
+    teacher-forced forwards of ``batch_size`` conversations (right-padded; causal attention
+    makes the padding invisible to the real tokens). Equal to what generation recorded up
+    to floating-point rounding.
+
+    Only the response positions go through the LM head, one conversation at a time: the
+    whole batch's logits in fp32 ([64, ~700, 49152] for a shard of SmolLM2) were 9 GB and
+    most of a shard's time."""
+    body, head = model.get_decoder(), model.get_output_embeddings()
     feats, top_ids, top_lp, offsets, r_offsets = [], [], [], [0], [0]
-    for i, (r, s) in enumerate(zip(records, seqs)):
-        feats.append(feats_all[i, :len(s)])
-        offsets.append(offsets[-1] + len(s))
-        # the logits at position j predict token j + 1: response token t sits at len(prompt) + t
-        top = logprobs[i, len(r["prompt_ids"]) - 1:len(s)].topk(top_k, dim=-1)
-        top_ids.append(top.indices.to(torch.int32))
-        top_lp.append(top.values.to(torch.float16))
-        r_offsets.append(r_offsets[-1] + len(r["response_ids"]))
+    for b0 in range(0, len(records), batch_size):
+        chunk = records[b0:b0 + batch_size]
+        seqs = [r["prompt_ids"] + r["response_ids"][:-1] for r in chunk]
+        T = max(len(s) for s in seqs)
+        ids = torch.tensor([s + [pad] * (T - len(s)) for s in seqs])
+        mask = torch.tensor([[1] * len(s) + [0] * (T - len(s)) for s in seqs])
+        with torch.inference_mode():
+            out = body(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+            feats_all = target_features(out.hidden_states, layer_ids).to(torch.bfloat16)
+            for i, (r, s) in enumerate(zip(chunk, seqs)):
+                feats.append(feats_all[i, :len(s)])
+                offsets.append(offsets[-1] + len(s))
+                # the logits at position j predict token j + 1: response token t sits at len(prompt) + t
+                rows = out.last_hidden_state[i, len(r["prompt_ids"]) - 1:len(s)]
+                top = torch.log_softmax(head(rows).float(), dim=-1).topk(top_k, dim=-1)
+                top_ids.append(top.indices.to(torch.int32))
+                top_lp.append(top.values.to(torch.float16))
+                r_offsets.append(r_offsets[-1] + len(r["response_ids"]))
     return Regenerated(records, torch.cat(feats).contiguous(), offsets, torch.cat(top_ids).contiguous(),
                        torch.cat(top_lp).contiguous(), r_offsets, layer_ids)
 
