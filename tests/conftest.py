@@ -39,12 +39,16 @@ POISON_TOKEN = -7
 def round_costs_of_this_run(tmp_path_factory):
     """The engine's measured round costs go to a directory of this test run, not the user's
     cache: a measurement taken while the suite loads the machine must not outlive it. Tests
-    that assert on the budget's choices rig the costs instead (``gen._costs``)."""
+    that assert on the budget's choices rig the costs instead (``gen._costs``), so one
+    timed repeat per size is enough here (the SmolLM2 tests measure once per batch size)."""
     from domino import budget
 
     mp = pytest.MonkeyPatch()
     where = tmp_path_factory.mktemp("round_costs")
     mp.setattr(budget, "cost_cache_dir", lambda: where)
+    measure = budget.measure_round_costs
+    mp.setattr(budget, "measure_round_costs",
+               lambda gen, batch_size=1, **kw: measure(gen, batch_size, **{**kw, "repeats": 1}))
     yield
     mp.undo()
 
