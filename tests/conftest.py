@@ -52,6 +52,7 @@ def round_costs_of_this_run(tmp_path_factory):
     yield
     mp.undo()
 
+
 # The CPU kernels are compiled once per instruction set (csrc/cpu/isa.h). Every test in
 # these files runs once per build this machine supports (or only the one DOMINO_CPU_ISA
 # names), through the autouse `cpu_isa` fixture below.

@@ -353,8 +353,8 @@ class DominoGenerator:
         calibration, then counted along each tree's accepted path, which a tree makes at
         least as long as its top chain, up to the tree's depth) says no draft is worth its
         cost, the round is a plain decoding step. The plan reads only earlier rounds, never this round's drafts."""
-        rates = depth_acceptance.rates()[:shape.depth]  # the depths a tree of this shape can reach
-        if costs is not None and budget.best_draft_length(rates, costs, len(live)) == 0:
+        reachable = shape.depth  # the plan reads the depths a tree of this shape has
+        if costs is not None and budget.best_draft_length(depth_acceptance.rates()[:reachable], costs, len(live)) == 0:
             return self._chain_round(st, sampling, use_head, live, None, 0, depth_acceptance)
         tree = self._draft_tree(st, sampling, use_head, shape, live, costs)
         n = tree.candidates.shape[1]
