@@ -11,7 +11,7 @@ import torch
 
 from tiny_models import tiny_target
 from training.data import load_shards, make_batch
-from training.generate_data import count_tokens, regenerate, shard_path, write_shard
+from training.generate_data import count_tokens, parse_worker, regenerate, shard_path, write_shard
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -56,6 +56,28 @@ def test_shards_hold_greedy_responses_and_features(tiny_run):
     ids = default_drafter_config(target.config).target_layer_ids
     ref = torch.cat([hs[i + 1] for i in ids], -1)[0]
     torch.testing.assert_close(c.features.float(), ref, atol=0.05, rtol=0.02)
+
+
+def test_draft_hidden_is_the_contiguous_draft_positions():
+    from domino.config import default_drafter_config
+    from domino.model import DominoDraftModel
+
+    target = tiny_target("llama", vocab=64)
+    model = DominoDraftModel(default_drafter_config(target.config)).bind_target(target)
+    h = torch.randn(3, 5, model.config.block_size, 7)
+    first = 0 if model.config.shift_label else 1
+    for n, want in ((None, h[..., first:, :]), (2, h[..., first:first + 2, :])):
+        got = model.draft_hidden(h, n)
+        assert got.is_contiguous() and torch.equal(got, want)
+
+
+@pytest.mark.parametrize("text", ["2/2", "-1/2", "1", "a/b", "1/0"])
+def test_generate_data_worker_rejects_bad_splits(text):
+    import argparse
+
+    with pytest.raises(argparse.ArgumentTypeError, match="--worker"):
+        parse_worker(text)
+    assert parse_worker("1/3") == (1, 3)
 
 
 def test_packed_batch_masks_context_strictly_before_anchor(tiny_run):

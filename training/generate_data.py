@@ -9,7 +9,9 @@ response token, the target's top-``--top-k`` log-probabilities at that position 
 drafter can be distilled on the target's distribution, not only its greedy token).
 Shard i holds prompts [i*B, (i+1)*B) of the fixed prompt order (training/prompts.py), so a
 killed run resumes by skipping the shards already on disk: no shard is lost or written
-twice (each is written to a temporary name and renamed). Each line of a shard is
+twice (each is written to a temporary name and renamed). ``--worker I/N`` lets N processes
+share the order (worker I takes the shards whose index is I mod N), one per core: a
+one-thread process decodes faster per core than one process on several threads. Each line of a shard is
 {"prompt_ids", "response_ids"}; the response is the target's greedy continuation, cut
 after its first EOS.
 
@@ -45,6 +47,17 @@ def features_path(shard: Path) -> Path:
     "top_ids" [R, k] int32 / "top_logprobs" [R, k] float16, the target's top-k
     log-probabilities at each of the R response tokens, with "response_offsets" [convs + 1]."""
     return shard.with_suffix(".features.safetensors")
+
+
+def parse_worker(text: str) -> tuple[int, int]:
+    """``"I/N"`` -> (I, N) with 0 <= I < N: this process takes the shards whose index is I mod N."""
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--worker must look like I/N, got {text!r}") from None
+    if not 0 <= i < n:
+        raise argparse.ArgumentTypeError(f"--worker I/N needs 0 <= I < N, got {text!r}")
+    return i, n
 
 
 def count_tokens(out: Path) -> tuple[int, int]:
@@ -184,6 +197,8 @@ def main() -> None:
     parser.add_argument("--top-k", type=int, default=32, help="target log-probabilities stored per response token")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--target-tokens", type=int, default=5_000_000, help="stop once this many response tokens exist")
+    parser.add_argument("--worker", type=parse_worker, default=(0, 1), metavar="I/N",
+                        help="take only the shards whose index is I mod N (run N processes for I = 0..N-1)")
     args = parser.parse_args()
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -212,7 +227,8 @@ def main() -> None:
     print(f"{len(prompts)} prompts in {n_shards} shards; on disk: {convs} conversations, {tokens} response tokens")
 
     bar = tqdm(total=args.target_tokens, initial=min(tokens, args.target_tokens), unit="tok", desc="responses")
-    for i in range(n_shards):
+    worker, n_workers = args.worker
+    for i in range(worker, n_shards, n_workers):
         if tokens >= args.target_tokens:
             break
         path = shard_path(args.out, i)
@@ -221,10 +237,9 @@ def main() -> None:
                 write_shard(path, features_from_ids(model, read_shard_records(path), layer_ids, pad, args.top_k))
             continue
         batch = prompts[i * args.batch_size:(i + 1) * args.batch_size]
-        new = write_shard(path, regenerate(model, batch, layer_ids, eos, pad, args.max_new_tokens, args.top_k))
-        tokens += new
-        convs += len(batch)
-        bar.update(new)
+        write_shard(path, regenerate(model, batch, layer_ids, eos, pad, args.max_new_tokens, args.top_k))
+        tokens, convs = count_tokens(args.out)  # the other workers' shards count too
+        bar.update(min(tokens, args.target_tokens) - bar.n)
     bar.close()
     print(f"done: {convs} conversations, {tokens} response tokens in {args.out}")
 
