@@ -9,7 +9,7 @@ from tiny_models import tiny_generator, tiny_target
 from training.data import Conversation, load_shards, make_batch
 from training.evaluate import generation_acceptance, stepped_rounds
 from training.generate_data import features_from_ids, regenerate, shard_path, write_shard
-from training.train import per_token_loss
+from training.losses import per_token_loss
 
 
 @pytest.mark.parametrize("use_head", [True, False])
@@ -120,3 +120,40 @@ def test_distillation_losses_vanish_when_the_draft_is_the_target():
     assert (per_token_loss("ce_tv", off, labels, ids, logp) > per_token_loss("ce", off, labels, None, None)).all()
     with pytest.raises(ValueError, match="top-K"):
         per_token_loss("kl", off, labels, None, None)
+
+
+@pytest.mark.parametrize("kind", ["ce", "kl", "ce_tv"])
+@pytest.mark.parametrize("chunk_rows", [1, 7, 64])
+def test_chunked_loss_matches_whole_logits_and_their_gradients(kind, chunk_rows):
+    """The chunked loss (training/chunked_loss.py) against the same loss on whole logits
+    through autograd: value, its two parts and the gradients of h, a and W2."""
+    from training.chunked_loss import chunked_draft_loss
+
+    g = torch.Generator().manual_seed(chunk_rows)
+    R, H, r, V, K, lam = 23, 12, 5, 40, 4, 0.3
+    h = torch.randn(R, H, generator=g, requires_grad=True)
+    a = torch.randn(R, r, generator=g)
+    a[::4] = 0  # positions the head leaves alone
+    a.requires_grad_()
+    w2 = torch.randn(V, r, generator=g, requires_grad=True)
+    lm = torch.randn(V, H, generator=g)
+    ids = torch.stack([torch.randperm(V, generator=g)[:K] for _ in range(R)])
+    logp = torch.log_softmax(torch.randn(R, K, generator=g), -1)
+    labels, weights = ids[:, 0], torch.rand(R, generator=g)
+
+    loss, lb, lf = chunked_draft_loss(kind, h, a, w2, lm, labels, ids, logp, weights, lam, chunk_rows=chunk_rows)
+    got = torch.autograd.grad(2 * loss, (h, a, w2))  # a scale on the way back reaches every gradient
+
+    base = h @ lm.T
+    final = base + a @ w2.T
+    part = (lambda x: (per_token_loss(kind, x[:, None], labels[:, None], ids[:, None], logp[:, None])[:, 0]
+                       * weights).sum())
+    ref_b, ref_f = part(base), part(final)
+    ref = (1 - lam) * ref_f + lam * ref_b
+    want = torch.autograd.grad(2 * ref, (h, a, w2))
+    torch.testing.assert_close(loss, ref.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lb, ref_b.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lf, ref_f.detach(), rtol=1e-5, atol=1e-5)
+    for x, y in zip(got, want):
+        torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5)
+    assert not lb.requires_grad and not lf.requires_grad

@@ -32,81 +32,65 @@ import torch
 import torch.distributed as dist
 
 from domino.model import DominoDraftModel
+from training.chunked_loss import chunked_draft_loss
 from training.data import AnchorBatch, load_shards, make_batch
 from training.evaluate import generation_acceptance
+from training.losses import LOSSES, per_token_loss
 
 
 def position_weights(n: int, gamma: float) -> torch.Tensor:
     return torch.exp(-torch.arange(n, dtype=torch.float32) / gamma)
 
 
-def forward_batch(model: DominoDraftModel, batch: AnchorBatch, *, ttt: bool, autocast: bool):
-    """(base logits, final logits) [N*A, n, V] float32 for a packed anchor batch."""
+def forward_batch(model: DominoDraftModel, batch: AnchorBatch, *, kind: str, weights: torch.Tensor, lam: float,
+                  ttt: bool, autocast: bool):
+    """``(loss, loss_base, loss_final)`` float32 scalars for a packed anchor batch:
+    ``(1 - lam) * final + lam * base``, the ``kind`` loss per draft position weighted by
+    ``weights`` [N*A, n] (normaliser included). Teacher forcing computes the logits a chunk
+    of positions at a time (training/chunked_loss.py); training-time test (``ttt``) feeds
+    each position's argmax to the next, so it builds the whole logits [N*A, n, V]."""
     N, A = batch.anchors.shape
     c = model.config
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         h = model.packed_draft_hidden(*batch.backbone_inputs())
-        base = model.lm_head(h)
-        if not c.has_head:
-            return base.float(), base.float()
-        if ttt:
+        if ttt and c.has_head:
+            base = model.lm_head(h)
             final = model.self_fed_logits(h, base, batch.anchors.reshape(-1))
-        else:
-            final = model.teacher_forced_logits(h, base, batch.teacher.reshape(N * A, -1))
-    return base.float(), final.float()
+            lb = weighted_loss(kind, base.float(), batch, weights)
+            lf = weighted_loss(kind, final.float(), batch, weights)
+            return (1 - lam) * lf + lam * lb, lb.detach(), lf.detach()
+        R, n = h.shape[0] * h.shape[1], c.num_drafts
+        if c.has_head:
+            a = model.teacher_forced_head_input(h, batch.teacher.reshape(N * A, -1))
+            w2 = model.embed_proj[2].weight
+        else:  # no head: final logits are the base logits
+            a, w2 = h.new_zeros(R, 1), h.new_zeros(c.vocab_size, 1)
+        flat = (lambda t: None if t is None else t.reshape(R, t.shape[-1]))
+        return chunked_draft_loss(kind, h.reshape(R, -1), a.reshape(R, -1), w2, model.lm_head.weight,
+                                  batch.labels.reshape(R), flat(batch.label_top_ids),
+                                  flat(batch.label_top_logprobs), weights.reshape(R), lam)
 
 
 class DrafterForward(torch.nn.Module):
-    """The drafter's training forward as a module, so DistributedDataParallel can wrap it."""
+    """The drafter's training forward and loss as a module, so DistributedDataParallel can wrap it."""
 
-    def __init__(self, model: DominoDraftModel, ttt: bool, autocast: bool):
+    def __init__(self, model: DominoDraftModel, kind: str, ttt: bool, autocast: bool):
         super().__init__()
-        self.model, self.ttt, self.autocast = model, ttt, autocast
+        self.model, self.kind, self.ttt, self.autocast = model, kind, ttt, autocast
 
-    def forward(self, batch: AnchorBatch):
-        return forward_batch(self.model, batch, ttt=self.ttt, autocast=self.autocast)
-
-
-LOSSES = ("ce", "kl", "ce_tv")
+    def forward(self, batch: AnchorBatch, weights: torch.Tensor, lam: float):
+        return forward_batch(self.model, batch, kind=self.kind, weights=weights, lam=lam, ttt=self.ttt,
+                             autocast=self.autocast)
 
 
-def per_token_loss(kind: str, logits: torch.Tensor, labels: torch.Tensor, top_ids: torch.Tensor | None,
-                   top_logprobs: torch.Tensor | None) -> torch.Tensor:
-    """Loss [M, n] of draft logits [M, n, V] against the target at each position:
-
-    - "ce": cross-entropy with the target's greedy token ``labels`` [M, n];
-    - "kl": KL(p || q) from the target's top-K distribution p (ids / log-probabilities
-      [M, n, K], renormalised over the K) to the draft's q = softmax(logits);
-    - "ce_tv": cross-entropy plus the total variation 0.5 * sum |p - q| (q's mass outside
-      the K counts fully), which bounds the rejection rate of rejection sampling.
-    """
-    logq = torch.log_softmax(logits.float(), dim=-1)
-    if kind == "ce":
-        return -logq.gather(-1, labels[..., None])[..., 0]
-    if top_ids is None:
-        raise ValueError(f"--loss {kind} needs the target's top-K log-probabilities in the data "
-                         "(shards written by training.generate_data with --top-k)")
-    logp = torch.log_softmax(top_logprobs, dim=-1)  # renormalised over the stored top-K
-    logp = torch.where(torch.isfinite(logp), logp, torch.full_like(logp, -1e4))  # padded (invalid) rows
-    logq_k = logq.gather(-1, top_ids)
-    if kind == "kl":
-        return (logp.exp() * (logp - logq_k)).sum(-1)
-    if kind == "ce_tv":
-        q_k = logq_k.exp()
-        tv = 0.5 * ((logp.exp() - q_k).abs().sum(-1) + (1 - q_k.sum(-1)).clamp(min=0))
-        return -logq.gather(-1, labels[..., None])[..., 0] + tv
-    raise ValueError(f"loss must be one of {LOSSES}, got {kind!r}")
-
-
-def weighted_loss(kind: str, logits: torch.Tensor, batch: AnchorBatch, weights: torch.Tensor,
-                  weight_total) -> torch.Tensor:
-    """The per-position loss of ``kind`` weighted by ``weights`` [M, n] and normalised by the
-    global ``weight_total``; logits [M, n, V] for the M = N*A blocks of ``batch``."""
+def weighted_loss(kind: str, logits: torch.Tensor, batch: AnchorBatch, weights: torch.Tensor) -> torch.Tensor:
+    """The per-position loss of ``kind`` times ``weights`` [M, n] (normaliser included),
+    summed; logits [M, n, V] for the M = N*A blocks of ``batch``."""
     n = logits.shape[1]
     flat = (lambda t: None if t is None else t.reshape(-1, n, t.shape[-1]))
     loss = per_token_loss(kind, logits, batch.labels.view(-1, n), flat(batch.label_top_ids),
                           flat(batch.label_top_logprobs))
-    return (loss * weights).sum() / weight_total
+    return (loss * weights).sum()
 
 
 def lr_at(step: int, total: int, base_lr: float, warmup_frac: float) -> float:
@@ -225,7 +209,7 @@ def main(argv=None) -> dict:
     if args.bf16 and not torch.cuda.is_available() and "AVX512" not in torch.backends.cpu.get_cpu_capability():
         log(f"warning: --bf16 on a {torch.backends.cpu.get_cpu_capability()} CPU: PyTorch's bf16 matmuls fall back "
             "to slow generic code here; fp32 (no --bf16) trains ~25x faster")
-    step_fn = DrafterForward(model, args.ttt, args.bf16)
+    step_fn = DrafterForward(model, args.loss, args.ttt, args.bf16)
     if distributed:  # gradients are averaged over ranks in backward
         step_fn = torch.nn.parallel.DistributedDataParallel(step_fn)
     optim = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
@@ -257,16 +241,12 @@ def main(argv=None) -> dict:
         w_total = w.sum()
         if distributed:
             dist.all_reduce(w_total)
-        w = w.view(-1, c.num_drafts)
-        base, final = step_fn(batch)
-        loss_base = weighted_loss(args.loss, base, batch, w, w_total)
-        loss_final = weighted_loss(args.loss, final, batch, w, w_total)
-        loss = (1 - lam) * loss_final + lam * loss_base
+        loss, loss_base, loss_final = step_fn(batch, w.view(-1, c.num_drafts) / w_total, lam)
         optim.zero_grad(set_to_none=True)
         (loss * world).backward()  # DDP averages over ranks; the global normaliser is already in
         torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
         optim.step()
-        lb, lf = loss_base.detach(), loss_final.detach()
+        lb, lf = loss_base.clone(), loss_final.clone()
         if distributed:
             for t in (lb, lf):
                 dist.all_reduce(t)

@@ -13,7 +13,7 @@ State-dict keys follow the public DFlash/Domino checkpoints (``fc``, ``hidden_no
 
 The drafter owns all of its math: generation (:meth:`DominoDraftModel.draft`, and
 :meth:`DominoDraftModel.draft_tree` for tree speculation) and training
-(:meth:`DominoDraftModel.packed_draft_hidden`, :meth:`DominoDraftModel.teacher_forced_logits`,
+(:meth:`DominoDraftModel.packed_draft_hidden`, :meth:`DominoDraftModel.teacher_forced_head_input`,
 :meth:`DominoDraftModel.self_fed_logits`) call the same backbone and head.
 """
 
@@ -279,16 +279,16 @@ class DominoDraftModel(nn.Module):
         h [.., H] and GRU states S [.., G] (the state after the tokens before the position)."""
         return self.embed_proj(torch.cat([h, S], dim=-1))
 
-    def teacher_forced_logits(self, h: torch.Tensor, base: torch.Tensor, gru_inputs: torch.Tensor) -> torch.Tensor:
-        """Final logits [M, n, V] = base + correction for every draft position at once, the
-        GRU run over ``gru_inputs`` [M, n] (x_p, x_{p+1}, ...: teacher forcing) from a zero
-        state; h [M, n, H], base [M, n, V]. The first ``pure_draft_prefix_len`` positions keep
-        their base logits, as in generation."""
+    def teacher_forced_head_input(self, h: torch.Tensor, gru_inputs: torch.Tensor) -> torch.Tensor:
+        """The head's activation ``a = SiLU(W1 [h; S])`` [M, n, r] at every draft position at
+        once, the GRU run over ``gru_inputs`` [M, n] (x_p, x_{p+1}, ...: teacher forcing) from
+        a zero state; h [M, n, H]. Final logits are ``base + a @ W2^T``; ``a`` is zero at the
+        first ``pure_draft_prefix_len`` positions, which keep their base logits, as in
+        generation."""
         S, _ = self.prefix_gru(self.embed_tokens(gru_inputs).to(h.dtype))  # [M, n, G]: state after x_p..x_{p+k}
-        delta = self.head_correction(h, S)
-        P = self.config.pure_draft_prefix_len
-        delta = torch.cat([torch.zeros_like(delta[:, :P]), delta[:, P:]], dim=1)
-        return base + delta
+        a = self.embed_proj[1](self.embed_proj[0](torch.cat([h, S], dim=-1)))
+        corrected = torch.arange(a.shape[1], device=a.device) >= self.config.pure_draft_prefix_len
+        return a * corrected[:, None].to(a.dtype)
 
     def self_fed_logits(self, h: torch.Tensor, base: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:
         """Final logits [M, n, V] with the GRU consuming the drafter's own argmax step by step
