@@ -27,7 +27,6 @@ the adaptive budget are measured (or read from the disk cache) before any timing
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import time
@@ -39,17 +38,10 @@ import torch
 import domino
 from domino.loading import DEFAULT_DRAFTER_DIR, smollm2_dir
 from domino_ops import cpu
-from eval_acceptance import humaneval_prompts
+from eval_acceptance import chat_prompts, humaneval_prompts
 
 RESULTS = Path(__file__).parent / "results"
 CONFIGS = {"fp32": (torch.float32, False), "fp32-sbl": (torch.float32, True), "bf16-sbl": (torch.bfloat16, True)}
-
-
-def chat_prompts(n: int) -> list[list[int]]:
-    """The prompts (chat-templated token ids, as the target saw them) of the first n
-    held-out conversations: shard 0 of the regenerated mix, which the trainer never trains on."""
-    shard = Path(__file__).resolve().parents[1] / "training" / "regenerated" / "smollm2_mix" / "shard_00000.jsonl"
-    return [json.loads(line)["prompt_ids"] for line in shard.read_text().splitlines()[:n]]
 
 
 class RoundTimer:

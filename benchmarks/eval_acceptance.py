@@ -2,6 +2,8 @@
 bonus included), measured end to end with the real generator.
 
     python benchmarks/eval_acceptance.py tau --num-prompts 40            # head on vs off, T = 0 and T = 1
+    python benchmarks/eval_acceptance.py tau --num-prompts 164 --max-new-tokens 128 --temperatures 0
+    python benchmarks/eval_acceptance.py tau --prompts chat --num-prompts 64   # held-out chat prompts
     python benchmarks/eval_acceptance.py ablation training/runs/abl_*    # tau per drafter + loss-curve plot
 
 HumanEval never enters the training data (training/prompts.py filters it out).
@@ -29,6 +31,13 @@ def humaneval_prompts(n: int, offset: int = 0) -> list[list[dict]]:
             for p in list(read_problems().values())[offset: offset + n]]
 
 
+def chat_prompts(n: int) -> list[list[int]]:
+    """The prompts (chat-templated token ids, as the target saw them) of the first n
+    held-out conversations: shard 0 of the regenerated mix, which the trainer never trains on."""
+    shard = Path(__file__).resolve().parents[1] / "training" / "regenerated" / "smollm2_mix" / "shard_00000.jsonl"
+    return [json.loads(line)["prompt_ids"] for line in shard.read_text().splitlines()[:n]]
+
+
 def mean_tau(gen, prompts, *, use_head: bool, temperature: float, max_new_tokens: int, batch: int = 8) -> float:
     """Mean tokens advanced per verification round over all rounds of all prompts, every
     round drafting and verifying the drafter's whole block (a chain)."""
@@ -45,17 +54,18 @@ def mean_tau(gen, prompts, *, use_head: bool, temperature: float, max_new_tokens
 
 def cmd_tau(args) -> None:
     gen = domino.load(smollm2_dir(), args.drafter or DEFAULT_DRAFTER_DIR, quiet=False)
-    prompts = humaneval_prompts(args.num_prompts)
+    prompts = chat_prompts(args.num_prompts) if args.prompts == "chat" else humaneval_prompts(args.num_prompts)
     rows = []
-    for T in (0.0, 1.0):
+    for T in args.temperatures:
         on = mean_tau(gen, prompts, use_head=True, temperature=T, max_new_tokens=args.max_new_tokens)
         off = mean_tau(gen, prompts, use_head=False, temperature=T, max_new_tokens=args.max_new_tokens)
         rows.append((T, on, off))
-    print(f"\nHumanEval prompts 0..{len(prompts) - 1}, block {gen.drafter.config.block_size}, "
+    source = "HumanEval prompts" if args.prompts == "humaneval" else "held-out chat prompts (shard 0 of the mix)"
+    print(f"\n{source} 0..{len(prompts) - 1}, block {gen.drafter.config.block_size}, "
           f"max_new_tokens {args.max_new_tokens}")
     print(f"{'T':>4} | {'tau head on':>11} | {'tau head off':>12} | {'on/off':>6}")
     for T, on, off in rows:
-        print(f"{T:4.1f} | {on:11.2f} | {off:12.2f} | {on / off:6.2f}")
+        print(f"{T:4.1f} | {on:11.3f} | {off:12.3f} | {on / off:6.3f}")
 
 
 def cmd_ablation(args) -> None:
@@ -113,6 +123,8 @@ def main() -> None:
     t.add_argument("--drafter", type=Path, default=None)
     t.add_argument("--num-prompts", type=int, default=40)
     t.add_argument("--max-new-tokens", type=int, default=96)
+    t.add_argument("--prompts", choices=("humaneval", "chat"), default="humaneval")
+    t.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     a = sub.add_parser("ablation")
     a.add_argument("runs", nargs="+")
     a.add_argument("--num-prompts", type=int, default=24)
