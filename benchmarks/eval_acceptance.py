@@ -5,6 +5,7 @@ bonus included), measured end to end with the real generator.
     python benchmarks/eval_acceptance.py tau --num-prompts 164 --max-new-tokens 128 --temperatures 0
     python benchmarks/eval_acceptance.py tau --prompts chat --num-prompts 64   # held-out chat prompts
     python benchmarks/eval_acceptance.py ablation training/runs/abl_*    # tau per drafter + loss-curve plot
+    python benchmarks/eval_acceptance.py curve training/runs/long        # acceptance vs training tokens (PNG)
 
 HumanEval never enters the training data (training/prompts.py filters it out).
 """
@@ -107,6 +108,48 @@ def cmd_ablation(args) -> None:
     print(f"plot: {RESULTS / 'curriculum_backbone_loss.png'}")
 
 
+def cmd_curve(args) -> None:
+    """Plots the acceptance a run logged at its evaluations (through the generator on
+    HumanEval, and the trainer's held-out stepping, head on and off) against the draft
+    positions it had trained on; several runs are chained in the order given (stages)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series, offset = {"generator_tau_head_on": [], "tau_head_on": [], "tau_head_off": []}, 0
+    print(f"{'run':20} | {'step':>6} | {'train tokens':>12} | {'HumanEval tau':>13} | {'held-out on / off':>17}")
+    for run in args.runs:
+        log = [json.loads(line) for line in (Path(run) / "log.jsonl").read_text().splitlines()]
+        if not log or "train_tokens" not in log[-1]:
+            raise SystemExit(f"{run}: its log has no train_tokens (written by training.train since 2026-11-23)")
+        for r in log:
+            if "tau_head_on" not in r:
+                continue
+            x = offset + r["train_tokens"]
+            for key, points in series.items():
+                if key in r:
+                    points.append((x, r[key]))
+            gen_tau = f"{r['generator_tau_head_on']:.3f}" if "generator_tau_head_on" in r else "-"
+            print(f"{Path(run).name:20} | {r['step']:6d} | {x:12d} | {gen_tau:>13} | "
+                  f"{r['tau_head_on']:7.3f} / {r['tau_head_off']:.3f}")
+        offset += log[-1]["train_tokens"]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    labels = {"generator_tau_head_on": "HumanEval, generator, head on", "tau_head_on": "held-out chat, head on",
+              "tau_head_off": "held-out chat, head off"}
+    for key, points in series.items():
+        if points:
+            ax.plot(*zip(*points), marker="o", label=labels[key])
+    ax.set_xlabel("draft positions trained on")
+    ax.set_ylabel("acceptance (tokens per round)")
+    ax.legend()
+    ax.set_title("Acceptance against training tokens")
+    fig.tight_layout()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(args.out, dpi=120)
+    print(f"plot: {args.out}")
+
+
 def _smooth(xs, k=10):
     out, acc = [], []
     for x in xs:
@@ -129,9 +172,12 @@ def main() -> None:
     a.add_argument("runs", nargs="+")
     a.add_argument("--num-prompts", type=int, default=24)
     a.add_argument("--max-new-tokens", type=int, default=64)
+    c = sub.add_parser("curve")
+    c.add_argument("runs", nargs="+", help="training run directories (their log.jsonl), in training order")
+    c.add_argument("--out", type=Path, default=RESULTS / "acceptance_vs_training_tokens.png")
     args = parser.parse_args()
     torch.set_grad_enabled(False)
-    {"tau": cmd_tau, "ablation": cmd_ablation}[args.cmd](args)
+    {"tau": cmd_tau, "ablation": cmd_ablation, "curve": cmd_curve}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -123,7 +123,13 @@ def test_loss_goes_down_and_curriculum_moves(tiny_run, tmp_path):
     assert [r["lam"] for r in log] == pytest.approx([1.0, 0.8, 0.6, 0.4, 0.2, 0.0])
     assert log[-1]["loss_base"] < log[0]["loss_base"]
     assert "tau_head_on" in log[2] and "tau_head_off" in log[2]
+    assert [r["train_tokens"] for r in log] == [(s + 1) * 4 * 2 * 7 for s in range(6)]  # seqs x anchors x drafts
     assert (tmp_path / "run" / "drafter" / "config.json").exists()
+    # the acceptance curve over the run's evaluations (steps 2 and 5)
+    png = tmp_path / "curve.png"
+    out = subprocess.run([sys.executable, "benchmarks/eval_acceptance.py", "curve", str(tmp_path / "run"),
+                          "--out", str(png)], cwd=REPO, capture_output=True, text=True, timeout=300, check=True)
+    assert png.stat().st_size > 0 and len(out.stdout.splitlines()) == 4  # header, 2 evaluations, plot path
 
 
 def test_resume_continues_with_the_same_data_order(tiny_run, tmp_path):

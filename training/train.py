@@ -251,7 +251,10 @@ def main(argv=None) -> dict:
             for t in (lb, lf):
                 dist.all_reduce(t)
         rec = {"step": step, "loss_base": float(lb), "loss_final": float(lf), "lam": lam,
-               "lr": optim.param_groups[0]["lr"], "elapsed_s": round(time.time() - t0, 1)}
+               "lr": optim.param_groups[0]["lr"], "elapsed_s": round(time.time() - t0, 1),
+               # draft positions trained on so far (each a target token to predict), the x axis
+               # of the acceptance curve (benchmarks/eval_acceptance.py curve)
+               "train_tokens": (step + 1) * args.seqs_per_step * args.anchors * c.num_drafts}
         if eval_convs and rank == 0 and ((step + 1) % args.eval_every == 0 or step + 1 == args.steps):
             model.eval()  # acceptance as generation gets it: tokens / rounds, stepping through responses
             for head, key in ((True, "tau_head_on"), (False, "tau_head_off")):
