@@ -151,7 +151,7 @@ def test_two_processes_match_one_on_the_same_global_batch(tiny_run, tmp_path):
         assert x["loss_base"] == pytest.approx(y["loss_base"], rel=1e-4)
 
 
-@pytest.mark.parametrize("flags", [["--ttt"], ["--no-curriculum"], ["--loss", "kl"], ["--loss", "ce_tv"]])
+@pytest.mark.parametrize("flags", [["--ttt"], ["--no-curriculum"], ["--loss", "kl"], ["--loss", "ce_tv"], ["--bf16"]])
 def test_ablation_switches_run(tiny_run, tmp_path, flags):
     root, _ = tiny_run
     flag = flags[0]
