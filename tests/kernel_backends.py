@@ -1,8 +1,10 @@
-"""The GPU kernel backends the kernel-contract suite (test_kernel_backends.py) runs on this
-GPU-less machine, with the shapes each is tested at:
+"""The GPU kernel backends the kernel-contract suite (test_kernel_backends.py) runs, with the
+shapes each is tested at:
 
 - emulated CUDA: every kernel in csrc/cuda/, executed by the host SIMT emulator
   (torch.ops.domino_simt.*: same kernel sources, same tensor adapters as the real CUDA ops);
+- CUDA: the same kernels compiled into domino_ops._C, on CUDA tensors (torch.ops.domino_ops.*),
+  where there is a GPU and the extension was built with its CUDA kernels; skipped elsewhere;
 - Triton: python/domino_ops/triton/, under Triton's interpreter (TRITON_INTERPRET=1, set in
   conftest) or on a GPU when there is one.
 
@@ -14,6 +16,7 @@ from typing import Callable, Optional
 import pytest
 import torch
 
+import domino_ops
 from domino_ops import triton as triton_ops
 
 F32, BF16 = torch.float32, torch.bfloat16
@@ -56,6 +59,32 @@ EMULATED_CUDA = KernelBackend(
     race_cases=[(4, 400, BF16)],  # emulated blocks cost ~0.1 s per sequence, hence the modest N
 )
 
+def cuda_kernel(op):
+    """The CUDA kernel of ``op`` built into domino_ops._C: torch.ops.domino_ops.<op>, which
+    dispatches to it for CUDA tensors."""
+    return getattr(torch.ops.domino_ops, op)
+
+
+def _cuda_skip_reason() -> Optional[str]:
+    if not torch.cuda.is_available():
+        return "no GPU here: the CUDA kernels run under the SIMT emulator (emulated_cuda) instead"
+    if not domino_ops.cuda_compiled:
+        return "domino_ops was built without its CUDA kernels (DOMINO_CUDA=OFF, or no nvcc at build time)"
+    return None
+
+
+# On a GPU the shapes can be those of real models (V up to 151936, batches of 64).
+CUDA = KernelBackend(
+    id="cuda", device="cuda", kernel=cuda_kernel, skip_reason=_cuda_skip_reason(),
+    verify_greedy_sizes=dict(b=[1, 3, 64], k=[1, 4, 15], V=[1, 17, 1500, 151936]),
+    sample_vocab=[1, 2, 17, 1500, 151936],
+    verify_sampling_shapes=[(1, 1, 5), (4, 5, 300), (3, 2, 1500), (2, 15, 151936)],
+    target_population=4000,
+    head_sizes=dict(b=[1, 3, 9, 64], k=[1, 3, 15], V=[1, 17, 300, 49152], r=[1, 33, 64, 256],
+                    G=[1, 40, 256], H=[1, 8, 576]),
+    race_cases=[(5, 2000, BF16), (5, 2000, F32)],
+)
+
 _TRITON_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TRITON = KernelBackend(
     id="triton", device=_TRITON_DEVICE, kernel=triton_ops.kernel,
@@ -74,7 +103,7 @@ TRITON = KernelBackend(
     race_cases=[(5, 400, BF16)],
 )
 
-BACKENDS = [EMULATED_CUDA, TRITON]
+BACKENDS = [EMULATED_CUDA, CUDA, TRITON]
 
 
 def backend_params(table=None):

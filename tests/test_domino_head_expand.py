@@ -16,14 +16,15 @@ import domino_ops
 from domino_ops import reference
 from domino_ops import triton as triton_ops
 from domino_ops.sampling import kernel_sampling_args
-from kernel_backends import TRITON, emulated_cuda_kernel
+from kernel_backends import emulated_cuda_kernel
 from kernel_cases import head_input_strategy, head_rollout_inputs, weights_as_float64
 from poisoned_calls import run_head_poisoned
 from stats import assert_matches_distribution
+from tree_backends import device_of, params
 
 SIZES = dict(b=[1, 3], k=[1, 4], V=[1, 7, 300], r=[1, 16, 33], G=[1, 24], H=[1, 8])
-ALL = ("reference", "native", "emulated_cuda", "triton")
-GPU = ("emulated_cuda", "triton")
+ALL = ("reference", "native", "emulated_cuda", "cuda", "triton")
+GPU = ("emulated_cuda", "cuda", "triton")
 # The GPU backends' cases (emulated blocks and interpreted programs are slow): head_rollout_inputs
 # arguments (b, k, V, r, G, H, weight dtype, base dtype, table) covering both dtypes, both GRU
 # inputs, vocabularies over several tiles (300: two emulated 256-row tiles, three Triton 128-row
@@ -33,12 +34,9 @@ GPU_CASES = [(2, 3, 300, 16, 8, 4, torch.bfloat16, torch.float32, False),
              (3, 2, 7, 3, 40, 8, torch.float32, torch.float32, False)]
 
 
-def params(backends=ALL):
-    return [pytest.param(be, id=be, marks=[pytest.mark.skip(reason=TRITON.skip_reason)]
-                         if be == "triton" and TRITON.skip_reason else []) for be in backends]
-
-
 def _kernel(backend, op):
+    """The op itself on ``backend`` (native and cuda: the dispatcher op, which picks the
+    kernel by the tensors' device)."""
     if backend == "emulated_cuda":
         return emulated_cuda_kernel(op)
     return triton_ops.kernel(op) if backend == "triton" else getattr(torch.ops.domino_ops, op)
@@ -58,7 +56,7 @@ def expand(inputs, node_state, node_seq, node_depth, m, backend="native", temper
     u = domino_ops.draw_uniforms((n, m), "cpu", generator) if T > 0 else None
     outs = (torch.full((n, m), -7, dtype=torch.long), torch.full((n, m), float("nan")),
             torch.full((n, m, G), float("nan")), torch.full((n, V), float("nan")))
-    dev = TRITON.device if backend == "triton" else "cpu"
+    dev = device_of(backend)
     moved = [x.to(dev) if x is not None else None for x in (base, hproj, node_state, node_seq, node_depth, gru_input,
                                                             w_ih, w_hh, w1s, w2)]
     dev_outs = [o.to(dev) for o in outs]
@@ -70,7 +68,7 @@ def rollout(backend, inputs):
     """The greedy head rollout on ``backend``: tokens, logprobs, final state."""
     if backend == "reference":
         return domino_ops.domino_head_rollout(inputs[0].clone(), *inputs[1:], backend="reference")
-    dev = TRITON.device if backend == "triton" else "cpu"
+    dev = device_of(backend)
     return run_head_poisoned(_kernel(backend, "domino_head_rollout"), [inputs[0].clone(), *inputs[1:]],
                              device=dev)[:3]
 
@@ -226,7 +224,7 @@ def without_replacement_joint(q: torch.Tensor) -> torch.Tensor:
 
 # Nodes per distribution check (the GPU backends' small populations keep ALPHA = 1e-6; the
 # draws without replacement must still follow the exact joint law).
-POPULATION = {"native": 40_000, "reference": 4_000, "emulated_cuda": 150, "triton": 120}
+POPULATION = {"native": 40_000, "reference": 4_000, "emulated_cuda": 150, "cuda": 40_000, "triton": 120}
 
 
 @pytest.mark.parametrize("backend", params())

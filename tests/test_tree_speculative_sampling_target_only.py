@@ -197,7 +197,7 @@ V = 12
 # ALPHA = 1e-6, and at these sizes the lossy negative control still fails with p < 1e-25
 # (exactness itself is test_kernels_match_reference's job). The reference equals the
 # native kernel there, so it is not sampled again.
-SAMPLES = {"native": 40_000, "emulated_cuda": 400, "triton": 200}
+SAMPLES = {"native": 40_000, "emulated_cuda": 400, "cuda": 40_000, "triton": 200}
 DISTRIBUTION_BACKENDS = ("native",) + GPU
 
 

@@ -19,7 +19,7 @@ from domino_ops import reference_tree
 from domino_ops import triton as triton_ops
 from kernel_backends import emulated_cuda_kernel
 from stats import assert_matches_distribution
-from tree_backends import ALL, CPU_KERNELS, GPU, params, run_guarded, tree_op
+from tree_backends import ALL, CPU_KERNELS, GPU, on_device_of, params, run_guarded, tree_op
 from tree_cases import chain_tree, links, random_tree, verify_outputs
 
 
@@ -34,7 +34,8 @@ def verify_sampling_op(backend):
     """The same backend's verify_sampling (the CPU op for the reference and native ones)."""
     if backend == "emulated_cuda":
         return emulated_cuda_kernel("verify_sampling")
-    return triton_ops.kernel("verify_sampling") if backend == "triton" else torch.ops.domino_ops.verify_sampling
+    op = triton_ops.kernel("verify_sampling") if backend == "triton" else torch.ops.domino_ops.verify_sampling
+    return on_device_of(op, backend)
 
 
 def random_probs(g, *shape, sharpness=1.0, zeros=False):
@@ -196,7 +197,7 @@ def assert_lossless(t1, t2, P1, P2):
 # Generations per distribution check: the GPU backends run emulated or interpreted here,
 # so they get small populations (exactness is test_kernels_match_reference's job); the
 # false-failure rate stays ALPHA = 1e-6 and the negative control below still fails there.
-SAMPLES = {"native": 60_000, "emulated_cuda": 200, "triton": 120}
+SAMPLES = {"native": 60_000, "emulated_cuda": 200, "cuda": 60_000, "triton": 120}
 
 
 @pytest.mark.parametrize("backend", params(("native",) + GPU))

@@ -5,6 +5,8 @@ test_verify_tree_greedy.py, test_tree_speculative_sampling_target_only.py), in o
 - ``native``: the C++ CPU kernel, through the wrapper;
 - ``emulated_cuda``: the CUDA kernel of csrc/cuda/ under the SIMT emulator
   (torch.ops.domino_simt.<op>, the same tensor adapters as the real CUDA op; no wrapper);
+- ``cuda``: the CUDA kernel built into domino_ops._C, through the wrapper, on CUDA copies of
+  the arguments (skipped without a GPU and a CUDA build, ``kernel_backends.CUDA``);
 - ``triton``: the Triton kernel through the wrapper (``backend="triton"``), interpreted on
   this GPU-less machine (TRITON_INTERPRET=1, conftest) or on the GPU when there is one.
 
@@ -22,17 +24,18 @@ import torch
 
 import domino_ops
 from domino_ops import triton as triton_ops
-from kernel_backends import TRITON, emulated_cuda_kernel
+from kernel_backends import CUDA, TRITON, cuda_kernel, emulated_cuda_kernel
 
-ALL = ("reference", "native", "emulated_cuda", "triton")
+ALL = ("reference", "native", "emulated_cuda", "cuda", "triton")
 CPU_KERNELS = ("reference", "native")  # the ones that raise on bad index values
-GPU = ("emulated_cuda", "triton")  # the ones that never read a bad index (no host checks)
+GPU = ("emulated_cuda", "cuda", "triton")  # the ones that never read a bad index (no host checks)
+_SKIP = {"cuda": CUDA.skip_reason, "triton": TRITON.skip_reason}
 
 
 def params(backends=ALL):
-    """pytest parameters for ``backend`` (the Triton one skipped where it cannot run)."""
-    return [pytest.param(be, id=be, marks=[pytest.mark.skip(reason=TRITON.skip_reason)]
-                         if be == "triton" and TRITON.skip_reason else []) for be in backends]
+    """pytest parameters for ``backend`` (the CUDA and Triton ones skipped where they cannot run)."""
+    return [pytest.param(be, id=be, marks=[pytest.mark.skip(reason=_SKIP[be])] if _SKIP.get(be) else [])
+            for be in backends]
 
 
 def _on_device(fn, device):
@@ -52,15 +55,28 @@ def _on_device(fn, device):
     return run
 
 
+def device_of(backend: str) -> str:
+    """Where ``backend``'s tensors live: "cuda" for the CUDA kernels, Triton's device for
+    Triton, the CPU for the rest (the emulator included)."""
+    return {"cuda": "cuda", "triton": TRITON.device}.get(backend, "cpu")
+
+
+def on_device_of(fn, backend: str):
+    """``fn`` (taking CPU tensors, writing outputs in place) run on ``backend``'s device."""
+    return fn if device_of(backend) == "cpu" else _on_device(fn, device_of(backend))
+
+
 def tree_op(backend: str, op: str, *, checked: bool = True):
     """``op`` (e.g. "verify_tree_greedy") on ``backend``."""
     if backend == "emulated_cuda":
         return emulated_cuda_kernel(op)
-    if backend == "triton" and not checked:
+    if backend == "cuda":  # the wrapper's native kernel for CUDA tensors, or the op itself
+        fn = functools.partial(getattr(domino_ops, op), backend="native") if checked else cuda_kernel(op)
+    elif backend == "triton" and not checked:
         fn = triton_ops.kernel(op)
     else:
         fn = functools.partial(getattr(domino_ops, op), backend=backend)
-    return _on_device(fn, TRITON.device) if backend == "triton" and TRITON.device != "cpu" else fn
+    return on_device_of(fn, backend)
 
 
 def with_(good_args, **over):

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# What a lent GPU machine should run, in two calls of the device tool made back to back
+# (the machine stays warm ~30 s after a call, and keeps /tmp/site while warm; a cold one
+# rebuilds, 2-4 minutes of nvcc):
+#
+#     run(command="bash benchmarks/gpu_session.sh test", timeout_s=600)
+#     run(command="bash benchmarks/gpu_session.sh bench", timeout_s=600)
+#
+# test:  build domino_ops against the machine's own torch, the CUDA kernels required
+#        (ptxas's resource report kept); the kernel tests on real CUDA tensors (the `cuda`
+#        backend of tests/kernel_backends.py and tests/tree_backends.py), the Triton kernels
+#        compiled rather than interpreted, CUDA-graph capture and replay of a rollout
+#        (tests/test_cuda_graph.py); and, where the machine's CPU has AVX-512, the CPU kernel
+#        tests under the avx512 build (issue 11: no machine of this project has one).
+# bench: the GPU half of bench_head.py (CUDA vs Triton vs eager, plain and in CUDA graphs,
+#        both shapes) and bench_tree.py; with AVX-512, the CPU rollout table per build.
+#
+# Output goes to $OUT (the device tool brings that folder back) or /tmp/gpu_session.
+# Nothing is fetched there: the machine has torch, triton, pytest, hypothesis, transformers,
+# scikit-build-core, cmake and ninja; tests that need SmolLM2 or HumanEval are not run.
+# Record the device, the date and the numbers in benchmarks/README.md.
+set -uo pipefail
+PHASE=${1:?usage: gpu_session.sh test|bench}
+OUT=${OUT:-/tmp/gpu_session}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+cd "$(dirname "$0")/.."
+AVX512=$(grep -qw avx512f /proc/cpuinfo && echo yes || echo no)
+
+{ date -u; nvidia-smi; lscpu | grep -E "Model name|^Flags" | cut -c1-400; echo "avx512f: $AVX512"
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } \
+  > "$OUT/machine.txt" 2>&1
+
+if [ ! -d /tmp/site/domino_ops ]; then
+  echo "== build (DOMINO_CUDA=ON, against the machine's torch)"
+  if ! DOMINO_CUDA=ON python3 -m pip install -v --no-build-isolation --no-deps --no-index --target /tmp/site . \
+      > "$OUT/build.log" 2>&1; then
+    tail -60 "$OUT/build.log"
+    rm -rf /tmp/site
+    exit 1
+  fi
+  grep -E "spill|Used [0-9]+ registers|stack frame" "$OUT/build.log" | sort | uniq -c | sort -rn > "$OUT/ptxas.txt"
+fi
+export PYTHONPATH=/tmp/site
+
+case "$PHASE" in
+test)
+  echo "== kernel tests on the GPU (real CUDA tensors, compiled Triton)"
+  timeout 420 python3 -m pytest -q -p no:cacheprovider -rs -k "(cuda or triton) and not emulated_cuda" \
+    tests/test_cuda_graph.py tests/test_kernel_backends.py tests/test_domino_head_expand.py \
+    tests/test_build_tree_kernel_efficient.py tests/test_verify_tree_greedy.py tests/test_verify_tree_sampling.py \
+    tests/test_tree_speculative_sampling_target_only.py tests/test_small_batch_linear.py tests/test_bad_input.py \
+    2>&1 | tee "$OUT/tests_gpu.log" | tail -30
+  if [ "$AVX512" = yes ]; then
+    echo "== CPU kernel tests under the avx512 build"
+    DOMINO_CPU_ISA=avx512 timeout 120 python3 -m pytest -q -p no:cacheprovider -k "not emulated_cuda" \
+      tests/test_cpu_isa.py tests/test_domino_head_rollout.py tests/test_sample.py tests/test_verify_greedy.py \
+      tests/test_verify_sampling.py tests/test_small_batch_linear.py 2>&1 | tee "$OUT/tests_avx512.log" | tail -15
+  fi
+  ;;
+bench)
+  echo "== bench_head.py: GPU table (and the CPU rollout per build where AVX-512 exists)"
+  rollout=--no-rollout
+  [ "$AVX512" = yes ] && rollout=""
+  timeout 400 python3 benchmarks/bench_head.py --shapes small paper --repeats 5 $rollout \
+    --tree-frontiers --ops-batches 2>&1 | tee "$OUT/bench_head.txt" | tail -50
+  echo "== bench_tree.py"
+  timeout 120 python3 benchmarks/bench_tree.py --quick 2>&1 | tee "$OUT/bench_tree.txt" | tail -30
+  ;;
+*) echo "unknown phase $PHASE (test|bench)"; exit 2 ;;
+esac
