@@ -103,17 +103,21 @@ def test_packed_batch_masks_context_strictly_before_anchor(tiny_run):
                     assert batch.teacher[s, a, k] == convs[s].tokens[p + k]
 
 
-def run_train(root, out, *extra, env=None, nproc=None):
+def run_train(root, out, *extra, nproc=None):
+    """The trainer on the tiny run's data, in this process (a fresh interpreter per run cost
+    ~5 s of imports), or as ``nproc`` data-parallel processes under torchrun; its log."""
     args = ["--data", str(root / "data"), "--out", str(out), "--target", str(root / "target"), "--layers", "1",
             "--rank", "8", "--gru", "16", "--block-size", "8", "--seqs-per-step", "4", "--anchors", "2",
             "--eval-shards", "0", "--eval-every", "3", "--ckpt-every", "1", *extra]
     if nproc:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port",
                "29517", "-m", "training.train", *args]
+        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+        subprocess.run(cmd, check=True, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     else:
-        cmd = [sys.executable, "-m", "training.train", *args]
-    full_env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **(env or {})}
-    subprocess.run(cmd, check=True, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=600)
+        from training.train import main
+
+        main(args)
     return [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
 
 
