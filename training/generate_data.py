@@ -10,8 +10,9 @@ drafter can be distilled on the target's distribution, not only its greedy token
 Shard i holds prompts [i*B, (i+1)*B) of the fixed prompt order (training/prompts.py), so a
 killed run resumes by skipping the shards already on disk: no shard is lost or written
 twice (each is written to a temporary name and renamed). ``--worker I/N`` lets N processes
-share the order (worker I takes the shards whose index is I mod N), one per core: a
-one-thread process decodes faster per core than one process on several threads. Each line of a shard is
+share the order (worker I takes the shards whose index is I mod N), e.g. one one-thread
+process per core, so that a core can be lent to other work by pausing one worker
+(``kill -STOP``) while the other keeps generating. Each line of a shard is
 {"prompt_ids", "response_ids"}; the response is the target's greedy continuation, cut
 after its first EOS.
 
