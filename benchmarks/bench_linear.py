@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import time
 
@@ -26,22 +25,12 @@ import torch
 import torch.nn.functional as F
 
 import domino_ops
+from domino_ops import cpu
 from timing import median_seconds
 from domino.fast_linear import undo_small_batch_linear, use_small_batch_linear
 
 KS = (1, 2, 4, 8, 16, 32)
 SHAPES = ((576, 576), (1536, 576), (576, 1536), (49152, 576))  # (N, K): q/o, gate/up, down, LM head
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def cpu_flags() -> str:
@@ -170,7 +159,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     dtypes = [{"fp32": torch.float32, "bf16": torch.bfloat16}[d] for d in args.dtypes.split(",")]
-    print(f"CPU: {cpu_name()} ({cpu_flags()}), {torch.get_num_threads()} threads"
+    print(f"CPU: {cpu.model()} ({cpu_flags()}), {torch.get_num_threads()} threads"
           f"{', timed by thread CPU time' if args.cpu_time else ''}; "
           f"small_batch_linear path: {domino_ops.small_batch_linear_isa()}; torch {torch.__version__}")
     load0 = os.getloadavg()
