@@ -20,11 +20,9 @@ from kernel_backends import emulated_cuda_kernel
 from kernel_cases import head_input_strategy, head_rollout_inputs, weights_as_float64
 from poisoned_calls import run_head_poisoned
 from stats import assert_matches_distribution
-from tree_backends import device_of, params
+from tree_backends import GPU, device_of, params
 
 SIZES = dict(b=[1, 3], k=[1, 4], V=[1, 7, 300], r=[1, 16, 33], G=[1, 24], H=[1, 8])
-ALL = ("reference", "native", "emulated_cuda", "cuda", "triton")
-GPU = ("emulated_cuda", "cuda", "triton")
 # The GPU backends' cases (emulated blocks and interpreted programs are slow): head_rollout_inputs
 # arguments (b, k, V, r, G, H, weight dtype, base dtype, table) covering both dtypes, both GRU
 # inputs, vocabularies over several tiles (300: two emulated 256-row tiles, three Triton 128-row

@@ -36,13 +36,15 @@ class _ChunkedDraftLoss(torch.autograd.Function):
             h_c = h[rows].detach().requires_grad_()
             a_c = a[rows].detach().requires_grad_()
             pick = (lambda t: None if t is None else t[rows, None])  # one position per "block"
+
+            def weighted(logits):  # the chunk's weighted loss sum for logits [C, V]
+                loss = per_token_loss(kind, logits[:, None], labels[rows, None], pick(top_ids), pick(top_logprobs))
+                return (loss[:, 0] * weights[rows]).sum()
+
             with torch.enable_grad():
                 base = h_c @ lm_weight.T
                 final = base + a_c @ w2_leaf.T
-                lb = (per_token_loss(kind, base[:, None], labels[rows, None], pick(top_ids), pick(top_logprobs))[:, 0]
-                      * weights[rows]).sum()
-                lf = (per_token_loss(kind, final[:, None], labels[rows, None], pick(top_ids), pick(top_logprobs))[:, 0]
-                      * weights[rows]).sum()
+                lb, lf = weighted(base), weighted(final)
                 chunk_total = (1 - lam) * lf + lam * lb
                 g_h, g_a, g_w2 = torch.autograd.grad(chunk_total, (h_c, a_c, w2_leaf))
             grad_h[rows], grad_a[rows] = g_h, g_a
