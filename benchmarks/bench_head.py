@@ -289,23 +289,27 @@ def engine_table(args, copy_bw: float) -> None:
         print(f"{isa:6} | {nbytes / 1e6:6.1f} | " + cells(warm, nbytes, copy_bw) + " | " + cells(cold, nbytes, copy_bw))
 
 
+def gpu_bench_ms(fn) -> float:
+    """Median ms of ``fn`` on the GPU (triton's do_bench: warm-up excluded, L2 flushed)."""
+    from triton.testing import do_bench
+    return do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def graphed(fn):
+    """``fn`` captured in a CUDA graph (after one warm-up call): the graph's replay."""
+    fn()  # warm up allocations and compilation outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
 def gpu_table(args) -> None:
     """CUDA kernels vs Triton vs eager, plain and in CUDA graphs, on the current GPU."""
-    from triton.testing import do_bench
-
     dev = torch.device("cuda")
     batches = args.batches or [1, 8, 32]
-
-    def bench(fn):
-        return do_bench(fn, warmup=25, rep=100, return_mode="median")
-
-    def graphed(fn):
-        fn()  # warm up allocations and compilation outside the capture
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        return graph.replay
+    bench = gpu_bench_ms
 
     src = torch.empty(1 << 28, dtype=torch.float32, device=dev)  # 1 GiB
     dst = torch.empty_like(src)
@@ -351,6 +355,43 @@ def gpu_table(args) -> None:
             print(f"Figure 1 split, {shape}, b={b}, bf16: head step {step * 1e3:.1f} us vs LM-head matmul "
                   f"[{b}x{H}] @ [{H}x{V}] {lm * 1e3:.1f} us ({100 * step / lm:.0f}%)")
             del inputs, lm_head
+
+
+def gpu_tree_table(args) -> None:
+    """One tree step (domino_head_expand: greedy, table mode, bf16 weights, n nodes of one
+    sequence at one depth, m children each) on the GPU, CUDA kernels and Triton, each in a
+    CUDA graph, against one batch-1 chain step (a k = 1 greedy rollout) of the same backend."""
+    dev, m = torch.device("cuda"), args.tree_children
+    gen = torch.Generator().manual_seed(0)
+    print(f"tree step on the GPU, {m} children per node, bf16 weights, table mode, CUDA graphs, do_bench medians")
+    header = f"{'shape':6} {'n':>5} | {'MB':>6} | {'cuda us':>8} {'x chain':>8} | {'triton us':>9} {'x chain':>8}"
+    print(header)
+    print("-" * len(header))
+    for shape in args.shapes:
+        H, G, r, V = SHAPES[shape]
+        base, hproj, state, gru_input, w_ih, w_hh, w1s, w2 = [
+            x.to(dev) if x is not None else None for x in make_inputs(1, 1, H, G, r, V, torch.bfloat16, True, gen)]
+        chain = {be: gpu_bench_ms(graphed(lambda: domino_ops.domino_head_rollout(
+            base, hproj, state, gru_input, None, w_hh, w1s, w2, backend=be))) for be in ("native", "triton")}
+        nbytes = rollout_bytes(1, 1, H, G, r, V, 2, True)
+        print(f"{shape:6} {'chain':>5} | {nbytes / 1e6:6.1f} | {chain['native'] * 1e3:8.1f} {1.0:7.2f}x | "
+              f"{chain['triton'] * 1e3:9.1f} {1.0:7.2f}x")
+        for n in args.tree_frontiers:
+            node_state = (torch.randn(n, G, generator=gen) * 0.5).to(dev)
+            zeros = torch.zeros(n, dtype=torch.long, device=dev)
+            row = f"{shape:6} {n:>5} | {expand_bytes(n, m, G, r, V, 2) / 1e6:6.1f} |"
+            for be in ("native", "triton"):
+                try:
+                    ms = gpu_bench_ms(graphed(lambda: domino_ops.domino_head_expand(
+                        base, hproj, node_state, zeros, zeros, gru_input, None, w_hh, w1s, w2, num_children=m,
+                        backend=be)))
+                    row += f" {ms * 1e3:8.1f} {ms / chain[be]:7.2f}x"
+                except RuntimeError as err:  # e.g. a launch limit; the table goes on
+                    row += f" {'-':>8} {'-':>8}"
+                    print(f"  {shape} n={n} {be} skipped: {str(err).splitlines()[0]}")
+                row += " |" if be == "native" else ""
+            print(row)
+        del base, w2
 
 
 def correctness_status() -> None:
@@ -421,6 +462,9 @@ def main() -> None:
     if gpu:
         gpu_table(args)
         print()
+        if args.tree_frontiers:
+            gpu_tree_table(args)
+            print()
     copy_bw = cpu_header(args)
     if not args.no_rollout:
         print()

@@ -12,12 +12,11 @@ from hypothesis import strategies as st
 
 import domino_ops
 from domino_ops import reference_tree
-from tree_backends import ALL, CPU_KERNELS, GPU, check_direct_call_raises, params, run_guarded, tree_op
+from tree_backends import ALL, CPU_KERNELS, GPU, check_direct_call_raises, params, run_guarded, tree_op, wrapper_params
 from tree_backends import with_ as with_args
 from tree_cases import POISON, ancestry, oracle_tree, pack_rows, random_eagle_draft
 
 FULL, QLEN, PACKED = 0, 1, 2
-WRAPPER_BACKENDS = ("native", "reference", "triton")  # the value checks run before the Triton kernel too
 
 
 def outputs(bs, n, seq_lens, mode, *, fill=None, gen=None, extra_positions=0):
@@ -313,7 +312,7 @@ WRAPPER_CASES = [
 ]
 
 
-@pytest.mark.parametrize("backend", params(WRAPPER_BACKENDS))
+@pytest.mark.parametrize("backend", wrapper_params())
 @pytest.mark.parametrize("args,exc,msg", WRAPPER_CASES)
 def test_wrapper_bad_input(args, exc, msg, backend):
     """Index values are checked by the native kernel (RuntimeError re-raised as ValueError)
@@ -329,7 +328,7 @@ def test_wrapper_bad_backend():
         domino_ops.build_tree_kernel_efficient(**good_args(), backend="cuda")
 
 
-@pytest.mark.parametrize("backend", params(WRAPPER_BACKENDS))
+@pytest.mark.parametrize("backend", wrapper_params())
 def test_wrapper_rejects_aliasing(backend):
     args = good_args()
     args["retrive_next_sibling"] = args["retrive_next_token"]

@@ -66,3 +66,39 @@ def test_rollout_replays_in_a_cuda_graph(b, k, V, r, G, H, wdtype, table, temper
         assert torch.equal(tokens.cpu(), want[0])
         assert torch.equal(logprobs.cpu(), want[1])
         assert torch.equal(state_out.cpu(), want[2])
+
+
+@pytest.mark.parametrize("backend", ["native", "triton"])
+def test_expand_step_replays_in_a_cuda_graph(backend):
+    """One tree step through the wrapper (as a tree-drafting engine calls it), captured once
+    and replayed on fresh node states: equal to an eager call. The Triton wrapper used to
+    build its scalar parameters with torch.tensor (a host-to-device copy), which capture
+    refuses."""
+    dev = torch.device("cuda")
+    n, m, G = 8, 4, 256
+    base, hproj, _, gru_input, w_ih, w_hh, w1s, w2 = [
+        x.to(dev) if x is not None else None
+        for x in head_rollout_inputs(1, 3, 4099, 64, G, 576, torch.bfloat16, torch.float32, True, seed=0)]
+    g = torch.Generator().manual_seed(1)
+    node_state = (torch.randn(n, G, generator=g) * 0.5).to(dev)
+    node_seq = torch.zeros(n, dtype=torch.long, device=dev)
+    node_depth = torch.randint(0, 3, (n,), generator=g).to(dev)
+
+    def call():
+        return domino_ops.domino_head_expand(base, hproj, node_state, node_seq, node_depth, gru_input, w_ih, w_hh,
+                                             w1s, w2, num_children=m, backend=backend)
+
+    call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = call()
+    for seed in (2, 3):
+        node_state.copy_(torch.randn(n, G, generator=torch.Generator().manual_seed(seed)) * 0.5)
+        want = call()
+        for out in captured:
+            out.fill_(-7)
+        graph.replay()
+        torch.cuda.synchronize()
+        for got, exp in zip(captured, want):
+            assert torch.equal(got, exp)

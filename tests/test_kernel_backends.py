@@ -81,6 +81,20 @@ def test_sample_matches_reference_given_uniforms(backend, data, b, dtype, temper
     assert torch.equal(tokens, expected)
 
 
+@pytest.mark.parametrize("backend", backend_params())
+@pytest.mark.parametrize("row", [[-0.0, 0.0], [0.0, -0.0], [-0.0, -0.0, 0.0]])
+@pytest.mark.parametrize("top_k,top_p", [(0, 0.3), (1, 1.0), (2, 0.4)])
+def test_sample_signed_zeros_tie(backend, row, top_k, top_p):
+    """-0 and +0 are equal logits: a tie, kept in index order by top-p and both kept by
+    top-k's ">= k-th" (on the GPU, (x - max) / T is -0 for x = -0 and +0 for x = +0, and a
+    key that told them apart ranked +0 first)."""
+    logits = torch.tensor([row] * 4).to(backend.device)
+    u = torch.tensor([0.1, 0.4, 0.6, 0.9], dtype=torch.float64, device=backend.device)
+    tokens = run_sample_poisoned(backend.kernel("sample"), logits, 0.5, top_k, top_p, u)
+    expected, _ = reference.sample_from_logits(logits.float(), 0.5, top_k, top_p, u)
+    assert torch.equal(tokens, expected)
+
+
 # ---- verify_sampling ------------------------------------------------------------------
 
 @pytest.mark.parametrize("backend,b,k,V", backend_params("verify_sampling_shapes"))

@@ -1,5 +1,9 @@
 """The ops are registered with the dispatcher correctly: schemas, fake kernels, compile."""
 
+import shutil
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -67,3 +71,27 @@ def test_every_kernel_op_has_an_emulated_cuda_and_a_triton_kernel():
     for op in KERNEL_OPS:
         assert emulated_cuda_kernel(op) is not None
         assert op in triton_ops.OPS
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or shutil.which("readelf") is None,
+                    reason="checks the ELF dynamic section with readelf (Linux)")
+def test_extension_links_the_shared_libstdcxx():
+    """The extension needs libstdc++.so.6 instead of carrying a static copy: a toolchain with
+    only libstdc++.a (the lent GPU machine's) built one whose first error message crashed the
+    process (SIGSEGV formatting TORCH_CHECK's text), so bad input could not raise."""
+    from domino_ops import _C
+    dynamic = subprocess.run(["readelf", "-d", _C.__file__], capture_output=True, text=True, check=True).stdout
+    needed = [line.split("[")[1].rstrip("]") for line in dynamic.splitlines() if "(NEEDED)" in line]
+    assert "libstdc++.so.6" in needed, needed
+
+
+def test_error_from_the_extension_raises():
+    """A TORCH_CHECK in the extension becomes a Python RuntimeError (in a subprocess, so a
+    crash fails this test instead of killing the run)."""
+    code = ("import torch, domino_ops\n"
+            "try:\n"
+            "    torch.ops.domino_ops.small_batch_linear(torch.randn(3, 2, 8), torch.randn(6, 8), None, torch.empty(3, 6))\n"
+            "except RuntimeError as e:\n"
+            "    print('raised:', e)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "raised: x must have 2 dimensions" in done.stdout, (done.returncode, done.stderr[-2000:])

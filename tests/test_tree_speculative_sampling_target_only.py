@@ -14,11 +14,10 @@ from hypothesis import strategies as st
 
 import domino_ops
 from stats import assert_matches_distribution
-from tree_backends import ALL, GPU, check_direct_call_raises, check_wrapper_bad_input, params, run_guarded, tree_op
+from tree_backends import ALL, GPU, check_direct_call_raises, check_wrapper_bad_input, params, run_guarded, tree_op, wrapper_params
 from tree_backends import with_ as with_args
 from tree_cases import chain_tree, links, random_tree, sgl_eagle_case, sgl_verify_args, verify_outputs
 
-WRAPPER_BACKENDS = ("native", "reference", "triton")  # the value checks run before the Triton kernel too
 
 
 def call(outs, candidates, retrive_index, next_token, next_sibling, coins, final_coins, target_probs,
@@ -312,7 +311,7 @@ WRAPPER_CASES = [
 ]
 
 
-@pytest.mark.parametrize("backend", params(WRAPPER_BACKENDS))
+@pytest.mark.parametrize("backend", wrapper_params())
 @pytest.mark.parametrize("args,exc,msg", WRAPPER_CASES)
 def test_wrapper_bad_input(args, exc, msg, backend):
     check_wrapper_bad_input("tree_speculative_sampling_target_only", args, exc, msg, backend)
@@ -324,7 +323,7 @@ def test_wrapper_accepts_positional_sgl_signature():
     assert args["accept_token_num"].tolist() == [3, 2]
 
 
-@pytest.mark.parametrize("backend", params(WRAPPER_BACKENDS))
+@pytest.mark.parametrize("backend", wrapper_params())
 def test_wrapper_rejects_aliasing(backend):
     args = good_args()
     args["predicts"] = args["target_probs"].view(torch.int32)[0, 0, :12]

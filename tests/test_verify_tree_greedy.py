@@ -10,11 +10,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import domino_ops
-from tree_backends import GPU, check_direct_call_raises, check_wrapper_bad_input, params, run_guarded, tree_op
+from tree_backends import GPU, check_direct_call_raises, check_wrapper_bad_input, params, run_guarded, tree_op, wrapper_params
 from tree_backends import with_ as with_args
 from tree_cases import chain_tree, links, oracle_greedy, random_tree, sgl_eagle_case, sgl_verify_args, verify_outputs
 
-WRAPPER_BACKENDS = ("native", "reference", "triton")  # the value checks run before the Triton kernel too
 
 
 @pytest.mark.parametrize("backend", params())
@@ -148,13 +147,13 @@ WRAPPER_CASES = [
 ]
 
 
-@pytest.mark.parametrize("backend", params(WRAPPER_BACKENDS))
+@pytest.mark.parametrize("backend", wrapper_params())
 @pytest.mark.parametrize("args,exc,msg", WRAPPER_CASES)
 def test_wrapper_bad_input(args, exc, msg, backend):
     check_wrapper_bad_input("verify_tree_greedy", args, exc, msg, backend)
 
 
-@pytest.mark.parametrize("backend", params(WRAPPER_BACKENDS))
+@pytest.mark.parametrize("backend", wrapper_params())
 def test_wrapper_aliasing(backend):
     args = good_args()
     buf = torch.zeros(20, dtype=torch.int32)

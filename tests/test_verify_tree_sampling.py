@@ -19,7 +19,7 @@ from domino_ops import reference_tree
 from domino_ops import triton as triton_ops
 from kernel_backends import emulated_cuda_kernel
 from stats import assert_matches_distribution
-from tree_backends import ALL, CPU_KERNELS, GPU, on_device_of, params, run_guarded, tree_op
+from tree_backends import ALL, CPU_KERNELS, GPU, on_device_of, params, run_guarded, tree_op, wrapper_params
 from tree_cases import chain_tree, links, random_tree, verify_outputs
 
 
@@ -248,10 +248,9 @@ def good_args(b=2, n=3, V=5):
                 draft_probs=p.clone())
 
 
-WRAPPER_BACKENDS = ("native", "reference", "triton")  # the value checks run before the Triton kernel too
 
 
-@pytest.mark.parametrize("backend", params(WRAPPER_BACKENDS))
+@pytest.mark.parametrize("backend", wrapper_params())
 @pytest.mark.parametrize("over,exc,msg", [
     (dict(uniform_samples=torch.rand(2, 3)), TypeError, "uniform_samples must be float64"),
     (dict(uniform_samples_for_final_sampling=torch.rand(3, dtype=torch.float64)), ValueError,
@@ -279,7 +278,7 @@ def test_sibling_cycle_met_by_the_walk_raises(backend):
         domino_ops.verify_tree_sampling(**args, backend=backend)
 
 
-@pytest.mark.parametrize("backend", params(WRAPPER_BACKENDS))
+@pytest.mark.parametrize("backend", wrapper_params())
 def test_wrapper_rejects_aliasing(backend):
     args = good_args()
     args["accept_token_num"] = args["predicts"][:2]

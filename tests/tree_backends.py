@@ -55,6 +55,17 @@ def _on_device(fn, device):
     return run
 
 
+def wrapper_params():
+    """pytest parameters for the wrapper tests, which pass CPU tensors and expect the
+    wrapper's checks (index values included) before the kernel: native, reference, and
+    Triton where it runs on the CPU (TRITON_INTERPRET=1). With a GPU, backend="triton"
+    refuses CPU tensors before any check, and on CUDA tensors index values are not read."""
+    marks = [] if TRITON.device == "cpu" else [pytest.mark.skip(reason="Triton runs on the GPU here: it takes no CPU tensors")]
+    return [pytest.param("native", id="native"), pytest.param("reference", id="reference"),
+            pytest.param("triton", id="triton", marks=marks + ([pytest.mark.skip(reason=_SKIP["triton"])]
+                                                                if _SKIP.get("triton") else []))]
+
+
 def device_of(backend: str) -> str:
     """Where ``backend``'s tensors live: "cuda" for the CUDA kernels, Triton's device for
     Triton, the CPU for the rest (the emulator included)."""

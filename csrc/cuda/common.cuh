@@ -165,9 +165,12 @@ __device__ __forceinline__ T block_exclusive_scan(T v, T* scratch) {
 }
 
 // ---- ordering and randomness ----------------------------------------------------------
-// A uint32 whose unsigned order is the float order (-inf < ... < -0 < +0 < ... < +inf).
+// A uint32 whose unsigned order is the float order (-inf < ... < +0 < ... < +inf), -0 and
+// +0 one key: they compare equal, so they tie (in index order) as in the reference. (With
+// distinct keys a row [-0, +0] ranked +0 first: top-p kept token 1 where the reference keeps
+// token 0; z = (x - max) / T is -0 for x = -0 whenever max is +0.)
 __device__ __forceinline__ unsigned float_key(float f) {
-  const unsigned u = __float_as_uint(f);
+  const unsigned u = __float_as_uint(f == 0.0f ? 0.0f : f);
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 __device__ __forceinline__ float key_float(unsigned k) {

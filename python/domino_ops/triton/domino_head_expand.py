@@ -164,8 +164,11 @@ def domino_head_expand(base_logits, hproj, node_state, node_seq, node_depth, gru
     a = torch.empty(n, r, dtype=torch.float32, device=dev)
     partials = torch.empty(n, tiles, 6, dtype=torch.float32, device=dev)
     weights = torch.empty(n, V, dtype=torch.float64, device=dev) if sampled else partials
-    params = torch.tensor([temperature, top_p], dtype=torch.float32, device=dev)
-    top_k_t = torch.tensor([top_k], dtype=torch.int64, device=dev)
+    # Filled on the device (torch.tensor would copy from the host, which a CUDA graph
+    # capture refuses; fills are captured as kernels with the values baked in).
+    params = torch.full((2,), temperature, dtype=torch.float32, device=dev)
+    params[1:].fill_(top_p)
+    top_k_t = torch.full((1,), top_k, dtype=torch.int64, device=dev)
     block_r = min(32, triton.next_power_of_2(r))
     _expand_input_kernel[(n,)](hproj, node_state, node_seq, node_depth, w1s, a, seqs, k, r, G, BLOCK_C=BLOCK_C,
                                BLOCK_R=block_r)

@@ -18,9 +18,10 @@ BLOCK_V = 1024  # vocabulary chunk per loop iteration
 
 @triton.jit
 def _ordered_key(z):
-    """int64 whose order is the float order of z (float32)."""
+    """int64 whose order is the float order of z (float32), -0 and +0 one key (they tie)."""
     # The uint32 key of csrc/cuda/common.cuh (float_key), computed in int64 from the
     # signed bits: negative floats map to ~bits, non-negative ones to bits | 0x80000000.
+    z = tl.where(z == 0.0, 0.0, z)
     bits = z.to(tl.int32, bitcast=True).to(tl.int64)
     return tl.where(bits < 0, -1 - bits, bits + 2147483648)
 
