@@ -146,6 +146,31 @@ def test_gpu_kernels_match_reference(case, backend):
         torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("backend", params(GPU))
+@pytest.mark.parametrize("m", [1, 8, 11])
+def test_gpu_greedy_children_with_ties_and_nans(backend, m):
+    """With w2 = 0 the node's logits are its base row exactly, so the children must be the
+    greedy order of that row token for token: NaN first, then descending, ties by the lower
+    index (here many: the row is rounded to halves). m = 8 is the CUDA choose kernel's
+    one-pass limit, 11 goes past it (the further children one pass each)."""
+    g = torch.Generator().manual_seed(m)
+    V, G, r, n = 300, 4, 2, 3
+    base = (torch.randn(2, 1, V, generator=g) * 2).round() / 2
+    base[1, 0, [7, 250, 3]] = float("nan")
+    inputs = (base, torch.zeros(2, 1, r), None, torch.randn(V, 3 * G, generator=g), None,
+              torch.randn(3 * G, G, generator=g), torch.randn(r, G, generator=g), torch.zeros(V, r))
+    frontier = (torch.randn(n, G, generator=g), torch.tensor([0, 1, 1]), torch.zeros(n, dtype=torch.long))
+    t, lp, _, L = expand(inputs, *frontier, m, backend=backend)
+    rows = base[frontier[1], 0]
+    torch.testing.assert_close(L, rows, rtol=0, atol=0, equal_nan=True)
+    key = torch.where(rows.isnan(), float("inf"), rows)  # NaN first
+    want = torch.tensor([sorted(range(V), key=lambda j, i=i: (-key[i, j].item(), j))[:m] for i in range(n)])
+    assert torch.equal(t, want)
+    native = expand(inputs, *frontier, m)
+    assert torch.equal(t, native[0])
+    torch.testing.assert_close(lp, native[1], equal_nan=True)
+
+
 def assert_kernel_matches_reference(inputs, n, m, seed, backend):
     V = inputs[0].shape[2]
     m = min(m, V)

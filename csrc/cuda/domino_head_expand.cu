@@ -13,8 +13,9 @@
 // The same kernels and arithmetic as the rollout, so a chain of one-child greedy steps
 // gives exactly the CUDA rollout's tokens, log-probabilities and states.
 //
-// Children, T = 0: m block-wide argmax passes over the node's logits row (NaN first, then
-// descending, ties by index; the tokens already chosen excluded), each log-probability
+// Children, T = 0: the node's best m tokens of its logits row in the greedy order (NaN
+// first, then descending, ties by index), the first 8 in one pass (best_tokens_one_pass),
+// any further one by one more block-wide argmax pass each; each log-probability
 // L[x] - (max + log(sum)) from the merged tile partials (for the first child exactly the
 // rollout's). T > 0: the filtered weights of the row (row_sampler.cuh, as `sample`) into a
 // float64 workspace row, then m inverse-CDF draws each followed by zeroing the drawn token;
@@ -24,7 +25,7 @@
 //
 // Bytes per step (the floor): w2 (V*r), w1s (r*G), w_hh (3G*G) and w_ih (3G*H) or n*m
 // table rows, plus n base-logit rows read and n logits rows of V floats written and read
-// back by the choose kernel (m + 1 passes, L2-resident at small n). At the paper shape in
+// back by the choose kernel (one pass for m <= 8, L2-resident at small n). At the paper shape in
 // bf16 a frontier of 8 nodes moves w2 (77.8 MB) once: ~25 us at 3.35 TB/s, the logits
 // kernel's HBM stream being the limit, as in a batch-8 rollout step. A node index out of
 // range is clamped (head_row), never an address.
@@ -33,6 +34,69 @@
 
 namespace domino::cuda {
 namespace {
+
+// Children per greedy node found in one pass over its logits row (more take one further
+// pass each, best_remaining).
+constexpr int kOnePassChildren = 8;
+// Row loads each thread has in flight per iteration of that pass.
+constexpr int kLoadsInFlight = 4;
+
+// a comes before b in the greedy order (torch.argmax's: NaN first, then the larger value,
+// then the lower index); entries are distinct tokens, so this is a strict order.
+__device__ __forceinline__ bool greedy_before(ArgMax a, ArgMax b) {
+  const bool a_nan = a.val != a.val, b_nan = b.val != b.val;
+  if (a_nan || b_nan) return a_nan && b_nan ? a.idx < b.idx : a_nan;
+  return a.val > b.val || (a.val == b.val && a.idx < b.idx);
+}
+
+// tokens[0, count) = the row's first `count` (<= kOnePassChildren) tokens in the greedy
+// order, in one pass over row[0:V]. Each thread keeps its strided slice's best
+// kOnePassChildren, sorted, in registers (indexed only by unrolled constants: a select by
+// a run-time index, even written as a chain of selects, made nvcc put the array in local
+// memory), with kLoadsInFlight loads issued before they are used: the old
+// way, `count` block-wide argmax passes of one dependent load per thread per iteration,
+// was bound by memory latency with one block per node (~225 us per pass at V = 151936 on
+// an H100, 2026-11-23). Then `count` block-wide argmax rounds over the threads' next
+// unused candidates (the head of its list, shifted out when taken). Exact: each of the
+// row's best `count` is among its own thread's best kOnePassChildren. Written by thread 0;
+// ends with a barrier.
+__device__ void best_tokens_one_pass(const float* row, int64_t V, int count, int64_t* tokens, RowScratch& sh) {
+  const ArgMax none{-INFINITY, INT64_MAX};  // after every real entry, a -inf one included
+  ArgMax top[kOnePassChildren];
+#pragma unroll
+  for (int i = 0; i < kOnePassChildren; ++i) top[i] = none;
+  ArgMax floor = none;  // top[kOnePassChildren - 1]: what a new entry must beat
+  const int64_t stride = blockDim.x;
+  for (int64_t j0 = threadIdx.x; j0 < V; j0 += kLoadsInFlight * stride) {
+    float v[kLoadsInFlight];
+#pragma unroll
+    for (int u = 0; u < kLoadsInFlight; ++u) v[u] = j0 + u * stride < V ? row[j0 + u * stride] : 0.0f;
+#pragma unroll
+    for (int u = 0; u < kLoadsInFlight; ++u) {
+      ArgMax x{v[u], j0 + u * stride};
+      if (x.idx < V && greedy_before(x, floor)) {
+#pragma unroll
+        for (int i = 0; i < kOnePassChildren; ++i) {  // insert in order; the last drops out
+          const bool move = greedy_before(x, top[i]);
+          const ArgMax t = top[i];
+          top[i] = move ? x : t;
+          x = move ? t : x;
+        }
+        floor = top[kOnePassChildren - 1];
+      }
+    }
+  }
+  for (int c = 0; c < count; ++c) {
+    const ArgMax best = block_argmax(top[0], sh.argmax);
+    if (top[0].idx == best.idx && best.idx != INT64_MAX) {  // tokens are distinct: one thread
+#pragma unroll
+      for (int i = 0; i + 1 < kOnePassChildren; ++i) top[i] = top[i + 1];
+      top[kOnePassChildren - 1] = none;
+    }
+    if (threadIdx.x == 0) tokens[c] = best.idx;
+  }
+  __syncthreads();
+}
 
 // Block-wide argmax of row[0:V] in the greedy order, skipping the `count` tokens in taken.
 __device__ int64_t best_remaining(const float* row, int64_t V, const int64_t* taken, int64_t count,
@@ -98,14 +162,16 @@ expand_choose_kernel(HeadRolloutArgs args, int tiles, double* weights) {
   Race q;
   merge_tile_partials(ws, f, tiles, l, q, merge_sh);
   const float lse = l.m + logf(l.s);
-  for (; c < m; ++c) {
+  c = m < kOnePassChildren ? m : kOnePassChildren;
+  best_tokens_one_pass(L, V, static_cast<int>(c), tokens, row_sh);
+  for (; c < m; ++c) {  // beyond kOnePassChildren: one pass per child
     const int64_t x = best_remaining(L, V, tokens, c, row_sh);
-    if (threadIdx.x == 0) {
-      tokens[c] = x;
-      logprobs[c] = l.arg == INT_MAX ? NAN : L[x] - lse;  // a row of -inf: NaN, as log_softmax
-    }
+    if (threadIdx.x == 0) tokens[c] = x;
     __syncthreads();
   }
+  if (threadIdx.x == 0)
+    for (int64_t i = 0; i < m; ++i)  // a row of -inf: NaN, as log_softmax
+      logprobs[i] = l.arg == INT_MAX ? NAN : L[tokens[i]] - lse;
 }
 
 template <typename TL, typename TW>
