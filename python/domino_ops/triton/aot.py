@@ -40,16 +40,15 @@ def _specs():
                 "MAY_SAMPLE": sampling_mode != "greedy", "MAY_FILTER": sampling_mode == "filtered",
                 "WRITE_LOGITS": True, "TILE": head.TILE_V, "BLOCK_R": 32}))
             for table in (True, False):
-                specs.append((f"_head_update_kernel[{wt},{sampling_mode},table={table}]", head._head_update_kernel, {
-                    "partial_ptr": "*fp32", "rows_ptr": "*fp32", "uniforms_ptr": "*fp64", "tokens_ptr": "*i64",
-                    "logprobs_ptr": "*fp32", "hproj_ptr": "*fp32", "s_in_ptr": "*fp32", "s_out_ptr": "*fp32",
-                    "a_ptr": "*fp32", "gru_input_ptr": f"*{wt}", "w_ih_ptr": f"*{wt}", "w_hh_ptr": f"*{wt}",
-                    "w1s_ptr": f"*{wt}", "temperature_ptr": "*fp32", "top_k_ptr": "*i64", "top_p_ptr": "*fp32",
-                    "step": "i32", "k": "i32", "V": "i32", "r": "i32", "G": "i32", "H": "i32",
-                    "tiles": "i32", "FIRST": False, "LAST": False, "MAY_SAMPLE": sampling_mode != "greedy",
-                    "MAY_FILTER": sampling_mode == "filtered",
-                    "TABLE": table, "BLOCK_T": 1024, "BLOCK_C": head.BLOCK_C, "BLOCK_J": head.BLOCK_J,
-                    "BLOCK_R": 32}))
+                specs.append((f"_head_gru_kernel[{wt},{sampling_mode},table={table}]", head._head_gru_kernel, {
+                    "partial_ptr": "*fp32", "tokens_ptr": "*i64", "logprobs_ptr": "*fp32", "s_in_ptr": "*fp32",
+                    "s_out_ptr": "*fp32", "gru_input_ptr": f"*{wt}", "w_ih_ptr": f"*{wt}", "w_hh_ptr": f"*{wt}",
+                    "temperature_ptr": "*fp32", "step": "i32", "k": "i32", "V": "i32", "G": "i32", "H": "i32",
+                    "tiles": "i32", "MAY_SAMPLE": sampling_mode != "greedy", "MAY_FILTER": sampling_mode == "filtered",
+                    "TABLE": table, "BLOCK_T": 1024, "BLOCK_C": head.BLOCK_C, "BLOCK_J": head.BLOCK_J}))
+        specs.append((f"_head_input_kernel[{wt}]", head._head_input_kernel, {
+            "hproj_ptr": "*fp32", "s_ptr": "*fp32", "w1s_ptr": f"*{wt}", "a_ptr": "*fp32", "step": "i32", "k": "i32",
+            "r": "i32", "G": "i32", "BLOCK_C": head.BLOCK_C, "BLOCK_R": 32}))
         specs += _expand_specs(wt)
         specs.append((f"_head_choose_filtered_kernel[{wt}]", head._head_choose_filtered_kernel, {
             "partial_ptr": "*fp32", "rows_ptr": "*fp32", "uniforms_ptr": "*fp64", "tokens_ptr": "*i64",
@@ -120,9 +119,9 @@ def _tree_specs():
 
 # Launch options of kernels that the wrappers launch with more than Triton's default 4 warps
 # (a function of the variant's constexprs where that depends on them).
-_OPTIONS = {head._head_update_kernel: {"num_warps": head.UPDATE_WARPS},
+_OPTIONS = {head._head_gru_kernel: {"num_warps": head.GRU_WARPS},
             expand._expand_children_kernel: lambda c: {"num_warps": expand.children_warps(c["SAMPLED"])},
-            expand._expand_gru_kernel: {"num_warps": head.UPDATE_WARPS},
+            expand._expand_gru_kernel: {"num_warps": head.GRU_WARPS},
             build_tree_kernel_efficient._build_tree_kernel: {"num_warps": build_tree_kernel_efficient.NUM_WARPS}}
 
 PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"

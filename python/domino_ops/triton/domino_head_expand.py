@@ -13,7 +13,8 @@ gives exactly the Triton rollout's tokens, log-probabilities and states:
   over its logits row, the chosen excluded, log-probabilities from the tile partials' log-sum-exp;
   T > 0: the filtered weights (row_sampler.filter_row) into a float64 workspace row, then m
   inverse-CDF draws without replacement, then the best remaining tokens at -inf);
-- ``_expand_gru_kernel``, grid (n * m,): each child's GRU state (the rollout's gru_step).
+- ``_expand_gru_kernel``, grid (G / BLOCK_J, n * m): BLOCK_J rows of each child's GRU
+  state (the rollout's gru_rows).
 
 A node index out of range is clamped, never an address. The float64 totals are chunked
 tl.sum reductions, not the CPU's index-order sums (a draw changes only within rounding of
@@ -26,8 +27,9 @@ import torch
 import triton
 import triton.language as tl
 
-from domino_ops.triton.domino_head_rollout import (BLOCK_C, BLOCK_J, TILE_V, UPDATE_WARPS, choose_from_partials,
-                                                   gru_step, input_step, logits_tile, store_tile_stats)
+from domino_ops.triton.domino_head_rollout import (BLOCK_C, BLOCK_J, GRU_WARPS, TILE_V, UPDATE_WARPS,
+                                                   choose_from_partials, gru_rows, input_step, logits_tile,
+                                                   store_tile_stats)
 from domino_ops.triton.row_sampler import BLOCK_V, filter_row, final_weights, pick_from_weights
 
 
@@ -143,9 +145,10 @@ def _expand_children_kernel(partial_ptr, logits_ptr, w_ptr, uniforms_ptr, tokens
 @triton.jit
 def _expand_gru_kernel(tokens_ptr, state_ptr, child_state_ptr, gru_input_ptr, w_ih_ptr, w_hh_ptr, m, G, H,
                        TABLE: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_J: tl.constexpr):
-    c = tl.program_id(0).to(tl.int64)  # child c of node c // m: S_child = GRUCell(E[child], S)
-    gru_step(tl.load(tokens_ptr + c), state_ptr + (c // m) * G, child_state_ptr + c * G, gru_input_ptr, w_ih_ptr,
-             w_hh_ptr, G, H, TABLE, BLOCK_C, BLOCK_J)
+    jb = tl.program_id(0)
+    c = tl.program_id(1).to(tl.int64)  # child c of node c // m: S_child = GRUCell(E[child], S)
+    gru_rows(tl.load(tokens_ptr + c), state_ptr + (c // m) * G, child_state_ptr + c * G, gru_input_ptr, w_ih_ptr,
+             w_hh_ptr, jb * BLOCK_J, G, H, TABLE, BLOCK_C, BLOCK_J)
 
 
 def domino_head_expand(base_logits, hproj, node_state, node_seq, node_depth, gru_input, w_ih, w_hh, w1s, w2,
@@ -178,6 +181,6 @@ def domino_head_expand(base_logits, hproj, node_state, node_seq, node_depth, gru
                                   child_logprobs, params, top_k_t, m, V, tiles, SAMPLED=sampled,
                                   BLOCK_T=min(1024, triton.next_power_of_2(tiles)),
                                   BLOCK_V=min(BLOCK_V, triton.next_power_of_2(V)), num_warps=children_warps(sampled))
-    _expand_gru_kernel[(n * m,)](child_tokens, node_state, child_state, gru_input, w_ih if w_ih is not None else w_hh,
-                                 w_hh, m, G, H, TABLE=w_ih is None, BLOCK_C=BLOCK_C, BLOCK_J=BLOCK_J,
-                                 num_warps=UPDATE_WARPS)
+    _expand_gru_kernel[(triton.cdiv(G, BLOCK_J), n * m)](
+        child_tokens, node_state, child_state, gru_input, w_ih if w_ih is not None else w_hh, w_hh, m, G, H,
+        TABLE=w_ih is None, BLOCK_C=BLOCK_C, BLOCK_J=BLOCK_J, num_warps=GRU_WARPS)

@@ -1,5 +1,5 @@
-"""Triton kernels of ``domino_head_rollout``, the same two-kernel step as the CUDA version
-(csrc/cuda/domino_head_rollout.cu), 2k+1 fixed-shape launches per rollout:
+"""Triton kernels of ``domino_head_rollout``, the phases of the CUDA version's step
+(csrc/cuda/domino_head_rollout.cu), 3k+1 fixed-shape launches per rollout:
 
 - ``_head_logits_kernel``, grid (vocabulary tiles, b): ``L = base + w2_tile @ a`` for one
   sequence, reduced to a per-tile partial (max, sum exp(z - max), argmax) and, when
@@ -9,9 +9,13 @@
   every sampled row is sampled from it by :func:`row_sampler.sample_row` in the update
   kernel, and the race is skipped). Each row has its own temperature, top-k and top-p
   (:mod:`row_params`); a row at temperature 0 takes the argmax.
-- ``_head_update_kernel``, grid (b,): merges the tile partials into the token and its
-  log-probability, runs the GRU cell (S ping-pongs between two buffers, because every
-  output row reads the whole old S), then computes the next step's ``a``.
+- ``_head_gru_kernel``, grid (G / BLOCK_J, b): merges the tile partials into the token and
+  its log-probability and runs BLOCK_J rows of the GRU cell (S ping-pongs between two
+  buffers, because every output row reads the whole old S). One program per sequence
+  doing all G rows, the first design, streamed w_hh (and w_ih) through one SM: 0.75 ms
+  per paper-shape step with the table and 7.7 ms with w_ih on an H100 (2026-11-23),
+  against 0.08 ms for the CUDA kernels, which split the GRU the same way.
+- ``_head_input_kernel``, grid (r / BLOCK_R, b): the next step's ``a``.
 
 Bytes per step are the CUDA kernel's except that each sequence streams its own copy of
 the w2 tile (b reads of V*r per step, from L2 after the first at small b); the
@@ -30,7 +34,8 @@ from domino_ops.triton.row_sampler import sample_row
 TILE_V = 128  # vocabulary rows per logits program (a [128, 32] w2 chunk in registers)
 BLOCK_C = 32  # columns per GEMV chunk
 BLOCK_J = 32  # GRU output rows per chunk
-UPDATE_WARPS = 8  # one program per sequence does the GRU GEMVs: more threads, and no spills
+UPDATE_WARPS = 8  # _expand_children_kernel's greedy passes: more threads, and no spills
+GRU_WARPS = 8  # the GRU kernels' three [BLOCK_J, BLOCK_C] gate tiles: 4 warps spill on sm_90 (fp32 w_ih)
 
 
 @triton.jit
@@ -129,42 +134,49 @@ def _gate_rows_dot(w_ptr, x_ptr, offs_j, mj, G, n, BLOCK_J: tl.constexpr, BLOCK_
 
 
 @triton.jit
-def gru_step(token, s_in, s_out, gru_input_ptr, w_ih_ptr, w_hh_ptr, G, H, TABLE: tl.constexpr,
+def gru_rows(token, s_in, s_out, gru_input_ptr, w_ih_ptr, w_hh_ptr, j0, G, H, TABLE: tl.constexpr,
              BLOCK_C: tl.constexpr, BLOCK_J: tl.constexpr):
-    """s_out[0:G] = GRUCell(E[token], s_in[0:G]), rows in chunks of BLOCK_J."""
-    for j0 in range(0, G, BLOCK_J):
-        offs_j = j0 + tl.arange(0, BLOCK_J)
-        mj = offs_j < G
-        gh_r, gh_z, gh_n = _gate_rows_dot(w_hh_ptr, s_in, offs_j, mj, G, G, BLOCK_J, BLOCK_C)
-        if TABLE:
-            row = gru_input_ptr + token * 3 * G
-            gi_r = tl.load(row + offs_j, mask=mj, other=0.0).to(tl.float32)
-            gi_z = tl.load(row + G + offs_j, mask=mj, other=0.0).to(tl.float32)
-            gi_n = tl.load(row + 2 * G + offs_j, mask=mj, other=0.0).to(tl.float32)
-        else:
-            gi_r, gi_z, gi_n = _gate_rows_dot(w_ih_ptr, gru_input_ptr + token * H, offs_j, mj, G, H, BLOCK_J, BLOCK_C)
-        rg = tl.sigmoid(gi_r + gh_r)
-        zg = tl.sigmoid(gi_z + gh_z)
-        n = 2.0 * tl.sigmoid(2.0 * (gi_n + rg * gh_n)) - 1.0  # tanh
-        s_old = tl.load(s_in + offs_j, mask=mj, other=0.0)
-        tl.store(s_out + offs_j, (1.0 - zg) * n + zg * s_old, mask=mj)
+    """s_out[j0:j0 + BLOCK_J] = those rows of GRUCell(E[token], s_in[0:G]): one program's
+    share, so that the w_hh (and w_ih) rows are streamed by G / BLOCK_J programs per
+    sequence, not by one."""
+    offs_j = j0 + tl.arange(0, BLOCK_J)
+    mj = offs_j < G
+    gh_r, gh_z, gh_n = _gate_rows_dot(w_hh_ptr, s_in, offs_j, mj, G, G, BLOCK_J, BLOCK_C)
+    if TABLE:
+        row = gru_input_ptr + token * 3 * G
+        gi_r = tl.load(row + offs_j, mask=mj, other=0.0).to(tl.float32)
+        gi_z = tl.load(row + G + offs_j, mask=mj, other=0.0).to(tl.float32)
+        gi_n = tl.load(row + 2 * G + offs_j, mask=mj, other=0.0).to(tl.float32)
+    else:
+        gi_r, gi_z, gi_n = _gate_rows_dot(w_ih_ptr, gru_input_ptr + token * H, offs_j, mj, G, H, BLOCK_J, BLOCK_C)
+    rg = tl.sigmoid(gi_r + gh_r)
+    zg = tl.sigmoid(gi_z + gh_z)
+    n = 2.0 * tl.sigmoid(2.0 * (gi_n + rg * gh_n)) - 1.0  # tanh
+    s_old = tl.load(s_in + offs_j, mask=mj, other=0.0)
+    tl.store(s_out + offs_j, (1.0 - zg) * n + zg * s_old, mask=mj)
+
+
+@triton.jit
+def input_rows(hproj_row, s_row, w1s_ptr, a_row, r0, r, G, BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr):
+    """a_row[r0:r0 + BLOCK_R] = those rows of silu(hproj_row + w1s @ s_row)."""
+    offs_r = r0 + tl.arange(0, BLOCK_R)
+    mr = offs_r < r
+    acc = tl.load(hproj_row + offs_r, mask=mr, other=0.0)
+    for c0 in range(0, G, BLOCK_C):
+        offs_c = c0 + tl.arange(0, BLOCK_C)
+        mc = offs_c < G
+        sv = tl.load(s_row + offs_c, mask=mc, other=0.0)[None, :]
+        w = tl.load(w1s_ptr + offs_r[:, None] * G + offs_c[None, :], mask=mr[:, None] & mc[None, :],
+                    other=0.0).to(tl.float32)
+        acc += tl.sum(w * sv, 1)
+    tl.store(a_row + offs_r, acc * tl.sigmoid(acc), mask=mr)
 
 
 @triton.jit
 def input_step(hproj_row, s_row, w1s_ptr, a_row, r, G, BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr):
-    """a_row[0:r] = silu(hproj_row + w1s @ s_row)."""
-    for c0r in range(0, r, BLOCK_R):
-        offs_r = c0r + tl.arange(0, BLOCK_R)
-        mr = offs_r < r
-        acc = tl.load(hproj_row + offs_r, mask=mr, other=0.0)
-        for c0 in range(0, G, BLOCK_C):
-            offs_c = c0 + tl.arange(0, BLOCK_C)
-            mc = offs_c < G
-            sv = tl.load(s_row + offs_c, mask=mc, other=0.0)[None, :]
-            w = tl.load(w1s_ptr + offs_r[:, None] * G + offs_c[None, :], mask=mr[:, None] & mc[None, :],
-                        other=0.0).to(tl.float32)
-            acc += tl.sum(w * sv, 1)
-        tl.store(a_row + offs_r, acc * tl.sigmoid(acc), mask=mr)
+    """a_row[0:r] = silu(hproj_row + w1s @ s_row), all rows in one program."""
+    for r0 in range(0, r, BLOCK_R):
+        input_rows(hproj_row, s_row, w1s_ptr, a_row, r0, r, G, BLOCK_C, BLOCK_R)
 
 
 @triton.jit
@@ -244,40 +256,42 @@ def _head_choose_filtered_kernel(partial_ptr, rows_ptr, uniforms_ptr, tokens_ptr
 
 
 @triton.jit
-def _head_update_kernel(partial_ptr, rows_ptr, uniforms_ptr, tokens_ptr, logprobs_ptr, hproj_ptr, s_in_ptr,
-                        s_out_ptr, a_ptr, gru_input_ptr, w_ih_ptr, w_hh_ptr, w1s_ptr, temperature_ptr, top_k_ptr,
-                        top_p_ptr, step, k, V, r, G, H, tiles,
-                        FIRST: tl.constexpr, LAST: tl.constexpr, MAY_SAMPLE: tl.constexpr, MAY_FILTER: tl.constexpr,
-                        TABLE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_J: tl.constexpr,
-                        BLOCK_R: tl.constexpr):
-    s = tl.program_id(0).to(tl.int64)
-    if not FIRST:
-        # 1. the token of the previous step, by the row's own parameters
-        # (with MAY_FILTER every sampled row, filtered or not, is sampled from its row by
-        # inverse CDF; else by the exponential race of the logits kernel)
-        if MAY_FILTER:  # chosen by _head_choose_filtered_kernel (its registers apart from the GRU's)
-            token = tl.load(tokens_ptr + s * k + step - 1).to(tl.int32)
+def _head_gru_kernel(partial_ptr, tokens_ptr, logprobs_ptr, s_in_ptr, s_out_ptr, gru_input_ptr, w_ih_ptr, w_hh_ptr,
+                     temperature_ptr, step, k, V, G, H, tiles, MAY_SAMPLE: tl.constexpr, MAY_FILTER: tl.constexpr,
+                     TABLE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_J: tl.constexpr):
+    """Grid (G / BLOCK_J, b): the token of step ``step - 1`` and BLOCK_J rows of the new S."""
+    jb = tl.program_id(0)
+    s = tl.program_id(1).to(tl.int64)
+    # 1. the token of the previous step, by the row's own parameters (with MAY_FILTER every
+    # sampled row, filtered or not, was sampled from its row by _head_choose_filtered_kernel;
+    # else the exponential race of the logits kernel). Every program of the sequence merges
+    # the same partials to the same token (a few KB from L2); the first one stores it.
+    if MAY_FILTER:
+        token = tl.load(tokens_ptr + s * k + step - 1).to(tl.int32)
+    else:
+        greedy = True
+        if MAY_SAMPLE:
+            greedy = tl.load(temperature_ptr + s) == 0
+        if greedy:
+            token, logprob, _ = choose_from_partials(partial_ptr, s, tiles, V, False, BLOCK_T)
         else:
-            greedy = True
-            if MAY_SAMPLE:
-                greedy = tl.load(temperature_ptr + s) == 0
-            if greedy:
-                token, logprob, _ = choose_from_partials(partial_ptr, s, tiles, V, False, BLOCK_T)
-            else:
-                token, logprob, _ = choose_from_partials(partial_ptr, s, tiles, V, True, BLOCK_T)
+            token, logprob, _ = choose_from_partials(partial_ptr, s, tiles, V, True, BLOCK_T)
+        if jb == 0:
             tl.store(tokens_ptr + s * k + step - 1, token.to(tl.int64))
             tl.store(logprobs_ptr + s * k + step - 1, logprob.to(tl.float32))
-        # 2. S = GRUCell(E[token], S)
-        gru_step(token.to(tl.int64), s_in_ptr + s * G, s_out_ptr + s * G, gru_input_ptr, w_ih_ptr, w_hh_ptr, G, H,
-                 TABLE, BLOCK_C, BLOCK_J)
-        tl.debug_barrier()  # the new S is read back by every thread below
-    if not LAST:
-        # 3. a = silu(hproj[s, step] + w1s @ S)
-        if FIRST:
-            s_ptr = s_in_ptr
-        else:
-            s_ptr = s_out_ptr
-        input_step(hproj_ptr + (s * k + step) * r, s_ptr + s * G, w1s_ptr, a_ptr + s * r, r, G, BLOCK_C, BLOCK_R)
+    # 2. S = GRUCell(E[token], S), this program's rows
+    gru_rows(token.to(tl.int64), s_in_ptr + s * G, s_out_ptr + s * G, gru_input_ptr, w_ih_ptr, w_hh_ptr,
+             jb * BLOCK_J, G, H, TABLE, BLOCK_C, BLOCK_J)
+
+
+@triton.jit
+def _head_input_kernel(hproj_ptr, s_ptr, w1s_ptr, a_ptr, step, k, r, G, BLOCK_C: tl.constexpr,
+                       BLOCK_R: tl.constexpr):
+    """Grid (r / BLOCK_R, b): BLOCK_R rows of a = silu(hproj[s, step] + w1s @ S)."""
+    rb = tl.program_id(0)
+    s = tl.program_id(1).to(tl.int64)
+    input_rows(hproj_ptr + (s * k + step) * r, s_ptr + s * G, w1s_ptr, a_ptr + s * r, rb * BLOCK_R, r, G, BLOCK_C,
+               BLOCK_R)
 
 
 def domino_head_rollout(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w2, temperature, top_k, top_p,
@@ -302,19 +316,22 @@ def domino_head_rollout(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w
     block_t, block_v = min(1024, triton.next_power_of_2(tiles)), min(1024, triton.next_power_of_2(V))
     for step in range(k + 1):
         first, last = step == 0, step == k
-        if p.may_filter and not first:
-            _head_choose_filtered_kernel[(b,)](partials, rows, uni, tokens, logprobs, p.temperature, p.top_k, p.top_p,
-                                               step - 1, k, V, tiles, BLOCK_T=block_t, BLOCK_V=block_v)
-        s_in = state if step <= 1 else s_bufs[(step - 1) % 2]
-        s_out = state_out if last else s_bufs[step % 2]
-        _head_update_kernel[(b,)](
-            partials, rows, uni, tokens, logprobs, hproj, s_in, s_out, a, gru_input,
-            w_ih if w_ih is not None else w_hh, w_hh, w1s, p.temperature, p.top_k, p.top_p, step, k, V, r, G, H,
-            tiles, FIRST=first, LAST=last, MAY_SAMPLE=p.may_sample, MAY_FILTER=p.may_filter,
-            TABLE=w_ih is None, BLOCK_T=block_t, BLOCK_C=BLOCK_C, BLOCK_J=BLOCK_J, BLOCK_R=block_r,
-            num_warps=UPDATE_WARPS)
+        if not first:
+            if p.may_filter:
+                _head_choose_filtered_kernel[(b,)](partials, rows, uni, tokens, logprobs, p.temperature, p.top_k,
+                                                   p.top_p, step - 1, k, V, tiles, BLOCK_T=block_t, BLOCK_V=block_v)
+            s_in = state if step == 1 else s_bufs[(step - 1) % 2]
+            s_cur = state_out if last else s_bufs[step % 2]
+            _head_gru_kernel[(triton.cdiv(G, BLOCK_J), b)](
+                partials, tokens, logprobs, s_in, s_cur, gru_input, w_ih if w_ih is not None else w_hh, w_hh,
+                p.temperature, step, k, V, G, H, tiles, MAY_SAMPLE=p.may_sample, MAY_FILTER=p.may_filter,
+                TABLE=w_ih is None, BLOCK_T=block_t, BLOCK_C=BLOCK_C, BLOCK_J=BLOCK_J, num_warps=GRU_WARPS)
+        else:
+            s_cur = state
         if last:
             break
+        _head_input_kernel[(triton.cdiv(r, block_r), b)](hproj, s_cur, w1s, a, step, k, r, G, BLOCK_C=BLOCK_C,
+                                                         BLOCK_R=block_r)
         _head_logits_kernel[(tiles, b)](
             base_logits, w2, a, seeds, partials, rows, p.temperature, p.top_k, p.top_p, step, k, V, r, tiles,
             MAY_SAMPLE=p.may_sample, MAY_FILTER=p.may_filter, WRITE_LOGITS=bool(write_logits), TILE=TILE_V,
