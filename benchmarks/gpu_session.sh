@@ -13,14 +13,17 @@
 #        (tests/test_cuda_graph.py); and, where the machine's CPU has AVX-512, the CPU kernel
 #        tests under the avx512 build (issue 11: no machine of this project has one).
 # bench: the GPU half of bench_head.py (CUDA vs Triton vs eager, plain and in CUDA graphs,
-#        both shapes) and bench_tree.py; with AVX-512, the CPU rollout table per build.
+#        both shapes; the tree step on the GPU) and bench_tree.py; the CPU tree-step and
+#        row-op tables (and, with AVX-512, the CPU rollout table) per build. ~5 minutes.
+# profile: the per-kernel split of a paper-shape rollout step and expand step (torch
+#        profiler), for the kernel that dominates.
 #
 # Output goes to $OUT (the device tool brings that folder back) or /tmp/gpu_session.
 # Nothing is fetched there: the machine has torch, triton, pytest, hypothesis, transformers,
 # scikit-build-core, cmake and ninja; tests that need SmolLM2 or HumanEval are not run.
 # Record the device, the date and the numbers in benchmarks/README.md.
 set -uo pipefail
-PHASE=${1:?usage: gpu_session.sh build|test|bench}
+PHASE=${1:?usage: gpu_session.sh build|test|bench|profile}
 OUT=${OUT:-/tmp/gpu_session}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -66,9 +69,12 @@ bench)
   rollout=--no-rollout
   [ "$AVX512" = yes ] && rollout=""
   timeout 400 python3 benchmarks/bench_head.py --shapes small paper --repeats 5 $rollout \
-    --tree-frontiers --ops-batches 2>&1 | tee "$OUT/bench_head.txt" | tail -50
+    --tree-frontiers 4 8 16 64 --ops-batches 1 32 2>&1 | tee "$OUT/bench_head.txt" | tail -50
   echo "== bench_tree.py"
   timeout 120 python3 benchmarks/bench_tree.py --quick 2>&1 | tee "$OUT/bench_tree.txt" | tail -30
   ;;
-*) echo "unknown phase $PHASE (test|bench)"; exit 2 ;;
+profile)
+  timeout 200 python3 benchmarks/profile_head_gpu.py 2>&1 | tee "$OUT/profile.txt" | tail -60
+  ;;
+*) echo "unknown phase $PHASE (build|test|bench|profile)"; exit 2 ;;
 esac
