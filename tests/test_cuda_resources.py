@@ -2,9 +2,11 @@
 no stack frame): nvcc's -Xptxas -v report is parsed per kernel (the same flags as the
 build)."""
 
+import functools
 import re
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -12,32 +14,37 @@ import pytest
 CSRC = Path(__file__).resolve().parents[1] / "csrc"
 KERNELS = ["domino_head_rollout", "sample", "verify_greedy", "verify_sampling", "build_tree_kernel_efficient",
            "verify_tree_greedy", "tree_speculative_sampling_target_only", "verify_tree_sampling", "domino_head_expand"]
+ARCHS = (80, 90)
 NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
 
 
-def ptxas_report(source: Path, arch: int, tmp_path: Path) -> dict[str, dict[str, int]]:
-    """{kernel: {registers, spill_bytes, stack_bytes, shared_bytes}} from ptxas -v."""
-    out = subprocess.run(
-        [NVCC, "-std=c++20", "-O3", f"-I{CSRC}", f"-gencode=arch=compute_{arch},code=sm_{arch}", "-Xptxas=-v",
-         "-c", str(source), "-o", str(tmp_path / f"{source.stem}_{arch}.o")],
-        capture_output=True, text=True, check=True).stderr
-    report, name = {}, None
+@functools.cache
+def ptxas_reports(kernel: str) -> dict[int, dict[str, dict[str, int]]]:
+    """{arch: {kernel function: {registers, spill_bytes, stack_bytes, shared_bytes}}} from
+    one nvcc call per source for both architectures (the front end runs once)."""
+    source = CSRC / "cuda" / f"{kernel}.cu"
+    with tempfile.TemporaryDirectory() as tmp:
+        out = subprocess.run(
+            [NVCC, "-std=c++20", "-O3", f"-I{CSRC}", *[f"-gencode=arch=compute_{a},code=sm_{a}" for a in ARCHS],
+             "-Xptxas=-v", "-c", str(source), "-o", str(Path(tmp) / f"{kernel}.o")],
+            capture_output=True, text=True, check=True).stderr
+    reports, report, name = {a: {} for a in ARCHS}, None, None
     for line in out.splitlines():
-        if m := re.search(r"Compiling entry function '(\w+)'", line):
-            name = m.group(1)
+        if m := re.search(r"Compiling entry function '(\w+)' for 'sm_(\d+)'", line):
+            name, report = m.group(1), reports[int(m.group(2))]
         elif name and (m := re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)):
             report[name] = {"stack_bytes": int(m.group(1)), "spill_bytes": int(m.group(2)) + int(m.group(3))}
         elif name and (m := re.search(r"Used (\d+) registers", line)):
             smem = re.search(r"(\d+) bytes smem", line)
             report[name].update(registers=int(m.group(1)), shared_bytes=int(smem.group(1)) if smem else 0)
-    return report
+    return reports
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found")
-@pytest.mark.parametrize("arch", [80, 90])
+@pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("kernel", KERNELS)
-def test_no_local_memory_spills(kernel, arch, tmp_path):
-    report = ptxas_report(CSRC / "cuda" / f"{kernel}.cu", arch, tmp_path)
+def test_no_local_memory_spills(kernel, arch):
+    report = ptxas_reports(kernel)[arch]
     assert report and all("registers" in r for r in report.values()), f"unparsed ptxas report: {report}"
     for name, r in report.items():
         print(f"sm_{arch} {name}: {r}")

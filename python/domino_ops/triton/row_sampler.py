@@ -19,11 +19,11 @@ BLOCK_V = 1024  # vocabulary chunk per loop iteration
 @triton.jit
 def _ordered_key(z):
     """int64 whose order is the float order of z (float32), -0 and +0 one key (they tie)."""
-    # The uint32 key of csrc/cuda/common.cuh (float_key), computed in int64 from the
-    # signed bits: negative floats map to ~bits, non-negative ones to bits | 0x80000000.
-    z = tl.where(z == 0.0, 0.0, z)
+    # From the signed bits: a negative float's key is 2^31 minus its magnitude bits, which
+    # is -bits; a non-negative one's is 2^31 plus its bits. -0 and +0 both get 2^31 (the
+    # CUDA float_key in csrc/cuda/common.cuh gives them one key too).
     bits = z.to(tl.int32, bitcast=True).to(tl.int64)
-    return tl.where(bits < 0, -1 - bits, bits + 2147483648)
+    return tl.where(bits < 0, -bits, bits + 2147483648)
 
 
 @triton.jit
