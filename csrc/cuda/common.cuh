@@ -82,12 +82,14 @@ struct ArgMax {
   float val;
   int64_t idx;
 };
-// torch.argmax's order: a NaN beats every number, then the larger value, then the lower index.
-__device__ __forceinline__ ArgMax argmax_merge(ArgMax a, ArgMax b) {
+// torch.argmax's order: a NaN beats every number, then the larger value, then the lower
+// index. a comes strictly before b in it (for distinct indices, a strict order).
+__device__ __forceinline__ bool greedy_before(ArgMax a, ArgMax b) {
   const bool a_nan = a.val != a.val, b_nan = b.val != b.val;
-  if (a_nan || b_nan) return a_nan && b_nan ? (b.idx < a.idx ? b : a) : (a_nan ? a : b);
-  return (b.val > a.val || (b.val == a.val && b.idx < a.idx)) ? b : a;
+  if (a_nan || b_nan) return a_nan && b_nan ? a.idx < b.idx : a_nan;
+  return a.val > b.val || (a.val == b.val && a.idx < b.idx);
 }
+__device__ __forceinline__ ArgMax argmax_merge(ArgMax a, ArgMax b) { return greedy_before(b, a) ? b : a; }
 __device__ __forceinline__ ArgMax warp_argmax(ArgMax a) {
 #pragma unroll
   for (int off = kWarp / 2; off > 0; off /= 2) {

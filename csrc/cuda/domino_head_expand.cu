@@ -41,14 +41,6 @@ constexpr int kOnePassChildren = 8;
 // Row loads each thread has in flight per iteration of that pass.
 constexpr int kLoadsInFlight = 4;
 
-// a comes before b in the greedy order (torch.argmax's: NaN first, then the larger value,
-// then the lower index); entries are distinct tokens, so this is a strict order.
-__device__ __forceinline__ bool greedy_before(ArgMax a, ArgMax b) {
-  const bool a_nan = a.val != a.val, b_nan = b.val != b.val;
-  if (a_nan || b_nan) return a_nan && b_nan ? a.idx < b.idx : a_nan;
-  return a.val > b.val || (a.val == b.val && a.idx < b.idx);
-}
-
 // tokens[0, count) = the row's first `count` (<= kOnePassChildren) tokens in the greedy
 // order, in one pass over row[0:V]. Each thread keeps its strided slice's best
 // kOnePassChildren, sorted, in registers (indexed only by unrolled constants: a select by
