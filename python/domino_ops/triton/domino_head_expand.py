@@ -4,7 +4,8 @@ header states the bytes and limits), from the rollout's helpers
 (:mod:`domino_ops.triton.domino_head_rollout`), so that a chain of one-child greedy steps
 gives exactly the Triton rollout's tokens, log-probabilities and states:
 
-- ``_expand_input_kernel``, grid (n,): ``a = silu(hproj[seq, depth] + w1s @ S)``;
+- ``_expand_input_kernel``, grid (n, r / BLOCK_R): BLOCK_R rows of ``a = silu(hproj[seq,
+  depth] + w1s @ S)`` (the rollout's input_rows);
 - ``_expand_logits_kernel``, grid (vocabulary tiles,): for every node in turn
   ``L = base[seq, depth] + w2_tile @ a`` written to node_logits, with the greedy tile
   partials; each program loads its w2 tile from HBM once for the whole frontier (the
@@ -13,7 +14,7 @@ gives exactly the Triton rollout's tokens, log-probabilities and states:
   over its logits row, the chosen excluded, log-probabilities from the tile partials' log-sum-exp;
   T > 0: the filtered weights (row_sampler.filter_row) into a float64 workspace row, then m
   inverse-CDF draws without replacement, then the best remaining tokens at -inf);
-- ``_expand_gru_kernel``, grid (G / BLOCK_J, n * m): BLOCK_J rows of each child's GRU
+- ``_expand_gru_kernel``, grid (n * m, G / BLOCK_J): BLOCK_J rows of each child's GRU
   state (the rollout's gru_rows).
 
 A node index out of range is clamped, never an address. The float64 totals are chunked
@@ -27,9 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
-from domino_ops.triton.domino_head_rollout import (BLOCK_C, BLOCK_J, GRU_WARPS, TILE_V, UPDATE_WARPS,
-                                                   choose_from_partials, gru_rows, input_step, logits_tile,
-                                                   store_tile_stats)
+from domino_ops.triton.domino_head_rollout import (BLOCK_C, BLOCK_J, GRU_WARPS, TILE_V, choose_from_partials,
+                                                   gru_rows, input_rows, logits_tile, store_tile_stats)
 from domino_ops.triton.row_sampler import BLOCK_V, filter_row, final_weights, pick_from_weights
 
 
@@ -45,8 +45,10 @@ def _node_row(seq_ptr, depth_ptr, f, seqs, k):
 def _expand_input_kernel(hproj_ptr, state_ptr, seq_ptr, depth_ptr, w1s_ptr, a_ptr, seqs, k, r, G,
                          BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr):
     f = tl.program_id(0).to(tl.int64)
+    rb = tl.program_id(1)
     row = _node_row(seq_ptr, depth_ptr, f, seqs, k)
-    input_step(hproj_ptr + row * r, state_ptr + f * G, w1s_ptr, a_ptr + f * r, r, G, BLOCK_C, BLOCK_R)
+    input_rows(hproj_ptr + row * r, state_ptr + f * G, w1s_ptr, a_ptr + f * r, rb * BLOCK_R, r, G, BLOCK_C,
+               BLOCK_R)
 
 
 @triton.jit
@@ -87,10 +89,13 @@ def _best_remaining(row_ptr, V, taken_ptr, count, BLOCK: tl.constexpr):
     return tl.where(nan_idx < V, nan_idx, best_idx)
 
 
+GREEDY_CHILDREN_WARPS = 8  # the greedy argmax passes: more threads, and no spills
+
+
 def children_warps(sampled: bool) -> int:
     """Warps of _expand_children_kernel without register spills on sm_80/sm_90: the argmax
     passes want more threads, the sampler's float64 scalars more registers per thread."""
-    return 4 if sampled else UPDATE_WARPS
+    return 4 if sampled else GREEDY_CHILDREN_WARPS
 
 
 @triton.jit
@@ -145,10 +150,9 @@ def _expand_children_kernel(partial_ptr, logits_ptr, w_ptr, uniforms_ptr, tokens
 @triton.jit
 def _expand_gru_kernel(tokens_ptr, state_ptr, child_state_ptr, gru_input_ptr, w_ih_ptr, w_hh_ptr, m, G, H,
                        TABLE: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_J: tl.constexpr):
-    jb = tl.program_id(0)
-    c = tl.program_id(1).to(tl.int64)  # child c of node c // m: S_child = GRUCell(E[child], S)
+    c = tl.program_id(0).to(tl.int64)  # child c of node c // m: S_child = GRUCell(E[child], S)
     gru_rows(tl.load(tokens_ptr + c), state_ptr + (c // m) * G, child_state_ptr + c * G, gru_input_ptr, w_ih_ptr,
-             w_hh_ptr, jb * BLOCK_J, G, H, TABLE, BLOCK_C, BLOCK_J)
+             w_hh_ptr, tl.program_id(1) * BLOCK_J, G, H, TABLE, BLOCK_C, BLOCK_J)
 
 
 def domino_head_expand(base_logits, hproj, node_state, node_seq, node_depth, gru_input, w_ih, w_hh, w1s, w2,
@@ -173,14 +177,14 @@ def domino_head_expand(base_logits, hproj, node_state, node_seq, node_depth, gru
     params[1:].fill_(top_p)
     top_k_t = torch.full((1,), top_k, dtype=torch.int64, device=dev)
     block_r = min(32, triton.next_power_of_2(r))
-    _expand_input_kernel[(n,)](hproj, node_state, node_seq, node_depth, w1s, a, seqs, k, r, G, BLOCK_C=BLOCK_C,
-                               BLOCK_R=block_r)
+    _expand_input_kernel[(n, triton.cdiv(r, block_r))](hproj, node_state, node_seq, node_depth, w1s, a, seqs, k,
+                                                       r, G, BLOCK_C=BLOCK_C, BLOCK_R=block_r)
     _expand_logits_kernel[(tiles,)](base_logits, w2, a, node_seq, node_depth, partials, node_logits, n, seqs, k, V,
                                     r, tiles, GREEDY=not sampled, TILE=TILE_V, BLOCK_R=block_r)
     _expand_children_kernel[(n,)](partials, node_logits, weights, uniforms if sampled else partials, child_tokens,
                                   child_logprobs, params, top_k_t, m, V, tiles, SAMPLED=sampled,
                                   BLOCK_T=min(1024, triton.next_power_of_2(tiles)),
                                   BLOCK_V=min(BLOCK_V, triton.next_power_of_2(V)), num_warps=children_warps(sampled))
-    _expand_gru_kernel[(triton.cdiv(G, BLOCK_J), n * m)](
+    _expand_gru_kernel[(n * m, triton.cdiv(G, BLOCK_J))](
         child_tokens, node_state, child_state, gru_input, w_ih if w_ih is not None else w_hh, w_hh, m, G, H,
         TABLE=w_ih is None, BLOCK_C=BLOCK_C, BLOCK_J=BLOCK_J, num_warps=GRU_WARPS)

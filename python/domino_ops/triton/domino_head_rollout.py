@@ -9,13 +9,13 @@
   every sampled row is sampled from it by :func:`row_sampler.sample_row` in the update
   kernel, and the race is skipped). Each row has its own temperature, top-k and top-p
   (:mod:`row_params`); a row at temperature 0 takes the argmax.
-- ``_head_gru_kernel``, grid (G / BLOCK_J, b): merges the tile partials into the token and
+- ``_head_gru_kernel``, grid (b, G / BLOCK_J): merges the tile partials into the token and
   its log-probability and runs BLOCK_J rows of the GRU cell (S ping-pongs between two
   buffers, because every output row reads the whole old S). One program per sequence
   doing all G rows, the first design, streamed w_hh (and w_ih) through one SM: 0.75 ms
   per paper-shape step with the table and 7.7 ms with w_ih on an H100 (2026-11-23),
   against 0.08 ms for the CUDA kernels, which split the GRU the same way.
-- ``_head_input_kernel``, grid (r / BLOCK_R, b): the next step's ``a``.
+- ``_head_input_kernel``, grid (b, r / BLOCK_R): the next step's ``a``.
 
 Bytes per step are the CUDA kernel's except that each sequence streams its own copy of
 the w2 tile (b reads of V*r per step, from L2 after the first at small b); the
@@ -34,7 +34,6 @@ from domino_ops.triton.row_sampler import sample_row
 TILE_V = 128  # vocabulary rows per logits program (a [128, 32] w2 chunk in registers)
 BLOCK_C = 32  # columns per GEMV chunk
 BLOCK_J = 32  # GRU output rows per chunk
-UPDATE_WARPS = 8  # _expand_children_kernel's greedy passes: more threads, and no spills
 GRU_WARPS = 8  # the GRU kernels' three [BLOCK_J, BLOCK_C] gate tiles: 4 warps spill on sm_90 (fp32 w_ih)
 
 
@@ -173,13 +172,6 @@ def input_rows(hproj_row, s_row, w1s_ptr, a_row, r0, r, G, BLOCK_C: tl.constexpr
 
 
 @triton.jit
-def input_step(hproj_row, s_row, w1s_ptr, a_row, r, G, BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr):
-    """a_row[0:r] = silu(hproj_row + w1s @ s_row), all rows in one program."""
-    for r0 in range(0, r, BLOCK_R):
-        input_rows(hproj_row, s_row, w1s_ptr, a_row, r0, r, G, BLOCK_C, BLOCK_R)
-
-
-@triton.jit
 def choose_from_partials(partial_ptr, s, tiles, V, SAMPLED: tl.constexpr, BLOCK_T: tl.constexpr):
     """The token and log-probability of sequence s from its tile partials: at temperature 0
     the argmax (the first NaN if any, as torch.argmax), else the exponential race's winner
@@ -259,9 +251,10 @@ def _head_choose_filtered_kernel(partial_ptr, rows_ptr, uniforms_ptr, tokens_ptr
 def _head_gru_kernel(partial_ptr, tokens_ptr, logprobs_ptr, s_in_ptr, s_out_ptr, gru_input_ptr, w_ih_ptr, w_hh_ptr,
                      temperature_ptr, step, k, V, G, H, tiles, MAY_SAMPLE: tl.constexpr, MAY_FILTER: tl.constexpr,
                      TABLE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_J: tl.constexpr):
-    """Grid (G / BLOCK_J, b): the token of step ``step - 1`` and BLOCK_J rows of the new S."""
-    jb = tl.program_id(0)
-    s = tl.program_id(1).to(tl.int64)
+    """Grid (b, G / BLOCK_J): the token of step ``step - 1`` and BLOCK_J rows of the new S
+    (the sequences on the grid's first axis, which has no 65535 limit)."""
+    s = tl.program_id(0).to(tl.int64)
+    jb = tl.program_id(1)
     # 1. the token of the previous step, by the row's own parameters (with MAY_FILTER every
     # sampled row, filtered or not, was sampled from its row by _head_choose_filtered_kernel;
     # else the exponential race of the logits kernel). Every program of the sequence merges
@@ -287,9 +280,9 @@ def _head_gru_kernel(partial_ptr, tokens_ptr, logprobs_ptr, s_in_ptr, s_out_ptr,
 @triton.jit
 def _head_input_kernel(hproj_ptr, s_ptr, w1s_ptr, a_ptr, step, k, r, G, BLOCK_C: tl.constexpr,
                        BLOCK_R: tl.constexpr):
-    """Grid (r / BLOCK_R, b): BLOCK_R rows of a = silu(hproj[s, step] + w1s @ S)."""
-    rb = tl.program_id(0)
-    s = tl.program_id(1).to(tl.int64)
+    """Grid (b, r / BLOCK_R): BLOCK_R rows of a = silu(hproj[s, step] + w1s @ S)."""
+    s = tl.program_id(0).to(tl.int64)
+    rb = tl.program_id(1)
     input_rows(hproj_ptr + (s * k + step) * r, s_ptr + s * G, w1s_ptr, a_ptr + s * r, rb * BLOCK_R, r, G, BLOCK_C,
                BLOCK_R)
 
@@ -322,7 +315,7 @@ def domino_head_rollout(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w
                                                    p.top_p, step - 1, k, V, tiles, BLOCK_T=block_t, BLOCK_V=block_v)
             s_in = state if step == 1 else s_bufs[(step - 1) % 2]
             s_cur = state_out if last else s_bufs[step % 2]
-            _head_gru_kernel[(triton.cdiv(G, BLOCK_J), b)](
+            _head_gru_kernel[(b, triton.cdiv(G, BLOCK_J))](
                 partials, tokens, logprobs, s_in, s_cur, gru_input, w_ih if w_ih is not None else w_hh, w_hh,
                 p.temperature, step, k, V, G, H, tiles, MAY_SAMPLE=p.may_sample, MAY_FILTER=p.may_filter,
                 TABLE=w_ih is None, BLOCK_T=block_t, BLOCK_C=BLOCK_C, BLOCK_J=BLOCK_J, num_warps=GRU_WARPS)
@@ -330,7 +323,7 @@ def domino_head_rollout(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w
             s_cur = state
         if last:
             break
-        _head_input_kernel[(triton.cdiv(r, block_r), b)](hproj, s_cur, w1s, a, step, k, r, G, BLOCK_C=BLOCK_C,
+        _head_input_kernel[(b, triton.cdiv(r, block_r))](hproj, s_cur, w1s, a, step, k, r, G, BLOCK_C=BLOCK_C,
                                                          BLOCK_R=block_r)
         _head_logits_kernel[(tiles, b)](
             base_logits, w2, a, seeds, partials, rows, p.temperature, p.top_k, p.top_p, step, k, V, r, tiles,
