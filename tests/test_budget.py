@@ -118,6 +118,10 @@ def test_round_costs_are_measured_once_and_cached_per_configuration(tmp_path, mo
     files = list((tmp_path / "round_costs").glob("*.json"))
     assert len(files) == 1 and json.loads(files[0].read_text())["batch_size"] == 2
     budget.round_costs(gen, 3)  # another batch size: measured
+    gen.drafter.set_draft_vocab(torch.arange(32))  # another draft vocabulary: another key
+    assert budget.cost_key(gen, 2) != first.key
+    gen.drafter.set_draft_vocab(None)
+    assert budget.cost_key(gen, 2) == first.key
     gen.target.to(torch.bfloat16)  # another dtype: another key
     assert budget.cost_key(gen, 2) != first.key
     assert calls == [2, 3]

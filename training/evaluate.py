@@ -44,8 +44,7 @@ def stepped_rounds(model: DominoDraftModel, convs: list[Conversation], *, use_he
             batch = make_batch([group[j] for j in active], 1, c.block_size, c.num_drafts, c.mask_token_id, None,
                                anchors=torch.tensor([[pos[j]] for j in active]))
             h = model.packed_draft_hidden(*batch.backbone_inputs())
-            base = model.lm_head(h.to(model.lm_head.weight.dtype)).float()
-            drafts = model.choose_tokens(h, base, batch.anchors.reshape(-1), use_head=use_head).tokens
+            drafts = model.choose_tokens(h, model.base_logits(h), batch.anchors.reshape(-1), use_head=use_head).tokens
             ok = (drafts == batch.labels[:, 0]) & batch.label_valid[:, 0]
             accepted = torch.cumprod(ok.to(torch.int64), dim=1).sum(1).tolist()
             for row, j in enumerate(active):

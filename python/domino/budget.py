@@ -246,8 +246,9 @@ def best_tree_size(path_probs: torch.Tensor, scores: torch.Tensor, costs: RoundC
 
 
 def cost_key(gen, batch_size: int) -> str:
-    """What the costs depend on: the models' shapes and dtypes, the device, the machine,
-    torch's version and thread count, whether the small-batch linear is on, the batch size."""
+    """What the costs depend on: the models' shapes and dtypes, the drafter's draft
+    vocabulary, the device, the machine, torch's version and thread count, whether the
+    small-batch linear is on, the batch size."""
     from domino.fast_linear import uses_small_batch_linear
 
     target = gen.target
@@ -257,6 +258,8 @@ def cost_key(gen, batch_size: int) -> str:
         "target_dtype": str(next(target.parameters()).dtype),
         "drafter": json.dumps(gen.drafter.config.to_json_dict(), sort_keys=True),
         "drafter_dtype": str(gen.drafter.fc.weight.dtype),
+        "draft_vocab": None if gen.drafter.draft_vocab is None
+        else hashlib.sha256(gen.drafter.draft_vocab.cpu().numpy().tobytes()).hexdigest(),
         "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else cpu.model(),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,

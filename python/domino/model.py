@@ -30,6 +30,7 @@ from torch import nn
 import domino_ops
 from domino.budget import Calibration
 from domino.config import DominoConfig
+from domino.fast_linear import uses_small_batch_linear
 from domino.sampling_params import RowSampling
 
 
@@ -122,6 +123,9 @@ class DraftLayer(nn.Module):
 # target (domino.budget.Calibration; written by benchmarks/calibration.py).
 CALIBRATION_FILE = "calibration.json"
 
+# model.safetensors key of the draft vocabulary's token ids (int64), when a checkpoint has one
+DRAFT_VOCAB_KEY = "draft_vocab"
+
 
 @dataclass
 class DraftContextCache:
@@ -164,6 +168,9 @@ class DominoDraftModel(nn.Module):
                 nn.Linear(c.hidden_size + c.gru_hidden_dim, c.emb_dim, bias=False), nn.SiLU(),
                 nn.Linear(c.emb_dim, c.vocab_size, bias=False))
         self._target: tuple[nn.Module, nn.Module] | None = None  # (embed_tokens, lm_head), frozen, not ours
+        # the target token ids drafting may choose (ascending), None for all: set_draft_vocab
+        self.register_buffer("draft_vocab", None, persistent=False)
+        self._vocab_rows: tuple | None = None  # (key, lm_head rows, embedding rows, w2 rows), see _draft_rows
         # confidence -> acceptance probability (identity until fitted; from_pretrained loads it)
         self.calibration = Calibration()
 
@@ -226,18 +233,92 @@ class DominoDraftModel(nn.Module):
 
     def head_weights(self):
         """(gru_input, w_ih, w_hh, w1h, w1s, w2) in the drafter's dtype; gru_input is the
-        target's embedding (cast once and cached if its dtype differs)."""
+        target's embedding (cast once and cached if its dtype differs). With a draft
+        vocabulary (:meth:`set_draft_vocab`) gru_input and w2 hold its K rows, in its order:
+        the head then works in draft-vocabulary indices, as :meth:`base_logits` does."""
         H = self.config.hidden_size
         w1 = self.embed_proj[0].weight
-        dt = w1.dtype
-        E = self.embed_tokens.weight
-        if E.dtype != dt:
-            cached = getattr(self, "_embed_cast", None)
-            if cached is None or cached.dtype != dt or cached.device != E.device:
-                cached = self._embed_cast = E.detach().to(dt)
-            E = cached
-        return (E.detach(), self.prefix_gru.weight_ih_l0.detach(), self.prefix_gru.weight_hh_l0.detach(),
-                w1[:, :H].detach(), w1[:, H:].contiguous().detach(), self.embed_proj[2].weight.detach())
+        w_hh, w1s = self.prefix_gru.weight_hh_l0.detach(), w1[:, H:].contiguous().detach()
+        if self.draft_vocab is not None:
+            _, E, w2 = self._draft_rows()
+        else:
+            E, w2 = self.embed_tokens.weight, self.embed_proj[2].weight.detach()
+            if E.dtype != w1.dtype:
+                cached = getattr(self, "_embed_cast", None)
+                if cached is None or cached.dtype != w1.dtype or cached.device != E.device:
+                    cached = self._embed_cast = E.detach().to(w1.dtype)
+                E = cached
+        return E.detach(), self.prefix_gru.weight_ih_l0.detach(), w_hh, w1[:, :H].detach(), w1s, w2
+
+    # ---- draft vocabulary -------------------------------------------------------------
+
+    def set_draft_vocab(self, token_ids: torch.Tensor | None) -> "DominoDraftModel":
+        """Restricts drafting to the target token ids ``token_ids`` [K] (distinct, in
+        [0, vocab_size), any integer dtype), or lifts the restriction (None); returns self.
+
+        A frequency-ranked draft vocabulary (as FR-Spec and EAGLE-3's ``d2t`` do): the base
+        logits come from the K rows of the target's LM head (copied once, in the drafter's
+        dtype) and the head's ``w2`` and GRU input from the same K rows, so a drafted position costs
+        K/V of the LM head's bytes and a head step K/V of ``w2``'s. Tokens outside it are
+        never drafted; verification is unchanged, so generation stays exactly the target's
+        (greedy and sampled). ``training/draft_vocab.py`` picks the K tokens the target
+        writes most often; checkpoints store the ids (``draft_vocab`` in model.safetensors)."""
+        if token_ids is None:
+            self.draft_vocab, self._vocab_rows = None, None
+            return self
+        V = self.config.vocab_size
+        if not isinstance(token_ids, torch.Tensor):
+            raise TypeError(f"token_ids must be a torch.Tensor or None, got {type(token_ids).__name__}")
+        if token_ids.dim() != 1 or token_ids.dtype.is_floating_point or token_ids.dtype.is_complex \
+                or token_ids.dtype == torch.bool:
+            raise ValueError(f"token_ids must be a 1-D integer tensor, got {str(token_ids.dtype).replace('torch.', '')}"
+                             f" of shape {list(token_ids.shape)}")
+        ids = token_ids.to(torch.int64).sort().values
+        if not 1 <= ids.numel() <= V:
+            raise ValueError(f"token_ids must hold 1 to {V} (vocab_size) ids, got {ids.numel()}")
+        if int(ids[0]) < 0 or int(ids[-1]) >= V:
+            raise ValueError(f"token_ids must lie in [0, {V}), got ids from {int(ids[0])} to {int(ids[-1])}")
+        if bool((ids[1:] == ids[:-1]).any()):
+            raise ValueError("token_ids must be distinct")
+        self.draft_vocab = ids.to(self.fc.weight.device)
+        self._vocab_rows = None
+        return self
+
+    def _draft_rows(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The draft vocabulary's rows of the LM head, of the embedding and of w2, in the
+        drafter's dtype: copied once, again only when a weight or the dtype or device
+        changes (training updates w2 in place: its version counts)."""
+        w2 = self.embed_proj[2].weight
+        E, W = self.embed_tokens.weight, self.lm_head.weight
+        dt = self.embed_proj[0].weight.dtype
+        key = (W.data_ptr(), W.device, E.data_ptr(), w2.data_ptr(), w2._version, dt, self.draft_vocab.device)
+        if self._vocab_rows is None or self._vocab_rows[0] != key:
+            ids = self.draft_vocab.to(W.device)
+            self._vocab_rows = (key, W.detach()[ids].to(dt).contiguous(), E.detach()[ids].to(dt).contiguous(),
+                                w2.detach()[ids].contiguous())
+        return self._vocab_rows[1:]
+
+    def base_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """The backbone's logits [.., K] float32 for draft hidden states h [.., H], over the
+        draft vocabulary (K = its size; all V tokens, by the target's own LM head, without
+        one). Their indices are what :meth:`choose_tokens` takes."""
+        if self.draft_vocab is None:
+            return self.lm_head(h.to(self.lm_head.weight.dtype)).float()
+        W = self._draft_rows()[0]
+        if uses_small_batch_linear(self.lm_head):  # the kernel the target's LM head runs
+            return domino_ops.small_batch_linear(h.to(W.dtype), W).float()
+        return F.linear(h.to(W.dtype), W).float()
+
+    def _to_target_ids(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary indices -> target token ids (identity without a draft vocabulary)."""
+        return tokens if self.draft_vocab is None else self.draft_vocab[tokens]
+
+    def _to_full_vocab(self, rows: torch.Tensor, fill: float) -> torch.Tensor:
+        """Rows [.., K] over the draft vocabulary -> [.., V], ``fill`` outside it."""
+        if self.draft_vocab is None:
+            return rows
+        full = rows.new_full((*rows.shape[:-1], self.config.vocab_size), fill)
+        return full.index_copy_(-1, self.draft_vocab, rows)
 
     def gru_state(self, tokens: torch.Tensor) -> torch.Tensor:
         """GRU state [b, G] float32 after consuming tokens [b, n] from a zero state."""
@@ -315,16 +396,18 @@ class DominoDraftModel(nn.Module):
             raise ValueError(f"num_drafts must be an int in [1, {n_max}], got {num_drafts!r}")
         block, positions = self.block_input(anchor, anchor_pos)
         h = self.draft_hidden(self.backbone(cache, block, positions), n)
-        logits = self.lm_head(h.to(self.lm_head.weight.dtype)).float()  # [b, n, V] base logits
-        return self.choose_tokens(h, logits, anchor, use_head=use_head, sampling=sampling)
+        return self.choose_tokens(h, self.base_logits(h), anchor, use_head=use_head, sampling=sampling)
 
     @torch.no_grad()
     def choose_tokens(self, h: torch.Tensor, logits: torch.Tensor, anchor: torch.Tensor, *, use_head: bool = True,
                       sampling: RowSampling | None = None) -> Draft:
-        """Picks the drafts from draft hidden states h [b, n, H] and base logits [b, n, V]
-        float32: the first ``pure_draft_prefix_len`` from the base logits, the rest by the
-        Domino head rollout (or all from the base logits when the head is off). ``sampling``
-        holds each of the b sequences' sampling arguments (None: greedy)."""
+        """Picks the drafts from draft hidden states h [b, n, H] and base logits [b, n, K]
+        float32 over the draft vocabulary (:meth:`base_logits`; K = V without one): the
+        first ``pure_draft_prefix_len`` from the base logits, the rest by the Domino head
+        rollout (or all from the base logits when the head is off). ``sampling`` holds each
+        of the b sequences' sampling arguments (None: greedy). The :class:`Draft` holds
+        target token ids and logits over the whole vocabulary (-inf outside the draft
+        vocabulary)."""
         c = self.config
         b, n, V = logits.shape
         sampling = sampling or RowSampling(0.0, 0, 1.0, None, False)
@@ -338,13 +421,13 @@ class DominoDraftModel(nn.Module):
             return torch.softmax(rows, dim=-1).amax(-1)
 
         if not (use_head and c.has_head):
-            return Draft(sample_rows(logits), logits, confidence(logits))
+            return self._draft(sample_rows(logits), logits, confidence(logits))
         P = min(c.pure_draft_prefix_len, n)
         prefix = sample_rows(logits[:, :P]) if P > 0 else anchor.new_empty(b, 0)
         tokens, confidences = [prefix], [confidence(logits[:, :P])]
         if P < n:
             E, w_ih, w_hh, w1h, w1s, w2 = self.head_weights()
-            state = self.gru_state(torch.cat([anchor[:, None], prefix], dim=1))
+            state = self.gru_state(torch.cat([anchor[:, None], self._to_target_ids(prefix)], dim=1))
             hproj = (h[:, P:].to(w1h.dtype) @ w1h.T).float()
             rest = logits[:, P:].contiguous()
             drafted, logprobs, _ = domino_ops.domino_head_rollout(
@@ -355,7 +438,11 @@ class DominoDraftModel(nn.Module):
                 confidences.append(confidence(rest))
             else:  # the argmax's own log-probability, from the kernel
                 confidences.append(logprobs.exp())
-        return Draft(torch.cat(tokens, dim=1), logits, torch.cat(confidences, dim=1))
+        return self._draft(torch.cat(tokens, dim=1), logits, torch.cat(confidences, dim=1))
+
+    def _draft(self, tokens: torch.Tensor, logits: torch.Tensor, confidence: torch.Tensor) -> Draft:
+        """A :class:`Draft` from draft-vocabulary tokens [b, n] and logits [b, n, K]."""
+        return Draft(self._to_target_ids(tokens), self._to_full_vocab(logits, float("-inf")), confidence)
 
     @torch.no_grad()
     def draft_tree(self, cache: DraftContextCache, anchor: torch.Tensor, anchor_pos: torch.Tensor, *, topk: int,
@@ -392,7 +479,7 @@ class DominoDraftModel(nn.Module):
                              "sequence of the batch and no per-request seeds")
         block, positions = self.block_input(anchor, anchor_pos)
         h = self.draft_hidden(self.backbone(cache, block, positions), depth)
-        base = self.lm_head(h.to(self.lm_head.weight.dtype)).float()  # [b, depth, V]
+        base = self.base_logits(h)  # [b, depth, K]
         if use_head and self.config.has_head:
             E, w_ih, w_hh, w1h, w1s, w2 = self.head_weights()
             hproj = (h.to(w1h.dtype) @ w1h.T).float()
@@ -400,16 +487,27 @@ class DominoDraftModel(nn.Module):
             plain = min(self.config.pure_draft_prefix_len, depth)
         else:
             head, plain = _zero_head(base), depth
-        return domino_ops.draft_tree(base, *head, anchor, topk=topk, depth=depth, num_draft_tokens=num_draft_tokens,
+        tree = domino_ops.draft_tree(base, *head, anchor, topk=topk, depth=depth, num_draft_tokens=num_draft_tokens,
                                      plain_depths=plain, **sampling.op_kwargs())
+        if self.draft_vocab is None:
+            return tree
+        # draft-vocabulary indices -> target ids (the root is the anchor, a target id already)
+        candidates = torch.cat([tree.candidates[:, :1], self._to_target_ids(tree.candidates[:, 1:])], dim=1)
+        probs = None if tree.draft_probs is None else self._to_full_vocab(tree.draft_probs, 0.0)
+        return domino_ops.DraftTree(tree.parent_list, tree.selected_index, candidates, probs, tree.candidate_scores,
+                                    self._to_target_ids(tree.candidate_tokens))
 
     # ---- checkpoints ------------------------------------------------------------------
 
     def save_pretrained(self, directory: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:
+        """Writes config.json, model.safetensors (weights in ``dtype``, and the draft
+        vocabulary's ids as ``draft_vocab`` int64 when one is set) and the calibration."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         self.config.save(directory)
         state = {k: v.detach().to(dtype).contiguous() for k, v in self.state_dict().items()}
+        if self.draft_vocab is not None:
+            state[DRAFT_VOCAB_KEY] = self.draft_vocab.cpu().contiguous()
         save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
         if self.calibration.edges:
             self.calibration.save(directory / CALIBRATION_FILE)
@@ -417,7 +515,8 @@ class DominoDraftModel(nn.Module):
     @classmethod
     def from_pretrained(cls, directory: str | Path, dtype: torch.dtype = torch.float32,
                         device: str | torch.device = "cpu") -> "DominoDraftModel":
-        """Loads a Domino checkpoint, or a DFlash one (backbone only: the head is absent)."""
+        """Loads a Domino checkpoint (with its draft vocabulary, if it has one), or a DFlash
+        one (backbone only: the head is absent)."""
         directory = Path(directory)
         config = DominoConfig.load(directory)
         files = sorted(directory.glob("*.safetensors"))
@@ -426,13 +525,15 @@ class DominoDraftModel(nn.Module):
         state = {}
         for f in files:
             state.update(load_file(str(f)))
+        vocab = state.pop(DRAFT_VOCAB_KEY, None)
         model = cls(config)
         missing, unexpected = model.load_state_dict(state, strict=False)
         if missing or unexpected:
             raise ValueError(f"checkpoint {directory} does not match its config: missing {missing}, "
                              f"unexpected {unexpected}")
         model.calibration = Calibration.load(directory / CALIBRATION_FILE)
-        return model.to(device=device, dtype=dtype).eval()
+        model = model.to(device=device, dtype=dtype).eval()
+        return model.set_draft_vocab(vocab)
 
 
 def _zero_head(base: torch.Tensor) -> tuple:
