@@ -163,3 +163,32 @@ def test_ablation_switches_run(tiny_run, tmp_path, flags):
     if flag == "--no-curriculum":
         assert all(r["lam"] == 0.0 for r in log)
     assert all(r["loss_final"] > 0 for r in log)
+
+
+def test_export_checkpoint_writes_the_running_jobs_weights(tiny_run, tmp_path):
+    """A checkpoint exported mid-run holds exactly its weights, under the base drafter's
+    config and draft vocabulary, and no stale calibration; another config is refused."""
+    from domino.budget import Calibration
+    from domino.model import DominoDraftModel
+    from training.export_checkpoint import export_checkpoint
+
+    root, _ = tiny_run
+    run_train(root, tmp_path / "first", "--steps", "1", "--eval-every", "100")  # a drafter to continue from
+    base = DominoDraftModel.from_pretrained(tmp_path / "first" / "drafter").set_draft_vocab(torch.arange(3, 40))
+    base.calibration = Calibration(edges=[0.5, 1.0], rates=[0.2, 0.7])
+    base.save_pretrained(tmp_path / "base", dtype=torch.float32)
+    run_train(root, tmp_path / "run", "--init-from", str(tmp_path / "base"), "--steps", "5", "--stop-after", "3",
+              "--eval-every", "100")
+    state = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)
+    assert export_checkpoint(tmp_path / "run" / "checkpoint.pt", tmp_path / "out", base=tmp_path / "base",
+                             dtype=torch.float32) == 2
+    out = DominoDraftModel.from_pretrained(tmp_path / "out")
+    for name, w in out.state_dict().items():
+        assert torch.equal(w, state["model"][name]), name
+    assert not torch.equal(out.fc.weight, base.fc.weight)  # trained on, not the base's weights
+    assert torch.equal(out.draft_vocab, torch.arange(3, 40))
+    assert out.calibration.edges == []
+    other = tmp_path / "other"
+    run_train(root, other, "--steps", "1", "--eval-every", "100", "--rank", "4")
+    with pytest.raises(ValueError, match="another config"):
+        export_checkpoint(other / "checkpoint.pt", tmp_path / "out2", base=tmp_path / "base")
