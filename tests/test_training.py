@@ -58,6 +58,30 @@ def test_shards_hold_greedy_responses_and_features(tiny_run):
     torch.testing.assert_close(c.features.float(), ref, atol=0.05, rtol=0.02)
 
 
+def test_shards_regenerated_together_split_into_each_shards_own(tiny_run):
+    """--shards-per-batch: two shards' prompts in one batch, split, give each shard's own
+    records and tensors (responses equal; features and log-probabilities up to rounding)."""
+    from domino.config import default_drafter_config
+    from training.generate_data import split_regenerated
+
+    _, target = tiny_run
+    layer_ids = default_drafter_config(target.config).target_layer_ids
+    g = torch.Generator().manual_seed(1)
+    shards = [[torch.randint(2, 64, (int(torch.randint(3, 9, (1,), generator=g)),), generator=g).tolist()
+               for _ in range(n)] for n in (3, 5)]
+    run = lambda prompts: regenerate(target, prompts, layer_ids, eos={1}, pad=0, max_new_tokens=12)  # noqa: E731
+    parts = split_regenerated(run(shards[0] + shards[1]), [3, 5])
+    for prompts, part in zip(shards, parts):
+        alone = run(prompts)
+        assert part.records == alone.records
+        assert part.offsets == alone.offsets and part.response_offsets == alone.response_offsets
+        torch.testing.assert_close(part.features.float(), alone.features.float(), atol=0.05, rtol=0.02)
+        assert torch.equal(part.top_ids[:, 0], alone.top_ids[:, 0])
+        torch.testing.assert_close(part.top_logprobs, alone.top_logprobs, atol=2e-3, rtol=1e-3)
+    with pytest.raises(ValueError, match="add up"):
+        split_regenerated(parts[0], [2])
+
+
 def test_draft_hidden_is_the_contiguous_draft_positions():
     from domino.config import default_drafter_config
     from domino.model import DominoDraftModel

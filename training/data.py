@@ -76,6 +76,11 @@ class AnchorBatch:
     def num_anchors(self) -> int:
         return self.anchors.shape[1]
 
+    def to(self, device: torch.device | str) -> "AnchorBatch":
+        """The same batch with every tensor on ``device``."""
+        return AnchorBatch(*[None if t is None else t.to(device, non_blocking=True)
+                             for t in (getattr(self, f) for f in self.__dataclass_fields__)])
+
     def backbone_inputs(self) -> tuple[torch.Tensor, ...]:
         """The arguments of :meth:`DominoDraftModel.packed_draft_hidden`."""
         return self.features, self.ctx_valid, self.block_tokens, self.block_pos, self.attn_mask

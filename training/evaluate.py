@@ -42,7 +42,7 @@ def stepped_rounds(model: DominoDraftModel, convs: list[Conversation], *, use_he
         active = [j for j in range(len(group)) if pos[j] < end[j]]
         while active:
             batch = make_batch([group[j] for j in active], 1, c.block_size, c.num_drafts, c.mask_token_id, None,
-                               anchors=torch.tensor([[pos[j]] for j in active]))
+                               anchors=torch.tensor([[pos[j]] for j in active])).to(model.fc.weight.device)
             h = model.packed_draft_hidden(*batch.backbone_inputs())
             drafts = model.choose_tokens(h, model.base_logits(h), batch.anchors.reshape(-1), use_head=use_head).tokens
             ok = (drafts == batch.labels[:, 0]) & batch.label_valid[:, 0]

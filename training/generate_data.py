@@ -25,6 +25,7 @@ forward over its conversations (``features_from_ids``), minutes instead of hours
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 from dataclasses import dataclass
@@ -106,8 +107,8 @@ def regenerate(model, batch: list[list[int]], layer_ids: list[int], eos: set[int
     from transformers import LogitsProcessorList
 
     T = max(len(p) for p in batch)
-    ids = torch.tensor([[pad] * (T - len(p)) + p for p in batch])
-    mask = torch.tensor([[0] * (T - len(p)) + [1] * len(p) for p in batch])
+    ids = torch.tensor([[pad] * (T - len(p)) + p for p in batch], device=model.device)
+    mask = torch.tensor([[0] * (T - len(p)) + [1] * len(p) for p in batch], device=model.device)
     recorder = TopLogprobs(top_k)
     with torch.inference_mode():
         out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
@@ -118,9 +119,9 @@ def regenerate(model, batch: list[list[int]], layer_ids: list[int], eos: set[int
     # Target features come for free: step 0 holds the prompt's hidden states, step s the
     # hidden state of the token fed at step s. Keep the drafter's layers, in bf16.
     steps = [target_features(h, layer_ids) for h in out.hidden_states]
-    feats_all = torch.cat(steps, dim=1).to(torch.bfloat16)  # [b, T + steps - 1, n*H]
-    top_ids_all = torch.stack(recorder.ids, dim=1)  # [b, steps, k]: step s predicts response token s
-    top_lp_all = torch.stack(recorder.logprobs, dim=1)
+    feats_all = torch.cat(steps, dim=1).to(torch.bfloat16).cpu()  # [b, T + steps - 1, n*H]
+    top_ids_all = torch.stack(recorder.ids, dim=1).cpu()  # [b, steps, k]: step s predicts response token s
+    top_lp_all = torch.stack(recorder.logprobs, dim=1).cpu()
     records, feats, top_ids, top_lp, offsets, r_offsets = [], [], [], [], [0], [0]
     for s_idx, (p, row) in enumerate(zip(batch, out.sequences[:, T:].tolist())):
         cut = next((j + 1 for j, t in enumerate(row) if t in eos), len(row))
@@ -151,22 +152,51 @@ def features_from_ids(model, records: list[dict], layer_ids: list[int], pad: int
         chunk = records[b0:b0 + batch_size]
         seqs = [r["prompt_ids"] + r["response_ids"][:-1] for r in chunk]
         T = max(len(s) for s in seqs)
-        ids = torch.tensor([s + [pad] * (T - len(s)) for s in seqs])
-        mask = torch.tensor([[1] * len(s) + [0] * (T - len(s)) for s in seqs])
+        ids = torch.tensor([s + [pad] * (T - len(s)) for s in seqs], device=model.device)
+        mask = torch.tensor([[1] * len(s) + [0] * (T - len(s)) for s in seqs], device=model.device)
         with torch.inference_mode():
             out = body(input_ids=ids, attention_mask=mask, output_hidden_states=True)
-            feats_all = target_features(out.hidden_states, layer_ids).to(torch.bfloat16)
+            feats_all = target_features(out.hidden_states, layer_ids).to(torch.bfloat16).cpu()
             for i, (r, s) in enumerate(zip(chunk, seqs)):
                 feats.append(feats_all[i, :len(s)])
                 offsets.append(offsets[-1] + len(s))
                 # the logits at position j predict token j + 1: response token t sits at len(prompt) + t
                 rows = out.last_hidden_state[i, len(r["prompt_ids"]) - 1:len(s)]
                 top = torch.log_softmax(head(rows).float(), dim=-1).topk(top_k, dim=-1)
-                top_ids.append(top.indices.to(torch.int32))
-                top_lp.append(top.values.to(torch.float16))
+                top_ids.append(top.indices.to(torch.int32).cpu())
+                top_lp.append(top.values.to(torch.float16).cpu())
                 r_offsets.append(r_offsets[-1] + len(r["response_ids"]))
     return Regenerated(records, torch.cat(feats).contiguous(), offsets, torch.cat(top_ids).contiguous(),
                        torch.cat(top_lp).contiguous(), r_offsets, layer_ids)
+
+
+def split_regenerated(data: Regenerated, sizes: list[int]) -> list[Regenerated]:
+    """``data`` cut into consecutive parts of ``sizes`` conversations each (several shards
+    regenerated in one batch, to keep a GPU busy, are written as the shards they are)."""
+    if sum(sizes) != len(data.records):
+        raise ValueError(f"sizes {sizes} do not add up to {len(data.records)} conversations")
+    parts, c = [], 0
+    for n in sizes:
+        f0, f1 = data.offsets[c], data.offsets[c + n]
+        r0, r1 = data.response_offsets[c], data.response_offsets[c + n]
+        parts.append(Regenerated(data.records[c:c + n], data.features[f0:f1].contiguous(),
+                                 [o - f0 for o in data.offsets[c:c + n + 1]], data.top_ids[r0:r1].contiguous(),
+                                 data.top_logprobs[r0:r1].contiguous(),
+                                 [o - r0 for o in data.response_offsets[c:c + n + 1]], data.layer_ids))
+        c += n
+    return parts
+
+
+def tokenized_prompts(tok, max_prompt_tokens: int) -> list[list[int]]:
+    """The fixed prompt order (training/prompts.py) as chat-templated token ids, those longer
+    than ``max_prompt_tokens`` dropped."""
+    prompts = []
+    for text in training_prompts():
+        ids = tok(tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                          add_generation_prompt=True), add_special_tokens=False)["input_ids"]
+        if len(ids) <= max_prompt_tokens:
+            prompts.append(ids)
+    return prompts
 
 
 def read_shard_records(path: Path) -> list[dict]:
@@ -197,6 +227,13 @@ def main() -> None:
     parser.add_argument("--max-prompt-tokens", type=int, default=256)
     parser.add_argument("--top-k", type=int, default=32, help="target log-probabilities stored per response token")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--device", default="cpu", help="where the target runs (cuda: fp32 with TF32 off)")
+    parser.add_argument("--shards-per-batch", type=int, default=1,
+                        help="shards regenerated together in one batch (a GPU wants hundreds of sequences)")
+    parser.add_argument("--save-prompts", type=Path, default=None,
+                        help="write the tokenized prompt order to this .json.gz and exit (for a machine "
+                             "without the ShareGPT package; read it back with --prompts-file)")
+    parser.add_argument("--prompts-file", type=Path, default=None, help="tokenized prompts from --save-prompts")
     parser.add_argument("--target-tokens", type=int, default=5_000_000, help="stop once this many response tokens exist")
     parser.add_argument("--worker", type=parse_worker, default=(0, 1), metavar="I/N",
                         help="take only the shards whose index is I mod N (run N processes for I = 0..N-1)")
@@ -211,17 +248,22 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     target_dir = args.target or smollm2_dir()
     tok = AutoTokenizer.from_pretrained(target_dir)
-    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    if args.save_prompts:
+        with gzip.open(args.save_prompts, "wt") as f:
+            json.dump(tokenized_prompts(tok, args.max_prompt_tokens), f)
+        print(f"wrote {args.save_prompts}")
+        return
+    torch.backends.cuda.matmul.allow_tf32 = False  # the target's own fp32 greedy decisions
+    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).to(args.device).eval()
     eos, pad = special_token_ids(model, tok)
     eos = set(eos)
     layer_ids = default_drafter_config(model.config).target_layer_ids
 
-    prompts = []
-    for text in training_prompts():
-        ids = tok(tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                          add_generation_prompt=True), add_special_tokens=False)["input_ids"]
-        if len(ids) <= args.max_prompt_tokens:
-            prompts.append(ids)
+    if args.prompts_file:
+        with gzip.open(args.prompts_file, "rt") as f:
+            prompts = [p for p in json.load(f) if len(p) <= args.max_prompt_tokens]
+    else:
+        prompts = tokenized_prompts(tok, args.max_prompt_tokens)
     args.out.mkdir(parents=True, exist_ok=True)
     n_shards = (len(prompts) + args.batch_size - 1) // args.batch_size
     tokens, convs = count_tokens(args.out)
@@ -229,16 +271,22 @@ def main() -> None:
 
     bar = tqdm(total=args.target_tokens, initial=min(tokens, args.target_tokens), unit="tok", desc="responses")
     worker, n_workers = args.worker
+    todo = []  # missing shards of this worker, regenerated --shards-per-batch at a time
     for i in range(worker, n_shards, n_workers):
-        if tokens >= args.target_tokens:
-            break
         path = shard_path(args.out, i)
         if path.exists():
             if not features_path(path).exists():  # a committed token shard on a fresh clone
                 write_shard(path, features_from_ids(model, read_shard_records(path), layer_ids, pad, args.top_k))
             continue
-        batch = prompts[i * args.batch_size:(i + 1) * args.batch_size]
-        write_shard(path, regenerate(model, batch, layer_ids, eos, pad, args.max_new_tokens, args.top_k))
+        todo.append(i)
+    for j in range(0, len(todo), args.shards_per_batch):
+        if tokens >= args.target_tokens:
+            break
+        group = todo[j:j + args.shards_per_batch]
+        batches = [prompts[i * args.batch_size:(i + 1) * args.batch_size] for i in group]
+        data = regenerate(model, sum(batches, []), layer_ids, eos, pad, args.max_new_tokens, args.top_k)
+        for i, part in zip(group, split_regenerated(data, [len(b) for b in batches])):
+            write_shard(shard_path(args.out, i), part)
         tokens, convs = count_tokens(args.out)  # the other workers' shards count too
         bar.update(min(tokens, args.target_tokens) - bar.n)
     bar.close()

@@ -51,7 +51,7 @@ def forward_batch(model: DominoDraftModel, batch: AnchorBatch, *, kind: str, wei
     each position's argmax to the next, so it builds the whole logits [N*A, n, V]."""
     N, A = batch.anchors.shape
     c = model.config
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+    with torch.autocast(batch.anchors.device.type, dtype=torch.bfloat16, enabled=autocast):
         h = model.packed_draft_hidden(*batch.backbone_inputs())
         if ttt and c.has_head:
             base = model.lm_head(h)
@@ -174,6 +174,7 @@ def parse_args(argv=None):
                    help="bf16 autocast for the matmuls: only on CPUs with native bf16 (AVX-512 BF16 / AMX) or GPUs; "
                         "on an AVX2 CPU PyTorch's bf16 GEMMs are ~25x slower than fp32 (166 s vs 6.5 s per step)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu", help="where the target and the drafter run (e.g. cuda)")
     p.add_argument("--max-shards", type=int, default=None)
     p.add_argument("--export-dtype", default="bfloat16")
     p.add_argument("--stop-after", type=int, default=None,
@@ -195,9 +196,12 @@ def main(argv=None) -> dict:
 
     from domino.loading import smollm2_dir
 
-    target = AutoModelForCausalLM.from_pretrained(args.target or smollm2_dir(quiet=True), dtype=torch.float32).eval()
+    device = torch.device(args.device)
+    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32 on a GPU too (the target's features)
+    target = AutoModelForCausalLM.from_pretrained(args.target or smollm2_dir(quiet=True), dtype=torch.float32)
+    target = target.to(device).eval()
     target.requires_grad_(False)
-    model = build_model(args, target)
+    model = build_model(args, target).to(device)
     c = model.config
     all_shards = sorted(int(f.stem.split("_")[1]) for f in args.data.glob("shard_*.jsonl"))
     train_shards = [s for s in all_shards if s not in args.eval_shards]
@@ -217,12 +221,12 @@ def main(argv=None) -> dict:
     ckpt = args.out / "checkpoint.pt"
     start = 0
     if ckpt.exists():
-        state = torch.load(ckpt, weights_only=False)
+        state = torch.load(ckpt, map_location=device, weights_only=False)
         model.load_state_dict(state["model"])
         optim.load_state_dict(state["optim"])
         start = state["step"] + 1
         log(f"resumed from {ckpt} at step {start}")
-    weights = position_weights(c.num_drafts, args.gamma)
+    weights = position_weights(c.num_drafts, args.gamma).to(device)
     eval_convs = held[:args.eval_convs]
     history = []
     log_file = (args.out / "log.jsonl").open("a") if rank == 0 else None
@@ -232,6 +236,7 @@ def main(argv=None) -> dict:
         g = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
         idx = torch.randint(0, len(train), (args.seqs_per_step,), generator=g).tolist()
         batch = make_batch([train[i] for i in idx], args.anchors, c.block_size, c.num_drafts, c.mask_token_id, g)
+        batch = batch.to(device)
         if distributed:  # this rank's share of the global batch; the loss is normalised globally
             batch = _slice_batch(batch, rank, world)
         lam = 0.0 if args.no_curriculum else max(0.0, 1.0 - step / max(1, args.steps - 1))
