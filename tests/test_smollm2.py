@@ -51,3 +51,23 @@ def test_sampling_runs_and_is_reproducible(gen):
     a = gen.generate(PROMPTS[0], generator=torch.Generator().manual_seed(1), **kw)
     b = gen.generate(PROMPTS[0], generator=torch.Generator().manual_seed(1), **kw)
     assert a.token_ids == b.token_ids
+
+
+def test_concurrent_conversion_shares_one_cache(tmp_path, monkeypatch):
+    """Two processes converting the GGUF at once on a fresh machine (two data-generation
+    workers) both get the cache: each writes its own temporary directory, the first rename
+    wins, and the loser keeps the winner's copy (they used to share one .tmp directory, and
+    one crashed writing into a directory the other had just renamed)."""
+    import subprocess
+    import sys
+
+    env = dict(__import__("os").environ, DOMINO_CACHE=str(tmp_path))
+    code = "from domino.loading import smollm2_dir; print(smollm2_dir(quiet=True))"
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err
+        assert out.strip() == str(tmp_path / "smollm2-135m-instruct")
+    assert (tmp_path / "smollm2-135m-instruct" / "model.safetensors").exists()
+    assert [d.name for d in tmp_path.iterdir()] == ["smollm2-135m-instruct"]  # no temporary left

@@ -271,14 +271,10 @@ def main() -> None:
 
     bar = tqdm(total=args.target_tokens, initial=min(tokens, args.target_tokens), unit="tok", desc="responses")
     worker, n_workers = args.worker
-    todo = []  # missing shards of this worker, regenerated --shards-per-batch at a time
-    for i in range(worker, n_shards, n_workers):
-        path = shard_path(args.out, i)
-        if path.exists():
-            if not features_path(path).exists():  # a committed token shard on a fresh clone
-                write_shard(path, features_from_ids(model, read_shard_records(path), layer_ids, pad, args.top_k))
-            continue
-        todo.append(i)
+    mine = [shard_path(args.out, i) for i in range(worker, n_shards, n_workers)]
+    todo = [i for i, path in zip(range(worker, n_shards, n_workers), mine) if not path.exists()]
+    # Decoding first: it is what costs hours and what gets committed. Then the features of
+    # committed token shards (a fresh clone has none), minutes per shard.
     for j in range(0, len(todo), args.shards_per_batch):
         if tokens >= args.target_tokens:
             break
@@ -290,6 +286,10 @@ def main() -> None:
         tokens, convs = count_tokens(args.out)  # the other workers' shards count too
         bar.update(min(tokens, args.target_tokens) - bar.n)
     bar.close()
+    for path in mine:
+        if path.exists() and not features_path(path).exists():
+            print(f"rebuilding the features of {path.name}")
+            write_shard(path, features_from_ids(model, read_shard_records(path), layer_ids, pad, args.top_k))
     print(f"done: {convs} conversations, {tokens} response tokens in {args.out}")
 
 

