@@ -16,7 +16,7 @@ import domino_ops
 from domino_ops import reference
 
 ISA_ENV = "DOMINO_SMALL_BATCH_LINEAR_ISA"
-ORDER = ["generic", "avx2", "avx512"]
+ORDER = ["generic", "avx2", "avx512", "avx512_bf16"]
 
 
 def _best_isa():
@@ -173,6 +173,19 @@ def test_reference_backend_and_mixed_dtypes():
     assert_close_to_float64(y, x, w, b)
 
 
+@pytest.mark.skipif("avx512_bf16" not in ISAS, reason="needs a CPU with AVX512-BF16")
+@pytest.mark.parametrize("x_dtype,w_dtype", [(torch.float32, torch.bfloat16), (torch.bfloat16, torch.float32),
+                                             (torch.float32, torch.float32)])
+def test_bf16_pairs_only_for_bf16_x_and_weights(x_dtype, w_dtype):
+    """The avx512_bf16 path rounds nothing: with an fp32 x or fp32 weights it runs the avx512
+    path, bit for bit (multiplying bf16 pairs would round the fp32 operand to bf16)."""
+    x, w, b = make(13, 70, 100, x_dtype, w_dtype, True, 5)
+    with forced_isa("avx512_bf16"):
+        pairs = run_op(x, w, b)
+    with forced_isa("avx512"):
+        assert torch.equal(pairs, run_op(x, w, b))
+
+
 def test_isa_switch():
     assert domino_ops.small_batch_linear_isa() in ORDER
     env = dict(os.environ, **{ISA_ENV: "generic"})
@@ -183,10 +196,10 @@ def test_isa_switch():
 
 def test_isa_switch_refuses_unknown_or_unsupported():
     x, w, _ = make(2, 3, 4, torch.float32, torch.float32, False, 0)
-    with forced_isa("sse9"), pytest.raises(RuntimeError, match="must be avx512, avx2 or generic"):
+    with forced_isa("sse9"), pytest.raises(RuntimeError, match="must be avx512_bf16, avx512, avx2 or generic"):
         run_op(x, w, None)
-    if BEST != "avx512":
-        with forced_isa("avx512"), pytest.raises(RuntimeError, match="supports at most"):
+    for isa in ORDER[len(ISAS):]:  # the paths this CPU cannot run
+        with forced_isa(isa), pytest.raises(RuntimeError, match="supports at most"):
             run_op(x, w, None)
 
 
