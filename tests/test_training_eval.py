@@ -95,20 +95,6 @@ def test_features_recomputed_from_token_ids_match_generation(shard):
         torch.testing.assert_close(again.top_logprobs.float(), data.top_logprobs.float(), atol=2e-2, rtol=2e-3)
 
 
-def test_regenerated_in_length_sorted_groups_keeps_the_batch_order(shard):
-    """Decoding the prompts in small groups sorted by length gives every prompt the response,
-    features and top-k it gets in one batch, in the batch's order."""
-    target, data, _ = shard
-    prompts = [r["prompt_ids"] for r in data.records]
-    assert len({len(p) for p in prompts}) > 1  # the sort reorders something
-    grouped = regenerate(target, prompts, data.layer_ids, eos={1}, pad=0, max_new_tokens=20, top_k=8, group_size=2)
-    assert grouped.records == data.records
-    assert grouped.offsets == data.offsets and grouped.response_offsets == data.response_offsets
-    torch.testing.assert_close(grouped.features.float(), data.features.float(), atol=2e-2, rtol=2e-2)
-    assert (grouped.top_ids == data.top_ids).float().mean() > 0.98  # ties may swap under rounding
-    torch.testing.assert_close(grouped.top_logprobs.float(), data.top_logprobs.float(), atol=2e-2, rtol=2e-3)
-
-
 def test_batch_carries_the_label_distributions(shard):
     _, _, out = shard
     convs = load_shards(out)

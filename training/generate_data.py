@@ -100,42 +100,10 @@ class Regenerated:
 
 
 def regenerate(model, batch: list[list[int]], layer_ids: list[int], eos: set[int], pad: int,
-               max_new_tokens: int, top_k: int = 32, group_size: int = 16) -> Regenerated:
+               max_new_tokens: int, top_k: int = 32) -> Regenerated:
     """Greedy responses of ``model`` to the prompt ids in ``batch``, the target features of
     every token fed to it and the target's top-``top_k`` log-probabilities at every
-    response token, in ``batch``'s order.
-
-    The prompts are decoded ``group_size`` at a time, sorted by length: a batch is
-    left-padded to its longest prompt and decodes until its longest response ends, so one
-    batch of 64 prompts of 20-256 tokens spent most of its prefill on padding (the prefill
-    was ~40 % of a shard's time). Decoding 16 rows a step costs about what 64 do per token
-    on a CPU (64 rows are bound by multiply-adds, 16 still nearly so)."""
-    order = sorted(range(len(batch)), key=lambda i: len(batch[i]))
-    rows: dict[int, tuple] = {}
-    for g in range(0, len(order), group_size):
-        group = order[g:g + group_size]
-        for i, row in zip(group, _regenerate_group(model, [batch[i] for i in group], layer_ids, eos, pad,
-                                                    max_new_tokens, top_k)):
-            rows[i] = row
-    records, feats, top_ids, top_lp, offsets, r_offsets = [], [], [], [], [0], [0]
-    for i in range(len(batch)):
-        record, f, ids, lp = rows[i]
-        records.append(record)
-        feats.append(f)
-        top_ids.append(ids)
-        top_lp.append(lp)
-        offsets.append(offsets[-1] + f.shape[0])
-        r_offsets.append(r_offsets[-1] + ids.shape[0])
-    return Regenerated(records, torch.cat(feats).contiguous(), offsets, torch.cat(top_ids).contiguous(),
-                       torch.cat(top_lp).contiguous(), r_offsets, layer_ids)
-
-
-def _regenerate_group(model, batch: list[list[int]], layer_ids: list[int], eos: set[int], pad: int,
-                      max_new_tokens: int, top_k: int) -> list[tuple]:
-    """One left-padded ``generate`` over ``batch``: per prompt, its record {"prompt_ids",
-    "response_ids"} (cut after the first EOS), the features of the tokens fed (prompt and
-    response[:-1]) [T, n*H] bf16, and the top-k ids [R, k] int32 and log-probabilities
-    [R, k] float16 at its R response tokens."""
+    response token."""
     from transformers import LogitsProcessorList
 
     T = max(len(p) for p in batch)
@@ -154,13 +122,18 @@ def _regenerate_group(model, batch: list[list[int]], layer_ids: list[int], eos: 
     feats_all = torch.cat(steps, dim=1).to(torch.bfloat16).cpu()  # [b, T + steps - 1, n*H]
     top_ids_all = torch.stack(recorder.ids, dim=1).cpu()  # [b, steps, k]: step s predicts response token s
     top_lp_all = torch.stack(recorder.logprobs, dim=1).cpu()
-    rows = []
+    records, feats, top_ids, top_lp, offsets, r_offsets = [], [], [], [], [0], [0]
     for s_idx, (p, row) in enumerate(zip(batch, out.sequences[:, T:].tolist())):
         cut = next((j + 1 for j, t in enumerate(row) if t in eos), len(row))
-        rows.append(({"prompt_ids": p, "response_ids": row[:cut]},
-                     feats_all[s_idx, T - len(p): T + cut - 1],  # the prompt and response[:-1]
-                     top_ids_all[s_idx, :cut], top_lp_all[s_idx, :cut]))
-    return rows
+        records.append({"prompt_ids": p, "response_ids": row[:cut]})
+        # features of every token fed to the target: the prompt and response[:-1]
+        feats.append(feats_all[s_idx, T - len(p): T + cut - 1])
+        offsets.append(offsets[-1] + feats[-1].shape[0])
+        top_ids.append(top_ids_all[s_idx, :cut])
+        top_lp.append(top_lp_all[s_idx, :cut])
+        r_offsets.append(r_offsets[-1] + cut)
+    return Regenerated(records, torch.cat(feats).contiguous(), offsets, torch.cat(top_ids).contiguous(),
+                       torch.cat(top_lp).contiguous(), r_offsets, layer_ids)
 
 
 def features_from_ids(model, records: list[dict], layer_ids: list[int], pad: int, top_k: int = 32,
@@ -256,9 +229,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--device", default="cpu", help="where the target runs (cuda: fp32 with TF32 off)")
     parser.add_argument("--shards-per-batch", type=int, default=1,
-                        help="shards regenerated together (a GPU wants hundreds of sequences in a batch)")
-    parser.add_argument("--group-size", type=int, default=16,
-                        help="prompts decoded together, sorted by length (CPU: 16; a GPU: all of them)")
+                        help="shards regenerated together in one batch (a GPU wants hundreds of sequences)")
     parser.add_argument("--save-prompts", type=Path, default=None,
                         help="write the tokenized prompt order to this .json.gz and exit (for a machine "
                              "without the ShareGPT package; read it back with --prompts-file)")
@@ -309,8 +280,7 @@ def main() -> None:
             break
         group = todo[j:j + args.shards_per_batch]
         batches = [prompts[i * args.batch_size:(i + 1) * args.batch_size] for i in group]
-        data = regenerate(model, sum(batches, []), layer_ids, eos, pad, args.max_new_tokens, args.top_k,
-                          args.group_size)
+        data = regenerate(model, sum(batches, []), layer_ids, eos, pad, args.max_new_tokens, args.top_k)
         for i, part in zip(group, split_regenerated(data, [len(b) for b in batches])):
             write_shard(shard_path(args.out, i), part)
         tokens, convs = count_tokens(args.out)  # the other workers' shards count too

@@ -73,7 +73,7 @@ generate)
   python3 -c "import domino_ops, domino; print('domino_ops', domino_ops.__file__)" || { tail -40 $DEV/build.log; exit 1; }
   mkdir -p $DEV/data && cp -n training/regenerated/smollm2_mix/shard_*.jsonl $DEV/data/  # their features: one forward each
   setsid nohup python3 -m training.generate_data --device cuda --prompts-file $DEV/prompts.json.gz --out $DEV/data \
-      --shards-per-batch 8 --group-size 512 --target-tokens "${TOKENS:-7000000}" > $DEV/generate.log 2>&1 &
+      --shards-per-batch 8 --target-tokens "${TOKENS:-7000000}" > $DEV/generate.log 2>&1 &
   echo $! > $DEV/job.pid && ln -sf $DEV/generate.log $DEV/job.log
   follow $DEV/job.log $DEV/job.pid
   ;;
