@@ -1,5 +1,9 @@
 """The embedded default (SmolLM2-135M-Instruct + the default drafter) is lossless on real prompts."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -53,15 +57,12 @@ def test_sampling_runs_and_is_reproducible(gen):
     assert a.token_ids == b.token_ids
 
 
-def test_concurrent_conversion_shares_one_cache(tmp_path, monkeypatch):
+def test_concurrent_conversion_shares_one_cache(tmp_path):
     """Two processes converting the GGUF at once on a fresh machine (two data-generation
     workers) both get the cache: each writes its own temporary directory, the first rename
     wins, and the loser keeps the winner's copy (they used to share one .tmp directory, and
     one crashed writing into a directory the other had just renamed)."""
-    import subprocess
-    import sys
-
-    env = dict(__import__("os").environ, DOMINO_CACHE=str(tmp_path))
+    env = dict(os.environ, DOMINO_CACHE=str(tmp_path))
     code = "from domino.loading import smollm2_dir; print(smollm2_dir(quiet=True))"
     procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for _ in range(2)]
