@@ -95,6 +95,28 @@ def test_features_recomputed_from_token_ids_match_generation(shard):
         torch.testing.assert_close(again.top_logprobs.float(), data.top_logprobs.float(), atol=2e-2, rtol=2e-3)
 
 
+def test_regenerated_responses_are_each_prompts_own_greedy_decoding():
+    """Prompts of very different lengths (one of a single token) prefilled one by one and
+    decoded together: each response is that prompt's greedy continuation decoded alone,
+    and its features are those of the prompt and response[:-1]."""
+    target = tiny_target("llama", vocab=64)
+    g = torch.Generator().manual_seed(11)
+    prompts = [[7], torch.randint(2, 64, (12,), generator=g).tolist(), [9, 4], torch.randint(2, 64, (5,), generator=g).tolist()]
+    data = regenerate(target, prompts, [0, 2, 3], eos={1}, pad=0, max_new_tokens=10, top_k=4)
+    for i, (p, rec) in enumerate(zip(prompts, data.records)):
+        ids = list(p)
+        with torch.no_grad():
+            for _ in range(10):
+                ids.append(int(target(torch.tensor([ids])).logits[0, -1].argmax()))
+                if ids[-1] == 1:
+                    break
+        assert rec["prompt_ids"] == p and rec["response_ids"] == ids[len(p):], i
+        with torch.no_grad():
+            hs = target(torch.tensor([ids[:-1]]), output_hidden_states=True).hidden_states
+        feats = data.features[data.offsets[i]:data.offsets[i + 1]].float()
+        torch.testing.assert_close(feats, target_features(hs, [0, 2, 3])[0].float(), atol=2e-2, rtol=2e-2)
+
+
 def test_batch_carries_the_label_distributions(shard):
     _, _, out = shard
     convs = load_shards(out)
