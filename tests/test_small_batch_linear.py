@@ -186,6 +186,19 @@ def test_bf16_pairs_only_for_bf16_x_and_weights(x_dtype, w_dtype):
         assert torch.equal(pairs, run_op(x, w, b))
 
 
+@pytest.mark.skipif("avx512_bf16" not in ISAS, reason="needs a CPU with AVX512-BF16")
+def test_bf16_x_and_weights_take_the_bf16_pairs_path():
+    """VDPBF16PS treats denormal inputs as zero, the FMA paths do not: a bf16 denormal x
+    (1e-39) times 1e30 gives ~1e-9 through avx512 and exactly 0 through avx512_bf16, so
+    the bf16 x and weight call really takes the pairs path."""
+    x = torch.full((1, 32), 1e-39).bfloat16()
+    w = torch.full((3, 32), 1e30).bfloat16()
+    with forced_isa("avx512"):
+        assert (run_op(x, w, None) > 0).all()
+    with forced_isa("avx512_bf16"):
+        assert (run_op(x, w, None) == 0).all()
+
+
 def test_isa_switch():
     assert domino_ops.small_batch_linear_isa() in ORDER
     env = dict(os.environ, **{ISA_ENV: "generic"})

@@ -95,13 +95,20 @@ def test_features_recomputed_from_token_ids_match_generation(shard):
         torch.testing.assert_close(again.top_logprobs.float(), data.top_logprobs.float(), atol=2e-2, rtol=2e-3)
 
 
-def test_regenerated_responses_are_each_prompts_own_greedy_decoding():
-    """Prompts of very different lengths (one of a single token) prefilled one by one and
-    decoded together: each response is that prompt's greedy continuation decoded alone,
-    and its features are those of the prompt and response[:-1]."""
+def _random_prompts(lengths, seed):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(2, 64, (n,), generator=g).tolist() for n in lengths]
+
+
+@pytest.mark.parametrize("prompts", [_random_prompts([1, 12, 2, 5], 11),  # very different lengths
+                                     _random_prompts([6, 6, 6], 12),  # equal lengths: no padding at all
+                                     _random_prompts([1, 1], 13)],  # nothing to prefill
+                         ids=["ragged", "equal", "one-token"])
+def test_regenerated_responses_are_each_prompts_own_greedy_decoding(prompts):
+    """Prompts prefilled one by one and decoded together: each response is that prompt's
+    greedy continuation decoded alone, and its features are those of the prompt and
+    response[:-1]."""
     target = tiny_target("llama", vocab=64)
-    g = torch.Generator().manual_seed(11)
-    prompts = [[7], torch.randint(2, 64, (12,), generator=g).tolist(), [9, 4], torch.randint(2, 64, (5,), generator=g).tolist()]
     data = regenerate(target, prompts, [0, 2, 3], eos={1}, pad=0, max_new_tokens=10, top_k=4)
     for i, (p, rec) in enumerate(zip(prompts, data.records)):
         ids = list(p)

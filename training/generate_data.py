@@ -152,25 +152,22 @@ def _prefilled_cache(model, batch: list[list[int]], T: int, max_new_tokens: int,
     feats = [torch.empty(0, len(layer_ids) * model.config.hidden_size, dtype=torch.bfloat16) for _ in batch]
     if T == 1:
         return cache, feats
-    keys = values = None
     with torch.inference_mode():
         for i, p in enumerate(batch):
-            if len(p) == 1:
+            if len(p) <= 1:
                 continue
             own = DynamicCache()
             out = model.get_decoder()(input_ids=torch.tensor([p[:-1]], device=model.device), past_key_values=own,
                                       use_cache=True, output_hidden_states=True)
             feats[i] = target_features(out.hidden_states, layer_ids)[0].to(torch.bfloat16).cpu()
-            if keys is None:
-                keys = [layer.keys.new_zeros(len(batch), *layer.keys.shape[1:2], T - 1, layer.keys.shape[3])
-                        for layer in own.layers]
-                values = [layer.values.new_zeros(len(batch), *layer.values.shape[1:2], T - 1, layer.values.shape[3])
-                          for layer in own.layers]
-            for k, v, layer in zip(keys, values, own.layers):
-                k[i, :, T - len(p):] = layer.keys[0]
-                v[i, :, T - len(p):] = layer.values[0]
-        for layer, k, v in zip(cache.layers, keys, values):
-            layer.update(k, v)
+            if not cache.is_initialized:
+                k = own.layers[0].keys
+                cache.early_initialization(len(batch), k.shape[1], k.shape[3], k.dtype, k.device)
+            for layer, mine in zip(cache.layers, own.layers):  # written in place: no second copy
+                layer.keys[i, :, T - len(p):T - 1] = mine.keys[0]
+                layer.values[i, :, T - len(p):T - 1] = mine.values[0]
+        for layer in cache.layers:
+            layer.cumulative_length.fill_(T - 1)
     return cache, feats
 
 

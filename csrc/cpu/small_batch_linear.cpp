@@ -12,7 +12,8 @@
 // byte: a 16-row fp32 verification is still memory-bound in principle, a 16-row bf16 one
 // is FMA-bound (about 1.2x the one-row time at the FMA peak, more at the ~70 % reached).
 //
-// Layout: x is converted once per call to fp32 rows of Kp columns (zero-padded to a whole
+// Layout: x is converted once per call (on the avx512_bf16 path: copied as bf16 rows of Kp
+// columns in their own order, zero-padded) to fp32 rows of Kp columns (zero-padded to a whole
 // vector step; for bf16 weights each 2L-column block is permuted to [L even | L odd]
 // columns, matching how one 2L-wide bf16 load widens into two fp32 vectors with a shift
 // and a mask, no shuffles). Weight rows are read in place; a K tail that is not a whole
@@ -23,7 +24,8 @@
 // prefetched meanwhile, spread over the block's tiles.
 //
 // Per instruction-set path (chosen at run time from CPUID; the environment variable
-// DOMINO_SMALL_BATCH_LINEAR_ISA=avx512|avx2|generic forces a lower path, e.g. for tests):
+// DOMINO_SMALL_BATCH_LINEAR_ISA=avx512_bf16|avx512|avx2|generic forces a lower path, e.g. for
+// tests):
 // - avx512 (AVX-512F): 32 zmm; tiles of 4 weight rows x 6 x rows = 24 accumulators of 16
 //   lanes + 4 weight + 1 x register. Per 16 fp32 (32 bf16) columns: 4 weight loads, 6 (12)
 //   x loads, 24 (48) FMAs; limited by the 2 FMA ports once M >= ~12, by the weight

@@ -54,22 +54,27 @@ def smollm2_dir(quiet: bool = False) -> Path:
     # workers on a fresh machine) must not write into one another's files.
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent))
-    # The de-quantised weights are plain float32; save them as an ordinary checkpoint
-    # (save_pretrained refuses a model loaded through the GGUF quantizer).
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.config.save_pretrained(tmp)
-    model.generation_config.save_pretrained(tmp)
-    tied = model.config.tie_word_embeddings
-    state = {k: v.contiguous() for k, v in model.state_dict().items() if not (tied and k == "lm_head.weight")}
-    save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    tok.save_pretrained(tmp)
+    tmp.chmod(0o755)  # mkdtemp's 0700 would become the cache's
     try:
-        tmp.rename(out)  # atomic: a killed conversion leaves no half-written cache
-    except OSError:  # another process finished first: keep its copy
-        if not (out / "model.safetensors").exists():
-            raise
+        # The de-quantised weights are plain float32; save them as an ordinary checkpoint
+        # (save_pretrained refuses a model loaded through the GGUF quantizer).
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.config.save_pretrained(tmp)
+        model.generation_config.save_pretrained(tmp)
+        tied = model.config.tie_word_embeddings
+        state = {k: v.contiguous() for k, v in model.state_dict().items() if not (tied and k == "lm_head.weight")}
+        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        tok.save_pretrained(tmp)
+        try:
+            tmp.rename(out)  # atomic: a killed conversion leaves no half-written cache
+        except OSError:  # another process finished first: keep its copy
+            if not (out / "model.safetensors").exists():
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:  # an error or an interrupt: no half-written temporary left behind
         shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return out
 
 
