@@ -1,7 +1,7 @@
-"""Data regeneration speed (issue 14): ``training.generate_data.regenerate`` (each prompt
-prefilled alone, then one batch decode) against one left-padded HF ``generate`` over the
-same prompts (a batch prefill at the longest prompt's length, as ``regenerate`` ran
-before), side by side in one run, on one shard's prompts.
+"""Data regeneration speed (issue 14): ``training.generate_data.regenerate`` (the prompts
+prefilled in small length-sorted groups, then one batch decode) against one left-padded
+HF ``generate`` over the same prompts (a batch prefill at the longest prompt's length, as
+``regenerate`` ran before), side by side in one run, on one shard's prompts.
 
     python benchmarks/bench_regenerate.py [--shard 1] [--num-prompts 64] [--max-new-tokens 256]
 
@@ -87,7 +87,7 @@ def main() -> None:
     print(f"{'method':<38} | {'seconds':>7} | {'tokens':>6} | {'tok/s':>6}")
     print(f"{'HF generate, one padded batch':<38} | {t_base:7.1f} | {sum(map(len, base)):6d} | "
           f"{sum(map(len, base)) / t_base:6.1f}")
-    print(f"{'regenerate (prompts prefilled alone)':<38} | {t_ours:7.1f} | {tokens:6d} | {tokens / t_ours:6.1f}")
+    print(f"{'regenerate (length-sorted prefill)':<38} | {t_ours:7.1f} | {tokens:6d} | {tokens / t_ours:6.1f}")
     print(f"speedup {t_base / t_ours:.2f}x; responses differing: {differ} of {len(prompts)}")
 
 

@@ -105,10 +105,11 @@ def regenerate(model, batch: list[list[int]], layer_ids: list[int], eos: set[int
     every token fed to it and the target's top-``top_k`` log-probabilities at every
     response token.
 
-    Each prompt but its last token is prefilled alone (``_prefilled_cache``), then the
-    batch decodes together from the prompts' last tokens: a left-padded batch prefill
-    computes every row at the longest prompt's length, and with ShareGPT's prompts (20-256
-    tokens, median ~80) that was ~30 % of a shard's time, more than half of it padding."""
+    The prompts but their last tokens are prefilled in small length-sorted groups
+    (``_prefilled_cache``), then the batch decodes together from the prompts' last tokens:
+    a left-padded batch prefill computes every row at the longest prompt's length, and
+    with ShareGPT's prompts (20-256 tokens, median ~80) that was ~30 % of a shard's time,
+    more than half of it padding."""
     from transformers import LogitsProcessorList
 
     T = max(len(p) for p in batch)
@@ -141,31 +142,42 @@ def regenerate(model, batch: list[list[int]], layer_ids: list[int], eos: set[int
                        torch.cat(top_lp).contiguous(), r_offsets, layer_ids)
 
 
-def _prefilled_cache(model, batch: list[list[int]], T: int, max_new_tokens: int, layer_ids: list[int]):
+def _prefilled_cache(model, batch: list[list[int]], T: int, max_new_tokens: int, layer_ids: list[int],
+                     chunk: int = 8):
     """A static KV cache of ``T + max_new_tokens`` positions holding every prompt but its
     last token, left-padded to ``T - 1`` (the padding is masked out, as in a padded batch
-    prefill), filled by one forward per prompt; and each prompt's features of those tokens
-    ([len - 1, n*H] bf16, on the CPU)."""
+    prefill); and each prompt's features of those tokens ([len - 1, n*H] bf16, on the CPU).
+
+    The prompts are prefilled ``chunk`` at a time in length order, right-padded (causal
+    attention hides the padding from the real tokens, whose positions start at 0), so the
+    padding is small and a GPU gets a few sizeable forwards, not one per prompt."""
     from transformers import DynamicCache, StaticCache
 
     cache = StaticCache(config=model.config, max_cache_len=T + max_new_tokens)
     feats = [torch.empty(0, len(layer_ids) * model.config.hidden_size, dtype=torch.bfloat16) for _ in batch]
-    if T == 1:
+    order = sorted((i for i, p in enumerate(batch) if len(p) > 1), key=lambda i: len(batch[i]))
+    if not order:
         return cache, feats
     with torch.inference_mode():
-        for i, p in enumerate(batch):
-            if len(p) <= 1:
-                continue
+        for c0 in range(0, len(order), chunk):
+            rows = order[c0:c0 + chunk]
+            n = max(len(batch[i]) for i in rows) - 1
+            ids = torch.tensor([batch[i][:-1] + [0] * (n + 1 - len(batch[i])) for i in rows], device=model.device)
+            mask = torch.tensor([[1] * (len(batch[i]) - 1) + [0] * (n + 1 - len(batch[i])) for i in rows],
+                                device=model.device)
             own = DynamicCache()
-            out = model.get_decoder()(input_ids=torch.tensor([p[:-1]], device=model.device), past_key_values=own,
-                                      use_cache=True, output_hidden_states=True)
-            feats[i] = target_features(out.hidden_states, layer_ids)[0].to(torch.bfloat16).cpu()
+            out = model.get_decoder()(input_ids=ids, attention_mask=mask, past_key_values=own, use_cache=True,
+                                      output_hidden_states=True)
+            chunk_feats = target_features(out.hidden_states, layer_ids).to(torch.bfloat16).cpu()
             if not cache.is_initialized:
                 k = own.layers[0].keys
                 cache.early_initialization(len(batch), k.shape[1], k.shape[3], k.dtype, k.device)
-            for layer, mine in zip(cache.layers, own.layers):  # written in place: no second copy
-                layer.keys[i, :, T - len(p):T - 1] = mine.keys[0]
-                layer.values[i, :, T - len(p):T - 1] = mine.values[0]
+            for r, i in enumerate(rows):
+                m = len(batch[i]) - 1
+                feats[i] = chunk_feats[r, :m]
+                for layer, mine in zip(cache.layers, own.layers):  # written in place: no second copy
+                    layer.keys[i, :, T - 1 - m:T - 1] = mine.keys[r, :, :m]
+                    layer.values[i, :, T - 1 - m:T - 1] = mine.values[r, :, :m]
         for layer in cache.layers:
             layer.cumulative_length.fill_(T - 1)
     return cache, feats
