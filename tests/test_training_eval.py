@@ -105,7 +105,7 @@ def _random_prompts(lengths, seed):
                                      _random_prompts([1, 1], 13)],  # nothing to prefill
                          ids=["ragged", "equal", "one-token"])
 def test_regenerated_responses_are_each_prompts_own_greedy_decoding(prompts):
-    """Prompts prefilled one by one and decoded together: each response is that prompt's
+    """Prompts prefilled in length-sorted groups and decoded together: each response is that prompt's
     greedy continuation decoded alone, and its features are those of the prompt and
     response[:-1]."""
     target = tiny_target("llama", vocab=64)

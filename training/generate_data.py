@@ -113,7 +113,7 @@ def regenerate(model, batch: list[list[int]], layer_ids: list[int], eos: set[int
     from transformers import LogitsProcessorList
 
     T = max(len(p) for p in batch)
-    cache, prefix_feats = _prefilled_cache(model, batch, T, max_new_tokens, layer_ids)
+    cache, prefix_feats = _prefilled_cache(model, batch, T, max_new_tokens, layer_ids, pad)
     ids = torch.tensor([[pad] * (T - len(p)) + p for p in batch], device=model.device)
     mask = torch.tensor([[0] * (T - len(p)) + [1] * len(p) for p in batch], device=model.device)
     recorder = TopLogprobs(top_k)
@@ -142,15 +142,25 @@ def regenerate(model, batch: list[list[int]], layer_ids: list[int], eos: set[int
                        torch.cat(top_lp).contiguous(), r_offsets, layer_ids)
 
 
-def _prefilled_cache(model, batch: list[list[int]], T: int, max_new_tokens: int, layer_ids: list[int],
+def right_padded(seqs: list[list[int]], pad: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids [b, T] right-padded with ``pad`` to the longest sequence, and the mask [b, T]
+    of real tokens (for teacher-forced forwards: causal attention hides the padding from the
+    real tokens, whose positions start at 0)."""
+    T = max(len(s) for s in seqs)
+    ids = torch.tensor([s + [pad] * (T - len(s)) for s in seqs], device=device)
+    mask = torch.tensor([[1] * len(s) + [0] * (T - len(s)) for s in seqs], device=device)
+    return ids, mask
+
+
+def _prefilled_cache(model, batch: list[list[int]], T: int, max_new_tokens: int, layer_ids: list[int], pad: int,
                      chunk: int = 8):
     """A static KV cache of ``T + max_new_tokens`` positions holding every prompt but its
     last token, left-padded to ``T - 1`` (the padding is masked out, as in a padded batch
     prefill); and each prompt's features of those tokens ([len - 1, n*H] bf16, on the CPU).
 
-    The prompts are prefilled ``chunk`` at a time in length order, right-padded (causal
-    attention hides the padding from the real tokens, whose positions start at 0), so the
-    padding is small and a GPU gets a few sizeable forwards, not one per prompt."""
+    The prompts are prefilled ``chunk`` at a time in length order, right-padded
+    (:func:`right_padded`), so the padding is small and a GPU gets a few sizeable forwards,
+    not one per prompt."""
     from transformers import DynamicCache, StaticCache
 
     cache = StaticCache(config=model.config, max_cache_len=T + max_new_tokens)
@@ -161,10 +171,7 @@ def _prefilled_cache(model, batch: list[list[int]], T: int, max_new_tokens: int,
     with torch.inference_mode():
         for c0 in range(0, len(order), chunk):
             rows = order[c0:c0 + chunk]
-            n = max(len(batch[i]) for i in rows) - 1
-            ids = torch.tensor([batch[i][:-1] + [0] * (n + 1 - len(batch[i])) for i in rows], device=model.device)
-            mask = torch.tensor([[1] * (len(batch[i]) - 1) + [0] * (n + 1 - len(batch[i])) for i in rows],
-                                device=model.device)
+            ids, mask = right_padded([batch[i][:-1] for i in rows], pad, model.device)
             own = DynamicCache()
             out = model.get_decoder()(input_ids=ids, attention_mask=mask, past_key_values=own, use_cache=True,
                                       output_hidden_states=True)
@@ -198,9 +205,7 @@ def features_from_ids(model, records: list[dict], layer_ids: list[int], pad: int
     for b0 in range(0, len(records), batch_size):
         chunk = records[b0:b0 + batch_size]
         seqs = [r["prompt_ids"] + r["response_ids"][:-1] for r in chunk]
-        T = max(len(s) for s in seqs)
-        ids = torch.tensor([s + [pad] * (T - len(s)) for s in seqs], device=model.device)
-        mask = torch.tensor([[1] * len(s) + [0] * (T - len(s)) for s in seqs], device=model.device)
+        ids, mask = right_padded(seqs, pad, model.device)
         with torch.inference_mode():
             out = body(input_ids=ids, attention_mask=mask, output_hidden_states=True)
             feats_all = target_features(out.hidden_states, layer_ids).to(torch.bfloat16).cpu()
