@@ -4,7 +4,8 @@ loss over the vocabulary computed two ways, side by side in one run:
 - ``whole``: base and final logits [N*A*n, V] built whole and differentiated by autograd
   (what the trainer did before 2026-11-23, and still does for ``--ttt``);
 - ``chunked``: training/chunked_loss.py, 128 draft positions at a time, the gradients
-  made in the forward (what the trainer does now).
+  made in the forward (what the trainer does now);
+- ``chunked`` under ``--bf16`` (bf16 autocast for the matmuls).
 
 Plus the LM head's forward alone on the drafter's hidden states as a strided view (how
 they reached it before 2026-11-23) and contiguous. The shipped SmolLM2 drafter, fp32, on
@@ -61,7 +62,9 @@ def main() -> None:
     target.requires_grad_(False)
     model = DominoDraftModel.from_pretrained(DEFAULT_DRAFTER_DIR).bind_target(target).float().train()
     c = model.config
-    convs = load_shards(args.data, list(range(1, 5)))
+    # four training shards (shard 0 is held out) whose features exist on this machine
+    have = sorted(int(f.name[6:11]) for f in args.data.glob("shard_*.features.safetensors"))
+    convs = load_shards(args.data, [s for s in have if s != 0][:4])
     g = torch.Generator().manual_seed(0)
     idx = torch.randint(0, len(convs), (16,), generator=g).tolist()
     batch = make_batch([convs[i] for i in idx], 8, c.block_size, c.num_drafts, c.mask_token_id, g)
@@ -79,8 +82,8 @@ def main() -> None:
         loss.backward()
         return loss.detach()
 
-    def step_chunked():
-        loss, _, _ = forward_batch(model, batch, kind="ce", weights=w, lam=lam, ttt=False, autocast=False)
+    def step_chunked(autocast=False):
+        loss, _, _ = forward_batch(model, batch, kind="ce", weights=w, lam=lam, ttt=False, autocast=autocast)
         model.zero_grad(set_to_none=True)
         loss.backward()
         return loss.detach()
@@ -96,6 +99,9 @@ def main() -> None:
         t_contig = median_s(lambda: head(contiguous), args.repeats)
     t_whole = median_s(step_whole, args.repeats)
     t_chunked = median_s(step_chunked, args.repeats)
+    # --bf16: autocast for the matmuls, fp32 weights and optimizer (pays where the CPU has
+    # native bf16 dot products, AVX512-BF16 or AMX; on AVX2 it is ~25x slower)
+    t_bf16 = median_s(lambda: step_chunked(autocast=True), args.repeats)
 
     rows = h.shape[0] * h.shape[1]
     print(f"{cpu.model()} ({torch.backends.cpu.get_cpu_capability()}), {torch.get_num_threads()} threads, torch {torch.__version__}; "
@@ -106,6 +112,8 @@ def main() -> None:
           f"{t_strided / t_contig:5.2f}x")
     print(f"{'training step (whole / chunked loss)':40} | {t_whole:8.2f}s | {t_chunked:8.2f}s | "
           f"{t_whole / t_chunked:5.2f}x")
+    print(f"{'training step (chunked fp32 / --bf16)':40} | {t_chunked:8.2f}s | {t_bf16:8.2f}s | "
+          f"{t_chunked / t_bf16:5.2f}x")
 
 
 if __name__ == "__main__":

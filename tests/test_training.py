@@ -179,6 +179,17 @@ def test_two_processes_match_one_on_the_same_global_batch(tiny_run, tmp_path):
         assert x["loss_base"] == pytest.approx(y["loss_base"], rel=1e-4)
 
 
+def test_train_shards_chooses_the_training_data(tiny_run, tmp_path, capsys):
+    """--train-shards trains on the named shards only (a machine with some shards'
+    features rebuilt trains on those); a shard not on disk is refused by name."""
+    root, _ = tiny_run
+    shard_2 = len(load_shards(root / "data", [2]))
+    run_train(root, tmp_path / "run", "--steps", "1", "--eval-every", "100", "--train-shards", "2")
+    assert f"train: {shard_2} conversations" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match=r"--train-shards: no shard \[7\]"):
+        run_train(root, tmp_path / "bad", "--steps", "1", "--train-shards", "1", "7")
+
+
 @pytest.mark.parametrize("flags", [["--ttt"], ["--no-curriculum"], ["--loss", "kl"], ["--loss", "ce_tv"], ["--bf16"]])
 def test_ablation_switches_run(tiny_run, tmp_path, flags):
     root, _ = tiny_run

@@ -164,6 +164,8 @@ def parse_args(argv=None):
     p.add_argument("--loss", choices=LOSSES, default="ce",
                    help="ce: the target's greedy token; kl / ce_tv: distil its stored top-K distribution")
     p.add_argument("--eval-shards", type=int, nargs="+", default=[0], help="held out for evaluation")
+    p.add_argument("--train-shards", type=int, nargs="+", default=None,
+                   help="shards trained on (default: every shard in --data but the held-out ones)")
     p.add_argument("--eval-every", type=int, default=100)
     p.add_argument("--eval-convs", type=int, default=32, help="held-out conversations stepped through per evaluation")
     p.add_argument("--eval-max-new-tokens", type=int, default=128)
@@ -204,7 +206,9 @@ def main(argv=None) -> dict:
     model = build_model(args, target).to(device)
     c = model.config
     all_shards = sorted(int(f.stem.split("_")[1]) for f in args.data.glob("shard_*.jsonl"))
-    train_shards = [s for s in all_shards if s not in args.eval_shards]
+    train_shards = [s for s in (args.train_shards or all_shards) if s not in args.eval_shards]
+    if missing := sorted(set(train_shards) - set(all_shards)):
+        raise SystemExit(f"--train-shards: no shard {missing} in {args.data}")
     train = load_shards(args.data, train_shards, args.max_shards)
     held = load_shards(args.data, args.eval_shards)
     log(f"train: {len(train)} conversations, {sum(len(x.tokens) - x.prompt_len for x in train)} response tokens; "
