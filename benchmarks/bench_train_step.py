@@ -5,7 +5,8 @@ loss over the vocabulary computed two ways, side by side in one run:
   (what the trainer did before 2026-11-23, and still does for ``--ttt``);
 - ``chunked``: training/chunked_loss.py, 128 draft positions at a time, the gradients
   made in the forward (what the trainer does now);
-- ``chunked`` under ``--bf16`` (bf16 autocast for the matmuls).
+- ``chunked`` under ``--bf16`` (bf16 autocast for the matmuls), over all V tokens and over
+  the drafter's draft vocabulary (training.data.restrict_to_draft_vocab).
 
 Plus the LM head's forward alone on the drafter's hidden states as a strided view (how
 they reached it before 2026-11-23) and contiguous. The shipped SmolLM2 drafter, fp32, on
@@ -47,7 +48,7 @@ def main() -> None:
     from domino.loading import DEFAULT_DRAFTER_DIR, smollm2_dir
     from domino_ops import cpu
     from domino.model import DominoDraftModel
-    from training.data import load_shards, make_batch
+    from training.data import load_shards, make_batch, restrict_to_draft_vocab
     from training.train import forward_batch, position_weights, weighted_loss
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -82,7 +83,7 @@ def main() -> None:
         loss.backward()
         return loss.detach()
 
-    def step_chunked(autocast=False):
+    def step_chunked(autocast=False, batch=batch, w=w):
         loss, _, _ = forward_batch(model, batch, kind="ce", weights=w, lam=lam, ttt=False, autocast=autocast)
         model.zero_grad(set_to_none=True)
         loss.backward()
@@ -102,6 +103,11 @@ def main() -> None:
     # --bf16: autocast for the matmuls, fp32 weights and optimizer (pays where the CPU has
     # native bf16 dot products, AVX512-BF16 or AMX; on AVX2 it is ~25x slower)
     t_bf16 = median_s(lambda: step_chunked(autocast=True), args.repeats)
+    # the loss over the drafter's draft vocabulary only (what the trainer does for a drafter
+    # that has one): the LM head's K rows instead of V
+    vb = restrict_to_draft_vocab(batch, model.draft_vocab, c.vocab_size)
+    wv = (position_weights(c.num_drafts, 7.0)[None, None, :] * vb.label_valid).view(-1, c.num_drafts)
+    t_vocab = median_s(lambda: step_chunked(autocast=True, batch=vb, w=wv / wv.sum()), args.repeats)
 
     rows = h.shape[0] * h.shape[1]
     print(f"{cpu.model()} ({torch.backends.cpu.get_cpu_capability()}), {torch.get_num_threads()} threads, torch {torch.__version__}; "
@@ -114,6 +120,9 @@ def main() -> None:
           f"{t_whole / t_chunked:5.2f}x")
     print(f"{'training step (chunked fp32 / --bf16)':40} | {t_chunked:8.2f}s | {t_bf16:8.2f}s | "
           f"{t_chunked / t_bf16:5.2f}x")
+    label = f"--bf16 step (all V / draft vocab {model.draft_vocab.numel()})"
+    print(f"{label:40} | {t_bf16:8.2f}s | {t_vocab:8.2f}s | "
+          f"{t_bf16 / t_vocab:5.2f}x")
 
 
 if __name__ == "__main__":

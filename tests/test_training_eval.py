@@ -186,3 +186,53 @@ def test_chunked_loss_matches_whole_logits_and_their_gradients(kind, chunk_rows)
     for x, y in zip(got, want):
         torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5)
     assert not lb.requires_grad and not lf.requires_grad
+
+
+@pytest.mark.parametrize("kind,ttt", [("ce", False), ("kl", False), ("ce_tv", False), ("ce", True)])
+def test_draft_vocab_batch_loss_is_over_its_tokens(shard, kind, ttt):
+    """A drafter with a draft vocabulary trains on a batch restricted to it: labels and
+    top-K ids become its indices, labels outside it drop out, and the loss (chunked, or
+    whole under training-time test) equals the full logits' loss sliced to its K columns."""
+    from tiny_models import tiny_drafter
+    from training.data import restrict_to_draft_vocab
+    from training.train import forward_batch
+
+    target, _, out = shard
+    model = tiny_drafter(target).bind_target(target).train()
+    c = model.config
+    convs = load_shards(out)
+    batch = make_batch(convs, 3, c.block_size, c.num_drafts, c.mask_token_id, torch.Generator().manual_seed(1))
+    vocab = torch.arange(2, 64, 2)  # every other token: some labels fall outside
+    rb = restrict_to_draft_vocab(batch, vocab, c.vocab_size)
+    inside = torch.isin(batch.labels, vocab)
+    assert (batch.label_valid & ~inside).any() and (batch.label_valid & inside).any()
+    assert torch.equal(rb.label_valid, batch.label_valid & inside)
+    assert torch.equal(vocab[rb.labels][rb.label_valid], batch.labels[rb.label_valid])
+    kept = torch.isfinite(rb.label_top_logprobs)
+    assert torch.equal(kept, torch.isfinite(batch.label_top_logprobs) & torch.isin(batch.label_top_ids, vocab))
+    assert torch.equal(vocab[rb.label_top_ids][kept], batch.label_top_ids[kept])
+
+    weights = rb.label_valid.float().view(-1, c.num_drafts)
+    weights = weights / weights.sum()
+    loss, lb, lf = forward_batch(model, rb, kind=kind, weights=weights, lam=0.3, ttt=ttt, autocast=False)
+    with torch.no_grad():
+        N, A = batch.anchors.shape
+        h = model.packed_draft_hidden(*batch.backbone_inputs())
+        base = model.lm_head(h)
+        if ttt:
+            final = model.self_fed_logits(h, base, batch.anchors.reshape(-1))
+        else:
+            final = base + model.embed_proj[2](model.teacher_forced_head_input(h, batch.teacher.reshape(N * A, -1)))
+        n = c.num_drafts
+        part = (lambda x: (per_token_loss(kind, x[..., vocab], rb.labels.view(-1, n),
+                                          rb.label_top_ids.view(-1, n, 8), rb.label_top_logprobs.view(-1, n, 8))
+                           * weights).sum())
+        ref_b, ref_f = part(base), part(final)
+    torch.testing.assert_close(lb, ref_b, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(lf, ref_f, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(loss.detach(), 0.7 * ref_f + 0.3 * ref_b, rtol=1e-4, atol=1e-5)
+    loss.backward()  # w2's gradient lands on the draft vocabulary's rows only
+    g = model.embed_proj[2].weight.grad
+    outside = torch.ones(c.vocab_size, dtype=torch.bool)
+    outside[vocab] = False
+    assert g[outside].abs().max() == 0 and g[vocab].abs().max() > 0

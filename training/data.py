@@ -4,7 +4,7 @@ packed anchor batches the trainer consumes."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -71,6 +71,9 @@ class AnchorBatch:
     # int64 and log-probabilities [N, A, n, K] float32 (-inf where the label is not valid).
     label_top_ids: torch.Tensor | None = None
     label_top_logprobs: torch.Tensor | None = None
+    # None: labels and top-K ids are target token ids. Else the draft vocabulary [K] int64
+    # (ascending target ids) they index into (restrict_to_draft_vocab).
+    draft_vocab: torch.Tensor | None = None
 
     @property
     def num_anchors(self) -> int:
@@ -84,6 +87,26 @@ class AnchorBatch:
     def backbone_inputs(self) -> tuple[torch.Tensor, ...]:
         """The arguments of :meth:`DominoDraftModel.packed_draft_hidden`."""
         return self.features, self.ctx_valid, self.block_tokens, self.block_pos, self.attn_mask
+
+
+def restrict_to_draft_vocab(batch: AnchorBatch, draft_vocab: torch.Tensor, vocab_size: int) -> AnchorBatch:
+    """The batch with its labels and top-K ids as indices into ``draft_vocab`` [K] (ascending
+    target ids; a drafter with a draft vocabulary drafts from those K tokens only), so the
+    loss is over the K tokens drafting chooses from, at K/V of the LM head's cost. A label
+    outside it is marked not valid (it can never be drafted, so there is nothing to learn
+    there); a top-K entry outside it gets log-probability -inf (the rest renormalise)."""
+    if batch.draft_vocab is not None:
+        raise ValueError("batch is already restricted to a draft vocabulary")
+    index = torch.full((vocab_size,), -1, dtype=torch.int64)
+    index[draft_vocab] = torch.arange(draft_vocab.numel())
+    labels = index[batch.labels]
+    top_ids, top_lp = batch.label_top_ids, batch.label_top_logprobs
+    if top_ids is not None:
+        top_ids = index[top_ids]
+        top_lp = torch.where(top_ids >= 0, top_lp, float("-inf"))
+        top_ids = top_ids.clamp(min=0)
+    return replace(batch, labels=labels.clamp(min=0), label_valid=batch.label_valid & (labels >= 0),
+                   label_top_ids=top_ids, label_top_logprobs=top_lp, draft_vocab=draft_vocab.to(torch.int64))
 
 
 def sample_anchors(convs: list[Conversation], anchors_per_seq: int, generator: torch.Generator) -> torch.Tensor:

@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 from domino.model import DominoDraftModel
 from training.chunked_loss import chunked_draft_loss
-from training.data import AnchorBatch, load_shards, make_batch
+from training.data import AnchorBatch, load_shards, make_batch, restrict_to_draft_vocab
 from training.evaluate import generation_acceptance
 from training.losses import LOSSES, per_token_loss
 
@@ -48,7 +48,9 @@ def forward_batch(model: DominoDraftModel, batch: AnchorBatch, *, kind: str, wei
     ``(1 - lam) * final + lam * base``, the ``kind`` loss per draft position weighted by
     ``weights`` [N*A, n] (normaliser included). Teacher forcing computes the logits a chunk
     of positions at a time (training/chunked_loss.py); training-time test (``ttt``) feeds
-    each position's argmax to the next, so it builds the whole logits [N*A, n, V]."""
+    each position's argmax to the next, so it builds the whole logits [N*A, n, V]. A batch
+    restricted to a draft vocabulary (``batch.draft_vocab``) has its loss over those K
+    tokens' logits only."""
     N, A = batch.anchors.shape
     c = model.config
     with torch.autocast(batch.anchors.device.type, dtype=torch.bfloat16, enabled=autocast):
@@ -56,17 +58,26 @@ def forward_batch(model: DominoDraftModel, batch: AnchorBatch, *, kind: str, wei
         if ttt and c.has_head:
             base = model.lm_head(h)
             final = model.self_fed_logits(h, base, batch.anchors.reshape(-1))
+            if batch.draft_vocab is not None:
+                base, final = base[..., batch.draft_vocab], final[..., batch.draft_vocab]
             lb = weighted_loss(kind, base.float(), batch, weights)
             lf = weighted_loss(kind, final.float(), batch, weights)
             return (1 - lam) * lf + lam * lb, lb.detach(), lf.detach()
         R, n = h.shape[0] * h.shape[1], c.num_drafts
+        lm_weight = model.lm_head.weight
+        if batch.draft_vocab is not None:  # labels index the draft vocabulary: its K rows only
+            lm_weight = lm_weight[batch.draft_vocab]
+        if autocast:  # cast the frozen head once, not once per chunk (autocast caches leaves only)
+            lm_weight = lm_weight.to(torch.bfloat16)
         if c.has_head:
             a = model.teacher_forced_head_input(h, batch.teacher.reshape(N * A, -1))
             w2 = model.embed_proj[2].weight
+            if batch.draft_vocab is not None:
+                w2 = w2[batch.draft_vocab]
         else:  # no head: final logits are the base logits
-            a, w2 = h.new_zeros(R, 1), h.new_zeros(c.vocab_size, 1)
+            a, w2 = h.new_zeros(R, 1), h.new_zeros(lm_weight.shape[0], 1)
         flat = (lambda t: None if t is None else t.reshape(R, t.shape[-1]))
-        return chunked_draft_loss(kind, h.reshape(R, -1), a.reshape(R, -1), w2, model.lm_head.weight,
+        return chunked_draft_loss(kind, h.reshape(R, -1), a.reshape(R, -1), w2, lm_weight,
                                   batch.labels.reshape(R), flat(batch.label_top_ids),
                                   flat(batch.label_top_logprobs), weights.reshape(R), lam)
 
@@ -240,6 +251,8 @@ def main(argv=None) -> dict:
         g = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
         idx = torch.randint(0, len(train), (args.seqs_per_step,), generator=g).tolist()
         batch = make_batch([train[i] for i in idx], args.anchors, c.block_size, c.num_drafts, c.mask_token_id, g)
+        if model.draft_vocab is not None:
+            batch = restrict_to_draft_vocab(batch, model.draft_vocab.cpu(), c.vocab_size)
         batch = batch.to(device)
         if distributed:  # this rank's share of the global batch; the loss is normalised globally
             batch = _slice_batch(batch, rank, world)
@@ -290,8 +303,9 @@ def main(argv=None) -> dict:
 
 
 def _slice_batch(batch: AnchorBatch, rank: int, world: int) -> AnchorBatch:
-    parts = [getattr(batch, f) for f in AnchorBatch.__dataclass_fields__]
-    return AnchorBatch(*[None if t is None else t[rank::world].contiguous() for t in parts])
+    parts = {f: getattr(batch, f) for f in AnchorBatch.__dataclass_fields__}
+    return AnchorBatch(**{f: t if t is None or f == "draft_vocab" else t[rank::world].contiguous()
+                          for f, t in parts.items()})
 
 
 def generator_acceptance(model: DominoDraftModel, target, args) -> float:
