@@ -190,7 +190,8 @@ def test_train_shards_chooses_the_training_data(tiny_run, tmp_path, capsys):
         run_train(root, tmp_path / "bad", "--steps", "1", "--train-shards", "1", "7")
 
 
-@pytest.mark.parametrize("flags", [["--ttt"], ["--no-curriculum"], ["--loss", "kl"], ["--loss", "ce_tv"], ["--bf16"]])
+@pytest.mark.parametrize("flags", [["--ttt"], ["--no-curriculum"], ["--loss", "kl"], ["--loss", "ce_tv"], ["--bf16"],
+                                   ["--bf16", "auto"]])
 def test_ablation_switches_run(tiny_run, tmp_path, flags):
     root, _ = tiny_run
     flag = flags[0]
@@ -227,3 +228,21 @@ def test_export_checkpoint_writes_the_running_jobs_weights(tiny_run, tmp_path):
     run_train(root, other, "--steps", "1", "--eval-every", "100", "--rank", "4")
     with pytest.raises(ValueError, match="another config"):
         export_checkpoint(other / "checkpoint.pt", tmp_path / "out2", base=tmp_path / "base")
+
+
+def test_draft_vocab_size_gives_a_new_drafter_the_most_frequent_tokens(tiny_run, tmp_path):
+    """--draft-vocab-size K: a new drafter drafts from the K most frequent response tokens of
+    its training shards, trains over them, keeps them on resume and saves them."""
+    from domino.model import DominoDraftModel
+    from training.draft_vocab import most_frequent, response_counts
+
+    root, _ = tiny_run
+    log = run_train(root, tmp_path / "run", "--steps", "3", "--stop-after", "2", "--draft-vocab-size", "20",
+                    "--eval-every", "100")
+    log += run_train(root, tmp_path / "run", "--steps", "3", "--draft-vocab-size", "20", "--eval-every", "100")
+    assert [r["step"] for r in log] == [0, 1, 0, 1, 2]  # the second run resumed at step 2 (its log holds both)
+    counts, _ = response_counts(root / "data", {0})
+    saved = DominoDraftModel.from_pretrained(tmp_path / "run" / "drafter")
+    assert torch.equal(saved.draft_vocab, most_frequent(counts, 20))
+    with pytest.raises(SystemExit):
+        run_train(root, tmp_path / "bad", "--steps", "1", "--draft-vocab-size", "-1")

@@ -80,7 +80,7 @@ generate)
 train)
   setsid nohup python3 -m training.train --device cuda --data $DEV/data --out $DEV/runs/long \
       --init-from python/domino/checkpoints/smollm2-135m-instruct --steps "${STEPS:-10000}" --seqs-per-step 16 \
-      --anchors 8 --lr "${LR:-3e-4}" --eval-every 500 --eval-generator-prompts 32 --ckpt-every 250 \
+      --anchors 8 --lr "${LR:-3e-4}" --eval-every 500 --eval-generator-prompts 32 --ckpt-every 250 --bf16 auto \
       > $DEV/train.log 2>&1 &
   echo $! > $DEV/job.pid && ln -sf $DEV/train.log $DEV/job.log
   follow $DEV/job.log $DEV/job.pid

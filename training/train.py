@@ -34,8 +34,17 @@ import torch.distributed as dist
 from domino.model import DominoDraftModel
 from training.chunked_loss import chunked_draft_loss
 from training.data import AnchorBatch, load_shards, make_batch, restrict_to_draft_vocab
+from training.draft_vocab import most_frequent, response_counts
 from training.evaluate import generation_acceptance
 from training.losses import LOSSES, per_token_loss
+
+
+def fast_bf16(device: torch.device) -> bool:
+    """Whether bf16 matmuls are faster than fp32 on ``device``: a GPU, or a CPU with bf16 dot
+    products (AVX512-BF16 or AMX)."""
+    if device.type != "cpu":
+        return True
+    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
 
 
 def position_weights(n: int, gamma: float) -> torch.Tensor:
@@ -161,6 +170,9 @@ def parse_args(argv=None):
     p.add_argument("--gru", type=int, default=256)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--init-from-target", action="store_true", help="start the draft layers from the target's top layers")
+    p.add_argument("--draft-vocab-size", type=int, default=0,
+                   help="a new drafter drafts from (and trains over) the K response tokens most frequent in "
+                        "the training shards (training/draft_vocab.py); 0: all tokens. --init-from keeps its own")
     p.add_argument("--init-from", type=Path, default=None,
                    help="start from a saved drafter (config + weights), e.g. the shipped one, to train it further")
     p.add_argument("--steps", type=int, default=800)
@@ -183,16 +195,20 @@ def parse_args(argv=None):
     p.add_argument("--eval-generator-prompts", type=int, default=0,
                    help="also measure acceptance through the generator on this many HumanEval prompts")
     p.add_argument("--ckpt-every", type=int, default=50)
-    p.add_argument("--bf16", action="store_true",
-                   help="bf16 autocast for the matmuls: only on CPUs with native bf16 (AVX-512 BF16 / AMX) or GPUs; "
-                        "on an AVX2 CPU PyTorch's bf16 GEMMs are ~25x slower than fp32 (166 s vs 6.5 s per step)")
+    p.add_argument("--bf16", nargs="?", const="on", default="off", choices=("off", "on", "auto"),
+                   help="bf16 autocast for the matmuls (fp32 weights and optimizer): on, off, or auto = on where "
+                        "bf16 is fast (a GPU; a CPU with AVX512-BF16 or AMX: 1.09 s vs 2.71 s a step on a Zen 5 "
+                        "EPYC). On an AVX2 CPU PyTorch's bf16 GEMMs are ~25x slower than fp32 (166 s vs 6.5 s)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu", help="where the target and the drafter run (e.g. cuda)")
     p.add_argument("--max-shards", type=int, default=None)
     p.add_argument("--export-dtype", default="bfloat16")
     p.add_argument("--stop-after", type=int, default=None,
                    help="leave after this many steps of this invocation (as if killed; resume continues)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.draft_vocab_size < 0:
+        p.error(f"--draft-vocab-size must be >= 0, got {args.draft_vocab_size}")
+    return args
 
 
 def main(argv=None) -> dict:
@@ -214,21 +230,27 @@ def main(argv=None) -> dict:
     target = AutoModelForCausalLM.from_pretrained(args.target or smollm2_dir(quiet=True), dtype=torch.float32)
     target = target.to(device).eval()
     target.requires_grad_(False)
-    model = build_model(args, target).to(device)
-    c = model.config
     all_shards = sorted(int(f.stem.split("_")[1]) for f in args.data.glob("shard_*.jsonl"))
     train_shards = [s for s in (args.train_shards or all_shards) if s not in args.eval_shards]
     if missing := sorted(set(train_shards) - set(all_shards)):
         raise SystemExit(f"--train-shards: no shard {missing} in {args.data}")
+    model = build_model(args, target)
+    if args.draft_vocab_size and not args.init_from:  # from the data, so a resumed run gets the same
+        counts, _ = response_counts(args.data, set(all_shards) - set(train_shards))
+        model.set_draft_vocab(most_frequent(counts, args.draft_vocab_size))
+    model = model.to(device)
+    c = model.config
     train = load_shards(args.data, train_shards, args.max_shards)
     held = load_shards(args.data, args.eval_shards)
     log(f"train: {len(train)} conversations, {sum(len(x.tokens) - x.prompt_len for x in train)} response tokens; "
         f"eval: {len(held)} conversations; drafter {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params")
 
-    if args.bf16 and not torch.cuda.is_available() and "AVX512" not in torch.backends.cpu.get_cpu_capability():
-        log(f"warning: --bf16 on a {torch.backends.cpu.get_cpu_capability()} CPU: PyTorch's bf16 matmuls fall back "
-            "to slow generic code here; fp32 (no --bf16) trains ~25x faster")
-    step_fn = DrafterForward(model, args.loss, args.ttt, args.bf16)
+    autocast = args.bf16 == "on" or (args.bf16 == "auto" and fast_bf16(device))
+    if autocast and not fast_bf16(device):
+        log(f"warning: --bf16 on a {torch.backends.cpu.get_cpu_capability()} CPU without bf16 dot products: "
+            "PyTorch's bf16 matmuls fall back to slow generic code here; fp32 (no --bf16) trains ~25x faster")
+    log(f"matmuls in {'bf16 (autocast)' if autocast else 'fp32'}")
+    step_fn = DrafterForward(model, args.loss, args.ttt, autocast)
     if distributed:  # gradients are averaged over ranks in backward
         step_fn = torch.nn.parallel.DistributedDataParallel(step_fn)
     optim = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
