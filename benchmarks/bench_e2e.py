@@ -2,8 +2,9 @@
 identical to plain greedy decoding.
 
 For each model configuration (``--configs``: fp32 with PyTorch's linears, fp32 and bf16
-with the batch-invariant ``small_batch_linear`` under both models; the same kernels serve
-both sides of each comparison) it times, on the same prompts:
+with the batch-invariant ``small_batch_linear`` under both models, and bf16 with it and
+the target's attention on ``small_batch_attention`` (``domino.fast_attention``); the same
+kernels serve both sides of each comparison) it times, on the same prompts:
 
 - plain HF greedy ``generate`` and HF prompt lookup (``prompt_lookup_num_tokens``);
 - Domino, a chain of the whole block every round (``num_drafts`` = block - 1);
@@ -41,7 +42,10 @@ from domino_ops import cpu
 from eval_acceptance import chat_prompts, humaneval_prompts
 
 RESULTS = Path(__file__).parent / "results"
-CONFIGS = {"fp32": (torch.float32, False), "fp32-sbl": (torch.float32, True), "bf16-sbl": (torch.bfloat16, True)}
+# (dtype, small-batch linear, small-batch attention: with both, bit-identical to plain decoding)
+CONFIGS = {"fp32": (torch.float32, False, False), "fp32-sbl": (torch.float32, True, False),
+           "bf16-sbl": (torch.bfloat16, True, False), "fp32-sb": (torch.float32, True, True),
+           "bf16-sb": (torch.bfloat16, True, True)}
 
 
 class RoundTimer:
@@ -124,8 +128,8 @@ def methods(gen, args, tree):
 
 
 def load(config: str, drafter):
-    dtype, sbl = CONFIGS[config]
-    return domino.load(smollm2_dir(), drafter, dtype=dtype, small_batch_linear=sbl)
+    dtype, sbl, sba = CONFIGS[config]
+    return domino.load(smollm2_dir(), drafter, dtype=dtype, small_batch_linear=sbl, small_batch_attention=sba)
 
 
 def cmd_compare(args) -> None:
@@ -141,7 +145,7 @@ def cmd_compare(args) -> None:
             r = run_method(name, fn, prompts, gen, args.repeats)
             r["config"] = config
             rows.append(r)
-            print(f"  {config:8} {name:30} {r['tps']:6.1f} tok/s", flush=True)
+            print(f"  {config:11} {name:30} {r['tps']:6.1f} tok/s", flush=True)
     plains = {r["config"]: r for r in rows if r["name"] == "plain HF greedy"}
     fastest = max(plains.values(), key=lambda r: r["tps"])
     cpu_model = cpu.model()
@@ -149,13 +153,13 @@ def cmd_compare(args) -> None:
             f"greedy, max_new_tokens={args.max_new_tokens}, median of {args.repeats}; {cpu_model}, "
             f"{torch.get_num_threads()} threads, torch {torch.__version__}; speedup vs the fastest plain "
             f"decoding ({fastest['config']}, {fastest['tps']:.1f} tok/s)")
-    lines = [head, f"{'config':8} | {'method':30} | {'tok/s':>6} | {'speedup':>7} | {'tau':>5} | {'verified':>8} | "
+    lines = [head, f"{'config':11} | {'method':30} | {'tok/s':>6} | {'speedup':>7} | {'tau':>5} | {'verified':>8} | "
              f"{'draft ms':>8} | {'target ms':>9} | {'other ms':>8} | identical",
              "-" * 122]
     for r in rows:
         same = r["outputs"] == plains[r["config"]]["outputs"]  # vs plain greedy in the same configuration
         spec = "lookup" not in r["name"] and "plain" not in r["name"]
-        lines.append(f"{r['config']:8} | {r['name']:30} | {r['tps']:6.1f} | {r['tps'] / fastest['tps']:6.2f}x | "
+        lines.append(f"{r['config']:11} | {r['name']:30} | {r['tps']:6.1f} | {r['tps'] / fastest['tps']:6.2f}x | "
                      + (f"{r['tau']:5.2f} | {r['verified']:8.2f} | {r['draft_ms']:8.1f} | {r['target_ms']:9.1f} | "
                         f"{r['other_ms']:8.1f}" if spec else f"{'':5} | {'':8} | {'':8} | {'':9} | {'':8}")
                      + f" | {'yes' if same else 'NO'}")

@@ -11,10 +11,11 @@ What holds, precisely (and what these tests check):
   so a verification forward over k tokens equals k one-token forwards only up to the
   attention's rounding, and in bf16 that is enough for greedy speculation to pick another
   token than plain decoding now and then (seen here with a tiny Qwen3 target);
-- with ``use_rowwise_attention`` (each query row computed with the shapes of a one-token
-  step) the verification forward is bit-identical to k one-token forwards in bf16 and
-  fp32: everything else (embedding, RMSNorm, rotary, SiLU, residuals, LM head) is then
-  row-wise invariant with the linear switch on;
+- with ``domino.fast_attention.use_small_batch_attention`` (each query row computed from
+  its visible keys alone, as a one-token step computes it) the verification forward is
+  bit-identical to k one-token forwards in bf16 and fp32: everything else (embedding,
+  RMSNorm, rotary, SiLU, residuals, LM head) is then row-wise invariant with the linear
+  switch on;
 - so greedy speculative generation with both switches gives exactly the tokens of plain
   greedy decoding with both switches (target and drafter switched, as ``domino.load``
   does for the linear layers).
@@ -27,15 +28,15 @@ import torch
 import torch.nn.functional as F
 
 import domino_ops
-from domino.fast_linear import (undo_rowwise_attention, undo_small_batch_linear, use_rowwise_attention,
-                                use_small_batch_linear, uses_small_batch_linear)
+from domino.fast_attention import undo_small_batch_attention, use_small_batch_attention
+from domino.fast_linear import undo_small_batch_linear, use_small_batch_linear, uses_small_batch_linear
 from tiny_models import IdTokenizer, tiny_drafter, tiny_target
 
 
 def target(kind="llama", dtype=torch.bfloat16, attn=None, seed=0):
     model = tiny_target(kind, 64, seed=seed).to(dtype)
-    if attn == "rowwise":
-        use_rowwise_attention(model)
+    if attn == "small_batch":
+        use_small_batch_attention(model)
     elif attn is not None:
         model.config._attn_implementation = attn
     return model
@@ -147,8 +148,8 @@ def test_every_layer_is_batch_invariant_inside_the_model(kind, dtype):
 
 @pytest.mark.parametrize("kind", ["llama", "qwen3"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_verification_forward_is_bit_identical_with_a_rowwise_attention(kind, dtype):
-    model = use_small_batch_linear(target(kind, dtype, attn="rowwise"))
+def test_verification_forward_is_bit_identical_with_small_batch_attention(kind, dtype):
+    model = use_small_batch_linear(target(kind, dtype, attn="small_batch"))
     big, steps = verify_and_step(model, k=9)
     assert torch.equal(big, steps)
 
@@ -162,15 +163,15 @@ def test_hf_attention_is_the_part_that_is_not_batch_invariant():
     torch.testing.assert_close(big, steps, atol=1e-4, rtol=1e-4)
 
 
-def test_rowwise_attention_matches_sdpa_and_undoes():
+def test_small_batch_attention_matches_sdpa_and_undoes():
     model = target("qwen3", torch.float32)
     ids = torch.randint(0, 64, (1, 12))
     with torch.inference_mode():
         ref = model(ids).logits
-        use_rowwise_attention(model)
-        assert model.config._attn_implementation == "domino_rowwise"
+        use_small_batch_attention(model)
+        assert model.config._attn_implementation == "domino_small_batch"
         torch.testing.assert_close(model(ids).logits, ref, atol=1e-5, rtol=1e-5)
-        undo_rowwise_attention(model)
+        undo_small_batch_attention(model)
     assert model.config._attn_implementation == "sdpa"
 
 
@@ -178,7 +179,7 @@ def test_rowwise_attention_matches_sdpa_and_undoes():
 def test_greedy_speculative_equals_plain_greedy_in_bf16(kind):
     from domino import DominoGenerator
 
-    tgt = target(kind, torch.bfloat16, attn="rowwise")
+    tgt = target(kind, torch.bfloat16, attn="small_batch")
     drafter = tiny_drafter(tgt).to(torch.bfloat16)
     gen = DominoGenerator(use_small_batch_linear(tgt), use_small_batch_linear(drafter), IdTokenizer())
     prompt = torch.randint(2, 64, (9,), generator=torch.Generator().manual_seed(3)).tolist()
@@ -188,12 +189,32 @@ def test_greedy_speculative_equals_plain_greedy_in_bf16(kind):
     assert uses_small_batch_linear(gen.target) and uses_small_batch_linear(gen.drafter)
 
 
+@pytest.mark.parametrize("batch,tree", [(3, None), (1, (3, 3)), (3, (2, 4))])
+def test_bf16_trees_and_ragged_batches_equal_plain_greedy(batch, tree):
+    """With both switches a hidden key contributes nothing, so a tree node's row is its
+    path's one-token step and a padded row its sequence's: bf16 trees and ragged batches
+    give exactly plain greedy decoding's tokens (plain decoding switched alike)."""
+    from domino import DominoGenerator, TreeShape
+
+    tgt = target("qwen3", torch.bfloat16, attn="small_batch")
+    drafter = tiny_drafter(tgt).to(torch.bfloat16)
+    gen = DominoGenerator(use_small_batch_linear(tgt), use_small_batch_linear(drafter), IdTokenizer())
+    g = torch.Generator().manual_seed(batch)
+    prompts = [torch.randint(2, 64, (int(n),), generator=g).tolist() for n in torch.randint(3, 12, (batch,), generator=g)]
+    shape = None if tree is None else TreeShape(*tree, TreeShape(*tree).max_nodes)
+    spec = gen.generate(prompts, max_new_tokens=40, tree=shape)
+    assert spec.token_ids == gen.generate_target_only(prompts, max_new_tokens=40).token_ids
+    for p, row in zip(prompts, spec.token_ids):  # and each row is that prompt decoded alone
+        assert row == gen.generate_target_only(p, max_new_tokens=40).token_ids
+
+
 def test_load_switches_target_and_drafter_on_cpu_when_asked():
     from domino.loading import load
 
     tgt = target("qwen3", torch.float32)
-    gen = load(tgt, tiny_drafter(tgt), IdTokenizer(), small_batch_linear=True)
+    gen = load(tgt, tiny_drafter(tgt), IdTokenizer(), small_batch_linear=True, small_batch_attention=True)
     assert uses_small_batch_linear(gen.target) and uses_small_batch_linear(gen.drafter)
+    assert gen.target.config._attn_implementation == "domino_small_batch"
     tgt2 = target("qwen3", torch.float32)
     gen2 = load(tgt2, tiny_drafter(tgt2), IdTokenizer())  # opt-in for now
     assert not uses_small_batch_linear(gen2.target) and not uses_small_batch_linear(gen2.drafter)

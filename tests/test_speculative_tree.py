@@ -10,6 +10,7 @@ import domino.tree
 import domino_ops
 from domino import TreeShape
 from domino.budget import RoundCosts
+from domino.fast_attention import use_small_batch_attention
 from domino.sampling_params import RowSampling
 from domino_ops.tree_draft import DraftTree, tree_size
 from engine_cases import V as SMALL_V, check, prompts
@@ -110,6 +111,13 @@ def test_tree_with_other_drafter_configs(drafter_kw):
     assert gen.generate(ps, max_new_tokens=20, tree=TreeShape(2, 4, 7)).token_ids == greedy_plain(gen, ps, 20)
 
 
+def test_tree_matches_target_greedy_with_small_batch_attention():
+    gen = tiny_generator("llama")
+    use_small_batch_attention(gen.target)
+    ps = prompts(3, seed=5)
+    assert gen.generate(ps, max_new_tokens=24, tree=TreeShape(3, 3)).token_ids == greedy_plain(gen, ps, 24)
+
+
 def test_tree_matches_target_greedy_with_eager_attention():
     """The eager path adds the 4D mask to the scores as sdpa does (a bool mask would be
     added as 0/1 there and mask nothing)."""
@@ -162,12 +170,15 @@ def test_head_free_tree_children_are_the_base_top_k():
 
 # ---- the target's side: mask, positions, compaction ------------------------------------
 
-@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("attn", ["sdpa", "eager", "small_batch"])
 def test_tree_forward_equals_each_paths_own_forward(attn):
     """One forward over a tree (ragged batch: the cache has left-padding holes) gives at
     every node the logits of a plain forward over the prompt and that node's path."""
     gen = tiny_generator("qwen3")
-    gen.target.set_attn_implementation(attn)
+    if attn == "small_batch":
+        use_small_batch_attention(gen.target)
+    else:
+        gen.target.set_attn_implementation(attn)
     ps = prompts(3, seed=6)
     st, _ = gen._prefill(ps, GREEDY)
     tree = gen.drafter.draft_tree(st.dcache, st.anchor, st.anchor_pos, topk=3, depth=3, num_draft_tokens=8)

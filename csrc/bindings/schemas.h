@@ -28,6 +28,8 @@ inline constexpr const char* kVerifySampling =
     "Tensor(b!) num_accepted) -> ()";
 inline constexpr const char* kSmallBatchLinear =
     "small_batch_linear(Tensor x, Tensor weight, Tensor? bias, Tensor(a!) out) -> ()";
+inline constexpr const char* kSmallBatchAttention =
+    "small_batch_attention(Tensor q, Tensor k, Tensor v, Tensor? mask, float scale, Tensor(a!) out) -> ()";
 
 // The sgl-kernel-compatible tree ops (csrc/tree_ops.h): sgl-kernel's signatures, with
 // draft_probs optional (newer sgl-kernel releases dropped it).

@@ -76,6 +76,24 @@ struct Kernels {
   // w[j] = exp(double(z[j] - m)) (0 where z[j] == -inf); returns the sum of w (summed in
   // vector lanes, so not in index order).
   double (*exp_weights)(const float* z, int64_t n, float m, double* w);
+
+  // Attention of nq query rows that see the same n keys (the query heads of one kv head,
+  // small_batch_attention.cpp): for each row r (q + r * q_stride, out + r * out_stride),
+  // out[0, D) = sum_j p_j v_{idx[j]} / sum_j p_j, p_j = exp(s_j - max s),
+  // s_j = scale * (q_r . k_{idx[j]}) + (bias ? bias[j] : 0); key row i of k starts at
+  // k + i * k_stride (v likewise). scores: nq * n floats of scratch. Every step of a row
+  // depends only on its q and the visible keys' values in order: lanes run over D (a fixed
+  // sum tree per dot product), max and sum run in key order, exp is elementwise. Where the
+  // keys sit, how many rows the call or the group carries, which thread runs it: none of
+  // it changes a bit. A row with no key, or every score -inf, gets zeros.
+  void (*attend_rows_f32)(const float* q, int64_t q_stride, int64_t nq, const float* k,
+                          int64_t k_stride, const float* v, int64_t v_stride, const int64_t* idx,
+                          const float* bias, int64_t n, int64_t D, float scale, float* scores,
+                          float* out, int64_t out_stride);
+  void (*attend_rows_bf16)(const uint16_t* q, int64_t q_stride, int64_t nq, const uint16_t* k,
+                           int64_t k_stride, const uint16_t* v, int64_t v_stride,
+                           const int64_t* idx, const float* bias, int64_t n, int64_t D,
+                           float scale, float* scores, uint16_t* out, int64_t out_stride);
 };
 
 // The active table (see the top of this file). Throws c10::ValueError for an invalid

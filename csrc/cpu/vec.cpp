@@ -305,6 +305,130 @@ double exp_weights(const float* z, int64_t n, float m, double* w) {
   return s;
 }
 
+// ---- attention of query rows sharing their keys (small_batch_attention) ---------------
+// Bytes: the n visible key and value rows, 2 * n * D elements, once for the nq query rows
+// (the query heads of one kv head); q and out nq * D. Work ~4 * nq * n * D flops and nq * n
+// exponentials. A decode step's keys (a few hundred rows of 64) sit in L1/L2: it runs at
+// the FMA and load ports. Per key: D / L loads shared by the nq rows, nq * D / L FMAs and
+// nq lane-sum trees (log2 L shuffle-adds each); the value pass keeps nq x up to 4
+// accumulator vectors.
+
+// The sum of v's lanes by a fixed tree (lane i + L/2 onto lane i, then L/4, ...), in
+// shuffles: the same operations for every dot product, whichever key it belongs to.
+template <int W, size_t... I>
+DOMINO_INLINE vf fold_down(vf v, std::index_sequence<I...>) {
+  return v + __builtin_shufflevector(v, v, int((I + W) % L)...);
+}
+DOMINO_INLINE float lane_sum(vf v) {
+  if constexpr (L >= 16) v = fold_down<8>(v, std::make_index_sequence<L>{});
+  if constexpr (L >= 8) v = fold_down<4>(v, std::make_index_sequence<L>{});
+  v = fold_down<2>(v, std::make_index_sequence<L>{});
+  v = fold_down<1>(v, std::make_index_sequence<L>{});
+  return v[0];
+}
+
+template <int NQ, typename T>
+void attend_rows_n(const T* q, int64_t qs, const T* k, int64_t ks, const T* v, int64_t vs,
+                   const int64_t* idx, const float* bias, int64_t n, int64_t D, float scale,
+                   float* scores, T* out, int64_t os) {
+  const int64_t Dv = D - D % L;
+  float m[NQ];
+  for (int r = 0; r < NQ; ++r) m[r] = -kInf;
+  for (int64_t j = 0; j < n; ++j) {
+    const T* kr = k + idx[j] * ks;
+    vf acc[NQ];
+    for (int r = 0; r < NQ; ++r) acc[r] = splat(0.0f);
+    for (int64_t d = 0; d < Dv; d += L) {
+      const vf kv = loadu(kr + d);
+      for (int r = 0; r < NQ; ++r) acc[r] += loadu(q + r * qs + d) * kv;
+    }
+    if (Dv < D) {
+      const vf kv = load_partial(kr + Dv, D - Dv, 0.0f);
+      for (int r = 0; r < NQ; ++r) acc[r] += load_partial(q + r * qs + Dv, D - Dv, 0.0f) * kv;
+    }
+    for (int r = 0; r < NQ; ++r) {
+      const float sc = lane_sum(acc[r]) * scale + (bias ? bias[j] : 0.0f);
+      scores[r * n + j] = sc;
+      m[r] = sc > m[r] || sc != sc ? sc : m[r];  // a NaN score makes the max NaN, for good
+    }
+  }
+  // p = exp(s - m), exactly 0 below exp(-87) ~ 1.6e-38 (where exp_approx would clamp), so
+  // a key under a huge finite negative bias (an eager-style mask) adds exactly nothing.
+  // A row with no key, or every score -inf, gets zeros; a NaN score makes the row NaN.
+  float inv[NQ];
+  bool empty[NQ];
+  for (int r = 0; r < NQ; ++r) {
+    float* sr = scores + r * n;
+    empty[r] = m[r] == -kInf;
+    const float mr = empty[r] ? 0.0f : m[r];
+    auto weights = [mr](vf x) {
+      x = x - mr;
+      return x < -87.0f ? splat(0.0f) : exp_approx(x);
+    };
+    const int64_t nv = n - n % L;
+    for (int64_t j = 0; j < nv; j += L) storeu(sr + j, weights(loadu(sr + j)));
+    if (nv < n) store_partial(sr + nv, n - nv, weights(load_partial(sr + nv, n - nv, 0.0f)));
+    float sum = 0.0f;
+    for (int64_t j = 0; j < n; ++j) sum += sr[j];
+    inv[r] = 1.0f / sum;
+  }
+  // Blocks of up to 4 vectors of columns: NQ x 4 independent FMA chains over the keys.
+  for (int64_t d0 = 0; d0 < D; d0 += 4 * L) {
+    const int64_t nb = (D - d0 + L - 1) / L < 4 ? (D - d0 + L - 1) / L : 4;
+    vf acc[NQ][4];
+    for (int r = 0; r < NQ; ++r)
+      for (int b = 0; b < 4; ++b) acc[r][b] = splat(0.0f);
+    for (int64_t j = 0; j < n; ++j) {
+      const T* vr = v + idx[j] * vs + d0;
+      for (int64_t b = 0; b < nb; ++b) {
+        const int64_t c = d0 + b * L;
+        const vf vv = c + L <= D ? loadu(vr + b * L) : load_partial(vr + b * L, D - c, 0.0f);
+        for (int r = 0; r < NQ; ++r) acc[r][b] += splat(scores[r * n + j]) * vv;
+      }
+    }
+    for (int r = 0; r < NQ; ++r)
+      for (int64_t b = 0; b < nb; ++b) {
+        const int64_t c = d0 + b * L;
+        const vf o = empty[r] ? splat(0.0f) : acc[r][b] * inv[r];
+        if (c + L <= D) {
+          storeu(out + r * os + c, o);
+        } else {
+          float t[L];
+          storeu(t, o);
+          for (int64_t i = 0; i < D - c; ++i) store_one(out + r * os + c + i, t[i]);
+        }
+      }
+  }
+}
+
+template <typename T>
+void attend_rows(const T* q, int64_t qs, int64_t nq, const T* k, int64_t ks, const T* v, int64_t vs,
+                 const int64_t* idx, const float* bias, int64_t n, int64_t D, float scale, float* scores,
+                 T* out, int64_t os) {
+  // Each query row's arithmetic is the same whatever NQ it is computed in (its own
+  // accumulators, its own lane sums, its own exp and sum): the blocking only shares loads.
+  int64_t r = 0;
+  for (; r + 4 <= nq; r += 4)
+    attend_rows_n<4>(q + r * qs, qs, k, ks, v, vs, idx, bias, n, D, scale, scores, out + r * os, os);
+  switch (nq - r) {
+    case 3: attend_rows_n<3>(q + r * qs, qs, k, ks, v, vs, idx, bias, n, D, scale, scores, out + r * os, os); break;
+    case 2: attend_rows_n<2>(q + r * qs, qs, k, ks, v, vs, idx, bias, n, D, scale, scores, out + r * os, os); break;
+    case 1: attend_rows_n<1>(q + r * qs, qs, k, ks, v, vs, idx, bias, n, D, scale, scores, out + r * os, os); break;
+    default: break;
+  }
+}
+
+void attend_rows_f32(const float* q, int64_t qs, int64_t nq, const float* k, int64_t ks, const float* v,
+                     int64_t vs, const int64_t* idx, const float* bias, int64_t n, int64_t D, float scale,
+                     float* scores, float* out, int64_t os) {
+  attend_rows(q, qs, nq, k, ks, v, vs, idx, bias, n, D, scale, scores, out, os);
+}
+void attend_rows_bf16(const uint16_t* q, int64_t qs, int64_t nq, const uint16_t* k, int64_t ks,
+                      const uint16_t* v, int64_t vs, const int64_t* idx, const float* bias, int64_t n,
+                      int64_t D, float scale, float* scores, uint16_t* out, int64_t os) {
+  attend_rows(q, qs, nq, k, ks, v, vs, idx, bias, n, D, scale, scores, out, os);
+}
+
 }  // namespace
 
 extern const Kernels kKernels;
@@ -324,6 +448,8 @@ const Kernels kKernels = {
     .temper_f32 = &temper_f32,
     .temper_bf16 = &temper_bf16,
     .exp_weights = &exp_weights,
+    .attend_rows_f32 = &attend_rows_f32,
+    .attend_rows_bf16 = &attend_rows_bf16,
 };
 
 }  // namespace domino::cpu::DOMINO_ISA

@@ -248,7 +248,7 @@ def best_tree_size(path_probs: torch.Tensor, scores: torch.Tensor, costs: RoundC
 def cost_key(gen, batch_size: int) -> str:
     """What the costs depend on: the models' shapes and dtypes, the drafter's draft
     vocabulary, the device, the machine, torch's version and thread count, whether the
-    small-batch linear is on, the batch size."""
+    small-batch linear is on, the target's attention implementation, the batch size."""
     from domino.fast_linear import uses_small_batch_linear
 
     target = gen.target
@@ -264,6 +264,7 @@ def cost_key(gen, batch_size: int) -> str:
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "small_batch_linear": uses_small_batch_linear(target),
+        "attention": target.config._attn_implementation,
         "batch_size": batch_size,
         "cpu_isa": os.environ.get("DOMINO_CPU_ISA", ""),
     }

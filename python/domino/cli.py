@@ -25,6 +25,9 @@ def main(argv=None) -> int:
                    help="chain: drafts verified per round (default: chosen each round from measured costs)")
     g.add_argument("--target", help="HF target directory (default: SmolLM2-135M-Instruct)")
     g.add_argument("--drafter", help="drafter checkpoint directory (default: the shipped one)")
+    g.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
+                   help="the models' dtype with --target (the default model runs bf16: on the CPU, with the "
+                        "batch-invariant kernels, the fastest configuration that stays token-identical)")
     g.add_argument("--compare", action="store_true",
                    help="also run the target's own decoding and report both speeds and whether outputs match")
     args = parser.parse_args(argv)
@@ -35,7 +38,11 @@ def main(argv=None) -> int:
     import domino
 
     print("[domino] loading models (first run converts the GGUF once)...", file=sys.stderr, flush=True)
-    gen = domino.load(args.target, args.drafter, quiet=False) if args.target else domino.load_default(quiet=False)
+    if args.target:
+        gen = domino.load(args.target, args.drafter, quiet=False, dtype=getattr(torch, args.dtype),
+                          small_batch_linear=True, small_batch_attention=True)
+    else:
+        gen = domino.load_default(quiet=False)
     kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     print(f"[domino] generating (head {'off' if args.no_head else 'on'}, T={args.temperature}"
           f"{f', tree {args.tree}' if tree else ''})", file=sys.stderr)

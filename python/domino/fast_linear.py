@@ -15,14 +15,10 @@ graph (grad mode on and x or a parameter requiring grad). So run the model under
 With the kernel, row i of a layer's output is bit-identical however many tokens the
 forward carries, so a verification forward over k tokens computes its linear layers
 exactly as k one-token decoding steps would. HF's attention (sdpa, eager) is not
-batch-invariant across query counts: it reduces over the KV length and runs GEMMs whose
-shapes follow the number of queries, so with it a verification equals k decoding steps
-only up to the attention's rounding, and a bf16 greedy speculation can (rarely) pick a
-different token than plain decoding. ``use_rowwise_attention(model)`` closes that gap
-for one unpadded sequence at a time: each query row is computed with exactly the shapes
-of a one-token step (a Python loop over the queries: slower, opt-in). With both switches
-the embedding, norms, rotary, activations and residuals are row-wise already, and a
-verification forward is bit-identical to k one-token forwards (tests/test_fast_linear.py).
+batch-invariant across query counts (it reduces over the KV length and runs GEMMs whose
+shapes follow the number of queries): :func:`domino.fast_attention.use_small_batch_attention`
+closes that gap, and with both switches a verification forward is bit-identical to k
+one-token forwards (tests/test_fast_linear.py).
 """
 
 from __future__ import annotations
@@ -32,8 +28,7 @@ import types
 import torch
 import torch.nn.functional as F
 
-__all__ = ["use_small_batch_linear", "undo_small_batch_linear", "uses_small_batch_linear",
-           "use_rowwise_attention", "undo_rowwise_attention", "rowwise_attention"]
+__all__ = ["use_small_batch_linear", "undo_small_batch_linear", "uses_small_batch_linear"]
 
 _FLAG = "_domino_small_batch_linear"
 _DTYPES = (torch.float32, torch.bfloat16)
@@ -81,68 +76,3 @@ def undo_small_batch_linear(model: torch.nn.Module) -> torch.nn.Module:
 def uses_small_batch_linear(model: torch.nn.Module) -> bool:
     """Whether any ``nn.Linear`` of ``model`` is switched to the kernel."""
     return any(getattr(mod, _FLAG, False) for mod in model.modules())
-
-
-ROWWISE = "domino_rowwise"
-_ATTN_FLAG = "_domino_previous_attn_implementation"
-
-
-def _row_mask(mask: torch.Tensor | None, i: int, n: int) -> torch.Tensor | None:
-    """Row i's mask over its first n keys, or None when it hides nothing (as a one-token
-    step's mask would be), so both take the same SDPA path."""
-    if mask is None:
-        return None
-    m = mask[:, :, i:i + 1, :n]
-    if m.dtype == torch.bool:
-        return None if bool(m.all()) else m
-    return None if not bool(m.any()) else m  # additive float mask: 0 where visible
-
-
-def rowwise_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
-    """HF attention function ("domino_rowwise"): causal attention computed one query row at
-    a time with the shapes of a one-token decoding step (query [b, h, 1, d] against the
-    row's first ``kv_len - q_len + i + 1`` keys, contiguous), so a row's bits do not depend
-    on how many queries the forward carries. Assumes the KV cache holds no holes (one
-    sequence, or a batch decoded without the engine's per-sequence cropping)."""
-    if dropout and module.training:
-        raise ValueError("rowwise_attention is for inference (dropout must be 0)")
-    q_len, kv_len = query.shape[2], key.shape[2]
-    groups = query.shape[1] // key.shape[1]
-    if groups > 1:
-        key = key.repeat_interleave(groups, 1)
-        value = value.repeat_interleave(groups, 1)
-    rows = []
-    for i in range(q_len):
-        n = kv_len - q_len + i + 1
-        rows.append(F.scaled_dot_product_attention(
-            query[:, :, i:i + 1].contiguous(), key[:, :, :n].contiguous(), value[:, :, :n].contiguous(),
-            attn_mask=_row_mask(attention_mask, i, n), scale=scaling))
-    return torch.cat(rows, 2).transpose(1, 2).contiguous(), None
-
-
-def _register_rowwise() -> None:
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
-    AttentionInterface.register(ROWWISE, rowwise_attention)
-    AttentionMaskInterface.register(ROWWISE, sdpa_mask)
-
-
-def use_rowwise_attention(model: torch.nn.Module) -> torch.nn.Module:
-    """Switches a HF model's attention to :func:`rowwise_attention`, in place (opt-in: a
-    Python loop over the query rows of every layer; a prefill pays it per prompt token)."""
-    _register_rowwise()
-    config = model.config
-    if config._attn_implementation != ROWWISE:
-        setattr(model, _ATTN_FLAG, config._attn_implementation)
-        config._attn_implementation = ROWWISE
-    return model
-
-
-def undo_rowwise_attention(model: torch.nn.Module) -> torch.nn.Module:
-    """Restores the attention implementation replaced by :func:`use_rowwise_attention`."""
-    previous = getattr(model, _ATTN_FLAG, None)
-    if previous is not None:
-        model.config._attn_implementation = previous
-        delattr(model, _ATTN_FLAG)
-    return model

@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import save_file
 
 from domino.config import default_drafter_config
+from domino.fast_attention import use_small_batch_attention
 from domino.fast_linear import use_small_batch_linear
 from domino.generate import DominoGenerator
 from domino.model import DominoDraftModel
@@ -100,12 +101,17 @@ def random_drafter(target, seed: int = 0) -> DominoDraftModel:
 
 
 def load(target, drafter=None, tokenizer=None, *, device="cpu", dtype=torch.float32,
-         quiet: bool = True, small_batch_linear: bool = False) -> DominoGenerator:
+         quiet: bool = True, small_batch_linear: bool = False,
+         small_batch_attention: bool = False) -> DominoGenerator:
     """A generator for ``target`` (path or HF model) and ``drafter`` (checkpoint path, a
     DominoDraftModel, or None for an untrained one). On the CPU, ``small_batch_linear=True``
     puts both models' linear layers on the batch-invariant kernel (see
-    :mod:`domino.fast_linear`; the plain-decoding baseline then uses it too).
-    :func:`load_default` turns it on."""
+    :mod:`domino.fast_linear`; the plain-decoding baseline then uses it too), and
+    ``small_batch_attention=True`` the target's attention on the batch-invariant attention
+    kernel (:mod:`domino.fast_attention`): with both, a verification forward is
+    bit-identical to one-token decoding steps, so greedy speculation is token-identical to
+    plain decoding in bf16 too.
+    :func:`load_default` turns on the first."""
     _say("loading the target", quiet)
     model, tokenizer = load_target(target, tokenizer, dtype=dtype, device=device)
     if drafter is None:
@@ -118,16 +124,22 @@ def load(target, drafter=None, tokenizer=None, *, device="cpu", dtype=torch.floa
     if small_batch_linear and torch.device(device).type == "cpu":
         use_small_batch_linear(model)
         use_small_batch_linear(drafter)
+    if small_batch_attention and torch.device(device).type == "cpu":
+        use_small_batch_attention(model)
     return DominoGenerator(model, drafter, tokenizer)
 
 
 def load_default(*, quiet: bool = True) -> DominoGenerator:
-    """SmolLM2-135M-Instruct with the default drafter, all from local packages: fp32 with
-    the batch-invariant small-batch linear under both models on the CPU (on this
-    project's AVX2 machine 1.2x faster than PyTorch's linears for plain decoding and for
-    Domino alike, with identical outputs; ``benchmarks/bench_e2e.py``). fp32, not the
-    faster bf16: bf16 speculation is not token-identical to bf16 plain decoding (HF's
-    attention is not batch-invariant)."""
+    """SmolLM2-135M-Instruct with the default drafter, all from local packages, in the
+    fastest configuration that is still token-identical to the target's own decoding:
+    bf16, with the batch-invariant small-batch linear under both models and the
+    batch-invariant attention under the target on the CPU (:mod:`domino.fast_linear`,
+    :mod:`domino.fast_attention`; the plain-decoding baseline runs the same kernels). With
+    both, a verification forward is bit-identical to one-token decoding steps, so greedy
+    speculation gives exactly plain greedy decoding's tokens in bf16 (before the attention
+    kernel, bf16 speculation could pick another token where HF's attention rounded
+    differently, and this default was fp32: ``benchmarks/bench_e2e.py``)."""
     target_dir = smollm2_dir(quiet)
     drafter = DEFAULT_DRAFTER_DIR if (DEFAULT_DRAFTER_DIR / "config.json").exists() else None
-    return load(target_dir, drafter, quiet=quiet, small_batch_linear=True)
+    return load(target_dir, drafter, quiet=quiet, dtype=torch.bfloat16, small_batch_linear=True,
+                small_batch_attention=True)

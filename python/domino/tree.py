@@ -88,8 +88,9 @@ class TreeShape:
                              f"temperature > 0, got {self.num_draft_tokens}")
 
 
-# The attention implementations that take a 4D additive mask as it is (transformers 5.x).
-MASKABLE_ATTENTION = ("eager", "sdpa")
+# The attention implementations that take a 4D additive mask as it is (transformers 5.x;
+# "domino_small_batch": domino.fast_attention, which applies each row's mask).
+MASKABLE_ATTENTION = ("eager", "sdpa", "domino_small_batch")
 
 
 def check_tree_attention(target) -> None:

@@ -64,3 +64,8 @@ def _verify_tree_sampling_fake(predicts, accept_index, accept_token_num, candida
 @torch.library.register_fake("domino_ops::small_batch_linear")
 def _small_batch_linear_fake(x, weight, bias, out):
     return None
+
+
+@torch.library.register_fake("domino_ops::small_batch_attention")
+def _small_batch_attention_fake(q, k, v, mask, scale, out):
+    return None

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from domino_ops.sampling import draw_uniforms, effective_temperature, filtered_weights, may_sample, per_row
 
 __all__ = ["domino_head_rollout", "domino_head_expand", "sample", "verify_greedy", "verify_sampling", "sample_from_logits",
-           "small_batch_linear"]
+           "small_batch_linear", "small_batch_attention"]
 
 
 def sample_from_logits(logits: torch.Tensor, temperature, top_k, top_p,
@@ -208,3 +208,32 @@ def small_batch_linear(x, weight, bias=None):
     acc = torch.float64 if torch.float64 in (x.dtype, weight.dtype) else torch.float32
     b = None if bias is None else bias.to(acc)
     return F.linear(x.to(acc), weight.to(acc), b).to(x.dtype)
+
+
+def small_batch_attention(q, k, v, mask=None, scale=None):
+    """Reference of :func:`domino_ops.small_batch_attention`: bottom-right causal attention
+    of q [B, Hq, M, D] over k, v [B, Hkv, N, D] (query head h reads kv head h // (Hq / Hkv)),
+    row m seeing keys j <= N - M + m that ``mask`` (None, bool: False hides, or additive
+    float: -inf hides) leaves visible; fp32 math (float64 when any operand is float64, the
+    exact oracle); a row with no visible key gives zeros. Returns [B, Hq, M, D] in q's dtype."""
+    acc = torch.float64 if torch.float64 in (q.dtype, k.dtype, v.dtype) else torch.float32
+    B, Hq, M, D = q.shape
+    N = k.shape[2]
+    group = Hq // k.shape[1]
+    kk = k.to(acc).repeat_interleave(group, 1)
+    vv = v.to(acc).repeat_interleave(group, 1)
+    s = (q.to(acc) @ kk.transpose(-1, -2)) * (1.0 / math.sqrt(D) if scale is None else scale)
+    pos = torch.arange(N, device=q.device)
+    visible = (pos[None, :] <= (N - M + torch.arange(M, device=q.device))[:, None]).expand(B, Hq, M, N)
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            visible = visible & mask
+        else:
+            s = s + mask.to(acc)
+            visible = visible & (mask != float("-inf"))
+    s = s.masked_fill(~visible, float("-inf"))
+    m = s.amax(-1, keepdim=True)
+    empty = ~(m > float("-inf"))
+    p = torch.exp(s - m.masked_fill(empty, 0.0))
+    out = (p @ vv) / p.sum(-1, keepdim=True).masked_fill(empty, 1.0)
+    return out.masked_fill(empty, 0.0).to(q.dtype)

@@ -1,0 +1,111 @@
+"""small_batch_attention against PyTorch's SDPA, side by side in one run, on the CPU.
+
+Two tables, median of ``--repeats`` after a warm-up:
+
+1. the op alone at SmolLM2-135M's attention shape (9 query heads, 3 kv heads, head dim
+   64) for a decode step (1 query row) and verifications (4, 16 rows) over caches of
+   100-600 tokens: ``domino_ops`` (the dispatcher op, as the HF attention function calls
+   it) against ``F.scaled_dot_product_attention`` with ``enable_gqa`` and the causal mask
+   HF passes;
+2. what a user gets: one forward of SmolLM2-135M-Instruct (small-batch linear on, as the
+   engine runs it) over 1, 4 and 16 new tokens after a 150-token prompt, with HF's sdpa
+   attention and with ``domino.fast_attention``.
+
+    python benchmarks/bench_attention.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+
+def median_us(fn, repeats: int, warmup: int = 10) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e6
+
+
+def op_table(repeats: int) -> list[str]:
+    op = torch.ops.domino_ops.small_batch_attention.default
+    lines = [f"{'dtype':8} | {'rows':>4} | {'cache':>5} | {'SDPA us':>8} | {'domino us':>9} | speedup"]
+    for dtype in (torch.float32, torch.bfloat16):
+        for N in (100, 300, 600):
+            for M in (1, 4, 16):
+                g = torch.Generator().manual_seed(0)
+                q = torch.randn(1, M, 9, 64, generator=g).to(dtype).transpose(1, 2)  # HF's layout
+                k = torch.randn(1, 3, N, 64, generator=g).to(dtype)
+                v = torch.randn(1, 3, N, 64, generator=g).to(dtype)
+                mask = None if M == 1 else torch.ones(1, 1, M, N, dtype=torch.bool).tril(N - M)
+                out = torch.empty(1, M, 9, 64, dtype=dtype)
+                t_sdpa = median_us(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True),
+                                   repeats)
+                t_op = median_us(lambda: op(q, k, v, mask, 0.125, out.transpose(1, 2)), repeats)
+                lines.append(f"{str(dtype).replace('torch.', ''):8} | {M:4} | {N:5} | {t_sdpa:8.1f} | {t_op:9.1f} | "
+                             f"{t_sdpa / t_op:6.2f}x")
+    return lines
+
+
+def model_table(repeats: int) -> list[str]:
+    from transformers import AutoModelForCausalLM, DynamicCache
+
+    from domino.fast_attention import undo_small_batch_attention, use_small_batch_attention
+    from domino.fast_linear import use_small_batch_linear
+    from domino.loading import smollm2_dir
+
+    lines = [f"{'dtype':8} | {'tokens':>6} | {'sdpa ms':>8} | {'domino ms':>9} | speedup"]
+    for dtype in (torch.float32, torch.bfloat16):
+        model = use_small_batch_linear(AutoModelForCausalLM.from_pretrained(smollm2_dir(quiet=True), dtype=dtype).eval())
+        prompt = torch.randint(100, 5000, (1, 150), generator=torch.Generator().manual_seed(0))
+        with torch.inference_mode():
+            cache = DynamicCache()
+            model(input_ids=prompt, past_key_values=cache, use_cache=True)
+            for k in (1, 4, 16):
+                ids = torch.randint(100, 5000, (1, k), generator=torch.Generator().manual_seed(k))
+                ms = {}
+                for impl in ("sdpa", "domino"):
+                    (use_small_batch_attention if impl == "domino" else undo_small_batch_attention)(model)
+                    times = []
+                    for r in range(repeats + 2):  # a fresh copy of the cache each time; 2 warm-ups
+                        c = copy.deepcopy(cache)
+                        t0 = time.perf_counter()
+                        model(input_ids=ids, past_key_values=c, use_cache=True)
+                        times.append(time.perf_counter() - t0)
+                    ms[impl] = statistics.median(times[2:]) * 1e3
+                lines.append(f"{str(dtype).replace('torch.', ''):8} | {k:6} | {ms['sdpa']:8.2f} | {ms['domino']:9.2f} | "
+                             f"{ms['sdpa'] / ms['domino']:6.2f}x")
+        undo_small_batch_attention(model)
+    return lines
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--repeats", type=int, default=200, help="timed calls of the op (the model: repeats / 10)")
+    p.add_argument("--threads", type=int, default=None)
+    args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    import domino_ops
+    from domino_ops import cpu
+
+    print(f"{cpu.model()}, CPU build {cpu.isa()}, {torch.get_num_threads()} threads, torch {torch.__version__}; "
+          f"median of {args.repeats} (the model: {max(3, args.repeats // 10)}) after a warm-up")
+    assert domino_ops.small_batch_attention is not None
+    print("\nthe op alone: 9 query heads, 3 kv heads, head dim 64")
+    print("\n".join(op_table(args.repeats)))
+    print("\nSmolLM2-135M-Instruct, one forward after a 150-token prompt, small-batch linear on")
+    print("\n".join(model_table(max(3, args.repeats // 10))))
+
+
+if __name__ == "__main__":
+    main()

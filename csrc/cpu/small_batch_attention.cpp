@@ -1,0 +1,181 @@
+// CPU kernel of small_batch_attention: causal attention of a few query rows (one decode
+// token, or the k + 1 tokens of a speculative verification, or a prompt) against a KV
+// cache, each row computed exactly as a one-token decoding step would compute it.
+//
+//   q [B, Hq, M, D], k / v [B, Hkv, N, D] (Hq a multiple of Hkv: grouped-query heads share
+//   kv head h / (Hq / Hkv)), mask None or [B or 1, Hq or 1, M, N] (bool: False hides a key;
+//   float: added to the score, -inf hides a key), out [B, Hq, M, D]. Any strides with the
+//   last dimension contiguous: HF's transposed query and its cache are read in place.
+//   Query row m is the token at cache position N - M + m and sees keys j <= N - M + m
+//   (bottom-right causal, as decoding with a cache does) that the mask does not hide.
+//
+// Bytes it must move: per (sequence, query head, row) the visible key and value rows,
+// 2 * n * D elements (the rows of a kv head are shared by Hq / Hkv query heads and by the
+// M rows: they stay in L1/L2 between them), q and out once. Work ~4 * n * D flops and n
+// exponentials per row. A decode step of SmolLM2-135M (9 heads of 64, 3 kv heads, a few
+// hundred cached tokens, 30 layers) is ~10 M flops: the cost is the call itself, which is
+// why this exists next to SDPA (its CPU kernels pay a setup per call and, for one query
+// row, run a general blocked path).
+//
+// Batch invariance, by construction: each row first lists its visible keys in cache order,
+// then the instruction-set build's attend_rows (cpu/vec.cpp; the query heads of one kv head
+// share the key loads, not the arithmetic) computes it from q and those keys alone: scores as dot products with lanes over D and a fixed lane-sum tree, the max
+// and the sum of exp in key order, exp elementwise, the value sum per lane in key order,
+// one division, one rounding to out's dtype. Nothing depends on M, on the row's place in
+// the call, on the thread split or on where hidden keys (padding, holes, other branches
+// of a draft tree) sit in the cache: a verification row, a tree node and the one-token
+// step of the same path give the same bits (on one instruction-set build).
+#include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <type_traits>
+#include <vector>
+
+#include "cpu/isa.h"
+#include "ops.h"
+
+namespace domino::cpu {
+namespace {
+
+void check_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                const std::optional<at::Tensor>& mask, const at::Tensor& out) {
+  auto check = [](const at::Tensor& t, const char* name) {
+    TORCH_CHECK(t.defined(), name, " must be a tensor");
+    TORCH_CHECK(t.device().is_cpu(), name, " must be on the CPU, got ", t.device());
+    TORCH_CHECK(t.dim() == 4, name, " must have 4 dimensions, got shape ", t.sizes());
+    TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16, name,
+                " must be float32 or bfloat16, got ", t.scalar_type());
+    TORCH_CHECK(t.size(3) <= 1 || t.stride(3) == 1, name, " must be contiguous in its last dimension");
+  };
+  check(q, "q");
+  check(k, "k");
+  check(v, "v");
+  check(out, "out");
+  const int64_t B = q.size(0), Hq = q.size(1), M = q.size(2), D = q.size(3);
+  const int64_t Hkv = k.size(1), N = k.size(2);
+  for (const auto* t : {&k, &v, &out})
+    TORCH_CHECK(t->scalar_type() == q.scalar_type(), "q, k, v and out must share a dtype, got ",
+                q.scalar_type(), " and ", t->scalar_type());
+  TORCH_CHECK(k.size(0) == B && k.size(3) == D && Hkv > 0,
+              "k must have shape [", B, ", Hkv, N, ", D, "] to match q ", q.sizes(), ", got ", k.sizes());
+  TORCH_CHECK(v.sizes() == k.sizes(), "v must have k's shape ", k.sizes(), ", got ", v.sizes());
+  TORCH_CHECK(Hq % Hkv == 0, "q's heads (", Hq, ") must be a multiple of k's (", Hkv, ")");
+  TORCH_CHECK(N >= M, "k must hold at least q's ", M, " positions (the cache includes the queries), got ", N);
+  TORCH_CHECK(out.sizes() == q.sizes(), "out must have q's shape ", q.sizes(), ", got ", out.sizes());
+  if (mask.has_value() && mask->defined()) {
+    const at::Tensor& m = *mask;
+    TORCH_CHECK(m.device().is_cpu(), "mask must be on the CPU, got ", m.device());
+    TORCH_CHECK(m.scalar_type() == at::kBool || m.scalar_type() == at::kFloat ||
+                    m.scalar_type() == at::kBFloat16,
+                "mask must be bool, float32 or bfloat16, got ", m.scalar_type());
+    TORCH_CHECK(m.dim() == 4 && (m.size(0) == B || m.size(0) == 1) && (m.size(1) == Hq || m.size(1) == 1) &&
+                    m.size(2) == M && m.size(3) == N,
+                "mask must have shape [", B, " or 1, ", Hq, " or 1, ", M, ", ", N, "], got ", m.sizes());
+  }
+  for (const auto* t : {&q, &k, &v}) {  // strided views are "too hard" to tell: allowed
+    const auto overlap = out.numel() == 0 || t->numel() == 0 ? at::MemOverlapStatus::No
+                                                             : at::get_overlap_status(out, *t);
+    TORCH_CHECK(overlap != at::MemOverlapStatus::Full && overlap != at::MemOverlapStatus::Partial,
+                "out must not overlap q, k or v");
+  }
+}
+
+template <typename T, typename MaskT>
+void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor* mask,
+             double scale, at::Tensor& out) {
+  const Kernels& K = kernels();
+  const int64_t B = q.size(0), Hq = q.size(1), M = q.size(2), D = q.size(3);
+  const int64_t Hkv = k.size(1), N = k.size(2), group = Hq / Hkv;
+  const T* qp = static_cast<const T*>(q.data_ptr());
+  const T* kp = static_cast<const T*>(k.data_ptr());
+  const T* vp = static_cast<const T*>(v.data_ptr());
+  T* op = static_cast<T*>(out.data_ptr());
+  const MaskT* mp = mask ? static_cast<const MaskT*>(mask->data_ptr()) : nullptr;
+  // A broadcast mask dimension (size 1) has stride 0.
+  const int64_t mb = mask && mask->size(0) > 1 ? mask->stride(0) : 0;
+  const int64_t mh = mask && mask->size(1) > 1 ? mask->stride(1) : 0;
+  const int64_t mm = mask ? mask->stride(2) : 0, mn = mask ? mask->stride(3) : 0;
+  const float sc = static_cast<float>(scale);
+  // One task: one (sequence, kv head, query row) with the query heads of that kv head
+  // together (they see the same keys unless the mask differs per head: then one head each).
+  const int64_t per = mask && mask->size(1) > 1 ? 1 : group;
+  const int64_t tasks = B * (Hq / per) * M;
+  // Below ~256K multiply-adds per thread's share a fork costs more than it saves (a decode
+  // step's 3 tasks run on the calling thread).
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(1, per * N * D));
+  at::parallel_for(0, tasks, grain, [&](int64_t t0, int64_t t1) {
+    thread_local std::vector<int64_t> idx;
+    thread_local std::vector<float> bias, scores;
+    idx.resize(N);
+    bias.resize(N);
+    scores.resize(per * N);
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t b = t / ((Hq / per) * M), h = (t / M) % (Hq / per) * per, m = t % M, g = h / group;
+      const int64_t limit = N - M + m + 1;  // keys at positions <= this row's own
+      int64_t n = 0;
+      bool any_bias = false;
+      if (mp) {
+        const MaskT* row = mp + b * mb + h * mh + m * mm;
+        for (int64_t j = 0; j < limit; ++j) {
+          const MaskT x = row[j * mn];
+          if constexpr (std::is_same_v<MaskT, bool>) {
+            if (x) idx[n++] = j;
+          } else {
+            const float f = static_cast<float>(x);
+            if (f == -INFINITY) continue;
+            any_bias |= f != 0.0f;
+            bias[n] = f;
+            idx[n++] = j;
+          }
+        }
+      } else {
+        for (int64_t j = 0; j < limit; ++j) idx[j] = j;
+        n = limit;
+      }
+      const T* qr = qp + b * q.stride(0) + h * q.stride(1) + m * q.stride(2);
+      const T* kr = kp + b * k.stride(0) + g * k.stride(1);
+      const T* vr = vp + b * v.stride(0) + g * v.stride(1);
+      T* orow = op + b * out.stride(0) + h * out.stride(1) + m * out.stride(2);
+      const float* bp = any_bias ? bias.data() : nullptr;  // all zeros: no bias, same bits
+      if constexpr (std::is_same_v<T, float>)
+        K.attend_rows_f32(qr, q.stride(1), per, kr, k.stride(2), vr, v.stride(2), idx.data(), bp, n, D, sc,
+                          scores.data(), orow, out.stride(1));
+      else
+        K.attend_rows_bf16(reinterpret_cast<const uint16_t*>(qr), q.stride(1), per,
+                           reinterpret_cast<const uint16_t*>(kr), k.stride(2),
+                           reinterpret_cast<const uint16_t*>(vr), v.stride(2), idx.data(), bp, n, D, sc,
+                           scores.data(), reinterpret_cast<uint16_t*>(orow), out.stride(1));
+    }
+  });
+}
+
+template <typename T>
+void dispatch_mask(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                   const std::optional<at::Tensor>& mask, double scale, at::Tensor& out) {
+  if (!mask.has_value() || !mask->defined()) return forward<T, float>(q, k, v, nullptr, scale, out);
+  switch (mask->scalar_type()) {
+    case at::kBool: return forward<T, bool>(q, k, v, &*mask, scale, out);
+    case at::kFloat: return forward<T, float>(q, k, v, &*mask, scale, out);
+    default: return forward<T, c10::BFloat16>(q, k, v, &*mask, scale, out);
+  }
+}
+
+}  // namespace
+
+void small_batch_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               const std::optional<at::Tensor>& mask, double scale, at::Tensor out) {
+  check_args(q, k, v, mask, out);
+  TORCH_CHECK(std::isfinite(scale), "scale must be finite, got ", scale);
+  if (out.numel() == 0) return;
+  if (q.scalar_type() == at::kFloat) dispatch_mask<float>(q, k, v, mask, scale, out);
+  else dispatch_mask<c10::BFloat16>(q, k, v, mask, scale, out);
+}
+
+}  // namespace domino::cpu
+
+// The CPU implementation of the op's schema (bindings/schemas.h).
+TORCH_LIBRARY_IMPL(domino_ops, CPU, m) { m.impl("small_batch_attention", &domino::cpu::small_batch_attention_cpu); }

@@ -1,0 +1,86 @@
+"""``small_batch_attention``: causal attention of a few query rows against a KV cache on
+the CPU, each row computed exactly as a one-token decoding step computes it.
+
+The C++ kernel is csrc/cpu/small_batch_attention.cpp (its header says what it moves and
+why it is batch-invariant); the reference is :func:`domino_ops.reference.small_batch_attention`.
+There is no CUDA or Triton kernel: on a GPU, attention is not where a decode step goes,
+and HF's own attention is what a GPU target should use (``backend="auto"`` runs the
+reference there). :mod:`domino.fast_attention` puts it under a HF model.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from domino_ops import _checks, reference
+
+__all__ = ["small_batch_attention"]
+
+_BACKENDS = ("auto", "native", "reference")
+_MASK_DTYPES = (torch.bool, torch.float32, torch.bfloat16)
+
+
+def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t if t.shape[-1] <= 1 or t.stride(-1) == 1 else t.contiguous()
+
+
+def small_batch_attention(q, k, v, mask=None, *, scale=None, backend=None):
+    """Bottom-right causal attention with grouped-query heads, batch-invariant on the CPU.
+
+    Query row m is the token at cache position ``N - M + m`` (the cache holds the queries'
+    own keys last, as when decoding) and attends to keys ``j <= N - M + m`` that ``mask``
+    leaves visible. On the CPU each row is computed from q and its visible keys alone, in
+    cache order: a row gives the same bits whether it is alone (a decode step) or among
+    other rows (a verification or a prefill), and wherever hidden keys (padding, holes,
+    other branches of a draft tree) sit.
+
+    Args:
+        q: [B, Hq, M, D] float32 or bfloat16 (HF's layout; any strides, read in place when
+            the last dimension is contiguous).
+        k, v: [B, Hkv, N, D] with q's dtype, N >= M, Hq a multiple of Hkv (query head h
+            reads kv head ``h // (Hq // Hkv)``).
+        mask: None, or [B or 1, Hq or 1, M, N]: bool (False hides a key) or float32 /
+            bfloat16 added to the scores (-inf hides a key).
+        scale: the scores' factor (default ``1 / sqrt(D)``).
+        backend: "auto" (default) or "native": the C++ kernel on the CPU; "reference": the
+            PyTorch reference. On other devices "auto" runs the reference and "native" raises.
+    Returns:
+        [B, Hq, M, D] in q's dtype, a view of a [B, M, Hq, D] contiguous tensor (so
+        ``.transpose(1, 2)``, HF's output layout, is contiguous): fp32 scores, softmax and
+        sums, rounded once. A row with no visible key is zeros. Not differentiable.
+    """
+    if backend is None:
+        backend = "auto"
+    if backend not in _BACKENDS:
+        raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
+    q = _checks.tensor("q", q, ndim=4, dtypes=_checks.FLOAT_OR_BF16)
+    dev = q.device
+    k = _checks.tensor("k", k, ndim=4, dtypes=(q.dtype,), device=dev)
+    v = _checks.tensor("v", v, ndim=4, dtypes=(q.dtype,), device=dev)
+    B, Hq, M, D = q.shape
+    Hkv, N = k.shape[1], k.shape[2]
+    _checks.shape("k", k, (B, None, None, D))
+    _checks.shape("v", v, tuple(k.shape))
+    if Hq % Hkv:
+        raise ValueError(f"q's heads ({Hq}) must be a multiple of k's ({Hkv})")
+    if N < M:
+        raise ValueError(f"k must hold at least q's {M} positions (the cache includes the queries), got {N}")
+    if mask is not None:
+        mask = _checks.tensor("mask", mask, ndim=4, dtypes=_MASK_DTYPES, device=dev)
+        if mask.shape[0] not in (1, B) or mask.shape[1] not in (1, Hq) or tuple(mask.shape[2:]) != (M, N):
+            raise ValueError(f"mask must have shape [{B} or 1, {Hq} or 1, {M}, {N}], got {list(mask.shape)}")
+    if scale is None:
+        scale = 1.0 / math.sqrt(D)
+    elif not isinstance(scale, (int, float)) or isinstance(scale, bool) or not math.isfinite(scale):
+        raise ValueError(f"scale must be a finite number, got {scale!r}")
+    if backend == "reference" or (dev.type != "cpu" and backend == "auto"):
+        return reference.small_batch_attention(q, k, v, mask, float(scale))
+    if dev.type != "cpu":
+        raise RuntimeError(f"backend='native': small_batch_attention has a CPU kernel only, not {dev.type}")
+    out = torch.empty(B, M, Hq, D, dtype=q.dtype).transpose(1, 2)
+    torch.ops.domino_ops.small_batch_attention(
+        _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v),
+        None if mask is None else _last_dim_contiguous(mask), float(scale), out)
+    return out

@@ -1,0 +1,173 @@
+"""small_batch_attention: agreement with a float64 oracle on random shapes, every written
+element, bit-exact batch invariance (a row alone, among others, with hidden keys moved
+around), every CPU build, bad input."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import domino_ops
+from domino_ops import reference
+
+op = torch.ops.domino_ops.small_batch_attention
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def make(B, Hq, Hkv, M, N, D, dtype, seed, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    q = (torch.randn(B, Hq, M, D, generator=g) * scale).to(dtype)
+    k = (torch.randn(B, Hkv, N, D, generator=g) * scale).to(dtype)
+    v = torch.randn(B, Hkv, N, D, generator=g).to(dtype)
+    return q, k, v
+
+
+def run_op(q, k, v, mask=None, scale=None):
+    """The dispatcher op into a NaN-poisoned output, so an unwritten element fails."""
+    out = torch.full(q.shape, float("nan"), dtype=q.dtype)
+    op(q, k, v, mask, 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale, out)
+    return out
+
+
+def assert_close_to_float64(y, q, k, v, mask):
+    exact = reference.small_batch_attention(q.double(), k.double(), v.double(), mask)
+    assert not torch.isnan(y).any(), "unwritten (NaN-poisoned) output elements"
+    # fp32 scores, softmax and sums (~N * D terms at 2^-23) and, in bf16, one output rounding.
+    tol = 1e-5 if y.dtype == torch.float32 else 2.0 ** -8 * (exact.abs() + 0.05)
+    err = (y.double() - exact).abs()
+    assert (err <= tol).all(), f"max error {err.max():.3g}"
+
+
+def random_mask(B, Hq, M, N, kind, seed):
+    if kind is None:
+        return None
+    g = torch.Generator().manual_seed(seed)
+    visible = torch.rand(B, 1 if seed % 2 else Hq, M, N, generator=g) > 0.3
+    if kind == "bool":
+        return visible
+    return torch.where(visible, torch.randn(visible.shape, generator=g) * 0.5, float("-inf")).to(kind)
+
+
+@settings(max_examples=60, deadline=None)
+@given(B=st.integers(1, 3), Hkv=st.integers(1, 3), group=st.sampled_from([1, 2, 3]), M=st.integers(1, 9),
+       extra=st.integers(0, 40), D=st.sampled_from([1, 5, 16, 20, 64, 96, 130]),
+       dtype=st.sampled_from(DTYPES), mask=st.sampled_from([None, "bool", torch.float32, torch.bfloat16]),
+       seed=st.integers(0, 2 ** 16))
+def test_matches_float64_reference(B, Hkv, group, M, extra, D, dtype, mask, seed):
+    q, k, v = make(B, Hkv * group, Hkv, M, M + extra, D, dtype, seed)
+    m = random_mask(B, Hkv * group, M, M + extra, mask, seed)
+    assert_close_to_float64(run_op(q, k, v, m), q, k, v, m)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_reads_transposed_queries_and_strided_caches_in_place(dtype):
+    """HF hands over query as [b, q, h, d].transpose(1, 2) and caches that may be slices of
+    a longer buffer: the op reads both through their strides."""
+    B, Hq, Hkv, M, N, D = 2, 6, 2, 4, 11, 32
+    q0, k0, v0 = make(B, Hq, Hkv, M, N + 5, D, dtype, 3)
+    q = q0.transpose(1, 2).contiguous().transpose(1, 2)  # [b, h, q, d] view of [b, q, h, d]
+    k, v = k0[:, :, :N], v0[:, :, 2:N + 2]
+    out = torch.full((B, M, Hq, D), float("nan"), dtype=dtype).transpose(1, 2)
+    op(q, k, v, None, D ** -0.5, out)
+    assert_close_to_float64(out, q, k, v, None)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_row_alone_equals_the_row_among_others(dtype):
+    """Bit-exact: a verification over M rows gives each row the bits of a one-token step
+    (q_len 1 against the cache up to that row), for every CPU build."""
+    B, Hq, Hkv, M, N, D = 2, 9, 3, 16, 70, 64
+    q, k, v = make(B, Hq, Hkv, M, N, D, dtype, 7, scale=2.0)
+    for isa in domino_ops.cpu.supported_isas():
+        with domino_ops.cpu.forced_isa(isa):
+            big = run_op(q, k, v)
+            for m in range(M):
+                n = N - M + m + 1
+                alone = run_op(q[:, :, m:m + 1].contiguous(), k[:, :, :n].contiguous(), v[:, :, :n].contiguous())
+                assert torch.equal(big[:, :, m:m + 1], alone), (isa, m)
+            for h in range(Hq):  # a query head alone (not blocked with its kv head's others)
+                g = h // (Hq // Hkv)
+                alone = run_op(q[:, h:h + 1].contiguous(), k[:, g:g + 1].contiguous(), v[:, g:g + 1].contiguous())
+                assert torch.equal(big[:, h:h + 1], alone), (isa, h)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("mask_dtype", [torch.bool, torch.float32])
+def test_hidden_keys_change_no_bit(dtype, mask_dtype):
+    """A row's visible keys, wherever the hidden ones sit between them (left padding, holes,
+    the other branches of a draft tree), give the bits of the same keys packed together."""
+    Hq, Hkv, D, n = 4, 2, 64, 23
+    q, k, v = make(1, Hq, Hkv, 1, n, D, dtype, 11)
+    packed = run_op(q, k, v)
+    g = torch.Generator().manual_seed(1)
+    N = 60
+    where = torch.sort(torch.randperm(N - 1, generator=g)[:n - 1]).values
+    where = torch.cat([where, torch.tensor([N - 1])])  # the row's own key is the cache's last
+    k2 = torch.randn(1, Hkv, N, D, generator=g).to(dtype) * 100  # hidden keys: large garbage
+    v2 = torch.randn(1, Hkv, N, D, generator=g).to(dtype) * 100
+    k2[:, :, where], v2[:, :, where] = k, v
+    visible = torch.zeros(1, 1, 1, N, dtype=torch.bool)
+    visible[..., where] = True
+    mask = visible if mask_dtype == torch.bool else torch.where(visible, 0.0, float("-inf")).to(mask_dtype)
+    assert torch.equal(run_op(q, k2, v2, mask), packed)
+
+
+def test_no_visible_key_gives_zeros_and_nan_propagates():
+    q, k, v = make(1, 2, 1, 2, 5, 8, torch.float32, 0)
+    mask = torch.ones(1, 2, 2, 5, dtype=torch.bool)
+    mask[:, 0, 1] = False
+    out = run_op(q, k, v, mask)
+    assert torch.equal(out[:, 0, 1], torch.zeros(1, 8)) and torch.isfinite(out[:, 1]).all()
+    k[0, 0, 0, 0] = float("nan")
+    assert torch.isnan(run_op(q, k, v)).all()  # every row sees key 0
+    q, k, v = make(1, 2, 1, 3, 3, 8, torch.float32, 1)
+    k[0, 0, 0, 0] = float("nan")
+    assert torch.isnan(run_op(q, k, v)).all()  # row 0's only key is NaN: NaN, not zeros
+
+
+def test_wrapper_returns_hf_layout_and_backends_agree():
+    q, k, v = make(2, 6, 3, 5, 12, 16, torch.float32, 5)
+    mask = random_mask(2, 6, 5, 12, "bool", 2)
+    out = domino_ops.small_batch_attention(q, k, v, mask, scale=0.3)
+    assert out.shape == (2, 6, 5, 16) and out.transpose(1, 2).is_contiguous()
+    ref = domino_ops.small_batch_attention(q, k, v, mask, scale=0.3, backend="reference")
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    sdpa = torch.nn.functional.scaled_dot_product_attention(
+        q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), is_causal=False,
+        attn_mask=torch.ones(5, 12, dtype=torch.bool).tril(12 - 5), scale=0.3)
+    torch.testing.assert_close(domino_ops.small_batch_attention(q, k, v, scale=0.3), sdpa, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("args,err,msg", [
+    (dict(q=torch.zeros(2, 2, 3)), ValueError, "q must have 4 dimensions"),
+    (dict(q=torch.zeros(1, 2, 3, 4, dtype=torch.float16)), TypeError, "q must be float32 or bfloat16"),
+    (dict(k=torch.zeros(1, 1, 5, 4, dtype=torch.bfloat16)), TypeError, "k must be float32"),
+    (dict(k=torch.zeros(1, 3, 5, 4), v=torch.zeros(1, 3, 5, 4)), ValueError, r"multiple of k's \(3\)"),
+    (dict(k=torch.zeros(1, 1, 2, 4), v=torch.zeros(1, 1, 2, 4)), ValueError, "at least q's 3 positions"),
+    (dict(v=torch.zeros(1, 1, 6, 4)), ValueError, "v must have shape"),
+    (dict(k=torch.zeros(1, 1, 5, 8)), ValueError, "k must have shape"),
+    (dict(mask=torch.ones(1, 1, 3, 4, dtype=torch.bool)), ValueError, "mask must have shape"),
+    (dict(mask=torch.ones(1, 1, 3, 5, dtype=torch.int32)), TypeError, "mask must be bool"),
+    (dict(scale=float("nan")), ValueError, "scale must be a finite number"),
+    (dict(backend="triton"), ValueError, "backend must be one of"),
+])
+def test_bad_input_names_the_argument(args, err, msg):
+    kw = dict(q=torch.zeros(1, 2, 3, 4), k=torch.zeros(1, 1, 5, 4), v=torch.zeros(1, 1, 5, 4), mask=None,
+              scale=None, backend=None)
+    kw.update(args)
+    with pytest.raises(err, match=msg):
+        domino_ops.small_batch_attention(kw.pop("q"), kw.pop("k"), kw.pop("v"), kw.pop("mask"), **kw)
+
+
+def test_op_checks_what_the_wrapper_skips():
+    """The dispatcher op (what the HF attention function calls) raises, not crashes."""
+    q, k, v = make(1, 2, 1, 3, 5, 4, torch.float32, 0)
+    out = torch.empty(1, 2, 3, 4)
+    with pytest.raises(RuntimeError, match="q, k, v and out must share a dtype"):
+        op(q, k.bfloat16(), v, None, 0.5, out)
+    with pytest.raises(RuntimeError, match="out must have q's shape"):
+        op(q, k, v, None, 0.5, torch.empty(1, 2, 3, 5))
+    with pytest.raises(RuntimeError, match="contiguous in its last dimension"):
+        op(q, torch.zeros(1, 1, 5, 8)[..., ::2], v, None, 0.5, out)
