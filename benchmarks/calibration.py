@@ -24,7 +24,7 @@ import torch
 
 import domino
 from domino.budget import Calibration
-from domino.loading import DEFAULT_DRAFTER_DIR, smollm2_dir
+from domino.loading import DEFAULT_DRAFTER_DIR, DEFAULT_OPTIONS, smollm2_dir
 from domino.model import CALIBRATION_FILE
 from eval_acceptance import humaneval_prompts
 
@@ -93,7 +93,7 @@ def main() -> None:
     parser.add_argument("--write", action="store_true", help=f"store the fit as {CALIBRATION_FILE} beside the drafter")
     args = parser.parse_args()
 
-    gen = domino.load(smollm2_dir(), args.drafter, quiet=False)
+    gen = domino.load(smollm2_dir(), args.drafter, quiet=False, **DEFAULT_OPTIONS)  # as the engine runs by default
     torch.set_grad_enabled(False)
     conf, acc, depth = collect(gen, humaneval_prompts(args.num_prompts, args.offset), args.max_new_tokens)
     fit = Calibration.fit(conf, acc, bins=args.bins, depth=depth)

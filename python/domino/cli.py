@@ -39,8 +39,10 @@ def main(argv=None) -> int:
 
     print("[domino] loading models (first run converts the GGUF once)...", file=sys.stderr, flush=True)
     if args.target:
-        gen = domino.load(args.target, args.drafter, quiet=False, dtype=getattr(torch, args.dtype),
-                          small_batch_linear=True, small_batch_attention=True)
+        from domino.loading import DEFAULT_OPTIONS
+
+        gen = domino.load(args.target, args.drafter, quiet=False,
+                          **{**DEFAULT_OPTIONS, "dtype": getattr(torch, args.dtype)})
     else:
         gen = domino.load_default(quiet=False)
     kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)

@@ -129,6 +129,11 @@ def load(target, drafter=None, tokenizer=None, *, device="cpu", dtype=torch.floa
     return DominoGenerator(model, drafter, tokenizer)
 
 
+# How load_default, the CLI and the calibration run a model on the CPU: the fastest
+# configuration that stays token-identical to the target's own decoding (load_default).
+DEFAULT_OPTIONS = dict(dtype=torch.bfloat16, small_batch_linear=True, small_batch_attention=True)
+
+
 def load_default(*, quiet: bool = True) -> DominoGenerator:
     """SmolLM2-135M-Instruct with the default drafter, all from local packages, in the
     fastest configuration that is still token-identical to the target's own decoding:
@@ -141,5 +146,4 @@ def load_default(*, quiet: bool = True) -> DominoGenerator:
     differently, and this default was fp32: ``benchmarks/bench_e2e.py``)."""
     target_dir = smollm2_dir(quiet)
     drafter = DEFAULT_DRAFTER_DIR if (DEFAULT_DRAFTER_DIR / "config.json").exists() else None
-    return load(target_dir, drafter, quiet=quiet, dtype=torch.bfloat16, small_batch_linear=True,
-                small_batch_attention=True)
+    return load(target_dir, drafter, quiet=quiet, **DEFAULT_OPTIONS)
