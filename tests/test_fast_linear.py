@@ -163,6 +163,22 @@ def test_hf_attention_is_the_part_that_is_not_batch_invariant():
     torch.testing.assert_close(big, steps, atol=1e-4, rtol=1e-4)
 
 
+def test_small_batch_attention_leaves_softcap_and_sinks_to_hf(monkeypatch):
+    """What the kernel does not compute goes to HF's own attention, not silently wrong."""
+    import transformers.integrations.sdpa_attention as sdpa
+
+    from domino.fast_attention import small_batch_attention_forward
+
+    calls = []
+    monkeypatch.setattr(sdpa, "sdpa_attention_forward", lambda *a, **kw: calls.append(kw) or ("hf", None))
+    q, k = torch.randn(1, 2, 3, 8), torch.randn(1, 1, 3, 8)
+    module = torch.nn.Module()
+    assert small_batch_attention_forward(module, q, k, k, None, softcap=30.0)[0] == "hf"
+    assert small_batch_attention_forward(module, q, k, k, None, s_aux=torch.zeros(2))[0] == "hf"
+    out, _ = small_batch_attention_forward(module, q, k, k, None, scaling=0.3)
+    assert len(calls) == 2 and out.shape == (1, 3, 2, 8)
+
+
 def test_small_batch_attention_matches_sdpa_and_undoes():
     model = target("qwen3", torch.float32)
     ids = torch.randint(0, 64, (1, 12))

@@ -11,7 +11,8 @@ fp32, for chains, trees and ragged batches alike (a hidden key contributes nothi
 even a rounding). It is also the faster attention for decoding on the CPU (SDPA pays a
 per-call setup that dwarfs a one-row attention): ``benchmarks/bench_e2e.py``.
 
-Off the CPU, or with dropout in training, the layer falls back to HF's SDPA attention.
+Off the CPU, with dropout in training, or with a logit softcap or attention sinks (which
+the kernel does not compute), the layer falls back to HF's SDPA attention.
 ``undo_small_batch_attention`` restores the previous implementation.
 """
 
@@ -30,7 +31,10 @@ def small_batch_attention_forward(module, query, key, value, attention_mask, dro
     """A HF attention function: query [b, Hq, q, d], key / value [b, Hkv, kv, d] (the cache
     included), attention_mask None, bool or additive float [b, 1, q, >= kv]; returns the
     output [b, q, Hq, d] (contiguous) and no weights."""
-    if query.device.type != "cpu" or (dropout and module.training):
+    # Off the CPU, dropout, or what the kernel does not compute (Gemma's logit softcap,
+    # attention sinks): HF's own attention.
+    if (query.device.type != "cpu" or (dropout and module.training) or kwargs.get("softcap") is not None
+            or kwargs.get("s_aux") is not None):
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
