@@ -1,6 +1,7 @@
 """What a draft vocabulary of K tokens costs and saves: held-out coverage, drafting time
 and acceptance, for several K side by side in one run, with the default target and drafter
-(SmolLM2-135M-Instruct, fp32 with the small-batch linear, as ``domino.load_default``).
+(SmolLM2-135M-Instruct as ``domino.load_default`` runs it: bf16 with the small-batch linear and attention;
+the table of 2026-11-23 in benchmarks/results/draft_vocab.txt was measured in fp32).
 
     python benchmarks/bench_draft_vocab.py --sizes 0 32768 16384 8192 4096 --num-prompts 16
 
