@@ -310,22 +310,8 @@ double exp_weights(const float* z, int64_t n, float m, double* w) {
 // (the query heads of one kv head); q and out nq * D. Work ~4 * nq * n * D flops and nq * n
 // exponentials. A decode step's keys (a few hundred rows of 64) sit in L1/L2: it runs at
 // the FMA and load ports. Per key: D / L loads shared by the nq rows, nq * D / L FMAs and
-// nq lane-sum trees (log2 L shuffle-adds each); the value pass keeps nq x up to 4
+// nq lane sums (hsum: log2 L shuffle-adds each); the value pass keeps nq x up to 4
 // accumulator vectors.
-
-// The sum of v's lanes by a fixed tree (lane i + L/2 onto lane i, then L/4, ...), in
-// shuffles: the same operations for every dot product, whichever key it belongs to.
-template <int W, size_t... I>
-DOMINO_INLINE vf fold_down(vf v, std::index_sequence<I...>) {
-  return v + __builtin_shufflevector(v, v, int((I + W) % L)...);
-}
-DOMINO_INLINE float lane_sum(vf v) {
-  if constexpr (L >= 16) v = fold_down<8>(v, std::make_index_sequence<L>{});
-  if constexpr (L >= 8) v = fold_down<4>(v, std::make_index_sequence<L>{});
-  v = fold_down<2>(v, std::make_index_sequence<L>{});
-  v = fold_down<1>(v, std::make_index_sequence<L>{});
-  return v[0];
-}
 
 template <int NQ, typename T>
 void attend_rows_n(const T* q, int64_t qs, const T* k, int64_t ks, const T* v, int64_t vs,
@@ -347,7 +333,7 @@ void attend_rows_n(const T* q, int64_t qs, const T* k, int64_t ks, const T* v, i
       for (int r = 0; r < NQ; ++r) acc[r] += load_partial(q + r * qs + Dv, D - Dv, 0.0f) * kv;
     }
     for (int r = 0; r < NQ; ++r) {
-      const float sc = lane_sum(acc[r]) * scale + (bias ? bias[j] : 0.0f);
+      const float sc = hsum(acc[r]) * scale + (bias ? bias[j] : 0.0f);
       scores[r * n + j] = sc;
       m[r] = sc > m[r] || sc != sc ? sc : m[r];  // a NaN score makes the max NaN, for good
     }

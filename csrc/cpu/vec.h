@@ -103,12 +103,19 @@ DOMINO_INLINE uint16_t to_bf16(float f) {
 DOMINO_INLINE void store_one(float* p, float x) { *p = x; }
 DOMINO_INLINE void store_one(uint16_t* p, float x) { *p = to_bf16(x); }
 
+// The sum of v's lanes by a fixed tree (lane i + L/2 onto lane i, then L/4, ...), in
+// shuffles: the same operations for every vector it sums (small_batch_attention's dot
+// products rely on that: each key's score is summed the same way wherever it sits).
+template <int W, size_t... I>
+DOMINO_INLINE vf fold_down(vf v, std::index_sequence<I...>) {
+  return v + __builtin_shufflevector(v, v, int((I + W) % L)...);
+}
 DOMINO_INLINE float hsum(vf v) {
-  float t[L];
-  std::memcpy(t, &v, sizeof(t));
-  for (int w = L / 2; w >= 1; w /= 2)
-    for (int i = 0; i < w; ++i) t[i] += t[i + w];
-  return t[0];
+  if constexpr (L >= 16) v = fold_down<8>(v, std::make_index_sequence<L>{});
+  if constexpr (L >= 8) v = fold_down<4>(v, std::make_index_sequence<L>{});
+  v = fold_down<2>(v, std::make_index_sequence<L>{});
+  v = fold_down<1>(v, std::make_index_sequence<L>{});
+  return v[0];
 }
 DOMINO_INLINE float hmax(vf v) {
   float t[L];

@@ -9,7 +9,7 @@ forward over k tokens computes every row bit for bit as k one-token decoding ste
 so greedy speculative decoding is token-identical to plain greedy decoding in bf16 as in
 fp32, for chains, trees and ragged batches alike (a hidden key contributes nothing, not
 even a rounding). It is also the faster attention for decoding on the CPU (SDPA pays a
-per-call setup that dwarfs a one-row attention): ``benchmarks/bench_e2e.py``.
+per-call setup that dwarfs a one-row attention): ``benchmarks/bench_attention.py``.
 
 Off the CPU, with dropout in training, or with a logit softcap or attention sinks (which
 the kernel does not compute), the layer falls back to HF's SDPA attention.

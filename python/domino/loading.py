@@ -110,8 +110,8 @@ def load(target, drafter=None, tokenizer=None, *, device="cpu", dtype=torch.floa
     ``small_batch_attention=True`` the target's attention on the batch-invariant attention
     kernel (:mod:`domino.fast_attention`): with both, a verification forward is
     bit-identical to one-token decoding steps, so greedy speculation is token-identical to
-    plain decoding in bf16 too.
-    :func:`load_default` turns on the first."""
+    plain decoding in bf16 too. :func:`load_default` turns on both, in bf16
+    (``DEFAULT_OPTIONS``)."""
     _say("loading the target", quiet)
     model, tokenizer = load_target(target, tokenizer, dtype=dtype, device=device)
     if drafter is None:
