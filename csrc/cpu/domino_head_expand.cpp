@@ -123,8 +123,8 @@ void expand(BL* base, const float* hproj, const float* S, const int64_t* seq, co
   const Kernels& K = kernels();
   const Gemv<W> gemv{K};
   const int64_t G3 = 3 * G, nc = n * m;
-  std::vector<float> w1s_out(n * r), act(n * r), gh(n * G3), gi(nc * G3), emb;
-  std::vector<float> S_buf, act_buf, emb_buf;
+  std::vector<float> w1s_out(n * r), gh(n * G3), gi(nc * G3);
+  AlignedFloats act(n * r), emb, S_buf, act_buf, emb_buf;  // rows_dot's operands: on a cache line
 
   // a = silu(hproj[s, d] + S @ w1s^T)
   const float* Sp = gemv.prepare(S, n, G, S_buf);

@@ -24,14 +24,22 @@
 //             L1), 18 GB/s of fp32: bound by DRAM bandwidth.
 //     sse2:   12.6 GB/s bf16 (19 from L1: no FMA, 4 lanes), 17 fp32: bf16 is nearly
 //             compute bound on one core, DRAM bound with two.
-//     avx512: 16 accumulators in 32 zmm registers, 32 bf16 columns per step; not measured
-//             here (no AVX-512 machine): expected DRAM bound like avx2.
+//     avx512: 16 accumulators in 32 zmm registers, 32 bf16 columns per step. On a Zen 5
+//             EPYC VM (2 cores): 32 GB/s of bf16 per core from DRAM with the software
+//             prefetch (vec.h kPrefetchBytes), 20 GB/s without; the avx2 build there
+//             reaches 35 GB/s: DRAM bound either way.
 //   batch 8, the multiply-adds (8 x V x r per step). One row times 8 activations with 16
 //     registers (the widened row in registers, activations from L1), 2 rows x 8 with 32.
 //     avx2: 35 G bf16 multiply-adds/s per core (38 from L1), 22 G fp32; sse2: 15 / 16 G.
 //   Rows interleaved step by step measured 35-50 % slower from DRAM than rows read one
-//   after the other (the hardware prefetchers), at 2 rows as at 8; software prefetch
-//   measured no gain. exp for the greedy log-sum-exp: one vector exp per logit.
+//   after the other (the hardware prefetchers), at 2 rows as at 8. Software prefetch 4 KB
+//   ahead (past the page the hardware prefetchers stop at) measured no gain on the AVX2
+//   machine but 1.3x per step at batch 1 on the Zen 5 VM (bench_head.py, paper shape,
+//   bf16: 32.4 -> 24.8 ms per 15-step rollout); activation buffers on a cache line
+//   (head_math.h AlignedFloats) made batch 2-8 1.6-1.7x faster there. At batch 8 and up
+//   the fp32 multiply-adds are the limit: ~80 G/s on two Zen 5 cores, 29 % of their FMA
+//   peak (2 x 8.7 G 16-lane FMAs/s measured). exp for the greedy log-sum-exp: one vector
+//   exp per logit.
 // Threading: up to three parallel phases per step. (1) rows of w1s and a (one thread when
 // w1s is under 1 MB, as at both shapes of the benchmark); (2) the vocabulary in
 // chunks of kVocabChunk rows that threads claim dynamically, so a thread slowed by another
@@ -79,8 +87,9 @@ void rollout(BL* base, const float* hproj, float* S, const W* gru_input, const W
   const bool greedy = !sp.may_sample();
   const int64_t G3 = 3 * G;
   // Activations are [b][n] throughout; rows_dot writes y[s * ys + row].
-  std::vector<float> w1s_out(b * r), act(b * r), gi(b * G3), gh(b * G3), S_new(b * G), emb;
-  std::vector<float> S_buf, act_buf, emb_buf;  // activations in rows_dot's layout
+  std::vector<float> w1s_out(b * r), gi(b * G3), gh(b * G3);
+  AlignedFloats act(b * r), S_new(b * G), emb;  // rows_dot's operands: on a cache line
+  AlignedFloats S_buf, act_buf, emb_buf;        // activations in rows_dot's layout
   std::vector<float> row;  // the one [b, V] logits row, only when sampling
   if (!greedy) row.resize(b * V);
 
