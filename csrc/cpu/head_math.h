@@ -10,11 +10,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <new>
 #include <limits>
 #include <type_traits>
 #include <vector>
 
+#include "cpu/aligned.h"
 #include "cpu/isa.h"
 
 namespace domino::cpu {
@@ -82,26 +82,6 @@ void parallel_ranges(int64_t n, int64_t align, int64_t min_per_thread, const F& 
   });
 }
 
-// Activation buffers start on a cache line. The dot products load every activation
-// vector once per weight step as a full-width operand; on the avx512 build a 64-byte
-// load that straddles two lines made batch-8 w2 products ~1.8x slower on the Zen 5 VM
-// (rows_dot at V = 151936, r = 256: 11 ms misaligned vs 6 ms aligned), and
-// std::vector<float> only guarantees 16 bytes.
-template <typename T>
-struct CacheLineAllocator {
-  using value_type = T;
-  static constexpr std::align_val_t kAlign{64};
-  CacheLineAllocator() = default;
-  template <typename U>
-  CacheLineAllocator(const CacheLineAllocator<U>&) {}
-  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), kAlign)); }
-  void deallocate(T* p, size_t) { ::operator delete(p, kAlign); }
-  template <typename U>
-  bool operator==(const CacheLineAllocator<U>&) const { return true; }
-  template <typename U>
-  bool operator!=(const CacheLineAllocator<U>&) const { return false; }
-};
-using AlignedFloats = std::vector<float, CacheLineAllocator<float>>;
 
 // Weight matrices of dtype W against nb activation vectors through the active build.
 template <typename W>

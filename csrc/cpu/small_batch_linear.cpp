@@ -84,6 +84,7 @@
 #define DOMINO_SBL_X86 0
 #endif
 
+#include "cpu/aligned.h"
 #include "ops.h"
 
 // GCC 12 flags the _mm512_undefined_* inside avx512fintrin.h's shifts once inlined here.
@@ -581,8 +582,8 @@ void forward(Isa isa, const at::Tensor& x, const at::Tensor& weight, const float
   // At least ~32 KB of weights per thread, so tiny layers do not pay for a fork.
   const int64_t grain = std::max<int64_t>(1, (32 << 10) / (NR * K * static_cast<int64_t>(sizeof(W))));
   const bool dot_bf16 = isa == Isa::kAvx512Bf16;  // the caller took it only for bf16 x and weights
-  thread_local std::vector<float> xp;
-  thread_local std::vector<BF16> xb;
+  thread_local CacheLineVector<float> xp;  // cache-line aligned: every x load is one line
+  thread_local CacheLineVector<BF16> xb;
   if (dot_bf16) xb.resize(std::min(M, kMaxRowsPerPass) * Kp);
   else xp.resize(std::min(M, kMaxRowsPerPass) * Kp);
   for (int64_t m0 = 0; m0 < M; m0 += kMaxRowsPerPass) {
