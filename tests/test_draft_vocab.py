@@ -64,6 +64,11 @@ def test_subset_drafts_the_best_subset_token_by_the_same_logits():
     assert torch.isinf(chain.logits[..., [i for i in range(64) if i not in SUBSET.tolist()]]).all()
     torch.testing.assert_close(chain.logits[..., SUBSET], full[..., SUBSET], rtol=1e-5, atol=1e-5)
     assert torch.equal(tree.candidates[:, 1:4], masked[:, 0].topk(3, dim=-1).indices)
+    # the whole-vocabulary rows are built on access, from the draft-vocabulary ones
+    assert chain.vocab_logits.shape[-1] == len(SUBSET)
+    first = chain.prefix(2)
+    assert torch.equal(first.tokens, chain.tokens[:, :2])
+    assert torch.equal(first.logits, chain.logits[:, :2])
 
 
 @pytest.mark.parametrize("use_head", [True, False])

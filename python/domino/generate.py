@@ -226,10 +226,11 @@ class DominoGenerator:
 
     def _draft_and_choose(self, st: _Decoding, live, use_head, sampling, costs, num_drafts,
                           depth_acceptance: DepthAcceptance):
-        """This round's drafts [b, k] and the logits they were chosen from [b, k, V]: n
-        drafted and the first k of them kept for verification, fixed (``num_drafts``) or
-        chosen from ``costs`` (n planned from the acceptance per depth so far in this call,
-        then k from the calibrated confidence of the live sequences' drafts)."""
+        """This round's drafts [b, k] and the logits they were chosen from [b, k, V] (None
+        at temperature 0: greedy verification compares tokens only): n drafted and the
+        first k of them kept for verification, fixed (``num_drafts``) or chosen from
+        ``costs`` (n planned from the acceptance per depth so far in this call, then k from
+        the calibrated confidence of the live sequences' drafts)."""
         n = num_drafts if costs is None else budget.best_draft_length(depth_acceptance.rates(), costs, len(live))
         if n == 0:  # a plain decoding step: nothing is worth drafting
             V, b = self.drafter.config.vocab_size, st.anchor.shape[0]
@@ -240,12 +241,13 @@ class DominoGenerator:
         if costs is not None:
             accept_probs = self.drafter.calibration(draft.confidence[live])
             k = budget.best_verify_length(accept_probs, costs, n)
-        return draft.tokens[:, :k], draft.logits[:, :k]
+        return draft.tokens[:, :k], draft.prefix(k).logits if sampling.any_sampled else None
 
     @staticmethod
     def _verify_chain(draft_tokens, draft_logits, logits, sampling: RowSampling):
         """Verified tokens [b, k+1] and accepted drafts [b] for drafts [b, k] (chosen from
-        draft_logits [b, k, V]) against the target's logits [b, k+1, V]: greedy matching, or
+        draft_logits [b, k, V]; None is fine at temperature 0) against the target's logits
+        [b, k+1, V]: greedy matching, or
         rejection sampling against the drafter's distribution; k = 0 is a plain step."""
         if draft_tokens.shape[1] == 0:
             token = domino_ops.sample(logits[:, 0], **sampling.op_kwargs())

@@ -142,14 +142,37 @@ class DraftContextCache:
 
 @dataclass
 class Draft:
-    tokens: torch.Tensor  # [b, n] int64
-    logits: torch.Tensor  # [b, n, V] float32: the logits each token was chosen from
+    """One round's drafted tokens of a batch and what they were chosen from."""
+
+    tokens: torch.Tensor  # [b, n] int64 target token ids
+    # [b, n, K] float32: the logits each token was chosen from, over the drafter's draft
+    # vocabulary (K = V when it has none, as the tests' stand-in drafters)
+    vocab_logits: torch.Tensor
     # [b, n] float32: the largest probability of the distribution each token was chosen
     # from (the token's own probability at temperature 0): the drafter's confidence, which
     # domino.budget maps to an acceptance probability. Position i's depends only on the
     # tokens before it, so a verify length chosen from it by a stopping rule keeps
     # rejection sampling exact.
     confidence: torch.Tensor
+    draft_vocab: torch.Tensor | None = None  # [K] int64: the target id of each draft-vocabulary index
+    vocab_size: int | None = None  # V, the target's vocabulary (with a draft vocabulary)
+
+    def prefix(self, k: int) -> "Draft":
+        """The first k drafts of every sequence."""
+        return Draft(self.tokens[:, :k], self.vocab_logits[:, :k], self.confidence[:, :k], self.draft_vocab,
+                     self.vocab_size)
+
+    @property
+    def logits(self) -> torch.Tensor:
+        """[b, n, V] float32 over the target's whole vocabulary, -inf outside the draft
+        vocabulary: the draft distribution rejection sampling needs. Built on access (a
+        [b, n, V] fill costs ~0.5 ms a round on the CPU), so greedy verification, which
+        compares tokens only, never pays for it."""
+        if self.draft_vocab is None:
+            return self.vocab_logits
+        rows = self.vocab_logits
+        full = rows.new_full((*rows.shape[:-1], self.vocab_size), float("-inf"))
+        return full.index_copy_(-1, self.draft_vocab, rows)
 
 
 class DominoDraftModel(nn.Module):
@@ -406,8 +429,8 @@ class DominoDraftModel(nn.Module):
         first ``pure_draft_prefix_len`` from the base logits, the rest by the Domino head
         rollout (or all from the base logits when the head is off). ``sampling`` holds each
         of the b sequences' sampling arguments (None: greedy). The :class:`Draft` holds
-        target token ids and logits over the whole vocabulary (-inf outside the draft
-        vocabulary)."""
+        target token ids and the logits over the draft vocabulary (its ``logits``: over the
+        whole vocabulary, -inf outside the draft vocabulary)."""
         c = self.config
         b, n, V = logits.shape
         sampling = sampling or RowSampling(0.0, 0, 1.0, None, False)
@@ -442,7 +465,7 @@ class DominoDraftModel(nn.Module):
 
     def _draft(self, tokens: torch.Tensor, logits: torch.Tensor, confidence: torch.Tensor) -> Draft:
         """A :class:`Draft` from draft-vocabulary tokens [b, n] and logits [b, n, K]."""
-        return Draft(self._to_target_ids(tokens), self._to_full_vocab(logits, float("-inf")), confidence)
+        return Draft(self._to_target_ids(tokens), logits, confidence, self.draft_vocab, self.config.vocab_size)
 
     @torch.no_grad()
     def draft_tree(self, cache: DraftContextCache, anchor: torch.Tensor, anchor_pos: torch.Tensor, *, topk: int,
