@@ -79,6 +79,34 @@ def test_depth_acceptance_counts_only_reached_depths():
     assert d.accepted == [3.0, 2.0, 2.0, 2.0]
 
 
+def test_depth_acceptance_forgets_back_to_the_prior():
+    """Evidence fades by 1 - 1/memory a round: after a run of rejections the plan stops
+    drafting, and rounds that draft nothing bring the rates back to the prior, so a later
+    round drafts (and measures) again."""
+    c = costs([10.0, 10.5, 11.0, 11.5], [2.0, 2.2, 2.4, 2.6])
+    d = DepthAcceptance(1, prior=0.6, prior_weight=4.0, memory=8.0)  # plans 0 or 1 draft
+    assert budget.best_draft_length(d.rates(), c) > 0
+    for _ in range(20):
+        d.update([1], [0])  # the first draft rejected every round
+    assert d.rates()[0] < 0.25  # 4 prior rounds at 0.6 against ~8 remembered rejections
+    assert budget.best_draft_length(d.rates(), c) == 0
+    rounds = 0
+    while budget.best_draft_length(d.rates(), c) == 0:
+        d.update([0], [0])  # plain steps: nothing verified
+        rounds += 1
+        assert rounds < 100
+    assert rounds > 2  # not at once: the rejections still weigh for a while
+    for _ in range(200):
+        d.update([0], [0])
+    assert d.rates() == pytest.approx([0.6])
+    # without rounds, nothing changes; an update's own counts are added after the fading
+    e = DepthAcceptance(2, prior=0.5, prior_weight=2.0, memory=4.0)
+    e.update([2], [2])
+    assert e.tried == [3.0, 3.0] and e.accepted == [2.0, 2.0]
+    e.update([0], [0])
+    assert e.tried == pytest.approx([2.75, 2.75]) and e.accepted == pytest.approx([1.75, 1.75])
+
+
 def test_calibration_fit_is_monotone_and_recovers_rates():
     g = torch.Generator().manual_seed(2)
     conf = torch.rand(20000, generator=g)
