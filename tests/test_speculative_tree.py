@@ -313,11 +313,11 @@ def test_adaptive_tree_is_planned_before_drafting(costs, expect):
     gen.drafter.draft_tree = lambda *a, **kw: trees.append(1) or real(*a, **kw)
     spec = gen.generate(ps, max_new_tokens=40, tree=TreeShape(2, 3))
     assert spec.token_ids == greedy_plain(gen, ps, 40)
-    v = spec.verified_lengths[0]
-    plain = v.index(1) if 1 in v else len(v)
-    assert v[plain:] == [1] * (len(v) - plain)  # once plain, the seen acceptance no longer moves
-    assert len(trees) == plain and all(x > 1 for x in v[:plain])
-    assert {"trees": plain == len(v), "plain": plain == 0, "trees, then plain": 0 < plain < len(v)}[expect]
+    drafted = [x > 1 for x in spec.verified_lengths[0]]
+    assert len(trees) == sum(drafted)  # a tree was drafted exactly in the rounds that verified one
+    # (after plain rounds the seen acceptance fades back to the prior, and the plan may
+    # draft again: tests/test_budget.py)
+    assert {"trees": all(drafted), "plain": not any(drafted), "trees, then plain": drafted[0] and not all(drafted)}[expect]
 
 
 def test_stop_conditions_and_streaming():
