@@ -33,6 +33,8 @@ def test_domino_checkpoint_layout_and_round_trip(tmp_path):
     cfg = json.loads((tmp_path / "config.json").read_text())
     assert cfg["architectures"] == ["DominoDraftModel"]
     assert cfg["model_type"] == "qwen3" and cfg["block_size"] == 8 and cfg["num_target_layers"] == 4
+    # the weights are as readable as the config (safetensors alone writes them 0600)
+    assert (tmp_path / "model.safetensors").stat().st_mode & 0o777 == (tmp_path / "config.json").stat().st_mode & 0o777
     assert cfg["dflash_config"] == {"mask_token_id": 63, "target_layer_ids": c.target_layer_ids,
                                     "projector_type": "domino", "emb_dim": 8, "gru_hidden_dim": 16,
                                     "pure_draft_prefix_len": 1, "shift_label": False}

@@ -531,7 +531,11 @@ class DominoDraftModel(nn.Module):
         state = {k: v.detach().to(dtype).contiguous() for k, v in self.state_dict().items()}
         if self.draft_vocab is not None:
             state[DRAFT_VOCAB_KEY] = self.draft_vocab.cpu().contiguous()
-        save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
+        weights = directory / "model.safetensors"
+        save_file(state, str(weights), metadata={"format": "pt"})
+        # safetensors writes the file 0600 whatever the umask; give it config.json's mode,
+        # so a drafter saved for a team is as readable as its config
+        weights.chmod((directory / "config.json").stat().st_mode & 0o777)
         if self.calibration.edges:
             self.calibration.save(directory / CALIBRATION_FILE)
 
