@@ -11,7 +11,8 @@ import torch
 
 from tiny_models import tiny_target
 from training.data import load_shards, make_batch
-from training.generate_data import count_tokens, parse_worker, regenerate, shard_path, write_shard
+from training.generate_data import (count_tokens, features_path, features_to_rebuild, parse_worker, regenerate,
+                                    shard_path, write_shard)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -93,6 +94,21 @@ def test_draft_hidden_is_the_contiguous_draft_positions():
     for n, want in ((None, h[..., first:, :]), (2, h[..., first:first + 2, :])):
         got = model.draft_hidden(h, n)
         assert got.is_contiguous() and torch.equal(got, want)
+
+
+def test_feature_rebuilds_are_split_evenly_between_workers(tmp_path):
+    """Shards lacking features are dealt out by rank, so the workers' shares are disjoint,
+    cover every such shard, and differ in size by at most one, even when all of them have
+    even indices (by index, worker 0 of 2 would get them all)."""
+    for i in range(12):
+        shard_path(tmp_path, i).write_text("")
+        if i % 2 or i >= 10:  # odd shards and 10, 11 have their features
+            features_path(shard_path(tmp_path, i)).write_bytes(b"")
+    lacking = {shard_path(tmp_path, i) for i in (0, 2, 4, 6, 8)}
+    shares = [features_to_rebuild(tmp_path, w, 2) for w in range(2)]
+    assert set(shares[0]) | set(shares[1]) == lacking and not set(shares[0]) & set(shares[1])
+    assert sorted(len(s) for s in shares) == [2, 3]
+    assert features_to_rebuild(tmp_path, 0, 1) == sorted(lacking)
 
 
 @pytest.mark.parametrize("text", ["2/2", "-1/2", "1", "a/b", "1/0"])

@@ -19,7 +19,8 @@ after its first EOS.
 The token shards are small and are what costs time (decoding token by token), so they are
 committed to the repository (training/regenerated/); the feature files are large and
 ignored by git. A shard whose feature file is missing gets it back from one teacher-forced
-forward over its conversations (``features_from_ids``), minutes instead of hours.
+forward over its conversations (``features_from_ids``), minutes instead of hours; N
+workers split those rebuilds evenly (``--target-tokens 0`` only rebuilds).
 """
 
 from __future__ import annotations
@@ -49,6 +50,15 @@ def features_path(shard: Path) -> Path:
     "top_ids" [R, k] int32 / "top_logprobs" [R, k] float16, the target's top-k
     log-probabilities at each of the R response tokens, with "response_offsets" [convs + 1]."""
     return shard.with_suffix(".features.safetensors")
+
+
+def features_to_rebuild(out: Path, worker: int, n_workers: int) -> list[Path]:
+    """The token shards in ``out`` without a feature file (a fresh clone: all of them) that
+    worker I of N rebuilds: every N-th by rank in that sorted list, not by shard index, so
+    each worker gets ~1/N of them however the missing ones are spread (by index, one worker
+    got most of the work when only some shards lacked features)."""
+    lacking = sorted(path for path in out.glob("shard_*.jsonl") if not features_path(path).exists())
+    return lacking[worker::n_workers]
 
 
 def parse_worker(text: str) -> tuple[int, int]:
@@ -325,6 +335,7 @@ def main() -> None:
     worker, n_workers = args.worker
     mine = [shard_path(args.out, i) for i in range(worker, n_shards, n_workers)]
     todo = [i for i, path in zip(range(worker, n_shards, n_workers), mine) if not path.exists()]
+    rebuild = features_to_rebuild(args.out, worker, n_workers)  # listed before decoding adds any
     # Decoding first: it is what costs hours and what gets committed. Then the features of
     # committed token shards (a fresh clone has none), minutes per shard.
     for j in range(0, len(todo), args.shards_per_batch):
@@ -338,8 +349,8 @@ def main() -> None:
         tokens, convs = count_tokens(args.out)  # the other workers' shards count too
         bar.update(min(tokens, args.target_tokens) - bar.n)
     bar.close()
-    for path in mine:
-        if path.exists() and not features_path(path).exists():
+    for path in rebuild:
+        if not features_path(path).exists():
             print(f"rebuilding the features of {path.name}")
             write_shard(path, features_from_ids(model, read_shard_records(path), layer_ids, pad, args.top_k))
     print(f"done: {convs} conversations, {tokens} response tokens in {args.out}")
