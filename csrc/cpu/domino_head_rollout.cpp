@@ -36,7 +36,7 @@
 //   ahead (past the page the hardware prefetchers stop at) measured no gain on the AVX2
 //   machine but 1.3x per step at batch 1 on the Zen 5 VM (bench_head.py, paper shape,
 //   bf16: 32.4 -> 24.8 ms per 15-step rollout); activation buffers on a cache line
-//   (head_math.h AlignedFloats) made batch 2-8 1.6-1.7x faster there. At batch 8 and up
+//   (cpu/aligned.h) made batch 2-8 1.6-1.7x faster there. At batch 8 and up
 //   the fp32 multiply-adds are the limit: ~80 G/s on two Zen 5 cores, 29 % of their FMA
 //   peak (2 x 8.7 G 16-lane FMAs/s measured). exp for the greedy log-sum-exp: one vector
 //   exp per logit.

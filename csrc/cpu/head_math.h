@@ -82,7 +82,6 @@ void parallel_ranges(int64_t n, int64_t align, int64_t min_per_thread, const F& 
   });
 }
 
-
 // Weight matrices of dtype W against nb activation vectors through the active build.
 template <typename W>
 struct Gemv {

@@ -183,6 +183,8 @@ class DepthAcceptance:
 
     def __init__(self, depths: int, prior: float | Sequence[float] = 0.5, prior_weight: float = 4.0,
                  memory: float = 32.0):
+        if not memory >= 1.0:
+            raise ValueError(f"memory must be >= 1 round, got {memory!r}")
         rates = [prior] * depths if isinstance(prior, (int, float)) else list(prior)[:depths]
         rates += [rates[-1] if rates else 0.5] * (depths - len(rates))
         self.prior_accepted = [r * prior_weight for r in rates]
