@@ -140,6 +140,15 @@ class DraftContextCache:
         return self.mask.shape[1]
 
 
+def to_full_vocab(rows: torch.Tensor, draft_vocab: torch.Tensor | None, vocab_size: int, fill: float) -> torch.Tensor:
+    """Rows [.., K] over a draft vocabulary (``draft_vocab`` [K] int64: the target id of
+    each index) -> [.., vocab_size], ``fill`` outside it; the rows themselves without one."""
+    if draft_vocab is None:
+        return rows
+    full = rows.new_full((*rows.shape[:-1], vocab_size), fill)
+    return full.index_copy_(-1, draft_vocab, rows)
+
+
 @dataclass
 class Draft:
     """One round's drafted tokens of a batch and what they were chosen from."""
@@ -168,11 +177,7 @@ class Draft:
         vocabulary: the draft distribution rejection sampling needs. Built on access (a
         [b, n, V] fill costs ~0.5 ms a round on the CPU), so greedy verification, which
         compares tokens only, never pays for it."""
-        if self.draft_vocab is None:
-            return self.vocab_logits
-        rows = self.vocab_logits
-        full = rows.new_full((*rows.shape[:-1], self.vocab_size), float("-inf"))
-        return full.index_copy_(-1, self.draft_vocab, rows)
+        return to_full_vocab(self.vocab_logits, self.draft_vocab, self.vocab_size, float("-inf"))
 
 
 class DominoDraftModel(nn.Module):
@@ -335,13 +340,6 @@ class DominoDraftModel(nn.Module):
     def _to_target_ids(self, tokens: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary indices -> target token ids (identity without a draft vocabulary)."""
         return tokens if self.draft_vocab is None else self.draft_vocab[tokens]
-
-    def _to_full_vocab(self, rows: torch.Tensor, fill: float) -> torch.Tensor:
-        """Rows [.., K] over the draft vocabulary -> [.., V], ``fill`` outside it."""
-        if self.draft_vocab is None:
-            return rows
-        full = rows.new_full((*rows.shape[:-1], self.config.vocab_size), fill)
-        return full.index_copy_(-1, self.draft_vocab, rows)
 
     def gru_state(self, tokens: torch.Tensor) -> torch.Tensor:
         """GRU state [b, G] float32 after consuming tokens [b, n] from a zero state."""
@@ -516,7 +514,8 @@ class DominoDraftModel(nn.Module):
             return tree
         # draft-vocabulary indices -> target ids (the root is the anchor, a target id already)
         candidates = torch.cat([tree.candidates[:, :1], self._to_target_ids(tree.candidates[:, 1:])], dim=1)
-        probs = None if tree.draft_probs is None else self._to_full_vocab(tree.draft_probs, 0.0)
+        probs = (None if tree.draft_probs is None
+                 else to_full_vocab(tree.draft_probs, self.draft_vocab, self.config.vocab_size, 0.0))
         return domino_ops.DraftTree(tree.parent_list, tree.selected_index, candidates, probs, tree.candidate_scores,
                                     self._to_target_ids(tree.candidate_tokens))
 
