@@ -333,8 +333,7 @@ def main() -> None:
 
     bar = tqdm(total=args.target_tokens, initial=min(tokens, args.target_tokens), unit="tok", desc="responses")
     worker, n_workers = args.worker
-    mine = [shard_path(args.out, i) for i in range(worker, n_shards, n_workers)]
-    todo = [i for i, path in zip(range(worker, n_shards, n_workers), mine) if not path.exists()]
+    todo = [i for i in range(worker, n_shards, n_workers) if not shard_path(args.out, i).exists()]
     rebuild = features_to_rebuild(args.out, worker, n_workers)  # listed before decoding adds any
     # Decoding first: it is what costs hours and what gets committed. Then the features of
     # committed token shards (a fresh clone has none), minutes per shard.
