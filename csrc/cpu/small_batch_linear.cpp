@@ -20,8 +20,11 @@
 // step is copied into a zero-padded stack buffer, so no load ever passes the end of a row.
 // Threads split N into contiguous blocks of NR weight rows (at::parallel_for); within a
 // block, tiles of NR weight rows x MR x rows accumulate over all of K in registers, the
-// block's weights staying in L1 across the M/MR tiles. The block kPrefetchBlocks ahead is
-// prefetched meanwhile, spread over the block's tiles.
+// block's weights staying in L1 across the M/MR tiles. Every weight line a tile reads comes
+// with a software prefetch (to L2) of the line kPrefetchAheadWeights further on: the rows
+// of a thread's blocks are one contiguous range, so that is ~2 blocks ahead, past the
+// 4 KB page where the hardware prefetchers stop. Without it the stream and the arithmetic
+// do not overlap at all (16 rows cost the one-row stream plus the in-cache compute).
 //
 // Per instruction-set path (chosen at run time from CPUID; the environment variable
 // DOMINO_SMALL_BATCH_LINEAR_ISA=avx512_bf16|avx512|avx2|generic forces a lower path, e.g. for
@@ -40,8 +43,9 @@
 //   FMA paths (VDPBF16PS flushes denormal inputs and results to zero: a bf16 activation
 //   below 1.2e-38 counts as 0). Twice avx512's multiply-adds per instruction: on the Zen 5
 //   VM, M = 16 with weights in cache 1.8-2x faster than avx512 (~250 G multiply-adds/s on
-//   2 cores); streaming a whole model's weights from memory, compute and the stream barely
-//   overlap (16 rows ~2.2x one row; software prefetch distance 0-16 blocks changed nothing).
+//   2 cores), and with the prefetch the same rate streaming from memory: the 49152 x 576
+//   LM head at M = 16 in 1.7 ms on 2 cores (3.3 ms when no prefetch was emitted), M = 1
+//   in ~1.05 ms (~54 GB/s).
 // - avx2 (AVX2 + FMA): 16 ymm. fp32 weights: tiles of 3 weight rows x
 //   4 x rows = 12 accumulators of 8 lanes + 3 weight registers, x taken from L1/L2 as the
 //   FMAs' memory operand: per 8 columns 3 + 12 loads for 12 FMAs, so the 2 load ports
@@ -97,8 +101,21 @@ using BF16 = c10::BFloat16;
 
 // Rows of x per pass: x's packed copy (64 * Kp floats) stays in L2.
 constexpr int64_t kMaxRowsPerPass = 64;
-// Weight blocks ahead of the one being multiplied that are prefetched to L2.
-constexpr int64_t kPrefetchBlocks = 2;
+// How far ahead of the line a tile reads in a weight row it prefetches, in weights (8 KB
+// of bf16, 16 KB of fp32), to L2 (to L1, T0, measured ~2x slower at M >= 4: it evicts the
+// block the tiles are reusing). A block's NR rows are contiguous and a thread walks its
+// blocks in order, so that is a line the thread reads ~2 blocks later. Zen 5 VM, 2 threads:
+// the 49152 x 576 bf16 LM head alone, avx512_bf16 M = 16 3.3 -> 1.8 ms, avx2 path M = 1
+// 1.5 -> 1.0 ms and M = 16 6.5 -> 4.3 ms; SmolLM2's whole 16-token forward bf16 26.5 ->
+// 19.5 ms, fp32 37 -> 29 ms, each against no prefetch, the one-token forward within 3 %.
+// Half or twice the distance: bf16 within noise; fp32 at 8 KB made one token 8 % slower.
+constexpr int64_t kPrefetchAheadWeights = 4096;
+
+// The builtin, not _mm_prefetch in a target("avx512f") member of the Traits: called from
+// the tile templates (compiled for the default target, inlined only by `flatten` later),
+// such a void member was first judged free of side effects and its calls deleted, so
+// the x86 paths ran with no software prefetch at all.
+inline void prefetch_line(const char* p) { __builtin_prefetch(p, 0, 2); }
 
 // ---- instruction sets -------------------------------------------------------------------
 // Each Traits type gives the vector type and the few primitives the tiles use. The tiles
@@ -135,7 +152,6 @@ struct Generic {
     std::memcpy(&v, &u, sizeof(v));
     return v;
   }
-  static void prefetch(const void* p) { __builtin_prefetch(p, 0, 2); }
   static void pin(V&) {}
   // out[i] = ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)) of a[i].
   static void reduce4(const V* a, float* out) {
@@ -167,7 +183,6 @@ struct Avx2 {
     return _mm256_castsi256_ps(_mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)),
                                                 _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
   }
-  DOMINO_AVX2 static void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1); }
   // Keeps v in a register: otherwise GCC folds the x load into every FMA that uses it
   // (NR loads instead of one), which makes the tile load-bound.
   DOMINO_AVX2 static void pin(V& v) { asm("" : "+x"(v)); }
@@ -195,7 +210,6 @@ struct Avx512 {
   DOMINO_AVX512 static V bf16_odd(const BF16* p) {
     return _mm512_castsi512_ps(_mm512_and_si512(_mm512_loadu_si512(p), _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
   }
-  DOMINO_AVX512 static void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1); }
   DOMINO_AVX512 static void pin(V& v) { asm("" : "+v"(v)); }
   DOMINO_AVX512 static __m256 fold(V v) {  // lane i + lane i + 8
     return _mm256_add_ps(_mm512_castps512_ps256(v),
@@ -276,27 +290,28 @@ inline void tile_step(typename T::V (&acc)[NR][MR], const W* const (&wr)[NR], in
 }
 
 // sums[j * NR + r] = dot(w[r, :K], x[j, :K]) for an NR x MR tile. w: the tile's first
-// weight row (rows K apart); x: the tile's first packed x row (rows Kp apart). When pf is
-// set, about the bytes [pf, pf + steps * pf_step) are prefetched along the way.
+// weight row (rows K apart); x: the tile's first packed x row (rows Kp apart). Every cache
+// line of a weight row that a step reads has the line kPrefetchAheadWeights further on in
+// memory prefetched with it.
 template <class T, int NR, int MR, typename W>
-inline void tile(const W* w, int64_t K, const PackedX<T>* x, int64_t Kp, float* sums, const char* pf,
-                 int64_t pf_step) {
+inline void tile(const W* w, int64_t K, const PackedX<T>* x, int64_t Kp, float* sums) {
   using V = typename T::V;
   constexpr int64_t step = kStep<T, W>;
+  constexpr int64_t step_bytes = step * static_cast<int64_t>(sizeof(W));  // 32 or 64
+  static_assert(step_bytes == 32 || step_bytes == 64);
   const int64_t full = K / step;
   V acc[NR][MR];
   for (int r = 0; r < NR; ++r)
     for (int j = 0; j < MR; ++j) acc[r][j] = T::zero();
   const W* wr[NR];
   for (int r = 0; r < NR; ++r) wr[r] = w + r * K;
-  if (pf != nullptr) {
-    for (int64_t s = 0; s < full; ++s) {
-      T::prefetch(pf + s * pf_step);
-      if (pf_step > 64) T::prefetch(pf + s * pf_step + 64);
-      tile_step<T, NR, MR>(acc, wr, s * step, x, Kp, s * step);
-    }
-  } else {
-    for (int64_t s = 0; s < full; ++s) tile_step<T, NR, MR>(acc, wr, s * step, x, Kp, s * step);
+  for (int64_t s = 0; s < full; ++s) {
+    // One prefetch per line: every step when a step reads a whole line, every other one
+    // when it reads half of one.
+    if (step_bytes == 64 || (s & 1) == 0)
+      for (int r = 0; r < NR; ++r)
+        prefetch_line(reinterpret_cast<const char*>(wr[r] + s * step + kPrefetchAheadWeights));
+    tile_step<T, NR, MR>(acc, wr, s * step, x, Kp, s * step);
   }
   if (full * step < K) {  // the tail, from zero-padded copies of the rows' last columns
     const int64_t rest = K - full * step;
@@ -345,25 +360,20 @@ struct Problem {
 };
 
 // Rows [n0, n0 + NR) of the output for all M x rows (NR = 1: one row of a partial block).
-// pf: the weight block to prefetch meanwhile (or null), spread evenly over the tiles.
 template <class T, int NR, int MR, typename W, typename O>
-inline void block_rows(const Problem& p, int64_t n0, const char* pf, int64_t pf_bytes) {
+inline void block_rows(const Problem& p, int64_t n0) {
   const W* w = static_cast<const W*>(p.w) + n0 * p.K;
   O* out = static_cast<O*>(p.out);
   float sums[NR * MR];
   const int64_t tiles = (p.M + MR - 1) / MR;
-  const int64_t steps = std::max<int64_t>(1, p.K / kStep<T, W>);
-  const int64_t pf_tile = (pf_bytes + tiles - 1) / tiles;
-  const int64_t pf_step = (pf_tile + steps - 1) / steps;
   for (int64_t t = 0; t < tiles; ++t) {
     const int64_t m0 = t * MR;
     const int mr = static_cast<int>(std::min<int64_t>(MR, p.M - m0));
     const PackedX<T>* x = static_cast<const PackedX<T>*>(p.x) + m0 * p.Kp;
-    const char* tile_pf = pf != nullptr ? pf + t * pf_tile : nullptr;
     switch (mr) {  // MR is a template parameter: one register tile per remainder size
-#define DOMINO_SBL_CASE(c)                                                          \
-  case c:                                                                           \
-    if constexpr (c <= MR) tile<T, NR, c>(w, p.K, x, p.Kp, sums, tile_pf, pf_step); \
+#define DOMINO_SBL_CASE(c)                                          \
+  case c:                                                           \
+    if constexpr (c <= MR) tile<T, NR, c>(w, p.K, x, p.Kp, sums); \
     break;
       DOMINO_SBL_CASE(1)
       DOMINO_SBL_CASE(2)
@@ -383,20 +393,13 @@ inline void block_rows(const Problem& p, int64_t n0, const char* pf, int64_t pf_
 template <class T, typename W, typename O>
 inline void run_blocks(const Problem& p, int64_t b0, int64_t b1) {
   constexpr int NR = T::template kNR<W>, MR = T::template kMR<W>;
-  const int64_t block_bytes = NR * p.K * static_cast<int64_t>(sizeof(W));
-  constexpr int64_t ahead = kPrefetchBlocks;
   for (int64_t b = b0; b < b1; ++b) {
     const int64_t n0 = b * NR;
     const int64_t nr = std::min<int64_t>(NR, p.N - n0);
-    // Prefetch block b + ahead if it is this thread's and whole.
-    const int64_t bp = b + ahead;
-    const char* pf = ahead > 0 && bp < b1 && (bp + 1) * NR <= p.N
-                         ? static_cast<const char*>(p.w) + bp * block_bytes
-                         : nullptr;
     if (nr == NR) {
-      block_rows<T, NR, MR, W, O>(p, n0, pf, block_bytes);
+      block_rows<T, NR, MR, W, O>(p, n0);
     } else {
-      for (int64_t n = n0; n < n0 + nr; ++n) block_rows<T, 1, MR, W, O>(p, n, nullptr, 0);
+      for (int64_t n = n0; n < n0 + nr; ++n) block_rows<T, 1, MR, W, O>(p, n);
     }
   }
 }
