@@ -24,6 +24,7 @@ machine and thread count by :func:`measure_round_costs` and cached on disk as JS
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -262,10 +263,20 @@ def best_tree_size(path_probs: torch.Tensor, scores: torch.Tensor, costs: RoundC
 # ---- costs -----------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=1)
+def kernels_fingerprint() -> str:
+    """A hash of the compiled domino_ops extension's bytes: a rebuilt kernel (a new
+    release, a local change) can change every cost, so cached costs must not outlive it."""
+    from domino_ops import _C
+
+    return hashlib.sha256(Path(_C.__file__).read_bytes()).hexdigest()[:16]
+
+
 def cost_key(gen, batch_size: int) -> str:
     """What the costs depend on: the models' shapes and dtypes, the drafter's draft
-    vocabulary, the device, the machine, torch's version and thread count, whether the
-    small-batch linear is on, the target's attention implementation, the batch size."""
+    vocabulary, the device, the machine, torch's version and thread count, the compiled
+    kernels, whether the small-batch linear is on, the target's attention implementation,
+    the batch size."""
     from domino.fast_linear import uses_small_batch_linear
 
     target = gen.target
@@ -280,6 +291,7 @@ def cost_key(gen, batch_size: int) -> str:
         "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else cpu.model(),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
+        "kernels": kernels_fingerprint(),
         "small_batch_linear": uses_small_batch_linear(target),
         "attention": target.config._attn_implementation,
         "batch_size": batch_size,
