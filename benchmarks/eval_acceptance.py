@@ -5,6 +5,7 @@ bonus included), measured end to end with the real generator.
     python benchmarks/eval_acceptance.py tau --num-prompts 164 --max-new-tokens 128 --temperatures 0
     python benchmarks/eval_acceptance.py tau --prompts chat --num-prompts 64   # held-out chat prompts
     python benchmarks/eval_acceptance.py ablation training/runs/abl_*    # tau per drafter + loss-curve plot
+    python benchmarks/eval_acceptance.py ablation training/runs/size_* --out benchmarks/results/sizing_backbone_loss.png
     python benchmarks/eval_acceptance.py curve training/runs/long        # acceptance vs training tokens (PNG)
 
 HumanEval never enters the training data (training/prompts.py filters it out).
@@ -70,6 +71,9 @@ def cmd_tau(args) -> None:
 
 
 def cmd_ablation(args) -> None:
+    """Per training run: the trainer's last losses and held-out tau, and tau through the
+    generator on HumanEval (chains of the whole block, T = 0) head on and off; the table
+    goes to ``--table`` and the runs' smoothed backbone losses to ``--out`` (PNG)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -77,35 +81,41 @@ def cmd_ablation(args) -> None:
 
     prompts = humaneval_prompts(args.num_prompts)
     target = None
-    print(f"\nablation: tau at T = 0, head on; HumanEval prompts 0..{len(prompts) - 1}, and the held-out "
-          "ShareGPT batch the trainer evaluates (head on / off)")
-    print(f"{'run':20} | {'steps':>5} | {'base loss':>9} | {'final loss':>10} | {'HumanEval tau':>13} | "
-          f"{'held-out tau on/off':>19}")
+    lines = [f"ablation: tau at T = 0 through the generator, HumanEval prompts 0..{len(prompts) - 1}, "
+             f"{args.max_new_tokens} new tokens, chains of the whole block; and the trainer's last held-out tau "
+             "(generation stepping over held-out conversations)",
+             f"{'run':20} | {'steps':>5} | {'base loss':>9} | {'final loss':>10} | {'HumanEval on / off':>18} | "
+             f"{'on/off':>6} | {'held-out tau on/off':>19}"]
+    print("\n" + "\n".join(lines), flush=True)
     fig, ax = plt.subplots(figsize=(7, 4))
     for run in args.runs:
         run = Path(run)
         log = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
         gen = domino.load(target or smollm2_dir(), run / "drafter")
         target = gen.target
-        tau = mean_tau(gen, prompts, use_head=True, temperature=0.0, max_new_tokens=args.max_new_tokens)
+        on, off = (mean_tau(gen, prompts, use_head=h, temperature=0.0, max_new_tokens=args.max_new_tokens)
+                   for h in (True, False))
         tail = log[-20:]  # losses averaged over the last 20 steps
         lb = sum(r["loss_base"] for r in tail) / len(tail)
         lf = sum(r["loss_final"] for r in tail) / len(tail)
         held = [r for r in log if "tau_head_on" in r][-1]
-        held_tau = f"{held['tau_head_on']:.2f} / {held['tau_head_off']:.2f}"
-        print(f"{run.name:20} | {len(log):5d} | {lb:9.3f} | {lf:10.3f} | {tau:13.2f} | {held_tau:>19}")
+        held_tau = f"{held['tau_head_on']:.3f} / {held['tau_head_off']:.3f}"
+        lines.append(f"{run.name:20} | {log[-1]['step'] + 1:5d} | {lb:9.3f} | {lf:10.3f} | "
+                     f"{on:8.3f} / {off:7.3f} | {on / off:6.3f} | {held_tau:>19}")
+        print(lines[-1], flush=True)
         steps = [r["step"] for r in log]
-        smooth = _smooth([r["loss_base"] for r in log])
-        ax.plot(steps, smooth, label=f"{run.name} (backbone CE)")
+        ax.plot(steps, _smooth([r["loss_base"] for r in log]), label=f"{run.name} (backbone CE)")
     ax.set_xlabel("step")
     ax.set_ylabel("base-logit cross-entropy (smoothed)")
     ax.set_ylim(top=min(ax.get_ylim()[1], 8))
     ax.legend()
-    ax.set_title("Backbone loss with and without the base-anchored curriculum")
-    RESULTS.mkdir(exist_ok=True)
+    ax.set_title("Backbone loss per run")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(RESULTS / "curriculum_backbone_loss.png", dpi=120)
-    print(f"plot: {RESULTS / 'curriculum_backbone_loss.png'}")
+    fig.savefig(args.out, dpi=120)
+    if args.table is not None:
+        args.table.write_text("\n".join(lines) + "\n")
+    print(f"plot: {args.out}")
 
 
 def cmd_curve(args) -> None:
@@ -172,6 +182,8 @@ def main() -> None:
     a.add_argument("runs", nargs="+")
     a.add_argument("--num-prompts", type=int, default=24)
     a.add_argument("--max-new-tokens", type=int, default=64)
+    a.add_argument("--out", type=Path, default=RESULTS / "curriculum_backbone_loss.png", help="the loss plot")
+    a.add_argument("--table", type=Path, default=None, help="also write the table here")
     c = sub.add_parser("curve")
     c.add_argument("runs", nargs="+", help="training run directories (their log.jsonl), in training order")
     c.add_argument("--out", type=Path, default=RESULTS / "acceptance_vs_training_tokens.png")
