@@ -115,7 +115,14 @@ constexpr int64_t kPrefetchAheadWeights = 4096;
 // the tile templates (compiled for the default target, inlined only by `flatten` later),
 // such a void member was first judged free of side effects and its calls deleted, so
 // the x86 paths ran with no software prefetch at all.
-inline void prefetch_line(const char* p) { __builtin_prefetch(p, 0, 2); }
+// The address is computed as an integer: near the end of the weights it points past them
+// (a prefetch never faults), which pointer arithmetic may not.
+template <typename W>
+inline void prefetch_ahead(const W* p) {
+  __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(p) +
+                                                   kPrefetchAheadWeights * sizeof(W)),
+                     0, 2);
+}
 
 // ---- instruction sets -------------------------------------------------------------------
 // Each Traits type gives the vector type and the few primitives the tiles use. The tiles
@@ -310,7 +317,7 @@ inline void tile(const W* w, int64_t K, const PackedX<T>* x, int64_t Kp, float* 
     // when it reads half of one.
     if (step_bytes == 64 || (s & 1) == 0)
       for (int r = 0; r < NR; ++r)
-        prefetch_line(reinterpret_cast<const char*>(wr[r] + s * step + kPrefetchAheadWeights));
+        prefetch_ahead(wr[r] + s * step);
     tile_step<T, NR, MR>(acc, wr, s * step, x, Kp, s * step);
   }
   if (full * step < K) {  // the tail, from zero-padded copies of the rows' last columns
