@@ -607,7 +607,7 @@ void forward(Isa isa, const at::Tensor& x, const at::Tensor& weight, const float
   const bool dot_bf16 = isa == Isa::kAvx512Bf16;  // the caller took it only for bf16 x and weights
   thread_local CacheLineVector<float> xp;  // cache-line aligned: every x load is one line
   thread_local CacheLineVector<BF16> xb;
-  // At least kPackedRowsMin rows, those past a pass's own rows zero (see block_rows).
+  // At least kPackedRowsMin rows; past a pass's own 2-7 rows, zeros (see block_rows).
   const int64_t rows = std::max(std::min(M, kMaxRowsPerPass), kPackedRowsMin);
   if (dot_bf16) xb.resize(rows * Kp);
   else xp.resize(rows * Kp);
@@ -619,7 +619,7 @@ void forward(Isa isa, const at::Tensor& x, const at::Tensor& weight, const float
       pack_x(x.data_ptr<BF16>(), m0, mc, K, Kp, L, bf16_w, xp.data());
     else
       pack_x(x.data_ptr<float>(), m0, mc, K, Kp, L, bf16_w, xp.data());
-    if (mc < kPackedRowsMin) {
+    if (mc > 1 && mc < kPackedRowsMin) {  // a lone partial tile reads the zero rows
       if (dot_bf16) std::fill(xb.data() + mc * Kp, xb.data() + kPackedRowsMin * Kp, BF16(0.0f));
       else std::fill(xp.data() + mc * Kp, xp.data() + kPackedRowsMin * Kp, 0.0f);
     }
