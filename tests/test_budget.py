@@ -196,3 +196,10 @@ def test_tree_size_follows_costs():
     mid = costs([10.0, 10.0, 10.5, 11.0, 20.0, 21.0, 22.0, 23.0], [1.0] * 4)
     # the first three candidates are worth their cost, the jump at 5 nodes is not
     assert budget.best_tree_size(paths, scores, mid, 5.0, max_nodes=5) == 4
+
+
+def test_measured_costs_ignore_a_disturbed_small_size():
+    # other load only adds time: a size timed slower than a larger one was disturbed and
+    # must not raise the larger sizes (a running maximum did, and the budget stopped drafting)
+    assert budget._nondecreasing((0.0, 17.6, 24.7, 18.0, 18.2, 30.0, 19.0)) == (0.0, 17.6, 18.0, 18.0, 18.2, 19.0, 19.0)
+    assert budget._nondecreasing((1.0, 2.0, 3.0)) == (1.0, 2.0, 3.0)

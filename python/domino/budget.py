@@ -318,8 +318,12 @@ def _min_ms(fn, repeats: int, before=None) -> float:
 
 
 def _nondecreasing(values: tuple[float, ...]) -> tuple[float, ...]:
-    """Running maximum: more tokens never cost less (a dip is measurement noise)."""
-    return tuple(accumulate(values, max))
+    """Each size's time as the least measured at it or any larger size: more tokens never
+    cost less, and other load only ever adds time, so a size measured slower than a larger
+    one was disturbed. (A running maximum let one disturbed small size, e.g. a 2-token
+    verification timed at 1.4x a 1-token one, raise every larger size to it, and the
+    budget then stopped drafting.)"""
+    return tuple(reversed(list(accumulate(reversed(values), min))))
 
 
 @torch.inference_mode()
