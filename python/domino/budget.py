@@ -296,7 +296,7 @@ def cost_key(gen, batch_size: int) -> str:
         "attention": target.config._attn_implementation,
         "batch_size": batch_size,
         "cpu_isa": os.environ.get("DOMINO_CPU_ISA", ""),
-        "measurement": 2,  # how measure_round_costs times (2: drafting after a target forward)
+        "measurement": 3,  # how measure_round_costs times (2: drafting after a target forward; 3: suffix-min envelope)
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
 
