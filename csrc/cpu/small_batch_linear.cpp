@@ -375,22 +375,19 @@ inline void block_rows(const Problem& p, int64_t n0) {
   O* out = static_cast<O*>(p.out);
   float sums[NR * MR];
   static_assert(MR <= kPackedRowsMin, "the packed x must hold a whole tile of rows");
-  if (p.M > 1 && p.M < MR) {
-    // All the rows in one partial tile: computed as a whole MR-row tile over the packed x's
-    // zero rows, stored for its M rows (every row's accumulators are its own, so its bits
-    // do not change). Streaming from memory, a lone 2-5-row tile ran up to 1.5x slower
-    // than the 6-row one (avx512_bf16, 49152 x 576 LM head, one thread: M = 4 2.9 ms, M = 6
-    // 1.9 ms, M = 1 1.9 ms); why the smaller tile streams worse is not understood.
-    tile<T, NR, MR>(w, p.K, static_cast<const PackedX<T>*>(p.x), p.Kp, sums);
-    store_tile(out, p.N, 0, static_cast<int>(p.M), n0, NR, sums, p.bias);
-    return;
-  }
   const int64_t tiles = (p.M + MR - 1) / MR;
   for (int64_t t = 0; t < tiles; ++t) {
     const int64_t m0 = t * MR;
     const int mr = static_cast<int>(std::min<int64_t>(MR, p.M - m0));
+    // A lone partial tile (all of a call's 2..MR-1 rows) is computed as a whole MR-row tile
+    // over the packed x's zero rows and stored for its own rows (every row's accumulators
+    // are its own, so its bits do not change). Streaming from memory, a lone 2-5-row tile
+    // ran up to 1.5x slower than the 6-row one (avx512_bf16, 49152 x 576 LM head, one
+    // thread: M = 4 2.9 ms, M = 6 1.9 ms, M = 1 1.9 ms); why the smaller tile streams worse
+    // is not understood. A partial tile after a whole one reads its weights from L1.
+    const int rows = tiles == 1 && mr > 1 ? MR : mr;
     const PackedX<T>* x = static_cast<const PackedX<T>*>(p.x) + m0 * p.Kp;
-    switch (mr) {  // MR is a template parameter: one register tile per remainder size
+    switch (rows) {  // MR is a template parameter: one register tile per remainder size
 #define DOMINO_SBL_CASE(c)                                          \
   case c:                                                           \
     if constexpr (c <= MR) tile<T, NR, c>(w, p.K, x, p.Kp, sums); \
