@@ -150,10 +150,9 @@ def test_round_costs_are_measured_once_and_cached_per_configuration(tmp_path, mo
     assert budget.cost_key(gen, 2) != first.key
     gen.drafter.set_draft_vocab(None)
     assert budget.cost_key(gen, 2) == first.key
-    monkeypatch.setattr(budget, "kernels_fingerprint", lambda: "rebuilt")  # other kernels: another key
-    assert budget.cost_key(gen, 2) != first.key
-    monkeypatch.undo()
-    monkeypatch.setattr(budget, "cost_cache_dir", lambda: tmp_path / "round_costs")
+    with monkeypatch.context() as m:
+        m.setattr(budget, "kernels_fingerprint", lambda: "rebuilt")  # other kernels: another key
+        assert budget.cost_key(gen, 2) != first.key
     assert budget.cost_key(gen, 2) == first.key
     gen.target.to(torch.bfloat16)  # another dtype: another key
     assert budget.cost_key(gen, 2) != first.key
