@@ -175,11 +175,10 @@ template <typename W>
 constexpr int64_t kStep = sizeof(W) == 2 ? 2 * L : L;
 
 // Software prefetch of the weight stream, this many bytes ahead of the row being read
-// (one or two activations per pass: the DRAM-bound case). The hardware prefetchers stop
-// at 4 KB pages; on the Zen 5 VM one thread's batch-1 pass over w2 (V = 151936, r = 256,
-// bf16) went from 3.8 to 2.4 ms (avx512) and 3.8 to 2.2 ms (avx2) with it; 4-16 KB
-// measured alike. With more activations per pass the multiply-adds are the limit and it
-// measured no gain.
+// (in every pass of the rows-outer blocks: the first activation block's pass is the one
+// that reads from memory). The hardware prefetchers stop at 4 KB pages; on the Zen 5 VM
+// one thread's batch-1 pass over w2 (V = 151936, r = 256, bf16) went from 3.8 to 2.4 ms
+// (avx512) and 3.8 to 2.2 ms (avx2) with it; 4-16 KB measured alike.
 constexpr int64_t kPrefetchBytes = 4096;
 
 template <typename W>
@@ -196,69 +195,54 @@ DOMINO_INLINE void dot_block(const W* __restrict w, int64_t cols, const float* _
   DOMINO_UNROLL
   for (int a = 0; a < RB * JN; ++a) acc[a] = vf{};
   if constexpr (RB > 1) {
-    // Rows outer, each row read start to end: the weights are one sequential stream that
-    // the hardware prefetchers follow. (Interleaving the rows step by step, with the
-    // activations held in registers, is faster from L1 but measured 35-50 % slower from
-    // DRAM on the AVX2 build, at 2 rows as at 8.) The activations are re-read from L1 as
-    // memory operands of the FMAs.
+    // Rows outer, each row read start to end: the weights are one sequential stream, with
+    // one software prefetch per line (the hardware prefetchers stop at 4 KB pages).
+    // (Interleaving the rows step by step, with the activations held in registers, is
+    // faster from L1 but measured 35-50 % slower from DRAM on the AVX2 build, at 2 rows as
+    // at 8.) The activations are re-read from L1 as memory operands of the FMAs. Two
+    // accumulators per activation (even / odd columns, or alternate steps; RB > 1 means
+    // 2 * JN <= kAcc, so they fit in registers): two dependency chains per row. With one,
+    // a row of r = 256 bf16 weights is 16 dependent FMAs per accumulator, so the FMA
+    // latency bounded the 16-node tree step at the paper shape; one chain also measured
+    // 28 GB/s from L1 at batch 1 on the AVX2 build, barely above DRAM.
+    static_assert(2 * JN <= kAcc);
     DOMINO_UNROLL
     for (int rr = 0; rr < RB; ++rr) {
       const W* wr = w + rr * cols;
-      if constexpr (JN <= 2) {
-        // Two accumulators per activation (even / odd columns, or alternate steps): two
-        // dependency chains per row, which the batch-1 stream needs to keep up with DRAM
-        // (one chain measured 28 GB/s from L1 on the AVX2 build, barely above DRAM).
-        vf e[JN], o[JN];
-        DOMINO_UNROLL
-        for (int j = 0; j < JN; ++j) e[j] = o[j] = vf{};
-        if constexpr (sizeof(W) == 2) {
-          for (int64_t c = 0; c < cv; c += S) {
-            prefetch_ahead(wr + c);  // S bf16 = one 64-byte line (avx512), half one (avx2)
-            const vu raw = load_words(wr + c);
-            const vf we = bit_cast<vf>(raw << 16), wo = bit_cast<vf>(raw & 0xffff0000u);
-            DOMINO_UNROLL
-            for (int j = 0; j < JN; ++j) {
-              e[j] += we * loadu(x + j * xs + c);
-              o[j] += wo * loadu(x + j * xs + c + L);
-            }
-          }
-        } else {
-          int64_t c = 0;
-          for (; c + 2 * S <= cv; c += 2 * S) {
-            prefetch_ahead(wr + c);
-            prefetch_ahead(wr + c + S);
-            const vf w0 = loadu(wr + c), w1 = loadu(wr + c + S);
-            DOMINO_UNROLL
-            for (int j = 0; j < JN; ++j) {
-              e[j] += w0 * loadu(x + j * xs + c);
-              o[j] += w1 * loadu(x + j * xs + c + S);
-            }
-          }
-          if (c < cv) {
-            const vf w0 = loadu(wr + c);
-            DOMINO_UNROLL
-            for (int j = 0; j < JN; ++j) e[j] += w0 * loadu(x + j * xs + c);
-          }
-        }
-        DOMINO_UNROLL
-        for (int j = 0; j < JN; ++j) acc[rr * JN + j] = e[j] + o[j];
-        continue;
-      }
-      for (int64_t c = 0; c < cv; c += S) {
-        if constexpr (sizeof(W) == 2) {
+      vf e[JN], o[JN];
+      DOMINO_UNROLL
+      for (int j = 0; j < JN; ++j) e[j] = o[j] = vf{};
+      if constexpr (sizeof(W) == 2) {
+        for (int64_t c = 0; c < cv; c += S) {
+          prefetch_ahead(wr + c);  // S bf16 = one 64-byte line (avx512), half one (avx2)
           const vu raw = load_words(wr + c);
           const vf we = bit_cast<vf>(raw << 16), wo = bit_cast<vf>(raw & 0xffff0000u);
           DOMINO_UNROLL
-          for (int j = 0; j < JN; ++j) {  // two statements: two FMAs, no separate add
-            acc[rr * JN + j] += we * loadu(x + j * xs + c);
-            acc[rr * JN + j] += wo * loadu(x + j * xs + c + L);
+          for (int j = 0; j < JN; ++j) {
+            e[j] += we * loadu(x + j * xs + c);
+            o[j] += wo * loadu(x + j * xs + c + L);
           }
-        } else {
-          const vf wv = loadu(wr + c);
+        }
+      } else {
+        int64_t c = 0;
+        for (; c + 2 * S <= cv; c += 2 * S) {
+          prefetch_ahead(wr + c);
+          prefetch_ahead(wr + c + S);
+          const vf w0 = loadu(wr + c), w1 = loadu(wr + c + S);
           DOMINO_UNROLL
-          for (int j = 0; j < JN; ++j) acc[rr * JN + j] += wv * loadu(x + j * xs + c);
+          for (int j = 0; j < JN; ++j) {
+            e[j] += w0 * loadu(x + j * xs + c);
+            o[j] += w1 * loadu(x + j * xs + c + S);
+          }
+        }
+        if (c < cv) {
+          const vf w0 = loadu(wr + c);
+          DOMINO_UNROLL
+          for (int j = 0; j < JN; ++j) e[j] += w0 * loadu(x + j * xs + c);
         }
       }
+      DOMINO_UNROLL
+      for (int j = 0; j < JN; ++j) acc[rr * JN + j] = e[j] + o[j];
     }
   } else {
     // One row (8 activations on a 16-register build, or a leftover row): its widened
