@@ -90,7 +90,9 @@ struct Kernels {
                           int64_t k_stride, const float* v, int64_t v_stride, const int64_t* idx,
                           const float* bias, int64_t n, int64_t D, float scale, float* scores,
                           float* out, int64_t out_stride);
-  void (*attend_rows_bf16)(const uint16_t* q, int64_t q_stride, int64_t nq, const uint16_t* k,
+  // bf16 k, v and out; q widened to float by the caller (exact), once per call rather than
+  // once per key.
+  void (*attend_rows_bf16)(const float* q, int64_t q_stride, int64_t nq, const uint16_t* k,
                            int64_t k_stride, const uint16_t* v, int64_t v_stride,
                            const int64_t* idx, const float* bias, int64_t n, int64_t D,
                            float scale, float* scores, uint16_t* out, int64_t out_stride);

@@ -109,10 +109,11 @@ void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, cons
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(1, per * N * D));
   at::parallel_for(0, tasks, grain, [&](int64_t t0, int64_t t1) {
     thread_local std::vector<int64_t> idx;
-    thread_local std::vector<float> bias, scores;
+    thread_local std::vector<float> bias, scores, q_rows;
     idx.resize(N);
     bias.resize(N);
     scores.resize(per * N);
+    q_rows.resize(per * D);
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t b = t / ((Hq / per) * M), h = (t / M) % (Hq / per) * per, m = t % M, g = h / group;
       const int64_t limit = N - M + m + 1;  // keys at positions <= this row's own
@@ -144,11 +145,15 @@ void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, cons
       if constexpr (std::is_same_v<T, float>)
         K.attend_rows_f32(qr, q.stride(1), per, kr, k.stride(2), vr, v.stride(2), idx.data(), bp, n, D, sc,
                           scores.data(), orow, out.stride(1));
-      else
-        K.attend_rows_bf16(reinterpret_cast<const uint16_t*>(qr), q.stride(1), per,
+      else {
+        // the task's query rows widened once (exact), not once per key
+        for (int64_t r = 0; r < per; ++r)
+          for (int64_t d = 0; d < D; ++d) q_rows[r * D + d] = static_cast<float>(qr[r * q.stride(1) + d]);
+        K.attend_rows_bf16(q_rows.data(), D, per,
                            reinterpret_cast<const uint16_t*>(kr), k.stride(2),
                            reinterpret_cast<const uint16_t*>(vr), v.stride(2), idx.data(), bp, n, D, sc,
                            scores.data(), reinterpret_cast<uint16_t*>(orow), out.stride(1));
+      }
     }
   });
 }

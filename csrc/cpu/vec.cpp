@@ -310,85 +310,154 @@ double exp_weights(const float* z, int64_t n, float m, double* w) {
 // (the query heads of one kv head); q and out nq * D. Work ~4 * nq * n * D flops and nq * n
 // exponentials. A decode step's keys (a few hundred rows of 64) sit in L1/L2: it runs at
 // the FMA and load ports. Per key: D / L loads shared by the nq rows, nq * D / L FMAs and
-// nq lane sums (hsum: log2 L shuffle-adds each); the value pass keeps nq x up to 4
-// accumulator vectors.
+// nq lane sums (reduced kScoreKeys keys at a time); the value pass keeps nq x up to 4
+// accumulator vectors in registers. (bf16, 16 query rows of 9 heads against 300 keys,
+// one thread, Zen 5: 311 us before the q rows were widened once, the value accumulators
+// kept in registers and the lane sums batched.)
 
-template <int NQ, typename T>
-void attend_rows_n(const T* q, int64_t qs, const T* k, int64_t ks, const T* v, int64_t vs,
-                   const int64_t* idx, const float* bias, int64_t n, int64_t D, float scale,
-                   float* scores, T* out, int64_t os) {
-  const int64_t Dv = D - D % L;
-  float m[NQ];
-  for (int r = 0; r < NQ; ++r) m[r] = -kInf;
+// Columns [d0, d0 + NB * L) of the value pass of NQ rows (the last vector may be cut at
+// D): out_r = sum_j p_rj v_{idx[j]} in key order, times inv_r. The block count is a
+// compile-time constant so the NQ x NB accumulators stay in registers (with a run-time
+// count GCC kept them on the stack: a store-to-load forward per key and vector).
+template <int NQ>
+constexpr int64_t kValueVectors = kAcc / NQ < 1 ? 1 : (kAcc / NQ > 4 ? 4 : kAcc / NQ);
+
+template <int NQ, int64_t NB, typename T>
+DOMINO_INLINE void value_block(const T* v, int64_t vs, const int64_t* idx, int64_t n, int64_t D, int64_t d0,
+                               const float* scores, const float* inv, const bool* empty, T* out, int64_t os) {
+  vf acc[NQ][NB];
+  DOMINO_UNROLL
+  for (int r = 0; r < NQ; ++r)
+    DOMINO_UNROLL
+    for (int64_t b = 0; b < NB; ++b) acc[r][b] = splat(0.0f);
+  const bool whole = d0 + NB * L <= D;
   for (int64_t j = 0; j < n; ++j) {
-    const T* kr = k + idx[j] * ks;
-    vf acc[NQ];
-    for (int r = 0; r < NQ; ++r) acc[r] = splat(0.0f);
-    for (int64_t d = 0; d < Dv; d += L) {
-      const vf kv = loadu(kr + d);
-      for (int r = 0; r < NQ; ++r) acc[r] += loadu(q + r * qs + d) * kv;
-    }
-    if (Dv < D) {
-      const vf kv = load_partial(kr + Dv, D - Dv, 0.0f);
-      for (int r = 0; r < NQ; ++r) acc[r] += load_partial(q + r * qs + Dv, D - Dv, 0.0f) * kv;
-    }
-    for (int r = 0; r < NQ; ++r) {
-      const float sc = hsum(acc[r]) * scale + (bias ? bias[j] : 0.0f);
-      scores[r * n + j] = sc;
-      m[r] = sc > m[r] || sc != sc ? sc : m[r];  // a NaN score makes the max NaN, for good
+    const T* vr = v + idx[j] * vs + d0;
+    DOMINO_UNROLL
+    for (int64_t b = 0; b < NB; ++b) {
+      const vf vv = whole ? loadu(vr + b * L) : load_partial(vr + b * L, D - d0 - b * L, 0.0f);
+      DOMINO_UNROLL
+      for (int r = 0; r < NQ; ++r) acc[r][b] += splat(scores[r * n + j]) * vv;
     }
   }
+  DOMINO_UNROLL
+  for (int r = 0; r < NQ; ++r)
+    DOMINO_UNROLL
+    for (int64_t b = 0; b < NB; ++b) {
+      const int64_t c = d0 + b * L;
+      const vf o = empty[r] ? splat(0.0f) : acc[r][b] * inv[r];
+      if (c + L <= D) {
+        storeu(out + r * os + c, o);
+      } else {
+        float t[L];
+        storeu(t, o);
+        for (int64_t i = 0; i < D - c; ++i) store_one(out + r * os + c + i, t[i]);
+      }
+    }
+}
+
+// Scores of KB keys (idx[0..KB)) for NQ query rows: scores[r * n + kb] = scale * (q_r .
+// k_{idx[kb]}) + bias[kb], lanes over D and the lane-sum tree of reduce_lanes (the same
+// tree as hsum, one shuffle-add per L sums rather than log2 L per sum). KB keys at a time
+// give NQ x KB independent accumulator chains.
+template <int NQ>
+constexpr int kScoreKeys = (3 * kAcc / 2) / NQ < 1 ? 1 : (3 * kAcc / 2) / NQ;
+
+template <int NQ, int KB, typename T>
+DOMINO_INLINE void score_block(const float* q, int64_t qs, const T* k, int64_t ks, const int64_t* idx,
+                               const float* bias, int64_t D, float scale, float* scores, int64_t n) {
+  const int64_t Dv = D - D % L;
+  const T* kr[KB];
+  DOMINO_UNROLL
+  for (int kb = 0; kb < KB; ++kb) kr[kb] = k + idx[kb] * ks;
+  vf acc[NQ * KB];
+  DOMINO_UNROLL
+  for (int a = 0; a < NQ * KB; ++a) acc[a] = splat(0.0f);
+  for (int64_t d = 0; d < Dv; d += L) {
+    vf qv[NQ];
+    DOMINO_UNROLL
+    for (int r = 0; r < NQ; ++r) qv[r] = loadu(q + r * qs + d);
+    DOMINO_UNROLL
+    for (int kb = 0; kb < KB; ++kb) {
+      const vf kv = loadu(kr[kb] + d);
+      DOMINO_UNROLL
+      for (int r = 0; r < NQ; ++r) acc[r * KB + kb] += qv[r] * kv;
+    }
+  }
+  if (Dv < D) {
+    vf qv[NQ];
+    DOMINO_UNROLL
+    for (int r = 0; r < NQ; ++r) qv[r] = load_partial(q + r * qs + Dv, D - Dv, 0.0f);
+    DOMINO_UNROLL
+    for (int kb = 0; kb < KB; ++kb) {
+      const vf kv = load_partial(kr[kb] + Dv, D - Dv, 0.0f);
+      DOMINO_UNROLL
+      for (int r = 0; r < NQ; ++r) acc[r * KB + kb] += qv[r] * kv;
+    }
+  }
+  float sums[NQ * KB];
+  reduce_lanes<NQ * KB>(acc, sums);
+  DOMINO_UNROLL
+  for (int r = 0; r < NQ; ++r)
+    DOMINO_UNROLL
+    for (int kb = 0; kb < KB; ++kb) scores[r * n + kb] = sums[r * KB + kb] * scale + (bias ? bias[kb] : 0.0f);
+}
+
+template <int NQ, typename T>
+void attend_rows_n(const float* q, int64_t qs, const T* k, int64_t ks, const T* v, int64_t vs,
+                   const int64_t* idx, const float* bias, int64_t n, int64_t D, float scale,
+                   float* scores, T* out, int64_t os) {
+  // The scores, KB keys at a time (then one at a time)
+  constexpr int KB = kScoreKeys<NQ>;
+  int64_t j0 = 0;
+  for (; j0 + KB <= n; j0 += KB) score_block<NQ, KB>(q, qs, k, ks, idx + j0, bias ? bias + j0 : nullptr, D, scale, scores + j0, n);
+  for (; j0 < n; ++j0) score_block<NQ, 1>(q, qs, k, ks, idx + j0, bias ? bias + j0 : nullptr, D, scale, scores + j0, n);
   // p = exp(s - m), exactly 0 below exp(-87) ~ 1.6e-38 (where exp_approx would clamp), so
   // a key under a huge finite negative bias (an eager-style mask) adds exactly nothing.
   // A row with no key, or every score -inf, gets zeros; a NaN score makes the row NaN.
+  // The max is exact in any order; the sum runs per lane (key i in lane i % L) and then
+  // the lane-sum tree: both depend only on the row's visible keys, in order.
   float inv[NQ];
   bool empty[NQ];
+  const int64_t nv = n - n % L;
   for (int r = 0; r < NQ; ++r) {
     float* sr = scores + r * n;
-    empty[r] = m[r] == -kInf;
-    const float mr = empty[r] ? 0.0f : m[r];
+    vf mv = splat(-kInf);
+    auto keep_max = [&mv](vf x) { mv = (x > mv) | (x != x) ? x : mv; };  // NaN sticks
+    for (int64_t j = 0; j < nv; j += L) keep_max(loadu(sr + j));
+    if (nv < n) keep_max(load_partial(sr + nv, n - nv, -kInf));
+    float m = -kInf;
+    for (int l = 0; l < L; ++l)
+      if (m == m && (mv[l] > m || mv[l] != mv[l])) m = mv[l];
+    empty[r] = m == -kInf;
+    const float mr = empty[r] ? 0.0f : m;
     auto weights = [mr](vf x) {
       x = x - mr;
       return x < -87.0f ? splat(0.0f) : exp_approx(x);
     };
-    const int64_t nv = n - n % L;
-    for (int64_t j = 0; j < nv; j += L) storeu(sr + j, weights(loadu(sr + j)));
-    if (nv < n) store_partial(sr + nv, n - nv, weights(load_partial(sr + nv, n - nv, 0.0f)));
-    float sum = 0.0f;
-    for (int64_t j = 0; j < n; ++j) sum += sr[j];
-    inv[r] = 1.0f / sum;
-  }
-  // Blocks of up to 4 vectors of columns: NQ x 4 independent FMA chains over the keys.
-  for (int64_t d0 = 0; d0 < D; d0 += 4 * L) {
-    const int64_t nb = (D - d0 + L - 1) / L < 4 ? (D - d0 + L - 1) / L : 4;
-    vf acc[NQ][4];
-    for (int r = 0; r < NQ; ++r)
-      for (int b = 0; b < 4; ++b) acc[r][b] = splat(0.0f);
-    for (int64_t j = 0; j < n; ++j) {
-      const T* vr = v + idx[j] * vs + d0;
-      for (int64_t b = 0; b < nb; ++b) {
-        const int64_t c = d0 + b * L;
-        const vf vv = c + L <= D ? loadu(vr + b * L) : load_partial(vr + b * L, D - c, 0.0f);
-        for (int r = 0; r < NQ; ++r) acc[r][b] += splat(scores[r * n + j]) * vv;
-      }
+    vf sum = splat(0.0f);
+    for (int64_t j = 0; j < nv; j += L) {
+      const vf w = weights(loadu(sr + j));
+      storeu(sr + j, w);
+      sum += w;
     }
-    for (int r = 0; r < NQ; ++r)
-      for (int64_t b = 0; b < nb; ++b) {
-        const int64_t c = d0 + b * L;
-        const vf o = empty[r] ? splat(0.0f) : acc[r][b] * inv[r];
-        if (c + L <= D) {
-          storeu(out + r * os + c, o);
-        } else {
-          float t[L];
-          storeu(t, o);
-          for (int64_t i = 0; i < D - c; ++i) store_one(out + r * os + c + i, t[i]);
-        }
-      }
+    if (nv < n) {
+      const vf w = weights(load_partial(sr + nv, n - nv, -kInf));  // exp(-inf) = 0 past the end
+      store_partial(sr + nv, n - nv, w);
+      sum += w;
+    }
+    inv[r] = 1.0f / hsum(sum);
   }
+  // Blocks of up to kValueVectors<NQ> vectors of columns: that many independent FMA
+  // chains per row over the keys, in registers.
+  constexpr int64_t NB = kValueVectors<NQ>;
+  int64_t d0 = 0;
+  for (; d0 + NB * L <= D; d0 += NB * L) value_block<NQ, NB>(v, vs, idx, n, D, d0, scores, inv, empty, out, os);
+  for (; d0 < D; d0 += L) value_block<NQ, 1>(v, vs, idx, n, D, d0, scores, inv, empty, out, os);
 }
 
 template <typename T>
-void attend_rows(const T* q, int64_t qs, int64_t nq, const T* k, int64_t ks, const T* v, int64_t vs,
+void attend_rows(const float* q, int64_t qs, int64_t nq, const T* k, int64_t ks, const T* v, int64_t vs,
                  const int64_t* idx, const float* bias, int64_t n, int64_t D, float scale, float* scores,
                  T* out, int64_t os) {
   // Each query row's arithmetic is the same whatever NQ it is computed in (its own
@@ -409,7 +478,7 @@ void attend_rows_f32(const float* q, int64_t qs, int64_t nq, const float* k, int
                      float* scores, float* out, int64_t os) {
   attend_rows(q, qs, nq, k, ks, v, vs, idx, bias, n, D, scale, scores, out, os);
 }
-void attend_rows_bf16(const uint16_t* q, int64_t qs, int64_t nq, const uint16_t* k, int64_t ks,
+void attend_rows_bf16(const float* q, int64_t qs, int64_t nq, const uint16_t* k, int64_t ks,
                       const uint16_t* v, int64_t vs, const int64_t* idx, const float* bias, int64_t n,
                       int64_t D, float scale, float* scores, uint16_t* out, int64_t os) {
   attend_rows(q, qs, nq, k, ks, v, vs, idx, bias, n, D, scale, scores, out, os);
