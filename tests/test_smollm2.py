@@ -50,6 +50,34 @@ def test_greedy_identical_to_target_batched(gen):
     assert spec.token_ids == single  # left padding changes nothing
 
 
+# A code prompt (HumanEval/1 as benchmarks/eval_acceptance.py asks it) on which a tree
+# accepts long paths through nodes whose attention rows see the cache through the tree
+# mask's lowest-value holes: a verification row that differs from the one-token step in
+# one bit changed this one's tokens within 24 (a lane-wise softmax sum did, 2026-11-24).
+CODE_PROMPT = [{"role": "user", "content": (
+    "Complete the following Python function.\n```python\nfrom typing import List\n\n\n"
+    "def separate_paren_groups(paren_string: str) -> List[str]:\n"
+    '    """ Input to this function is a string containing multiple groups of nested parentheses. Your goal is to\n'
+    "    separate those group into separate strings and return the list of those.\n"
+    "    Separate groups are balanced (each open brace is properly closed) and not nested within each other\n"
+    "    Ignore any spaces in the input string.\n"
+    "    >>> separate_paren_groups('( ) (( )) (( )( ))')\n"
+    "    ['()', '(())', '(()())']\n"
+    '    """\n```')}]
+
+
+@pytest.mark.parametrize("shape", [(3, 4, 8), (2, 6, 12)])
+def test_greedy_tree_identical_to_target(gen, plain_batch1, shape):
+    """Trees on the real target: every node's verification row must give the bits of the
+    one-token step on its path (small_batch_attention and small_batch_linear), or a tree
+    accepts a token plain decoding would not have chosen."""
+    tree = domino.TreeShape(*shape)
+    for p, plain in zip(PROMPTS, plain_batch1):
+        assert gen.generate(p, max_new_tokens=48, tree=tree).token_ids == plain, p
+    plain = gen.generate_target_only(CODE_PROMPT, max_new_tokens=64).token_ids
+    assert gen.generate(CODE_PROMPT, max_new_tokens=64, tree=tree).token_ids == plain
+
+
 def test_sampling_runs_and_is_reproducible(gen):
     kw = dict(max_new_tokens=16, temperature=0.8, top_k=50, top_p=0.95)
     a = gen.generate(PROMPTS[0], generator=torch.Generator().manual_seed(1), **kw)

@@ -415,8 +415,11 @@ void attend_rows_n(const float* q, int64_t qs, const T* k, int64_t ks, const T* 
   // p = exp(s - m), exactly 0 below exp(-87) ~ 1.6e-38 (where exp_approx would clamp), so
   // a key under a huge finite negative bias (an eager-style mask) adds exactly nothing.
   // A row with no key, or every score -inf, gets zeros; a NaN score makes the row NaN.
-  // The max is exact in any order; the sum runs per lane (key i in lane i % L) and then
-  // the lane-sum tree: both depend only on the row's visible keys, in order.
+  // The max is exact in any order. The sum runs key by key in key order: a key hidden by a
+  // finite bias (an eager-style mask of the dtype's lowest value, as the engine's tree
+  // mask) is in the list with weight exactly 0, and adding 0 changes no bit only in a
+  // sequential sum (summed per lane, it would shift the later keys' lanes: a tree row
+  // would no longer give the bits of the one-token step of its path).
   float inv[NQ];
   bool empty[NQ];
   const int64_t nv = n - n % L;
@@ -435,18 +438,11 @@ void attend_rows_n(const float* q, int64_t qs, const T* k, int64_t ks, const T* 
       x = x - mr;
       return x < -87.0f ? splat(0.0f) : exp_approx(x);
     };
-    vf sum = splat(0.0f);
-    for (int64_t j = 0; j < nv; j += L) {
-      const vf w = weights(loadu(sr + j));
-      storeu(sr + j, w);
-      sum += w;
-    }
-    if (nv < n) {
-      const vf w = weights(load_partial(sr + nv, n - nv, -kInf));  // exp(-inf) = 0 past the end
-      store_partial(sr + nv, n - nv, w);
-      sum += w;
-    }
-    inv[r] = 1.0f / hsum(sum);
+    for (int64_t j = 0; j < nv; j += L) storeu(sr + j, weights(loadu(sr + j)));
+    if (nv < n) store_partial(sr + nv, n - nv, weights(load_partial(sr + nv, n - nv, 0.0f)));
+    float sum = 0.0f;
+    for (int64_t j = 0; j < n; ++j) sum += sr[j];
+    inv[r] = 1.0f / sum;
   }
   // Blocks of up to kValueVectors<NQ> vectors of columns: that many independent FMA
   // chains per row over the keys, in registers.
