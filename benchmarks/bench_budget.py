@@ -1,5 +1,6 @@
 """The verification budget's two policy choices, side by side in one run against plain
-decoding (all greedy, every output token-identical to plain decoding):
+decoding (all greedy, chain rounds (``tree=None``), every output token-identical to plain
+decoding):
 
 - how drafting is timed for the cost model (``domino.budget.measure_round_costs``):
   ``cold``, each drafting right after a target forward, as in a round (what the library
@@ -67,7 +68,7 @@ def main() -> None:
                     else:
                         gen._costs[1], memory = variants[m]
                         DepthAcceptance.__init__.__defaults__ = (*defaults[:2], memory)
-                        out = gen.generate(prompt, max_new_tokens=args.max_new_tokens)
+                        out = gen.generate(prompt, max_new_tokens=args.max_new_tokens, tree=None)
                         accepted[m] += out.acceptance_lengths
                     totals[m][0] += len(out.token_ids)
                     totals[m][1] += time.perf_counter() - t0

@@ -122,7 +122,7 @@ def methods(gen, args, tree):
     return [("plain HF greedy", plain),
             (f"HF prompt lookup ({args.prompt_lookup_tokens})", lookup),
             (f"Domino chain {n_block}", spec(num_drafts=n_block)),
-            ("Domino chain, adaptive", spec()),
+            ("Domino chain, adaptive", spec(tree=None)),
             (f"Domino tree {shape}", spec(tree=tree)),
             (f"tree {shape}, head off", spec(tree=tree, use_head=False))]
 

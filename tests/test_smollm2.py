@@ -36,10 +36,11 @@ def plain_batch1(gen):
     return [gen.generate_target_only(p, max_new_tokens=48).token_ids for p in PROMPTS]
 
 
+@pytest.mark.parametrize("tree", ["auto", None])  # the default (a tree at T = 0) and the chain
 @pytest.mark.parametrize("use_head", [True, False])
-def test_greedy_identical_to_target_batch1(gen, plain_batch1, use_head):
+def test_greedy_identical_to_target_batch1(gen, plain_batch1, use_head, tree):
     for p, plain in zip(PROMPTS, plain_batch1):
-        assert gen.generate(p, max_new_tokens=48, use_head=use_head).token_ids == plain, p
+        assert gen.generate(p, max_new_tokens=48, use_head=use_head, tree=tree).token_ids == plain, p
 
 
 def test_greedy_identical_to_target_batched(gen):

@@ -103,13 +103,13 @@ def test_adaptive_budget_follows_acceptance_and_stays_exact():
     ps = prompts(1, seed=7)
     plain = gen.generate_target_only(ps, max_new_tokens=120)
     rig = RiggedDrafts(gen, [p + t for p, t in zip(ps, plain.token_ids)])
-    spec = gen.generate(ps, max_new_tokens=120)
+    spec = gen.generate(ps, max_new_tokens=120, tree=None)  # chain rounds (the rigged drafts are a chain's)
     rig.restore()
     assert spec.token_ids == plain.token_ids
     assert max(spec.acceptance_lengths[0]) == gen.drafter.config.num_drafts + 1
     wrong = [[(t + 1) % 64 for t in p + t_] for p, t_ in zip(ps, plain.token_ids)]
     rig = RiggedDrafts(gen, wrong)
-    spec = gen.generate(ps, max_new_tokens=120)
+    spec = gen.generate(ps, max_new_tokens=120, tree=None)
     rig.restore()
     assert spec.token_ids == plain.token_ids
     assert set(spec.acceptance_lengths[0]) == {1}

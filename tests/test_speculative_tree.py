@@ -419,6 +419,37 @@ def test_greedy_batch_with_per_request_seeds_is_fine():
         greedy_plain(gen, ps, 10)
 
 
+@pytest.mark.parametrize("kw,tree_rounds", [(dict(), True), (dict(temperature=0.8), False),
+                                             (dict(num_drafts=3), False), (dict(tree=None), False)])
+def test_auto_drafts_the_default_tree_when_greedy_and_a_chain_otherwise(kw, tree_rounds):
+    """generate's default (tree="auto"): DEFAULT_TREE's rounds when every request is greedy,
+    chain rounds when one samples, when num_drafts is given, or with tree=None; greedy output
+    is the target's own either way."""
+    gen = tiny_generator("qwen3")
+    gen._costs[1] = RoundCosts(tuple([0.0] + [10.0 + 0.05 * t for t in range(1, 33)]),
+                               tuple([0.0] + [0.05 * n for n in range(1, 16)]))  # no measuring
+    shapes = []
+    tree_round = gen._tree_round
+    gen._tree_round = lambda st, sampling, use_head, shape, *a: shapes.append(shape) or tree_round(
+        st, sampling, use_head, shape, *a)
+    ps = prompts(1, seed=5)
+    res = gen.generate(ps, max_new_tokens=24, generator=torch.Generator().manual_seed(0), **kw)
+    assert bool(shapes) == tree_rounds and all(s == domino.tree.DEFAULT_TREE for s in shapes)
+    if "temperature" not in kw:
+        assert res.token_ids == greedy_plain(gen, ps, 24)
+
+
+def test_auto_falls_back_to_the_chain_where_a_tree_cannot_run():
+    """No tree mask in the target's attention, or a drafter block shorter than the default
+    tree's depth: "auto" drafts chains (explicit trees raise there)."""
+    gen = tiny_generator("qwen3", block_size=3)
+    assert gen._default_tree([domino.SamplingParams()], None) is None
+    gen = tiny_generator("qwen3")
+    assert gen._default_tree([domino.SamplingParams()], None) == domino.tree.DEFAULT_TREE
+    gen.target.config._attn_implementation = "flash_attention_2"
+    assert gen._default_tree([domino.SamplingParams()], None) is None
+
+
 def test_cli_rejects_a_bad_tree_before_loading_anything(capsys):
     from domino import cli
 

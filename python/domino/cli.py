@@ -17,12 +17,16 @@ def main(argv=None) -> int:
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--no-head", action="store_true", help="backbone-only drafting (the DFlash baseline)")
     g.add_argument("--seed", type=int, default=0, help="seed for sampling (temperature > 0)")
-    g.add_argument("--tree", metavar="TOPK,DEPTH[,NODES]",
-                   help="draft and verify a tree per round instead of a chain: TOPK children per node, DEPTH levels, "
-                        "NODES verified nodes including the root (default: chosen each round from measured costs at "
-                        "T = 0, every candidate at T > 0), e.g. --tree 3,4 or --tree 3,5,16")
+    shape = g.add_mutually_exclusive_group()
+    shape.add_argument("--tree", metavar="TOPK,DEPTH[,NODES]",
+                       help="draft and verify this tree per round: TOPK children per node, DEPTH levels, NODES "
+                            "verified nodes including the root (default: chosen each round from measured costs at "
+                            "T = 0, every candidate at T > 0), e.g. --tree 3,4 or --tree 3,5,16. Default: the "
+                            "tree 3,4 at T = 0, a chain at T > 0 (the fastest lossless choice measured)")
+    shape.add_argument("--chain", action="store_true", help="draft a chain per round, also at T = 0")
     g.add_argument("--num-drafts", type=int, default=None,
-                   help="chain: drafts verified per round (default: chosen each round from measured costs)")
+                   help="chain: drafts verified per round (default: chosen each round from measured costs); "
+                        "implies a chain")
     g.add_argument("--target", help="HF target directory (default: SmolLM2-135M-Instruct)")
     g.add_argument("--drafter", help="drafter checkpoint directory (default: the shipped one)")
     g.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
@@ -31,7 +35,9 @@ def main(argv=None) -> int:
     g.add_argument("--compare", action="store_true",
                    help="also run the target's own decoding and report both speeds and whether outputs match")
     args = parser.parse_args(argv)
-    tree = _tree_shape(parser, args.tree) if args.tree else None
+    tree = _tree_shape(parser, args.tree) if args.tree else None if args.chain else "auto"
+    if args.num_drafts is not None and args.tree:
+        parser.error("--num-drafts is a chain's size: give it without --tree")
 
     import torch
 
@@ -46,8 +52,9 @@ def main(argv=None) -> int:
     else:
         gen = domino.load_default(quiet=False)
     kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
-    print(f"[domino] generating (head {'off' if args.no_head else 'on'}, T={args.temperature}"
-          f"{f', tree {args.tree}' if tree else ''})", file=sys.stderr)
+    drafts = f"tree {args.tree}" if args.tree else "chain" if args.chain or args.num_drafts is not None else "auto"
+    print(f"[domino] generating (head {'off' if args.no_head else 'on'}, T={args.temperature}, {drafts})",
+          file=sys.stderr)
     gen.generate("warm-up", max_new_tokens=4)  # first-call overheads out of the timing
     res = gen.generate(args.prompt, use_head=not args.no_head, tree=tree, num_drafts=args.num_drafts,
                        generator=torch.Generator().manual_seed(args.seed),

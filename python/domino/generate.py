@@ -18,7 +18,9 @@ With ``tree=TreeShape(topk, depth, num_draft_tokens)`` step 1 drafts a tree inst
 Domino head carries a GRU state per branch), step 2 runs the target once over its nodes
 with a tree attention mask, step 3 walks the tree (``verify_tree_greedy`` /
 ``verify_tree_sampling``), and step 4 first moves the accepted path's KV entries to the
-front of the round (:mod:`domino.tree`); the rest is the chain's commit step.
+front of the round (:mod:`domino.tree`); the rest is the chain's commit step. By default
+(``tree="auto"``) greedy requests draft :data:`domino.tree.DEFAULT_TREE` and sampled ones a
+chain (see :meth:`DominoGenerator.generate`).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from domino.budget import DepthAcceptance, RoundCosts
 from domino.model import DominoDraftModel, DraftContextCache
 from domino.sampling_params import RowSampling, SamplingParams
 from domino.target import special_token_ids, target_features
-from domino.tree import (TreeShape, check_tree_attention, compact_tree_cache, depths_tried, path_acceptance,
+from domino.tree import (DEFAULT_TREE, TreeShape, check_tree_attention, tree_attention_supported, compact_tree_cache, depths_tried, path_acceptance,
                          tree_attention_mask, tree_links, verify_tree)
 from domino_ops.tree_draft import DraftTree, select_draft_nodes
 
@@ -142,7 +144,7 @@ class DominoGenerator:
                  use_head: bool = True, num_drafts: int | None = None, stop: Sequence[str] = (),
                  generator: torch.Generator | None = None,
                  stream: Callable[[int, list[int]], None] | None = None,
-                 tree: TreeShape | None = None) -> GenerationResult:
+                 tree: TreeShape | None | str = "auto") -> GenerationResult:
         """Generates up to ``max_new_tokens`` per prompt, stopping at EOS or a stop string.
 
         ``prompt`` is one prompt (string, chat message list, token ids) or a list of them
@@ -159,14 +161,20 @@ class DominoGenerator:
         target's filtered distribution otherwise, per request.
 
         ``tree``: a :class:`domino.TreeShape` drafts and verifies a tree of tokens per round
-        instead of a chain (None: the chain of ``num_drafts`` drafts). Sampled trees need
-        one temperature/top_k/top_p for the whole batch and no per-request seed.
+        instead of a chain; None: the chain of ``num_drafts`` drafts. Sampled trees need
+        one temperature/top_k/top_p for the whole batch and no per-request seed. "auto"
+        (the default, the fastest lossless choice measured): :data:`domino.tree.DEFAULT_TREE`
+        with the adaptive budget when every request is greedy, ``num_drafts`` is None and
+        the target's attention takes a tree mask; the chain otherwise (a sampled tree
+        verifies every draw, so it gets no budget).
         """
         seqs, batch, stop = self._encode_request(prompt, max_new_tokens, stop)
         params = self._sampling_params(len(seqs), temperature, top_k, top_p, sampling)
+        if isinstance(tree, str) and tree == "auto":
+            tree = self._default_tree(params, num_drafts)
         if tree is not None:
             if not isinstance(tree, TreeShape):
-                raise ValueError(f"tree must be a domino.TreeShape or None, got {tree!r}")
+                raise ValueError(f"tree must be a domino.TreeShape, None or 'auto', got {tree!r}")
             tree.check(self.drafter.config.num_drafts, params)
             check_tree_attention(self.target)
         rows = RowSampling.from_params(params, self.device, generator)
@@ -189,6 +197,12 @@ class DominoGenerator:
             res.text, res.token_ids, res.acceptance_lengths = texts[0], token_ids[0], accept[0]
             res.verified_lengths = verified[0]
         return res
+
+    def _default_tree(self, params: list[SamplingParams], num_drafts: int | None) -> TreeShape | None:
+        """What ``tree="auto"`` drafts for these requests: DEFAULT_TREE or None (the chain)."""
+        greedy = not any(domino_ops.sampling.may_sample(p.temperature) for p in params)
+        fits = DEFAULT_TREE.depth <= self.drafter.config.num_drafts and tree_attention_supported(self.target)
+        return DEFAULT_TREE if greedy and num_drafts is None and fits else None
 
     @staticmethod
     def _sampling_params(b: int, temperature, top_k, top_p, sampling) -> list[SamplingParams]:

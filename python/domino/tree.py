@@ -88,6 +88,20 @@ class TreeShape:
                              f"temperature > 0, got {self.num_draft_tokens}")
 
 
+# The engine's default at temperature 0 (``generate(tree="auto")``): three children per
+# node over four levels, the verified size chosen each round by the adaptive budget. In
+# benchmarks/bench_e2e.py it beat the adaptive chain on HumanEval and on held-out chat
+# prompts (e.g. 1.26x against 1.17x the fastest plain decoding, stage-6 drafter;
+# benchmarks/results/e2e_zen5_stage6.txt), and every tree shape tried landed within noise
+# of it.
+DEFAULT_TREE = TreeShape(3, 4)
+
+
+def tree_attention_supported(target) -> bool:
+    """Whether the target's attention takes the tree's 4D float mask."""
+    return getattr(target.config, "_attn_implementation", None) in MASKABLE_ATTENTION
+
+
 # The attention implementations that take a 4D additive mask as it is (transformers 5.x;
 # "domino_small_batch": domino.fast_attention, which applies each row's mask).
 MASKABLE_ATTENTION = ("eager", "sdpa", "domino_small_batch")
@@ -95,8 +109,8 @@ MASKABLE_ATTENTION = ("eager", "sdpa", "domino_small_batch")
 
 def check_tree_attention(target) -> None:
     """Raises ValueError unless the target's attention takes the tree's 4D float mask."""
-    impl = getattr(target.config, "_attn_implementation", None)
-    if impl not in MASKABLE_ATTENTION:
+    if not tree_attention_supported(target):
+        impl = getattr(target.config, "_attn_implementation", None)
         raise ValueError(f"tree: tree speculation needs the target's attention implementation to be one of "
                          f"{MASKABLE_ATTENTION} (a 4D tree mask), got {impl!r}; set it with "
                          f"target.set_attn_implementation('sdpa')")
