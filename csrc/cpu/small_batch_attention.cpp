@@ -107,13 +107,26 @@ void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, cons
   // Below ~256K multiply-adds per thread's share a fork costs more than it saves (a decode
   // step's 3 tasks run on the calling thread).
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(1, per * N * D));
+  // Strides as plain integers: Tensor::stride() is a call the compiler cannot hoist out of
+  // a loop (it checks the tensor's stride policy each time), and it showed up as 15 % of
+  // a 16-row call when the query widening below read it per element.
+  const int64_t qs0 = q.stride(0), qs1 = q.stride(1), qs2 = q.stride(2);
+  const int64_t ks0 = k.stride(0), ks1 = k.stride(1), ks2 = k.stride(2);
+  const int64_t vs0 = v.stride(0), vs1 = v.stride(1), vs2 = v.stride(2);
+  const int64_t os0 = out.stride(0), os1 = out.stride(1), os2 = out.stride(2);
   at::parallel_for(0, tasks, grain, [&](int64_t t0, int64_t t1) {
-    thread_local std::vector<int64_t> idx;
-    thread_local std::vector<float> bias, scores, q_rows;
-    idx.resize(N);
-    bias.resize(N);
-    scores.resize(per * N);
-    q_rows.resize(per * D);
+    // per-thread scratch, looked up once per chunk of tasks (each thread_local access is a
+    // TLS lookup)
+    thread_local std::vector<int64_t> idx_buf;
+    thread_local std::vector<float> bias_buf, scores_buf, q_buf;
+    idx_buf.resize(N);
+    bias_buf.resize(N);
+    scores_buf.resize(per * N);
+    q_buf.resize(per * D);
+    int64_t* idx = idx_buf.data();
+    float* bias = bias_buf.data();
+    float* scores = scores_buf.data();
+    float* q_rows = q_buf.data();
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t b = t / ((Hq / per) * M), h = (t / M) % (Hq / per) * per, m = t % M, g = h / group;
       const int64_t limit = N - M + m + 1;  // keys at positions <= this row's own
@@ -137,22 +150,20 @@ void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, cons
         for (int64_t j = 0; j < limit; ++j) idx[j] = j;
         n = limit;
       }
-      const T* qr = qp + b * q.stride(0) + h * q.stride(1) + m * q.stride(2);
-      const T* kr = kp + b * k.stride(0) + g * k.stride(1);
-      const T* vr = vp + b * v.stride(0) + g * v.stride(1);
-      T* orow = op + b * out.stride(0) + h * out.stride(1) + m * out.stride(2);
-      const float* bp = any_bias ? bias.data() : nullptr;  // all zeros: no bias, same bits
-      if constexpr (std::is_same_v<T, float>)
-        K.attend_rows_f32(qr, q.stride(1), per, kr, k.stride(2), vr, v.stride(2), idx.data(), bp, n, D, sc,
-                          scores.data(), orow, out.stride(1));
-      else {
+      const T* qr = qp + b * qs0 + h * qs1 + m * qs2;
+      const T* kr = kp + b * ks0 + g * ks1;
+      const T* vr = vp + b * vs0 + g * vs1;
+      T* orow = op + b * os0 + h * os1 + m * os2;
+      const float* bp = any_bias ? bias : nullptr;  // all zeros: no bias, same bits
+      if constexpr (std::is_same_v<T, float>) {
+        K.attend_rows_f32(qr, qs1, per, kr, ks2, vr, vs2, idx, bp, n, D, sc, scores, orow, os1);
+      } else {
         // the task's query rows widened once (exact), not once per key
         for (int64_t r = 0; r < per; ++r)
-          for (int64_t d = 0; d < D; ++d) q_rows[r * D + d] = static_cast<float>(qr[r * q.stride(1) + d]);
-        K.attend_rows_bf16(q_rows.data(), D, per,
-                           reinterpret_cast<const uint16_t*>(kr), k.stride(2),
-                           reinterpret_cast<const uint16_t*>(vr), v.stride(2), idx.data(), bp, n, D, sc,
-                           scores.data(), reinterpret_cast<uint16_t*>(orow), out.stride(1));
+          for (int64_t d = 0; d < D; ++d) q_rows[r * D + d] = static_cast<float>(qr[r * qs1 + d]);
+        K.attend_rows_bf16(q_rows, D, per, reinterpret_cast<const uint16_t*>(kr), ks2,
+                           reinterpret_cast<const uint16_t*>(vr), vs2, idx, bp, n, D, sc, scores,
+                           reinterpret_cast<uint16_t*>(orow), os1);
       }
     }
   });

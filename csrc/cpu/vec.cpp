@@ -440,10 +440,14 @@ void attend_rows_n(const float* q, int64_t qs, const T* k, int64_t ks, const T* 
     };
     for (int64_t j = 0; j < nv; j += L) storeu(sr + j, weights(loadu(sr + j)));
     if (nv < n) store_partial(sr + nv, n - nv, weights(load_partial(sr + nv, n - nv, 0.0f)));
-    float sum = 0.0f;
-    for (int64_t j = 0; j < n; ++j) sum += sr[j];
-    inv[r] = 1.0f / sum;
   }
+  // The NQ rows' sums interleaved: NQ independent dependency chains instead of one at a
+  // time (each row's own sum still runs key by key in key order: the same bits).
+  float sum[NQ];
+  for (int r = 0; r < NQ; ++r) sum[r] = 0.0f;
+  for (int64_t j = 0; j < n; ++j)
+    for (int r = 0; r < NQ; ++r) sum[r] += scores[r * n + j];
+  for (int r = 0; r < NQ; ++r) inv[r] = 1.0f / sum[r];
   // Blocks of up to kValueVectors<NQ> vectors of columns: that many independent FMA
   // chains per row over the keys, in registers.
   constexpr int64_t NB = kValueVectors<NQ>;
