@@ -150,10 +150,14 @@ def run_train(root, out, *extra, nproc=None):
             "--rank", "8", "--gru", "16", "--block-size", "8", "--seqs-per-step", "4", "--anchors", "2",
             "--eval-shards", "0", "--eval-every", "3", "--ckpt-every", "1", *extra]
     if nproc:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port",
-               "29517", "-m", "training.train", *args]
+        # --standalone: a free rendezvous port each run (a fixed one failed the test once
+        # when the port was still taken)
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+               "-m", "training.train", *args]
         env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-        subprocess.run(cmd, check=True, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, f"torchrun failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
+
     else:
         from training.train import main
 
