@@ -20,8 +20,9 @@
 // Batch invariance, by construction: each row first lists its visible keys in cache order,
 // then the instruction-set build's attend_rows (cpu/vec.cpp; the query heads of one kv head
 // share the key loads, not the arithmetic) computes it from q and those keys alone: scores as dot products with lanes over D and a fixed lane-sum tree, the max
-// and the sum of exp in key order, exp elementwise, the value sum per lane in key order,
-// one division, one rounding to out's dtype. Nothing depends on M, on the row's place in
+// (exact in any order), the sum of exp in key order (a key hidden by a finite bias stays in
+// the list with weight 0, which a sequential sum absorbs without a trace), exp elementwise,
+// the value sum per lane in key order, one division, one rounding to out's dtype. Nothing depends on M, on the row's place in
 // the call, on the thread split or on where hidden keys (padding, holes, other branches
 // of a draft tree) sit in the cache: a verification row, a tree node and the one-token
 // step of the same path give the same bits (on one instruction-set build).
