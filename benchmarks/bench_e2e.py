@@ -8,18 +8,21 @@ kernels serve both sides of each comparison) it times, on the same prompts:
 
 - plain HF greedy ``generate`` and HF prompt lookup (``prompt_lookup_num_tokens``);
 - Domino, a chain of the whole block every round (``num_drafts`` = block - 1);
-- Domino, a chain with the adaptive budget (the default of ``generate``);
-- Domino, a tree (``--tree``; its size chosen each round by the adaptive budget unless
-  given), head on, and the same tree with the head off (children from the base marginals
-  only: a block drafter's tree, without causal state).
+- Domino, a chain with the adaptive budget (``tree=None``);
+- Domino, a tree (``--tree``, default 3,4: ``generate``'s default at T = 0; its size
+  chosen each round by the adaptive budget unless given), head on, and the same tree with
+  the head off (children from the base marginals only: a block drafter's tree, without
+  causal state).
 
 Speedups are against the fastest plain decoding of all configurations. Per method it
-reports tokens/s (total new tokens / total time, one warm-up generation per method
-excluded), acceptance (tokens advanced per round), tokens verified per round and the
-round's cost breakdown (drafting / target forward / the rest, ms per round). The costs of
+reports tokens/s (total new tokens / total time of a pass over the prompts, the median of
+``--repeats`` passes; the methods alternate within each pass, so the machine's drift hits
+them alike; one warm-up generation per method excluded), acceptance (tokens advanced per round), tokens verified per round and the
+round's cost breakdown (drafting / target forward / the rest, ms per round; the prompts'
+prefills are in none of them). The costs of
 the adaptive budget are measured (or read from the disk cache) before any timing.
 
-    python benchmarks/bench_e2e.py --num-prompts 8 --max-new-tokens 96
+    python benchmarks/bench_e2e.py --num-prompts 8 --max-new-tokens 96 [--repeats 3] [--out FILE]
     python benchmarks/bench_e2e.py --chat        # held-out chat prompts instead of HumanEval
     python benchmarks/bench_e2e.py --sweep       # acceptance vs tokens verified: chain vs tree,
                                                  # head on vs off (PNG in results/)
@@ -50,7 +53,8 @@ CONFIGS = {"fp32": (torch.float32, False, False), "fp32-sbl": (torch.float32, Tr
 
 class RoundTimer:
     """Accumulates the wall time of the drafter's drafting and of the target's forwards
-    while installed (wrapping the generator's own methods)."""
+    while installed (wrapping the generator's own methods); the prompt's prefill (the
+    forward that needs only the last logits) is kept apart from the rounds' forwards."""
 
     def __init__(self, gen):
         self.gen, self.ms = gen, defaultdict(float)
@@ -65,7 +69,8 @@ class RoundTimer:
         def wrapper(*a, **kw):
             t0 = time.perf_counter()
             out = fn(*a, **kw)
-            self.ms[key] += (time.perf_counter() - t0) * 1e3
+            prefill = key == "target" and (kw.get("last_logits_only") or (len(a) > 4 and a[4]))
+            self.ms["prefill" if prefill else key] += (time.perf_counter() - t0) * 1e3
             return out
         return wrapper
 
@@ -74,35 +79,35 @@ class RoundTimer:
             delattr(owner, name)  # the instance attribute shadowed the class's method
 
 
-def run_method(name, fn, prompts, gen, repeats: int):
-    """Generates every prompt ``repeats`` times (after one untimed warm-up); tokens/s is
-    the median over repeats of total tokens / total time."""
-    fn(prompts[0], 8)
-    tps, outputs, accepts, verified = [], None, [], []
+def one_pass(fn, prompts, gen) -> dict:
+    """Generates every prompt once with ``fn``: tokens/s (total tokens / total time), the
+    outputs, acceptance and verified lengths per round, and the round-cost breakdown."""
     timer = RoundTimer(gen)
-    t_total = 0.0
     try:
-        for r in range(repeats):
-            timer.ms.clear()
-            tokens, outs, t0 = 0, [], time.perf_counter()
-            acc_r, ver_r = [], []
-            for p in prompts:
-                res = fn(p, None)
-                outs.append(res.token_ids)
-                tokens += len(res.token_ids)
-                acc_r.extend(res.acceptance_lengths)
-                ver_r.extend(res.verified_lengths or [1] * len(res.token_ids))
-            elapsed = time.perf_counter() - t0
-            tps.append(tokens / elapsed)
-            outputs, accepts, verified, t_total = outs, acc_r, ver_r, elapsed
-            ms = dict(timer.ms)
+        tokens, outs, acc, ver, t0 = 0, [], [], [], time.perf_counter()
+        for p in prompts:
+            res = fn(p, None)
+            outs.append(res.token_ids)
+            tokens += len(res.token_ids)
+            acc.extend(res.acceptance_lengths)
+            ver.extend(res.verified_lengths or [1] * len(res.token_ids))
+        elapsed = time.perf_counter() - t0
     finally:
         timer.remove()
+    return dict(tps=tokens / elapsed, outputs=outs, accepts=acc, verified=ver, ms=dict(timer.ms), elapsed=elapsed)
+
+
+def summarize(name: str, passes: list[dict]) -> dict:
+    """One method's row: the median tokens/s over its passes; acceptance, verified tokens
+    and the per-round breakdown over all passes; the outputs of the last."""
+    accepts = [a for p in passes for a in p["accepts"]]
     rounds = max(len(accepts), 1)
-    return dict(name=name, tps=statistics.median(tps), outputs=outputs, tau=sum(accepts) / rounds,
-                verified=sum(verified) / rounds, rounds=rounds, draft_ms=ms.get("draft", 0.0) / rounds,
-                target_ms=ms.get("target", 0.0) / rounds,
-                other_ms=(t_total * 1e3 - ms.get("draft", 0.0) - ms.get("target", 0.0)) / rounds)
+    ms = {k: sum(p["ms"].get(k, 0.0) for p in passes) for k in ("draft", "target", "prefill")}
+    total_ms = sum(p["elapsed"] for p in passes) * 1e3
+    return dict(name=name, tps=statistics.median(p["tps"] for p in passes), outputs=passes[-1]["outputs"],
+                tau=sum(accepts) / rounds, verified=sum(v for p in passes for v in p["verified"]) / rounds,
+                rounds=rounds, draft_ms=ms["draft"] / rounds, target_ms=ms["target"] / rounds,
+                other_ms=(total_ms - ms["draft"] - ms["target"] - ms["prefill"]) / rounds)
 
 
 def methods(gen, args, tree):
@@ -141,11 +146,18 @@ def cmd_compare(args) -> None:
     for config in args.configs:
         gen = load(config, args.drafter)
         gen.round_costs(1)  # the adaptive budget's costs: measured (or read) before any timing
-        for name, fn in methods(gen, args, tree):
-            r = run_method(name, fn, prompts, gen, args.repeats)
-            r["config"] = config
-            rows.append(r)
-            print(f"  {config:11} {name:30} {r['tps']:6.1f} tok/s", flush=True)
+        ms = methods(gen, args, tree)
+        for _, fn in ms:
+            fn(prompts[0], 8)  # warm-up, untimed
+        # the methods alternate within every repeat, so the machine's drift hits them alike
+        passes = {name: [] for name, _ in ms}
+        for rep in range(args.repeats):
+            for name, fn in ms:
+                passes[name].append(one_pass(fn, prompts, gen))
+                print(f"  {config:11} pass {rep + 1}/{args.repeats} {name:30} {passes[name][-1]['tps']:6.1f} tok/s",
+                      flush=True)
+        for name, _ in ms:
+            rows.append({**summarize(name, passes[name]), "config": config})
     plains = {r["config"]: r for r in rows if r["name"] == "plain HF greedy"}
     fastest = max(plains.values(), key=lambda r: r["tps"])
     cpu_model = cpu.model()
@@ -165,8 +177,11 @@ def cmd_compare(args) -> None:
                      + f" | {'yes' if same else 'NO'}")
     text = "\n".join(lines)
     print(text)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / ("e2e_chat.txt" if args.chat else "e2e.txt")).write_text(text + "\n")
+    if args.out != "-":
+        out = Path(args.out) if args.out else RESULTS / ("e2e_chat.txt" if args.chat else "e2e.txt")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text + "\n")
+        print(f"wrote {out}")
 
 
 def cmd_sweep(args) -> None:
@@ -225,7 +240,10 @@ def main() -> None:
     parser.add_argument("--num-prompts", type=int, default=8)
     parser.add_argument("--offset", type=int, default=0)
     parser.add_argument("--max-new-tokens", type=int, default=96)
-    parser.add_argument("--repeats", type=int, default=1, help="timed passes over the prompts (median)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="timed passes over the prompts (median); the methods alternate within each pass")
+    parser.add_argument("--out", default=None,
+                        help="the table's file (default results/e2e.txt, or e2e_chat.txt with --chat; - for none)")
     parser.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
     parser.add_argument("--drafter", type=Path, default=DEFAULT_DRAFTER_DIR)
     parser.add_argument("--tree", type=int, nargs=3, default=(3, 4, 0), metavar=("TOPK", "DEPTH", "NODES"),
