@@ -106,11 +106,18 @@ def draft_tree(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w2, root_t
     kw = dict(num_children=topk, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator,
               backend=backend)
 
-    zero_w2 = torch.zeros_like(w2) if plain_depths > 0 else None
+    # A plain depth's correction is exactly zero: a rank-1 head of zeros (hproj, w1s, w2)
+    # gives L = base + 0, the same bits as the full-rank zero w2 this used to allocate (and
+    # stream) every round, while the GRU states advance with the real w_hh and gru_input.
+    plain = None
+    if plain_depths > 0:
+        plain = (torch.zeros(b, k, 1, dtype=hproj.dtype, device=dev), torch.zeros(1, w1s.shape[1], dtype=w1s.dtype,
+                 device=dev), torch.zeros(w2.shape[0], 1, dtype=w2.dtype, device=dev))
 
     def expand(node_state, node_seq, d):
-        return domino_head_expand(base_logits, hproj, node_state, node_seq, torch.full_like(node_seq, d),
-                                  gru_input, w_ih, w_hh, w1s, zero_w2 if d < plain_depths else w2, **kw)
+        hp, ws, w = plain if d < plain_depths else (hproj, w1s, w2)
+        return domino_head_expand(base_logits, hp, node_state, node_seq, torch.full_like(node_seq, d),
+                                  gru_input, w_ih, w_hh, ws, w, **kw)
 
     tokens, logprobs, child_state, logits = expand(state, seq, 0)
     scores, token_list, score_list = logprobs, [tokens], [logprobs]
