@@ -38,8 +38,8 @@ from domino.budget import DepthAcceptance, RoundCosts
 from domino.model import DominoDraftModel, DraftContextCache
 from domino.sampling_params import RowSampling, SamplingParams
 from domino.target import special_token_ids, target_features
-from domino.tree import (DEFAULT_TREE, TreeShape, check_tree_attention, compact_tree_cache, depths_tried, path_acceptance,
-                         tree_attention_mask, tree_attention_supported, tree_links, verify_tree)
+from domino.tree import (DEFAULT_TREE, TreeShape, check_tree_attention, compact_tree_cache, depths_tried,
+                         path_acceptance, tree_attention_mask, tree_attention_supported, tree_links, verify_tree)
 from domino_ops.tree_draft import DraftTree, select_draft_nodes
 
 

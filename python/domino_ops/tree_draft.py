@@ -111,8 +111,9 @@ def draft_tree(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w2, root_t
     # stream) every round, while the GRU states advance with the real w_hh and gru_input.
     plain = None
     if plain_depths > 0:
-        plain = (torch.zeros(b, k, 1, dtype=hproj.dtype, device=dev), torch.zeros(1, w1s.shape[1], dtype=w1s.dtype,
-                 device=dev), torch.zeros(w2.shape[0], 1, dtype=w2.dtype, device=dev))
+        plain = (torch.zeros(b, k, 1, dtype=hproj.dtype, device=dev),  # hproj
+                 torch.zeros(1, w1s.shape[1], dtype=w1s.dtype, device=dev),  # w1s
+                 torch.zeros(w2.shape[0], 1, dtype=w2.dtype, device=dev))  # w2
 
     def expand(node_state, node_seq, d):
         hp, ws, w = plain if d < plain_depths else (hproj, w1s, w2)
