@@ -313,8 +313,8 @@ double exp_weights(const float* z, int64_t n, float m, double* w) {
 // nq lane sums (reduced kScoreKeys keys at a time); the value pass keeps nq x up to 4
 // accumulator vectors in registers. (bf16, 16 query rows of 9 heads against 300 keys,
 // Zen 5, 2 threads: 162 us before the q rows were widened once, the value accumulators
-// kept in registers, the lane sums batched and the rows' softmax sums interleaved; 57 us
-// after.)
+// kept in registers, the lane sums batched and the rows' softmax sums interleaved; 56 us
+// after: benchmarks/bench_attention.py.)
 
 // Columns [d0, d0 + NB * L) of the value pass of NQ rows (the last vector may be cut at
 // D): out_r = sum_j p_rj v_{idx[j]} in key order, times inv_r. The block count is a
