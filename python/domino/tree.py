@@ -97,14 +97,14 @@ class TreeShape:
 DEFAULT_TREE = TreeShape(3, 4)
 
 
-def tree_attention_supported(target) -> bool:
-    """Whether the target's attention takes the tree's 4D float mask."""
-    return getattr(target.config, "_attn_implementation", None) in MASKABLE_ATTENTION
-
-
 # The attention implementations that take a 4D additive mask as it is (transformers 5.x;
 # "domino_small_batch": domino.fast_attention, which applies each row's mask).
 MASKABLE_ATTENTION = ("eager", "sdpa", "domino_small_batch")
+
+
+def tree_attention_supported(target) -> bool:
+    """Whether the target's attention takes the tree's 4D float mask."""
+    return getattr(target.config, "_attn_implementation", None) in MASKABLE_ATTENTION
 
 
 def check_tree_attention(target) -> None:
