@@ -8,7 +8,7 @@ from domino.target import target_features
 from tiny_models import tiny_generator, tiny_target
 from training.data import Conversation, load_shards, make_batch
 from training.evaluate import generation_acceptance, stepped_rounds
-from training.generate_data import features_from_ids, regenerate, shard_path, write_shard
+from training.generate_data import features_from_ids, regenerate, shard_path, target_as_deployed, write_shard
 from training.losses import per_token_loss
 
 
@@ -100,15 +100,21 @@ def _random_prompts(lengths, seed):
     return [torch.randint(2, 64, (n,), generator=g).tolist() for n in lengths]
 
 
+@pytest.mark.parametrize("deployed", [False, True], ids=["fp32", "deployed"])
 @pytest.mark.parametrize("prompts", [_random_prompts([1, 12, 2, 5], 11),  # very different lengths
                                      _random_prompts([6, 6, 6], 12),  # equal lengths: no padding at all
-                                     _random_prompts([1, 1], 13)],  # nothing to prefill
-                         ids=["ragged", "equal", "one-token"])
-def test_regenerated_responses_are_each_prompts_own_greedy_decoding(prompts):
+                                     _random_prompts([1, 1], 13),  # nothing to prefill
+                                     _random_prompts([37, 3, 21, 9, 30, 14], 14)],  # long, ragged
+                         ids=["ragged", "equal", "one-token", "long"])
+def test_regenerated_responses_are_each_prompts_own_greedy_decoding(prompts, deployed):
     """Prompts prefilled in length-sorted groups and decoded together: each response is that prompt's
     greedy continuation decoded alone, and its features are those of the prompt and
-    response[:-1]."""
+    response[:-1]. As deployed (bf16 with the batch-invariant kernels, what
+    ``generate_data`` runs on the CPU) the features are the solo forward's bits exactly."""
     target = tiny_target("llama", vocab=64)
+    if deployed:
+        target = target_as_deployed(target)
+        assert next(target.parameters()).dtype == torch.bfloat16
     data = regenerate(target, prompts, [0, 2, 3], eos={1}, pad=0, max_new_tokens=10, top_k=4)
     for i, (p, rec) in enumerate(zip(prompts, data.records)):
         ids = list(p)
@@ -120,8 +126,12 @@ def test_regenerated_responses_are_each_prompts_own_greedy_decoding(prompts):
         assert rec["prompt_ids"] == p and rec["response_ids"] == ids[len(p):], i
         with torch.no_grad():
             hs = target(torch.tensor([ids[:-1]]), output_hidden_states=True).hidden_states
-        feats = data.features[data.offsets[i]:data.offsets[i + 1]].float()
-        torch.testing.assert_close(feats, target_features(hs, [0, 2, 3])[0].float(), atol=2e-2, rtol=2e-2)
+        feats = data.features[data.offsets[i]:data.offsets[i + 1]]
+        alone = target_features(hs, [0, 2, 3])[0]
+        if deployed:
+            assert torch.equal(feats, alone.to(torch.bfloat16)), i
+        else:
+            torch.testing.assert_close(feats.float(), alone.float(), atol=2e-2, rtol=2e-2)
 
 
 def test_batch_carries_the_label_distributions(shard):

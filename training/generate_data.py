@@ -1,5 +1,5 @@
-"""Regenerates the training prompts' responses with the target (greedy), as resumable
-append-only shards.
+"""Regenerates the training prompts' responses with the target (greedy, run as the engine
+deploys it: ``target_as_deployed``), as resumable append-only shards.
 
     python -m training.generate_data --out training/regenerated/smollm2_mix --target-tokens 5000000
 
@@ -70,6 +70,35 @@ def parse_worker(text: str) -> tuple[int, int]:
     if not 0 <= i < n:
         raise argparse.ArgumentTypeError(f"--worker I/N needs 0 <= I < N, got {text!r}")
     return i, n
+
+
+def target_as_deployed(model, device="cpu"):
+    """``model`` (a HF causal LM) moved to ``device`` and set up as the engine runs it, in
+    place; returns it in eval mode.
+
+    On the CPU: :data:`domino.loading.DEFAULT_OPTIONS` (bf16, the batch-invariant
+    small-batch linear and attention kernels), the configuration ``load_default``, the CLI
+    and ``make run`` decode with. Every row of a batched forward is then computed bit for
+    bit as that prompt decoded alone, so each regenerated response is exactly the deployed
+    target's own greedy decoding of its prompt and its features are the bits the drafter
+    reads when it runs (fp32 data differs: its responses part from the bf16 target's
+    within 64 tokens in most prompts). It is also ~2.5x faster per thread than fp32 with
+    PyTorch's matrix products (``benchmarks/bench_regenerate.py``). Elsewhere (``--device
+    cuda``): fp32 with TF32 off, the target's own fp32 greedy decisions."""
+    from domino.fast_attention import use_small_batch_attention
+    from domino.fast_linear import use_small_batch_linear
+    from domino.loading import DEFAULT_OPTIONS
+
+    model = model.to(device).eval()
+    if torch.device(device).type != "cpu":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        return model.float()
+    model = model.to(DEFAULT_OPTIONS["dtype"])
+    if DEFAULT_OPTIONS["small_batch_linear"]:
+        use_small_batch_linear(model)
+    if DEFAULT_OPTIONS["small_batch_attention"]:
+        use_small_batch_attention(model)
+    return model
 
 
 def count_tokens(out: Path) -> tuple[int, int]:
@@ -315,8 +344,7 @@ def main() -> None:
             json.dump(tokenized_prompts(tok, args.max_prompt_tokens), f)
         print(f"wrote {args.save_prompts}")
         return
-    torch.backends.cuda.matmul.allow_tf32 = False  # the target's own fp32 greedy decisions
-    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).to(args.device).eval()
+    model = target_as_deployed(AutoModelForCausalLM.from_pretrained(target_dir), args.device)
     eos, pad = special_token_ids(model, tok)
     eos = set(eos)
     layer_ids = default_drafter_config(model.config).target_layer_ids
