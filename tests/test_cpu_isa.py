@@ -119,6 +119,36 @@ def test_argmax_ties_nans_and_infinities(isa, dtype, n):
     assert torch.equal(out[:, 0], rows.float().argmax(-1)) and (acc == 1).all()
 
 
+@pytest.mark.parametrize("V", [1, 3, 63, 64, 65, 130, 1000, 4099])
+@pytest.mark.parametrize("m", [1, 3, 8, 32, 33])
+def test_expand_children_follow_the_greedy_order(isa, V, m):
+    """The expand's children scan (a vector skip to the next value above the m-th kept, up
+    to m = 32; a partial sort past it) against the exact greedy order: with w2 = 0 each
+    node's logits are its base row, here rounded to halves (ties everywhere), with NaNs
+    (none, fewer than m, more than m), +-inf, a maximum in the tail and in the first block."""
+    m = min(m, V)
+    g = torch.Generator().manual_seed(V * 100 + m)
+    n, G, r = 8, 4, 2
+    base = (torch.randn(n, 1, V, generator=g) * 2).round() / 2
+    row = base[:, 0]
+    row[1, V - 1] = 50.0  # the maximum in the tail
+    row[2, 0] = 50.0  # and at index 0
+    row[3, torch.randperm(V, generator=g)[:max(1, m // 2)]] = float("nan")
+    row[4, torch.randperm(V, generator=g)[:min(V, m + 2)]] = float("nan")  # more NaNs than children
+    row[5, V // 2] = float("inf")
+    row[5, V // 3] = float("-inf")
+    row[6] = float("-inf")
+    row[7] = 3.0  # all tied: the first m indices
+    gru_input, w_hh = torch.randn(V, 3 * G, generator=g), torch.randn(3 * G, G, generator=g)
+    t, lp, _, L = domino_ops.domino_head_expand(
+        base, torch.zeros(n, 1, r), torch.randn(n, G, generator=g), torch.arange(n), torch.zeros(n, dtype=torch.long),
+        gru_input, None, w_hh, torch.randn(r, G, generator=g), torch.zeros(V, r), num_children=m)
+    torch.testing.assert_close(L, row, rtol=0, atol=0, equal_nan=True)
+    key = torch.where(row.isnan(), float("inf"), row)  # NaN first, then descending, ties by index
+    want = torch.tensor([sorted(range(V), key=lambda j, i=i: (-key[i, j].item(), j))[:m] for i in range(n)])
+    assert torch.equal(t, want), isa
+
+
 @pytest.mark.parametrize("b", [1, 2, 3, 4, 5, 7, 8, 9, 16, 17])
 @pytest.mark.parametrize("wdtype", [torch.float32, torch.bfloat16])
 def test_rollout_every_batch_block_matches_float64(isa, b, wdtype):

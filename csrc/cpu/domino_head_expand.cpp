@@ -50,9 +50,10 @@ inline bool before(const float* L, int64_t a, int64_t b) {
 }
 
 // The first m tokens of the greedy order. For small m one pass keeps them sorted in
-// `out` (a token enters only if it beats the current m-th: one compare per token, predicted
-// "no" almost always); for large m a partial sort of the indices.
-void best_tokens(const float* L, int64_t V, int64_t m, std::vector<int64_t>& idx, int64_t* out) {
+// `out`: once m are kept, a token enters only if it beats the current m-th, and the vector
+// scan `first_above` skips to the next token above it (or NaN), 4L tokens per test, since
+// almost none qualifies; for large m a partial sort of the indices.
+void best_tokens(const Kernels& K, const float* L, int64_t V, int64_t m, std::vector<int64_t>& idx, int64_t* out) {
   if (m > 32) {
     idx.resize(V);
     std::iota(idx.begin(), idx.end(), 0);
@@ -63,7 +64,11 @@ void best_tokens(const float* L, int64_t V, int64_t m, std::vector<int64_t>& idx
   int64_t count = 0;
   for (int64_t j = 0; j < V; ++j) {
     if (count == m) {
-      // j comes after every kept index, so it enters only if strictly before the m-th
+      // j comes after every kept index, so it enters only if strictly before the m-th:
+      // above it, or NaN while the m-th is not (the scan stops at every NaN; the test below
+      // keeps the order's rule)
+      j = K.first_above(L, j, V, L[out[m - 1]]);
+      if (j == V) break;
       const float x = L[j], worst = L[out[m - 1]];
       if (!(x > worst) && !(x != x && worst == worst)) continue;
     }
@@ -107,7 +112,7 @@ void sampled_children(const Kernels& K, const float* L, int64_t V, int64_t m, co
   if (c == m) return;
   // No mass left: the best tokens by L not drawn yet, all among the m best (c < m are drawn).
   std::vector<int64_t> best(m);
-  best_tokens(L, V, m, idx, best.data());
+  best_tokens(K, L, V, m, idx, best.data());
   for (int64_t j = 0; c < m; ++j) {
     if (std::find(tokens, tokens + c, best[j]) != tokens + c) continue;
     tokens[c] = best[j];
@@ -161,7 +166,7 @@ void expand(BL* base, const float* hproj, const float* S, const int64_t* seq, co
     std::vector<int64_t> idx;
     for (int64_t f = f0; f < f1; ++f) {
       if (greedy) {
-        best_tokens(L + f * V, V, m, idx, tokens + f * m);
+        best_tokens(K, L + f * V, V, m, idx, tokens + f * m);
         greedy_logprobs(RunningLse::of_chunks(partial.data() + f, n_chunks, n), L + f * V, tokens + f * m, m,
                         logprobs + f * m);
       } else {

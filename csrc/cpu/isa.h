@@ -68,6 +68,8 @@ struct Kernels {
 
   ArgMax (*argmax_f32)(const float* x, int64_t n);
   ArgMax (*argmax_bf16)(const uint16_t* x, int64_t n);
+  // The first j in [j0, n) with x[j] > t or x[j] NaN (!(x[j] <= t)); n when there is none.
+  int64_t (*first_above)(const float* x, int64_t j0, int64_t n, float t);
 
   // Sampling: z = (x - max x) / temperature with the extreme-value rules of row_sampler.h
   // (NaN -> -inf, +inf entries share the mass); returns max(z): 0, or -inf for no mass.

@@ -2,6 +2,10 @@
 // file once per build with its -march and DOMINO_ISA, and isa.cpp picks one table.
 #include "cpu/vec.h"
 
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
 #define DOMINO_STR2(x) #x
 #define DOMINO_STR(x) DOMINO_STR2(x)
 
@@ -230,6 +234,41 @@ ArgMax argmax_impl(const T* x, int64_t n) {
   }
   return best;
 }
+
+// Whether any of the 4L values at p is above t or NaN: !(v <= t), one "not less or equal,
+// unordered" compare per vector and one test of the four masks.
+DOMINO_INLINE bool any_above4(const float* p, float t) {
+#if defined(__AVX512F__)
+  const __m512 tv = _mm512_set1_ps(t);
+  const __mmask16 m = _mm512_cmp_ps_mask(_mm512_loadu_ps(p), tv, _CMP_NLE_UQ) |
+                      _mm512_cmp_ps_mask(_mm512_loadu_ps(p + L), tv, _CMP_NLE_UQ) |
+                      _mm512_cmp_ps_mask(_mm512_loadu_ps(p + 2 * L), tv, _CMP_NLE_UQ) |
+                      _mm512_cmp_ps_mask(_mm512_loadu_ps(p + 3 * L), tv, _CMP_NLE_UQ);
+  return m != 0;
+#elif defined(__AVX2__)
+  const __m256 tv = _mm256_set1_ps(t);
+  const __m256 m = _mm256_or_ps(_mm256_or_ps(_mm256_cmp_ps(_mm256_loadu_ps(p), tv, _CMP_NLE_UQ),
+                                             _mm256_cmp_ps(_mm256_loadu_ps(p + L), tv, _CMP_NLE_UQ)),
+                                _mm256_or_ps(_mm256_cmp_ps(_mm256_loadu_ps(p + 2 * L), tv, _CMP_NLE_UQ),
+                                             _mm256_cmp_ps(_mm256_loadu_ps(p + 3 * L), tv, _CMP_NLE_UQ)));
+  return _mm256_movemask_ps(m) != 0;
+#else
+  const vf tv = splat(t);
+  const vi m = ~(loadu(p) <= tv) | ~(loadu(p + L) <= tv) | ~(loadu(p + 2 * L) <= tv) | ~(loadu(p + 3 * L) <= tv);
+  for (int l = 0; l < L; ++l)
+    if (m[l]) return true;
+  return false;
+#endif
+}
+
+int64_t first_above(const float* x, int64_t j0, int64_t n, float t) {
+  int64_t i = j0;
+  while (i + 4 * L <= n && !any_above4(x + i, t)) i += 4 * L;
+  for (; i < n; ++i)  // the block that has it (or the tail): at most 4L - 1 more values
+    if (!(x[i] <= t)) return i;
+  return n;
+}
+
 ArgMax argmax_f32(const float* x, int64_t n) { return argmax_impl(x, n); }
 ArgMax argmax_bf16(const uint16_t* x, int64_t n) { return argmax_impl(x, n); }
 
@@ -501,6 +540,7 @@ const Kernels kKernels = {
     .widen_bf16 = &widen_bf16,
     .argmax_f32 = &argmax_f32,
     .argmax_bf16 = &argmax_bf16,
+    .first_above = &first_above,
     .temper_f32 = &temper_f32,
     .temper_bf16 = &temper_bf16,
     .exp_weights = &exp_weights,
