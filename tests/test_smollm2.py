@@ -101,3 +101,27 @@ def test_concurrent_conversion_shares_one_cache(tmp_path):
         assert out.strip() == str(tmp_path / "smollm2-135m-instruct")
     assert (tmp_path / "smollm2-135m-instruct" / "model.safetensors").exists()
     assert [d.name for d in tmp_path.iterdir()] == ["smollm2-135m-instruct"]  # no temporary left
+
+
+def test_trainer_generator_eval_runs_as_deployed_and_leaves_the_training_models_alone(gen):
+    """training.train's generator acceptance is eval_acceptance's measure on the deployed
+    configuration (the same drafter and prompts through load_default's models give the same
+    tau), and the fp32 models being trained keep their dtype and PyTorch's linears."""
+    import argparse
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from eval_acceptance import humaneval_prompts, mean_tau
+
+    from domino.fast_linear import uses_small_batch_linear
+    from domino.loading import DEFAULT_DRAFTER_DIR
+    from domino.model import DominoDraftModel
+    from training.train import generator_acceptance
+
+    target = type(gen.target).from_pretrained(gen.target.config._name_or_path, dtype=torch.float32).eval()
+    model = DominoDraftModel.from_pretrained(DEFAULT_DRAFTER_DIR).bind_target(target)
+    args = argparse.Namespace(target=None, device="cpu", eval_generator_prompts=3, eval_max_new_tokens=24)
+    tau = generator_acceptance(model, target, args)
+    assert tau == mean_tau(gen, humaneval_prompts(3), use_head=True, temperature=0.0, max_new_tokens=24)
+    assert model.fc.weight.dtype == target.lm_head.weight.dtype == torch.float32
+    assert not uses_small_batch_linear(model.fc) and not uses_small_batch_linear(target.lm_head)
