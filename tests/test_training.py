@@ -266,3 +266,19 @@ def test_draft_vocab_size_gives_a_new_drafter_the_most_frequent_tokens(tiny_run,
     assert torch.equal(saved.draft_vocab, most_frequent(counts, 20))
     with pytest.raises(SystemExit):
         run_train(root, tmp_path / "bad", "--steps", "1", "--draft-vocab-size", "-1")
+
+
+def test_init_from_trains_on_at_another_block_size(tiny_run, tmp_path):
+    """--init-from keeps the saved drafter's block size unless --block-size is given: no
+    weight depends on it, so a drafter continues at a shorter block with its own weights."""
+    from domino.model import DominoDraftModel
+
+    root, _ = tiny_run
+    run_train(root, tmp_path / "first", "--steps", "1", "--eval-every", "100")  # block 8 (run_train's)
+    log = run_train(root, tmp_path / "short", "--init-from", str(tmp_path / "first" / "drafter"), "--block-size", "4",
+                    "--steps", "2", "--eval-every", "100")
+    out = DominoDraftModel.from_pretrained(tmp_path / "short" / "drafter")
+    assert out.config.block_size == 4 and out.config.num_drafts == 3
+    assert [r["train_tokens"] for r in log] == [(s + 1) * 4 * 2 * 3 for s in range(2)]  # seqs x anchors x 3 drafts
+    first = DominoDraftModel.from_pretrained(tmp_path / "first" / "drafter")
+    assert first.config.block_size == 8 and set(out.state_dict()) == set(first.state_dict())
