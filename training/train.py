@@ -132,21 +132,21 @@ def build_model(args, target):
 
     if args.init_from:  # continue from a saved drafter: its config and weights
         model = DominoDraftModel.from_pretrained(args.init_from).bind_target(target)
-        if args.block_size is not None:
-            # no weight depends on the block's length (rotary positions, the mask token's
-            # embedding), so a drafter can be trained on at another block size
-            model.config.block_size = args.block_size
-        return model
-    if args.config:
-        config = DominoConfig.load(args.config)
     else:
-        config = default_drafter_config(target.config)
-        config.num_hidden_layers = args.layers
-        config.emb_dim, config.gru_hidden_dim, config.block_size = args.rank, args.gru, args.block_size or 16
-    torch.manual_seed(args.seed)
-    model = DominoDraftModel(config).bind_target(target)
-    if args.init_from_target:
-        init_layers_from_target(model, target)
+        if args.config:
+            config = DominoConfig.load(args.config)
+        else:
+            config = default_drafter_config(target.config)
+            config.num_hidden_layers = args.layers
+            config.emb_dim, config.gru_hidden_dim = args.rank, args.gru
+        torch.manual_seed(args.seed)
+        model = DominoDraftModel(config).bind_target(target)
+        if args.init_from_target:
+            init_layers_from_target(model, target)
+    if args.block_size is not None and (args.init_from or not args.config):
+        # no weight depends on the block's length (rotary positions, the mask token's
+        # embedding), so a saved drafter can also be trained on at another block size
+        model.config.block_size = args.block_size
     return model
 
 
@@ -173,7 +173,8 @@ def parse_args(argv=None):
     p.add_argument("--rank", type=int, default=64)
     p.add_argument("--gru", type=int, default=256)
     p.add_argument("--block-size", type=int, default=None,
-                   help="draft block length (default 16; with --init-from, the saved drafter's unless given)")
+                   help="draft block length (default: the default drafter config's, 16; with --init-from, the "
+                        "saved drafter's)")
     p.add_argument("--init-from-target", action="store_true", help="start the draft layers from the target's top layers")
     p.add_argument("--draft-vocab-size", type=int, default=0,
                    help="a new drafter drafts from (and trains over) the K response tokens most frequent in "
