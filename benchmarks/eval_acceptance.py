@@ -4,21 +4,23 @@ bonus included), measured end to end with the real generator.
     python benchmarks/eval_acceptance.py tau --num-prompts 40            # head on vs off, T = 0 and T = 1
     python benchmarks/eval_acceptance.py tau --num-prompts 164 --max-new-tokens 128 --temperatures 0
     python benchmarks/eval_acceptance.py tau --prompts chat --num-prompts 64   # held-out chat prompts
+    python benchmarks/eval_acceptance.py tau --num-prompts 32 --max-new-tokens 128 --temperatures 0 --fp32
     python benchmarks/eval_acceptance.py ablation training/runs/abl_*    # tau per drafter + loss-curve plot
     python benchmarks/eval_acceptance.py ablation training/runs/size_* --out benchmarks/results/sizing_backbone_loss.png
     python benchmarks/eval_acceptance.py curve training/runs/long        # acceptance vs training tokens (PNG)
 
 HumanEval never enters the training data (training/prompts.py filters it out). The models
 run as deployed (``domino.loading.DEFAULT_OPTIONS``: bf16 with the batch-invariant kernels
-on the CPU), as ``make run`` and ``load_default`` run them: ~2.6x faster than the fp32
-configuration the records before 2026-11-24's sixth session used, and the same tau there
-(whole-block chains, HumanEval 0-31, 128 tokens: 1.848 deployed, 1.847 fp32).
+on the CPU), as ``make run`` and ``load_default`` run them; ``--fp32`` runs ``tau`` in the
+fp32 configuration with PyTorch's kernels that the records before 2026-11-24's sixth
+session used (results/tau.txt has both on the same prompts).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 
 import torch
@@ -59,16 +61,18 @@ def mean_tau(gen, prompts, *, use_head: bool, temperature: float, max_new_tokens
 
 
 def cmd_tau(args) -> None:
-    gen = domino.load(smollm2_dir(), args.drafter or DEFAULT_DRAFTER_DIR, quiet=False, **DEFAULT_OPTIONS)
+    options = {} if args.fp32 else DEFAULT_OPTIONS
+    gen = domino.load(smollm2_dir(), args.drafter or DEFAULT_DRAFTER_DIR, quiet=False, **options)
     prompts = chat_prompts(args.num_prompts) if args.prompts == "chat" else humaneval_prompts(args.num_prompts)
-    rows = []
+    rows, t0 = [], time.perf_counter()
     for T in args.temperatures:
         on = mean_tau(gen, prompts, use_head=True, temperature=T, max_new_tokens=args.max_new_tokens)
         off = mean_tau(gen, prompts, use_head=False, temperature=T, max_new_tokens=args.max_new_tokens)
         rows.append((T, on, off))
     source = "HumanEval prompts" if args.prompts == "humaneval" else "held-out chat prompts (shard 0 of the mix)"
+    config = "fp32, PyTorch's kernels" if args.fp32 else "as deployed (bf16, the batch-invariant kernels)"
     print(f"\n{source} 0..{len(prompts) - 1}, block {gen.drafter.config.block_size}, "
-          f"max_new_tokens {args.max_new_tokens}")
+          f"max_new_tokens {args.max_new_tokens}; models {config}; {time.perf_counter() - t0:.0f} s")
     print(f"{'T':>4} | {'tau head on':>11} | {'tau head off':>12} | {'on/off':>6}")
     for T, on, off in rows:
         print(f"{T:4.1f} | {on:11.3f} | {off:12.3f} | {on / off:6.3f}")
@@ -182,6 +186,8 @@ def main() -> None:
     t.add_argument("--max-new-tokens", type=int, default=96)
     t.add_argument("--prompts", choices=("humaneval", "chat"), default="humaneval")
     t.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    t.add_argument("--fp32", action="store_true",
+                   help="fp32 models with PyTorch's kernels (the earlier records' configuration)")
     a = sub.add_parser("ablation")
     a.add_argument("runs", nargs="+")
     a.add_argument("--num-prompts", type=int, default=24)

@@ -340,8 +340,8 @@ def generator_acceptance(model: DominoDraftModel, target, args) -> float:
     """Greedy acceptance (tokens / rounds, head on) through the generator on the first
     ``--eval-generator-prompts`` HumanEval prompts, as benchmarks/eval_acceptance.py measures
     it: the drafter as checkpointed (bf16) and the target, run as deployed on the CPU
-    (``DEFAULT_OPTIONS``: bf16, the batch-invariant kernels; ~2.6x faster than the fp32
-    training target, same tau), loaded apart from the models being trained."""
+    (``DEFAULT_OPTIONS``: bf16, the batch-invariant kernels; 2.7x faster than the fp32
+    training target, same tau: benchmarks/results/tau.txt), loaded apart from the models being trained."""
     import sys
     import tempfile
 
