@@ -85,20 +85,14 @@ def target_as_deployed(model, device="cpu"):
     within 64 tokens in most prompts). It is also ~2.5x faster per thread than fp32 with
     PyTorch's matrix products (``benchmarks/bench_regenerate.py``). Elsewhere (``--device
     cuda``): fp32 with TF32 off, the target's own fp32 greedy decisions."""
-    from domino.fast_attention import use_small_batch_attention
-    from domino.fast_linear import use_small_batch_linear
-    from domino.loading import DEFAULT_OPTIONS
+    from domino.loading import DEFAULT_OPTIONS, use_cpu_kernels
 
     model = model.to(device).eval()
     if torch.device(device).type != "cpu":
         torch.backends.cuda.matmul.allow_tf32 = False
         return model.float()
-    model = model.to(DEFAULT_OPTIONS["dtype"])
-    if DEFAULT_OPTIONS["small_batch_linear"]:
-        use_small_batch_linear(model)
-    if DEFAULT_OPTIONS["small_batch_attention"]:
-        use_small_batch_attention(model)
-    return model
+    options = dict(DEFAULT_OPTIONS)
+    return use_cpu_kernels(model.to(options.pop("dtype")), **options)
 
 
 def count_tokens(out: Path) -> tuple[int, int]:

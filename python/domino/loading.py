@@ -121,12 +121,21 @@ def load(target, drafter=None, tokenizer=None, *, device="cpu", dtype=torch.floa
         _say(f"loading the drafter from {drafter}", quiet)
         drafter = DominoDraftModel.from_pretrained(drafter, dtype=dtype, device=device)
     drafter = drafter.to(device)
-    if small_batch_linear and torch.device(device).type == "cpu":
-        use_small_batch_linear(model)
-        use_small_batch_linear(drafter)
-    if small_batch_attention and torch.device(device).type == "cpu":
-        use_small_batch_attention(model)
+    use_cpu_kernels(model, small_batch_linear=small_batch_linear, small_batch_attention=small_batch_attention)
+    use_cpu_kernels(drafter, small_batch_linear=small_batch_linear, small_batch_attention=False)
     return DominoGenerator(model, drafter, tokenizer)
+
+
+def use_cpu_kernels(model: torch.nn.Module, *, small_batch_linear: bool, small_batch_attention: bool):
+    """Puts ``model``'s linear layers on the batch-invariant small-batch linear and (a HF
+    target) its attention on the small-batch attention kernel, each when asked and only
+    when the model is on the CPU (the kernels are CPU kernels); in place, returns ``model``."""
+    if next(model.parameters()).device.type == "cpu":
+        if small_batch_linear:
+            use_small_batch_linear(model)
+        if small_batch_attention:
+            use_small_batch_attention(model)
+    return model
 
 
 # How load_default, the CLI and the calibration run a model on the CPU: the fastest
