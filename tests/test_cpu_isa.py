@@ -166,6 +166,37 @@ def test_rollout_every_batch_block_matches_float64(isa, b, wdtype):
         torch.testing.assert_close(S[ok], S_ref[ok].float(), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("wdtype", [torch.float32, torch.bfloat16])
+def test_a_rows_bits_do_not_depend_on_its_batch(isa, wdtype):
+    """rows_dot computes every (weight row, activation) dot product with the same arithmetic
+    whatever the batch and its position in it (the batch-1 rows-outer kernel, the
+    interleaved blocks of several activations, their leftover rows and activations): a
+    node's expand logits, children and states, and a sequence's rollout tokens,
+    log-probabilities and state, are bit-identical alone and inside batches of every size
+    and order. V leaves partial row blocks and chunks; r a column tail on every build."""
+    for r, seed in ((96, 1), (45, 2), (8, 3)):
+        n, V, G = 17, 1003, 40
+        base, hproj, state, gru_input, _, w_hh, w1s, w2 = head_rollout_inputs(n, 3, V, r, G, 24, wdtype,
+                                                                              torch.float32, True, seed)
+        g = torch.Generator().manual_seed(seed)
+        seq, depth = torch.randint(0, n, (n,), generator=g), torch.randint(0, 3, (n,), generator=g)
+
+        def expand(idx):
+            return domino_ops.domino_head_expand(base, hproj, state[idx], seq[idx], depth[idx], gru_input, None,
+                                                 w_hh, w1s, w2, num_children=3)
+
+        whole = expand(torch.arange(n))
+        for idx in [torch.tensor([i]) for i in range(n)] + [torch.randperm(n, generator=g)[:m] for m in (2, 3, 5, 16)]:
+            for got, want in zip(expand(idx), whole):
+                assert torch.equal(got, want[idx]), (isa, r, idx.tolist())
+        rolled = domino_ops.domino_head_rollout(base, hproj, state, gru_input, None, w_hh, w1s, w2)
+        for i in (0, 5, n - 1):
+            alone = domino_ops.domino_head_rollout(base[i:i + 1], hproj[i:i + 1], state[i:i + 1], gru_input, None,
+                                                  w_hh, w1s, w2)
+            for got, want in zip(alone, rolled):
+                assert torch.equal(got[0], want[i]), (isa, r, i)
+
+
 def test_write_logits_rounds_bf16_like_torch(isa):
     """The bf16 write-back rounds to nearest even like torch's float -> bf16 cast."""
 

@@ -17,10 +17,12 @@
 // node's activations, as the rollout's batch), plus n base-logit rows read and n logits
 // rows of V floats written. At the paper shape in bf16 the stream is w2 (78 MB): a
 // 16-node frontier moves about what a batch-1 rollout step moves and does 16x its
-// multiply-adds, which from about 8 nodes up is the limit on a CPU without AVX-512 (see
-// domino_head_rollout.cpp for the per-ISA rates: ~35 G bf16 multiply-adds/s per core with
-// AVX2). The children's selection is per node and scalar (a partial sort of V, or m
-// inverse-CDF passes), parallel over nodes.
+// multiply-adds, which from about 8 nodes up are the limit (see domino_head_rollout.cpp
+// for the per-ISA rates: ~35 G bf16 multiply-adds/s per core with AVX2; on the 2-core Zen 5
+// VM with AVX-512 the 622 M of the paper-shape 16-node step need >= 2.2 ms at the FMA peak,
+// and the step takes 4.8-5.0 ms: benchmarks/README.md). The children's selection is per
+// node, parallel over nodes: greedy, a vector skip-scan for the top m <= 32 (a partial
+// sort past that); sampled, m inverse-CDF passes.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>

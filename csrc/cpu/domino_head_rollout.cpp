@@ -28,18 +28,22 @@
 //             EPYC VM (2 cores): 32 GB/s of bf16 per core from DRAM with the software
 //             prefetch (vec.h kPrefetchBytes), 20 GB/s without; the avx2 build there
 //             reaches 35 GB/s: DRAM bound either way.
-//   batch 8, the multiply-adds (8 x V x r per step). One row times 8 activations with 16
-//     registers (the widened row in registers, activations from L1), 2 rows x 8 with 32.
-//     avx2: 35 G bf16 multiply-adds/s per core (38 from L1), 22 G fp32; sse2: 15 / 16 G.
+//   batch 8, the multiply-adds (8 x V x r per step). Rows outer with 16 registers (2 rows
+//     x 4 activations, activations from L1): avx2 35 G bf16 multiply-adds/s per core (38
+//     from L1), 22 G fp32; sse2 15 / 16 G. With 32 (avx512) the activations stay in
+//     registers against 4 rows read side by side, two activations at a time, one fold of
+//     16 sums per 8 rows x 2, and each pass prefetches the next L1 chunk (vec.h
+//     dot_block_interleaved): the paper-shape 16-node tree step 5.5-5.75 -> 4.8-5.0 ms.
 //   Rows interleaved step by step measured 35-50 % slower from DRAM than rows read one
 //   after the other (the hardware prefetchers), at 2 rows as at 8. Software prefetch 4 KB
 //   ahead (past the page the hardware prefetchers stop at) measured no gain on the AVX2
 //   machine but 1.3x per step at batch 1 on the Zen 5 VM (bench_head.py, paper shape,
 //   bf16: 32.4 -> 24.8 ms per 15-step rollout); activation buffers on a cache line
 //   (cpu/aligned.h) made batch 2-8 1.6-1.7x faster there. At batch 8 and up
-//   the fp32 multiply-adds are the limit: ~80 G/s on two Zen 5 cores, 29 % of their FMA
-//   peak (2 x 8.7 G 16-lane FMAs/s measured). exp for the greedy log-sum-exp: one vector
-//   exp per logit.
+//   the fp32 multiply-adds are the limit: ~80 G/s on two Zen 5 cores before the
+//   interleaved blocks (29 % of their FMA peak, 2 x 8.7 G 16-lane FMAs/s measured), ~130
+//   G/s in the 16-node tree step after. exp for the greedy log-sum-exp: one vector exp per
+//   logit.
 // Threading: up to three parallel phases per step. (1) rows of w1s and a (one thread when
 // w1s is under 1 MB, as at both shapes of the benchmark); (2) the vocabulary in
 // chunks of kVocabChunk rows that threads claim dynamically, so a thread slowed by another
