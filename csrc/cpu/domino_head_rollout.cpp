@@ -33,7 +33,7 @@
 //     from L1), 22 G fp32; sse2 15 / 16 G. With 32 (avx512) the activations stay in
 //     registers against 4 rows read side by side, two activations at a time, one fold of
 //     16 sums per 8 rows x 2, and each pass prefetches the next L1 chunk (vec.h
-//     dot_block_interleaved): the paper-shape 16-node tree step 5.5-5.75 -> 4.8-5.0 ms.
+//     dot_block, kInterleave): the paper-shape 16-node tree step 5.5-5.75 -> 4.8-5.0 ms.
 //   Rows interleaved step by step measured 35-50 % slower from DRAM than rows read one
 //   after the other (the hardware prefetchers), at 2 rows as at 8. Software prefetch 4 KB
 //   ahead (past the page the hardware prefetchers stop at) measured no gain on the AVX2

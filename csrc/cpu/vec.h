@@ -193,87 +193,15 @@ constexpr int64_t kStep = sizeof(W) == 2 ? 2 * L : L;
 // (avx512) and 3.8 to 2.2 ms (avx2) with it; 4-16 KB measured alike.
 constexpr int64_t kPrefetchBytes = 4096;
 
-template <typename W>
-DOMINO_INLINE void prefetch_ahead(const W* p) {
-  __builtin_prefetch(reinterpret_cast<const char*>(p) + kPrefetchBytes, 0, 3);
-}
-
-template <int RB, int JN, typename W>
-DOMINO_INLINE void dot_block(const W* __restrict w, int64_t cols, const float* __restrict x,
-                             int64_t xs, float* __restrict y, int64_t ys) {
-  constexpr int64_t S = kStep<W>;
-  const int64_t cv = cols - cols % S;
-  vf acc[RB * JN];
-  DOMINO_UNROLL
-  for (int a = 0; a < RB * JN; ++a) acc[a] = vf{};
-  // The batch-1 kernel (JN = 1: the weight stream is the bound): rows outer, each row read
-  // start to end, one sequential stream with one software prefetch per line (the hardware
-  // prefetchers stop at 4 KB pages). Interleaving the rows step by step measured 35-50 %
-  // slower from DRAM here on the AVX2 build, at 2 rows as at 8; where the products bound
-  // (several activations) rows_dot interleaves them (dot_block_interleaved). Two
-  // accumulators per activation (even / odd columns, or alternate steps): two dependency
-  // chains per row. With one, a row of r = 256 bf16 weights is 16 dependent FMAs per
-  // accumulator; one chain also measured 28 GB/s from L1 at batch 1 on the AVX2 build,
-  // barely above DRAM.
-  static_assert(RB > 1 && 2 * JN <= kAcc);
-  DOMINO_UNROLL
-  for (int rr = 0; rr < RB; ++rr) {
-    const W* wr = w + rr * cols;
-    vf e[JN], o[JN];
-    DOMINO_UNROLL
-    for (int j = 0; j < JN; ++j) e[j] = o[j] = vf{};
-    if constexpr (sizeof(W) == 2) {
-      for (int64_t c = 0; c < cv; c += S) {
-        prefetch_ahead(wr + c);  // S bf16 = one 64-byte line (avx512), half one (avx2)
-        const vu raw = load_words(wr + c);
-        const vf we = bit_cast<vf>(raw << 16), wo = bit_cast<vf>(raw & 0xffff0000u);
-        DOMINO_UNROLL
-        for (int j = 0; j < JN; ++j) {
-          e[j] += we * loadu(x + j * xs + c);
-          o[j] += wo * loadu(x + j * xs + c + L);
-        }
-      }
-    } else {
-      int64_t c = 0;
-      for (; c + 2 * S <= cv; c += 2 * S) {
-        prefetch_ahead(wr + c);
-        prefetch_ahead(wr + c + S);
-        const vf w0 = loadu(wr + c), w1 = loadu(wr + c + S);
-        DOMINO_UNROLL
-        for (int j = 0; j < JN; ++j) {
-          e[j] += w0 * loadu(x + j * xs + c);
-          o[j] += w1 * loadu(x + j * xs + c + S);
-        }
-      }
-      if (c < cv) {
-        const vf w0 = loadu(wr + c);
-        DOMINO_UNROLL
-        for (int j = 0; j < JN; ++j) e[j] += w0 * loadu(x + j * xs + c);
-      }
-    }
-    DOMINO_UNROLL
-    for (int j = 0; j < JN; ++j) acc[rr * JN + j] = e[j] + o[j];
-  }
-  float sums[RB * JN];
-  reduce_lanes<RB * JN>(acc, sums);
-  DOMINO_UNROLL
-  for (int rr = 0; rr < RB; ++rr)
-    DOMINO_UNROLL
-    for (int j = 0; j < JN; ++j) {
-      float s = sums[rr * JN + j];
-      for (int64_t c = cv; c < cols; ++c) s += to_float(w[rr * cols + c]) * x[j * xs + c];
-      y[j * ys + rr] = s;
-    }
-}
-
-// The dot products of RB rows with JN activations held in registers, as unreduced vectors:
-// acc[j * stride + rr] for row rr, activation j. The rows are read step by step side by
-// side (RB loads a step), each activation step once (2 * JN loads), 2 * RB * JN FMAs. The
-// per-(row, activation) arithmetic is dot_block's rows-outer one exactly (even / odd
-// accumulators over the steps in column order, then their sum), so with the same
-// reduce_lanes and scalar tail a dot product's bits do not depend on the kernel, the block
-// or the batch position that computed it. (The rows-outer kernel re-reads every activation
-// vector from L1 for every row: 17 loads per 16 FMAs on avx512.)
+// The dot products of RB rows with JN activations, as unreduced vectors: acc[j * stride +
+// rr] for row rr, activation j. The rows are read step by step side by side (RB loads a
+// step), each activation step once (2 * JN loads), 2 * RB * JN FMAs. Every dot product of
+// every kernel below comes from here (even / odd accumulators over the steps in column
+// order, then their sum), then one reduce_lanes and the scalar tail, so its bits do not
+// depend on the block shape or the batch position that computed it. Two accumulators per
+// activation: two dependency chains per row (with one, a row of r = 256 bf16 weights is 16
+// dependent FMAs per accumulator; one chain measured 28 GB/s from L1 at batch 1 on the
+// AVX2 build, barely above DRAM).
 template <int RB, int JN, typename W>
 DOMINO_INLINE void interleaved_sums(const W* __restrict w, int64_t cols, const float* __restrict x, int64_t xs,
                                     int64_t ahead, vf* acc, int stride) {
@@ -338,19 +266,21 @@ DOMINO_INLINE void interleaved_sums(const W* __restrict w, int64_t cols, const f
     for (int j = 0; j < JN; ++j) acc[j * stride + rr] = e[rr * JN + j] + o[rr * JN + j];
 }
 
-// HALVES * RB consecutive rows against JN activations: the rows in HALVES passes of RB (the
-// registers hold one pass's accumulators), then one reduce_lanes over all the row x
-// activation sums (a fold of L vectors costs what a fold of fewer does: with r = 256 bf16,
-// 8 steps a row, the folds and the scalar stores were ~a fifth of a 16-node tree step when
-// they were run per 10 sums).
-template <int RB, int JN, int HALVES, typename W>
-DOMINO_INLINE void dot_block_interleaved(const W* __restrict w, int64_t cols, const float* __restrict x,
-                                         int64_t xs, float* __restrict y, int64_t ys, int64_t ahead) {
-  constexpr int R = RB * HALVES;
+// PASSES * RB consecutive rows against JN activations: the rows in PASSES passes of RB read
+// side by side (the registers hold one pass's accumulators), then one reduce_lanes over all
+// the row x activation sums (a fold of L vectors costs what a fold of fewer does: with
+// r = 256 bf16, 8 steps a row, the folds and the scalar stores were ~a fifth of a 16-node
+// tree step when they were run per 10 sums). RB = 1 is the rows-outer kernel: each row
+// read start to end, one sequential weight stream, the activations re-read from L1 for
+// every row.
+template <int RB, int JN, int PASSES, typename W>
+DOMINO_INLINE void dot_block(const W* __restrict w, int64_t cols, const float* __restrict x, int64_t xs,
+                             float* __restrict y, int64_t ys, int64_t ahead) {
+  constexpr int R = RB * PASSES;
   const int64_t cv = cols - cols % kStep<W>;
   vf acc[R * JN];
   DOMINO_UNROLL
-  for (int h = 0; h < HALVES; ++h) interleaved_sums<RB, JN>(w + h * RB * cols, cols, x, xs, ahead, acc + h * RB, R);
+  for (int p = 0; p < PASSES; ++p) interleaved_sums<RB, JN>(w + p * RB * cols, cols, x, xs, ahead, acc + p * RB, R);
   float sums[R * JN];
   reduce_lanes<R * JN>(acc, sums);
   DOMINO_UNROLL
@@ -363,42 +293,39 @@ DOMINO_INLINE void dot_block_interleaved(const W* __restrict w, int64_t cols, co
     }
 }
 
-// Register blocking of the interleaved kernel: 2 * RB * JN accumulators, 2 * JN activation
-// vectors and a row's widened weights within the build's register file; HALVES * RB * JN
-// = L sums (one full reduce_lanes fold) per reduction. Only avx512 interleaves: with 16
-// registers (avx2, sse2) a block holds too few sums to pay for its fold (2 x 2 with one
-// fold of 8 lanes, or spills with two halves), and on the Zen 5 VM the rows-outer kernel
-// was faster there (paper-shape 16-node tree step, avx2: 8.6-8.9 ms against 9.2-9.4).
+// Several activations on avx512: 4 rows side by side against 2 activations held in
+// registers (2 * 4 * 2 accumulators + 4 activation vectors + a row's widened weights of 32
+// zmm: 8 loads per 16 FMAs, where rows outer re-reads every activation from L1 for every
+// row, 17 loads per 16 FMAs), 2 passes per fold of 16 sums. With 16 registers (avx2, sse2)
+// such a block holds too few sums to pay for its fold (2 x 2 with one fold of 8 lanes, or
+// spills with two passes), and on the Zen 5 VM rows outer was faster there (paper-shape
+// 16-node tree step, avx2: 8.6-8.9 ms against 9.2-9.4).
 #if defined(__AVX512F__)
 constexpr bool kInterleave = true;
-constexpr int kJN = 2, kRB = 4, kHalves = 2;  // 16 + 4 + 3 of 32 zmm: 8 loads per 16 FMAs
 #else
 constexpr bool kInterleave = false;
-constexpr int kJN = 2, kRB = 2, kHalves = 2;  // (unused)
 #endif
+constexpr int kJN = 2, kRB = 4, kPasses = 2;  // the avx512 blocking
 
-// Rows [0, rows) against JN activations, interleaved: blocks of kHalves * kRB rows, then
-// single rows.
-template <int JN, typename W>
-DOMINO_INLINE void dot_rows_interleaved(const W* w, int64_t rows, int64_t cols, const float* x, int64_t xs,
-                                        float* y, int64_t ys, int64_t ahead) {
-  constexpr int R = kRB * kHalves;
+// Rows [0, rows) against JN activations in blocks of PASSES * RB rows (dot_block), then
+// single rows with the same arithmetic; each weight line prefetched `ahead` bytes on.
+template <int RB, int JN, int PASSES, typename W>
+DOMINO_INLINE void dot_rows(const W* w, int64_t rows, int64_t cols, const float* x, int64_t xs, float* y,
+                            int64_t ys, int64_t ahead) {
+  constexpr int R = RB * PASSES;
   int64_t row = 0;
-  for (; row + R <= rows; row += R)
-    dot_block_interleaved<kRB, JN, kHalves>(w + row * cols, cols, x, xs, y + row, ys, ahead);
-  for (; row < rows; ++row) dot_block_interleaved<1, JN, 1>(w + row * cols, cols, x, xs, y + row, ys, ahead);
+  for (; row + R <= rows; row += R) dot_block<RB, JN, PASSES>(w + row * cols, cols, x, xs, y + row, ys, ahead);
+  for (; row < rows; ++row) dot_block<1, JN, 1>(w + row * cols, cols, x, xs, y + row, ys, ahead);
 }
 
-// Rows [0, rows) against JN activations, rows outer: blocks of kAcc / JN rows (e / o
-// accumulators: 2 * JN <= kAcc), then single rows with the same arithmetic.
+// Rows outer: blocks of kAcc / JN rows, each read start to end (2 * JN <= kAcc
+// accumulators), the prefetch kPrefetchBytes ahead. Interleaving the rows step by step
+// measured 35-50 % slower from DRAM at batch 1 on the AVX2 build, at 2 rows as at 8.
 template <int JN, typename W>
-DOMINO_INLINE void dot_rows(const W* w, int64_t rows, int64_t cols, const float* x, int64_t xs, float* y,
-                            int64_t ys) {
-  constexpr int RB = kAcc / JN;
-  int64_t row = 0;
-  for (; row + RB <= rows; row += RB) dot_block<RB, JN>(w + row * cols, cols, x, xs, y + row, ys);
-  for (; row < rows; ++row)
-    dot_block_interleaved<1, JN, 1>(w + row * cols, cols, x, xs, y + row, ys, kPrefetchBytes);
+DOMINO_INLINE void dot_rows_outer(const W* w, int64_t rows, int64_t cols, const float* x, int64_t xs, float* y,
+                                  int64_t ys) {
+  static_assert(2 * JN <= kAcc);
+  dot_rows<1, JN, kAcc / JN>(w, rows, cols, x, xs, y, ys, kPrefetchBytes);
 }
 
 template <typename W>
@@ -407,14 +334,14 @@ DOMINO_INLINE void rows_dot_impl(const W* w, int64_t rows, int64_t cols, const f
   if (nb == 1) {
     // One activation (a batch-1 rollout, the weight stream's bound): one pass, kAcc rows
     // outer, each read start to end (one sequential stream).
-    dot_rows<1>(w, rows, cols, x, xs, y, ys);
+    dot_rows_outer<1>(w, rows, cols, x, xs, y, ys);
     return;
   }
   // More: chunks of rows that stay in L1 (16 KB) while every block of activations passes
   // over them (interleaved on avx512, rows outer elsewhere), so the weights cross the
   // memory bus once per call whatever the batch (the first pass reads them from memory).
   const int64_t per_row = cols * static_cast<int64_t>(sizeof(W));
-  constexpr int R = kRB * kHalves;
+  constexpr int R = kInterleave ? kRB * kPasses : kAcc;  // a whole number of blocks
   int64_t chunk = (16384 / (per_row > 0 ? per_row : 1)) / R * R;
   if (chunk < R) chunk = R;
   for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
@@ -425,12 +352,13 @@ DOMINO_INLINE void rows_dot_impl(const W* w, int64_t rows, int64_t cols, const f
     if constexpr (kInterleave) {
       // every pass prefetches the next chunk's same line: it is in L1 when its passes start
       const int64_t ahead = chunk * per_row;
-      for (; j + kJN <= nb; j += kJN) dot_rows_interleaved<kJN>(wc, n, cols, x + j * xs, xs, yc + j * ys, ys, ahead);
-      for (; j < nb; ++j) dot_rows_interleaved<1>(wc, n, cols, x + j * xs, xs, yc + j * ys, ys, ahead);
+      for (; j + kJN <= nb; j += kJN)
+        dot_rows<kRB, kJN, kPasses>(wc, n, cols, x + j * xs, xs, yc + j * ys, ys, ahead);
+      for (; j < nb; ++j) dot_rows<kRB, 1, kPasses>(wc, n, cols, x + j * xs, xs, yc + j * ys, ys, ahead);
     } else {
-      for (; j + kAcc / 2 <= nb; j += kAcc / 2) dot_rows<kAcc / 2>(wc, n, cols, x + j * xs, xs, yc + j * ys, ys);
-      if (j + 2 <= nb) { dot_rows<2>(wc, n, cols, x + j * xs, xs, yc + j * ys, ys); j += 2; }
-      if (j < nb) dot_rows<1>(wc, n, cols, x + j * xs, xs, yc + j * ys, ys);
+      for (; j + kAcc / 2 <= nb; j += kAcc / 2) dot_rows_outer<kAcc / 2>(wc, n, cols, x + j * xs, xs, yc + j * ys, ys);
+      if (j + 2 <= nb) { dot_rows_outer<2>(wc, n, cols, x + j * xs, xs, yc + j * ys, ys); j += 2; }
+      if (j < nb) dot_rows_outer<1>(wc, n, cols, x + j * xs, xs, yc + j * ys, ys);
     }
   }
 }
