@@ -202,3 +202,34 @@ def test_measured_costs_ignore_a_disturbed_small_size():
     # must not raise the larger sizes (a running maximum did, and the budget stopped drafting)
     assert budget._nondecreasing((0.0, 17.6, 24.7, 18.0, 18.2, 30.0, 19.0)) == (0.0, 17.6, 18.0, 18.0, 18.2, 19.0, 19.0)
     assert budget._nondecreasing((1.0, 2.0, 3.0)) == (1.0, 2.0, 3.0)
+
+
+@pytest.mark.parametrize("content", ["null", "[]", '{"verify_ms": null, "draft_ms": [0, 1]}',
+                                     '{"verify_ms": [], "draft_ms": []}', '{"verify_ms": [0, "x"], "draft_ms": [0, 1]}',
+                                     "{", ""])
+def test_a_corrupt_cost_file_is_measured_again(tmp_path, monkeypatch, content):
+    monkeypatch.setattr(budget, "cost_cache_dir", lambda: tmp_path)
+    gen = tiny_generator("qwen3")
+    real, calls = budget.measure_round_costs, []
+
+    def counting(g, batch_size=1, **kw):
+        calls.append(batch_size)
+        return real(g, batch_size, context=16, repeats=1)
+
+    monkeypatch.setattr(budget, "measure_round_costs", counting)
+    (tmp_path / f"{budget.cost_key(gen, 1)}.json").write_text(content)
+    costs = budget.round_costs(gen, 1)
+    assert calls == [1] and costs.max_drafts >= gen.drafter.config.num_drafts
+    assert budget.round_costs(gen, 1) == costs and calls == [1]  # the rewritten file serves now
+
+
+def test_an_unwritable_cost_cache_warns_and_still_serves(tmp_path, monkeypatch):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    monkeypatch.setattr(budget, "cost_cache_dir", lambda: blocker / "round_costs")  # under a file: mkdir fails
+    gen = tiny_generator("qwen3")
+    real = budget.measure_round_costs
+    monkeypatch.setattr(budget, "measure_round_costs", lambda g, b=1, **kw: real(g, b, context=16, repeats=1))
+    with pytest.warns(RuntimeWarning, match="could not store the round costs"):
+        costs = budget.round_costs(gen, 1)
+    assert costs.max_drafts >= gen.drafter.config.num_drafts

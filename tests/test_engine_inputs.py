@@ -3,7 +3,9 @@
 import pytest
 import torch
 
-from tiny_models import tiny_generator
+import domino
+from domino import DominoGenerator, SamplingParams, TreeShape
+from tiny_models import IdTokenizer, tiny_drafter, tiny_generator, tiny_target
 
 
 @pytest.fixture(scope="module")
@@ -18,6 +20,7 @@ def gen():
     ([], {}, ValueError, "prompt is empty"),
     ([[1, 2], []], {}, ValueError, r"prompt\[1\] is empty"),
     (torch.tensor([], dtype=torch.int64), {}, ValueError, "prompt is empty"),
+    (torch.empty(0, 3, dtype=torch.int64), {}, ValueError, "prompt is an empty batch"),
     ([1, 2, 3], dict(max_new_tokens=2.5), TypeError, "max_new_tokens must be an int"),
     ([1, 2, 3], dict(max_new_tokens=0), ValueError, "max_new_tokens must be >= 1"),
     ([1, 2, 3], dict(max_new_tokens=True), TypeError, "max_new_tokens must be an int"),
@@ -42,3 +45,42 @@ def test_valid_requests_still_run(gen):
     res = gen.generate([[3, 4, 5], [6, 7]], max_new_tokens=5, stop=["9"])
     assert len(res.token_ids) == 2
     assert len(gen.generate(torch.tensor([3, 4, 5]), max_new_tokens=3).token_ids) == 3
+
+
+def test_seed_out_of_range_names_seed():
+    for bad in (2**64, -2**63 - 1):
+        with pytest.raises(ValueError, match="seed must be in"):
+            SamplingParams(1.0, seed=bad)
+    SamplingParams(1.0, seed=2**64 - 1)  # torch.Generator's whole range is fine
+
+
+def test_num_drafts_with_an_explicit_tree_is_refused(gen):
+    with pytest.raises(ValueError, match="num_drafts is a chain's size"):
+        gen.generate([1, 2, 3], max_new_tokens=4, tree=TreeShape(2, 3), num_drafts=2)
+
+
+def test_a_drafter_built_for_another_target_is_refused_up_front():
+    """Shape errors deep in the first forward become a ValueError naming the drafter."""
+    target = tiny_target("llama")
+    other = tiny_target("llama", vocab=96)
+    for drafter, match in ((tiny_drafter(other), "vocab_size 96"),
+                           (tiny_drafter(target, num_feature_layers=4), None)):
+        if match is None:  # the same target: accepted
+            DominoGenerator(target, drafter, IdTokenizer())
+            continue
+        with pytest.raises(ValueError, match=f"drafter: built for a target with {match}"):
+            DominoGenerator(target, drafter, IdTokenizer())
+    bad_layers = tiny_drafter(target)
+    bad_layers.config.target_layer_ids = [1, 9]
+    with pytest.raises(ValueError, match=r"drafter: reads target layers \[1, 9\]"):
+        DominoGenerator(target, bad_layers, IdTokenizer())
+    with pytest.raises(TypeError, match="drafter must be a domino.DominoDraftModel"):
+        DominoGenerator(target, object(), IdTokenizer())
+
+
+def test_load_keeps_a_loaded_target_where_it_is():
+    target = tiny_target("llama")
+    with pytest.raises(ValueError, match="device: the target model is on cpu, not cuda"):
+        domino.load(target, tiny_drafter(target), IdTokenizer(), device="cuda")
+    gen = domino.load(target, tiny_drafter(target), IdTokenizer())
+    assert next(gen.drafter.parameters()).device == next(target.parameters()).device

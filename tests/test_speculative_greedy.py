@@ -91,6 +91,42 @@ def test_stop_conditions_and_streaming():
     assert stop not in res.text and len(res.token_ids) < 30
 
 
+def test_a_round_past_the_limit_eos_or_stop_string_is_cut_where_one_token_steps_stop():
+    """A round can accept tokens past max_new_tokens, an EOS or the token that completes a
+    stop string: the result (and the stream) ends exactly where decoding one token at a
+    time would have stopped, whatever else the round accepted."""
+    gen = tiny_generator("qwen3")
+    p = prompts(1, seed=4)[0]
+    plain = gen.generate_target_only(p, max_new_tokens=40).token_ids
+    n = gen.drafter.config.num_drafts
+
+    def spec(**kw):
+        streamed = []
+        rig = RiggedDrafts(gen, [p + plain])  # every draft right: whole-block rounds
+        try:
+            res = gen.generate(p, num_drafts=n, tree=None, stream=lambda i, ids: streamed.extend(ids), **kw)
+        finally:
+            rig.restore()
+        assert streamed == res.token_ids
+        assert res.acceptance_lengths[0] == n + 1  # the first round ran past the cut
+        return res
+
+    # the limit falls inside the first round, with an EOS just after it
+    limit = next(k for k in range(2, n - 1) if plain[k + 1] not in plain[: k + 1])
+    gen.eos_ids = [plain[limit + 1]]
+    assert spec(max_new_tokens=limit).token_ids == plain[:limit]
+    # an EOS inside the first round, then tokens past it
+    j = next(j for j in range(2, n) if plain[j] not in plain[:j])
+    gen.eos_ids = [plain[j]]
+    assert spec(max_new_tokens=40).token_ids == plain[: j + 1]
+    gen.eos_ids = []
+    # a stop string completed by a token inside the first round
+    stop = " ".join(str(t) for t in plain[3:5])
+    first = next(k for k in range(1, 41) if stop in " ".join(str(t) for t in plain[:k]))
+    res = spec(max_new_tokens=40, stop=[stop])
+    assert res.token_ids == plain[:first] and stop not in res.text
+
+
 def test_adaptive_budget_follows_acceptance_and_stays_exact():
     """With the default budget the drafts are chosen from the round costs: a drafter that is
     always right gets whole-block rounds, one that is always wrong gets none accepted (its

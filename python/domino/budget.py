@@ -29,6 +29,7 @@ import hashlib
 import json
 import os
 import time
+import warnings
 from bisect import bisect_right
 from dataclasses import asdict, dataclass, field
 from itertools import accumulate
@@ -79,8 +80,22 @@ class RoundCosts:
 
     @classmethod
     def from_json(cls, text: str) -> "RoundCosts":
+        """Parses :meth:`to_json`'s output; ValueError for anything else (another shape,
+        missing or non-finite entries)."""
         d = json.loads(text)
-        return cls(tuple(d["verify_ms"]), tuple(d["draft_ms"]), d.get("batch_size", 1), d.get("key", ""))
+        if not isinstance(d, dict):
+            raise ValueError(f"round costs must be a JSON object, got {type(d).__name__}")
+        lists = []
+        for name in ("verify_ms", "draft_ms"):
+            v = d.get(name)
+            if (not isinstance(v, list) or len(v) < 2 or not all(
+                    isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x < float("inf") for x in v)):
+                raise ValueError(f"round costs: {name} must be a list of at least 2 finite non-negative numbers")
+            lists.append(tuple(float(x) for x in v))
+        batch_size, key = d.get("batch_size", 1), d.get("key", "")
+        if not isinstance(batch_size, int) or not isinstance(key, str):
+            raise ValueError("round costs: batch_size must be an int and key a string")
+        return cls(lists[0], lists[1], batch_size, key)
 
 
 def interpolate(points: dict[int, float], n_max: int) -> tuple[float, ...]:
@@ -384,14 +399,22 @@ def round_costs(gen, batch_size: int = 1, *, remeasure: bool = False) -> RoundCo
     seconds) and stored."""
     key = cost_key(gen, batch_size)
     path = cost_cache_dir() / f"{key}.json"
-    if path.exists() and not remeasure:
+    n_max = gen.drafter.config.num_drafts
+    if not remeasure:
         try:
-            return RoundCosts.from_json(path.read_text())
-        except (ValueError, KeyError):
-            pass  # a corrupt or old file: measure again
+            costs = RoundCosts.from_json(path.read_text())
+            if costs.key == key and costs.max_drafts >= n_max:
+                return costs
+        except (OSError, ValueError):
+            pass  # missing, unreadable, corrupt or old: measure again
     costs = measure_round_costs(gen, batch_size)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(costs.to_json())
-    tmp.replace(path)  # atomic: concurrent processes never read half a file
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(costs.to_json())
+        tmp.replace(path)  # atomic: concurrent processes never read half a file
+    except OSError as e:  # a read-only cache: the costs still serve this process
+        tmp.unlink(missing_ok=True) if tmp.parent.is_dir() else None
+        warnings.warn(f"could not store the round costs in {path} ({e}); they will be measured again next time",
+                      RuntimeWarning, stacklevel=2)
     return costs

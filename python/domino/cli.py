@@ -28,7 +28,8 @@ def main(argv=None) -> int:
                    help="chain: drafts verified per round (default: chosen each round from measured costs); "
                         "implies a chain")
     g.add_argument("--target", help="HF target directory (default: SmolLM2-135M-Instruct)")
-    g.add_argument("--drafter", help="drafter checkpoint directory (default: the shipped one)")
+    g.add_argument("--drafter", help="drafter checkpoint directory (default: the shipped one, for the default "
+                                     "target)")
     g.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
                    help="the models' dtype with --target (the default model runs bf16: on the CPU, with the "
                         "batch-invariant kernels, the fastest configuration that stays token-identical)")
@@ -38,16 +39,16 @@ def main(argv=None) -> int:
     tree = _tree_shape(parser, args.tree) if args.tree else None if args.chain else "auto"
     if args.num_drafts is not None and args.tree:
         parser.error("--num-drafts is a chain's size: give it without --tree")
+    _check_request(parser, args)
 
     import torch
 
     import domino
+    from domino.loading import DEFAULT_OPTIONS, smollm2_dir
 
     print("[domino] loading models (first run converts the GGUF once)...", file=sys.stderr, flush=True)
-    if args.target:
-        from domino.loading import DEFAULT_OPTIONS
-
-        gen = domino.load(args.target, args.drafter, quiet=False,
+    if args.target or args.drafter:
+        gen = domino.load(args.target or smollm2_dir(quiet=False), args.drafter, quiet=False,
                           **{**DEFAULT_OPTIONS, "dtype": getattr(torch, args.dtype)})
     else:
         gen = domino.load_default(quiet=False)
@@ -58,7 +59,7 @@ def main(argv=None) -> int:
     gen.generate("warm-up", max_new_tokens=4)  # first-call overheads out of the timing
     res = gen.generate(args.prompt, use_head=not args.no_head, tree=tree, num_drafts=args.num_drafts,
                        generator=torch.Generator().manual_seed(args.seed),
-                       stream=lambda i, ids: print(gen.tokenizer.decode(ids), end="", flush=True), **kw)
+                       stream=TextPrinter(gen.tokenizer), **kw)
     print()
     print(f"[domino] {len(res.token_ids)} tokens, {res.tokens_per_second:.1f} tok/s, "
           f"mean acceptance length {res.mean_acceptance_length:.2f} over {len(res.acceptance_lengths)} rounds",
@@ -73,6 +74,43 @@ def main(argv=None) -> int:
         if args.temperature == 0 and not same:
             return 1
     return 0
+
+
+class TextPrinter:
+    """A ``stream`` callback that prints one sequence's text as it grows: the text of all
+    tokens so far, special tokens (EOS) skipped, less what is already printed, holding back
+    a trailing incomplete character (a multi-byte character split across rounds)."""
+
+    def __init__(self, tokenizer, out=None):
+        self.tokenizer, self.out = tokenizer, out or sys.stdout
+        self.ids: list[int] = []
+        self.printed = 0
+
+    def __call__(self, i: int, new_ids: list[int]) -> None:
+        self.ids += new_ids
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd"):
+            return
+        print(text[self.printed:], end="", flush=True, file=self.out)
+        self.printed = max(self.printed, len(text))
+
+
+def _check_request(parser, args) -> None:
+    """The request's arguments, checked before any model loads (argparse's error)."""
+    from domino.prompts import check_max_new_tokens
+    from domino.sampling_params import SamplingParams
+
+    try:
+        check_max_new_tokens(args.max_new_tokens)
+        params = SamplingParams(args.temperature, args.top_k, args.top_p)
+        SamplingParams(seed=args.seed)  # its range (the CLI seeds the call's generator with it)
+        if args.tree:  # what does not depend on the drafter (its depth is checked once it is loaded)
+            shape = _tree_shape(parser, args.tree)
+            shape.check(shape.depth, [params])
+        if args.num_drafts is not None and args.num_drafts < 0:
+            raise ValueError(f"--num-drafts must be >= 0, got {args.num_drafts}")
+    except (TypeError, ValueError) as e:
+        parser.error(str(e))
 
 
 def _tree_shape(parser, text: str):

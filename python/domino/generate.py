@@ -74,11 +74,33 @@ class _Decoding:
     anchor_pos: torch.Tensor  # [b] int64: its position
 
 
+def check_drafter_fits(target, drafter: DominoDraftModel) -> None:
+    """Raises ValueError when ``drafter`` was not built for ``target`` (a different hidden
+    size, vocabulary or number of layers than its config names) or sits on another device,
+    instead of a shape error deep inside the first forward."""
+    if not isinstance(drafter, DominoDraftModel):
+        raise TypeError(f"drafter must be a domino.DominoDraftModel, got {type(drafter).__name__}")
+    tc, dc = target.config.get_text_config(), drafter.config
+    for what, want, got in (("hidden_size", tc.hidden_size, dc.hidden_size),
+                            ("vocab_size", tc.vocab_size, dc.vocab_size),
+                            ("number of target layers", tc.num_hidden_layers, dc.num_target_layers)):
+        if want != got:
+            raise ValueError(f"drafter: built for a target with {what} {got}, but this target has {want} "
+                             f"(a drafter is trained for one target)")
+    if max(dc.target_layer_ids) >= tc.num_hidden_layers:
+        raise ValueError(f"drafter: reads target layers {list(dc.target_layer_ids)}, but this target has "
+                         f"{tc.num_hidden_layers}")
+    t_dev, d_dev = next(target.parameters()).device, next(drafter.parameters()).device
+    if t_dev != d_dev:
+        raise ValueError(f"drafter: is on {d_dev} but the target is on {t_dev}")
+
+
 class DominoGenerator:
     """Speculative generation: ``gen.generate(prompt, ...)``; ``gen.target``/``gen.tokenizer``
     are the HF objects."""
 
     def __init__(self, target, drafter: DominoDraftModel, tokenizer):
+        check_drafter_fits(target, drafter)
         self.target = target.eval()
         self.drafter = drafter.eval().bind_target(target)
         self.tokenizer = tokenizer
@@ -176,6 +198,9 @@ class DominoGenerator:
             if not isinstance(tree, TreeShape):
                 raise ValueError(f"tree must be a domino.TreeShape, None or 'auto', got {tree!r}")
             tree.check(self.drafter.config.num_drafts, params)
+            if num_drafts is not None:
+                raise ValueError("num_drafts is a chain's size: give it with tree=None (a tree's size is "
+                                 "TreeShape.num_draft_tokens)")
             check_tree_attention(self.target)
         rows = RowSampling.from_params(params, self.device, generator)
         if num_drafts is not None:
@@ -226,17 +251,38 @@ class DominoGenerator:
         return text
 
     def _finished(self, ids: list[int], max_new_tokens: int, stop: list[str]) -> tuple[bool, list[int]]:
-        """Whether a sequence is done, and its tokens cut at EOS / the token limit / a stop string."""
+        """Whether a sequence is done, and its tokens cut where decoding one token at a time
+        would have stopped: at the token limit, the first EOS within it, or the token that
+        completes a stop string, whichever comes first (a round may accept tokens past any
+        of them: those are dropped)."""
+        done = len(ids) >= max_new_tokens
+        ids = ids[:max_new_tokens]
         for j, t in enumerate(ids):
             if t in self.eos_ids:
-                return True, ids[: j + 1]
-        if len(ids) >= max_new_tokens:
-            return True, ids[:max_new_tokens]
+                done, ids = True, ids[: j + 1]
+                break
         if stop:
-            text = self.tokenizer.decode(ids, skip_special_tokens=True)
-            if any(s and s in text for s in stop):
-                return True, ids
-        return False, ids
+            n = self._stop_length(ids, stop)
+            if n is not None:
+                return True, ids[:n]
+        return done, ids
+
+    def _stop_length(self, ids: list[int], stop: Sequence[str]) -> int | None:
+        """The fewest leading tokens of ``ids`` whose text contains a stop string, or None."""
+        def hit(n: int) -> bool:
+            text = self.tokenizer.decode(ids[:n], skip_special_tokens=True)
+            return any(s and s in text for s in stop)
+
+        if not hit(len(ids)):
+            return None
+        lo, hi = 1, len(ids)  # a longer prefix's text extends a shorter one's: bisect
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if hit(mid):
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
 
     def _draft_and_choose(self, st: _Decoding, live, use_head, sampling, costs, num_drafts,
                           depth_acceptance: DepthAcceptance):

@@ -80,7 +80,8 @@ def smollm2_dir(quiet: bool = False) -> Path:
 
 
 def load_target(target, tokenizer=None, *, dtype=torch.float32, device="cpu"):
-    """(model, tokenizer) from a path or an already loaded HF model."""
+    """(model, tokenizer) from a path (loaded in ``dtype`` onto ``device``) or an already
+    loaded HF model (kept as it is)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if isinstance(target, (str, Path)):
@@ -100,7 +101,7 @@ def random_drafter(target, seed: int = 0) -> DominoDraftModel:
     return DominoDraftModel(default_drafter_config(target.config)).to(dtype=dtype).eval()
 
 
-def load(target, drafter=None, tokenizer=None, *, device="cpu", dtype=torch.float32,
+def load(target, drafter=None, tokenizer=None, *, device=None, dtype=torch.float32,
          quiet: bool = True, small_batch_linear: bool = False,
          small_batch_attention: bool = False) -> DominoGenerator:
     """A generator for ``target`` (path or HF model) and ``drafter`` (checkpoint path, a
@@ -111,7 +112,16 @@ def load(target, drafter=None, tokenizer=None, *, device="cpu", dtype=torch.floa
     kernel (:mod:`domino.fast_attention`): with both, a verification forward is
     bit-identical to one-token decoding steps, so greedy speculation is token-identical to
     plain decoding in bf16 too. :func:`load_default` turns on both, in bf16
-    (``DEFAULT_OPTIONS``)."""
+    (``DEFAULT_OPTIONS``). ``device``: where a target given as a path is loaded (default
+    the CPU); a target given as a model stays where it is, and the drafter joins it
+    (a ``device`` that names another device is an error)."""
+    if not isinstance(target, (str, Path)):
+        here = next(target.parameters()).device
+        want = None if device is None else torch.device(device)
+        if want is not None and (want.type != here.type or want.index not in (None, here.index)):
+            raise ValueError(f"device: the target model is on {here}, not {device} (move it, or leave device out)")
+        device = here
+    device = torch.device(device if device is not None else "cpu")
     _say("loading the target", quiet)
     model, tokenizer = load_target(target, tokenizer, dtype=dtype, device=device)
     if drafter is None:

@@ -65,6 +65,8 @@ def encode_all(tokenizer, prompt, vocab_size: int) -> tuple[list[list[int]], boo
     if not batch and isinstance(prompt, (list, tuple)) and not prompt:
         raise ValueError("prompt is empty: give at least one token")
     items = list(prompt) if batch else [prompt]
+    if not items:
+        raise ValueError("prompt is an empty batch: give at least one prompt")
     seqs = []
     for i, p in enumerate(items):
         name = f"prompt[{i}]" if batch else "prompt"

@@ -25,6 +25,8 @@ class SamplingParams:
         domino_ops.check_sampling_params(self.temperature, self.top_k, self.top_p)
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
             raise TypeError(f"seed must be an int or None, got {type(self.seed).__name__}")
+        if self.seed is not None and not -2**63 <= self.seed < 2**64:
+            raise ValueError(f"seed must be in [-2**63, 2**64) (torch.Generator.manual_seed), got {self.seed}")
 
 
 @dataclass
@@ -47,7 +49,12 @@ class RowSampling:
         params = list(params)
         gens = None
         if any(p.seed is not None for p in params):
-            shared = generator if generator is not None else torch.default_generator
+            # torch's default generator of the rows' device (the CPU one cannot draw for CUDA rows)
+            dev = torch.device(device)
+            default = torch.default_generator
+            if dev.type == "cuda":
+                default = torch.cuda.default_generators[dev.index if dev.index is not None else torch.cuda.current_device()]
+            shared = generator if generator is not None else default
             gens = [torch.Generator(device).manual_seed(p.seed) if p.seed is not None else shared for p in params]
 
         def column(name, dtype):

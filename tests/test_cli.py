@@ -1,0 +1,56 @@
+"""``domino generate``: arguments checked before any model loads, and the streamed text."""
+
+import pytest
+
+from domino import cli
+
+
+@pytest.fixture
+def no_loading(monkeypatch):
+    """Any model load fails the test: the errors must come first."""
+    import domino
+    import domino.loading
+
+    def refuse(*a, **k):
+        raise AssertionError("a model was loaded before the arguments were checked")
+
+    for owner in (domino, domino.loading):
+        monkeypatch.setattr(owner, "load", refuse)
+        monkeypatch.setattr(owner, "load_default", refuse)
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["--tree", "0,3"], "topk must be"),
+    (["--tree", "3"], "TOPK,DEPTH"),
+    (["--tree", "2,x"], "invalid literal"),
+    (["--max-new-tokens", "0"], "max_new_tokens must be >= 1"),
+    (["--temperature", "-1"], "temperature must be finite and >= 0"),
+    (["--top-p", "0"], "top_p"),
+    (["--top-k", "-1"], "top_k"),
+    (["--num-drafts", "-1"], "--num-drafts must be >= 0"),
+    (["--tree", "3,4,16", "--temperature", "0.7"], "num_draft_tokens must be None"),
+    (["--tree", "3,4", "--num-drafts", "3"], "--num-drafts is a chain's size"),
+])
+def test_bad_arguments_fail_before_loading_anything(no_loading, capsys, args, msg):
+    with pytest.raises(SystemExit):
+        cli.main(["generate", "hi", *args])
+    assert msg in capsys.readouterr().err
+
+
+class ByteTokenizer:
+    """Decodes ids as UTF-8 bytes (256: an EOS, a special token), as byte-level BPE
+    tokenizers do: a character split over two tokens decodes to U+FFFD until complete."""
+
+    def decode(self, ids, skip_special_tokens=False):
+        text = bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+        return text if skip_special_tokens or 256 not in ids else text + "<eos>"
+
+
+def test_streamed_text_skips_eos_and_joins_split_characters(capsys):
+    printer = cli.TextPrinter(ByteTokenizer())
+    data = "añ 你好".encode()
+    rounds = [list(data[:2]), list(data[2:4]), list(data[4:7]), list(data[7:]) + [256]]
+    for ids in rounds:  # "ñ" and "你" are split across rounds
+        printer(0, ids)
+    out = capsys.readouterr().out
+    assert out == "añ 你好" and "\ufffd" not in out
