@@ -127,6 +127,18 @@ def test_a_round_past_the_limit_eos_or_stop_string_is_cut_where_one_token_steps_
     assert res.token_ids == plain[:first] and stop not in res.text
 
 
+def test_the_baseline_ignores_the_checkpoints_generation_defaults():
+    """A target whose generation_config carries a repetition penalty (Qwen2.5-Instruct
+    does): the plain baseline decodes the model's own greedy tokens, as speculation does."""
+    gen = tiny_generator("llama")
+    ps = prompts(2, seed=9)
+    before = gen.generate_target_only(ps, max_new_tokens=30).token_ids
+    gen.target.generation_config.repetition_penalty = 1.5
+    plain = gen.generate_target_only(ps, max_new_tokens=30).token_ids
+    assert plain == before == gen.generate(ps, max_new_tokens=30).token_ids
+    assert gen.target.generation_config.repetition_penalty == 1.5  # restored
+
+
 def test_adaptive_budget_follows_acceptance_and_stays_exact():
     """With the default budget the drafts are chosen from the round costs: a drafter that is
     always right gets whole-block rounds, one that is always wrong gets none accepted (its

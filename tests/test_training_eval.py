@@ -134,6 +134,41 @@ def test_regenerated_responses_are_each_prompts_own_greedy_decoding(prompts, dep
             torch.testing.assert_close(feats.float(), alone.float(), atol=2e-2, rtol=2e-2)
 
 
+def _mistral_with_a_window(window: int):
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    return MistralForCausalLM(MistralConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                                            num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                            max_position_embeddings=1024, sliding_window=window, pad_token_id=0,
+                                            bos_token_id=None, eos_token_id=None)).eval()
+
+
+@pytest.mark.parametrize("kind", ["repetition_penalty", "sliding_window"])
+def test_regeneration_is_greedy_decoding_for_other_targets(kind):
+    """A checkpoint's own generation defaults (here a repetition penalty) do not leak into
+    the responses, and a sliding-window target (Mistral, Gemma) decodes from the prefilled
+    cache; a window too short for prompt plus response is refused by name."""
+    if kind == "repetition_penalty":
+        target = tiny_target("llama", vocab=64)
+        target.generation_config.repetition_penalty = 1.3
+    else:
+        target = _mistral_with_a_window(4096)
+    prompts = _random_prompts([9, 3, 14], 21)
+    data = regenerate(target, prompts, [0, 2, 3], eos={1}, pad=0, max_new_tokens=12, top_k=4)
+    for i, (p, rec) in enumerate(zip(prompts, data.records)):
+        ids = list(p)
+        with torch.no_grad():
+            for _ in range(12):
+                ids.append(int(target(torch.tensor([ids])).logits[0, -1].argmax()))
+                if ids[-1] == 1:
+                    break
+        assert rec["response_ids"] == ids[len(p):], i
+    if kind == "sliding_window":
+        with pytest.raises(ValueError, match="sliding window .8 tokens. is shorter"):
+            regenerate(_mistral_with_a_window(8), prompts, [0, 2, 3], eos={1}, pad=0, max_new_tokens=12, top_k=4)
+
+
 def test_batch_carries_the_label_distributions(shard):
     _, _, out = shard
     convs = load_shards(out)

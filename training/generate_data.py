@@ -36,7 +36,7 @@ import torch
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from domino.target import special_token_ids, target_features
+from domino.target import bare_generation_config, special_token_ids, target_features
 from training.prompts import training_prompts
 
 
@@ -150,7 +150,9 @@ def regenerate(model, batch: list[list[int]], layer_ids: list[int], eos: set[int
     ids = torch.tensor([[pad] * (T - len(p)) + p for p in batch], device=model.device)
     mask = torch.tensor([[0] * (T - len(p)) + [1] * len(p) for p in batch], device=model.device)
     recorder = TopLogprobs(top_k)
-    with torch.inference_mode():
+    # bare: the checkpoint's own generation defaults (a repetition penalty, ...) would make
+    # the responses, and the recorded log-probabilities, something other than greedy decoding
+    with torch.inference_mode(), bare_generation_config(model):
         out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
                              pad_token_id=pad, eos_token_id=sorted(eos), temperature=None, top_k=None, top_p=None,
                              output_hidden_states=True, return_dict_in_generate=True,
@@ -197,6 +199,11 @@ def _prefilled_cache(model, batch: list[list[int]], T: int, max_new_tokens: int,
     from transformers import DynamicCache, StaticCache
 
     cache = StaticCache(config=model.config, max_cache_len=T + max_new_tokens)
+    short = [layer.max_cache_len for layer in cache.layers if getattr(layer, "is_sliding", False)
+             and layer.max_cache_len < T + max_new_tokens]
+    if short:  # a window that would roll: the prompts are written in place below
+        raise ValueError(f"the target's sliding window ({min(short)} tokens) is shorter than the longest prompt plus "
+                         f"max_new_tokens ({T} + {max_new_tokens}): lower --max-prompt-tokens or --max-new-tokens")
     feats = [torch.empty(0, len(layer_ids) * model.config.hidden_size, dtype=torch.bfloat16) for _ in batch]
     order = sorted((i for i, p in enumerate(batch) if len(p) > 1), key=lambda i: len(batch[i]))
     if not order:
@@ -220,6 +227,8 @@ def _prefilled_cache(model, batch: list[list[int]], T: int, max_new_tokens: int,
                     layer.values[i, :, T - 1 - m:T - 1] = mine.values[r, :, :m]
         for layer in cache.layers:
             layer.cumulative_length.fill_(T - 1)
+            if hasattr(layer, "cumulative_length_int"):  # a sliding-window layer counts in a Python int too
+                layer.cumulative_length_int = T - 1
     return cache, feats
 
 

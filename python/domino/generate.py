@@ -37,7 +37,7 @@ from domino import budget, prompts
 from domino.budget import DepthAcceptance, RoundCosts
 from domino.model import DominoDraftModel, DraftContextCache
 from domino.sampling_params import RowSampling, SamplingParams
-from domino.target import special_token_ids, target_features
+from domino.target import bare_generation_config, special_token_ids, target_features
 from domino.tree import (DEFAULT_TREE, TreeShape, check_tree_attention, compact_tree_cache, depths_tried,
                          path_acceptance, tree_attention_mask, tree_attention_supported, tree_links, verify_tree)
 from domino_ops.tree_draft import DraftTree, select_draft_nodes
@@ -472,9 +472,10 @@ class DominoGenerator:
         else:
             kw.update(temperature=None, top_k=None, top_p=None)
         kw.update(generate_kwargs)
-        t0 = time.perf_counter()
-        out = self.target.generate(input_ids=ids, attention_mask=mask.long(), **kw)
-        elapsed = time.perf_counter() - t0
+        with bare_generation_config(self.target):  # the target's own distribution, as speculation
+            t0 = time.perf_counter()
+            out = self.target.generate(input_ids=ids, attention_mask=mask.long(), **kw)
+            elapsed = time.perf_counter() - t0
         token_ids = []
         for row in out[:, ids.shape[1]:].tolist():
             cut = next((j + 1 for j, t in enumerate(row) if t in self.eos_ids), len(row))

@@ -1,8 +1,10 @@
 """What the engine and the data pipeline read off a HF transformers target: the drafter's
-context features and the special token ids."""
+context features and the special token ids; and HF ``generate`` without the checkpoint's
+own logits processors."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Sequence
 
 import torch
@@ -28,3 +30,21 @@ def special_token_ids(target, tokenizer) -> tuple[list[int], int]:
     if not eos_ids:
         raise ValueError("the target has no EOS token and the tokenizer no pad token: set one of them")
     return eos_ids, eos_ids[0]
+
+
+@contextmanager
+def bare_generation_config(model):
+    """Within the block, ``model.generation_config`` is an empty one, so HF ``generate``
+    applies none of the checkpoint's own generation defaults (a repetition penalty, a
+    no-repeat n-gram size, suppressed tokens, a minimum length: Qwen2.5-Instruct ships a
+    repetition penalty). Decoding then follows the model's own distribution, as
+    speculation does and verifies against; the caller passes every argument it means
+    (EOS, padding, sampling)."""
+    from transformers import GenerationConfig
+
+    saved = model.generation_config
+    model.generation_config = GenerationConfig()
+    try:
+        yield model
+    finally:
+        model.generation_config = saved
