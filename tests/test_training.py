@@ -146,8 +146,10 @@ def test_packed_batch_masks_context_strictly_before_anchor(tiny_run):
 def run_train(root, out, *extra, nproc=None):
     """The trainer on the tiny run's data, in this process (a fresh interpreter per run cost
     ~5 s of imports), or as ``nproc`` data-parallel processes under torchrun; its log."""
-    args = ["--data", str(root / "data"), "--out", str(out), "--target", str(root / "target"), "--layers", "1",
-            "--rank", "8", "--gru", "16", "--block-size", "8", "--seqs-per-step", "4", "--anchors", "2",
+    # a new drafter's shape (a saved one, --init-from, brings its own)
+    shape = [] if "--init-from" in extra else ["--layers", "1", "--rank", "8", "--gru", "16", "--mask-token-id", "63"]
+    args = ["--data", str(root / "data"), "--out", str(out), "--target", str(root / "target"), *shape,
+            "--block-size", "8", "--seqs-per-step", "4", "--anchors", "2",
             "--eval-shards", "0", "--eval-every", "3", "--ckpt-every", "1", *extra]
     if nproc:
         # --standalone: a free rendezvous port each run (a fixed one failed the test once
@@ -282,3 +284,73 @@ def test_init_from_trains_on_at_another_block_size(tiny_run, tmp_path):
     assert [r["train_tokens"] for r in log] == [(s + 1) * 4 * 2 * 3 for s in range(2)]  # seqs x anchors x 3 drafts
     first = DominoDraftModel.from_pretrained(tmp_path / "first" / "drafter")
     assert first.config.block_size == 8 and set(out.state_dict()) == set(first.state_dict())
+
+
+def test_resuming_with_other_run_arguments_is_refused(tiny_run, tmp_path):
+    """A checkpoint resumes only under the arguments that made it (new shards may join)."""
+    root, _ = tiny_run
+    run_train(root, tmp_path / "run", "--steps", "4", "--stop-after", "2", "--eval-every", "100")
+    for flags, name in ((["--loss", "kl"], "--loss 'ce'"), (["--lr", "1e-3"], "--lr 0.0006"),
+                        (["--mask-token-id", "62"], "--mask-token-id 63")):
+        with pytest.raises(SystemExit, match=f"is another run's: it was made with {name}"):
+            run_train(root, tmp_path / "run", "--steps", "4", "--eval-every", "100", *flags)
+    log = run_train(root, tmp_path / "run", "--steps", "4", "--eval-every", "100", "--train-shards", "1", "2")
+    assert log[-1]["step"] == 3
+
+
+@pytest.mark.parametrize("extra, msg", [
+    (["--init-from", "somewhere", "--layers", "3"], "--init-from takes the saved drafter's config and weights: drop --layers"),
+    (["--config", "somewhere", "--block-size", "4"], "--config gives the drafter's shape: drop --block-size"),
+    (["--target", "t"], "--mask-token-id: a new drafter for --target needs a mask token"),
+    (["--eval-every", "0"], "--eval-every must be >= 1"),
+    (["--export-dtype", "bf16"], "invalid choice"),
+])
+def test_arguments_that_would_be_ignored_or_crash_late_are_refused(capsys, extra, msg):
+    from training.train import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--data", "d", "--out", "o", *extra])
+    assert msg in capsys.readouterr().err
+
+
+def test_no_training_shard_left_is_refused_by_name(tiny_run, tmp_path):
+    root, _ = tiny_run
+    with pytest.raises(SystemExit, match="no training data"):
+        run_train(root, tmp_path / "run", "--steps", "1", "--eval-shards", "0", "1", "2")
+
+
+def test_a_finished_run_saves_no_calibration_of_its_start(tiny_run, tmp_path):
+    """--init-from a calibrated drafter: the new weights are saved without its calibration
+    (and a stale calibration.json in the output is removed)."""
+    from domino.budget import Calibration
+    from domino.model import CALIBRATION_FILE, DominoDraftModel
+
+    root, _ = tiny_run
+    run_train(root, tmp_path / "first", "--steps", "1", "--eval-every", "100")
+    base = DominoDraftModel.from_pretrained(tmp_path / "first" / "drafter")
+    base.calibration = Calibration(edges=[0.5, 1.0], rates=[0.2, 0.7])
+    base.save_pretrained(tmp_path / "base", dtype=torch.float32)
+    (tmp_path / "run" / "drafter").mkdir(parents=True)
+    (tmp_path / "run" / "drafter" / CALIBRATION_FILE).write_text((tmp_path / "base" / CALIBRATION_FILE).read_text())
+    run_train(root, tmp_path / "run", "--init-from", str(tmp_path / "base"), "--steps", "1", "--eval-every", "100")
+    assert not (tmp_path / "run" / "drafter" / CALIBRATION_FILE).exists()
+    assert DominoDraftModel.from_pretrained(tmp_path / "run" / "drafter").calibration.edges == []
+
+
+def test_a_dataset_refuses_shards_made_another_way(tmp_path):
+    """generate_data records what made a dataset (dataset.json) and refuses to extend it
+    with another target or prompt split, naming the argument."""
+    import argparse
+
+    from training.generate_data import check_manifest, dataset_manifest
+
+    target, tok = tiny_target("llama", vocab=64), type("Tok", (), {"__len__": lambda self: 64})()
+    args = argparse.Namespace(batch_size=64, max_new_tokens=256, max_prompt_tokens=256, top_k=32)
+    made = dataset_manifest(target, tok, [0, 2], args)
+    check_manifest(tmp_path, made)  # a new dataset: recorded
+    check_manifest(tmp_path, made)  # the same settings: extended
+    other_args = argparse.Namespace(**{**vars(args), "batch_size": 32})
+    with pytest.raises(SystemExit, match="--batch-size: .* was made with batch_size 64, this run has 32"):
+        check_manifest(tmp_path, dataset_manifest(target, tok, [0, 2], other_args))
+    with pytest.raises(SystemExit, match="--target: .* was made with target"):
+        check_manifest(tmp_path, dataset_manifest(tiny_target("qwen3", vocab=96), tok, [0, 2], args))

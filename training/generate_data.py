@@ -312,9 +312,45 @@ def write_shard(path: Path, data: Regenerated) -> int:
     return sum(len(r["response_ids"]) for r in data.records)
 
 
+MANIFEST = "dataset.json"
+
+
+def dataset_manifest(model, tokenizer, layer_ids: list[int], args) -> dict:
+    """What a dataset's shards depend on: the target (its architecture and vocabulary: a
+    fingerprint that tells one model family or size from another, not one fine-tune from
+    another), the prompts per shard, the lengths, the stored top-k and feature layers."""
+    tc = model.config.get_text_config()
+    target = {k: getattr(tc, k, None) for k in ("model_type", "vocab_size", "hidden_size", "num_hidden_layers",
+                                               "intermediate_size", "num_attention_heads", "num_key_value_heads")}
+    target["tokenizer_size"] = len(tokenizer)
+    return {"target": target, "batch_size": args.batch_size, "max_new_tokens": args.max_new_tokens,
+            "max_prompt_tokens": args.max_prompt_tokens, "top_k": args.top_k, "layer_ids": list(layer_ids)}
+
+
+def check_manifest(out: Path, manifest: dict) -> None:
+    """Writes ``out``/dataset.json on a new dataset (or one made before manifests); raises
+    SystemExit naming the argument when the dataset was made with other settings (its
+    shards would mix two targets or two prompt splits)."""
+    path = out / MANIFEST
+    if not path.exists():
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(manifest, indent=1) + "\n")
+        os.replace(tmp, path)
+        return
+    saved = json.loads(path.read_text())
+    flags = {"target": "--target", "batch_size": "--batch-size", "max_new_tokens": "--max-new-tokens",
+             "max_prompt_tokens": "--max-prompt-tokens", "top_k": "--top-k", "layer_ids": "the target's layers"}
+    for key, flag in flags.items():
+        if key in saved and saved[key] != manifest[key]:
+            raise SystemExit(f"{flag}: {out} was made with {key} {saved[key]}, this run has {manifest[key]} "
+                             f"(give the same settings to extend it, or another --out)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("training/regenerated/smollm2_mix"))
+    parser.add_argument("--out", type=Path, required=True,
+                        help="the dataset directory (SmolLM2's: training/regenerated/smollm2_mix); its dataset.json "
+                             "records what made it, and a run with other settings is refused")
     parser.add_argument("--target", type=Path, default=None, help="HF target dir (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--max-new-tokens", type=int, default=256)
@@ -358,6 +394,7 @@ def main() -> None:
     else:
         prompts = tokenized_prompts(tok, args.max_prompt_tokens)
     args.out.mkdir(parents=True, exist_ok=True)
+    check_manifest(args.out, dataset_manifest(model, tok, layer_ids, args))
     n_shards = (len(prompts) + args.batch_size - 1) // args.batch_size
     tokens, convs = count_tokens(args.out)
     print(f"{len(prompts)} prompts in {n_shards} shards; on disk: {convs} conversations, {tokens} response tokens")

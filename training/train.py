@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from domino.budget import Calibration
 from domino.model import DominoDraftModel
 from training.chunked_loss import chunked_draft_loss
 from training.data import AnchorBatch, load_shards, make_batch, restrict_to_draft_vocab
@@ -122,9 +123,33 @@ def lr_at(step: int, total: int, base_lr: float, warmup_frac: float) -> float:
 
 def save_checkpoint(path: Path, model, optim, step: int, args) -> None:
     tmp = path.with_suffix(".tmp")
-    torch.save({"model": model.state_dict(), "optim": optim.state_dict(), "step": step,
-                "config": model.config.to_json_dict(), "args": vars(args)}, tmp)
+    state = {"model": model.state_dict(), "optim": optim.state_dict(), "step": step,
+             "config": model.config.to_json_dict(), "args": {k: str(v) if isinstance(v, Path) else v
+                                                             for k, v in vars(args).items()}}
+    if model.draft_vocab is not None:  # a buffer the state dict leaves out
+        state["draft_vocab"] = model.draft_vocab.cpu()
+    torch.save(state, tmp)
     os.replace(tmp, path)  # atomic: a kill mid-write leaves the previous checkpoint
+
+
+# What defines a run: resuming its checkpoint with any of these changed would silently
+# train something else. The shards may change (new ones join at a restart), and so may
+# evaluation, checkpointing and the device. (The drafter's shape, --layers/--rank/--gru, is
+# checked by loading the weights.)
+RUN_ARGS = ("target", "config", "mask_token_id", "block_size", "init_from_target",
+            "draft_vocab_size", "init_from", "steps", "seqs_per_step", "anchors", "lr", "warmup", "clip", "gamma",
+            "ttt", "no_curriculum", "loss", "seed")
+
+
+def check_same_run(saved: dict, args, ckpt: Path) -> None:
+    """Raises SystemExit naming the arguments that differ from the checkpoint's run."""
+    norm = (lambda d: {k: str(v) if isinstance(v, Path) else v for k, v in d.items()})
+    saved, now = norm(saved), norm(vars(args))
+    differ = [k for k in RUN_ARGS if k in saved and saved[k] != now.get(k)]
+    if differ:
+        said = ", ".join(f"--{k.replace('_', '-')} {saved[k]!r} (now {now.get(k)!r})" for k in differ)
+        raise SystemExit(f"{ckpt} is another run's: it was made with {said}. Give its arguments to resume it, "
+                         f"or another --out")
 
 
 def build_model(args, target):
@@ -137,8 +162,12 @@ def build_model(args, target):
             config = DominoConfig.load(args.config)
         else:
             config = default_drafter_config(target.config)
-            config.num_hidden_layers = args.layers
-            config.emb_dim, config.gru_hidden_dim = args.rank, args.gru
+            config.num_hidden_layers = args.layers or config.num_hidden_layers
+            config.emb_dim, config.gru_hidden_dim = args.rank or config.emb_dim, args.gru or config.gru_hidden_dim
+            if args.mask_token_id is not None:
+                if not 0 <= args.mask_token_id < config.vocab_size:
+                    raise SystemExit(f"--mask-token-id must be in [0, {config.vocab_size}), got {args.mask_token_id}")
+                config.mask_token_id = args.mask_token_id
         torch.manual_seed(args.seed)
         model = DominoDraftModel(config).bind_target(target)
         if args.init_from_target:
@@ -169,9 +198,12 @@ def parse_args(argv=None):
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--target", type=Path, default=None, help="HF target dir (default: SmolLM2-135M-Instruct)")
     p.add_argument("--config", type=Path, default=None, help="drafter config dir (default: derived from the target)")
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--rank", type=int, default=64)
-    p.add_argument("--gru", type=int, default=256)
+    p.add_argument("--layers", type=int, default=None, help="draft layers of a new drafter (default 2)")
+    p.add_argument("--rank", type=int, default=None, help="the head's low rank r of a new drafter (default 64)")
+    p.add_argument("--gru", type=int, default=None, help="the head's GRU width of a new drafter (default 256)")
+    p.add_argument("--mask-token-id", type=int, default=None,
+                   help="a new drafter's mask token (the block is [anchor, MASK, ...]): a special token the target "
+                        "never writes. Required with --target; SmolLM2's default is 16 (<empty_output>)")
     p.add_argument("--block-size", type=int, default=None,
                    help="draft block length (default: the default drafter config's, 16; with --init-from, the "
                         "saved drafter's)")
@@ -208,12 +240,26 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu", help="where the target and the drafter run (e.g. cuda)")
     p.add_argument("--max-shards", type=int, default=None)
-    p.add_argument("--export-dtype", default="bfloat16")
+    p.add_argument("--export-dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     p.add_argument("--stop-after", type=int, default=None,
                    help="leave after this many steps of this invocation (as if killed; resume continues)")
     args = p.parse_args(argv)
     if args.draft_vocab_size < 0:
         p.error(f"--draft-vocab-size must be >= 0, got {args.draft_vocab_size}")
+    for name in ("steps", "seqs_per_step", "anchors", "eval_every", "ckpt_every"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    # a new drafter's shape comes from one place: flags that another source would override are refused
+    shape = [f"--{n.replace('_', '-')}" for n in ("layers", "rank", "gru", "mask_token_id")
+             if getattr(args, n) is not None]
+    if args.init_from and (shape or args.config or args.init_from_target):
+        p.error(f"--init-from takes the saved drafter's config and weights: drop "
+                f"{', '.join(shape + ['--config'] * bool(args.config) + ['--init-from-target'] * args.init_from_target)}")
+    if args.config and (shape or args.block_size is not None):
+        p.error(f"--config gives the drafter's shape: drop {', '.join(shape + ['--block-size'] * (args.block_size is not None))}")
+    if args.target and not (args.init_from or args.config) and args.mask_token_id is None:
+        p.error("--mask-token-id: a new drafter for --target needs a mask token the target never writes "
+                "(a reserved or unused special token of its tokenizer)")
     return args
 
 
@@ -240,6 +286,9 @@ def main(argv=None) -> dict:
     train_shards = [s for s in (args.train_shards or all_shards) if s not in args.eval_shards]
     if missing := sorted(set(train_shards) - set(all_shards)):
         raise SystemExit(f"--train-shards: no shard {missing} in {args.data}")
+    if not train_shards:
+        raise SystemExit(f"no training data: {args.data} holds shards {all_shards}, all held out by --eval-shards "
+                         f"{args.eval_shards} (or left out of --train-shards)")
     model = build_model(args, target)
     if args.draft_vocab_size and not args.init_from:  # from the data, so a resumed run gets the same
         counts, _ = response_counts(args.data, set(all_shards) - set(train_shards))
@@ -265,6 +314,9 @@ def main(argv=None) -> dict:
     start = 0
     if ckpt.exists():
         state = torch.load(ckpt, map_location=device, weights_only=False)
+        check_same_run(state.get("args", {}), args, ckpt)
+        if "draft_vocab" in state:  # the run's own, whatever the shards on disk say now
+            model.set_draft_vocab(state["draft_vocab"])
         model.load_state_dict(state["model"])
         optim.load_state_dict(state["optim"])
         start = state["step"] + 1
@@ -322,6 +374,9 @@ def main(argv=None) -> dict:
         if rank == 0 and ((step + 1) % args.ckpt_every == 0 or step + 1 == args.steps):
             save_checkpoint(ckpt, model, optim, step, args)
     if rank == 0 and end == args.steps:
+        # new weights: any calibration they came with (--init-from) is not theirs
+        # (benchmarks/calibration.py --write fits one)
+        model.calibration = Calibration()
         model.save_pretrained(args.out / "drafter", dtype=getattr(torch, args.export_dtype))
         log(f"saved {args.out / 'drafter'}")
     if distributed:

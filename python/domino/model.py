@@ -537,6 +537,8 @@ class DominoDraftModel(nn.Module):
         weights.chmod((directory / "config.json").stat().st_mode & 0o777)
         if self.calibration.edges:
             self.calibration.save(directory / CALIBRATION_FILE)
+        else:  # none: a file left by earlier weights in this directory is not these weights'
+            (directory / CALIBRATION_FILE).unlink(missing_ok=True)
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, dtype: torch.dtype = torch.float32,
