@@ -246,6 +246,14 @@ def test_export_checkpoint_writes_the_running_jobs_weights(tiny_run, tmp_path):
     assert not torch.equal(out.fc.weight, base.fc.weight)  # trained on, not the base's weights
     assert torch.equal(out.draft_vocab, torch.arange(3, 40))
     assert out.calibration.edges == []
+    # without --base: the checkpoint's own config and vocabulary (a run from scratch too)
+    export_checkpoint(tmp_path / "run" / "checkpoint.pt", tmp_path / "out_nobase", dtype=torch.float32)
+    alone = DominoDraftModel.from_pretrained(tmp_path / "out_nobase")
+    assert torch.equal(alone.draft_vocab, torch.arange(3, 40)) and torch.equal(alone.fc.weight, out.fc.weight)
+    export_checkpoint(tmp_path / "first" / "checkpoint.pt", tmp_path / "out_first", dtype=torch.float32)
+    first = DominoDraftModel.from_pretrained(tmp_path / "out_first")
+    first_state = torch.load(tmp_path / "first" / "checkpoint.pt", weights_only=False)["model"]
+    assert first.draft_vocab is None and torch.equal(first.fc.weight, first_state["fc.weight"])
     other = tmp_path / "other"
     run_train(root, other, "--steps", "1", "--eval-every", "100", "--rank", "4")
     with pytest.raises(ValueError, match="another config"):
