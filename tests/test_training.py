@@ -362,3 +362,14 @@ def test_a_dataset_refuses_shards_made_another_way(tmp_path):
         check_manifest(tmp_path, dataset_manifest(target, tok, [0, 2], other_args))
     with pytest.raises(SystemExit, match="--target: .* was made with target"):
         check_manifest(tmp_path, dataset_manifest(tiny_target("qwen3", vocab=96), tok, [0, 2], args))
+
+
+def test_features_of_other_layers_are_refused(tiny_run):
+    from domino.config import default_drafter_config
+
+    root, target = tiny_run
+    layer_ids = default_drafter_config(target.config).target_layer_ids
+    assert layer_ids != [0, 1]
+    assert load_shards(root / "data", [1], layer_ids=layer_ids)
+    with pytest.raises(ValueError, match=r"holds the features of target layers .* but the drafter reads \[0, 1\]"):
+        load_shards(root / "data", [1], layer_ids=[0, 1])

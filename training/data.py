@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 
 
@@ -27,14 +28,25 @@ class Conversation:
         return self.prompt_len, len(self.tokens) - 2
 
 
-def load_shards(directory: Path, shards: list[int] | None = None, max_shards: int | None = None) -> list[Conversation]:
-    """Reads complete shards (the jsonl marks completion) and their features."""
+def load_shards(directory: Path, shards: list[int] | None = None, max_shards: int | None = None,
+                layer_ids: list[int] | None = None) -> list[Conversation]:
+    """Reads complete shards (the jsonl marks completion) and their features; with
+    ``layer_ids`` (a drafter's ``target_layer_ids``), raises ValueError for a shard whose
+    features come from other target layers."""
     out = []
     files = sorted(Path(directory).glob("shard_*.jsonl"))
     if shards is not None:
         files = [f for f in files if int(f.stem.split("_")[1]) in shards]
     for f in files[:max_shards]:
-        feats = load_file(str(f.with_suffix(".features.safetensors")))
+        path = str(f.with_suffix(".features.safetensors"))
+        if layer_ids is not None:
+            with safe_open(path, "pt") as sf:
+                made = json.loads((sf.metadata() or {}).get("layer_ids", "null"))
+            if made is not None and list(made) != list(layer_ids):
+                raise ValueError(f"{path} holds the features of target layers {made}, but the drafter reads "
+                                 f"{list(layer_ids)} (its config's target_layer_ids): regenerate the features, or "
+                                 f"train a drafter configured for these layers")
+        feats = load_file(path)
         offsets = feats["offsets"].tolist()
         r_off = feats["response_offsets"].tolist() if "response_offsets" in feats else None
         for i, line in enumerate(f.read_text().splitlines()):

@@ -295,8 +295,11 @@ def main(argv=None) -> dict:
         model.set_draft_vocab(most_frequent(counts, args.draft_vocab_size))
     model = model.to(device)
     c = model.config
-    train = load_shards(args.data, train_shards, args.max_shards)
-    held = load_shards(args.data, args.eval_shards)
+    try:
+        train = load_shards(args.data, train_shards, args.max_shards, layer_ids=c.target_layer_ids)
+        held = load_shards(args.data, args.eval_shards, layer_ids=c.target_layer_ids)
+    except ValueError as e:
+        raise SystemExit(f"--data: {e}")
     log(f"train: {len(train)} conversations, {sum(len(x.tokens) - x.prompt_len for x in train)} response tokens; "
         f"eval: {len(held)} conversations; drafter {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params")
 
