@@ -100,6 +100,17 @@ def _random_prompts(lengths, seed):
     return [torch.randint(2, 64, (n,), generator=g).tolist() for n in lengths]
 
 
+def _greedy_alone(target, prompt: list[int], n: int, eos: int) -> list[int]:
+    """The target's greedy continuation of one prompt, a full forward per token (the oracle)."""
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            ids.append(int(target(torch.tensor([ids])).logits[0, -1].argmax()))
+            if ids[-1] == eos:
+                break
+    return ids[len(prompt):]
+
+
 @pytest.mark.parametrize("deployed", [False, True], ids=["fp32", "deployed"])
 @pytest.mark.parametrize("prompts", [_random_prompts([1, 12, 2, 5], 11),  # very different lengths
                                      _random_prompts([6, 6, 6], 12),  # equal lengths: no padding at all
@@ -117,12 +128,7 @@ def test_regenerated_responses_are_each_prompts_own_greedy_decoding(prompts, dep
         assert next(target.parameters()).dtype == torch.bfloat16
     data = regenerate(target, prompts, [0, 2, 3], eos={1}, pad=0, max_new_tokens=10, top_k=4)
     for i, (p, rec) in enumerate(zip(prompts, data.records)):
-        ids = list(p)
-        with torch.no_grad():
-            for _ in range(10):
-                ids.append(int(target(torch.tensor([ids])).logits[0, -1].argmax()))
-                if ids[-1] == 1:
-                    break
+        ids = p + _greedy_alone(target, p, 10, eos=1)
         assert rec["prompt_ids"] == p and rec["response_ids"] == ids[len(p):], i
         with torch.no_grad():
             hs = target(torch.tensor([ids[:-1]]), output_hidden_states=True).hidden_states
@@ -157,13 +163,7 @@ def test_regeneration_is_greedy_decoding_for_other_targets(kind):
     prompts = _random_prompts([9, 3, 14], 21)
     data = regenerate(target, prompts, [0, 2, 3], eos={1}, pad=0, max_new_tokens=12, top_k=4)
     for i, (p, rec) in enumerate(zip(prompts, data.records)):
-        ids = list(p)
-        with torch.no_grad():
-            for _ in range(12):
-                ids.append(int(target(torch.tensor([ids])).logits[0, -1].argmax()))
-                if ids[-1] == 1:
-                    break
-        assert rec["response_ids"] == ids[len(p):], i
+        assert rec["response_ids"] == _greedy_alone(target, p, 12, eos=1), i
     if kind == "sliding_window":
         with pytest.raises(ValueError, match="sliding window .8 tokens. is shorter"):
             regenerate(_mistral_with_a_window(8), prompts, [0, 2, 3], eos={1}, pad=0, max_new_tokens=12, top_k=4)
