@@ -127,17 +127,23 @@ def test_calibration_pools_violators_and_round_trips(tmp_path):
     assert Calibration.load(tmp_path / "missing.json").edges == []
 
 
-def test_round_costs_are_measured_once_and_cached_per_configuration(tmp_path, monkeypatch):
-    monkeypatch.setattr(budget, "cost_cache_dir", lambda: tmp_path / "round_costs")
-    gen = tiny_generator("qwen3")
-    calls = []
-    real = budget.measure_round_costs
+def fast_counted_measurements(monkeypatch) -> list[int]:
+    """Round-cost measurements over a short context, one repeat; the batch size of each is
+    appended to the returned list."""
+    calls, real = [], budget.measure_round_costs
 
     def counting(g, batch_size=1, **kw):
         calls.append(batch_size)
         return real(g, batch_size, context=16, repeats=1)
 
     monkeypatch.setattr(budget, "measure_round_costs", counting)
+    return calls
+
+
+def test_round_costs_are_measured_once_and_cached_per_configuration(tmp_path, monkeypatch):
+    monkeypatch.setattr(budget, "cost_cache_dir", lambda: tmp_path / "round_costs")
+    gen = tiny_generator("qwen3")
+    calls = fast_counted_measurements(monkeypatch)
     first = budget.round_costs(gen, 2)
     n = gen.drafter.config.num_drafts
     assert len(first.verify_ms) == max(n + 2, 33) and len(first.draft_ms) == n + 1  # trees verify up to 32
@@ -210,13 +216,7 @@ def test_measured_costs_ignore_a_disturbed_small_size():
 def test_a_corrupt_cost_file_is_measured_again(tmp_path, monkeypatch, content):
     monkeypatch.setattr(budget, "cost_cache_dir", lambda: tmp_path)
     gen = tiny_generator("qwen3")
-    real, calls = budget.measure_round_costs, []
-
-    def counting(g, batch_size=1, **kw):
-        calls.append(batch_size)
-        return real(g, batch_size, context=16, repeats=1)
-
-    monkeypatch.setattr(budget, "measure_round_costs", counting)
+    calls = fast_counted_measurements(monkeypatch)
     (tmp_path / f"{budget.cost_key(gen, 1)}.json").write_text(content)
     costs = budget.round_costs(gen, 1)
     assert calls == [1] and costs.max_drafts >= gen.drafter.config.num_drafts
@@ -228,8 +228,7 @@ def test_an_unwritable_cost_cache_warns_and_still_serves(tmp_path, monkeypatch):
     blocker.write_text("")
     monkeypatch.setattr(budget, "cost_cache_dir", lambda: blocker / "round_costs")  # under a file: mkdir fails
     gen = tiny_generator("qwen3")
-    real = budget.measure_round_costs
-    monkeypatch.setattr(budget, "measure_round_costs", lambda g, b=1, **kw: real(g, b, context=16, repeats=1))
+    calls = fast_counted_measurements(monkeypatch)
     with pytest.warns(RuntimeWarning, match="could not store the round costs"):
         costs = budget.round_costs(gen, 1)
-    assert costs.max_drafts >= gen.drafter.config.num_drafts
+    assert calls == [1] and costs.max_drafts >= gen.drafter.config.num_drafts

@@ -29,16 +29,15 @@ def export_checkpoint(checkpoint: Path, out: Path, base: Path | None = None,
                       dtype: torch.dtype = torch.bfloat16) -> int:
     """Writes the checkpoint's drafter to ``out``; returns the last step it trained."""
     state = torch.load(checkpoint, map_location="cpu", weights_only=False)
-    model = DominoDraftModel(DominoConfig.from_json_dict(state["config"]))
+    vocab = state.get("draft_vocab")
     if base is not None:
         start = DominoDraftModel.from_pretrained(base)
         if state["config"] != start.config.to_json_dict():
             raise ValueError(f"checkpoint {checkpoint} was trained with another config than --base {base}: "
                              f"{json.dumps(state['config'])} vs {json.dumps(start.config.to_json_dict())}")
-        if "draft_vocab" not in state:  # a checkpoint from before they kept their vocabulary
-            model.set_draft_vocab(start.draft_vocab)
-    if "draft_vocab" in state:
-        model.set_draft_vocab(state["draft_vocab"])
+        if vocab is None:  # a checkpoint from before they kept their vocabulary
+            vocab = start.draft_vocab
+    model = DominoDraftModel(DominoConfig.from_json_dict(state["config"])).set_draft_vocab(vocab)
     model.load_state_dict(state["model"])  # strict: every weight
     model.calibration = Calibration()
     model.save_pretrained(out, dtype=dtype)

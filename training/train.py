@@ -121,11 +121,15 @@ def lr_at(step: int, total: int, base_lr: float, warmup_frac: float) -> float:
     return 0.5 * base_lr * (1 + math.cos(math.pi * (step - warm) / max(1, total - warm)))
 
 
+def _plain_args(args: dict) -> dict:
+    """The arguments with paths as strings: how a checkpoint stores them and compares them."""
+    return {k: str(v) if isinstance(v, Path) else v for k, v in args.items()}
+
+
 def save_checkpoint(path: Path, model, optim, step: int, args) -> None:
     tmp = path.with_suffix(".tmp")
     state = {"model": model.state_dict(), "optim": optim.state_dict(), "step": step,
-             "config": model.config.to_json_dict(), "args": {k: str(v) if isinstance(v, Path) else v
-                                                             for k, v in vars(args).items()}}
+             "config": model.config.to_json_dict(), "args": _plain_args(vars(args))}
     if model.draft_vocab is not None:  # a buffer the state dict leaves out
         state["draft_vocab"] = model.draft_vocab.cpu()
     torch.save(state, tmp)
@@ -143,8 +147,7 @@ RUN_ARGS = ("target", "config", "mask_token_id", "block_size", "init_from_target
 
 def check_same_run(saved: dict, args, ckpt: Path) -> None:
     """Raises SystemExit naming the arguments that differ from the checkpoint's run."""
-    norm = (lambda d: {k: str(v) if isinstance(v, Path) else v for k, v in d.items()})
-    saved, now = norm(saved), norm(vars(args))
+    saved, now = _plain_args(saved), _plain_args(vars(args))
     differ = [k for k in RUN_ARGS if k in saved and saved[k] != now.get(k)]
     if differ:
         said = ", ".join(f"--{k.replace('_', '-')} {saved[k]!r} (now {now.get(k)!r})" for k in differ)
@@ -278,6 +281,11 @@ def main(argv=None) -> dict:
     from domino.loading import smollm2_dir
 
     device = torch.device(args.device)
+    # a checkpoint to resume is checked before the target and the data are loaded
+    ckpt = args.out / "checkpoint.pt"
+    state = torch.load(ckpt, map_location=device, weights_only=False) if ckpt.exists() else None
+    if state is not None:
+        check_same_run(state.get("args", {}), args, ckpt)
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32 on a GPU too (the target's features)
     target = AutoModelForCausalLM.from_pretrained(args.target or smollm2_dir(quiet=True), dtype=torch.float32)
     target = target.to(device).eval()
@@ -290,7 +298,9 @@ def main(argv=None) -> dict:
         raise SystemExit(f"no training data: {args.data} holds shards {all_shards}, all held out by --eval-shards "
                          f"{args.eval_shards} (or left out of --train-shards)")
     model = build_model(args, target)
-    if args.draft_vocab_size and not args.init_from:  # from the data, so a resumed run gets the same
+    if state is not None and "draft_vocab" in state:  # the run's own, whatever the shards on disk say now
+        model.set_draft_vocab(state["draft_vocab"])
+    elif args.draft_vocab_size and not args.init_from:  # from the data (as again on resuming an older checkpoint)
         counts, _ = response_counts(args.data, set(all_shards) - set(train_shards))
         model.set_draft_vocab(most_frequent(counts, args.draft_vocab_size))
     model = model.to(device)
@@ -313,13 +323,8 @@ def main(argv=None) -> dict:
         step_fn = torch.nn.parallel.DistributedDataParallel(step_fn)
     optim = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
     args.out.mkdir(parents=True, exist_ok=True)
-    ckpt = args.out / "checkpoint.pt"
     start = 0
-    if ckpt.exists():
-        state = torch.load(ckpt, map_location=device, weights_only=False)
-        check_same_run(state.get("args", {}), args, ckpt)
-        if "draft_vocab" in state:  # the run's own, whatever the shards on disk say now
-            model.set_draft_vocab(state["draft_vocab"])
+    if state is not None:
         model.load_state_dict(state["model"])
         optim.load_state_dict(state["optim"])
         start = state["step"] + 1

@@ -414,7 +414,8 @@ def round_costs(gen, batch_size: int = 1, *, remeasure: bool = False) -> RoundCo
         tmp.write_text(costs.to_json())
         tmp.replace(path)  # atomic: concurrent processes never read half a file
     except OSError as e:  # a read-only cache: the costs still serve this process
-        tmp.unlink(missing_ok=True) if tmp.parent.is_dir() else None
+        if tmp.parent.is_dir():
+            tmp.unlink(missing_ok=True)
         warnings.warn(f"could not store the round costs in {path} ({e}); they will be measured again next time",
                       RuntimeWarning, stacklevel=2)
     return costs

@@ -37,9 +37,7 @@ def main(argv=None) -> int:
                    help="also run the target's own decoding and report both speeds and whether outputs match")
     args = parser.parse_args(argv)
     tree = _tree_shape(parser, args.tree) if args.tree else None if args.chain else "auto"
-    if args.num_drafts is not None and args.tree:
-        parser.error("--num-drafts is a chain's size: give it without --tree")
-    _check_request(parser, args)
+    _check_request(parser, args, tree)
 
     import torch
 
@@ -95,18 +93,21 @@ class TextPrinter:
         self.printed = max(self.printed, len(text))
 
 
-def _check_request(parser, args) -> None:
-    """The request's arguments, checked before any model loads (argparse's error)."""
+def _check_request(parser, args, tree) -> None:
+    """The request's arguments (``tree``: the parsed ``--tree``, None or "auto"), checked
+    before any model loads (argparse's error)."""
     from domino.prompts import check_max_new_tokens
     from domino.sampling_params import SamplingParams
+    from domino.tree import TreeShape
 
+    if args.num_drafts is not None and args.tree:
+        parser.error("--num-drafts is a chain's size: give it without --tree")
     try:
         check_max_new_tokens(args.max_new_tokens)
         params = SamplingParams(args.temperature, args.top_k, args.top_p)
         SamplingParams(seed=args.seed)  # its range (the CLI seeds the call's generator with it)
-        if args.tree:  # what does not depend on the drafter (its depth is checked once it is loaded)
-            shape = _tree_shape(parser, args.tree)
-            shape.check(shape.depth, [params])
+        if isinstance(tree, TreeShape):  # what does not depend on the drafter (its depth is checked once loaded)
+            tree.check(tree.depth, [params])
         if args.num_drafts is not None and args.num_drafts < 0:
             raise ValueError(f"--num-drafts must be >= 0, got {args.num_drafts}")
     except (TypeError, ValueError) as e:
