@@ -192,6 +192,17 @@ def domino_head_expand(base_logits, hproj, node_state, node_seq, node_depth, gru
         from which the draft distribution for :func:`verify_tree_sampling` is
         ``filtered_probs(node_logits, temperature, top_k, top_p)``).
     """
+    chosen = check_expand_args(base_logits, hproj, node_state, node_seq, node_depth, gru_input, w_ih, w_hh, w1s, w2,
+                               num_children, temperature, top_k, top_p, generator, backend)
+    return run_expand(chosen, base_logits, hproj, node_state, node_seq, node_depth, gru_input, w_ih, w_hh, w1s, w2,
+                      num_children, temperature, top_k, top_p, generator)
+
+
+def check_expand_args(base_logits, hproj, node_state, node_seq, node_depth, gru_input, w_ih, w_hh, w1s, w2,
+                      num_children, temperature, top_k, top_p, generator, backend) -> str:
+    """:func:`domino_head_expand`'s argument checks (errors name the argument); returns
+    the backend that runs it. :func:`domino_ops.draft_tree` checks once per tree, then
+    runs its steps through :func:`run_expand`."""
     t = _checks.tensor("base_logits", base_logits, ndim=3, dtypes=_checks.FLOAT_OR_BF16, contiguous=True)
     dev = t.device
     b, k, V = base_logits.shape
@@ -216,11 +227,18 @@ def domino_head_expand(base_logits, hproj, node_state, node_seq, node_depth, gru
             raise TypeError(f"{name} must be a Python number for domino_head_expand, got a tensor")
     _checks.sampling_params(temperature, top_k, top_p)
     _checks.generator(generator, dev)
-    chosen = select_backend("domino_head_expand", dev, backend)
+    return select_backend("domino_head_expand", dev, backend)
+
+
+def run_expand(chosen, base_logits, hproj, node_state, node_seq, node_depth, gru_input, w_ih, w_hh, w1s, w2,
+               num_children, temperature, top_k, top_p, generator):
+    """:func:`domino_head_expand` on backend ``chosen``, its arguments already checked by
+    :func:`check_expand_args` (or built from checked ones)."""
     if chosen == "reference":
         return reference.domino_head_expand(base_logits, hproj, node_state, node_seq, node_depth, gru_input, w_ih,
                                             w_hh, w1s, w2, num_children=num_children, temperature=temperature,
                                             top_k=top_k, top_p=top_p, generator=generator)
+    dev, (n, G), V = base_logits.device, node_state.shape, base_logits.shape[2]
     T, top_k, top_p, _, _, _ = kernel_sampling_args(temperature, top_k, top_p, V)
     uniforms = draw_uniforms((n, num_children), dev, generator) if may_sample(temperature) else None
     tokens = torch.empty(n, num_children, dtype=torch.int64, device=dev)
