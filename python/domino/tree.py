@@ -205,6 +205,7 @@ def compact_tree_cache(cache: DynamicCache, path: torch.Tensor, num_nodes: int) 
     A sequence that kept fewer than m tokens gets copies of its root in its extra slots;
     the caller's cache mask makes them holes."""
     m = path.shape[1]
+    index = {}  # one gather index per (start, kv heads, head dim): built once, not 60 times (~0.2 ms)
     for layer in cache.layers:
         if type(layer) is not DynamicLayer:  # a sliding-window or static layer cannot be compacted this way
             raise NotImplementedError(f"tree speculation needs a DynamicCache of full-attention layers, "
@@ -212,8 +213,10 @@ def compact_tree_cache(cache: DynamicCache, path: torch.Tensor, num_nodes: int) 
         start = layer.keys.shape[2] - num_nodes
         for name in ("keys", "values"):
             t = getattr(layer, name)  # [b, kvh, T, hd]
-            idx = (start + path)[:, None, :, None].expand(-1, t.shape[1], -1, t.shape[3])
-            t[:, :, start:start + m] = t.gather(2, idx)  # gather copies first: no overlap hazard
+            key = (start, t.shape[1], t.shape[3])
+            if key not in index:
+                index[key] = (start + path)[:, None, :, None].expand(-1, t.shape[1], -1, t.shape[3])
+            t[:, :, start:start + m] = t.gather(2, index[key])  # gather copies first: no overlap hazard
 
 
 def path_acceptance(tree: DraftTree, topk: int, depth: int, calibration) -> torch.Tensor:
