@@ -17,6 +17,26 @@ def prompts(n, seed=0, vocab=64):
             for _ in range(n)]
 
 
+def cheap_verification(gen, batch_size: int) -> None:
+    """Rigs ``gen``'s round costs for ``batch_size`` (no measuring): verifying more tokens
+    and drafting cost almost nothing, so the adaptive budget drafts and verifies several
+    tokens every round even with a tiny random drafter, whose measured costs would make
+    most rounds plain one-token steps (and a test of multi-token verification vacuous)."""
+    from domino.budget import RoundCosts
+
+    gen._costs[batch_size] = RoundCosts(tuple([0.0] + [10.0 + 0.05 * t for t in range(1, 33)]),
+                                        tuple([0.0] + [0.05 * n for n in range(1, 16)]))
+
+
+def assert_mostly_multi_token(res, at_least: float = 0.8) -> None:
+    """Most rounds of ``res`` (a GenerationResult, one sequence or a batch) verified more
+    than one token: the speculative path, not plain decoding, made the output."""
+    rows = res.verified_lengths
+    rows = rows if rows and isinstance(rows[0], list) else [rows]
+    lengths = [v for row in rows for v in row]
+    assert lengths and sum(v > 1 for v in lengths) >= at_least * len(lengths), lengths
+
+
 V = 8
 PROMPT = [3, 5, 2, 6]
 

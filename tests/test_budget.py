@@ -189,6 +189,23 @@ def test_path_acceptance_is_the_product_along_each_path():
     half = path_acceptance(tree, 3, 3, lambda c: c * 0.5)  # each node's own probability halved
     depth_of = torch.tensor([0] * 3 + [1] * 9 + [2] * 9)
     torch.testing.assert_close(half, ident * 0.5 ** (depth_of + 1), rtol=1e-5, atol=1e-6)
+    # A calibration that is not multiplicative: the product no longer telescopes to the
+    # cumulative score, so only the right parent of every node gives it. Walked by hand
+    # from the EAGLE layout: step s >= 1's candidate c (flat) hangs under frontier slot
+    # (c - tree_size(s)) // topk, the node parent_list[1 + topk * (s - 1) + slot].
+    cal = Calibration(edges=[0.2, 0.5, 0.8, 1.0], rates=[0.05, 0.3, 0.6, 0.9])
+    got = path_acceptance(tree, 3, 3, cal)
+    scores, plist = tree.candidate_scores.tolist(), tree.parent_list.tolist()
+    for b in range(2):
+        for c in range(21):
+            prob, node = 1.0, c
+            while node >= 0:
+                s = 0 if node < 3 else 1 if node < 12 else 2
+                parent = -1 if s == 0 else plist[b][1 + 3 * (s - 1) + (node - (3 if s == 1 else 12)) // 3]
+                own = torch.tensor(scores[b][node] - (scores[b][parent] if parent >= 0 else 0.0)).exp()
+                prob *= float(cal(own))
+                node = parent
+            assert float(got[b, c]) == pytest.approx(prob, rel=1e-5, abs=1e-7), (b, c)
 
 
 def test_tree_size_follows_costs():

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 import domino_ops
 from domino.fast_attention import undo_small_batch_attention, use_small_batch_attention
 from domino.fast_linear import undo_small_batch_linear, use_small_batch_linear, uses_small_batch_linear
+from engine_cases import assert_mostly_multi_token, cheap_verification
 from tiny_models import IdTokenizer, tiny_drafter, tiny_target
 
 
@@ -198,10 +199,12 @@ def test_greedy_speculative_equals_plain_greedy_in_bf16(kind):
     tgt = target(kind, torch.bfloat16, attn="small_batch")
     drafter = tiny_drafter(tgt).to(torch.bfloat16)
     gen = DominoGenerator(use_small_batch_linear(tgt), use_small_batch_linear(drafter), IdTokenizer())
+    cheap_verification(gen, 1)  # the default (adaptive) path, drafting every round
     prompt = torch.randint(2, 64, (9,), generator=torch.Generator().manual_seed(3)).tolist()
     spec = gen.generate(prompt, max_new_tokens=48)
     plain = gen.generate_target_only(prompt, max_new_tokens=48)
     assert spec.token_ids == plain.token_ids and len(spec.token_ids) == 48
+    assert_mostly_multi_token(spec)  # verification forwards over several tokens made it
     assert uses_small_batch_linear(gen.target) and uses_small_batch_linear(gen.drafter)
 
 
@@ -218,8 +221,10 @@ def test_bf16_trees_and_ragged_batches_equal_plain_greedy(batch, tree):
     g = torch.Generator().manual_seed(batch)
     prompts = [torch.randint(2, 64, (int(n),), generator=g).tolist() for n in torch.randint(3, 12, (batch,), generator=g)]
     shape = None if tree is None else TreeShape(*tree, TreeShape(*tree).max_nodes)
-    spec = gen.generate(prompts, max_new_tokens=40, tree=shape)
+    chain = dict(num_drafts=drafter.config.num_drafts) if tree is None else {}  # fixed: every round verifies many
+    spec = gen.generate(prompts, max_new_tokens=40, tree=shape, **chain)
     assert spec.token_ids == gen.generate_target_only(prompts, max_new_tokens=40).token_ids
+    assert_mostly_multi_token(spec)
     for p, row in zip(prompts, spec.token_ids):  # and each row is that prompt decoded alone
         assert row == gen.generate_target_only(p, max_new_tokens=40).token_ids
 

@@ -13,7 +13,7 @@ from domino.budget import RoundCosts
 from domino.fast_attention import use_small_batch_attention
 from domino.sampling_params import RowSampling
 from domino_ops.tree_draft import DraftTree, tree_size
-from engine_cases import V as SMALL_V, check, prompts
+from engine_cases import V as SMALL_V, assert_mostly_multi_token, check, cheap_verification, prompts
 from tiny_models import RiggedDrafts, tiny_generator
 
 GREEDY = RowSampling(0.0, 0, 1.0, None, False)
@@ -96,11 +96,15 @@ def greedy_plain(gen, ps, n):
     ("llama", True, 3, TreeShape(3, 5, 20)),
 ])
 def test_tree_matches_target_greedy(kind, use_head, batch, shape):
+    """Fixed node counts and the adaptive budget (no count; its costs rigged so that it
+    drafts every round, as measured costs on these tiny models would not)."""
     gen = tiny_generator(kind)
+    cheap_verification(gen, batch)
     ps = prompts(batch, seed=batch + shape.topk)
     spec = gen.generate(ps, max_new_tokens=30, use_head=use_head, tree=shape)
     assert spec.token_ids == greedy_plain(gen, ps, 30)
     assert all(1 <= a <= shape.depth + 1 for seq in spec.acceptance_lengths for a in seq)
+    assert_mostly_multi_token(spec)
 
 
 @pytest.mark.parametrize("drafter_kw", [dict(shift_label=True), dict(pure_draft_prefix_len=0),
@@ -115,7 +119,9 @@ def test_tree_matches_target_greedy_with_small_batch_attention():
     gen = tiny_generator("llama")
     use_small_batch_attention(gen.target)
     ps = prompts(3, seed=5)
-    assert gen.generate(ps, max_new_tokens=24, tree=TreeShape(3, 3)).token_ids == greedy_plain(gen, ps, 24)
+    spec = gen.generate(ps, max_new_tokens=24, tree=every_node(3, 3))
+    assert spec.token_ids == greedy_plain(gen, ps, 24)
+    assert_mostly_multi_token(spec)
 
 
 def test_tree_matches_target_greedy_with_eager_attention():
@@ -124,7 +130,9 @@ def test_tree_matches_target_greedy_with_eager_attention():
     gen = tiny_generator("qwen3")
     gen.target.set_attn_implementation("eager")
     ps = prompts(3, seed=4)
-    assert gen.generate(ps, max_new_tokens=24, tree=TreeShape(3, 3)).token_ids == greedy_plain(gen, ps, 24)
+    spec = gen.generate(ps, max_new_tokens=24, tree=every_node(3, 3))
+    assert spec.token_ids == greedy_plain(gen, ps, 24)
+    assert_mostly_multi_token(spec)
 
 
 @pytest.mark.parametrize("kind,use_head", [("qwen3", True), ("llama", False)])
@@ -321,20 +329,30 @@ def test_adaptive_tree_is_planned_before_drafting(costs, expect):
 
 
 def test_stop_conditions_and_streaming():
+    """Rigged trees whose path is always right: every round accepts 3 drafts and adds the
+    target's token (4 tokens), so the EOS, the stop string and the token limit each fall
+    inside a round, where the tokens accepted past them must be dropped."""
     gen = tiny_generator("qwen3")
     p = prompts(1, seed=2)[0]
-    shape = TreeShape(2, 3)
+    shape = every_node(2, 3)
     plain = greedy_plain(gen, p, 30)
-    streamed = []
-    res = gen.generate(p, max_new_tokens=30, tree=shape, stream=lambda i, ids: streamed.extend(ids))
-    assert streamed == res.token_ids == plain
-    gen.eos_ids = [plain[9]]
-    assert gen.generate(p, max_new_tokens=30, tree=shape).token_ids == plain[: plain.index(plain[9]) + 1]
-    gen.eos_ids = []
-    stop = " ".join(str(t) for t in plain[4:6])
-    res = gen.generate(p, max_new_tokens=30, stop=[stop], tree=shape)
-    assert stop not in res.text and len(res.token_ids) < 30
-    assert len(gen.generate(p, max_new_tokens=7, tree=shape).token_ids) == 7
+    rig = RiggedTree(gen, [p + plain])
+    try:
+        streamed = []
+        res = gen.generate(p, max_new_tokens=30, tree=shape, stream=lambda i, ids: streamed.extend(ids))
+        assert streamed == res.token_ids == plain
+        assert res.acceptance_lengths[:-1] == [4] * (len(res.acceptance_lengths) - 1)
+        eos_at = plain.index(plain[9])
+        assert eos_at % 4 != 3  # mid-round: the round that reaches it accepts tokens past it
+        gen.eos_ids = [plain[9]]
+        assert gen.generate(p, max_new_tokens=30, tree=shape).token_ids == plain[: eos_at + 1]
+        gen.eos_ids = []
+        stop = " ".join(str(t) for t in plain[4:6])  # completed by token 5, mid-round (tokens 4-7)
+        res = gen.generate(p, max_new_tokens=30, stop=[stop], tree=shape)
+        assert res.token_ids == plain[:6] and stop not in res.text
+        assert gen.generate(p, max_new_tokens=7, tree=shape).token_ids == plain[:7]  # mid-round limit
+    finally:
+        rig.restore()
 
 
 # ---- sampling: distributed as the target ----------------------------------------------
@@ -396,8 +414,9 @@ def test_bad_tree_shapes(make, msg):
     (dict(tree=TreeShape(2, 8)), r"depth must be at most the drafter's num_drafts \(7\)"),
     (dict(tree=(2, 3)), "tree must be a domino.TreeShape"),
     (dict(tree=TreeShape(2, 3, 5), temperature=0.8), "num_draft_tokens must be None"),
-    (dict(tree=TreeShape(2, 3), sampling=[domino.SamplingParams(0.8), domino.SamplingParams(0.5)]), "sampling"),
-    (dict(tree=TreeShape(2, 3), sampling=[domino.SamplingParams(0.8, seed=1)] * 2), "sampling"),
+    (dict(tree=TreeShape(2, 3), sampling=[domino.SamplingParams(0.8), domino.SamplingParams(0.5)]),
+     "needs one temperature/top_k/top_p for every prompt"),
+    (dict(tree=TreeShape(2, 3), sampling=[domino.SamplingParams(0.8, seed=1)] * 2), "and no per-request seed"),
 ])
 def test_bad_tree_arguments(kw, msg):
     gen = tiny_generator("qwen3")

@@ -45,18 +45,18 @@ def test_shards_hold_greedy_responses_and_features(tiny_run):
     assert n == 18 and tokens == sum(len(r["response_ids"]) for r in records)
     # conversations too short to hold an anchor (response < 2 tokens) are skipped
     assert len(convs) == sum(len(r["response_ids"]) >= 2 for r in records)
-    c = convs[0]
-    with torch.no_grad():  # responses are the target's greedy continuation
-        out = target.generate(c.tokens[None, :c.prompt_len], max_new_tokens=len(c.tokens) - c.prompt_len,
-                              do_sample=False, pad_token_id=0, eos_token_id=[1])
-    assert out[0, c.prompt_len:].tolist() == c.tokens[c.prompt_len:].tolist()
-    assert c.features.shape == (len(c.tokens) - 1, 4 * 64)  # 4 feature layers x H
-    with torch.no_grad():  # features are the hidden states of the tokens fed to the target
-        hs = target(c.tokens[None, :-1], output_hidden_states=True).hidden_states
     from domino.config import default_drafter_config
     ids = default_drafter_config(target.config).target_layer_ids
-    ref = torch.cat([hs[i + 1] for i in ids], -1)[0]
-    torch.testing.assert_close(c.features.float(), ref, atol=0.05, rtol=0.02)
+    for c in convs:  # every conversation: generation batches left-padded prompts
+        with torch.no_grad():  # responses are the target's greedy continuation
+            out = target.generate(c.tokens[None, :c.prompt_len], max_new_tokens=len(c.tokens) - c.prompt_len,
+                                  do_sample=False, pad_token_id=0, eos_token_id=[1])
+        assert out[0, c.prompt_len:].tolist() == c.tokens[c.prompt_len:].tolist()
+        assert c.features.shape == (len(c.tokens) - 1, 4 * 64)  # 4 feature layers x H
+        with torch.no_grad():  # features are the hidden states of the tokens fed to the target
+            hs = target(c.tokens[None, :-1], output_hidden_states=True).hidden_states
+        ref = torch.cat([hs[i + 1] for i in ids], -1)[0]
+        torch.testing.assert_close(c.features.float(), ref, atol=0.05, rtol=0.02)
 
 
 def test_shards_regenerated_together_split_into_each_shards_own(tiny_run):
@@ -187,7 +187,7 @@ def test_resume_continues_with_the_same_data_order(tiny_run, tmp_path):
     straight = run_train(root, tmp_path / "a", "--steps", "4")
     run_train(root, tmp_path / "b", "--steps", "4", "--stop-after", "2")  # "killed" after step 1
     resumed = run_train(root, tmp_path / "b", "--steps", "4")  # log.jsonl accumulates
-    assert [r["step"] for r in resumed] == [0, 1, 2, 3]
+    assert [r["step"] for r in resumed] == [0, 1, 2, 3] and len(straight) == 4
     for x, y in zip(straight, resumed):
         assert x["loss_final"] == pytest.approx(y["loss_final"], rel=1e-5)
 
@@ -196,6 +196,7 @@ def test_two_processes_match_one_on_the_same_global_batch(tiny_run, tmp_path):
     root, _ = tiny_run
     one = run_train(root, tmp_path / "one", "--steps", "3")
     two = run_train(root, tmp_path / "two", "--steps", "3", nproc=2)
+    assert len(one) == len(two) == 3
     for x, y in zip(one, two):
         assert x["loss_final"] == pytest.approx(y["loss_final"], rel=1e-4)
         assert x["loss_base"] == pytest.approx(y["loss_base"], rel=1e-4)
@@ -214,13 +215,33 @@ def test_train_shards_chooses_the_training_data(tiny_run, tmp_path, capsys):
 
 @pytest.mark.parametrize("flags", [["--ttt"], ["--no-curriculum"], ["--loss", "kl"], ["--loss", "ce_tv"], ["--bf16"],
                                    ["--bf16", "auto"]])
-def test_ablation_switches_run(tiny_run, tmp_path, flags):
+def test_ablation_switches_run(tiny_run, default_log, tmp_path, flags):
+    """Each switch trains, and changes the training: its losses differ from the default
+    run's (same seed and data); ``--bf16 auto`` is ``--bf16`` where bf16 matmuls are fast
+    (this CPU's AVX512-BF16, a GPU) and the default elsewhere."""
+    from training.train import fast_bf16
+
     root, _ = tiny_run
-    flag = flags[0]
     log = run_train(root, tmp_path / "run", "--steps", "2", *flags)
-    if flag == "--no-curriculum":
+    assert len(log) == len(default_log) == 2 and all(r["loss_final"] > 0 for r in log)
+    if flags[0] == "--no-curriculum":
         assert all(r["lam"] == 0.0 for r in log)
-    assert all(r["loss_final"] > 0 for r in log)
+
+    def losses(entries):
+        return [(r["loss_base"], r["loss_final"]) for r in entries]
+
+    if flags == ["--bf16", "auto"]:
+        on = run_train(root, tmp_path / "on", "--steps", "2", "--bf16") if fast_bf16(torch.device("cpu")) else None
+        assert losses(log) == losses(on if on is not None else default_log)
+    else:
+        assert losses(log) != losses(default_log)
+
+
+@pytest.fixture(scope="module")
+def default_log(tiny_run, tmp_path_factory):
+    """Two steps of the default training on the tiny run (what each ablation switch changes)."""
+    root, _ = tiny_run
+    return run_train(root, tmp_path_factory.mktemp("default"), "--steps", "2")
 
 
 def test_export_checkpoint_writes_the_running_jobs_weights(tiny_run, tmp_path):
@@ -274,7 +295,7 @@ def test_draft_vocab_size_gives_a_new_drafter_the_most_frequent_tokens(tiny_run,
     counts, _ = response_counts(root / "data", {0})
     saved = DominoDraftModel.from_pretrained(tmp_path / "run" / "drafter")
     assert torch.equal(saved.draft_vocab, most_frequent(counts, 20))
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit, match="--draft-vocab-size must be >= 0"):
         run_train(root, tmp_path / "bad", "--steps", "1", "--draft-vocab-size", "-1")
 
 

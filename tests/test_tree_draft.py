@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import domino_ops
 from domino_ops import reference
-from domino_ops.tree_draft import draft_tree, tree_size
+from domino_ops.tree_draft import candidate_parents, draft_tree, tree_size
 from kernel_cases import head_rollout_inputs
 from stats import assert_matches_distribution
 
@@ -61,7 +61,8 @@ def target_oracle(V, seed):
 
 def slow_tree(inputs, b_index, topk, depth, n_nodes):
     """One sequence's tree, candidate by candidate: (tokens of the selected candidates in
-    ascending flat order, parent node of each node). Calls assume(False) on near ties."""
+    ascending flat order, parent node of each node, parent flat index of every candidate
+    (-1: the root)). Calls assume(False) on near ties."""
     base, hproj, state, gru_input, w_ih, w_hh, w1s, w2 = inputs
     cand = []  # flat index -> dict(token, score, parent flat (-1 root), state)
 
@@ -94,7 +95,7 @@ def slow_tree(inputs, b_index, topk, depth, n_nodes):
     chosen = sorted(ranked[:n_nodes - 1])
     node_of = {f: i + 1 for i, f in enumerate(chosen)}
     parents = [-1] + [0 if cand[f]["parent"] == -1 else node_of[cand[f]["parent"]] for f in chosen]
-    return [cand[f]["token"] for f in chosen], parents
+    return [cand[f]["token"] for f in chosen], parents, [c["parent"] for c in cand]
 
 
 def slow_verify_greedy(tokens, parents, target, steps):
@@ -121,9 +122,11 @@ def test_greedy_expand_select_build_verify_matches_the_slow_reference(b, V, topk
     roots = torch.randint(0, V, (b,), generator=torch.Generator().manual_seed(seed))
     slow = [slow_tree(inputs, i, topk, depth, n_nodes) for i in range(b)]
     tree = draft_tree(*inputs, roots, topk=topk, depth=depth, num_draft_tokens=n_nodes)
-    for i, (tokens, _) in enumerate(slow):
+    flat_parents = candidate_parents(tree.parent_list, topk, depth)
+    for i, (tokens, _, cand_parents) in enumerate(slow):
         assert tree.candidates[i, 1:].tolist() == tokens
         assert tree.candidates[i, 0] == roots[i]
+        assert flat_parents[i].tolist() == cand_parents  # every candidate's parent, selected or not
     assert tree.draft_probs is None
     ridx, nxt, sib = build(tree, torch.full((b,), 5), topk, depth)
     target = target_oracle(V, seed)
@@ -135,7 +138,7 @@ def test_greedy_expand_select_build_verify_matches_the_slow_reference(b, V, topk
     accept_num = torch.full((b,), -5, dtype=torch.int32)
     domino_ops.verify_tree_greedy(predicts, accept_index, accept_num, tree.candidates, ridx, nxt, sib,
                                   target_predict)
-    for i, (tokens, parents) in enumerate(slow):
+    for i, (tokens, parents, _) in enumerate(slow):
         want = slow_verify_greedy(tokens, parents, target, steps)
         got = [int(predicts[int(a)]) for a in accept_index[i, :int(accept_num[i]) + 1]]
         assert got == want
@@ -172,37 +175,68 @@ def test_sampled_tree_keeps_every_draw_and_carries_the_draft_distributions():
                 torch.testing.assert_close(tree.draft_probs[b, u].sum(), torch.tensor(1.0))
             else:
                 assert bool((tree.draft_probs[b, u] == 0).all())  # never expanded
+    # and row u is node u's own distribution: its GRU state walked along its path from the
+    # root's, its logits L = base[d] + w2 silu(hproj[d] + w1s S), filtered as sampled
+    # (depth 3: the row of a node at depth 2 comes from the frontier-dependent mapping)
+    base, hproj, state, table, _, w_hh, w1s, w2 = inputs
+    for b, node_paths in enumerate(paths(nxt, sib, tree.candidates)):
+        for u, path in enumerate(node_paths):
+            if not bool(tree.draft_probs[b, u].any()):
+                continue
+            S = state[b]
+            for tok in path:
+                S = reference._gru_cell(table[tok], w_hh @ S, S)
+            d = len(path)
+            L = base[b, d] + w2 @ torch.nn.functional.silu(hproj[b, d] + w1s @ S)
+            want = domino_ops.filtered_probs(L[None], temperature=0.8, top_k=20)[0]
+            torch.testing.assert_close(tree.draft_probs[b, u], want, rtol=1e-4, atol=1e-6)
 
 
 def test_sampled_expand_select_build_verify_is_lossless():
-    """Population of independent sequences: draft a sampled tree (topk 2, depth 2) with a
-    head whose first-token distribution differs from the target's, verify it with
-    verify_tree_sampling: the first emitted token follows the target exactly."""
-    N, V = 20_000, 6
+    """Population of independent sequences: draft a sampled tree (topk 2, depth 3) with a
+    head whose distributions differ from the target's, verify it with verify_tree_sampling:
+    the first two emitted tokens follow the target jointly (a sequence that emitted only
+    one continues with a draw from the target, as its next round would be)."""
+    N, V, depth = 20_000, 6, 3
     g = torch.Generator().manual_seed(11)
-    base = (torch.randn(1, 2, V, generator=g) * 1.5).expand(N, 2, V).contiguous()
+    base = (torch.randn(1, depth, V, generator=g) * 1.5).expand(N, depth, V).contiguous()
     r, G = 4, 5
-    inputs = (base, torch.randn(1, 2, r, generator=g).expand(N, 2, r).contiguous(), torch.zeros(N, G),
+    inputs = (base, torch.randn(1, depth, r, generator=g).expand(N, depth, r).contiguous(), torch.zeros(N, G),
               torch.randn(V, 3 * G, generator=g), None, torch.randn(3 * G, G, generator=g) / 2,
-              torch.randn(r, G, generator=g) / 2, torch.randn(V, r, generator=g) / 2)
-    tree = draft_tree(*inputs, torch.zeros(N, dtype=torch.long), topk=2, depth=2, temperature=1.0,
+              torch.randn(r, G, generator=g) * 2, torch.randn(V, r, generator=g) * 2)  # paths matter
+    tree = draft_tree(*inputs, torch.zeros(N, dtype=torch.long), topk=2, depth=depth, temperature=1.0,
                       generator=torch.Generator().manual_seed(12))
     n = tree.candidates.shape[1]
-    ridx, nxt, sib = build(tree, torch.zeros(N, dtype=torch.long), 2, 2)
+    ridx, nxt, sib = build(tree, torch.zeros(N, dtype=torch.long), 2, depth)
+    # the target: its next-token distribution after each path of up to 3 tokens
     p_root = torch.softmax(torch.randn(V, generator=g), -1)
-    after = torch.softmax(torch.randn(V, V, generator=g), -1)  # the target after each first token
+    after = [p_root, torch.softmax(torch.randn(V, V, generator=g), -1),
+             torch.softmax(torch.randn(V, V, V, generator=g), -1), torch.softmax(torch.randn(V, V, V, V, generator=g), -1)]
+    parent = candidate_parents(tree.parent_list, 2, depth) + 1  # node u >= 1's parent node (0: the root)
+    tok = tree.candidates
     target_probs = torch.empty(N, n, V)
     target_probs[:, 0] = p_root
-    target_probs[:, 1:] = after[tree.candidates[:, 1:]]
+    for u in range(1, n):  # node u's path (its ancestors' tokens, then its own), per sequence
+        level = next(s for s in range(1, depth + 1) if u <= tree_size(2, s))
+        node, path = torch.full((N,), u), []
+        for _ in range(level):
+            path.insert(0, tok.gather(1, node[:, None])[:, 0])
+            node = parent.gather(1, (node - 1).clamp(min=0)[:, None])[:, 0]
+        target_probs[:, u] = after[level][tuple(path)]
     predicts = torch.full((N * n,), -5, dtype=torch.int32)
-    accept_index = torch.full((N, 3), -5, dtype=torch.int32)
+    accept_index = torch.full((N, depth + 1), -5, dtype=torch.int32)
     accept_num = torch.full((N,), -5, dtype=torch.int32)
     domino_ops.verify_tree_sampling(predicts, accept_index, accept_num, tree.candidates, ridx, nxt, sib,
                                     torch.rand(N, n, dtype=torch.float64, generator=g),
                                     torch.rand(N, dtype=torch.float64, generator=g), target_probs, tree.draft_probs)
-    first = predicts[accept_index[:, 0].long()]  # the root's slot holds the first emitted token
-    assert 0.2 < float((accept_num > 0).float().mean()) < 0.95
-    assert_matches_distribution(first.numpy(), p_root.double().numpy(), what="first token")
+    first = predicts[accept_index[:, 0].long()].long()  # the root's slot holds the first emitted token
+    emitted_two = accept_num > 0
+    second = torch.where(emitted_two, predicts[accept_index[:, 1].clamp(min=0).long()].long(),
+                         torch.multinomial(after[1][first], 1, generator=g)[:, 0])
+    assert 0.2 < float(emitted_two.float().mean()) < 0.95
+    assert float((accept_num > 1).float().mean()) > 0.05  # depth-2 nodes' rows take part
+    joint = (p_root[:, None] * after[1]).double().flatten().numpy()
+    assert_matches_distribution((first * V + second).numpy(), joint, what="first two tokens")
 
 
 @pytest.mark.parametrize("kw,msg", [
