@@ -383,6 +383,12 @@ def test_a_dataset_refuses_shards_made_another_way(tmp_path):
         check_manifest(tmp_path, dataset_manifest(target, tok, [0, 2], other_args))
     with pytest.raises(SystemExit, match="--target: .* was made with target"):
         check_manifest(tmp_path, dataset_manifest(tiny_target("qwen3", vocab=96), tok, [0, 2], args))
+    tuned = tiny_target("llama", vocab=64)  # the same architecture, one weight nudged: a fine-tune
+    with torch.no_grad():
+        next(tuned.parameters()).view(-1)[0] += 0.5
+    with pytest.raises(SystemExit, match="--target: .* was made with target_weights"):
+        check_manifest(tmp_path, dataset_manifest(tuned, tok, [0, 2], args))
+    check_manifest(tmp_path, dataset_manifest(tiny_target("llama", vocab=64).float(), tok, [0, 2], args))  # same weights
 
 
 def test_features_of_other_layers_are_refused(tiny_run):

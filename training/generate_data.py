@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -315,16 +316,28 @@ def write_shard(path: Path, data: Regenerated) -> int:
 MANIFEST = "dataset.json"
 
 
+def weights_fingerprint(model, sample: int = 1 << 16) -> str:
+    """A hash of the model's weights that tells one fine-tune from another: the first
+    ``sample`` values of every parameter, as bf16 (so the same weights loaded in another
+    dtype, e.g. float32 on a GPU, hash alike), in ``named_parameters`` order."""
+    h = hashlib.sha256()
+    for name, p in model.named_parameters():
+        h.update(name.encode())
+        h.update(p.detach().flatten()[:sample].to("cpu", torch.bfloat16).view(torch.int16).numpy().tobytes())
+    return h.hexdigest()[:20]
+
+
 def dataset_manifest(model, tokenizer, layer_ids: list[int], args) -> dict:
-    """What a dataset's shards depend on: the target (its architecture and vocabulary: a
-    fingerprint that tells one model family or size from another, not one fine-tune from
-    another), the prompts per shard, the lengths, the stored top-k and feature layers."""
+    """What a dataset's shards depend on: the target (its architecture and vocabulary, and
+    a fingerprint of its weights that tells one fine-tune from another), the prompts per
+    shard, the lengths, the stored top-k and feature layers."""
     tc = model.config.get_text_config()
     target = {k: getattr(tc, k, None) for k in ("model_type", "vocab_size", "hidden_size", "num_hidden_layers",
                                                "intermediate_size", "num_attention_heads", "num_key_value_heads")}
     target["tokenizer_size"] = len(tokenizer)
-    return {"target": target, "batch_size": args.batch_size, "max_new_tokens": args.max_new_tokens,
-            "max_prompt_tokens": args.max_prompt_tokens, "top_k": args.top_k, "layer_ids": list(layer_ids)}
+    return {"target": target, "target_weights": weights_fingerprint(model), "batch_size": args.batch_size,
+            "max_new_tokens": args.max_new_tokens, "max_prompt_tokens": args.max_prompt_tokens, "top_k": args.top_k,
+            "layer_ids": list(layer_ids)}
 
 
 def check_manifest(out: Path, manifest: dict) -> None:
@@ -338,7 +351,9 @@ def check_manifest(out: Path, manifest: dict) -> None:
         os.replace(tmp, path)
         return
     saved = json.loads(path.read_text())
-    flags = {"target": "--target", "batch_size": "--batch-size", "max_new_tokens": "--max-new-tokens",
+    # (a key missing from an older dataset.json is not checked: its datasets predate it)
+    flags = {"target": "--target", "target_weights": "--target", "batch_size": "--batch-size",
+             "max_new_tokens": "--max-new-tokens",
              "max_prompt_tokens": "--max-prompt-tokens", "top_k": "--top-k", "layer_ids": "the target's layers"}
     for key, flag in flags.items():
         if key in saved and saved[key] != manifest[key]:
