@@ -1,4 +1,6 @@
-"""``domino generate``: arguments checked before any model loads, and the streamed text."""
+"""``domino generate``: arguments checked before any model loads, the streamed text, and --compare."""
+
+from types import SimpleNamespace
 
 import pytest
 
@@ -28,6 +30,7 @@ def no_loading(monkeypatch):
     (["--top-p", "0"], "top_p"),
     (["--top-k", "-1"], "top_k"),
     (["--num-drafts", "-1"], "--num-drafts must be >= 0"),
+    (["--compare", "--repeats", "0"], "--repeats must be >= 1"),
     (["--tree", "3,4,16", "--temperature", "0.7"], "num_draft_tokens must be None"),
     (["--tree", "3,4", "--num-drafts", "3"], "--num-drafts is a chain's size"),
 ])
@@ -54,3 +57,40 @@ def test_streamed_text_skips_eos_and_joins_split_characters(capsys):
         printer(0, ids)
     out = capsys.readouterr().out
     assert out == "añ 你好" and "\ufffd" not in out
+
+
+class FakeGenerator:
+    """Records the calls the CLI makes; Domino's runs report 30 tok/s, the target's 20, and
+    Domino's output differs from the target's when ``differ``."""
+
+    def __init__(self, differ=False):
+        self.calls, self.differ, self.tokenizer = [], differ, ByteTokenizer()
+
+    def generate(self, prompt, stream=None, **kw):
+        self.calls.append(("domino", prompt, stream is not None))
+        ids = [104, 105] + ([33] if self.differ else [])
+        if stream is not None:
+            stream(0, ids)
+        return SimpleNamespace(token_ids=ids, tokens_per_second=30.0, mean_acceptance_length=2.0,
+                               acceptance_lengths=[2])
+
+    def generate_target_only(self, prompt, **kw):
+        self.calls.append(("target", prompt, False))
+        return SimpleNamespace(token_ids=[104, 105], tokens_per_second=20.0)
+
+
+@pytest.mark.parametrize("differ", [False, True])
+def test_compare_times_both_sides_alike(monkeypatch, capsys, differ):
+    """--compare warms both sides up, then alternates timed runs with streaming off and
+    reports the medians' ratio; a greedy output that differs from the target's fails."""
+    import domino
+
+    fake = FakeGenerator(differ)
+    monkeypatch.setattr(domino, "load_default", lambda quiet=False: fake)
+    status = cli.main(["generate", "hi", "--compare", "--repeats", "2", "--max-new-tokens", "3"])
+    err = capsys.readouterr().err
+    assert fake.calls == [("domino", "warm-up", False), ("domino", "hi", True), ("target", "warm-up", False),
+                          ("target", "hi", False), ("domino", "hi", False), ("target", "hi", False),
+                          ("domino", "hi", False)]
+    assert "median of 2 alternating runs each: Domino 30.0 tok/s, target alone 20.0 tok/s; speedup 1.50x" in err
+    assert status == (1 if differ else 0) and ("DIFFER" in err) == differ
