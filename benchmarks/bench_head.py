@@ -241,12 +241,15 @@ def tree_table(args, copy_bw: float) -> None:
 
 
 def engine_table(args, copy_bw: float) -> None:
-    """The rollout exactly as DominoGenerator calls it (python/domino/model.py choose_tokens):
-    the shipped drafter's weights in the engine's dtype (float32), the target's embedding
-    with w_ih as the GRU input, float32 base logits, batch 1, k = the block's drafts after
-    the base-drafted prefix; timed warm (back to back) and cold (a 256 MB buffer streamed
-    before each call, as the target's forward leaves the caches). Loads SmolLM2 and the
-    default drafter."""
+    """The head exactly as DominoGenerator calls it: the shipped drafter's weights in the
+    engine's dtype (load_default's), the target's embedding with w_ih as the GRU input,
+    float32 base logits, batch 1. Two rows: the chain rollout (python/domino/model.py
+    choose_tokens; sampled requests and tree=None), k = the block's drafts after the
+    base-drafted prefix, and the tree drafting of default greedy generation
+    (domino_ops.draft_tree with domino.tree.DEFAULT_TREE: its expand steps and frontier
+    selection, the first depth from the base logits as the drafter does). Each timed warm
+    (back to back) and cold (a 256 MB buffer streamed before each call, as the target's
+    forward leaves the caches). Loads SmolLM2 and the default drafter."""
     import time
 
     from domino import load_default
@@ -266,10 +269,19 @@ def engine_table(args, copy_bw: float) -> None:
     flush_src = torch.ones(64 << 20)  # 256 MB
     flush_dst = torch.empty_like(flush_src)
 
-    def call():
+    from domino.tree import DEFAULT_TREE
+    topk, depth = DEFAULT_TREE.topk, DEFAULT_TREE.depth
+    root = torch.zeros(1, dtype=torch.long)
+    plain = min(c.pure_draft_prefix_len, depth)
+
+    def chain():
         domino_ops.domino_head_rollout(base, hproj, state, E, w_ih, w_hh, w1s, w2)
 
-    def cold_ms(repeats):
+    def tree():
+        domino_ops.draft_tree(base[:, :depth], hproj[:, :depth], state, E, w_ih, w_hh, w1s, w2, root, topk=topk,
+                              depth=depth, plain_depths=plain)
+
+    def cold_ms(call, repeats):
         times = []
         for i in range(repeats + 1):
             flush_dst.copy_(flush_src)
@@ -279,14 +291,19 @@ def engine_table(args, copy_bw: float) -> None:
                 times.append((time.perf_counter() - t0) * 1e3)
         return sorted(times)[len(times) // 2]
 
-    print(f"the rollout as generation calls it: SmolLM2 drafter, {w2.dtype}, embed + w_ih, batch 1, k = {k}, "
-          f"V = {V}, r = {r}, G = {G}; median of {args.repeats}; cold = a 256 MB copy before each call")
-    print(f"{'build':6} | {'MB':>6} | {'warm ms':>8} {'GB/s':>6} {'%copy':>6} | {'cold ms':>8} {'GB/s':>6} {'%copy':>6}")
+    print(f"the head as generation calls it: SmolLM2 drafter, {w2.dtype}, embed + w_ih, batch 1, V = {V}, r = {r}, "
+          f"G = {G}; chain: a rollout of k = {k}; tree: draft_tree {topk},{depth} (generate's default at T = 0; "
+          f"MB: each step's weights, without the frontier's GRU inputs); median of {args.repeats}; "
+          "cold = a 256 MB copy before each call")
+    print(f"{'build':6} | {'call':5} | {'MB':>6} | {'warm ms':>8} {'GB/s':>6} {'%copy':>6} | "
+          f"{'cold ms':>8} {'GB/s':>6} {'%copy':>6}")
+    tree_bytes = depth * ((V * r + 3 * G * G + r * G) * wbytes + V * 4)
     for isa in args.isas:
-        with cpu.forced_isa(isa):
-            warm = median_ms(call, args.repeats)
-            cold = cold_ms(args.repeats)
-        print(f"{isa:6} | {nbytes / 1e6:6.1f} | " + cells(warm, nbytes, copy_bw) + " | " + cells(cold, nbytes, copy_bw))
+        for name, call, mb in (("chain", chain, nbytes), ("tree", tree, tree_bytes)):
+            with cpu.forced_isa(isa):
+                warm = median_ms(call, args.repeats)
+                cold = cold_ms(call, args.repeats)
+            print(f"{isa:6} | {name:5} | {mb / 1e6:6.1f} | " + cells(warm, mb, copy_bw) + " | " + cells(cold, mb, copy_bw))
 
 
 def gpu_bench_ms(fn) -> float:
@@ -439,7 +456,8 @@ def main() -> None:
                         help="frontier sizes of the tree-step table (none: skip it)")
     parser.add_argument("--tree-children", type=int, default=4, help="children per node in the tree-step table")
     parser.add_argument("--engine", action="store_true",
-                        help="also time the rollout as DominoGenerator calls it (loads SmolLM2 and the drafter)")
+                        help="also time the head as DominoGenerator calls it, chain rollout and default tree "
+                             "(loads SmolLM2 and the drafter)")
     args = parser.parse_args()
     if args.quick:
         args.shapes, args.repeats = ["small"], 3
