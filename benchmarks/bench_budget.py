@@ -11,14 +11,16 @@ decoding):
 
 Prompts: HumanEval, held-out ShareGPT chat, and `make run`'s prompt (three times). Default
 configuration (``domino.load_default``: bf16, small-batch linear and attention). Tokens/s
-is total tokens over total time per method, one pass; methods alternate per prompt.
+is total tokens over total time per method and pass, the median of ``--repeats`` passes;
+methods alternate per prompt; one warm-up generation excluded.
 
-    python benchmarks/bench_budget.py [--num-prompts 12] [--max-new-tokens 96]
+    python benchmarks/bench_budget.py [--num-prompts 12] [--max-new-tokens 96] [--repeats 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -36,6 +38,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--num-prompts", type=int, default=12)
     p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--repeats", type=int, default=3, help="passes over the prompts (median)")
     args = p.parse_args()
 
     gen = load_default()
@@ -56,25 +59,30 @@ def main() -> None:
     print("prompts    | " + " | ".join(["plain", *variants]))
     for label, prompts in (("HumanEval", humaneval_prompts(args.num_prompts)), ("chat", chat_prompts(args.num_prompts)),
                            ("make run", make_run * 3)):
-        totals = {m: [0, 0.0] for m in ["plain", *variants]}
+        passes = {m: [] for m in ["plain", *variants]}
         accepted = {m: [] for m in variants}
         gen.generate(prompts[0], max_new_tokens=8)  # warm-up
+        gen.generate_target_only(prompts[0], max_new_tokens=8)
         try:
-            for prompt in prompts:
-                for m in totals:
-                    t0 = time.perf_counter()
-                    if m == "plain":
-                        out = gen.generate_target_only(prompt, max_new_tokens=args.max_new_tokens)
-                    else:
-                        gen._costs[1], memory = variants[m]
-                        DepthAcceptance.__init__.__defaults__ = (*defaults[:2], memory)
-                        out = gen.generate(prompt, max_new_tokens=args.max_new_tokens, tree=None)
-                        accepted[m] += out.acceptance_lengths
-                    totals[m][0] += len(out.token_ids)
-                    totals[m][1] += time.perf_counter() - t0
+            for _ in range(args.repeats):
+                totals = {m: [0, 0.0] for m in passes}
+                for prompt in prompts:
+                    for m in totals:
+                        t0 = time.perf_counter()
+                        if m == "plain":
+                            out = gen.generate_target_only(prompt, max_new_tokens=args.max_new_tokens)
+                        else:
+                            gen._costs[1], memory = variants[m]
+                            DepthAcceptance.__init__.__defaults__ = (*defaults[:2], memory)
+                            out = gen.generate(prompt, max_new_tokens=args.max_new_tokens, tree=None)
+                            accepted[m] += out.acceptance_lengths
+                        totals[m][0] += len(out.token_ids)
+                        totals[m][1] += time.perf_counter() - t0
+                for m, (n, sec) in totals.items():
+                    passes[m].append(n / sec)
         finally:
             DepthAcceptance.__init__.__defaults__ = defaults
-        tps = {m: n / s for m, (n, s) in totals.items()}
+        tps = {m: statistics.median(v) for m, v in passes.items()}
         cells = [f"{tps['plain']:.1f} tok/s"] + [
             f"{tps[m]:.1f} ({tps[m] / tps['plain']:.2f}x, tau {sum(accepted[m]) / len(accepted[m]):.2f})" for m in variants]
         print(f"{label:10} | " + " | ".join(cells), flush=True)
