@@ -62,14 +62,16 @@ def model_table(repeats: int) -> list[str]:
     from domino.fast_attention import undo_small_batch_attention, use_small_batch_attention
     from domino.fast_linear import use_small_batch_linear
     from domino.loading import smollm2_dir
+    from domino.target import cache_kwarg
 
     lines = [f"{'dtype':8} | {'tokens':>6} | {'sdpa ms':>8} | {'domino ms':>9} | speedup"]
     for dtype in (torch.float32, torch.bfloat16):
         model = use_small_batch_linear(AutoModelForCausalLM.from_pretrained(smollm2_dir(quiet=True), dtype=dtype).eval())
         prompt = torch.randint(100, 5000, (1, 150), generator=torch.Generator().manual_seed(0))
+        kv = cache_kwarg(model.forward)  # "cache" or "past_key_values" (the transformers version's)
         with torch.inference_mode():
             cache = DynamicCache()
-            model(input_ids=prompt, past_key_values=cache, use_cache=True)
+            model(input_ids=prompt, **{kv: cache}, use_cache=True)
             for k in (1, 4, 16):
                 ids = torch.randint(100, 5000, (1, k), generator=torch.Generator().manual_seed(k))
                 ms = {}
@@ -79,7 +81,7 @@ def model_table(repeats: int) -> list[str]:
                     for r in range(repeats + 2):  # a fresh copy of the cache each time; 2 warm-ups
                         c = copy.deepcopy(cache)
                         t0 = time.perf_counter()
-                        model(input_ids=ids, past_key_values=c, use_cache=True)
+                        model(input_ids=ids, **{kv: c}, use_cache=True)
                         times.append(time.perf_counter() - t0)
                     ms[impl] = statistics.median(times[2:]) * 1e3
                 lines.append(f"{str(dtype).replace('torch.', ''):8} | {k:6} | {ms['sdpa']:8.2f} | {ms['domino']:9.2f} | "

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 import domino_ops
+from domino.target import cache_kwarg
 from domino_ops import cpu
 from timing import median_seconds
 from domino.fast_attention import undo_small_batch_attention, use_small_batch_attention
@@ -62,8 +63,9 @@ def forward_times(model, cache_len: int, repeats: int, ks=KS) -> dict:
     prompt = torch.randint(0, vocab, (1, cache_len), generator=g)
     cache = DynamicCache()
     times = {}
+    kv = cache_kwarg(model.forward)  # "cache" or "past_key_values" (the transformers version's)
     with torch.inference_mode():
-        model(input_ids=prompt, past_key_values=cache, use_cache=True)
+        model(input_ids=prompt, **{kv: cache}, use_cache=True)
         for k in ks:
             ids = torch.randint(0, vocab, (1, k), generator=g)
             for rep in range(repeats + 2):  # the first two rounds are warm-up
@@ -71,7 +73,7 @@ def forward_times(model, cache_len: int, repeats: int, ks=KS) -> dict:
                     (use_small_batch_linear if linear else undo_small_batch_linear)(model)
                     (use_small_batch_attention if attention else undo_small_batch_attention)(model)
                     t0 = CLOCK()
-                    out = model(input_ids=ids, past_key_values=cache, use_cache=True)
+                    out = model(input_ids=ids, **{kv: cache}, use_cache=True)
                     dt = CLOCK() - t0
                     assert out.logits.shape[1] == k
                     cache.crop(-k)

@@ -84,3 +84,27 @@ def test_load_keeps_a_loaded_target_where_it_is():
         domino.load(target, tiny_drafter(target), IdTokenizer(), device="cuda")
     gen = domino.load(target, tiny_drafter(target), IdTokenizer())
     assert next(gen.drafter.parameters()).device == next(target.parameters()).device
+
+
+def test_the_kv_cache_goes_under_the_keyword_transformers_takes():
+    """transformers 5.24 renamed forward's and generate's ``past_key_values`` to ``cache``
+    (the old name warns, and goes in 5.40): the engine passes whichever the installed
+    version's signature has, and generating warns about neither."""
+    import warnings
+
+    from domino.target import cache_kwarg
+    from engine_cases import prompts
+    from tiny_models import tiny_generator
+
+    def new(input_ids=None, cache=None, **kw):
+        pass
+
+    def old(input_ids=None, past_key_values=None, **kw):
+        pass
+
+    assert cache_kwarg(new) == "cache" and cache_kwarg(old) == "past_key_values"
+    gen = tiny_generator("qwen3")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gen.generate(prompts(1), max_new_tokens=6, num_drafts=3)
+    assert not [w for w in caught if "past_key_values" in str(w.message)]

@@ -54,12 +54,15 @@ def verify_and_step(model, prompt_len=20, k=9, seed=1):
     g = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, 64, (1, prompt_len), generator=g)
     block = torch.randint(0, 64, (1, k), generator=g)
+    from domino.target import cache_kwarg
+
+    kv = cache_kwarg(model.forward)
     with torch.inference_mode():
         c1 = DynamicCache()
-        model(input_ids=prompt, past_key_values=c1, use_cache=True)
+        model(input_ids=prompt, use_cache=True, **{kv: c1})
         c2 = copy.deepcopy(c1)
-        big = model(input_ids=block, past_key_values=c1, use_cache=True).logits
-        steps = torch.cat([model(input_ids=block[:, i:i + 1], past_key_values=c2, use_cache=True).logits
+        big = model(input_ids=block, use_cache=True, **{kv: c1}).logits
+        steps = torch.cat([model(input_ids=block[:, i:i + 1], use_cache=True, **{kv: c2}).logits
                            for i in range(k)], 1)
     return big, steps
 

@@ -37,7 +37,7 @@ import torch
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from domino.target import bare_generation_config, special_token_ids, target_features
+from domino.target import bare_generation_config, cache_kwarg, special_token_ids, target_features
 from training.prompts import training_prompts
 
 
@@ -157,7 +157,7 @@ def regenerate(model, batch: list[list[int]], layer_ids: list[int], eos: set[int
         out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
                              pad_token_id=pad, eos_token_id=sorted(eos), temperature=None, top_k=None, top_p=None,
                              output_hidden_states=True, return_dict_in_generate=True,
-                             logits_processor=LogitsProcessorList([recorder]), past_key_values=cache)
+                             logits_processor=LogitsProcessorList([recorder]), **{cache_kwarg(model.generate): cache})
     # Target features come for free: step 0 holds the hidden states of the prompts' last
     # token, step s those of the token fed at step s. Keep the drafter's layers, in bf16.
     steps = [target_features(h, layer_ids) for h in out.hidden_states]
@@ -214,8 +214,9 @@ def _prefilled_cache(model, batch: list[list[int]], T: int, max_new_tokens: int,
             rows = order[c0:c0 + chunk]
             ids, mask = right_padded([batch[i][:-1] for i in rows], pad, model.device)
             own = DynamicCache()
-            out = model.get_decoder()(input_ids=ids, attention_mask=mask, past_key_values=own, use_cache=True,
-                                      output_hidden_states=True)
+            decoder = model.get_decoder()
+            out = decoder(input_ids=ids, attention_mask=mask, use_cache=True, output_hidden_states=True,
+                          **{cache_kwarg(decoder.forward): own})
             chunk_feats = target_features(out.hidden_states, layer_ids).to(torch.bfloat16).cpu()
             if not cache.is_initialized:
                 k = own.layers[0].keys

@@ -37,7 +37,7 @@ from domino import budget, prompts
 from domino.budget import DepthAcceptance, RoundCosts
 from domino.model import DominoDraftModel, DraftContextCache
 from domino.sampling_params import RowSampling, SamplingParams
-from domino.target import bare_generation_config, special_token_ids, target_features
+from domino.target import bare_generation_config, cache_kwarg, special_token_ids, target_features
 from domino.tree import (DEFAULT_TREE, TreeShape, check_tree_attention, compact_tree_cache, depths_tried,
                          path_acceptance, tree_attention_mask, tree_attention_supported, tree_links, verify_tree)
 from domino_ops.tree_draft import DraftTree, select_draft_nodes
@@ -106,6 +106,7 @@ class DominoGenerator:
         self.tokenizer = tokenizer
         self.eos_ids, self.pad_id = special_token_ids(target, tokenizer)
         self._costs: dict[int, RoundCosts] = {}
+        self._cache_kw = cache_kwarg(self.target.model.forward)  # "cache" or "past_key_values"
 
     @property
     def device(self) -> torch.device:
@@ -153,7 +154,7 @@ class DominoGenerator:
         float mask [b, 1, T, past + T], passed to the model as it is."""
         mask = mask.long() if mask.dtype == torch.bool else mask
         out = self.target.model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                                past_key_values=cache, use_cache=True, output_hidden_states=True)
+                                use_cache=True, output_hidden_states=True, **{self._cache_kw: cache})
         features = target_features(out.hidden_states, self.drafter.config.target_layer_ids)
         h = out.last_hidden_state[:, -1:] if last_logits_only else out.last_hidden_state
         return self.target.lm_head(h).float(), features

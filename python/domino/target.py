@@ -1,13 +1,22 @@
 """What the engine and the data pipeline read off a HF transformers target: the drafter's
-context features and the special token ids; and HF ``generate`` without the checkpoint's
+context features, the special token ids and the KV-cache keyword; and HF ``generate`` without the checkpoint's
 own logits processors."""
 
 from __future__ import annotations
 
+import inspect
 from contextlib import contextmanager
 from typing import Sequence
 
 import torch
+
+
+def cache_kwarg(fn) -> str:
+    """The keyword under which the HF callable ``fn`` (a model's ``forward``, its
+    ``generate``) takes its KV cache: ``cache`` from transformers 5.24 on (there
+    ``past_key_values`` is deprecated, to be removed in 5.40), else ``past_key_values``.
+    Read it once per model: inspecting a signature costs tens of microseconds."""
+    return "cache" if "cache" in inspect.signature(fn).parameters else "past_key_values"
 
 
 def target_features(hidden_states: Sequence[torch.Tensor], layer_ids: Sequence[int]) -> torch.Tensor:
