@@ -44,6 +44,7 @@ from pathlib import Path
 import torch
 
 import domino
+import domino_ops
 from domino.loading import DEFAULT_DRAFTER_DIR, smollm2_dir
 from domino_ops import cpu
 from eval_acceptance import chat_prompts, humaneval_prompts
@@ -166,8 +167,6 @@ def cmd_compare(args) -> None:
             rows.append({**summarize(name, passes[name]), "config": config, "pass_ratio": statistics.median(ratios)})
     plains = {r["config"]: r for r in rows if r["name"] == "plain HF greedy"}
     fastest = max(plains.values(), key=lambda r: r["tps"])
-    import domino_ops
-
     head = (f"\n{'HumanEval prompts %d..%d' % (args.offset, args.offset + len(prompts) - 1) if not args.chat else 'held-out chat prompts (%d)' % len(prompts)}, "
             f"greedy, max_new_tokens={args.max_new_tokens}, median of {args.repeats}; {cpu.model()} "
             f"(head kernels {cpu.isa()}, small_batch_linear {domino_ops.small_batch_linear_isa()}), "

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 import domino_ops
 from domino.fast_attention import undo_small_batch_attention, use_small_batch_attention
 from domino.fast_linear import undo_small_batch_linear, use_small_batch_linear, uses_small_batch_linear
+from domino.target import cache_kwarg
 from engine_cases import assert_mostly_multi_token, cheap_verification
 from tiny_models import IdTokenizer, tiny_drafter, tiny_target
 
@@ -54,8 +55,6 @@ def verify_and_step(model, prompt_len=20, k=9, seed=1):
     g = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, 64, (1, prompt_len), generator=g)
     block = torch.randint(0, 64, (1, k), generator=g)
-    from domino.target import cache_kwarg
-
     kv = cache_kwarg(model.forward)
     with torch.inference_mode():
         c1 = DynamicCache()

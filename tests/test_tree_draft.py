@@ -185,7 +185,7 @@ def test_sampled_tree_keeps_every_draw_and_carries_the_draft_distributions():
                 continue
             S = state[b]
             for tok in path:
-                S = reference._gru_cell(table[tok], w_hh @ S, S)
+                S = reference.gru_cell(table[tok], w_hh @ S, S)
             d = len(path)
             L = base[b, d] + w2 @ torch.nn.functional.silu(hproj[b, d] + w1s @ S)
             want = domino_ops.filtered_probs(L[None], temperature=0.8, top_k=20)[0]

@@ -28,6 +28,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 import domino_ops
+from domino_ops.reference import gru_cell
 from domino.budget import Calibration
 from domino.config import DominoConfig
 from domino.fast_linear import uses_small_batch_linear
@@ -344,19 +345,18 @@ class DominoDraftModel(nn.Module):
     def gru_state(self, tokens: torch.Tensor) -> torch.Tensor:
         """GRU state [b, G] float32 after consuming tokens [b, n >= 1] from a zero state.
 
-        The cell in float32 from the weights' products, as the head kernels step it (and
-        ``nn.GRU`` up to rounding). A round's root state is one step from zero, which needs
-        no ``w_hh`` product (the GRU has no biases): one small product and a few elementwise
-        ops, where calling ``nn.GRU`` cost ~0.1 ms warm and ~0.3 ms in a round (cold)."""
+        The reference's float32 cell from the weights' products, as the head kernels step it
+        (and ``nn.GRU`` up to rounding). A round's root state is one step from zero, which
+        needs no ``w_hh`` product (the GRU has no biases): one small product and a few
+        elementwise ops, where calling ``nn.GRU`` cost ~0.1 ms warm and ~0.3 ms in a round (cold)."""
         w_ih, w_hh = self.prefix_gru.weight_ih_l0, self.prefix_gru.weight_hh_l0
         gi = F.linear(self.embed_tokens(tokens).to(w_ih.dtype), w_ih).float()  # [b, n, 3G]
-        ir, iz, in_ = gi[:, 0].chunk(3, dim=-1)
-        state = (1 - torch.sigmoid(iz)) * torch.tanh(in_)  # the first step: hidden products of 0
-        for t in range(1, tokens.shape[1]):
-            ir, iz, in_ = gi[:, t].chunk(3, dim=-1)
-            hr, hz, hn = F.linear(state.to(w_hh.dtype), w_hh).float().chunk(3, dim=-1)
-            r, z = torch.sigmoid(ir + hr), torch.sigmoid(iz + hz)
-            state = (1 - z) * torch.tanh(in_ + r * hn) + z * state
+        state = gi.new_zeros(gi.shape[0], w_hh.shape[1])
+        hidden = torch.zeros_like(gi[:, 0])  # w_hh @ 0 at the first step
+        for t in range(tokens.shape[1]):
+            if t:
+                hidden = F.linear(state.to(w_hh.dtype), w_hh).float()
+            state = gru_cell(gi[:, t], hidden, state)
         return state
 
     def block_input(self, anchor: torch.Tensor, anchor_pos: torch.Tensor):

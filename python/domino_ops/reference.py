@@ -43,7 +43,7 @@ def sample_from_logits(logits: torch.Tensor, temperature, top_k, top_p,
     return tokens, logprobs.float()
 
 
-def _gru_cell(gi: torch.Tensor, gh: torch.Tensor, S: torch.Tensor) -> torch.Tensor:
+def gru_cell(gi: torch.Tensor, gh: torch.Tensor, S: torch.Tensor) -> torch.Tensor:
     """torch.nn.GRUCell without biases, from precomputed input and hidden projections."""
     ir, iz, in_ = gi.chunk(3, dim=-1)
     hr, hz, hn = gh.chunk(3, dim=-1)
@@ -81,7 +81,7 @@ def domino_head_rollout(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w
         else:
             gi = F.linear(gru_input[x], w_ih).to(acc)
         gh = F.linear(S.to(w_hh.dtype), w_hh).to(acc)
-        S = _gru_cell(gi, gh, S)
+        S = gru_cell(gi, gh, S)
     return tokens, logprobs, S.float()
 
 
@@ -136,7 +136,7 @@ def domino_head_expand(base_logits, hproj, node_state, node_seq, node_depth, gru
     x = tokens.reshape(-1)
     gi = (gru_input[x] if w_ih is None else F.linear(gru_input[x], w_ih)).to(acc)
     gh = F.linear(S.to(w_hh.dtype), w_hh).to(acc).repeat_interleave(num_children, dim=0)
-    child_state = _gru_cell(gi, gh, S.repeat_interleave(num_children, dim=0))
+    child_state = gru_cell(gi, gh, S.repeat_interleave(num_children, dim=0))
     return tokens, logprobs, child_state.view(Fn, num_children, -1).float(), L.float()
 
 
