@@ -15,6 +15,11 @@
 # bench: the GPU half of bench_head.py (CUDA vs Triton vs eager, plain and in CUDA graphs,
 #        both shapes; the tree step on the GPU) and bench_tree.py; the CPU tree-step and
 #        row-op tables (and, with AVX-512, the CPU rollout table) per build. ~5 minutes.
+# all:   test, then a smaller bench, in ONE call sized for a 15-device-minute lease
+#        (a fresh machine takes 1-2 minutes to start and goes back 30 s after a call, so a
+#        second call rarely finds it warm): the GPU tests (240 s), the GPU rollout table at
+#        batch 1 and 32 in bf16 and the GPU tree-step table (200 s), bench_tree.py (60 s).
+#        Each step's log lands in $OUT as it runs, so a step cut off still reports.
 # profile: the per-kernel split of a paper-shape rollout step and expand step (torch
 #        profiler), for the kernel that dominates.
 #
@@ -23,7 +28,7 @@
 # scikit-build-core, cmake and ninja; tests that need SmolLM2 or HumanEval are not run.
 # Record the device, the date and the numbers in benchmarks/README.md.
 set -uo pipefail
-PHASE=${1:?usage: gpu_session.sh build|test|bench|profile}
+PHASE=${1:?usage: gpu_session.sh build|test|bench|all|profile}
 OUT=${OUT:-/tmp/gpu_session}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -73,8 +78,24 @@ bench)
   echo "== bench_tree.py"
   timeout 120 python3 benchmarks/bench_tree.py --quick 2>&1 | tee "$OUT/bench_tree.txt" | tail -30
   ;;
+all)
+  echo "== kernel tests on the GPU (real CUDA tensors, compiled Triton)"
+  timeout 220 python3 -m pytest -q -p no:cacheprovider -n 8 -rfEs --durations=15 -k "((cuda or triton) and not emulated_cuda) or libstdcxx or extension_raises" \
+    tests/test_op_registration.py tests/test_cuda_graph.py tests/test_kernel_backends.py tests/test_domino_head_expand.py \
+    tests/test_build_tree_kernel_efficient.py tests/test_verify_tree_greedy.py tests/test_verify_tree_sampling.py \
+    tests/test_tree_speculative_sampling_target_only.py tests/test_small_batch_linear.py tests/test_bad_input.py \
+    > "$OUT/tests_gpu.log" 2>&1
+  tail -25 "$OUT/tests_gpu.log"
+  echo "== bench_head.py: GPU rollout table (bf16, b = 1 and 32) and GPU tree-step table"
+  timeout 180 python3 benchmarks/bench_head.py --shapes small paper --batches 1 32 --dtypes bf16 --repeats 3 \
+    --no-rollout --tree-frontiers 4 16 64 --ops-batches > "$OUT/bench_head.txt" 2>&1
+  grep -v "^CPU\|cpu" "$OUT/bench_head.txt" | head -60
+  echo "== bench_tree.py"
+  timeout 60 python3 benchmarks/bench_tree.py --quick > "$OUT/bench_tree.txt" 2>&1
+  tail -30 "$OUT/bench_tree.txt"
+  ;;
 profile)
   timeout 200 python3 benchmarks/profile_head_gpu.py 2>&1 | tee "$OUT/profile.txt" | tail -60
   ;;
-*) echo "unknown phase $PHASE (build|test|bench|profile)"; exit 2 ;;
+*) echo "unknown phase $PHASE (build|test|bench|all|profile)"; exit 2 ;;
 esac
