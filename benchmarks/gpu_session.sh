@@ -20,6 +20,8 @@
 #        second call rarely finds it warm): the GPU tests (240 s), the GPU rollout table at
 #        batch 1 and 32 in bf16 and the GPU tree-step table (200 s), bench_tree.py (60 s).
 #        Each step's log lands in $OUT as it runs, so a step cut off still reports.
+# expand: after a change to the expand kernels: their GPU tests and CUDA-graph capture,
+#        the GPU tree-step table (and the batch-1 bf16 rollout rows), the profile. ~4 minutes.
 # profile: the per-kernel split of a paper-shape rollout step and expand step (torch
 #        profiler), for the kernel that dominates.
 #
@@ -28,7 +30,7 @@
 # scikit-build-core, cmake and ninja; tests that need SmolLM2 or HumanEval are not run.
 # Record the device, the date and the numbers in benchmarks/README.md.
 set -uo pipefail
-PHASE=${1:?usage: gpu_session.sh build|test|bench|all|profile}
+PHASE=${1:?usage: gpu_session.sh build|test|bench|all|expand|profile}
 OUT=${OUT:-/tmp/gpu_session}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -94,8 +96,20 @@ all)
   timeout 60 python3 benchmarks/bench_tree.py --quick > "$OUT/bench_tree.txt" 2>&1
   tail -30 "$OUT/bench_tree.txt"
   ;;
+expand)
+  echo "== expand kernel tests on the GPU"
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -n 8 -rfEs -k "(cuda or triton) and not emulated_cuda" \
+    tests/test_domino_head_expand.py tests/test_cuda_graph.py tests/test_tree_draft.py > "$OUT/tests_expand.log" 2>&1
+  tail -15 "$OUT/tests_expand.log"
+  echo "== bench_head.py: the tree step on the GPU"
+  timeout 120 python3 benchmarks/bench_head.py --shapes small paper --batches 1 --dtypes bf16 --no-rollout \
+    --tree-frontiers 4 16 64 --ops-batches > "$OUT/bench_head.txt" 2>&1
+  sed -n '/tree step on the GPU/,/^$/p' "$OUT/bench_head.txt"
+  timeout 60 python3 benchmarks/profile_head_gpu.py > "$OUT/profile.txt" 2>&1
+  grep -E "^==|kernel" "$OUT/profile.txt" | cut -c1-70,180-215
+  ;;
 profile)
   timeout 200 python3 benchmarks/profile_head_gpu.py 2>&1 | tee "$OUT/profile.txt" | tail -60
   ;;
-*) echo "unknown phase $PHASE (build|test|bench|all|profile)"; exit 2 ;;
+*) echo "unknown phase $PHASE (build|test|bench|all|expand|profile)"; exit 2 ;;
 esac

@@ -7,6 +7,9 @@
 //     node_logits, with the rollout's per-tile log-sum-exp partials; each w2 tile is loaded
 //     once per group of 8 nodes, so a frontier of up to 8 nodes streams w2 once from HBM
 //     (and re-reads each tile from L1/L2 per further group), never once per node
+//   expand_chunk_best_kernel (grid (chunks, n), T = 0 only): each block the greedy-order
+//     best min(m, 8) of one kChooseChunk-long slice of a node's logits row, so the whole
+//     GPU scans the rows, not one block per node
 //   expand_choose_kernel (grid n, below): the node's m children
 //   head_gru_kernel    (grid (G / warps, n * m)): S_child = GRUCell(E[child], S), one block
 //     row per child; the w_hh rows are re-read per child (from L2 after the first).
@@ -14,8 +17,9 @@
 // gives exactly the CUDA rollout's tokens, log-probabilities and states.
 //
 // Children, T = 0: the node's best m tokens of its logits row in the greedy order (NaN
-// first, then descending, ties by index), the first 8 in one pass (best_tokens_one_pass),
-// any further one by one more block-wide argmax pass each; each log-probability
+// first, then descending, ties by index): the first 8 merged from the slices' candidates
+// (each of the row's best 8 is among its own slice's best 8), any further one by one more
+// block-wide argmax pass over the row each; each log-probability
 // L[x] - (max + log(sum)) from the merged tile partials (for the first child exactly the
 // rollout's). T > 0: the filtered weights of the row (row_sampler.cuh, as `sample`) into a
 // float64 workspace row, then m inverse-CDF draws each followed by zeroing the drawn token;
@@ -25,7 +29,7 @@
 //
 // Bytes per step (the floor): w2 (V*r), w1s (r*G), w_hh (3G*G) and w_ih (3G*H) or n*m
 // table rows, plus n base-logit rows read and n logits rows of V floats written and read
-// back by the choose kernel (one pass for m <= 8, L2-resident at small n). At the paper shape in
+// back by the slice kernel (one pass for m <= 8, L2-resident at small n). At the paper shape in
 // bf16 a frontier of 8 nodes moves w2 (77.8 MB) once: ~25 us at 3.35 TB/s, the logits
 // kernel's HBM stream being the limit, as in a batch-8 rollout step. A node index out of
 // range is clamped (head_row), never an address.
@@ -41,32 +45,43 @@ constexpr int kOnePassChildren = 8;
 // Row loads each thread has in flight per iteration of that pass.
 constexpr int kLoadsInFlight = 4;
 
-// tokens[0, count) = the row's first `count` (<= kOnePassChildren) tokens in the greedy
-// order, in one pass over row[0:V]. Each thread keeps its strided slice's best
-// kOnePassChildren, sorted, in registers (indexed only by unrolled constants: a select by
-// a run-time index, even written as a chain of selects, made nvcc put the array in local
-// memory), with kLoadsInFlight loads issued before they are used: the old
-// way, `count` block-wide argmax passes of one dependent load per thread per iteration,
-// was bound by memory latency with one block per node (~225 us per pass at V = 151936 on
-// an H100, 2026-11-23). Then `count` block-wide argmax rounds over the threads' next
-// unused candidates (the head of its list, shifted out when taken). Exact: each of the
-// row's best `count` is among its own thread's best kOnePassChildren. Written by thread 0;
-// ends with a barrier.
-__device__ void best_tokens_one_pass(const float* row, int64_t V, int count, int64_t* tokens, RowScratch& sh) {
+// Logits per slice of a row in the T = 0 child search (expand_chunk_best_kernel): at the
+// paper's V = 151936, 38 blocks per node, each thread 16 loads. Under the emulator a slice
+// is one load per thread, so the tests' small rows span several slices.
+#ifdef DOMINO_SIMT
+constexpr int64_t kChooseChunk = kBlockThreads;
+#else
+constexpr int64_t kChooseChunk = 4096;
+#endif
+
+// best[0, count) = the first `count` (<= kOnePassChildren) of the entries load(0..len) in
+// the greedy order, {-inf, INT64_MAX} past the last entry, in one pass: each thread keeps
+// its strided slice's best kOnePassChildren, sorted, in registers (indexed only by
+// unrolled constants: a select by a run-time index, even written as a chain of selects,
+// made nvcc put the array in local memory), with kLoadsInFlight loads issued before they
+// are used: the first way, `count` block-wide argmax passes of one dependent load per
+// thread per iteration, was bound by memory latency with one block per node (~225 us per
+// pass at V = 151936 on an H100, 2026-11-23). Then `count` block-wide argmax rounds over
+// the threads' next unused candidates (the head of its list, shifted out when taken).
+// Exact: each of the best `count` is among its own thread's best kOnePassChildren.
+// load(j) gives entry j's {value, token}; tokens are distinct. Written by thread 0; ends
+// with a barrier.
+template <typename Load>
+__device__ void best_of_one_pass(Load load, int64_t len, int count, ArgMax* best, RowScratch& sh) {
   const ArgMax none{-INFINITY, INT64_MAX};  // after every real entry, a -inf one included
   ArgMax top[kOnePassChildren];
 #pragma unroll
   for (int i = 0; i < kOnePassChildren; ++i) top[i] = none;
   ArgMax floor = none;  // top[kOnePassChildren - 1]: what a new entry must beat
   const int64_t stride = blockDim.x;
-  for (int64_t j0 = threadIdx.x; j0 < V; j0 += kLoadsInFlight * stride) {
-    float v[kLoadsInFlight];
+  for (int64_t j0 = threadIdx.x; j0 < len; j0 += kLoadsInFlight * stride) {
+    ArgMax v[kLoadsInFlight];
 #pragma unroll
-    for (int u = 0; u < kLoadsInFlight; ++u) v[u] = j0 + u * stride < V ? row[j0 + u * stride] : 0.0f;
+    for (int u = 0; u < kLoadsInFlight; ++u) v[u] = j0 + u * stride < len ? load(j0 + u * stride) : none;
 #pragma unroll
     for (int u = 0; u < kLoadsInFlight; ++u) {
-      ArgMax x{v[u], j0 + u * stride};
-      if (x.idx < V && greedy_before(x, floor)) {
+      ArgMax x = v[u];
+      if (greedy_before(x, floor)) {
 #pragma unroll
         for (int i = 0; i < kOnePassChildren; ++i) {  // insert in order; the last drops out
           const bool move = greedy_before(x, top[i]);
@@ -79,15 +94,35 @@ __device__ void best_tokens_one_pass(const float* row, int64_t V, int count, int
     }
   }
   for (int c = 0; c < count; ++c) {
-    const ArgMax best = block_argmax(top[0], sh.argmax);
-    if (top[0].idx == best.idx && best.idx != INT64_MAX) {  // tokens are distinct: one thread
+    const ArgMax b = block_argmax(top[0], sh.argmax);
+    if (top[0].idx == b.idx && b.idx != INT64_MAX) {  // tokens are distinct: one thread
 #pragma unroll
       for (int i = 0; i + 1 < kOnePassChildren; ++i) top[i] = top[i + 1];
       top[kOnePassChildren - 1] = none;
     }
-    if (threadIdx.x == 0) tokens[c] = best.idx;
+    if (threadIdx.x == 0) best[c] = b;
   }
   __syncthreads();
+}
+
+// The T = 0 candidates of every slice of every node's row: [n, chunks, min(m, 8)].
+struct ChunkCandidates {
+  ArgMax* best;
+  int64_t chunks;
+  int per;  // candidates per slice: min(m, kOnePassChildren)
+};
+
+__host__ __device__ inline int64_t choose_chunks(int64_t V) { return (V + kChooseChunk - 1) / kChooseChunk; }
+
+// Block (chunk, node): the greedy-order best `per` of the node's logits in its slice.
+__global__ void __launch_bounds__(kBlockThreads)
+expand_chunk_best_kernel(HeadRolloutArgs args, ChunkCandidates cand) {
+  __shared__ RowScratch row_sh;
+  const int64_t f = blockIdx.y, chunk = blockIdx.x, V = args.V;
+  const int64_t begin = chunk * kChooseChunk, len = min(V - begin, kChooseChunk);
+  const float* L = args.node_logits + f * V + begin;
+  best_of_one_pass([&](int64_t j) { return ArgMax{L[j], begin + j}; }, len, cand.per,
+                   cand.best + (f * cand.chunks + chunk) * cand.per, row_sh);
 }
 
 // Block-wide argmax of row[0:V] in the greedy order, skipping the `count` tokens in taken.
@@ -104,7 +139,7 @@ __device__ int64_t best_remaining(const float* row, int64_t V, const int64_t* ta
 
 // One block per node: its m children and their log-probabilities.
 __global__ void __launch_bounds__(kBlockThreads, 1)
-expand_choose_kernel(HeadRolloutArgs args, int tiles, double* weights) {
+expand_choose_kernel(HeadRolloutArgs args, int tiles, double* weights, ChunkCandidates cand) {
   __shared__ MergeScratch merge_sh;
   __shared__ RowScratch row_sh;
   const int64_t f = blockIdx.x, V = args.V, m = args.m;
@@ -154,8 +189,13 @@ expand_choose_kernel(HeadRolloutArgs args, int tiles, double* weights) {
   Race q;
   merge_tile_partials(ws, f, tiles, l, q, merge_sh);
   const float lse = l.m + logf(l.s);
-  c = m < kOnePassChildren ? m : kOnePassChildren;
-  best_tokens_one_pass(L, V, static_cast<int>(c), tokens, row_sh);
+  c = cand.per;  // the best of the slices' candidates, in one pass
+  __shared__ ArgMax first[kOnePassChildren];
+  const ArgMax* mine = cand.best + f * cand.chunks * cand.per;
+  best_of_one_pass([&](int64_t j) { return mine[j]; }, cand.chunks * cand.per, static_cast<int>(c), first, row_sh);
+  if (threadIdx.x == 0)
+    for (int64_t i = 0; i < c; ++i) tokens[i] = first[i].idx;
+  __syncthreads();
   for (; c < m; ++c) {  // beyond kOnePassChildren: one pass per child
     const int64_t x = best_remaining(L, V, tokens, c, row_sh);
     if (threadIdx.x == 0) tokens[c] = x;
@@ -174,6 +214,11 @@ cudaError_t launch_expand_typed(const HeadRolloutArgs& args, cudaStream_t stream
   const size_t logits_smem = static_cast<size_t>(kGroup * args.r) * sizeof(float);
   const size_t input_smem = static_cast<size_t>(args.G) * sizeof(float);
   const size_t gru_smem = static_cast<size_t>(args.G + (args.w_ih ? args.H : 0)) * sizeof(float);
+  // the workspace past the rollout's: the T = 0 slice candidates, then the T > 0 weights
+  int64_t floats = head_rollout_workspace_floats(args.b, args.V, args.r, args.G, false);
+  floats += floats % 4;  // 16-byte aligned: ArgMax holds an int64
+  const int per = static_cast<int>(args.m < kOnePassChildren ? args.m : kOnePassChildren);
+  const ChunkCandidates cand{reinterpret_cast<ArgMax*>(args.workspace + floats), choose_chunks(args.V), per};
   double* weights = reinterpret_cast<double*>(args.workspace + head_expand_workspace_floats(args.b, args.V, args.r,
                                                                                            args.G, false));
   auto logits_kernel = head_logits_kernel<TL, TW>;
@@ -182,7 +227,11 @@ cudaError_t launch_expand_typed(const HeadRolloutArgs& args, cudaStream_t stream
   if (err == cudaSuccess)
     err = DOMINO_LAUNCH(logits_kernel, dim3(static_cast<unsigned>(tiles)), block, logits_smem, stream, args,
                         int64_t{0}, tiles);
-  if (err == cudaSuccess) err = DOMINO_LAUNCH(expand_choose_kernel, dim3(n), block, 0, stream, args, tiles, weights);
+  if (err == cudaSuccess && !args.sampling.may_sample())
+    err = DOMINO_LAUNCH(expand_chunk_best_kernel, dim3(static_cast<unsigned>(cand.chunks), n), block, 0, stream, args,
+                        cand);
+  if (err == cudaSuccess)
+    err = DOMINO_LAUNCH(expand_choose_kernel, dim3(n), block, 0, stream, args, tiles, weights, cand);
   if (err == cudaSuccess)
     err = DOMINO_LAUNCH(head_gru_kernel<TW>,
                         dim3(static_cast<unsigned>((args.G + warps - 1) / warps), static_cast<unsigned>(args.b * args.m)),
@@ -194,7 +243,8 @@ cudaError_t launch_expand_typed(const HeadRolloutArgs& args, cudaStream_t stream
 
 int64_t head_expand_workspace_floats(int64_t n, int64_t V, int64_t r, int64_t G, bool may_sample) {
   int64_t floats = head_rollout_workspace_floats(n, V, r, G, false);
-  floats += floats % 2;  // the float64 rows start 8-byte aligned
+  floats += floats % 4;  // the slice candidates (ArgMax: 16 bytes each) start 16-byte aligned
+  floats += n * choose_chunks(V) * kOnePassChildren * static_cast<int64_t>(sizeof(ArgMax) / sizeof(float));
   return floats + (may_sample ? 2 * n * V : 0);
 }
 

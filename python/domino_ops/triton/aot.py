@@ -83,8 +83,13 @@ def _expand_specs(wt):
             "r": "i32", "tiles": "i32", "GREEDY": not sampled, "TILE": head.TILE_V, "BLOCK_R": 32}))
         specs.append((f"_expand_children_kernel[{wt},sampled={sampled}]", expand._expand_children_kernel, {
             "partial_ptr": "*fp32", "logits_ptr": "*fp32", "w_ptr": "*fp64", "uniforms_ptr": "*fp64",
-            "tokens_ptr": "*i64", "logprobs_ptr": "*fp32", "params_ptr": "*fp32", "top_k_ptr": "*i64", "m": "i32",
-            "V": "i32", "tiles": "i32", "SAMPLED": sampled, "BLOCK_T": 1024, "BLOCK_V": BLOCK_V}))
+            "tokens_ptr": "*i64", "logprobs_ptr": "*fp32", "params_ptr": "*fp32", "top_k_ptr": "*i64",
+            "cand_val_ptr": "*fp32", "cand_idx_ptr": "*i64", "m": "i32", "V": "i32", "tiles": "i32", "n_cand": "i32",
+            "n_first": "i32",
+            "SAMPLED": sampled, "BLOCK_T": 1024, "BLOCK_V": BLOCK_V, "BLOCK_CAND": 512}))
+    specs.append((f"_expand_chunk_best_kernel[{wt}]", expand._expand_chunk_best_kernel, {
+        "logits_ptr": "*fp32", "cand_val_ptr": "*fp32", "cand_idx_ptr": "*i64", "V": "i32", "chunks": "i32",
+        "PER": expand.ONE_PASS_CHILDREN, "CHUNK": expand.CHOOSE_CHUNK_GPU}))
     for table in (True, False):
         specs.append((f"_expand_gru_kernel[{wt},table={table}]", expand._expand_gru_kernel, {
             "tokens_ptr": "*i64", "state_ptr": "*fp32", "child_state_ptr": "*fp32", "gru_input_ptr": f"*{wt}",

@@ -10,8 +10,13 @@ gives exactly the Triton rollout's tokens, log-probabilities and states:
   ``L = base[seq, depth] + w2_tile @ a`` written to node_logits, with the greedy tile
   partials; each program loads its w2 tile from HBM once for the whole frontier (the
   other nodes re-read it from L1/L2), never once per node from HBM;
-- ``_expand_children_kernel``, grid (n,): the node's m children (T = 0: m argmax passes
-  over its logits row, the chosen excluded, log-probabilities from the tile partials' log-sum-exp;
+- ``_expand_chunk_best_kernel``, grid (n, V / CHUNK), T = 0 only: the greedy-order best
+  min(m, 8) of one CHUNK-long slice of a node's logits row, so the whole GPU scans the rows
+  (one program per node took ~450 us at V = 151936 on an H100, 2026-11-26);
+- ``_expand_children_kernel``, grid (n,): the node's m children (T = 0: the first min(m, 8)
+  merged from the slices' candidates, each of the row's best 8 being among its own slice's
+  best 8, any further one by an argmax pass over the row, the chosen excluded;
+  log-probabilities from the tile partials' log-sum-exp;
   T > 0: the filtered weights (row_sampler.filter_row) into a float64 workspace row, then m
   inverse-CDF draws without replacement, then the best remaining tokens at -inf);
 - ``_expand_gru_kernel``, grid (n * m, G / BLOCK_J): BLOCK_J rows of each child's GRU
@@ -89,6 +94,51 @@ def _best_remaining(row_ptr, V, taken_ptr, count, BLOCK: tl.constexpr):
     return tl.where(nan_idx < V, nan_idx, best_idx)
 
 
+@triton.jit
+def _greedy_pick(val, idx, ok, NONE):
+    """The first entry in the greedy order (the NaN of lowest index, else the maximum of
+    lowest index) of the entries (val, idx) where ok: (its value, its index), or (-inf,
+    NONE) when none is ok."""
+    nan_idx = tl.min(tl.where(ok & (val != val), idx, NONE), 0)
+    num = ok & (val == val)
+    mx = tl.max(tl.where(num, val, -float("inf")), 0)
+    best = tl.min(tl.where(num & (val == mx), idx, NONE), 0)
+    is_nan = nan_idx < NONE
+    return tl.where(is_nan, float("nan"), mx), tl.where(is_nan, nan_idx, best)
+
+
+# Children per greedy node taken from the slices' candidates; more take an argmax pass over
+# the row each (_best_remaining), as the CUDA kernel.
+ONE_PASS_CHILDREN = 8
+
+
+# Logits per slice in the greedy child search: 4096 on a GPU (38 programs per node at
+# V = 151936); 64 under the interpreter (CPU tensors), so the tests' small rows span several.
+CHOOSE_CHUNK_GPU = 4096
+CHOOSE_CHUNK_INTERPRETED = 64
+
+
+def choose_chunk(device: torch.device) -> int:
+    """Logits per slice of the greedy child search on ``device``."""
+    return CHOOSE_CHUNK_INTERPRETED if device.type == "cpu" else CHOOSE_CHUNK_GPU
+
+
+@triton.jit
+def _expand_chunk_best_kernel(logits_ptr, cand_val_ptr, cand_idx_ptr, V, chunks, PER: tl.constexpr,
+                              CHUNK: tl.constexpr):
+    f = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1).to(tl.int64)
+    offs = c * CHUNK + tl.arange(0, CHUNK)
+    ok = offs < V
+    x = tl.load(logits_ptr + f * V + offs, mask=ok, other=0.0)
+    out = (f * chunks + c) * PER
+    for j in tl.static_range(PER):  # the slice's best PER, each excluded once taken
+        val, idx = _greedy_pick(x, offs, ok, V)
+        tl.store(cand_val_ptr + out + j, val)
+        tl.store(cand_idx_ptr + out + j, idx)  # V: fewer than PER entries in the slice
+        ok = ok & (offs != idx)
+
+
 GREEDY_CHILDREN_WARPS = 8  # the greedy argmax passes: more threads, and no spills
 
 
@@ -100,8 +150,8 @@ def children_warps(sampled: bool) -> int:
 
 @triton.jit
 def _expand_children_kernel(partial_ptr, logits_ptr, w_ptr, uniforms_ptr, tokens_ptr, logprobs_ptr, params_ptr,
-                            top_k_ptr, m, V, tiles, SAMPLED: tl.constexpr, BLOCK_T: tl.constexpr,
-                            BLOCK_V: tl.constexpr):
+                            top_k_ptr, cand_val_ptr, cand_idx_ptr, m, V, tiles, n_cand, n_first, SAMPLED: tl.constexpr,
+                            BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_CAND: tl.constexpr):
     f = tl.program_id(0).to(tl.int64)
     L_row = logits_ptr + f * V
     tok_row = tokens_ptr + f * m
@@ -140,7 +190,18 @@ def _expand_children_kernel(partial_ptr, logits_ptr, w_ptr, uniforms_ptr, tokens
             tl.debug_barrier()
     else:
         _, _, lse = choose_from_partials(partial_ptr, f, tiles, V, False, BLOCK_T)
-        for j in range(0, m):
+        # the first n_first = min(m, 8): from the node's n_cand slice candidates
+        offs_c = tl.arange(0, BLOCK_CAND)
+        cval = tl.load(cand_val_ptr + f * n_cand + offs_c, mask=offs_c < n_cand, other=0.0)
+        cidx = tl.load(cand_idx_ptr + f * n_cand + offs_c, mask=offs_c < n_cand, other=V)
+        ok = cidx < V
+        for j in range(0, n_first):
+            _, x = _greedy_pick(cval, cidx, ok, V)
+            ok = ok & (cidx != x)
+            tl.store(tok_row + j, x)
+            tl.store(lp_row + j, tl.load(L_row + x) - lse)
+        tl.debug_barrier()
+        for j in range(n_first, m):
             x = _best_remaining(L_row, V, tok_row, j, BLOCK_V).to(tl.int64)
             tl.store(tok_row + j, x)
             tl.store(lp_row + j, tl.load(L_row + x) - lse)
@@ -171,6 +232,10 @@ def domino_head_expand(base_logits, hproj, node_state, node_seq, node_depth, gru
     a = torch.empty(n, r, dtype=torch.float32, device=dev)
     partials = torch.empty(n, tiles, 6, dtype=torch.float32, device=dev)
     weights = torch.empty(n, V, dtype=torch.float64, device=dev) if sampled else partials
+    chunk = choose_chunk(dev)
+    chunks, per = triton.cdiv(V, chunk), min(m, ONE_PASS_CHILDREN)
+    cand_val = torch.empty(n, chunks * per, dtype=torch.float32, device=dev)
+    cand_idx = torch.empty(n, chunks * per, dtype=torch.int64, device=dev)
     # Filled on the device (torch.tensor would copy from the host, which a CUDA graph
     # capture refuses; fills are captured as kernels with the values baked in).
     params = torch.full((2,), temperature, dtype=torch.float32, device=dev)
@@ -181,10 +246,13 @@ def domino_head_expand(base_logits, hproj, node_state, node_seq, node_depth, gru
                                                        r, G, BLOCK_C=BLOCK_C, BLOCK_R=block_r)
     _expand_logits_kernel[(tiles,)](base_logits, w2, a, node_seq, node_depth, partials, node_logits, n, seqs, k, V,
                                     r, tiles, GREEDY=not sampled, TILE=TILE_V, BLOCK_R=block_r)
+    if not sampled:
+        _expand_chunk_best_kernel[(n, chunks)](node_logits, cand_val, cand_idx, V, chunks, PER=per, CHUNK=chunk)
     _expand_children_kernel[(n,)](partials, node_logits, weights, uniforms if sampled else partials, child_tokens,
-                                  child_logprobs, params, top_k_t, m, V, tiles, SAMPLED=sampled,
-                                  BLOCK_T=min(1024, triton.next_power_of_2(tiles)),
-                                  BLOCK_V=min(BLOCK_V, triton.next_power_of_2(V)), num_warps=children_warps(sampled))
+                                  child_logprobs, params, top_k_t, cand_val, cand_idx, m, V, tiles, chunks * per, per,
+                                  SAMPLED=sampled, BLOCK_T=min(1024, triton.next_power_of_2(tiles)),
+                                  BLOCK_V=min(BLOCK_V, triton.next_power_of_2(V)),
+                                  BLOCK_CAND=triton.next_power_of_2(chunks * per), num_warps=children_warps(sampled))
     _expand_gru_kernel[(n * m, triton.cdiv(G, BLOCK_J))](
         child_tokens, node_state, child_state, gru_input, w_ih if w_ih is not None else w_hh, w_hh, m, G, H,
         TABLE=w_ih is None, BLOCK_C=BLOCK_C, BLOCK_J=BLOCK_J, num_warps=GRU_WARPS)
