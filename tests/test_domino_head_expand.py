@@ -152,13 +152,14 @@ def test_gpu_greedy_children_with_ties_and_nans(backend, m):
     """With w2 = 0 the node's logits are its base row exactly, so the children must be the
     greedy order of that row token for token: NaN first, then descending, ties by the lower
     index (here many: the row is rounded to halves). m = 8 is the CUDA choose kernel's
-    one-pass limit, 11 goes past it (the further children one pass each). The CUDA kernel
-    merges per-slice candidates (64-logit slices under the emulator, so 300 spans five with
-    a partial last one; 4096 on a GPU, where the row is 9000: three)."""
+    one-pass limit, 11 goes past it (the further children one pass each). The kernels merge
+    per-slice candidates: 64-logit slices under the emulator and the interpreter, so 260
+    spans five; 4096 on a GPU, where the row is 8196: three. Either way the last slice
+    holds 4 logits, fewer than the 8 candidates a slice gives."""
     g = torch.Generator().manual_seed(m)
-    V, G, r, n = 9000 if backend == "cuda" else 300, 4, 2, 3
+    V, G, r, n = 8196 if device_of(backend) == "cuda" else 260, 4, 2, 3
     base = (torch.randn(2, 1, V, generator=g) * 2).round() / 2
-    base[1, 0, [7, 250, 3]] = float("nan")
+    base[1, 0, [7, 258, 3]] = float("nan")
     inputs = (base, torch.zeros(2, 1, r), None, torch.randn(V, 3 * G, generator=g), None,
               torch.randn(3 * G, G, generator=g), torch.randn(r, G, generator=g), torch.zeros(V, r))
     frontier = (torch.randn(n, G, generator=g), torch.tensor([0, 1, 1]), torch.zeros(n, dtype=torch.long))

@@ -216,7 +216,7 @@ cudaError_t launch_expand_typed(const HeadRolloutArgs& args, cudaStream_t stream
   const size_t gru_smem = static_cast<size_t>(args.G + (args.w_ih ? args.H : 0)) * sizeof(float);
   // the workspace past the rollout's: the T = 0 slice candidates, then the T > 0 weights
   int64_t floats = head_rollout_workspace_floats(args.b, args.V, args.r, args.G, false);
-  floats += floats % 4;  // 16-byte aligned: ArgMax holds an int64
+  floats = (floats + 3) / 4 * 4;  // 16-byte aligned (ArgMax holds an int64)
   const int per = static_cast<int>(args.m < kOnePassChildren ? args.m : kOnePassChildren);
   const ChunkCandidates cand{reinterpret_cast<ArgMax*>(args.workspace + floats), choose_chunks(args.V), per};
   double* weights = reinterpret_cast<double*>(args.workspace + head_expand_workspace_floats(args.b, args.V, args.r,
@@ -243,7 +243,7 @@ cudaError_t launch_expand_typed(const HeadRolloutArgs& args, cudaStream_t stream
 
 int64_t head_expand_workspace_floats(int64_t n, int64_t V, int64_t r, int64_t G, bool may_sample) {
   int64_t floats = head_rollout_workspace_floats(n, V, r, G, false);
-  floats += floats % 4;  // the slice candidates (ArgMax: 16 bytes each) start 16-byte aligned
+  floats = (floats + 3) / 4 * 4;  // the slice candidates (ArgMax: 16 bytes each) start 16-byte aligned
   floats += n * choose_chunks(V) * kOnePassChildren * static_cast<int64_t>(sizeof(ArgMax) / sizeof(float));
   return floats + (may_sample ? 2 * n * V : 0);
 }
