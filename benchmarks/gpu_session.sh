@@ -25,6 +25,10 @@
 # profile: the per-kernel split of a paper-shape rollout step and expand step (torch
 #        profiler), for the kernel that dominates.
 #
+# The device tool sends at most 64 MiB of working tree; with the committed token shards of
+# training/regenerated the tree is ~65 MiB, so move that folder out of the checkout for the
+# calls (nothing here reads it) and back after (the 2026-11-26 session did).
+#
 # Output goes to $OUT (the device tool brings that folder back) or /tmp/gpu_session.
 # Nothing is fetched there: the machine has torch, triton, pytest, hypothesis, transformers,
 # scikit-build-core, cmake and ninja; tests that need SmolLM2 or HumanEval are not run.
