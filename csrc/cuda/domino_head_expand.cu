@@ -114,6 +114,12 @@ struct ChunkCandidates {
 
 __host__ __device__ inline int64_t choose_chunks(int64_t V) { return (V + kChooseChunk - 1) / kChooseChunk; }
 
+// Where the workspace's slice candidates start, in floats: past the rollout's workspace,
+// rounded up to 16 bytes (ArgMax holds an int64). The T > 0 weights follow them.
+inline int64_t candidates_offset(int64_t n, int64_t V, int64_t r, int64_t G) {
+  return (head_rollout_workspace_floats(n, V, r, G, false) + 3) / 4 * 4;
+}
+
 // Block (chunk, node): the greedy-order best `per` of the node's logits in its slice.
 __global__ void __launch_bounds__(kBlockThreads)
 expand_chunk_best_kernel(HeadRolloutArgs args, ChunkCandidates cand) {
@@ -215,10 +221,10 @@ cudaError_t launch_expand_typed(const HeadRolloutArgs& args, cudaStream_t stream
   const size_t input_smem = static_cast<size_t>(args.G) * sizeof(float);
   const size_t gru_smem = static_cast<size_t>(args.G + (args.w_ih ? args.H : 0)) * sizeof(float);
   // the workspace past the rollout's: the T = 0 slice candidates, then the T > 0 weights
-  int64_t floats = head_rollout_workspace_floats(args.b, args.V, args.r, args.G, false);
-  floats = (floats + 3) / 4 * 4;  // 16-byte aligned (ArgMax holds an int64)
   const int per = static_cast<int>(args.m < kOnePassChildren ? args.m : kOnePassChildren);
-  const ChunkCandidates cand{reinterpret_cast<ArgMax*>(args.workspace + floats), choose_chunks(args.V), per};
+  const ChunkCandidates cand{reinterpret_cast<ArgMax*>(args.workspace + candidates_offset(args.b, args.V, args.r,
+                                                                                          args.G)),
+                             choose_chunks(args.V), per};
   double* weights = reinterpret_cast<double*>(args.workspace + head_expand_workspace_floats(args.b, args.V, args.r,
                                                                                            args.G, false));
   auto logits_kernel = head_logits_kernel<TL, TW>;
@@ -242,9 +248,8 @@ cudaError_t launch_expand_typed(const HeadRolloutArgs& args, cudaStream_t stream
 }  // namespace
 
 int64_t head_expand_workspace_floats(int64_t n, int64_t V, int64_t r, int64_t G, bool may_sample) {
-  int64_t floats = head_rollout_workspace_floats(n, V, r, G, false);
-  floats = (floats + 3) / 4 * 4;  // the slice candidates (ArgMax: 16 bytes each) start 16-byte aligned
-  floats += n * choose_chunks(V) * kOnePassChildren * static_cast<int64_t>(sizeof(ArgMax) / sizeof(float));
+  const int64_t floats = candidates_offset(n, V, r, G) +
+                         n * choose_chunks(V) * kOnePassChildren * static_cast<int64_t>(sizeof(ArgMax) / sizeof(float));
   return floats + (may_sample ? 2 * n * V : 0);
 }
 
