@@ -72,29 +72,6 @@ def _expand_logits_kernel(base_ptr, w2_ptr, a_ptr, seq_ptr, depth_ptr, partial_p
 
 
 @triton.jit
-def _best_remaining(row_ptr, V, taken_ptr, count, BLOCK: tl.constexpr):
-    """The first token of row[0:V] in the greedy order (the first NaN, else the first
-    maximum) among those not in taken[0:count]."""
-    best_val = -float("inf")
-    best_idx = V
-    nan_idx = V
-    for start in range(0, V, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        x = tl.load(row_ptr + offs, mask=offs < V, other=-float("inf"))
-        ok = offs < V
-        for c in range(0, count):
-            ok = ok & (offs != tl.load(taken_ptr + c))
-        nan_idx = tl.minimum(nan_idx, tl.min(tl.where(ok & (x != x), offs, V), 0))
-        ok = ok & (x == x)
-        m = tl.max(tl.where(ok, x, -float("inf")), 0)
-        idx = tl.min(tl.where(ok & (x == m), offs, V), 0)
-        take = (idx < V) & ((m > best_val) | (best_idx == V))
-        best_idx = tl.where(take, idx, best_idx)
-        best_val = tl.where(take, m, best_val)
-    return tl.where(nan_idx < V, nan_idx, best_idx)
-
-
-@triton.jit
 def _greedy_pick(val, idx, ok, NONE):
     """The first entry in the greedy order (the NaN of lowest index, else the maximum of
     lowest index) of the entries (val, idx) where ok: (its value, its index), or (-inf,
@@ -105,6 +82,29 @@ def _greedy_pick(val, idx, ok, NONE):
     best = tl.min(tl.where(num & (val == mx), idx, NONE), 0)
     is_nan = nan_idx < NONE
     return tl.where(is_nan, float("nan"), mx), tl.where(is_nan, nan_idx, best)
+
+
+@triton.jit
+def _best_remaining(row_ptr, V, taken_ptr, count, BLOCK: tl.constexpr):
+    """The first token of row[0:V] in the greedy order (the first NaN, else the first
+    maximum) among those not in taken[0:count]: each block's first (_greedy_pick), then
+    the first of those (blocks ascend, so a later block wins only by a larger value)."""
+    best_val = -float("inf")
+    best_idx = V
+    nan_idx = V
+    for start in range(0, V, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        x = tl.load(row_ptr + offs, mask=offs < V, other=-float("inf"))
+        ok = offs < V
+        for c in range(0, count):
+            ok = ok & (offs != tl.load(taken_ptr + c))
+        val, idx = _greedy_pick(x, offs, ok, V)
+        is_nan = val != val  # a block with a NaN loses its numeric best, which a NaN beats anyway
+        nan_idx = tl.where(is_nan, tl.minimum(nan_idx, idx), nan_idx)
+        take = (~is_nan) & (idx < V) & ((val > best_val) | (best_idx == V))
+        best_idx = tl.where(take, idx, best_idx)
+        best_val = tl.where(take, val, best_val)
+    return tl.where(nan_idx < V, nan_idx, best_idx)
 
 
 # Children per greedy node taken from the slices' candidates; more take an argmax pass over
