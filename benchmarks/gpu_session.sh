@@ -22,6 +22,10 @@
 #        Each step's log lands in $OUT as it runs, so a step cut off still reports.
 # expand: after a change to the expand kernels: their GPU tests and CUDA-graph capture,
 #        the GPU tree-step table (and the batch-1 bf16 rollout rows), the profile. ~4 minutes.
+# head:  after a change to the kernels the rollout and the expand step share
+#        (head_kernels.cuh): the head rollout's, expand's, tree-draft and CUDA-graph GPU
+#        tests; the GPU rollout table (bf16, b = 1, 16, 32) and tree-step table; the
+#        profile. ~5 minutes on a cold machine, one call.
 # profile: the per-kernel split of a paper-shape rollout step and expand step (torch
 #        profiler), for the kernel that dominates.
 #
@@ -34,7 +38,7 @@
 # scikit-build-core, cmake and ninja; tests that need SmolLM2 or HumanEval are not run.
 # Record the device, the date and the numbers in benchmarks/README.md.
 set -uo pipefail
-PHASE=${1:?usage: gpu_session.sh build|test|bench|all|expand|profile}
+PHASE=${1:?usage: gpu_session.sh build|test|bench|all|expand|head|profile}
 OUT=${OUT:-/tmp/gpu_session}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -112,8 +116,21 @@ expand)
   timeout 60 python3 benchmarks/profile_head_gpu.py > "$OUT/profile.txt" 2>&1
   grep -E "^==|kernel" "$OUT/profile.txt" | cut -c1-70,180-215
   ;;
+head)
+  echo "== head rollout, expand, tree-draft and CUDA-graph tests on the GPU"
+  timeout 170 python3 -m pytest -q -p no:cacheprovider -n 8 -rfEs -k "(cuda or triton) and not emulated_cuda and (head or expand or graph or tree_draft or draft)" \
+    tests/test_kernel_backends.py tests/test_domino_head_expand.py tests/test_cuda_graph.py tests/test_tree_draft.py \
+    > "$OUT/tests_head.log" 2>&1
+  tail -15 "$OUT/tests_head.log"
+  echo "== bench_head.py: GPU rollout table (bf16, b = 1, 16, 32) and the tree step on the GPU"
+  timeout 150 python3 benchmarks/bench_head.py --shapes small paper --batches 1 16 32 --dtypes bf16 --repeats 3 \
+    --no-rollout --tree-frontiers 4 16 64 --ops-batches > "$OUT/bench_head.txt" 2>&1
+  grep -v "^CPU\|cpu" "$OUT/bench_head.txt" | head -70
+  timeout 60 python3 benchmarks/profile_head_gpu.py > "$OUT/profile.txt" 2>&1
+  grep -E "^==|kernel" "$OUT/profile.txt" | cut -c1-70,180-215
+  ;;
 profile)
   timeout 200 python3 benchmarks/profile_head_gpu.py 2>&1 | tee "$OUT/profile.txt" | tail -60
   ;;
-*) echo "unknown phase $PHASE (build|test|bench|all|expand|profile)"; exit 2 ;;
+*) echo "unknown phase $PHASE (build|test|bench|all|expand|head|profile)"; exit 2 ;;
 esac

@@ -47,14 +47,15 @@ class KernelBackend:
 
 
 # The emulator runs one OS thread per CUDA thread, so shapes are small; vocabularies above
-# 256 still span several of the emulated logits kernel's tiles (4 x 64 rows).
+# 64 span several of the emulated logits kernel's tiles (64 rows), ranks above 16 several
+# of its a-chunks.
 EMULATED_CUDA = KernelBackend(
     id="emulated_cuda", device="cpu", kernel=emulated_cuda_kernel, skip_reason=None,
     verify_greedy_sizes=dict(b=[1, 2, 33], k=[1, 3, 7], V=[1, 17, 300]),
     sample_vocab=[1, 2, 17, 300],
     verify_sampling_shapes=[(1, 1, 5), (4, 5, 300), (3, 2, 17)],
     target_population=1500,
-    head_sizes=dict(b=[1, 2, 9, 33],  # 9, 33: more than one group of 8 accumulators
+    head_sizes=dict(b=[1, 2, 9, 33],  # 33: three groups of 16 accumulators, the last partial
                     k=[1, 3], V=[1, 17, 257, 700], r=[1, 3, 16, 33], G=[1, 5, 16], H=[1, 8]),
     race_cases=[(4, 400, BF16)],  # emulated blocks cost ~0.1 s per sequence, hence the modest N
 )

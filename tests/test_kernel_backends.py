@@ -175,9 +175,15 @@ def test_head_rollout_exponential_race_joint_distribution(backend, V, N, wdtype)
     np.testing.assert_allclose(logprobs[:, 0].numpy(), np.log(p0[tokens[:, 0].numpy()]), rtol=1e-3, atol=1e-3)
 
 
-def test_emulated_cuda_head_rollout_rejects_a_rank_over_the_shared_memory_limit():
-    """The CUDA kernel keeps [8, r] floats per logits block in shared memory, hence a rank
-    limit (kHeadMaxRank = 1536) that only the CUDA backend has."""
-    inputs = head_rollout_inputs(1, 1, 17, 1537, 4, 4, torch.float32, torch.float32, True, 0)
-    with pytest.raises(RuntimeError, match="rank r = 1537"):
-        run_head(EMULATED_CUDA, inputs)
+@pytest.mark.parametrize("wdtype", [torch.float32, torch.bfloat16])
+def test_emulated_cuda_head_rollout_takes_a_rank_of_any_size(wdtype):
+    """The CUDA logits kernel stages a's columns in shared memory a chunk at a time (16
+    columns under the emulator), so a rank over the old [8, r]-floats limit of 1536, and
+    not a multiple of the chunk or of a 16-byte vector, still matches the oracle."""
+    inputs = head_rollout_inputs(3, 2, 17, 1539, 4, 4, wdtype, torch.float32, True, 0)
+    tokens_ref, lp_ref, S_ref, _, margins = head_rollout_oracle(*inputs)
+    assert bool((margins > ARGMAX_MARGIN).all())
+    tokens, logprobs, state_out, _ = run_head(EMULATED_CUDA, inputs)
+    assert torch.equal(tokens, tokens_ref)
+    torch.testing.assert_close(logprobs, lp_ref.float(), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(state_out, S_ref.float(), rtol=1e-4, atol=1e-5)

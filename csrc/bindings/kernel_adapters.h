@@ -89,8 +89,6 @@ inline void fill_head_weights(HeadRolloutArgs& args, const at::Tensor& hproj_f, 
                               const at::Tensor& w2, int64_t V, const char* op) {
   const int64_t r = w1s.size(0), G = w1s.size(1), H = w_ih ? w_ih->size(1) : 0;
   TORCH_CHECK(V < std::numeric_limits<int>::max(), op, ": vocabulary ", V, " does not fit the kernel's int32 token ids");
-  TORCH_CHECK(r <= kHeadMaxRank, op, ": rank r = ", r, " (w1s.shape[0]) exceeds the kernel's ",
-              "shared-memory limit of ", kHeadMaxRank);
   TORCH_CHECK(G + H <= kHeadMaxGruFloats, op, ": GRU width G = ", G, " and embedding width H = ", H,
               " exceed the kernel's shared-memory limit (G + H <= ", kHeadMaxGruFloats, ")");
   args.hproj = hproj_f.data_ptr<float>();

@@ -5,14 +5,14 @@
 //   head_input_kernel  (grid (r / warps, n)): a = silu(hproj[seq, depth] + w1s @ S)
 //   head_logits_kernel (grid = vocabulary tiles): L = base[seq, depth] + w2 @ a, written to
 //     node_logits, with the rollout's per-tile log-sum-exp partials; each w2 tile is loaded
-//     once per group of 8 nodes, so a frontier of up to 8 nodes streams w2 once from HBM
+//     once per group of 16 nodes, so a frontier of up to 16 nodes streams w2 once from HBM
 //     (and re-reads each tile from L1/L2 per further group), never once per node
 //   expand_chunk_best_kernel (grid (chunks, n), T = 0 only): each block the greedy-order
 //     best min(m, 8) of one kChooseChunk-long slice of a node's logits row, so the whole
 //     GPU scans the rows, not one block per node
 //   expand_choose_kernel (grid n, below): the node's m children
-//   head_gru_kernel    (grid (G / warps, n * m)): S_child = GRUCell(E[child], S), one block
-//     row per child; the w_hh rows are re-read per child (from L2 after the first).
+//   head_gru_kernel    (grid (G / warps, n)): S_child = GRUCell(E[child], S), one block
+//     row per node: gh = w_hh @ S once per node, then gi and the new state per child.
 // The same kernels and arithmetic as the rollout, so a chain of one-child greedy steps
 // gives exactly the CUDA rollout's tokens, log-probabilities and states.
 //
@@ -30,8 +30,8 @@
 // Bytes per step (the floor): w2 (V*r), w1s (r*G), w_hh (3G*G) and w_ih (3G*H) or n*m
 // table rows, plus n base-logit rows read and n logits rows of V floats written and read
 // back by the slice kernel (one pass for m <= 8, L2-resident at small n). At the paper shape in
-// bf16 a frontier of 8 nodes moves w2 (77.8 MB) once: ~25 us at 3.35 TB/s, the logits
-// kernel's HBM stream being the limit, as in a batch-8 rollout step. A node index out of
+// bf16 a frontier of 16 nodes moves w2 (77.8 MB) once: ~25 us at 3.35 TB/s, as in a batch-16
+// rollout step; its 622 M FMAs (and a shared-memory read per 4) cost about as much. A node index out of
 // range is clamped (head_row), never an address.
 #include "cuda/domino_head_expand.cuh"
 #include "cuda/head_kernels.cuh"
@@ -217,7 +217,6 @@ cudaError_t launch_expand_typed(const HeadRolloutArgs& args, cudaStream_t stream
   const int tiles = static_cast<int>((args.V + kTileRows - 1) / kTileRows);
   const unsigned n = static_cast<unsigned>(args.b), warps = kBlockThreads / kWarp;
   const dim3 block(kBlockThreads);
-  const size_t logits_smem = static_cast<size_t>(kGroup * args.r) * sizeof(float);
   const size_t input_smem = static_cast<size_t>(args.G) * sizeof(float);
   const size_t gru_smem = static_cast<size_t>(args.G + (args.w_ih ? args.H : 0)) * sizeof(float);
   // the workspace past the rollout's: the T = 0 slice candidates, then the T > 0 weights
@@ -231,17 +230,16 @@ cudaError_t launch_expand_typed(const HeadRolloutArgs& args, cudaStream_t stream
   cudaError_t err = DOMINO_LAUNCH(head_input_kernel<TW>, dim3(static_cast<unsigned>((args.r + warps - 1) / warps), n),
                                   block, input_smem, stream, args, int64_t{0}, tiles);
   if (err == cudaSuccess)
-    err = DOMINO_LAUNCH(logits_kernel, dim3(static_cast<unsigned>(tiles)), block, logits_smem, stream, args,
-                        int64_t{0}, tiles);
+    err = DOMINO_LAUNCH(logits_kernel, dim3(static_cast<unsigned>(tiles)), block, 0, stream, args, int64_t{0},
+                        tiles);
   if (err == cudaSuccess && !args.sampling.may_sample())
     err = DOMINO_LAUNCH(expand_chunk_best_kernel, dim3(static_cast<unsigned>(cand.chunks), n), block, 0, stream, args,
                         cand);
   if (err == cudaSuccess)
     err = DOMINO_LAUNCH(expand_choose_kernel, dim3(n), block, 0, stream, args, tiles, weights, cand);
   if (err == cudaSuccess)
-    err = DOMINO_LAUNCH(head_gru_kernel<TW>,
-                        dim3(static_cast<unsigned>((args.G + warps - 1) / warps), static_cast<unsigned>(args.b * args.m)),
-                        block, gru_smem, stream, args, int64_t{0}, tiles);
+    err = DOMINO_LAUNCH(head_gru_kernel<TW>, dim3(static_cast<unsigned>((args.G + warps - 1) / warps), n), block,
+                        gru_smem, stream, args, int64_t{0}, tiles);
   return err;
 }
 

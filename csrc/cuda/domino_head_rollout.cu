@@ -8,9 +8,10 @@
 //
 // Four fixed-shape kernels per step, 4k launches per rollout:
 //   head_input_kernel (grid (r / warps, b)): a = silu(hproj[s, i] + w1s @ S_i).
-//   head_logits_kernel (grid = vocabulary tiles of 4*blockDim rows): streams its tile of
-//     w2 with 16-byte loads, adds base_logits, and reduces each sequence's tile to a
-//     partial (max, sum exp(L - max), argmax) and, when sampling, the winner of an
+//   head_logits_kernel (grid = vocabulary tiles of blockDim rows, one row per thread):
+//     streams its tile of w2 with 16-byte loads (4 in flight per thread) against a's
+//     columns staged in shared memory, adds base_logits, and reduces each sequence's
+//     tile (one warp per sequence, from a shared tile of the logits) to a partial (max, sum exp(L - max), argmax) and, when sampling, the winner of an
 //     exponential race argmax_j z_j - log(E_j), E_j ~ Exp(1) from Philox4x32-10 keyed by
 //     the 64 bits of the step's uniform (the "seed tensor"), counter j. Full logits are
 //     written only with write_logits (or into a scratch row for top-k/top-p, which need
@@ -30,10 +31,12 @@
 // GRU table): w2 V*r*2 = 77.8 MB, w_hh 3G*G*2 = 6.3 MB, w1s r*G*2 = 0.5 MB, per sequence a
 // base-logit row V*2 = 0.3 MB and a table row 3G*2 = 6 KB: 84.9 MB per step at b = 1, a
 // 25 us floor at 3.35 TB/s, 0.38 ms for k = 15. With fp32 weights and logits every term
-// doubles: 170 MB per step, a 51 us floor, 0.76 ms for k = 15. The w2 tile is read once per group of 8
-// sequences (8 accumulators per thread), so b = 8 moves the same w2 bytes as b = 1 and
-// b = 32 re-reads each tile 4 times, from L1/L2 (a 1024-row tile is 0.5 MB at r = 256).
-// Limits: the logits kernel is HBM-bound (148 blocks of 256 threads, 16-byte loads); the
+// doubles: 170 MB per step, a 51 us floor, 0.76 ms for k = 15. The w2 tile is read once per group of 16
+// sequences (16 accumulators per thread), so b = 16 moves the same w2 bytes as b = 1 and
+// b = 32 re-reads each tile twice, from L1/L2 (a 256-row tile is 128 KB at r = 256).
+// Limits: the logits kernel is HBM-bound at small b (594 blocks of 256 threads, 16-byte
+// loads); at b = 16 its 16 x V x r FMAs (622 M at the paper shape, with one broadcast
+// shared-memory read per 4 of them) cost about as much as the stream; the
 // GRU kernel (128 blocks per sequence at G = 1024) and the input kernel (32 blocks) are
 // small bandwidth-bound GEMVs; at ~25-30 us of w2 per step, the four launch gaps in a
 // graph (~5 us) are the next cost.
@@ -90,15 +93,13 @@ cudaError_t launch_typed(const HeadRolloutArgs& args, cudaStream_t stream) {
   const dim3 block(kBlockThreads);
   const dim3 input_grid(static_cast<unsigned>((args.r + warps - 1) / warps), b);
   const dim3 gru_grid(static_cast<unsigned>((args.G + warps - 1) / warps), b);
-  const size_t logits_smem = static_cast<size_t>(kGroup * args.r) * sizeof(float);
   const size_t input_smem = static_cast<size_t>(args.G) * sizeof(float);
   const size_t gru_smem = static_cast<size_t>(args.G + (args.w_ih ? args.H : 0)) * sizeof(float);
   auto logits_kernel = head_logits_kernel<TL, TW>;
   for (int64_t step = 0; step < args.k; ++step) {
     cudaError_t err = DOMINO_LAUNCH(head_input_kernel<TW>, input_grid, block, input_smem, stream, args, step, tiles);
     if (err == cudaSuccess)
-      err = DOMINO_LAUNCH(logits_kernel, dim3(static_cast<unsigned>(tiles)), block, logits_smem, stream, args, step,
-                          tiles);
+      err = DOMINO_LAUNCH(logits_kernel, dim3(static_cast<unsigned>(tiles)), block, 0, stream, args, step, tiles);
     if (err == cudaSuccess)
       err = DOMINO_LAUNCH(head_choose_kernel, dim3(b), block, 0, stream, args, step, tiles);
     if (err == cudaSuccess)

@@ -41,8 +41,8 @@ struct HeadRolloutArgs {
 // reductions [b, tiles], two GRU states [2, b, G], and when some row may use top-k/top-p
 // (SamplingParams::may_filter) one float row of logits per sequence [b, V].
 int64_t head_rollout_workspace_floats(int64_t b, int64_t V, int64_t r, int64_t G, bool filtered_sampling);
-// Limits of the kernels' shared memory; checked by the binding before launching.
-constexpr int64_t kHeadMaxRank = 1536;             // a [8, r] floats per logits block
+// Limit of the kernels' shared memory; checked by the binding before launching. (The rank
+// has none: the logits kernel stages a chunk of a's columns at a time.)
 constexpr int64_t kHeadMaxGruFloats = 10000;       // G + H floats per GRU block
 
 // Launches the 4k kernels of a k-step rollout on `stream`: no host synchronisation, no

@@ -10,9 +10,19 @@
 namespace domino::cuda {
 namespace {
 
-constexpr int kTileRowsPerThread = 4;
-constexpr int kTileRows = kTileRowsPerThread * kBlockThreads;
-constexpr int kGroup = 8;  // sequences per pass over a w2 tile (accumulators per thread)
+// The logits kernel: one vocabulary row per thread, so a tile is one block's rows (594
+// tiles at V = 151936: ~4.5 blocks per H100 SM, enough warps in flight to keep HBM busy).
+constexpr int kTileRows = kBlockThreads;
+constexpr int kGroup = 16;  // sequences (nodes) per pass over a w2 tile: accumulators per thread
+// Columns of a [kGroup, r] staged in shared memory at a time; the rank has no limit (each
+// (row, sequence) dot product still runs over c in ascending order, chunk after chunk).
+// Under the emulator a chunk is 16 columns, so the tests' ranks span several.
+#ifdef DOMINO_SIMT
+constexpr int kRankChunk = 16;
+#else
+constexpr int kRankChunk = 256;
+#endif
+constexpr int kW2LoadsInFlight = 4;  // 16-byte w2 loads each thread issues before their FMAs
 
 // Per (sequence, tile): the log-sum-exp partial and the exponential race's winner.
 struct TilePartial {
@@ -66,8 +76,8 @@ struct MergeScratch {
   Race race[kWarp];
 };
 
-// Block-wide merge; every thread gets the result.
-__device__ __forceinline__ void block_merge(Lse& l, Race& q, MergeScratch& sh) {
+// Warp-wide merge; every lane gets the result.
+__device__ __forceinline__ void warp_merge(Lse& l, Race& q) {
 #pragma unroll
   for (int off = kWarp / 2; off > 0; off /= 2) {
     l = lse_merge(l, {__shfl_xor_sync(0xffffffffu, l.m, off), __shfl_xor_sync(0xffffffffu, l.s, off),
@@ -75,6 +85,11 @@ __device__ __forceinline__ void block_merge(Lse& l, Race& q, MergeScratch& sh) {
     q = race_merge(q, {__shfl_xor_sync(0xffffffffu, q.key, off), __shfl_xor_sync(0xffffffffu, q.arg, off),
                        __shfl_xor_sync(0xffffffffu, q.z, off)});
   }
+}
+
+// Block-wide merge; every thread gets the result.
+__device__ __forceinline__ void block_merge(Lse& l, Race& q, MergeScratch& sh) {
+  warp_merge(l, q);
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   if (lane == 0) {
     sh.lse[warp] = l;
@@ -149,12 +164,62 @@ __device__ __forceinline__ void merge_tile_partials(const Workspace& ws, int64_t
   block_merge(l, q, sh);
 }
 
+// acc[g] += w2 row . a_sh[g] over the chunk's cn columns, g < ng, c ascending: the same
+// sequential fma chain per (row, sequence) whatever the group, batch or chunking.
+template <typename TW>
+__device__ __forceinline__ void accumulate_chunk(float (&acc)[kGroup], const TW* wrow, const float (*a_sh)[kRankChunk],
+                                                 int cn, int ng, bool vec) {
+  constexpr int kv = Vec16<TW>::n;
+  int c = 0;
+  if (vec) {
+    for (; c + kW2LoadsInFlight * kv <= cn; c += kW2LoadsInFlight * kv) {
+      float w[kW2LoadsInFlight][kv];
+#pragma unroll
+      for (int u = 0; u < kW2LoadsInFlight; ++u) load16(wrow + c + u * kv, w[u]);
+#pragma unroll
+      for (int u = 0; u < kW2LoadsInFlight; ++u) {
+#pragma unroll
+        for (int g = 0; g < kGroup; ++g) {
+          if (g < ng) {
+            const float* x = a_sh[g] + c + u * kv;
+#pragma unroll
+            for (int e = 0; e < kv; ++e) acc[g] += w[u][e] * x[e];
+          }
+        }
+      }
+    }
+    for (; c < cn; c += kv) {
+      float w[kv];
+      load16(wrow + c, w);
+#pragma unroll
+      for (int g = 0; g < kGroup; ++g) {
+        if (g < ng) {
+#pragma unroll
+          for (int e = 0; e < kv; ++e) acc[g] += w[e] * a_sh[g][c + e];
+        }
+      }
+    }
+  } else {
+    for (; c < cn; ++c) {
+      const float w = to_float(wrow[c]);
+#pragma unroll
+      for (int g = 0; g < kGroup; ++g)
+        if (g < ng) acc[g] += w * a_sh[g][c];
+    }
+  }
+}
+
+// L = base + w2 @ a for one tile of kTileRows vocabulary rows (one per thread) and every
+// sequence, kGroup sequences per pass: phase 1 streams the thread's w2 row once per group
+// against a's columns staged in shared memory chunk by chunk, and writes L (to the logits
+// rows and into a shared tile); phase 2 reduces the tile per sequence, one warp per
+// sequence, to its partial (log-sum-exp and, when racing, the exponential race's winner).
 template <typename TL, typename TW>
 __global__ void __launch_bounds__(kBlockThreads)
 head_logits_kernel(HeadRolloutArgs args, int64_t step, int tiles) {
-  DOMINO_DYNAMIC_SHARED(float, a_sh);  // [kGroup, r]: the current group's correction inputs
-  __shared__ MergeScratch sh;
-  __shared__ int64_t row_sh[kGroup];  // the group's base-logit rows (head_row)
+  alignas(16) __shared__ float a_sh[kGroup][kRankChunk];  // the group's a, columns [c0, c0 + kRankChunk)
+  __shared__ float L_sh[kGroup][kTileRows];                   // the group's logits of this tile
+  __shared__ int64_t row_sh[kGroup];                          // the group's base-logit rows (head_row)
   const int64_t b = args.b, k = args.k, V = args.V, r = args.r;
   TL* base = static_cast<TL*>(args.base_logits);
   const TW* w2 = static_cast<const TW*>(args.w2);
@@ -162,93 +227,76 @@ head_logits_kernel(HeadRolloutArgs args, int64_t step, int tiles) {
   const float* a = ws.a;
   TilePartial* partials = ws.partials;
   float* rows = ws.rows;
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
 
   const int64_t tile_begin = static_cast<int64_t>(blockIdx.x) * kTileRows;
-  const int64_t tile_end = min(V, tile_begin + kTileRows);
-  constexpr int kv = Vec16<TW>::n;
-  const bool vec = r % kv == 0 && aligned16(w2);
+  const int tile_len = static_cast<int>(min(V - tile_begin, static_cast<int64_t>(kTileRows)));
+  const int64_t v = tile_begin + threadIdx.x;  // this thread's row
+  const bool has_row = static_cast<int>(threadIdx.x) < tile_len;
+  const bool vec = r % Vec16<TW>::n == 0 && aligned16(w2);
+  const TW* wrow = w2 + (has_row ? v : 0) * r;
   for (int64_t g0 = 0; g0 < b; g0 += kGroup) {
     const int ng = static_cast<int>(b - g0 < kGroup ? b - g0 : kGroup);
-    __syncthreads();  // the previous group is done with a_sh
-    for (int64_t i = threadIdx.x; i < ng * r; i += blockDim.x) a_sh[i] = a[g0 * r + i];
-    if (threadIdx.x < static_cast<unsigned>(ng)) row_sh[threadIdx.x] = head_row(args, g0 + threadIdx.x, step);
+    float acc[kGroup];
+#pragma unroll
+    for (int g = 0; g < kGroup; ++g) acc[g] = 0.0f;
+    for (int64_t c0 = 0; c0 < r; c0 += kRankChunk) {
+      const int cn = static_cast<int>(r - c0 < kRankChunk ? r - c0 : kRankChunk);
+      __syncthreads();  // the block is done with the previous chunk (and group: a_sh, L_sh, row_sh)
+      for (int i = threadIdx.x; i < ng * kRankChunk; i += blockDim.x) {
+        const int g = i / kRankChunk, c = i % kRankChunk;
+        a_sh[g][c] = c < cn ? a[(g0 + g) * r + c0 + c] : 0.0f;
+      }
+      if (c0 == 0 && threadIdx.x < static_cast<unsigned>(ng)) row_sh[threadIdx.x] = head_row(args, g0 + threadIdx.x, step);
+      __syncthreads();
+      if (has_row) accumulate_chunk<TW>(acc, wrow + c0, a_sh, cn, ng, vec);
+    }
+#pragma unroll
+    for (int g = 0; g < kGroup; ++g) {
+      if (g >= ng || !has_row) continue;
+      TL* bl = base + row_sh[g] * V + v;
+      const float L = to_float(*bl) + acc[g];
+      if (args.write_logits) store_from_float(bl, L);
+      if (rows != nullptr) rows[(g0 + g) * V + v] = L;
+      L_sh[g][threadIdx.x] = L;
+    }
     __syncthreads();
-    Lse lse[kGroup];
-    Race best[kGroup];
-    float temp[kGroup];     // the row's temperature; 0: greedy
-    uint64_t seed[kGroup];  // the race's Philox key per sequence: the bits of its step uniform
-    unsigned racing = 0;    // bit g: row g samples by the race (T > 0, no top-k / top-p)
-#pragma unroll
-    for (int g = 0; g < kGroup; ++g) {
-      lse[g] = {-INFINITY, 0.0f, INT_MAX};
-      best[g] = {-INFINITY, INT_MAX, 0.0f};
+    for (int g = warp; g < ng; g += warps) {
       const int64_t s = g0 + g;
-      temp[g] = g < ng ? args.sampling.temperature_at(s) : 0.0f;
+      const float temp = args.sampling.temperature_at(s);  // 0: greedy
       // an expand step draws its children from the logit rows (no race)
-      const bool race = temp[g] > 0.0f && !args.sampling.filters_at(s, V) && args.node_seq == nullptr;
-      racing |= race ? 1u << g : 0u;
-      seed[g] = race ? static_cast<uint64_t>(__double_as_longlong(args.uniforms[s * k + step])) : 0;
-    }
-    for (int64_t v = tile_begin + threadIdx.x; v < tile_end; v += blockDim.x) {
-      float acc[kGroup];
-#pragma unroll
-      for (int g = 0; g < kGroup; ++g) acc[g] = 0.0f;
-      const TW* wrow = w2 + v * r;
-      if (vec) {
-        for (int64_t c = 0; c < r; c += kv) {
-          float w[kv];
-          load16(wrow + c, w);
-#pragma unroll
-          for (int g = 0; g < kGroup; ++g) {
-            if (g < ng) {
-              const float* x = a_sh + g * r + c;
-#pragma unroll
-              for (int e = 0; e < kv; ++e) acc[g] += w[e] * x[e];
-            }
-          }
-        }
-      } else {
-        for (int64_t c = 0; c < r; ++c) {
-          const float w = to_float(wrow[c]);
-#pragma unroll
-          for (int g = 0; g < kGroup; ++g)
-            if (g < ng) acc[g] += w * a_sh[g * r + c];
-        }
-      }
-#pragma unroll
-      for (int g = 0; g < kGroup; ++g) {
-        if (g >= ng) continue;
-        const int64_t s = g0 + g;
-        TL* bl = base + row_sh[g] * V + v;
-        const float L = to_float(*bl) + acc[g];
-        if (args.write_logits) store_from_float(bl, L);
-        if (rows != nullptr) rows[s * V + v] = L;
+      const bool race = temp > 0.0f && !args.sampling.filters_at(s, V) && args.node_seq == nullptr;
+      // the race's Philox key: the bits of the sequence's step uniform
+      const uint64_t seed = race ? static_cast<uint64_t>(__double_as_longlong(args.uniforms[s * k + step])) : 0;
+      Lse l = {-INFINITY, 0.0f, INT_MAX};
+      Race q = {-INFINITY, INT_MAX, 0.0f};
+      for (int i = lane; i < tile_len; i += kWarp) {
+        const float L = L_sh[g][i];
+        const int idx = static_cast<int>(tile_begin + i);
         // greedy rows keep NaN (torch.argmax picks it); sampled rows count it as -inf
-        const float z = temp[g] > 0.0f ? (L == L ? L / temp[g] : -INFINITY) : L;
-        lse_add(lse[g], z, static_cast<int>(v));
-        if (racing & (1u << g)) {
-          const float e = -logf(exponential_variate(seed[g], v));
-          best[g] = race_merge(best[g], {z == INFINITY ? e : z + e, static_cast<int>(v), z});
+        const float z = temp > 0.0f ? (L == L ? L / temp : -INFINITY) : L;
+        lse_add(l, z, idx);
+        if (race) {
+          const float e = -logf(exponential_variate(seed, idx));
+          q = race_merge(q, {z == INFINITY ? e : z + e, idx, z});
         }
       }
-    }
-#pragma unroll
-    for (int g = 0; g < kGroup; ++g) {
-      if (g >= ng) continue;
-      block_merge(lse[g], best[g], sh);
-      if (threadIdx.x == 0)
-        partials[(g0 + g) * tiles + blockIdx.x] = {lse[g].m, lse[g].s, lse[g].arg, best[g].key,
-                                                   best[g].arg, best[g].z};
+      warp_merge(l, q);
+      if (lane == 0) partials[s * tiles + blockIdx.x] = {l.m, l.s, l.arg, q.key, q.arg, q.z};
     }
   }
 }
 
-// S_out = GRUCell(E[token], S_in) for one sequence (blockIdx.y) and one warp-sized group
+// S_out = GRUCell(E[token], S_in) for one state row (blockIdx.y) and one warp-sized group
 // of outputs j per block (blockIdx.x): each warp computes its j's three gate rows of
 // gh = w_hh @ S and gi (a table row, or w_ih @ embedding). Spreading the rows over
-// G / warps blocks per sequence lets every SM stream w_hh (6.3 MB at the paper shape).
+// G / warps blocks per row lets every SM stream w_hh (6.3 MB at the paper shape). A
+// rollout row is a sequence with one token; an expand row is a node, whose gh serves all
+// m of its children (gh once per node, gi and the new state per child).
+// min blocks 2: ptxas's own choice of 64 registers spilled on sm_80 (fp32 weights), and so
+// did a cap of 85 (min blocks 3).
 template <typename TW>
-__global__ void __launch_bounds__(kBlockThreads)
+__global__ void __launch_bounds__(kBlockThreads, 2)
 head_gru_kernel(HeadRolloutArgs args, int64_t step, int tiles) {
   DOMINO_DYNAMIC_SHARED(float, gru_sh);  // S [G], embedding [H]
   const int64_t s = blockIdx.y, G = args.G, H = args.H;
@@ -259,39 +307,50 @@ head_gru_kernel(HeadRolloutArgs args, int64_t step, int tiles) {
   const TW* w_hh = static_cast<const TW*>(args.w_hh);
   const TW* w_ih = static_cast<const TW*>(args.w_ih);
   const TW* gru_input = static_cast<const TW*>(args.gru_input);
-  // an expand step: row s is child s of node s / m
-  const int64_t token = args.tokens[args.node_seq != nullptr ? s : s * args.k + step];
-  const int64_t src = args.node_seq != nullptr ? s / args.m : s;
+  const bool expand = args.node_seq != nullptr;
+  const int64_t children = expand ? args.m : 1;
   float* S_sh = gru_sh;
   float* emb_sh = gru_sh + G;
-  for (int64_t c = threadIdx.x; c < G; c += blockDim.x) S_sh[c] = S_in[src * G + c];
-  if (w_ih != nullptr)
-    for (int64_t c = threadIdx.x; c < H; c += blockDim.x) emb_sh[c] = to_float(gru_input[token * H + c]);
+  for (int64_t c = threadIdx.x; c < G; c += blockDim.x) S_sh[c] = S_in[s * G + c];
   __syncthreads();
   const int64_t j = static_cast<int64_t>(blockIdx.x) * warps + warp;
-  if (j >= G) return;  // whole warps leave; no block barrier follows
+  const bool has_j = j < G;  // no early return: the children's loop has block barriers
   constexpr int kv = Vec16<TW>::n;
   const bool vec_hh = G % kv == 0 && aligned16(w_hh);
-  const float hr = warp_dot(w_hh + j * G, S_sh, static_cast<int>(G), vec_hh);
-  const float hz = warp_dot(w_hh + (G + j) * G, S_sh, static_cast<int>(G), vec_hh);
-  const float hn = warp_dot(w_hh + (2 * G + j) * G, S_sh, static_cast<int>(G), vec_hh);
-  float ir, iz, in;
-  if (w_ih == nullptr) {
-    const TW* row = gru_input + token * 3 * G;
-    ir = to_float(row[j]);
-    iz = to_float(row[G + j]);
-    in = to_float(row[2 * G + j]);
-  } else {
-    const bool vec_ih = H % kv == 0 && aligned16(w_ih);
-    ir = warp_dot(w_ih + j * H, emb_sh, static_cast<int>(H), vec_ih);
-    iz = warp_dot(w_ih + (G + j) * H, emb_sh, static_cast<int>(H), vec_ih);
-    in = warp_dot(w_ih + (2 * G + j) * H, emb_sh, static_cast<int>(H), vec_ih);
+  const bool vec_ih = w_ih != nullptr && H % kv == 0 && aligned16(w_ih);
+  float hr = 0.0f, hz = 0.0f, hn = 0.0f;
+  if (has_j) {
+    hr = warp_dot(w_hh + j * G, S_sh, static_cast<int>(G), vec_hh);
+    hz = warp_dot(w_hh + (G + j) * G, S_sh, static_cast<int>(G), vec_hh);
+    hn = warp_dot(w_hh + (2 * G + j) * G, S_sh, static_cast<int>(G), vec_hh);
   }
-  if (lane == 0) {
-    const float rg = 1.0f / (1.0f + __expf(-(ir + hr)));
-    const float zg = 1.0f / (1.0f + __expf(-(iz + hz)));
-    const float n = tanhf(in + rg * hn);
-    S_out[s * G + j] = (1.0f - zg) * n + zg * S_sh[j];
+#pragma unroll 1
+  for (int64_t child = 0; child < children; ++child) {
+    const int64_t out = expand ? s * children + child : s;  // the new state's row
+    const int64_t token = args.tokens[expand ? out : s * args.k + step];
+    if (w_ih != nullptr) {
+      __syncthreads();  // the previous child is done with emb_sh
+      for (int64_t c = threadIdx.x; c < H; c += blockDim.x) emb_sh[c] = to_float(gru_input[token * H + c]);
+      __syncthreads();
+    }
+    if (!has_j) continue;
+    float ir, iz, in;
+    if (w_ih == nullptr) {
+      const TW* row = gru_input + token * 3 * G;
+      ir = to_float(row[j]);
+      iz = to_float(row[G + j]);
+      in = to_float(row[2 * G + j]);
+    } else {
+      ir = warp_dot(w_ih + j * H, emb_sh, static_cast<int>(H), vec_ih);
+      iz = warp_dot(w_ih + (G + j) * H, emb_sh, static_cast<int>(H), vec_ih);
+      in = warp_dot(w_ih + (2 * G + j) * H, emb_sh, static_cast<int>(H), vec_ih);
+    }
+    if (lane == 0) {
+      const float rg = 1.0f / (1.0f + __expf(-(ir + hr)));
+      const float zg = 1.0f / (1.0f + __expf(-(iz + hz)));
+      const float n = tanhf(in + rg * hn);
+      S_out[out * G + j] = (1.0f - zg) * n + zg * S_sh[j];
+    }
   }
 }
 
