@@ -47,8 +47,8 @@ class KernelBackend:
 
 
 # The emulator runs one OS thread per CUDA thread, so shapes are small; vocabularies above
-# 64 span several of the emulated logits kernel's tiles (64 rows), ranks above 16 several
-# of its a-chunks.
+# 64 span several of the emulated logits kernel's tiles (64 rows); ranks above 64 span
+# several of its a-chunks (test_emulated_cuda_head_rollout_takes_a_rank_of_any_size).
 EMULATED_CUDA = KernelBackend(
     id="emulated_cuda", device="cpu", kernel=emulated_cuda_kernel, skip_reason=None,
     verify_greedy_sizes=dict(b=[1, 2, 33], k=[1, 3, 7], V=[1, 17, 300]),

@@ -176,11 +176,14 @@ def test_head_rollout_exponential_race_joint_distribution(backend, V, N, wdtype)
 
 
 @pytest.mark.parametrize("wdtype", [torch.float32, torch.bfloat16])
-def test_emulated_cuda_head_rollout_takes_a_rank_of_any_size(wdtype):
-    """The CUDA logits kernel stages a's columns in shared memory a chunk at a time (16
-    columns under the emulator), so a rank over the old [8, r]-floats limit of 1536, and
-    not a multiple of the chunk or of a 16-byte vector, still matches the oracle."""
-    inputs = head_rollout_inputs(3, 1, 17, 1539, 4, 4, wdtype, torch.float32, True, 0)
+@pytest.mark.parametrize("r", [1539, 1544])
+def test_emulated_cuda_head_rollout_takes_a_rank_of_any_size(wdtype, r):
+    """The CUDA logits kernel stages a's columns in shared memory a chunk at a time (64
+    columns under the emulator), so a rank over the old [8, r]-floats limit of 1536 still
+    matches the oracle: 1539 through the scalar loads, 1544 (a whole number of 16-byte
+    vectors in both dtypes, a partial last chunk of 8 columns) through the vector loads,
+    four in flight, then single ones."""
+    inputs = head_rollout_inputs(3, 1, 17, r, 4, 4, wdtype, torch.float32, True, 0)
     tokens_ref, lp_ref, S_ref, _, margins = head_rollout_oracle(*inputs)
     assert bool((margins > ARGMAX_MARGIN).all())
     tokens, logprobs, state_out, _ = run_head(EMULATED_CUDA, inputs)

@@ -11,9 +11,10 @@
 //   head_logits_kernel (grid = vocabulary tiles of blockDim rows, one row per thread):
 //     streams its tile of w2 with 16-byte loads (4 in flight per thread) against a's
 //     columns staged in shared memory, adds base_logits, and reduces each sequence's
-//     tile (one warp per sequence, from a shared tile of the logits) to a partial (max, sum exp(L - max), argmax) and, when sampling, the winner of an
-//     exponential race argmax_j z_j - log(E_j), E_j ~ Exp(1) from Philox4x32-10 keyed by
-//     the 64 bits of the step's uniform (the "seed tensor"), counter j. Full logits are
+//     tile (one warp per sequence, from a shared tile of the logits) to a partial (max,
+//     sum exp(L - max), argmax) and, when sampling, the winner of an exponential race
+//     argmax_j z_j - log(E_j), E_j ~ Exp(1) from Philox4x32-10 keyed by the 64 bits of
+//     the step's uniform (the "seed tensor"), counter j. Full logits are
 //     written only with write_logits (or into a scratch row for top-k/top-p, which need
 //     the whole row: the choose kernel then samples it with row_sampler.cuh).
 //   head_choose_kernel (grid b): merges the tile partials into the token and its

@@ -16,9 +16,10 @@ constexpr int kTileRows = kBlockThreads;
 constexpr int kGroup = 16;  // sequences (nodes) per pass over a w2 tile: accumulators per thread
 // Columns of a [kGroup, r] staged in shared memory at a time; the rank has no limit (each
 // (row, sequence) dot product still runs over c in ascending order, chunk after chunk).
-// Under the emulator a chunk is 16 columns, so the tests' ranks span several.
+// Under the emulator a chunk is 64 columns: bf16's 4 in-flight loads (32 columns) fit
+// in it twice, and the tests' large ranks span many chunks.
 #ifdef DOMINO_SIMT
-constexpr int kRankChunk = 16;
+constexpr int kRankChunk = 64;
 #else
 constexpr int kRankChunk = 256;
 #endif
@@ -164,6 +165,28 @@ __device__ __forceinline__ void merge_tile_partials(const Workspace& ws, int64_t
   block_merge(l, q, sh);
 }
 
+// acc[g] += the U 16-byte steps of w2 row columns [c, c + U * kv) . a_sh[g] over the same
+// columns, g < ng: the U loads issued before their FMAs (several in flight per thread).
+template <int U, typename TW>
+__device__ __forceinline__ void accumulate_steps(float (&acc)[kGroup], const TW* wrow,
+                                                 const float (*a_sh)[kRankChunk], int c, int ng) {
+  constexpr int kv = Vec16<TW>::n;
+  float w[U][kv];
+#pragma unroll
+  for (int u = 0; u < U; ++u) load16(wrow + c + u * kv, w[u]);
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+#pragma unroll
+    for (int g = 0; g < kGroup; ++g) {
+      if (g < ng) {
+        const float* x = a_sh[g] + c + u * kv;
+#pragma unroll
+        for (int e = 0; e < kv; ++e) acc[g] += w[u][e] * x[e];
+      }
+    }
+  }
+}
+
 // acc[g] += w2 row . a_sh[g] over the chunk's cn columns, g < ng, c ascending: the same
 // sequential fma chain per (row, sequence) whatever the group, batch or chunking.
 template <typename TW>
@@ -172,33 +195,9 @@ __device__ __forceinline__ void accumulate_chunk(float (&acc)[kGroup], const TW*
   constexpr int kv = Vec16<TW>::n;
   int c = 0;
   if (vec) {
-    for (; c + kW2LoadsInFlight * kv <= cn; c += kW2LoadsInFlight * kv) {
-      float w[kW2LoadsInFlight][kv];
-#pragma unroll
-      for (int u = 0; u < kW2LoadsInFlight; ++u) load16(wrow + c + u * kv, w[u]);
-#pragma unroll
-      for (int u = 0; u < kW2LoadsInFlight; ++u) {
-#pragma unroll
-        for (int g = 0; g < kGroup; ++g) {
-          if (g < ng) {
-            const float* x = a_sh[g] + c + u * kv;
-#pragma unroll
-            for (int e = 0; e < kv; ++e) acc[g] += w[u][e] * x[e];
-          }
-        }
-      }
-    }
-    for (; c < cn; c += kv) {
-      float w[kv];
-      load16(wrow + c, w);
-#pragma unroll
-      for (int g = 0; g < kGroup; ++g) {
-        if (g < ng) {
-#pragma unroll
-          for (int e = 0; e < kv; ++e) acc[g] += w[e] * a_sh[g][c + e];
-        }
-      }
-    }
+    for (; c + kW2LoadsInFlight * kv <= cn; c += kW2LoadsInFlight * kv)
+      accumulate_steps<kW2LoadsInFlight>(acc, wrow, a_sh, c, ng);
+    for (; c < cn; c += kv) accumulate_steps<1>(acc, wrow, a_sh, c, ng);
   } else {
     for (; c < cn; ++c) {
       const float w = to_float(wrow[c]);
