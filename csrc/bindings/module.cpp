@@ -23,6 +23,7 @@ auto value_errors(F f) {
 }  // namespace
 namespace domino::cpu {
 const char* small_batch_linear_isa();  // small_batch_linear.cpp
+bool small_batch_linear_packed_supported();  // small_batch_linear_packed.cpp
 }
 
 PYBIND11_MODULE(_C, m) {
@@ -43,4 +44,6 @@ PYBIND11_MODULE(_C, m) {
         "Tests and benchmarks: run the CPU kernels as build `name` ('' to restore)");
   m.def("small_batch_linear_isa", &domino::cpu::small_batch_linear_isa,
         "The instruction-set path (avx512, avx2, generic) small_batch_linear takes now");
+  m.def("small_batch_linear_packed_supported", &domino::cpu::small_batch_linear_packed_supported,
+        "Whether this CPU runs small_batch_linear_packed (AVX512-BF16, -BW and -VL)");
 }

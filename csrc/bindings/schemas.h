@@ -28,6 +28,10 @@ inline constexpr const char* kVerifySampling =
     "Tensor(b!) num_accepted) -> ()";
 inline constexpr const char* kSmallBatchLinear =
     "small_batch_linear(Tensor x, Tensor weight, Tensor? bias, Tensor(a!) out) -> ()";
+// The same product with the weight packed ahead of time into VNNI panels
+// (domino_ops.pack_small_batch_linear_weight); bf16 x, CPUs with AVX512-BF16.
+inline constexpr const char* kSmallBatchLinearPacked =
+    "small_batch_linear_packed(Tensor x, Tensor packed_weight, int out_features, Tensor? bias, Tensor(a!) out) -> ()";
 inline constexpr const char* kSmallBatchAttention =
     "small_batch_attention(Tensor q, Tensor k, Tensor v, Tensor? mask, float scale, Tensor(a!) out) -> ()";
 

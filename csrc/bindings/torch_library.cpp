@@ -8,5 +8,6 @@
 TORCH_LIBRARY(domino_ops, m) {
   domino::schemas::define_ops(m);  // the kernel ops the emulated CUDA library shares
   m.def(domino::schemas::kSmallBatchLinear);
+  m.def(domino::schemas::kSmallBatchLinearPacked);
   m.def(domino::schemas::kSmallBatchAttention);
 }

@@ -31,7 +31,7 @@ import domino_ops
 from domino_ops.reference import gru_cell
 from domino.budget import Calibration
 from domino.config import DominoConfig
-from domino.fast_linear import uses_small_batch_linear
+from domino.fast_linear import runs_packed, uses_small_batch_linear
 from domino.sampling_params import RowSampling
 
 
@@ -200,6 +200,7 @@ class DominoDraftModel(nn.Module):
         # the target token ids drafting may choose (ascending), None for all: set_draft_vocab
         self.register_buffer("draft_vocab", None, persistent=False)
         self._vocab_rows: tuple | None = None  # (key, lm_head rows, embedding rows, w2 rows), see _draft_rows
+        self._vocab_rows_packed: tuple | None = None  # (lm_head rows, their PackedLinearWeight)
         # confidence -> acceptance probability (identity until fitted; from_pretrained loads it)
         self.calibration = Calibration()
 
@@ -327,6 +328,15 @@ class DominoDraftModel(nn.Module):
                                 w2.detach()[ids].contiguous())
         return self._vocab_rows[1:]
 
+    def _draft_rows_packed(self) -> domino_ops.PackedLinearWeight:
+        """The draft vocabulary's LM-head rows (:meth:`_draft_rows`), packed for
+        ``small_batch_linear_packed``; packed again whenever those rows are copied again."""
+        rows = self._draft_rows()[0]
+        cached = getattr(self, "_vocab_rows_packed", None)
+        if cached is None or cached[0] is not rows:
+            cached = self._vocab_rows_packed = (rows, domino_ops.pack_small_batch_linear_weight(rows))
+        return cached[1]
+
     def base_logits(self, h: torch.Tensor) -> torch.Tensor:
         """The backbone's logits [.., K] float32 for draft hidden states h [.., H], over the
         draft vocabulary (K = its size; all V tokens, by the target's own LM head, without
@@ -335,6 +345,8 @@ class DominoDraftModel(nn.Module):
             return self.lm_head(h.to(self.lm_head.weight.dtype)).float()
         W = self._draft_rows()[0]
         if uses_small_batch_linear(self.lm_head):  # the kernel the target's LM head runs
+            if runs_packed(self.lm_head) and W.dtype == torch.bfloat16:
+                return domino_ops.small_batch_linear_packed(h.to(W.dtype), self._draft_rows_packed()).float()
             return domino_ops.small_batch_linear(h.to(W.dtype), W).float()
         return F.linear(h.to(W.dtype), W).float()
 

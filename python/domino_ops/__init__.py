@@ -11,6 +11,8 @@ dispatcher op ``torch.ops.domino_ops.<name>`` with caller-provided outputs):
 - :func:`verify_sampling`: lossless rejection-sampling verification.
 - :func:`small_batch_linear`: ``x @ weight.T + bias`` for a few rows on the CPU, weights
   read once for all rows, batch-invariant (:mod:`domino_ops.linear`; no ``backend="triton"``).
+- :func:`small_batch_linear_packed`: the same with a bf16 weight packed ahead of time
+  (:func:`pack_small_batch_linear_weight`) for CPUs with AVX512-BF16 (:mod:`domino_ops.linear_packed`).
 - :func:`small_batch_attention`: causal attention of a few query rows against a KV cache
   on the CPU, each row computed as a one-token decoding step would (:mod:`domino_ops.attention`).
 
@@ -47,6 +49,8 @@ from domino_ops import reference_tree, tree_ops  # noqa: E402,F401
 from domino_ops.tree_ops import (  # noqa: E402
     build_tree_kernel_efficient, tree_speculative_sampling_target_only, verify_tree_greedy, verify_tree_sampling)
 from domino_ops.linear import small_batch_linear, small_batch_linear_isa  # noqa: E402
+from domino_ops.linear_packed import (  # noqa: E402
+    PackedLinearWeight, pack_small_batch_linear_weight, small_batch_linear_packed, small_batch_linear_packed_supported)
 from domino_ops.attention import small_batch_attention  # noqa: E402
 from domino_ops.tree_draft import DraftTree, draft_tree  # noqa: E402
 
@@ -56,4 +60,6 @@ __all__ = ["domino_head_rollout", "domino_head_expand", "sample", "verify_greedy
            "check_sampling_params", "draw_uniforms", "filtered_probs", "reference", "sampling", "cuda_compiled",
            "build_tree_kernel_efficient", "verify_tree_greedy", "tree_speculative_sampling_target_only",
            "verify_tree_sampling", "reference_tree", "draft_tree", "DraftTree", "tree_ops",
-           "small_batch_linear", "small_batch_linear_isa", "small_batch_attention"]
+           "small_batch_linear", "small_batch_linear_isa", "small_batch_attention",
+           "small_batch_linear_packed", "pack_small_batch_linear_weight", "PackedLinearWeight",
+           "small_batch_linear_packed_supported"]

@@ -66,6 +66,11 @@ def _small_batch_linear_fake(x, weight, bias, out):
     return None
 
 
+@torch.library.register_fake("domino_ops::small_batch_linear_packed")
+def _small_batch_linear_packed_fake(x, packed_weight, out_features, bias, out):
+    return None
+
+
 @torch.library.register_fake("domino_ops::small_batch_attention")
 def _small_batch_attention_fake(q, k, v, mask, scale, out):
     return None

@@ -210,6 +210,13 @@ def small_batch_linear(x, weight, bias=None):
     return F.linear(x.to(acc), weight.to(acc), b).to(x.dtype)
 
 
+def unpack_small_batch_linear_weight(data, N, K):
+    """The [N, K] weight of a packed ``data`` [P, ceil(K / 2), 48, 2] (the inverse of
+    :func:`domino_ops.pack_small_batch_linear_weight`)."""
+    P, pairs, cols, _ = data.shape
+    return data.permute(0, 2, 1, 3).reshape(P * cols, 2 * pairs)[:N, :K]
+
+
 def small_batch_attention(q, k, v, mask=None, scale=None):
     """Reference of :func:`domino_ops.small_batch_attention`: bottom-right causal attention
     of q [B, Hq, M, D] over k, v [B, Hkv, N, D] (query head h reads kv head h // (Hq / Hkv)),

@@ -1,0 +1,258 @@
+// CPU kernel of small_batch_linear_packed: out[M, N] = x[M, K] @ weight[N, K]^T (+ bias[N])
+// for bf16 x and a bf16 weight packed once, ahead of time, into VNNI panels
+// (domino_ops.pack_small_batch_linear_weight), on CPUs with AVX512-BF16 (AMD Zen 4/5, Intel
+// Cooper Lake, Sapphire Rapids and later).
+//
+// Bytes it must move: the packed weight once (N*K*2, padded to whole panels), whatever M
+// is; x, out and the bias are noise next to it at the M of decoding and verification. Work:
+// 2*M*N*K flops. At M = 1 the weight stream is the floor (memory bandwidth); from M of
+// about 6 the VDPBF16PS throughput is (16 rows of a 576 x 576 layer: 25 us on 2 Zen 4
+// cores, 420 GFLOP/s, where small_batch_linear's row-major tiles take 41 us).
+//
+// Why a packed layout: small_batch_linear reads the weight in place (row-major [N, K]), so
+// each 16-lane accumulator holds one output's partial sums over K and must be reduced
+// across its lanes at the end (fold + horizontal adds, ~3.5 instructions per output, ~20 %
+// of the work at K = 576) and stored one element at a time. Packed, the 16 lanes of an
+// accumulator are 16 consecutive outputs: no reduction, one vector store per 16 outputs.
+//
+// Layout: weight [N, K] -> packed [P, Kh, 48, 2] bf16, P = ceil(N / 48) panels, Kh =
+// ceil(K / 2) column pairs: packed[p, k, c, j] = weight[48 p + c, 2 k + j], zero where that
+// is past N or K. One panel is 48 outputs x all of K, contiguous (55 KB at K = 576): its
+// 2 * 48 bf16 of one column pair are three 64-byte vectors.
+//
+// Tiles: 8 x rows x one panel = 24 accumulators of 16 lanes + 3 weight registers + 1
+// broadcast of an x column pair. Per column pair: 3 weight loads, 8 broadcasts, 24
+// VDPBF16PS. The panels are split over the threads (at::parallel_for); a thread runs all
+// the x rows' tiles of a panel back to back, so every tile after the first reads the panel
+// from L1/L2. The weight stream is sequential, so the hardware prefetchers keep ahead of it.
+//
+// Batch invariance, by construction: out[m, n] is one lane of one accumulator: starting at
+// +0, for each column pair k in order, one VDPBF16PS (lane += w[2k+1] x[2k+1] + w[2k] x[2k];
+// products of two bf16 are exact in fp32), then + bias[n] in fp32, then one rounding to
+// out's dtype (bf16: round to nearest even, NaN kept a quiet NaN, as c10::BFloat16). That
+// depends on K alone: not on M, the tile, the row's place in it, the panel split or the
+// thread count. So a row computed alone is bit-identical to the same row among others.
+// VDPBF16PS flushes denormal inputs and results to zero (a bf16 below 1.2e-38 counts as 0).
+#include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstring>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define DOMINO_SBLP_X86 1
+#else
+#define DOMINO_SBLP_X86 0
+#endif
+
+#include "cpu/aligned.h"
+#include "ops.h"
+
+namespace domino::cpu {
+namespace {
+
+using BF16 = c10::BFloat16;
+// x's column pairs read as 32-bit words (bf16 storage seen through another type)
+typedef uint32_t __attribute__((may_alias)) PairWord;
+
+constexpr int kPanelVectors = 3;                        // 16-lane accumulators per x row
+constexpr int64_t kPanelCols = 16 * kPanelVectors;      // outputs per panel
+constexpr int kRowsPerTile = 8;                         // x rows per tile: 24 accumulators
+
+bool cpu_has_avx512_bf16() {
+#if DOMINO_SBLP_X86
+  static const bool ok = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+  }();
+  return ok;
+#else
+  return false;
+#endif
+}
+
+#if DOMINO_SBLP_X86
+#define DOMINO_SBLP_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma")))
+
+// 16 fp32 -> 16 bf16, round to nearest even, NaN -> 0x7fc0 (c10::BFloat16's conversion).
+DOMINO_SBLP_TARGET inline __m256i to_bf16(__m512 v) {
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
+  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rounded, nan, _mm512_set1_epi32(0x7fc0)));
+}
+
+// Rows [0, MR) of x (column pairs as 32-bit words, `ldx` words apart) times one panel
+// (`pairs` column pairs); writes outputs [n0, n0 + cols) of each row, `ldo` apart.
+// Meanwhile it prefetches (to L2) its share of the next panel `next` (null: none): tile t
+// of a panel's T tiles the lines of every T-th column pair from pair t * pairs / T on, so
+// the next panel's requests flow evenly over all of this panel's tiles.
+template <int MR, typename O>
+DOMINO_SBLP_TARGET inline void tile(const BF16* panel, int64_t pairs, const PairWord* x, int64_t ldx,
+                                    const float* bias, O* out, int64_t ldo, int64_t n0, int64_t cols,
+                                    const BF16* next, int64_t t, int64_t T) {
+  __m512 acc[MR][kPanelVectors];
+  for (int m = 0; m < MR; ++m)
+    for (int v = 0; v < kPanelVectors; ++v) acc[m][v] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < pairs; ++k) {
+    const BF16* wk = panel + k * (2 * kPanelCols);
+    const int64_t j = t * pairs + k;  // this step's place among the panel's T * pairs steps
+    if (next != nullptr && j % T == 0) {
+      const char* line = reinterpret_cast<const char*>(next + (j / T) * (2 * kPanelCols));
+      for (int v = 0; v < kPanelVectors; ++v) _mm_prefetch(line + 64 * v, _MM_HINT_T1);
+    }
+    __m512i w[kPanelVectors];
+    for (int v = 0; v < kPanelVectors; ++v) w[v] = _mm512_loadu_si512(wk + 32 * v);
+    for (int m = 0; m < MR; ++m) {
+      const __m512i xb = _mm512_set1_epi32(static_cast<int>(x[m * ldx + k]));
+      for (int v = 0; v < kPanelVectors; ++v) acc[m][v] = _mm512_dpbf16_ps(acc[m][v], (__m512bh)w[v], (__m512bh)xb);
+    }
+  }
+  for (int v = 0; v < kPanelVectors; ++v) {
+    const int64_t c0 = 16 * v;
+    if (c0 >= cols) break;
+    const __mmask16 mask = cols - c0 >= 16 ? static_cast<__mmask16>(0xffff)
+                                           : static_cast<__mmask16>((1u << (cols - c0)) - 1u);
+    const __m512 b = bias != nullptr ? _mm512_maskz_loadu_ps(mask, bias + n0 + c0) : _mm512_setzero_ps();
+    for (int m = 0; m < MR; ++m) {
+      // + bias only when there is one: +0.0 would turn a -0.0 sum into +0.0
+      const __m512 y = bias != nullptr ? _mm512_add_ps(acc[m][v], b) : acc[m][v];
+      O* dst = out + m * ldo + n0 + c0;
+      if constexpr (std::is_same_v<O, float>)
+        _mm512_mask_storeu_ps(dst, mask, y);
+      else
+        _mm256_mask_storeu_epi16(dst, mask, to_bf16(y));
+    }
+  }
+}
+
+// Panels [p0, p1) for all M rows.
+template <typename O>
+DOMINO_SBLP_TARGET __attribute__((flatten)) void run_panels(const BF16* packed, int64_t pairs, const PairWord* x,
+                                                             int64_t ldx, int64_t M, const float* bias, O* out,
+                                                             int64_t N, int64_t panels, int64_t p0, int64_t p1) {
+  for (int64_t p = p0; p < p1; ++p) {
+    const BF16* panel = packed + p * pairs * (2 * kPanelCols);
+    const int64_t n0 = p * kPanelCols, cols = std::min(kPanelCols, N - n0);
+    const int64_t T = (M + kRowsPerTile - 1) / kRowsPerTile;
+    // One tile per panel streams the weights at an even rate, which the hardware
+    // prefetchers follow (software prefetches made M = 1 slower); see tile().
+    const BF16* next = T > 1 && p + 1 < panels ? panel + pairs * (2 * kPanelCols) : nullptr;
+    int64_t m = 0;
+    for (; m + kRowsPerTile <= M; m += kRowsPerTile)
+      tile<kRowsPerTile>(panel, pairs, x + m * ldx, ldx, bias, out + m * N, N, n0, cols, next, m / kRowsPerTile, T);
+    switch (M - m) {  // the rows left: one tile of their own size
+#define DOMINO_SBLP_CASE(c) \
+  case c:                   \
+    tile<c>(panel, pairs, x + m * ldx, ldx, bias, out + m * N, N, n0, cols, next, m / kRowsPerTile, T); \
+    break;
+      DOMINO_SBLP_CASE(1)
+      DOMINO_SBLP_CASE(2)
+      DOMINO_SBLP_CASE(3)
+      DOMINO_SBLP_CASE(4)
+      DOMINO_SBLP_CASE(5)
+      DOMINO_SBLP_CASE(6)
+      DOMINO_SBLP_CASE(7)
+#undef DOMINO_SBLP_CASE
+      default:
+        break;
+    }
+  }
+}
+#endif
+
+void check_args(const at::Tensor& x, const at::Tensor& packed, int64_t N, const std::optional<at::Tensor>& bias,
+                const at::Tensor& out) {
+  auto check = [](const at::Tensor& t, const char* name, int64_t dim) {
+    TORCH_CHECK(t.defined(), name, " must be a tensor");
+    TORCH_CHECK(t.device().is_cpu(), name, " must be on the CPU, got ", t.device());
+    TORCH_CHECK(t.dim() == dim, name, " must have ", dim, " dimensions, got shape ", t.sizes());
+    TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
+  };
+  check(x, "x", 2);
+  check(packed, "packed_weight", 4);
+  check(out, "out", 2);
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16, "x must be bfloat16, got ", x.scalar_type());
+  TORCH_CHECK(packed.scalar_type() == at::kBFloat16, "packed_weight must be bfloat16, got ", packed.scalar_type());
+  TORCH_CHECK(out.scalar_type() == at::kBFloat16 || out.scalar_type() == at::kFloat,
+              "out must be bfloat16 or float32, got ", out.scalar_type());
+  const int64_t M = x.size(0), K = x.size(1);
+  TORCH_CHECK(K > 0, "x must have at least one column, got shape ", x.sizes());
+  TORCH_CHECK(N > 0, "out_features must be positive, got ", N);
+  const int64_t panels = (N + kPanelCols - 1) / kPanelCols, pairs = (K + 1) / 2;
+  TORCH_CHECK(packed.size(0) == panels && packed.size(1) == pairs && packed.size(2) == kPanelCols &&
+                  packed.size(3) == 2,
+              "packed_weight must have shape [", panels, ", ", pairs, ", ", kPanelCols,
+              ", 2] (a [", N, ", ", K, "] weight packed by pack_small_batch_linear_weight), got ", packed.sizes());
+  TORCH_CHECK(out.size(0) == M && out.size(1) == N, "out must have shape [", M, ", ", N, "], got ", out.sizes());
+  auto no_overlap = [&](const at::Tensor& t, const char* name) {
+    TORCH_CHECK(out.numel() == 0 || t.numel() == 0 || at::get_overlap_status(out, t) == at::MemOverlapStatus::No,
+                "out must not overlap ", name);
+  };
+  no_overlap(x, "x");
+  no_overlap(packed, "packed_weight");
+  if (bias.has_value() && bias->defined()) {
+    check(*bias, "bias", 1);
+    TORCH_CHECK(bias->scalar_type() == at::kBFloat16 || bias->scalar_type() == at::kFloat,
+                "bias must be bfloat16 or float32, got ", bias->scalar_type());
+    TORCH_CHECK(bias->size(0) == N, "bias must have shape [", N, "], got ", bias->sizes());
+    no_overlap(*bias, "bias");
+  }
+}
+
+}  // namespace
+
+bool small_batch_linear_packed_supported() { return cpu_has_avx512_bf16(); }
+
+void small_batch_linear_packed_cpu(const at::Tensor& x, const at::Tensor& packed, int64_t N,
+                                   const std::optional<at::Tensor>& bias, at::Tensor out) {
+  check_args(x, packed, N, bias, out);
+  TORCH_CHECK(cpu_has_avx512_bf16(),
+              "small_batch_linear_packed needs a CPU with AVX512-BF16 (and AVX512-BW/VL); this one has none: "
+              "use small_batch_linear");
+#if DOMINO_SBLP_X86
+  const int64_t M = x.size(0), K = x.size(1);
+  if (M == 0) return;
+  const int64_t pairs = (K + 1) / 2, panels = packed.size(0);
+  // x as 32-bit column pairs: in place when K is even, else copied with a zero last column.
+  const PairWord* xw = reinterpret_cast<const PairWord*>(x.data_ptr<BF16>());
+  thread_local CacheLineVector<BF16> xpad;
+  if (K % 2 != 0) {
+    xpad.assign(M * 2 * pairs, BF16(0.0f));
+    for (int64_t m = 0; m < M; ++m) std::memcpy(xpad.data() + m * 2 * pairs, x.data_ptr<BF16>() + m * K, K * sizeof(BF16));
+    xw = reinterpret_cast<const PairWord*>(xpad.data());
+  }
+  at::Tensor bias32;
+  const float* b = nullptr;
+  if (bias.has_value() && bias->defined()) {
+    bias32 = bias->scalar_type() == at::kFloat ? bias->contiguous() : bias->to(at::kFloat);
+    b = bias32.data_ptr<float>();
+  }
+  const BF16* w = packed.data_ptr<BF16>();
+  // At least ~32 KB of weights per thread, so tiny layers do not pay for a fork.
+  const int64_t grain = std::max<int64_t>(1, (32 << 10) / (kPanelCols * 2 * pairs * 2));
+  if (out.scalar_type() == at::kFloat) {
+    float* o = out.data_ptr<float>();
+    at::parallel_for(0, panels, grain, [&](int64_t p0, int64_t p1) {
+      run_panels<float>(w, pairs, xw, pairs, M, b, o, N, panels, p0, p1);
+    });
+  } else {
+    BF16* o = out.data_ptr<BF16>();
+    at::parallel_for(0, panels, grain, [&](int64_t p0, int64_t p1) {
+      run_panels<BF16>(w, pairs, xw, pairs, M, b, o, N, panels, p0, p1);
+    });
+  }
+#endif
+}
+
+}  // namespace domino::cpu
+
+// The CPU implementation of the op's schema (bindings/schemas.h).
+TORCH_LIBRARY_IMPL(domino_ops, CPU, m) {
+  m.impl("small_batch_linear_packed", &domino::cpu::small_batch_linear_packed_cpu);
+}

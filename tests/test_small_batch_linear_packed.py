@@ -1,0 +1,240 @@
+"""small_batch_linear_packed: the packing round trip, agreement with float64 on awkward
+shapes with every output element written, the exact VDPBF16PS summation order (which is
+what makes it batch-invariant), bit-exact batch invariance, the switch in
+domino.fast_linear, bad input."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given
+from hypothesis import strategies as st
+
+import domino_ops
+from domino_ops import reference
+
+SUPPORTED = domino_ops.small_batch_linear_packed_supported()
+needs_cpu = pytest.mark.skipif(not SUPPORTED, reason="this CPU has no AVX512-BF16")
+op = torch.ops.domino_ops.small_batch_linear_packed
+OUT_DTYPES = [torch.bfloat16, torch.float32]
+
+
+def make(M, N, K, bias, seed, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(M, K, generator=g) * scale).bfloat16()
+    w = (torch.randn(N, K, generator=g) / K ** 0.5).bfloat16()
+    b = torch.randn(N, generator=g) if bias else None
+    return x, w, b
+
+
+def run_op(x, packed, b, out_dtype):
+    """The dispatcher op with an output poisoned with NaN: an unwritten element fails."""
+    out = torch.full((x.shape[0], packed.out_features), float("nan"), dtype=out_dtype)
+    op(x, packed.data, packed.out_features, b, out)
+    return out
+
+
+def vdpbf16ps_order(x, w, b):
+    """The kernel's arithmetic, step by step in fp32: each output starts at +0 and takes one
+    column pair at a time, the odd column's product added first, then the even one's (both
+    exact in fp32; each addition rounds), then + bias. [M, N] float32."""
+    if x.shape[1] % 2:
+        x, w = F.pad(x, (0, 1)), F.pad(w, (0, 1))
+    xf, wf = x.float(), w.float()
+    acc = torch.zeros(x.shape[0], w.shape[0])
+    for k in range(0, xf.shape[1], 2):
+        acc = acc + xf[:, k + 1, None] * wf[None, :, k + 1]
+        acc = acc + xf[:, k, None] * wf[None, :, k]
+    return acc if b is None else acc + b.float()
+
+
+@given(N=st.integers(1, 150), K=st.integers(1, 140), seed=st.integers(0, 2**31 - 1))
+def test_pack_round_trip_and_zero_padding(N, K, seed):
+    _, w, _ = make(1, N, K, False, seed)
+    p = domino_ops.pack_small_batch_linear_weight(w)
+    assert p.data.shape == (-(-N // 48), -(-K // 2), 48, 2) and p.data.dtype == torch.bfloat16
+    assert (p.out_features, p.in_features) == (N, K)
+    assert torch.equal(reference.unpack_small_batch_linear_weight(p.data, N, K), w)
+    full = p.data.permute(0, 2, 1, 3).reshape(-1, p.data.shape[1] * 2)
+    assert not full[N:].any() and not full[:, K:].any()  # padding is zeros
+
+
+@needs_cpu
+@given(M=st.sampled_from([1, 2, 3, 5, 7, 8, 9, 13, 16, 17, 24, 33, 70]), N=st.sampled_from([1, 5, 16, 47, 48, 49, 97, 200]),
+       K=st.sampled_from([1, 2, 3, 15, 16, 33, 64, 129]), bias=st.booleans(), out_dtype=st.sampled_from(OUT_DTYPES),
+       seed=st.integers(0, 2**31 - 1))
+def test_matches_float64_and_writes_every_element(M, N, K, bias, out_dtype, seed):
+    x, w, b = make(M, N, K, bias, seed)
+    y = run_op(x, domino_ops.pack_small_batch_linear_weight(w), b, out_dtype)
+    assert not torch.isnan(y).any(), "unwritten (NaN-poisoned) output elements"
+    exact = F.linear(x.double(), w.double(), None if b is None else b.double())
+    mag = F.linear(x.double().abs(), w.double().abs(), None if b is None else b.double().abs())
+    bound = mag * ((K + 2) * 2.0 ** -23) + 1e-30
+    if out_dtype == torch.bfloat16:
+        bound = bound + exact.abs() * 2.0 ** -8
+    err = (y.double() - exact).abs()
+    assert (err <= bound).all(), f"max error {err.max():.3g}"
+
+
+@needs_cpu
+@given(M=st.integers(1, 20), N=st.sampled_from([3, 48, 61]), K=st.sampled_from([1, 7, 32, 77]), bias=st.booleans(),
+       seed=st.integers(0, 2**31 - 1))
+def test_bit_exact_vdpbf16ps_order(M, N, K, bias, seed):
+    """Each output is the one fixed sequence of fp32 additions over K: nothing about M, the
+    tile or the thread enters it, which is the batch invariance."""
+    x, w, b = make(M, N, K, bias, seed, scale=3.0)
+    p = domino_ops.pack_small_batch_linear_weight(w)
+    expect = vdpbf16ps_order(x, w, b)
+    assert torch.equal(run_op(x, p, b, torch.float32), expect)
+    assert torch.equal(run_op(x, p, b, torch.bfloat16), expect.bfloat16())  # one rounding, to nearest even
+
+
+@needs_cpu
+def test_order_oracle_has_teeth():
+    """The order oracle tells the kernel's order apart: the even-first order, or one rounding
+    per pair, differ from it somewhere on random data."""
+    x, w, _ = make(8, 48, 64, False, 1, scale=3.0)
+    y = run_op(x, domino_ops.pack_small_batch_linear_weight(w), None, torch.float32)
+    xf, wf = x.float(), w.float()
+    even_first = torch.zeros(8, 48)
+    for k in range(0, 64, 2):
+        even_first = even_first + xf[:, k, None] * wf[None, :, k]
+        even_first = even_first + xf[:, k + 1, None] * wf[None, :, k + 1]
+    assert not torch.equal(y, even_first)
+
+
+@needs_cpu
+@given(M=st.integers(1, 40), N=st.sampled_from([1, 50, 100]), K=st.sampled_from([7, 40, 129]),
+       bias=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_batch_invariant_bit_for_bit(M, N, K, bias, seed):
+    """Row i is the same bits alone, among others at any position, whatever they hold."""
+    x, w, b = make(M, N, K, bias, seed, scale=3.0)
+    p = domino_ops.pack_small_batch_linear_weight(w)
+    full = run_op(x, p, b, torch.bfloat16)
+    assert torch.equal(torch.cat([run_op(x[i:i + 1], p, b, torch.bfloat16) for i in range(M)]), full)
+    others, _, _ = make(23, N, K, False, seed + 1, scale=1e3)
+    for pos in range(0, 24, 5):
+        mixed = torch.cat([others[:pos], x[:1], others[pos:]])
+        assert torch.equal(run_op(mixed, p, b, torch.bfloat16)[pos], full[0])
+
+
+@needs_cpu
+def test_invariant_across_thread_counts():
+    x, w, b = make(30, 1000, 96, True, 0)
+    p = domino_ops.pack_small_batch_linear_weight(w)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = run_op(x, p, b, torch.float32)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(run_op(x, p, b, torch.float32), one)
+
+
+@needs_cpu
+def test_nan_and_inf_stay_in_their_row():
+    x, w, _ = make(5, 60, 32, False, 0)
+    x[2, 3] = float("nan")
+    x[4, 0] = float("inf")
+    y = run_op(x, domino_ops.pack_small_batch_linear_weight(w), None, torch.bfloat16)
+    assert torch.isnan(y[2]).all() and not torch.isnan(y[[0, 1, 3]]).any()
+    assert torch.isinf(y[4]).any() or torch.isnan(y[4]).any()
+
+
+@needs_cpu
+def test_wrapper_matches_reference_backend_and_flattens():
+    x, w, b = make(6, 70, 40, True, 3)
+    p = domino_ops.pack_small_batch_linear_weight(w)
+    y = domino_ops.small_batch_linear_packed(x.view(2, 3, 40), p, b, out_dtype=torch.float32)
+    ref = domino_ops.small_batch_linear_packed(x.view(2, 3, 40), p, b, out_dtype=torch.float32, backend="reference")
+    assert y.shape == (2, 3, 70)
+    torch.testing.assert_close(y, ref, atol=1e-4, rtol=1e-4)
+    assert domino_ops.small_batch_linear_packed(x[:0], p).shape == (0, 70)
+
+
+@needs_cpu
+def test_opcheck():
+    x, w, b = make(3, 5, 20, True, 0)
+    p = domino_ops.pack_small_batch_linear_weight(w)
+    torch.library.opcheck(op.default, (x, p.data, 5, b, torch.empty(3, 5)),
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
+
+
+P = domino_ops.pack_small_batch_linear_weight(torch.randn(6, 8))
+WRAPPER_CASES = [
+    (dict(x="x"), TypeError, "x must be a torch.Tensor"),
+    (dict(weight=torch.randn(6, 8)), TypeError, "weight must be a PackedLinearWeight"),
+    (dict(x=torch.randn(3, 8)), TypeError, "x must be bfloat16"),
+    (dict(x=torch.tensor(1.0).bfloat16()), ValueError, "x must have at least 1 dimension"),
+    (dict(x=torch.randn(3, 7).bfloat16()), ValueError, r"x must have shape \[\.\.\., 8\]"),
+    (dict(x=torch.randn(3, 8, device="meta").bfloat16()), ValueError, "x must be on the CPU"),
+    (dict(bias=torch.randn(5)), ValueError, r"bias must have shape \[6\]"),
+    (dict(bias=torch.randn(6).double()), TypeError, "bias must be float32 or bfloat16"),
+    (dict(out_dtype=torch.float16), TypeError, "out_dtype must be bfloat16 or float32"),
+    (dict(backend="triton"), ValueError, "backend must be one of"),
+]
+
+
+@pytest.mark.parametrize("over,exc,msg", WRAPPER_CASES)
+def test_wrapper_bad_input(over, exc, msg):
+    args = dict(x=torch.randn(3, 8).bfloat16(), weight=P, bias=None, out_dtype=None, backend=None)
+    args.update(over)
+    with pytest.raises(exc, match=msg):
+        domino_ops.small_batch_linear_packed(args["x"], args["weight"], args["bias"], out_dtype=args["out_dtype"],
+                                             backend=args["backend"])
+
+
+def test_pack_bad_input():
+    with pytest.raises(TypeError, match="weight must be float32 or bfloat16"):
+        domino_ops.pack_small_batch_linear_weight(torch.ones(3, 4, dtype=torch.int64))
+    with pytest.raises(ValueError, match="weight must have 2 dimensions"):
+        domino_ops.pack_small_batch_linear_weight(torch.randn(4))
+    with pytest.raises(ValueError, match="weight must be on the CPU"):
+        domino_ops.pack_small_batch_linear_weight(torch.randn(3, 4, device="meta"))
+
+
+buf = torch.empty(64, dtype=torch.bfloat16)
+DIRECT_CASES = [
+    (dict(x=torch.randn(3, 2, 8).bfloat16()), "x must have 2 dimensions"),
+    (dict(x=torch.randn(8, 3).bfloat16().T), "x must be contiguous"),
+    (dict(x=torch.randn(3, 8)), "x must be bfloat16"),
+    (dict(packed=P.data.float()), "packed_weight must be bfloat16"),
+    (dict(packed=P.data[..., :1]), "packed_weight must be contiguous|packed_weight must have shape"),
+    (dict(packed=torch.zeros(1, 5, 48, 2, dtype=torch.bfloat16)), r"packed_weight must have shape \[1, 4, 48, 2\]"),
+    (dict(N=49), r"packed_weight must have shape \[2, 4, 48, 2\]"),
+    (dict(N=0), "out_features must be positive"),
+    (dict(bias=torch.randn(7)), r"bias must have shape \[6\]"),
+    (dict(bias=torch.randn(6).double()), "bias must be bfloat16 or float32"),
+    (dict(out=torch.empty(3, 5)), r"out must have shape \[3, 6\]"),
+    (dict(out=torch.empty(3, 6, dtype=torch.float16)), "out must be bfloat16 or float32"),
+    (dict(x=buf[:24].view(3, 8), out=buf[6:24].view(3, 6)), "out must not overlap x"),
+]
+
+
+@pytest.mark.parametrize("over,msg", DIRECT_CASES)
+def test_direct_dispatcher_call_is_checked(over, msg):
+    """torch.ops callers skip the wrapper; the C++ checks refuse before any access."""
+    args = dict(x=torch.randn(3, 8).bfloat16(), packed=P.data, N=6, bias=torch.randn(6), out=torch.empty(3, 6))
+    args.update(over)
+    with pytest.raises(RuntimeError, match=msg):
+        op(args["x"], args["packed"], args["N"], args["bias"], args["out"])
+
+
+@needs_cpu
+def test_fast_linear_runs_packed_and_repacks_a_changed_weight():
+    from domino.fast_linear import packed_weight, runs_packed, undo_small_batch_linear, use_small_batch_linear
+
+    lin = torch.nn.Linear(40, 100).bfloat16()
+    use_small_batch_linear(lin)
+    assert runs_packed(lin)
+    x = torch.randn(5, 40).bfloat16()
+    with torch.no_grad():
+        y = lin(x)
+        assert torch.equal(y, domino_ops.small_batch_linear_packed(x, packed_weight(lin), lin.bias))
+        lin.weight.mul_(2)  # in place: the cached packed copy is stale and must be rebuilt
+        assert torch.equal(lin(x), domino_ops.small_batch_linear_packed(
+            x, domino_ops.pack_small_batch_linear_weight(lin.weight), lin.bias))
+        lin.weight = torch.nn.Parameter(torch.randn(100, 40).bfloat16())  # replaced
+        torch.testing.assert_close(lin(x), F.linear(x, lin.weight, lin.bias), atol=5e-2, rtol=5e-2)
+    assert "weight" in dict(lin.named_parameters()) and len(lin.state_dict()) == 2  # no packed copy in it
+    undo_small_batch_linear(lin)
+    assert not runs_packed(lin) and "_domino_packed" not in lin.__dict__
