@@ -21,6 +21,7 @@ import argparse
 import os
 import statistics
 import time
+import types
 
 import torch
 import torch.nn.functional as F
@@ -30,13 +31,18 @@ from domino.target import cache_kwarg
 from domino_ops import cpu
 from timing import median_seconds
 from domino.fast_attention import undo_small_batch_attention, use_small_batch_attention
-from domino.fast_linear import undo_small_batch_linear, use_small_batch_linear
+from domino import fast_linear
+from domino.fast_linear import runs_packed, undo_small_batch_linear, use_small_batch_linear, uses_small_batch_linear
 
 KS = (1, 2, 4, 8, 16, 32)
 SHAPES = ((576, 576), (1536, 576), (576, 1536), (49152, 576))  # (N, K): q/o, gate/up, down, LM head
-# variant: (small_batch_linear, small_batch_attention)
-VARIANTS = {"torch": (False, False), "kernel": (True, False), "kernel+attention": (True, True)}
-LABELS = {"torch": "PyTorch", "kernel": "small_batch_linear", "kernel+attention": "+ small_batch_attention"}
+# variant: (small_batch_linear, packed weights, small_batch_attention). "kernel" is what
+# domino.fast_linear runs: the packed kernel for bf16 on an AVX512-BF16 CPU, else the
+# row-major one; "row-major" forces the row-major kernel (shown where packing applies).
+VARIANTS = {"torch": (False, False, False), "row-major": (True, False, False), "kernel": (True, True, False),
+            "kernel+attention": (True, True, True)}
+LABELS = {"torch": "PyTorch", "row-major": "small_batch_linear row-major", "kernel": "small_batch_linear",
+          "kernel+attention": "+ small_batch_attention"}
 
 
 def cpu_flags() -> str:
@@ -64,13 +70,16 @@ def forward_times(model, cache_len: int, repeats: int, ks=KS) -> dict:
     cache = DynamicCache()
     times = {}
     kv = cache_kwarg(model.forward)  # "cache" or "past_key_values" (the transformers version's)
+    use_small_batch_linear(model)  # once: switching packs the bf16 weights
+    packs = runs_packed(model.lm_head)
+    variants = {v: f for v, f in VARIANTS.items() if v != "row-major" or packs}
     with torch.inference_mode():
         model(input_ids=prompt, **{kv: cache}, use_cache=True)
         for k in ks:
             ids = torch.randint(0, vocab, (1, k), generator=g)
             for rep in range(repeats + 2):  # the first two rounds are warm-up
-                for variant, (linear, attention) in VARIANTS.items():
-                    (use_small_batch_linear if linear else undo_small_batch_linear)(model)
+                for variant, (linear, packed, attention) in variants.items():
+                    run_linear_as(model, linear, packed and packs)
                     (use_small_batch_attention if attention else undo_small_batch_attention)(model)
                     t0 = CLOCK()
                     out = model(input_ids=ids, **{kv: cache}, use_cache=True)
@@ -82,6 +91,19 @@ def forward_times(model, cache_len: int, repeats: int, ks=KS) -> dict:
     undo_small_batch_linear(model)
     undo_small_batch_attention(model)
     return times
+
+
+def run_linear_as(model, linear: bool, packed: bool) -> None:
+    """The switched model's nn.Linear layers run PyTorch's F.linear (linear False), the
+    row-major kernel or the packed one. Toggles the switch's own per-layer flag, so the
+    packed copies are made once, not at every switch."""
+    for mod in model.modules():
+        if uses_small_batch_linear(mod) and type(mod) is torch.nn.Linear:
+            if linear:
+                mod.forward = types.MethodType(fast_linear._small_batch_forward, mod)
+            else:
+                mod.__dict__.pop("forward", None)
+            setattr(mod, fast_linear._PACKS, packed)
 
 
 def model_table(repeats: int, cache_len: int, dtypes) -> None:
@@ -97,7 +119,7 @@ def model_table(repeats: int, cache_len: int, dtypes) -> None:
             med[(dt, variant, k)] = (statistics.median(ts), min(ts), max(ts))
         del model
     names = {torch.float32: "fp32", torch.bfloat16: "bf16"}
-    cols = [(dt, v) for dt in dtypes for v in VARIANTS]
+    cols = [(dt, v) for dt in dtypes for v in VARIANTS if (dt, v, 1) in med]
     for stat, label in ((0, f"median of {repeats}"), (1, f"minimum of {repeats} (robust to other load)")):
         print(f"\nSmolLM2-135M-Instruct, forward over k new tokens, KV cache {cache_len} tokens, {label}; "
               "ratio = time / its own k = 1 time\n")
@@ -130,22 +152,28 @@ def median_time(f, repeats: int) -> float:
 def micro_table(repeats: int, dtypes) -> None:
     print("\nThe op alone against F.linear (median of "
           f"{repeats}; the smaller weights stay in cache between calls, the LM head does not):\n")
-    print("| dtype | N x K | M | F.linear | small_batch_linear | GB/s (weights) | GFLOP/s |")
-    print("|---|---|---|---|---|---|---|")
+    print("| dtype | N x K | M | F.linear | small_batch_linear | GB/s (weights) | GFLOP/s | packed | GFLOP/s |")
+    print("|---|---|---|---|---|---|---|---|---|")
     op = torch.ops.domino_ops.small_batch_linear.default
+    packed_op = torch.ops.domino_ops.small_batch_linear_packed.default
     g = torch.Generator().manual_seed(0)
     for dt in dtypes:
         for N, K in SHAPES:
             w = torch.randn(N, K, generator=g).to(dt)
-            for M in (1, 16):
+            for M in (1, 6, 16):
                 x = torch.randn(M, K, generator=g).to(dt)
                 out = torch.empty(M, N, dtype=dt)
                 t_ref = median_time(lambda: F.linear(x, w), repeats)
                 t_op = median_time(lambda: op(x, w, None, out), repeats)
                 gbs = N * K * w.element_size() / t_op / 1e9
                 gf = 2 * M * N * K / t_op / 1e9
+                packed = ""
+                if dt == torch.bfloat16 and domino_ops.small_batch_linear_packed_supported():
+                    wp = domino_ops.pack_small_batch_linear_weight(w).data
+                    t_p = median_time(lambda: packed_op(x, wp, N, None, out), repeats)
+                    packed = f" {t_p * 1e6:.0f} us ({t_ref / t_p:.1f}x) | {2 * M * N * K / t_p / 1e9:.1f} |"
                 print(f"| {str(dt)[6:]} | {N} x {K} | {M} | {t_ref * 1e6:.0f} us | {t_op * 1e6:.0f} us "
-                      f"({t_ref / t_op:.1f}x) | {gbs:.1f} | {gf:.1f} |")
+                      f"({t_ref / t_op:.1f}x) | {gbs:.1f} | {gf:.1f} |" + (packed or " | |"))
 
 
 def main() -> None:

@@ -290,9 +290,9 @@ def kernels_fingerprint() -> str:
 def cost_key(gen, batch_size: int) -> str:
     """What the costs depend on: the models' shapes and dtypes, the drafter's draft
     vocabulary, the device, the machine, torch's version and thread count, the compiled
-    kernels, whether the small-batch linear is on, the target's attention implementation,
+    kernels, whether the small-batch linear is on (and packed, and its forced path), the target's attention implementation,
     the batch size."""
-    from domino.fast_linear import uses_small_batch_linear
+    from domino.fast_linear import runs_packed, uses_small_batch_linear
 
     target = gen.target
     dev = gen.device
@@ -308,6 +308,8 @@ def cost_key(gen, batch_size: int) -> str:
         "torch": torch.__version__,
         "kernels": kernels_fingerprint(),
         "small_batch_linear": uses_small_batch_linear(target),
+        "small_batch_linear_packed": any(runs_packed(m) for m in target.modules()),
+        "small_batch_linear_isa": os.environ.get("DOMINO_SMALL_BATCH_LINEAR_ISA", ""),
         "attention": target.config._attn_implementation,
         "batch_size": batch_size,
         "cpu_isa": os.environ.get("DOMINO_CPU_ISA", ""),
