@@ -9,9 +9,10 @@ kernels serve both sides of each comparison) it times, on the same prompts:
 - plain HF greedy ``generate`` and HF prompt lookup (``prompt_lookup_num_tokens``);
 - Domino, a chain of the whole block every round (``num_drafts`` = block - 1);
 - Domino, a chain with the adaptive budget (``tree=None``);
-- Domino, a tree (``--tree``, default 3,4: ``generate``'s default at T = 0; its size
-  chosen each round by the adaptive budget unless given), head on, and the same tree with
-  the head off (children from the base marginals only: a block drafter's tree, without
+- Domino, a tree (``--tree``, default 3,4; its size chosen each round by the adaptive
+  budget unless given) with prompt-lookup chains grafted on (``generate``'s default at
+  T = 0, :mod:`domino.lookup`), the same tree alone (head on), and the tree alone with the
+  head off (children from the base marginals only: a block drafter's tree, without
   causal state).
 
 Speedups are against the fastest plain decoding of all configurations, PyTorch's own
@@ -133,8 +134,9 @@ def methods(gen, args, tree):
             (f"HF prompt lookup ({args.prompt_lookup_tokens})", lookup),
             (f"Domino chain {n_block}", spec(num_drafts=n_block)),
             ("Domino chain, adaptive", spec(tree=None)),
-            (f"Domino tree {shape}", spec(tree=tree)),
-            (f"tree {shape}, head off", spec(tree=tree, use_head=False))]
+            (f"Domino tree {shape} + lookup", spec(tree=tree)),
+            (f"Domino tree {shape}", spec(tree=tree, lookup_tokens=0)),
+            (f"tree {shape}, head off", spec(tree=tree, use_head=False, lookup_tokens=0))]
 
 
 def load(config: str, drafter):
@@ -160,7 +162,7 @@ def cmd_compare(args) -> None:
         for rep in range(args.repeats):
             for name, fn in ms:
                 passes[name].append(one_pass(fn, prompts, gen))
-                print(f"  {config:11} pass {rep + 1}/{args.repeats} {name:30} {passes[name][-1]['tps']:6.1f} tok/s",
+                print(f"  {config:11} pass {rep + 1}/{args.repeats} {name:34} {passes[name][-1]['tps']:6.1f} tok/s",
                       flush=True)
         for name, _ in ms:
             ratios = [a["tps"] / b["tps"] for a, b in zip(passes[name], passes["plain HF greedy"])]
@@ -173,13 +175,13 @@ def cmd_compare(args) -> None:
             f"{torch.get_num_threads()} threads, torch {torch.__version__}; speedup vs the fastest plain "
             f"decoding ({fastest['config']}, {fastest['tps']:.1f} tok/s); per pass: the median of each pass's "
             "ratio to plain greedy in the same configuration")
-    lines = [head, f"{'config':11} | {'method':30} | {'tok/s':>6} | {'speedup':>7} | {'per pass':>8} | {'tau':>5} | "
+    lines = [head, f"{'config':11} | {'method':34} | {'tok/s':>6} | {'speedup':>7} | {'per pass':>8} | {'tau':>5} | "
              f"{'verified':>8} | {'draft ms':>8} | {'target ms':>9} | {'other ms':>8} | identical",
-             "-" * 133]
+             "-" * 137]
     for r in rows:
         same = r["outputs"] == plains[r["config"]]["outputs"]  # vs plain greedy in the same configuration
         spec = "lookup" not in r["name"] and "plain" not in r["name"]
-        lines.append(f"{r['config']:11} | {r['name']:30} | {r['tps']:6.1f} | {r['tps'] / fastest['tps']:6.2f}x | "
+        lines.append(f"{r['config']:11} | {r['name']:34} | {r['tps']:6.1f} | {r['tps'] / fastest['tps']:6.2f}x | "
                      f"{r['pass_ratio']:7.2f}x | "
                      + (f"{r['tau']:5.2f} | {r['verified']:8.2f} | {r['draft_ms']:8.1f} | {r['target_ms']:9.1f} | "
                         f"{r['other_ms']:8.1f}" if spec else f"{'':5} | {'':8} | {'':8} | {'':9} | {'':8}")
@@ -209,7 +211,8 @@ def cmd_sweep(args) -> None:
     for use_head in (True, False):
         on = "head on" if use_head else "head off"
         curves[f"chain, {on}"] = [(n, {"num_drafts": n}) for n in (1, 2, 3, 4, 6, 8, n_block)]
-        curves[f"tree, {on}"] = [(N, {"tree": domino.TreeShape(4, 6, N)}) for N in (3, 4, 6, 8, 12, 16, 24)]
+        curves[f"tree, {on}"] = [(N, {"tree": domino.TreeShape(4, 6, N), "lookup_tokens": 0})
+                                 for N in (3, 4, 6, 8, 12, 16, 24)]
         for key in (f"chain, {on}", f"tree, {on}"):
             pts = []
             for size, kw in curves[key]:
@@ -260,7 +263,7 @@ def main() -> None:
     parser.add_argument("--drafter", type=Path, default=DEFAULT_DRAFTER_DIR)
     parser.add_argument("--tree", type=int, nargs=3, default=(3, 4, 0), metavar=("TOPK", "DEPTH", "NODES"),
                         help="the tree's shape; NODES 0: chosen each round by the adaptive budget")
-    parser.add_argument("--prompt-lookup-tokens", type=int, default=10)
+    parser.add_argument("--prompt-lookup-tokens", type=int, default=10, help="HF prompt lookup's tokens per step")
     parser.add_argument("--chat", action="store_true", help="held-out chat prompts instead of HumanEval")
     parser.add_argument("--sweep", action="store_true", help="acceptance vs tokens verified (plot)")
     args = parser.parse_args()

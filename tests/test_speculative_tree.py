@@ -101,10 +101,13 @@ def test_tree_matches_target_greedy(kind, use_head, batch, shape):
     gen = tiny_generator(kind)
     cheap_verification(gen, batch)
     ps = prompts(batch, seed=batch + shape.topk)
-    spec = gen.generate(ps, max_new_tokens=30, use_head=use_head, tree=shape)
-    assert spec.token_ids == greedy_plain(gen, ps, 30)
+    plain = greedy_plain(gen, ps, 30)
+    spec = gen.generate(ps, max_new_tokens=30, use_head=use_head, tree=shape, lookup_tokens=0)
+    assert spec.token_ids == plain
     assert all(1 <= a <= shape.depth + 1 for seq in spec.acceptance_lengths for a in seq)
     assert_mostly_multi_token(spec)
+    # with prompt-lookup chains grafted on (the default): still the target's greedy tokens
+    assert gen.generate(ps, max_new_tokens=30, use_head=use_head, tree=shape).token_ids == plain
 
 
 @pytest.mark.parametrize("drafter_kw", [dict(shift_label=True), dict(pure_draft_prefix_len=0),
@@ -140,7 +143,8 @@ def test_topk_one_tree_is_the_chain(kind, use_head):
     gen = tiny_generator(kind)
     ps = prompts(3, seed=9)
     chain = gen.generate(ps, max_new_tokens=30, use_head=use_head, num_drafts=gen.drafter.config.num_drafts)
-    tree = gen.generate(ps, max_new_tokens=30, use_head=use_head, tree=every_node(1, gen.drafter.config.num_drafts))
+    tree = gen.generate(ps, max_new_tokens=30, use_head=use_head, tree=every_node(1, gen.drafter.config.num_drafts),
+                        lookup_tokens=0)
     assert tree.token_ids == chain.token_ids
     assert tree.acceptance_lengths == chain.acceptance_lengths
 
@@ -213,7 +217,7 @@ def test_acceptance_through_siblings(topk, depth):
     full[2] = [(t + 1) % 64 for t in full[2]]  # sequence 2's trees never hold its path
     rig = RiggedTree(gen, full)
     try:
-        spec = gen.generate(ps, max_new_tokens=40, tree=every_node(topk, depth))
+        spec = gen.generate(ps, max_new_tokens=40, tree=every_node(topk, depth), lookup_tokens=0)
     finally:
         rig.restore()
     assert spec.token_ids == plain
@@ -247,7 +251,7 @@ def test_sibling_paths_feed_the_drafter_what_a_chain_feeds():
         return res, calls
 
     chain, chain_calls = run(RiggedDrafts, num_drafts=n)
-    tree, tree_calls = run(RiggedTree, tree=every_node(2, n))
+    tree, tree_calls = run(RiggedTree, tree=every_node(2, n), lookup_tokens=0)
     assert chain.token_ids == tree.token_ids == plain
     assert chain.acceptance_lengths == tree.acceptance_lengths
     assert len(chain_calls) == len(tree_calls)
@@ -262,7 +266,7 @@ def test_alternating_sibling_and_zero_acceptance():
     plain = greedy_plain(gen, ps, 80)
     rig = RiggedTree(gen, [p + t for p, t in zip(ps, plain)], alternate=True)
     try:
-        spec = gen.generate(ps, max_new_tokens=80, tree=every_node(3, 4))
+        spec = gen.generate(ps, max_new_tokens=80, tree=every_node(3, 4), lookup_tokens=0)
     finally:
         rig.restore()
     assert spec.token_ids == plain
@@ -278,7 +282,7 @@ def test_without_compaction_sibling_acceptance_goes_wrong(monkeypatch):
     monkeypatch.setattr(domino.generate, "compact_tree_cache", lambda cache, path, n: None)
     rig = RiggedTree(gen, [p + t for p, t in zip(ps, plain)])
     try:
-        spec = gen.generate(ps, max_new_tokens=30, tree=every_node(2, 3))
+        spec = gen.generate(ps, max_new_tokens=30, tree=every_node(2, 3), lookup_tokens=0)
     finally:
         rig.restore()
     assert spec.token_ids != plain
@@ -319,7 +323,7 @@ def test_adaptive_tree_is_planned_before_drafting(costs, expect):
     trees = []
     real = gen.drafter.draft_tree
     gen.drafter.draft_tree = lambda *a, **kw: trees.append(1) or real(*a, **kw)
-    spec = gen.generate(ps, max_new_tokens=40, tree=TreeShape(2, 3))
+    spec = gen.generate(ps, max_new_tokens=40, tree=TreeShape(2, 3), lookup_tokens=0)
     assert spec.token_ids == greedy_plain(gen, ps, 40)
     drafted = [x > 1 for x in spec.verified_lengths[0]]
     assert len(trees) == sum(drafted)  # a tree was drafted exactly in the rounds that verified one

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from domino.lookup import DEFAULT_LOOKUP_TOKENS
+
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="domino", description="Domino speculative decoding")
@@ -17,6 +19,8 @@ def main(argv=None) -> int:
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--no-head", action="store_true", help="backbone-only drafting (the DFlash baseline)")
     g.add_argument("--seed", type=int, default=0, help="seed for sampling (temperature > 0)")
+    g.add_argument("--lookup-tokens", type=int, default=DEFAULT_LOOKUP_TOKENS,
+                   help="prompt-lookup tokens grafted onto each greedy tree round (0: the drafter's tree alone)")
     shape = g.add_mutually_exclusive_group()
     shape.add_argument("--tree", metavar="TOPK,DEPTH[,NODES]",
                        help="draft and verify this tree per round: TOPK children per node, DEPTH levels, NODES "
@@ -58,7 +62,7 @@ def main(argv=None) -> int:
           file=sys.stderr)
     gen.generate("warm-up", max_new_tokens=4)  # first-call overheads out of the timing
     res = gen.generate(args.prompt, use_head=not args.no_head, tree=tree, num_drafts=args.num_drafts,
-                       generator=torch.Generator().manual_seed(args.seed),
+                       generator=torch.Generator().manual_seed(args.seed), lookup_tokens=args.lookup_tokens,
                        stream=TextPrinter(gen.tokenizer), **kw)
     print()
     print(f"[domino] {len(res.token_ids)} tokens, {res.tokens_per_second:.1f} tok/s, "
@@ -82,7 +86,8 @@ def _compare(gen, args, tree, kw, streamed_ids: list[int]) -> int:
     for _ in range(args.repeats):
         base.append(gen.generate_target_only(args.prompt, **kw))
         spec.append(gen.generate(args.prompt, use_head=not args.no_head, tree=tree, num_drafts=args.num_drafts,
-                                 generator=torch.Generator().manual_seed(args.seed), **kw))
+                                 generator=torch.Generator().manual_seed(args.seed), lookup_tokens=args.lookup_tokens,
+                                 **kw))
     spec_tps = statistics.median(r.tokens_per_second for r in spec)
     base_tps = statistics.median(r.tokens_per_second for r in base)
     same = all(r.token_ids == base[0].token_ids for r in [*spec, *base]) and streamed_ids == base[0].token_ids

@@ -25,6 +25,7 @@ chain (see :meth:`DominoGenerator.generate`).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -35,11 +36,13 @@ from transformers import DynamicCache
 import domino_ops
 from domino import budget, prompts
 from domino.budget import DepthAcceptance, RoundCosts
+from domino.lookup import DEFAULT_LOOKUP_TOKENS, NgramIndex
 from domino.model import DominoDraftModel, DraftContextCache
 from domino.sampling_params import RowSampling, SamplingParams
 from domino.target import bare_generation_config, cache_kwarg, special_token_ids, target_features
 from domino.tree import (DEFAULT_TREE, TreeShape, check_tree_attention, compact_tree_cache, depths_tried,
-                         path_acceptance, tree_attention_mask, tree_attention_supported, tree_links, verify_tree)
+                         graft_chains, path_acceptance, tree_attention_mask, tree_attention_supported, tree_links,
+                         verify_tree)
 from domino_ops.tree_draft import DraftTree, select_draft_nodes
 
 
@@ -167,7 +170,8 @@ class DominoGenerator:
                  use_head: bool = True, num_drafts: int | None = None, stop: Sequence[str] = (),
                  generator: torch.Generator | None = None,
                  stream: Callable[[int, list[int]], None] | None = None,
-                 tree: TreeShape | None | str = "auto") -> GenerationResult:
+                 tree: TreeShape | None | str = "auto",
+                 lookup_tokens: int = DEFAULT_LOOKUP_TOKENS) -> GenerationResult:
         """Generates up to ``max_new_tokens`` per prompt, stopping at EOS or a stop string.
 
         ``prompt`` is one prompt (string, chat message list, token ids) or a list of them
@@ -190,6 +194,10 @@ class DominoGenerator:
         with the adaptive budget when every request is greedy, ``num_drafts`` is None and
         the target's attention takes a tree mask; the chain otherwise (a sampled tree
         verifies every draw, so it gets no budget).
+
+        ``lookup_tokens``: greedy tree rounds also verify up to this many tokens copied from
+        earlier in the prompt or output (prompt lookup, :mod:`domino.lookup`), grafted onto
+        the draft tree; 0: the drafter's tree alone. Sampled requests and chains never use it.
         """
         seqs, batch, stop = self._encode_request(prompt, max_new_tokens, stop)
         params = self._sampling_params(len(seqs), temperature, top_k, top_p, sampling)
@@ -204,6 +212,10 @@ class DominoGenerator:
                                  "TreeShape.num_draft_tokens)")
             check_tree_attention(self.target)
         rows = RowSampling.from_params(params, self.device, generator)
+        if isinstance(lookup_tokens, bool) or not isinstance(lookup_tokens, int) or lookup_tokens < 0:
+            raise ValueError(f"lookup_tokens must be an int >= 0, got {lookup_tokens!r}")
+        if tree is None or rows.any_sampled:
+            lookup_tokens = 0
         if num_drafts is not None:
             n_max = self.drafter.config.num_drafts
             if isinstance(num_drafts, bool) or not isinstance(num_drafts, int) or not 0 <= num_drafts <= n_max:
@@ -214,7 +226,7 @@ class DominoGenerator:
         costs = self.round_costs(len(seqs)) if adaptive else None
         t0 = time.perf_counter()
         token_ids, accept, verified = self._speculative(seqs, max_new_tokens, rows, use_head, stop, stream, tree,
-                                                        costs, num_drafts)
+                                                        costs, num_drafts, lookup_tokens)
         elapsed = time.perf_counter() - t0
         texts = [self._decode_until_stop(t, stop) for t in token_ids]
         total = sum(len(t) for t in token_ids)
@@ -321,9 +333,11 @@ class DominoGenerator:
         return domino_ops.verify_sampling(draft_tokens, q, p, generator=sampling.generator)
 
     def _speculative(self, seqs, max_new_tokens, sampling: RowSampling, use_head, stop, stream, tree,
-                     costs: RoundCosts | None, num_drafts: int | None):
+                     costs: RoundCosts | None, num_drafts: int | None, lookup_tokens: int = 0):
         b = len(seqs)
         state, first = self._prefill(seqs, sampling)
+        # each sequence's tokens so far (prompt, output), indexed for prompt lookup
+        lookups = [NgramIndex(list(seqs[s]) + [first[s]]) for s in range(b)] if lookup_tokens else None
         # learnt within this call only, from the drafter's measured rates: a call's choices,
         # and so its sampled output under a seed, do not depend on earlier calls
         depth_acceptance = DepthAcceptance(self.drafter.config.num_drafts, self.drafter.calibration.depth_rates or 0.5)
@@ -342,11 +356,13 @@ class DominoGenerator:
                                                                       num_drafts, depth_acceptance)
             else:
                 kept_list, new_rows, verified_len = self._tree_round(state, sampling, use_head, tree, live, costs,
-                                                                     depth_acceptance)
+                                                                     depth_acceptance, lookups, lookup_tokens)
             for s in range(b):
                 if done[s]:
                     continue
                 before = len(out_ids[s])
+                if lookups is not None:
+                    lookups[s].extend(new_rows[s])
                 done[s], out_ids[s] = self._finished(out_ids[s] + new_rows[s], max_new_tokens, stop)
                 accept[s].append(kept_list[s])
                 verified[s].append(verified_len)
@@ -406,8 +422,9 @@ class DominoGenerator:
         return select_draft_nodes(tree, N)
 
     def _tree_round(self, st: _Decoding, sampling: RowSampling, use_head, shape: TreeShape, live: list[int],
-                    costs: RoundCosts | None,
-                    depth_acceptance: DepthAcceptance) -> tuple[list[int], list[list[int]], int]:
+                    costs: RoundCosts | None, depth_acceptance: DepthAcceptance,
+                    lookups: list[NgramIndex] | None = None,
+                    lookup_tokens: int = 0) -> tuple[list[int], list[list[int]], int]:
         """One tree round: draft a tree, verify all its nodes in one target forward, keep the
         accepted path in the caches. Returns what :meth:`_chain_round` does.
 
@@ -420,11 +437,16 @@ class DominoGenerator:
         if costs is not None and budget.best_draft_length(depth_acceptance.rates()[:reachable], costs, len(live)) == 0:
             return self._chain_round(st, sampling, use_head, live, None, 0, depth_acceptance)
         tree = self._draft_tree(st, sampling, use_head, shape, live, costs)
-        n = tree.candidates.shape[1]
         links = tree_links(tree, st.anchor_pos, shape.topk, shape.depth)
+        depth = shape.depth
+        if lookups is not None:  # greedy: the prompt-lookup chains grafted onto the trees
+            chains = [lookups[s].propose(lookup_tokens) if s in live else [] for s in range(len(lookups))]
+            candidates, links, depth = graft_chains(tree.candidates, links, chains, self.drafter.config.num_drafts)
+            tree = dataclasses.replace(tree, candidates=candidates)
+        n = tree.candidates.shape[1]
         mask = tree_attention_mask(st.cache_mask, links.ancestors, self.target.dtype)
         logits, features = self._target_forward(tree.candidates, mask, links.positions, st.cache)
-        tokens, path, num_acc = verify_tree(tree, links, logits, sampling, shape.depth)
+        tokens, path, num_acc = verify_tree(tree, links, logits, sampling, depth)
         kept = num_acc + 1  # the root (anchor) + accepted drafts enter the context
         tried = depths_tried(links, path, num_acc)
         P = path.shape[1]

@@ -233,3 +233,67 @@ def path_acceptance(tree: DraftTree, topk: int, depth: int, calibration) -> torc
         lo, hi = tree_size(topk, s), tree_size(topk, s + 1)
         path[:, lo:hi] = own[:, lo:hi] * path.gather(1, parents[:, lo:hi])
     return path
+
+
+def graft_chains(candidates: torch.Tensor, links: TreeLinks, chains: list[list[int]],
+                 max_depth: int) -> tuple[torch.Tensor, TreeLinks, int]:
+    """Grafts a chain of tokens onto each sequence's tree (b trees of N nodes): from the
+    root, the chain follows the existing child with its next token as long as there is
+    one, and its remaining tokens become new nodes, each the only child of the one
+    before, under the last node followed (a chain is cut so that no node lies deeper than
+    ``max_depth``). Sequences that add fewer nodes than the most get unreachable padding
+    nodes (linked to no parent, seeing the root and themselves) that verification never
+    walks into.
+
+    ``candidates`` [b, N] int64 and ``links`` as :func:`tree_links` made them; ``chains``:
+    b lists of token ids. Returns the candidates [b, N + E], their links and the deepest
+    node's depth (E = the most nodes any sequence adds; with E = 0 the inputs as given)."""
+    b, n = candidates.shape
+    cand, nxt, sib = candidates.tolist(), links.next_token.tolist(), links.next_sibling.tolist()
+    pos = links.positions.tolist()
+    depth_of = [[p - row[0] for p in row] for row in pos]
+    grafts = []  # per sequence: (attach node, new tokens)
+    for s, chain in enumerate(chains):
+        node, i = 0, 0
+        while i < len(chain):
+            child = nxt[s][node]
+            while child != -1 and cand[s][child] != chain[i]:
+                child = sib[s][child]
+            if child == -1:
+                break
+            node, i = child, i + 1
+        grafts.append((node, list(chain[i:i + max(0, max_depth - depth_of[s][node])])))
+    E = max(len(new) for _, new in grafts)
+    deepest = max(max(row) for row in depth_of)
+    if E == 0:
+        return candidates, links, deepest
+    N = n + E
+    dev = candidates.device
+    anc = torch.zeros(b, N, N, dtype=torch.bool, device=dev)
+    anc[:, :n, :n] = links.ancestors
+    for s, (node, new) in enumerate(grafts):
+        cand[s] += new + [cand[s][0]] * (E - len(new))
+        nxt[s] += [-1] * E
+        sib[s] += [-1] * E
+        parent = node
+        for t in range(E):
+            j = n + t
+            if t < len(new):
+                if nxt[s][parent] == -1:
+                    nxt[s][parent] = j
+                else:  # the last of the parent's children gets j as its next sibling
+                    c = nxt[s][parent]
+                    while sib[s][c] != -1:
+                        c = sib[s][c]
+                    sib[s][c] = j
+                anc[s, j] = anc[s, parent]
+                pos[s].append(pos[s][parent] + 1)
+                deepest = max(deepest, pos[s][-1] - pos[s][0])
+                parent = j
+            else:  # padding: sees the root and itself, reached by no link
+                anc[s, j, 0] = True
+                pos[s].append(pos[s][0] + 1)
+            anc[s, j, j] = True
+    as_long = lambda x: torch.tensor(x, dtype=torch.int64, device=dev)  # noqa: E731
+    ridx = torch.arange(b, device=dev)[:, None] * N + torch.arange(N, device=dev)
+    return as_long(cand), TreeLinks(anc, as_long(pos), ridx, as_long(nxt), as_long(sib)), deepest

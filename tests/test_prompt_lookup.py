@@ -1,0 +1,180 @@
+"""Prompt lookup grafted onto greedy tree rounds (domino.lookup, domino.tree.graft_chains):
+the n-gram index against a brute-force scan, the graft against a parent-pointer oracle,
+and the engine's output still exactly the target's greedy decoding."""
+
+import random
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import domino.generate
+import domino_ops
+from domino import TreeShape
+from domino.lookup import NGRAM_SIZES, NgramIndex
+from domino.tree import graft_chains, tree_links
+from domino_ops.tree_draft import DraftTree
+from engine_cases import cheap_verification, prompts
+from tiny_models import tiny_generator
+from tree_cases import random_eagle_draft
+
+
+def brute_force_proposal(tokens, max_tokens):
+    """The tokens after the latest earlier occurrence of the longest suffix n-gram."""
+    for n in NGRAM_SIZES:
+        if len(tokens) < n:
+            continue
+        suffix = tokens[-n:]
+        for start in range(len(tokens) - n - 1, -1, -1):  # an occurrence with a token after it
+            if tokens[start:start + n] == suffix:
+                return tokens[start + n:start + n + max_tokens]
+    return []
+
+
+@given(tokens=st.lists(st.integers(0, 4), max_size=60), cuts=st.lists(st.integers(0, 60), max_size=4),
+       max_tokens=st.integers(0, 12))
+def test_ngram_index_matches_a_brute_force_scan(tokens, cuts, max_tokens):
+    """Whatever pieces the tokens arrive in, every proposal is the brute-force scan's."""
+    bounds = sorted({min(c, len(tokens)) for c in cuts} | {len(tokens)})
+    index = NgramIndex(tokens[:bounds[0]])
+    assert index.propose(max_tokens) == brute_force_proposal(tokens[:bounds[0]], max_tokens)
+    for lo, hi in zip(bounds, bounds[1:]):
+        index.extend(tokens[lo:hi])
+        assert index.tokens == tokens[:hi]
+        assert index.propose(max_tokens) == brute_force_proposal(tokens[:hi], max_tokens)
+
+
+def test_ngram_index_proposal_has_teeth():
+    index = NgramIndex([7, 1, 2, 3, 9, 9, 5, 1, 2, 3])
+    assert index.propose(3) == [9, 9, 5]  # after the earlier "1 2 3"
+    index.extend([8, 1, 2, 3])
+    assert index.propose(2) == [8, 1]  # the latest earlier occurrence wins
+    assert NgramIndex([1, 2, 3]).propose(4) == []
+
+
+def reachable(nxt, sib, parents_out, node=0, depth=0, depths=None):
+    """Parent and depth of every node reachable from the root by the verify ops' links."""
+    depths = {0: 0} if depths is None else depths
+    child = nxt[node]
+    while child != -1:
+        parents_out[child] = node
+        depths[child] = depth + 1
+        reachable(nxt, sib, parents_out, child, depth + 1, depths)
+        child = sib[child]
+    return depths
+
+
+def token_paths(cand, parents, nodes):
+    """The root-to-node token sequence of each node (root excluded)."""
+    out = {}
+    for v in nodes:
+        path, u = [], v
+        while u != 0:
+            path.append(cand[u])
+            u = parents[u]
+        out[v] = tuple(reversed(path))
+    return out
+
+
+@given(seed=st.integers(0, 2**31 - 1), topk=st.integers(1, 3), depth=st.integers(1, 4), bs=st.integers(1, 3),
+       max_depth=st.integers(1, 9))
+def test_graft_matches_a_parent_pointer_oracle(seed, topk, depth, bs, max_depth):
+    rng = random.Random(seed)
+    total = topk + (depth - 1) * topk * topk
+    n = rng.randint(1, total + 1)
+    parent_list, selected, parents = random_eagle_draft(rng, bs, topk, depth, n)
+    cand = torch.tensor([[rng.randrange(3) for _ in range(n)] for _ in range(bs)], dtype=torch.int64)
+    tree = DraftTree(parent_list, selected, cand, None)
+    anchor_pos = torch.tensor([rng.randrange(5, 50) for _ in range(bs)])
+    links = tree_links(tree, anchor_pos, topk, depth)
+    old_paths = [token_paths(cand[s].tolist(), parents[s], range(1, n)) for s in range(bs)]
+    chains = []
+    for s in range(bs):  # follow an existing path a while, then new tokens (or nothing at all)
+        start = list(old_paths[s][rng.randrange(1, n)]) if n > 1 and rng.random() < 0.7 else []
+        chains.append(start[:rng.randint(0, len(start))] + [rng.randrange(3) for _ in range(rng.randint(0, 6))])
+    new_cand, new_links, deepest = graft_chains(cand, links, chains, max_depth)
+    N = new_cand.shape[1]
+    assert torch.equal(new_cand[:, :n], cand)
+    deepest_seen = 0
+    for s in range(bs):
+        nxt, sib = new_links.next_token[s].tolist(), new_links.next_sibling[s].tolist()
+        par = {}
+        depths = reachable(nxt, sib, par)
+        assert all(par[v] == parents[s][v] for v in range(1, n))  # the drafted tree is unchanged
+        c = new_cand[s].tolist()
+        paths = token_paths(c, par, [v for v in depths if v != 0])
+        # what it holds now: the drafted paths and the chain's prefixes down to max_depth
+        want = set(old_paths[s].values()) | {tuple(chains[s][:i]) for i in range(1, min(len(chains[s]), max_depth) + 1)}
+        assert set(paths.values()) == want
+        for v, d in depths.items():  # ancestors: the node's own path; positions: its depth
+            row = new_links.ancestors[s, v].nonzero().flatten().tolist()
+            u, anc = v, {v}
+            while u != 0:
+                u = par[u]
+                anc.add(u)
+            assert sorted(row) == sorted(anc)
+            assert new_links.positions[s, v] == anchor_pos[s] + d
+            deepest_seen = max(deepest_seen, d)
+        for v in range(N):  # padding nodes: reached by no link, see the root and themselves
+            if v not in depths:
+                assert v >= n and new_links.ancestors[s, v].nonzero().flatten().tolist() == [0, v]
+        assert new_links.retrive_index[s].tolist() == [s * N + v for v in range(N)]
+    assert deepest == deepest_seen  # what verification sizes its accepted paths by
+
+
+def test_verification_walks_a_grafted_chain():
+    """A target that continues along the chain accepts all of it through verify_tree_greedy."""
+    rng = random.Random(3)
+    parent_list, selected, _ = random_eagle_draft(rng, 1, 2, 3, 5)
+    cand = torch.tensor([[9, 1, 2, 3, 4]])
+    links = tree_links(DraftTree(parent_list, selected, cand, None), torch.tensor([10]), 2, 3)
+    chain = [7, 8, 6]
+    cand2, links2, deepest = graft_chains(cand, links, [chain], 8)
+    assert deepest >= 3 and cand2.shape[1] == 8
+    N = cand2.shape[1]
+    node_of = {7: 5, 8: 6, 6: 7}
+    target = torch.full((1, N), 5, dtype=torch.int64)  # after the chain's last node: 5, in no node
+    target[0, 0] = 7
+    target[0, 5], target[0, 6] = 8, 6
+    predicts = torch.empty(N, dtype=torch.int32)
+    accept_index = torch.empty(1, deepest + 1, dtype=torch.int32)
+    accept_num = torch.empty(1, dtype=torch.int32)
+    domino_ops.verify_tree_greedy(predicts, accept_index, accept_num, cand2, links2.retrive_index,
+                                  links2.next_token, links2.next_sibling, target)
+    assert accept_num.item() == 3
+    assert accept_index[0, :4].tolist() == [0, node_of[7], node_of[8], node_of[6]]
+
+
+@pytest.mark.parametrize("kind,batch,shape", [("qwen3", 1, TreeShape(2, 3)), ("llama", 3, TreeShape(3, 2, 5)),
+                                              ("qwen3", 3, TreeShape(1, 4))])
+def test_engine_with_lookup_is_plain_greedy_and_grafts(kind, batch, shape, monkeypatch):
+    gen = tiny_generator(kind)
+    cheap_verification(gen, batch)
+    ps = prompts(batch, seed=11)
+    grafted = []
+    real = domino.generate.graft_chains
+
+    def counting(candidates, links, chains, max_depth):
+        out = real(candidates, links, chains, max_depth)
+        grafted.append(out[0].shape[1] - candidates.shape[1])
+        return out
+
+    monkeypatch.setattr(domino.generate, "graft_chains", counting)
+    plain = gen.generate_target_only(ps, max_new_tokens=40).token_ids
+    spec = gen.generate(ps, max_new_tokens=40, tree=shape, lookup_tokens=6)
+    assert spec.token_ids == plain
+    assert sum(grafted) > 0, "the tiny models' repetitive output should have given lookup something to graft"
+    assert all(g <= 6 for g in grafted)
+    grafted.clear()
+    assert gen.generate(ps, max_new_tokens=40, tree=shape, lookup_tokens=0).token_ids == plain
+    assert not grafted  # off: nothing grafted
+    sampled = gen.generate(ps, max_new_tokens=8, tree=None, temperature=0.8, lookup_tokens=6)  # chains: never
+    assert not grafted and len(sampled.token_ids) == batch
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "8"])
+def test_bad_lookup_tokens(bad):
+    gen = tiny_generator("qwen3")
+    with pytest.raises(ValueError, match="lookup_tokens must be an int >= 0"):
+        gen.generate(prompts(1), max_new_tokens=4, lookup_tokens=bad)
