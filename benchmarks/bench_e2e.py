@@ -180,7 +180,7 @@ def cmd_compare(args) -> None:
              "-" * 137]
     for r in rows:
         same = r["outputs"] == plains[r["config"]]["outputs"]  # vs plain greedy in the same configuration
-        spec = "lookup" not in r["name"] and "plain" not in r["name"]
+        spec = not r["name"].startswith(("HF prompt lookup", "plain"))
         lines.append(f"{r['config']:11} | {r['name']:34} | {r['tps']:6.1f} | {r['tps'] / fastest['tps']:6.2f}x | "
                      f"{r['pass_ratio']:7.2f}x | "
                      + (f"{r['tau']:5.2f} | {r['verified']:8.2f} | {r['draft_ms']:8.1f} | {r['target_ms']:9.1f} | "
