@@ -15,7 +15,8 @@ One round, for every sequence of the batch at once:
 The only host-device synchronisation per round is reading the accepted lengths.
 
 With ``tree=TreeShape(topk, depth, num_draft_tokens)`` step 1 drafts a tree instead (the
-Domino head carries a GRU state per branch), step 2 runs the target once over its nodes
+Domino head carries a GRU state per branch; at T = 0 a prompt-lookup chain is grafted onto
+it, :mod:`domino.lookup`), step 2 runs the target once over its nodes
 with a tree attention mask, step 3 walks the tree (``verify_tree_greedy`` /
 ``verify_tree_sampling``), and step 4 first moves the accepted path's KV entries to the
 front of the round (:mod:`domino.tree`); the rest is the chain's commit step. By default
