@@ -294,7 +294,7 @@ class DominoDraftModel(nn.Module):
         (greedy and sampled). ``training/draft_vocab.py`` picks the K tokens the target
         writes most often; checkpoints store the ids (``draft_vocab`` in model.safetensors)."""
         if token_ids is None:
-            self.draft_vocab, self._vocab_rows = None, None
+            self.draft_vocab, self._vocab_rows, self._vocab_rows_packed = None, None, None
             return self
         V = self.config.vocab_size
         if not isinstance(token_ids, torch.Tensor):
@@ -311,7 +311,7 @@ class DominoDraftModel(nn.Module):
         if bool((ids[1:] == ids[:-1]).any()):
             raise ValueError("token_ids must be distinct")
         self.draft_vocab = ids.to(self.fc.weight.device)
-        self._vocab_rows = None
+        self._vocab_rows = self._vocab_rows_packed = None
         return self
 
     def _draft_rows(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -332,7 +332,7 @@ class DominoDraftModel(nn.Module):
         """The draft vocabulary's LM-head rows (:meth:`_draft_rows`), packed for
         ``small_batch_linear_packed``; packed again whenever those rows are copied again."""
         rows = self._draft_rows()[0]
-        cached = getattr(self, "_vocab_rows_packed", None)
+        cached = self._vocab_rows_packed
         if cached is None or cached[0] is not rows:
             cached = self._vocab_rows_packed = (rows, domino_ops.pack_small_batch_linear_weight(rows))
         return cached[1]
