@@ -8,10 +8,11 @@ round's draft tree, sharing the nodes where it agrees with the drafter, and the 
 verifies both in its one forward: greedy verification keeps whichever path the target
 agrees with longest, so the output is still exactly the target's.
 
-Measured by replaying the shipped drafter's rounds on 8 HumanEval and 8 held-out chat
-prompts (SmolLM2, 128 tokens): the better of tree and lookup per round would advance 3.17
-and 2.52 tokens where the tree alone advances 2.03 and 1.93 (`benchmarks/bench_e2e.py`
-times the real thing).
+Replaying the shipped drafter's tree rounds on 8 HumanEval and 8 held-out chat prompts
+(SmolLM2, 128 tokens; ``benchmarks/lookup_replay.py``), the better of tree and a 10-token
+lookup per round would advance 3.10-3.11 and 2.41-2.42 tokens where the tree alone advances
+2.02-2.03 and 1.93 (two runs, ``benchmarks/results/lookup_replay_zen4_session12.txt``; an
+upper bound: ``benchmarks/bench_e2e.py`` times the real thing).
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ __all__ = ["NgramIndex", "NGRAM_SIZES", "DEFAULT_LOOKUP_TOKENS"]
 
 NGRAM_SIZES = (3, 2)  # the suffix lengths tried, longest first (a 1-gram match proposes noise)
 # Tokens of the lookup chain grafted per greedy tree round (DominoGenerator.generate's
-# lookup_tokens): HF prompt lookup's usual 10. The length hardly matters here: on HumanEval
-# 0-7, one pass each, 5 / 8 / 12 / 15 tokens ran at 70.4 / 73.1 / 74.0 / 75.6 tok/s (none:
-# 61.5); on HumanEval 8-15 plus 8 chat prompts, two passes, 6 / 10 / 15 at 65.1 / 64.7 /
-# 62.7 (within run-to-run noise of each other).
+# lookup_tokens): HF prompt lookup's usual 10. Longer chains can only add accepted tokens
+# (the replay's bound on HumanEval: 5 / 10 / 15 tokens 2.67 / 3.10 / 3.26 a round) but each
+# grafted node costs verification time; in one-off timings (not a benchmark of record)
+# 5 to 15 tokens ran within run-to-run noise of each other.
 DEFAULT_LOOKUP_TOKENS = 10
 
 
