@@ -6,8 +6,9 @@
 // Bytes it must move: the packed weight once (N*K*2, padded to whole panels), whatever M
 // is; x, out and the bias are noise next to it at the M of decoding and verification. Work:
 // 2*M*N*K flops. At M = 1 the weight stream is the floor (memory bandwidth); from M of
-// about 6 the VDPBF16PS throughput is (16 rows of a 576 x 576 layer: 25 us on 2 Zen 4
-// cores, 420 GFLOP/s, where small_batch_linear's row-major tiles take 41 us).
+// about 6 the VDPBF16PS throughput is (16 rows of a 576 x 576 layer: 26 us on 2 Zen 4
+// cores, 402 GFLOP/s, where small_batch_linear's row-major tiles take 38 us;
+// benchmarks/results/linear_zen4_session12_packed.txt).
 //
 // Why a packed layout: small_batch_linear reads the weight in place (row-major [N, K]), so
 // each 16-lane accumulator holds one output's partial sums over K and must be reduced

@@ -5,7 +5,8 @@ weight packed once by :func:`pack_small_batch_linear_weight` into VNNI panels (4
 all of K, column pairs interleaved) lets the kernel (csrc/cpu/small_batch_linear_packed.cpp)
 keep 16 consecutive outputs in each accumulator's lanes: no reduction across lanes and one
 vector store per 16 outputs, where the row-major kernel reduces every output across 16
-lanes. At the 2-16 rows of a verification that is ~1.4-1.65x faster on SmolLM2's layers;
+lanes. At the 6-16 rows of a verification that is 1.2-1.5x faster on SmolLM2's layers (Zen 4, in
+cache; benchmarks/results/linear_zen4_session12_packed.txt);
 at one row both stream the weight at the memory's speed. The price is memory: the packed
 copy is as large as the weight (engines that pack keep it instead of the original, as
 oneDNN and llama.cpp do; :mod:`domino.fast_linear` keeps both, so the module's parameters
