@@ -14,7 +14,8 @@ speedup over eager PyTorch.
   eager PyTorch, then ``sample``, ``verify_greedy`` and ``verify_sampling`` over a
   151936-token vocabulary at batch 1 and 32 the same way (bytes = the rows they must read),
   one Domino tree step (``domino_head_expand``) for frontiers of 4-64 nodes against one
-  batch-1 chain step,
+  batch-1 chain step, with the floor of that ratio on an AVX512-BF16 CPU (the w2 product
+  alone through ``small_batch_linear_packed``, the fastest CPU product here),
   and the correctness status of the CUDA kernels under the SIMT emulator and of the Triton
   kernels under the interpreter (those run here for correctness only, never for time).
   The CPU model, the build the ops pick by default (``DOMINO_CPU_ISA``, else the widest)
@@ -238,6 +239,38 @@ def tree_table(args, copy_bw: float) -> None:
                         args.repeats)
                 row += " | " + cells(ms, nbytes, copy_bw) + f" {ms / chain[isa]:6.2f}x"
             print(row)
+    if domino_ops.small_batch_linear_packed_supported():
+        print()
+        w2_floor_table(args)
+
+
+def w2_floor_table(args) -> None:
+    """What bounds the tree-step table's ratios from below on this CPU: the w2 product alone
+    (x [n, r] times w2 [V, r]: the step's only large stream and nearly all its
+    multiply-adds) with the fastest CPU product domino_ops has, ``small_batch_linear_packed``
+    (AVX512-BF16 dot products on a VNNI-packed copy of w2, activations rounded to bf16, so
+    cheaper per multiply-add than the head's float32 activations: a floor for them too), for
+    n rows against one row and against a batch-1 chain step timed in the same table."""
+    print("floor: the w2 product alone, x [n, r] bf16 @ w2 [V, r]^T bf16 -> [n, V] bf16 "
+          f"(small_batch_linear_packed, avx512_bf16, w2 packed once beforehand); median of {args.repeats}; "
+          "x n=1 = ms / the 1-row product's ms; x chain = ms / a batch-1 chain step (default build)")
+    header = f"{'shape':6} {'n':>5} | {'ms':>7} {'GFLOP/s':>8} {'x n=1':>6} {'x chain':>7}"
+    print(header)
+    print("-" * len(header))
+    gen = torch.Generator().manual_seed(0)
+    for shape in args.shapes:
+        H, G, r, V = SHAPES[shape]
+        base, hproj, state, gru_input, w_ih, w_hh, w1s, w2 = make_inputs(1, 1, H, G, r, V, torch.bfloat16, True, gen)
+        chain = median_ms(lambda: domino_ops.domino_head_rollout(base, hproj, state, gru_input, None, w_hh, w1s, w2),
+                          args.repeats)
+        packed = domino_ops.pack_small_batch_linear_weight(w2)
+        print(f"{shape:6} {'chain':>5} | {chain:7.2f} {'':>8} {'':>6} {1.0:6.2f}x")
+        one = None
+        for n in (1, *args.tree_frontiers):
+            x = torch.randn(n, r, generator=gen).to(torch.bfloat16)
+            ms = median_ms(lambda: domino_ops.small_batch_linear_packed(x, packed), args.repeats)
+            one = one or ms
+            print(f"{shape:6} {n:>5} | {ms:7.2f} {2 * n * V * r / ms / 1e6:8.1f} {ms / one:5.2f}x {ms / chain:6.2f}x")
 
 
 def engine_table(args, copy_bw: float) -> None:

@@ -9,37 +9,72 @@ bound: it ignores that a longer round moves the next round's start). The engine'
 speed with the graft is ``bench_e2e.py``'s "+ lookup" row.
 
     python benchmarks/lookup_replay.py [--num-prompts 8] [--max-new-tokens 128] [--lookup-tokens 10]
+        [--ngram-sizes 3,2 12,8,6,5,4,3,2]   # several index settings replayed on the same rounds
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 
 import torch
 
 from bench_e2e import load
 from domino.loading import DEFAULT_DRAFTER_DIR
+from domino import lookup
 from domino.lookup import DEFAULT_LOOKUP_TOKENS, NgramIndex
 from eval_acceptance import chat_prompts, humaneval_prompts
 
 
-def replay(gen, prompts, max_new_tokens: int, lookup_tokens: int) -> tuple[float, float, float, int]:
-    """(tree tokens per round, best-of tokens per round, share of rounds lookup wins, rounds)."""
-    tree = best = wins = rounds = 0
+def tree_rounds(gen, prompts, max_new_tokens: int) -> list[tuple[list[int], list[int], list[int]]]:
+    """(prompt ids, output ids, tokens per round) of each prompt generated with the default
+    tree and no lookup."""
+    runs = []
     for p in prompts:
         res = gen.generate(p, max_new_tokens=max_new_tokens, lookup_tokens=0)
-        out = res.token_ids
-        index = NgramIndex(gen.encode(p) + out[:1])
-        pos = 1  # the first token comes from the prefill
-        for a in res.acceptance_lengths:
-            chain = index.propose(lookup_tokens)
-            m = 0
-            while m < len(chain) and pos + m < len(out) and chain[m] == out[pos + m]:
-                m += 1
-            tree, best, wins, rounds = tree + a, best + max(a, m + 1), wins + (m + 1 > a), rounds + 1
-            index.extend(out[pos:pos + a])
-            pos += a
+        runs.append((gen.encode(p), res.token_ids, res.acceptance_lengths))
+    return runs
+
+
+def replay(runs, lookup_tokens: int, ngram_sizes: tuple[int, ...]) -> tuple[float, float, float, int]:
+    """(tree tokens per round, best-of tokens per round, share of rounds lookup wins, rounds)
+    with the index matching suffixes of ``ngram_sizes``."""
+    tree = best = wins = rounds = 0
+    with ngram_sizes_as(ngram_sizes):
+        for prompt, out, accepts in runs:
+            index = NgramIndex(prompt + out[:1])
+            pos = 1  # the first token comes from the prefill
+            for a in accepts:
+                chain = index.propose(lookup_tokens)
+                m = 0
+                while m < len(chain) and pos + m < len(out) and chain[m] == out[pos + m]:
+                    m += 1
+                tree, best, wins, rounds = tree + a, best + max(a, m + 1), wins + (m + 1 > a), rounds + 1
+                index.extend(out[pos:pos + a])
+                pos += a
     return tree / rounds, best / rounds, wins / rounds, rounds
+
+
+@contextlib.contextmanager
+def ngram_sizes_as(sizes: tuple[int, ...]):
+    """domino.lookup.NGRAM_SIZES set to ``sizes`` inside the block (NgramIndex reads it)."""
+    saved = lookup.NGRAM_SIZES
+    lookup.NGRAM_SIZES = sizes
+    try:
+        yield
+    finally:
+        lookup.NGRAM_SIZES = saved
+
+
+def parse_sizes(text: str) -> tuple[int, ...]:
+    """"12,8,3" -> (12, 8, 3): n-gram lengths, longest first, each >= 1."""
+    try:
+        sizes = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"n-gram sizes must look like 4,3,2, got {text!r}") from None
+    if not sizes or min(sizes) < 1 or list(sizes) != sorted(set(sizes), reverse=True):
+        raise argparse.ArgumentTypeError(f"n-gram sizes must be distinct, >= 1, longest first, got {text!r}")
+    return sizes
 
 
 def main() -> None:
@@ -47,14 +82,20 @@ def main() -> None:
     ap.add_argument("--num-prompts", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--lookup-tokens", type=int, default=DEFAULT_LOOKUP_TOKENS)
+    ap.add_argument("--ngram-sizes", type=parse_sizes, nargs="+", default=[lookup.NGRAM_SIZES],
+                    help="suffix lengths the index tries, e.g. 3,2 12,8,6,5,4,3,2 (each replayed on the same "
+                         "rounds; default: domino.lookup.NGRAM_SIZES)")
     args = ap.parse_args()
     torch.set_grad_enabled(False)
     gen = load("bf16-sb", DEFAULT_DRAFTER_DIR)
     for name, prompts in (("HumanEval", humaneval_prompts(args.num_prompts, 0)),
                           ("held-out chat", chat_prompts(args.num_prompts))):
-        tree, best, wins, rounds = replay(gen, prompts, args.max_new_tokens, args.lookup_tokens)
-        print(f"{name}: {rounds} rounds; tree alone {tree:.3f} tokens a round, better of tree and lookup "
-              f"({args.lookup_tokens} tokens) {best:.3f}; lookup longer in {wins:.0%} of rounds")
+        runs = tree_rounds(gen, prompts, args.max_new_tokens)
+        for sizes in args.ngram_sizes:
+            tree, best, wins, rounds = replay(runs, args.lookup_tokens, sizes)
+            print(f"{name}: {rounds} rounds; tree alone {tree:.3f} tokens a round, better of tree and lookup "
+                  f"({args.lookup_tokens} tokens, n-grams {','.join(map(str, sizes))}) {best:.3f}; "
+                  f"lookup longer in {wins:.0%} of rounds")
 
 
 if __name__ == "__main__":

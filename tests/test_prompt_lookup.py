@@ -51,6 +51,10 @@ def test_ngram_index_proposal_has_teeth():
     index.extend([8, 1, 2, 3])
     assert index.propose(2) == [8, 1]  # the latest earlier occurrence wins
     assert NgramIndex([1, 2, 3]).propose(4) == []
+    # the longest suffix that occurred before wins over a later occurrence of a shorter one:
+    # "4 5 1 2 3" occurred once (then 6), "2 3" most recently (then 7)
+    longest = NgramIndex([4, 5, 1, 2, 3, 6, 0, 2, 3, 7, 4, 5, 1, 2, 3])
+    assert max(NGRAM_SIZES) >= 5 and longest.propose(2) == [6, 0]
 
 
 def reachable(nxt, sib, parents_out, node=0, depth=0, depths=None):

@@ -1,12 +1,13 @@
 """Prompt lookup for tree rounds: a chain of tokens copied from earlier in the sequence.
 
 Code and chat answers repeat what came before them (identifiers, a function signature, a
-line of the prompt). Prompt lookup (as HF's ``prompt_lookup_num_tokens``) proposes, after
-the last 3 (else 2) tokens, the tokens that followed their latest earlier occurrence in
-the prompt and the output. :func:`domino.tree.graft_chain` grafts that chain onto the
-round's draft tree, sharing the nodes where it agrees with the drafter, and the target
-verifies both in its one forward: greedy verification keeps whichever path the target
-agrees with longest, so the output is still exactly the target's.
+line of the prompt). Prompt lookup (as HF's ``prompt_lookup_num_tokens``) proposes the
+tokens that followed the latest earlier occurrence, in the prompt and the output, of the
+longest suffix among :data:`NGRAM_SIZES` (12 down to 2 tokens) that occurred before.
+:func:`domino.tree.graft_chains` grafts that chain onto the round's draft tree, sharing the
+nodes where it agrees with the drafter, and the target verifies both in its one forward:
+greedy verification keeps whichever path the target agrees with longest, so the output is
+still exactly the target's.
 
 Replaying the shipped drafter's tree rounds on 8 HumanEval and 8 held-out chat prompts
 (SmolLM2, 128 tokens; ``benchmarks/lookup_replay.py``), the better of tree and a 10-token
@@ -19,7 +20,18 @@ from __future__ import annotations
 
 __all__ = ["NgramIndex", "NGRAM_SIZES", "DEFAULT_LOOKUP_TOKENS"]
 
-NGRAM_SIZES = (3, 2)  # the suffix lengths tried, longest first (a 1-gram match proposes noise)
+# The suffix lengths tried, longest first (a 1-gram match proposes noise), as vLLM's n-gram
+# proposer tries its max down to its min: a longer match is likelier to continue as it
+# did before. Proposals are made in the same rounds as with (3, 2) (a 2-gram match exists
+# whenever a longer one does), so verification costs the same. Replaying the shipped
+# drafter's tree rounds on 8 HumanEval and 8 held-out chat prompts (``python
+# benchmarks/lookup_replay.py --ngram-sizes 3,2 12,8,6,5,4,3,2``,
+# benchmarks/results/lookup_replay_ngram_sizes_zen4_session13.txt), the better of tree
+# and a 10-token lookup per round rose from 3.17 / 2.48 tokens with (3, 2) to 3.29 / 2.69;
+# in the engine itself the gain is much smaller (tokens a round 2.53 -> 2.54 on those
+# HumanEval prompts, 2.31 -> 2.35 on chat, one ad-hoc alternating run): the replay's bound
+# counts rounds at the tree's boundaries, where the engine's longer rounds skip ahead.
+NGRAM_SIZES = (12, 8, 6, 5, 4, 3, 2)
 # Tokens of the lookup chain grafted per greedy tree round (DominoGenerator.generate's
 # lookup_tokens): HF prompt lookup's usual 10. Longer chains can only add accepted tokens
 # (the replay's bound on HumanEval: 5 / 10 / 15 tokens 2.67 / 3.10 / 3.26 a round) but each
