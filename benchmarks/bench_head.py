@@ -253,8 +253,10 @@ def w2_floor_table(args) -> None:
     n rows against one row and against a batch-1 chain step timed in the same table."""
     print("floor: the w2 product alone, x [n, r] bf16 @ w2 [V, r]^T bf16 -> [n, V] bf16 "
           f"(small_batch_linear_packed, avx512_bf16, w2 packed once beforehand); median of {args.repeats}; "
-          "x n=1 = ms / the 1-row product's ms; x chain = ms / a batch-1 chain step (default build)")
-    header = f"{'shape':6} {'n':>5} | {'ms':>7} {'GFLOP/s':>8} {'x n=1':>6} {'x chain':>7}"
+          "x n=1 = ms / the 1-row product's ms; x chain = ms / a batch-1 chain step (default build); row-major: the "
+          "same product by small_batch_linear on the unpacked w2 (VDPBF16PS with a lane reduction per output)")
+    header = (f"{'shape':6} {'n':>5} | {'ms':>7} {'GFLOP/s':>8} {'x n=1':>6} {'x chain':>7} | "
+              f"{'row-major ms':>12} {'x chain':>7}")
     print(header)
     print("-" * len(header))
     gen = torch.Generator().manual_seed(0)
@@ -264,13 +266,15 @@ def w2_floor_table(args) -> None:
         chain = median_ms(lambda: domino_ops.domino_head_rollout(base, hproj, state, gru_input, None, w_hh, w1s, w2),
                           args.repeats)
         packed = domino_ops.pack_small_batch_linear_weight(w2)
-        print(f"{shape:6} {'chain':>5} | {chain:7.2f} {'':>8} {'':>6} {1.0:6.2f}x")
+        print(f"{shape:6} {'chain':>5} | {chain:7.2f} {'':>8} {'':>6} {1.0:6.2f}x |")
         one = None
         for n in (1, *args.tree_frontiers):
             x = torch.randn(n, r, generator=gen).to(torch.bfloat16)
             ms = median_ms(lambda: domino_ops.small_batch_linear_packed(x, packed), args.repeats)
+            row_major = median_ms(lambda: domino_ops.small_batch_linear(x, w2), args.repeats)
             one = one or ms
-            print(f"{shape:6} {n:>5} | {ms:7.2f} {2 * n * V * r / ms / 1e6:8.1f} {ms / one:5.2f}x {ms / chain:6.2f}x")
+            print(f"{shape:6} {n:>5} | {ms:7.2f} {2 * n * V * r / ms / 1e6:8.1f} {ms / one:5.2f}x {ms / chain:6.2f}x | "
+                  f"{row_major:12.2f} {row_major / chain:6.2f}x")
 
 
 def engine_table(args, copy_bw: float) -> None:
