@@ -11,9 +11,9 @@ still exactly the target's.
 
 Replaying the shipped drafter's tree rounds on 8 HumanEval and 8 held-out chat prompts
 (SmolLM2, 128 tokens; ``benchmarks/lookup_replay.py``), the better of tree and a 10-token
-lookup per round would advance 3.10-3.11 and 2.41-2.42 tokens where the tree alone advances
-2.02-2.03 and 1.93 (two runs, ``benchmarks/results/lookup_replay_zen4_session12.txt``; an
-upper bound: ``benchmarks/bench_e2e.py`` times the real thing).
+lookup per round would advance 3.29 and 2.69 tokens where the tree alone advances 2.07
+and 1.99 (``benchmarks/results/lookup_replay_ngram_sizes_zen4_session13.txt``; an upper
+bound: ``benchmarks/bench_e2e.py`` times the real thing).
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ __all__ = ["NgramIndex", "NGRAM_SIZES", "DEFAULT_LOOKUP_TOKENS"]
 NGRAM_SIZES = (12, 8, 6, 5, 4, 3, 2)
 # Tokens of the lookup chain grafted per greedy tree round (DominoGenerator.generate's
 # lookup_tokens): HF prompt lookup's usual 10. Longer chains can only add accepted tokens
-# (the replay's bound on HumanEval: 5 / 10 / 15 tokens 2.67 / 3.10 / 3.26 a round) but each
+# (the replay's bound on HumanEval with n-grams (3, 2): 5 / 10 / 15 tokens 2.67 / 3.10 /
+# 3.26 a round, results/lookup_replay_zen4_session12.txt) but each
 # grafted node costs verification time; in one-off timings (not a benchmark of record)
 # 5 to 15 tokens ran within run-to-run noise of each other.
 DEFAULT_LOOKUP_TOKENS = 10
