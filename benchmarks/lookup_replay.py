@@ -20,8 +20,8 @@ import contextlib
 import torch
 
 from bench_e2e import load
-from domino.loading import DEFAULT_DRAFTER_DIR
 from domino import lookup
+from domino.loading import DEFAULT_DRAFTER_DIR
 from domino.lookup import DEFAULT_LOOKUP_TOKENS, NgramIndex
 from eval_acceptance import chat_prompts, humaneval_prompts
 
