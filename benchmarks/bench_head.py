@@ -204,6 +204,20 @@ def expand_bytes(n, m, G, r, V, wbytes) -> int:
     return (V * r + 3 * G * G + r * G) * wbytes + V * wbytes + n * m * 3 * G * wbytes + n * V * 4
 
 
+def print_header(header: str) -> None:
+    print(header)
+    print("-" * len(header))
+
+
+def batch1_head_inputs(args):
+    """(shape, its generator, (H, G, r, V), make_inputs' tensors) per shape of args.shapes: one
+    sequence, one position, bf16 weights, table mode, from a fixed seed."""
+    gen = torch.Generator().manual_seed(0)
+    for shape in args.shapes:
+        H, G, r, V = SHAPES[shape]
+        yield shape, gen, (H, G, r, V), make_inputs(1, 1, H, G, r, V, torch.bfloat16, True, gen)
+
+
 def tree_table(args, copy_bw: float) -> None:
     """One Domino tree step (domino_head_expand) for frontiers of n nodes of one sequence at
     one depth, per build, against one batch-1 chain step (a k = 1 greedy rollout)."""
@@ -212,13 +226,8 @@ def tree_table(args, copy_bw: float) -> None:
           f"median of {args.repeats} after warm-up; x chain = step ms / one batch-1 rollout step ms (goal at "
           "n = 16: <= 1.5x)")
     head = "".join(f" | {isa + ' ms':>9} {'GB/s':>6} {'%copy':>6} {'x chain':>7}" for isa in args.isas)
-    header = f"{'shape':6} {'n':>3} | {'MB':>6}{head}"
-    print(header)
-    print("-" * len(header))
-    gen = torch.Generator().manual_seed(0)
-    for shape in args.shapes:
-        H, G, r, V = SHAPES[shape]
-        base, hproj, state, gru_input, w_ih, w_hh, w1s, w2 = make_inputs(1, 1, H, G, r, V, torch.bfloat16, True, gen)
+    print_header(f"{'shape':6} {'n':>3} | {'MB':>6}{head}")
+    for shape, gen, (H, G, r, V), (base, hproj, state, gru_input, _, w_hh, w1s, w2) in batch1_head_inputs(args):
         chain = {}
         for isa in args.isas:
             with cpu.forced_isa(isa):
@@ -255,14 +264,9 @@ def w2_floor_table(args) -> None:
           f"(small_batch_linear_packed, avx512_bf16, w2 packed once beforehand); median of {args.repeats}; "
           "x n=1 = ms / the 1-row product's ms; x chain = ms / a batch-1 chain step (default build); row-major: the "
           "same product by small_batch_linear on the unpacked w2 (VDPBF16PS with a lane reduction per output)")
-    header = (f"{'shape':6} {'n':>5} | {'ms':>7} {'GFLOP/s':>8} {'x n=1':>6} {'x chain':>7} | "
-              f"{'row-major ms':>12} {'x chain':>7}")
-    print(header)
-    print("-" * len(header))
-    gen = torch.Generator().manual_seed(0)
-    for shape in args.shapes:
-        H, G, r, V = SHAPES[shape]
-        base, hproj, state, gru_input, w_ih, w_hh, w1s, w2 = make_inputs(1, 1, H, G, r, V, torch.bfloat16, True, gen)
+    print_header(f"{'shape':6} {'n':>5} | {'ms':>7} {'GFLOP/s':>8} {'x n=1':>6} {'x chain':>7} | "
+                 f"{'row-major ms':>12} {'x chain':>7}")
+    for shape, gen, (H, G, r, V), (base, hproj, state, gru_input, _, w_hh, w1s, w2) in batch1_head_inputs(args):
         chain = median_ms(lambda: domino_ops.domino_head_rollout(base, hproj, state, gru_input, None, w_hh, w1s, w2),
                           args.repeats)
         packed = domino_ops.pack_small_batch_linear_weight(w2)
