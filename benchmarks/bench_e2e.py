@@ -49,6 +49,7 @@ import domino_ops
 from domino.loading import DEFAULT_DRAFTER_DIR, smollm2_dir
 from domino_ops import cpu
 from eval_acceptance import chat_prompts, humaneval_prompts
+from timing import copy_bandwidth_gbs
 
 RESULTS = Path(__file__).parent / "results"
 # (dtype, small-batch linear, small-batch attention: with both, bit-identical to plain decoding)
@@ -149,6 +150,10 @@ def cmd_compare(args) -> None:
     topk, depth, nodes = args.tree
     tree = domino.TreeShape(topk, depth, nodes or None)
     torch.set_grad_enabled(False)
+    # Plain decoding streams the weights once per token, so it follows the machine's memory
+    # bandwidth, which on a shared VM moves between runs; rounds over ~9 tokens follow it
+    # less. Printed with the table so that runs can be read side by side.
+    copy_before = copy_bandwidth_gbs()
     rows = []
     plain_only = [c for c in args.plain_configs if c not in args.configs]
     for config in plain_only + args.configs:
@@ -167,6 +172,7 @@ def cmd_compare(args) -> None:
         for name, _ in ms:
             ratios = [a["tps"] / b["tps"] for a, b in zip(passes[name], passes["plain HF greedy"])]
             rows.append({**summarize(name, passes[name]), "config": config, "pass_ratio": statistics.median(ratios)})
+    copy_after = copy_bandwidth_gbs()
     plains = {r["config"]: r for r in rows if r["name"] == "plain HF greedy"}
     fastest = max(plains.values(), key=lambda r: r["tps"])
     head = (f"\n{'HumanEval prompts %d..%d' % (args.offset, args.offset + len(prompts) - 1) if not args.chat else 'held-out chat prompts (%d)' % len(prompts)}, "
@@ -174,7 +180,8 @@ def cmd_compare(args) -> None:
             f"(head kernels {cpu.isa()}, small_batch_linear {domino_ops.small_batch_linear_isa()}), "
             f"{torch.get_num_threads()} threads, torch {torch.__version__}; speedup vs the fastest plain "
             f"decoding ({fastest['config']}, {fastest['tps']:.1f} tok/s); per pass: the median of each pass's "
-            "ratio to plain greedy in the same configuration")
+            f"ratio to plain greedy in the same configuration; copy bandwidth {copy_before:.1f} GB/s before the "
+            f"runs, {copy_after:.1f} after")
     lines = [head, f"{'config':11} | {'method':34} | {'tok/s':>6} | {'speedup':>7} | {'per pass':>8} | {'tau':>5} | "
              f"{'verified':>8} | {'draft ms':>8} | {'target ms':>9} | {'other ms':>8} | identical",
              "-" * 137]

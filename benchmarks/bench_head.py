@@ -41,7 +41,7 @@ if not torch.cuda.is_available():  # Triton kernels can only be interpreted here
 
 import domino_ops  # noqa: E402
 from domino_ops import cpu, reference  # noqa: E402
-from timing import median_seconds  # noqa: E402
+from timing import copy_bandwidth_gbs, median_seconds  # noqa: E402
 
 SHAPES = {
     # name: (H, G, r, V)
@@ -52,14 +52,6 @@ SHAPES = {
 
 def median_ms(fn, repeats: int, warmup: int = 1) -> float:
     return median_seconds(fn, repeats, warmup) * 1e3
-
-
-def copy_bandwidth_gbs(nbytes: int = 1 << 30, repeats: int = 7) -> float:
-    """STREAM-style copy bandwidth: (read + write) bytes / time of a large tensor copy."""
-    src = torch.ones(nbytes // 4, dtype=torch.float32)
-    dst = torch.empty_like(src)
-    ms = median_ms(lambda: dst.copy_(src), repeats, warmup=2)
-    return 2 * nbytes / (ms * 1e-3) / 1e9
 
 
 def rollout_bytes(b, k, H, G, r, V, wbytes, table: bool) -> int:

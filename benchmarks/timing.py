@@ -1,11 +1,14 @@
 """The one timing loop the benchmarks share: warm-up calls excluded, then the median of
-``repeats`` timed calls (a benchmark script imports it as ``from timing import ...``; the
-script's own folder is on sys.path)."""
+``repeats`` timed calls; and the machine's copy bandwidth, printed beside timings that
+depend on it (a benchmark script imports them as ``from timing import ...``; the script's
+own folder is on sys.path)."""
 
 from __future__ import annotations
 
 import statistics
 import time
+
+import torch
 
 
 def median_seconds(fn, repeats: int, warmup: int = 1, clock=time.perf_counter) -> float:
@@ -19,3 +22,12 @@ def median_seconds(fn, repeats: int, warmup: int = 1, clock=time.perf_counter) -
         fn()
         times.append(clock() - t0)
     return statistics.median(times)
+
+
+def copy_bandwidth_gbs(nbytes: int = 1 << 30, repeats: int = 7) -> float:
+    """STREAM-style copy bandwidth in GB/s: (read + write) bytes / median time of copying a
+    ``nbytes`` float32 tensor on the CPU."""
+    src = torch.ones(nbytes // 4, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    seconds = median_seconds(lambda: dst.copy_(src), repeats, warmup=2)
+    return 2 * nbytes / seconds / 1e9
