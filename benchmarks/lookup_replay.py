@@ -15,7 +15,6 @@ speed with the graft is ``bench_e2e.py``'s "+ lookup" row.
 from __future__ import annotations
 
 import argparse
-import contextlib
 
 import torch
 
@@ -40,30 +39,18 @@ def replay(runs, lookup_tokens: int, ngram_sizes: tuple[int, ...]) -> tuple[floa
     """(tree tokens per round, best-of tokens per round, share of rounds lookup wins, rounds)
     with the index matching suffixes of ``ngram_sizes``."""
     tree = best = wins = rounds = 0
-    with ngram_sizes_as(ngram_sizes):
-        for prompt, out, accepts in runs:
-            index = NgramIndex(prompt + out[:1])
-            pos = 1  # the first token comes from the prefill
-            for a in accepts:
-                chain = index.propose(lookup_tokens)
-                m = 0
-                while m < len(chain) and pos + m < len(out) and chain[m] == out[pos + m]:
-                    m += 1
-                tree, best, wins, rounds = tree + a, best + max(a, m + 1), wins + (m + 1 > a), rounds + 1
-                index.extend(out[pos:pos + a])
-                pos += a
+    for prompt, out, accepts in runs:
+        index = NgramIndex(prompt + out[:1], ngram_sizes)
+        pos = 1  # the first token comes from the prefill
+        for a in accepts:
+            chain = index.propose(lookup_tokens)
+            m = 0
+            while m < len(chain) and pos + m < len(out) and chain[m] == out[pos + m]:
+                m += 1
+            tree, best, wins, rounds = tree + a, best + max(a, m + 1), wins + (m + 1 > a), rounds + 1
+            index.extend(out[pos:pos + a])
+            pos += a
     return tree / rounds, best / rounds, wins / rounds, rounds
-
-
-@contextlib.contextmanager
-def ngram_sizes_as(sizes: tuple[int, ...]):
-    """domino.lookup.NGRAM_SIZES set to ``sizes`` inside the block (NgramIndex reads it)."""
-    saved = lookup.NGRAM_SIZES
-    lookup.NGRAM_SIZES = sizes
-    try:
-        yield
-    finally:
-        lookup.NGRAM_SIZES = saved
 
 
 def parse_sizes(text: str) -> tuple[int, ...]:

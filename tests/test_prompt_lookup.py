@@ -20,9 +20,9 @@ from tiny_models import tiny_generator
 from tree_cases import random_eagle_draft
 
 
-def brute_force_proposal(tokens, max_tokens):
+def brute_force_proposal(tokens, max_tokens, sizes=NGRAM_SIZES):
     """The tokens after the latest earlier occurrence of the longest suffix n-gram."""
-    for n in NGRAM_SIZES:
+    for n in sizes:
         if len(tokens) < n:
             continue
         suffix = tokens[-n:]
@@ -32,17 +32,18 @@ def brute_force_proposal(tokens, max_tokens):
     return []
 
 
+@pytest.mark.parametrize("sizes", [NGRAM_SIZES, (3, 2)])  # the default, and one lookup_replay.py compares
 @given(tokens=st.lists(st.integers(0, 4), max_size=60), cuts=st.lists(st.integers(0, 60), max_size=4),
        max_tokens=st.integers(0, 12))
-def test_ngram_index_matches_a_brute_force_scan(tokens, cuts, max_tokens):
+def test_ngram_index_matches_a_brute_force_scan(sizes, tokens, cuts, max_tokens):
     """Whatever pieces the tokens arrive in, every proposal is the brute-force scan's."""
     bounds = sorted({min(c, len(tokens)) for c in cuts} | {len(tokens)})
-    index = NgramIndex(tokens[:bounds[0]])
-    assert index.propose(max_tokens) == brute_force_proposal(tokens[:bounds[0]], max_tokens)
+    index = NgramIndex(tokens[:bounds[0]], sizes)
+    assert index.propose(max_tokens) == brute_force_proposal(tokens[:bounds[0]], max_tokens, sizes)
     for lo, hi in zip(bounds, bounds[1:]):
         index.extend(tokens[lo:hi])
         assert index.tokens == tokens[:hi]
-        assert index.propose(max_tokens) == brute_force_proposal(tokens[:hi], max_tokens)
+        assert index.propose(max_tokens) == brute_force_proposal(tokens[:hi], max_tokens, sizes)
 
 
 def test_ngram_index_proposal_has_teeth():

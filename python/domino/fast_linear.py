@@ -24,8 +24,9 @@ On a CPU with AVX512-BF16 (the kernel's "avx512_bf16" path) a bf16 layer runs
 ``domino_ops.small_batch_linear_packed`` instead, on a copy of its weight packed at switch
 time (repacked if the weight changes in place or is replaced): 1.2-1.5x faster at the
 6-16 rows of a verification on SmolLM2's layers (Zen 4, in cache), as fast or faster at
-one row, and just as batch-invariant. The copy doubles the memory of the switched bf16 weights (a plain attribute: the parameters
-and ``state_dict`` are unchanged); ``undo_small_batch_linear`` frees it.
+one row, and just as batch-invariant. The copy doubles the memory of the switched bf16
+weights (a plain attribute: the parameters and ``state_dict`` are unchanged);
+``undo_small_batch_linear`` frees it.
 """
 
 from __future__ import annotations

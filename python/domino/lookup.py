@@ -42,11 +42,12 @@ DEFAULT_LOOKUP_TOKENS = 10
 
 
 class NgramIndex:
-    """The tokens of one sequence (prompt, then output) and, for each n-gram of
-    :data:`NGRAM_SIZES` that has a token after it, where its latest occurrence ends.
-    O(1) per token appended and per proposal."""
+    """The tokens of one sequence (prompt, then output) and, for each n-gram of the suffix
+    lengths ``sizes`` (longest first; default :data:`NGRAM_SIZES`) that has a token after
+    it, where its latest occurrence ends. O(1) per token appended and per proposal."""
 
-    def __init__(self, tokens: list[int]):
+    def __init__(self, tokens: list[int], sizes: tuple[int, ...] = NGRAM_SIZES):
+        self.sizes = tuple(sizes)
         self.tokens: list[int] = []
         self._next: dict[tuple, int] = {}  # n-gram -> index of the token after its latest occurrence
         self.extend(tokens)
@@ -57,7 +58,7 @@ class NgramIndex:
         start = len(self.tokens)
         self.tokens.extend(int(t) for t in new)
         for end in range(max(start - 1, 0), len(self.tokens) - 1):  # n-grams ending at `end`, followed by end + 1
-            for n in NGRAM_SIZES:
+            for n in self.sizes:
                 if end + 1 >= n:
                     self._next[(n, *self.tokens[end + 1 - n:end + 1])] = end + 1
 
@@ -66,7 +67,7 @@ class NgramIndex:
         longest suffix n-gram found; [] when none occurred before."""
         if max_tokens <= 0:
             return []
-        for n in NGRAM_SIZES:
+        for n in self.sizes:
             if len(self.tokens) < n:
                 continue
             at = self._next.get((n, *self.tokens[-n:]))
