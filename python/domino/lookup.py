@@ -27,10 +27,10 @@ __all__ = ["NgramIndex", "NGRAM_SIZES", "DEFAULT_LOOKUP_TOKENS"]
 # drafter's tree rounds on 8 HumanEval and 8 held-out chat prompts (``python
 # benchmarks/lookup_replay.py --ngram-sizes 3,2 12,8,6,5,4,3,2``,
 # benchmarks/results/lookup_replay_ngram_sizes_zen4_session13.txt), the better of tree
-# and a 10-token lookup per round rose from 3.17 / 2.48 tokens with (3, 2) to 3.29 / 2.69;
-# in the engine itself the gain is much smaller (tokens a round 2.53 -> 2.54 on those
-# HumanEval prompts, 2.31 -> 2.35 on chat, one ad-hoc alternating run): the replay's bound
-# counts rounds at the tree's boundaries, where the engine's longer rounds skip ahead.
+# and a 10-token lookup per round rose from 3.17 / 2.48 tokens with (3, 2) to 3.29 / 2.69.
+# That bound counts rounds at the tree's boundaries, where the engine's longer rounds skip
+# ahead: in bench_e2e.py's records the engine's tokens a round went from 2.48-2.49 / 2.24
+# (twelfth session, (3, 2)) to 2.53 / 2.35 (thirteenth, these sizes).
 NGRAM_SIZES = (12, 8, 6, 5, 4, 3, 2)
 # Tokens of the lookup chain grafted per greedy tree round (DominoGenerator.generate's
 # lookup_tokens): HF prompt lookup's usual 10. Longer chains can only add accepted tokens
