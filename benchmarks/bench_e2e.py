@@ -10,10 +10,11 @@ kernels serve both sides of each comparison) it times, on the same prompts:
 - Domino, a chain of the whole block every round (``num_drafts`` = block - 1);
 - Domino, a chain with the adaptive budget (``tree=None``);
 - Domino, a tree (``--tree``, default 3,4; its size chosen each round by the adaptive
-  budget unless given) with prompt-lookup chains grafted on (``generate``'s default at
-  T = 0, :mod:`domino.lookup`), the same tree alone (head on), and the tree alone with the
-  head off (children from the base marginals only: a block drafter's tree, without
-  causal state).
+  budget unless given) with prompt-lookup chains and chains retrieved from the datastore
+  of the target's outputs grafted on (``generate``'s default at T = 0, :mod:`domino.lookup`,
+  :mod:`domino.datastore`; ``--datastore``, default the shipped one), the same with prompt
+  lookup only, the tree alone (head on), and the tree alone with the head off (children
+  from the base marginals only: a block drafter's tree, without causal state).
 
 Speedups are against the fastest plain decoding of all configurations, PyTorch's own
 bf16 included (``--plain-configs``: configurations timed for plain greedy decoding only).
@@ -46,7 +47,7 @@ import torch
 
 import domino
 import domino_ops
-from domino.loading import DEFAULT_DRAFTER_DIR, smollm2_dir
+from domino.loading import DEFAULT_DATASTORE, DEFAULT_DRAFTER_DIR, smollm2_dir
 from domino_ops import cpu
 from eval_acceptance import chat_prompts, humaneval_prompts
 from timing import copy_bandwidth_gbs
@@ -135,14 +136,18 @@ def methods(gen, args, tree):
             (f"HF prompt lookup ({args.prompt_lookup_tokens})", lookup),
             (f"Domino chain {n_block}", spec(num_drafts=n_block)),
             ("Domino chain, adaptive", spec(tree=None)),
-            (f"Domino tree {shape} + lookup", spec(tree=tree)),
-            (f"Domino tree {shape}", spec(tree=tree, lookup_tokens=0)),
-            (f"tree {shape}, head off", spec(tree=tree, use_head=False, lookup_tokens=0))]
+            (f"Domino tree {shape} + lookup + datastore", spec(tree=tree)),
+            (f"Domino tree {shape} + lookup", spec(tree=tree, datastore_tokens=0)),
+            (f"Domino tree {shape}", spec(tree=tree, lookup_tokens=0, datastore_tokens=0)),
+            (f"tree {shape}, head off", spec(tree=tree, use_head=False, lookup_tokens=0, datastore_tokens=0))]
 
 
-def load(config: str, drafter):
+def load(config: str, drafter, datastore=DEFAULT_DATASTORE):
+    """The SmolLM2 target and ``drafter`` in configuration ``config`` (CONFIGS), with the
+    ``datastore`` (a path or None)."""
     dtype, sbl, sba = CONFIGS[config]
-    return domino.load(smollm2_dir(), drafter, dtype=dtype, small_batch_linear=sbl, small_batch_attention=sba)
+    return domino.load(smollm2_dir(), drafter, dtype=dtype, small_batch_linear=sbl, small_batch_attention=sba,
+                       datastore=datastore)
 
 
 def cmd_compare(args) -> None:
@@ -157,7 +162,7 @@ def cmd_compare(args) -> None:
     rows = []
     plain_only = [c for c in args.plain_configs if c not in args.configs]
     for config in plain_only + args.configs:
-        gen = load(config, args.drafter)
+        gen = load(config, args.drafter, args.datastore)
         gen.round_costs(1)  # the adaptive budget's costs: measured (or read) before any timing
         ms = methods(gen, args, tree)[:1 if config in plain_only else None]
         for _, fn in ms:
@@ -211,7 +216,7 @@ def cmd_sweep(args) -> None:
     import matplotlib.pyplot as plt
 
     prompts = humaneval_prompts(args.num_prompts, args.offset)
-    gen = load(args.configs[0], args.drafter)
+    gen = load(args.configs[0], args.drafter, args.datastore)
     torch.set_grad_enabled(False)
     n_block = gen.drafter.config.num_drafts
     curves = {}
@@ -268,6 +273,8 @@ def main() -> None:
                         help="configurations timed for plain greedy decoding only (so the fastest plain decoding "
                              "is in every table; default: PyTorch's own bf16)")
     parser.add_argument("--drafter", type=Path, default=DEFAULT_DRAFTER_DIR)
+    parser.add_argument("--datastore", type=Path, default=DEFAULT_DATASTORE,
+                        help="the target's outputs to retrieve chains from (domino.datastore)")
     parser.add_argument("--tree", type=int, nargs=3, default=(3, 4, 0), metavar=("TOPK", "DEPTH", "NODES"),
                         help="the tree's shape; NODES 0: chosen each round by the adaptive budget")
     parser.add_argument("--prompt-lookup-tokens", type=int, default=10, help="HF prompt lookup's tokens per step")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from domino.datastore import DEFAULT_DATASTORE_TOKENS
 from domino.lookup import DEFAULT_LOOKUP_TOKENS
 
 
@@ -20,7 +21,10 @@ def main(argv=None) -> int:
     g.add_argument("--no-head", action="store_true", help="backbone-only drafting (the DFlash baseline)")
     g.add_argument("--seed", type=int, default=0, help="seed for sampling (temperature > 0)")
     g.add_argument("--lookup-tokens", type=int, default=DEFAULT_LOOKUP_TOKENS,
-                   help="prompt-lookup tokens grafted onto each greedy tree round (0: the drafter's tree alone)")
+                   help="prompt-lookup tokens grafted onto each greedy tree round (0: none)")
+    g.add_argument("--datastore-tokens", type=int, default=DEFAULT_DATASTORE_TOKENS,
+                   help="tokens retrieved from the default model's datastore of its own outputs and grafted onto "
+                        "each greedy tree round (0: none)")
     shape = g.add_mutually_exclusive_group()
     shape.add_argument("--tree", metavar="TOPK,DEPTH[,NODES]",
                        help="draft and verify this tree per round: TOPK children per node, DEPTH levels, NODES "
@@ -63,7 +67,7 @@ def main(argv=None) -> int:
     gen.generate("warm-up", max_new_tokens=4)  # first-call overheads out of the timing
     res = gen.generate(args.prompt, use_head=not args.no_head, tree=tree, num_drafts=args.num_drafts,
                        generator=torch.Generator().manual_seed(args.seed), lookup_tokens=args.lookup_tokens,
-                       stream=TextPrinter(gen.tokenizer), **kw)
+                       datastore_tokens=args.datastore_tokens, stream=TextPrinter(gen.tokenizer), **kw)
     print()
     print(f"[domino] {len(res.token_ids)} tokens, {res.tokens_per_second:.1f} tok/s, "
           f"mean acceptance length {res.mean_acceptance_length:.2f} over {len(res.acceptance_lengths)} rounds",
@@ -87,7 +91,7 @@ def _compare(gen, args, tree, kw, streamed_ids: list[int]) -> int:
         base.append(gen.generate_target_only(args.prompt, **kw))
         spec.append(gen.generate(args.prompt, use_head=not args.no_head, tree=tree, num_drafts=args.num_drafts,
                                  generator=torch.Generator().manual_seed(args.seed), lookup_tokens=args.lookup_tokens,
-                                 **kw))
+                                 datastore_tokens=args.datastore_tokens, **kw))
     spec_tps = statistics.median(r.tokens_per_second for r in spec)
     base_tps = statistics.median(r.tokens_per_second for r in base)
     same = all(r.token_ids == base[0].token_ids for r in [*spec, *base]) and streamed_ids == base[0].token_ids

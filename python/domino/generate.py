@@ -15,8 +15,9 @@ One round, for every sequence of the batch at once:
 The only host-device synchronisation per round is reading the accepted lengths.
 
 With ``tree=TreeShape(topk, depth, num_draft_tokens)`` step 1 drafts a tree instead (the
-Domino head carries a GRU state per branch; at T = 0 a prompt-lookup chain is grafted onto
-it, :mod:`domino.lookup`), step 2 runs the target once over its nodes
+Domino head carries a GRU state per branch; at T = 0 a prompt-lookup chain, :mod:`domino.lookup`,
+and a chain retrieved from the datastore of the target's outputs, :mod:`domino.datastore`,
+are grafted onto it), step 2 runs the target once over its nodes
 with a tree attention mask, step 3 walks the tree (``verify_tree_greedy`` /
 ``verify_tree_sampling``), and step 4 first moves the accepted path's KV entries to the
 front of the round (:mod:`domino.tree`); the rest is the chain's commit step. By default
@@ -37,6 +38,7 @@ from transformers import DynamicCache
 import domino_ops
 from domino import budget, prompts
 from domino.budget import DepthAcceptance, RoundCosts
+from domino.datastore import DEFAULT_DATASTORE_TOKENS, TokenDatastore
 from domino.lookup import DEFAULT_LOOKUP_TOKENS, NgramIndex
 from domino.model import DominoDraftModel, DraftContextCache
 from domino.sampling_params import RowSampling, SamplingParams
@@ -103,8 +105,13 @@ class DominoGenerator:
     """Speculative generation: ``gen.generate(prompt, ...)``; ``gen.target``/``gen.tokenizer``
     are the HF objects."""
 
-    def __init__(self, target, drafter: DominoDraftModel, tokenizer):
+    def __init__(self, target, drafter: DominoDraftModel, tokenizer, datastore: TokenDatastore | None = None):
+        """``datastore``: the target's own outputs to retrieve chains from in greedy tree
+        rounds (:mod:`domino.datastore`), or None."""
         check_drafter_fits(target, drafter)
+        if datastore is not None and not isinstance(datastore, TokenDatastore):
+            raise TypeError(f"datastore must be a domino.datastore.TokenDatastore or None, got {type(datastore).__name__}")
+        self.datastore = datastore
         self.target = target.eval()
         self.drafter = drafter.eval().bind_target(target)
         self.tokenizer = tokenizer
@@ -172,7 +179,8 @@ class DominoGenerator:
                  generator: torch.Generator | None = None,
                  stream: Callable[[int, list[int]], None] | None = None,
                  tree: TreeShape | None | str = "auto",
-                 lookup_tokens: int = DEFAULT_LOOKUP_TOKENS) -> GenerationResult:
+                 lookup_tokens: int = DEFAULT_LOOKUP_TOKENS,
+                 datastore_tokens: int = DEFAULT_DATASTORE_TOKENS) -> GenerationResult:
         """Generates up to ``max_new_tokens`` per prompt, stopping at EOS or a stop string.
 
         ``prompt`` is one prompt (string, chat message list, token ids) or a list of them
@@ -199,6 +207,8 @@ class DominoGenerator:
         ``lookup_tokens``: greedy tree rounds also verify up to this many tokens copied from
         earlier in the prompt or output (prompt lookup, :mod:`domino.lookup`), grafted onto
         the draft tree; 0: the drafter's tree alone. Sampled requests and chains never use it.
+        ``datastore_tokens``: likewise, up to this many tokens retrieved from the generator's
+        datastore of the target's own outputs (:mod:`domino.datastore`; nothing without one).
         """
         seqs, batch, stop = self._encode_request(prompt, max_new_tokens, stop)
         params = self._sampling_params(len(seqs), temperature, top_k, top_p, sampling)
@@ -213,10 +223,13 @@ class DominoGenerator:
                                  "TreeShape.num_draft_tokens)")
             check_tree_attention(self.target)
         rows = RowSampling.from_params(params, self.device, generator)
-        if isinstance(lookup_tokens, bool) or not isinstance(lookup_tokens, int) or lookup_tokens < 0:
-            raise ValueError(f"lookup_tokens must be an int >= 0, got {lookup_tokens!r}")
+        for name, value in (("lookup_tokens", lookup_tokens), ("datastore_tokens", datastore_tokens)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
         if tree is None or rows.any_sampled:
-            lookup_tokens = 0
+            lookup_tokens = datastore_tokens = 0
+        if self.datastore is None:
+            datastore_tokens = 0
         if num_drafts is not None:
             n_max = self.drafter.config.num_drafts
             if isinstance(num_drafts, bool) or not isinstance(num_drafts, int) or not 0 <= num_drafts <= n_max:
@@ -227,7 +240,7 @@ class DominoGenerator:
         costs = self.round_costs(len(seqs)) if adaptive else None
         t0 = time.perf_counter()
         token_ids, accept, verified = self._speculative(seqs, max_new_tokens, rows, use_head, stop, stream, tree,
-                                                        costs, num_drafts, lookup_tokens)
+                                                        costs, num_drafts, lookup_tokens, datastore_tokens)
         elapsed = time.perf_counter() - t0
         texts = [self._decode_until_stop(t, stop) for t in token_ids]
         total = sum(len(t) for t in token_ids)
@@ -334,11 +347,13 @@ class DominoGenerator:
         return domino_ops.verify_sampling(draft_tokens, q, p, generator=sampling.generator)
 
     def _speculative(self, seqs, max_new_tokens, sampling: RowSampling, use_head, stop, stream, tree,
-                     costs: RoundCosts | None, num_drafts: int | None, lookup_tokens: int = 0):
+                     costs: RoundCosts | None, num_drafts: int | None, lookup_tokens: int = 0,
+                     datastore_tokens: int = 0):
         b = len(seqs)
         state, first = self._prefill(seqs, sampling)
         # each sequence's tokens so far (prompt, output), indexed for prompt lookup
-        lookups = [NgramIndex(list(seqs[s]) + [first[s]]) for s in range(b)] if lookup_tokens else None
+        lookups = ([NgramIndex(list(seqs[s]) + [first[s]]) for s in range(b)]
+                   if lookup_tokens or datastore_tokens else None)
         # learnt within this call only, from the drafter's measured rates: a call's choices,
         # and so its sampled output under a seed, do not depend on earlier calls
         depth_acceptance = DepthAcceptance(self.drafter.config.num_drafts, self.drafter.calibration.depth_rates or 0.5)
@@ -357,7 +372,8 @@ class DominoGenerator:
                                                                       num_drafts, depth_acceptance)
             else:
                 kept_list, new_rows, verified_len = self._tree_round(state, sampling, use_head, tree, live, costs,
-                                                                     depth_acceptance, lookups, lookup_tokens)
+                                                                     depth_acceptance, lookups, lookup_tokens,
+                                                                     datastore_tokens)
             for s in range(b):
                 if done[s]:
                     continue
@@ -424,8 +440,8 @@ class DominoGenerator:
 
     def _tree_round(self, st: _Decoding, sampling: RowSampling, use_head, shape: TreeShape, live: list[int],
                     costs: RoundCosts | None, depth_acceptance: DepthAcceptance,
-                    lookups: list[NgramIndex] | None = None,
-                    lookup_tokens: int = 0) -> tuple[list[int], list[list[int]], int]:
+                    lookups: list[NgramIndex] | None = None, lookup_tokens: int = 0,
+                    datastore_tokens: int = 0) -> tuple[list[int], list[list[int]], int]:
         """One tree round: draft a tree, verify all its nodes in one target forward, keep the
         accepted path in the caches. Returns what :meth:`_chain_round` does.
 
@@ -440,9 +456,15 @@ class DominoGenerator:
         tree = self._draft_tree(st, sampling, use_head, shape, live, costs)
         links = tree_links(tree, st.anchor_pos, shape.topk, shape.depth)
         depth = shape.depth
-        if lookups is not None:  # greedy: the prompt-lookup chains grafted onto the trees
-            chains = [lookups[s].propose(lookup_tokens) if s in live else [] for s in range(len(lookups))]
-            candidates, links, depth = graft_chains(tree.candidates, links, chains, self.drafter.config.num_drafts)
+        if lookups is not None:  # greedy: the prompt-lookup and datastore chains grafted onto the trees
+            candidates, max_depth = tree.candidates, self.drafter.config.num_drafts
+            sources = [lambda s: lookups[s].propose(lookup_tokens),
+                       lambda s: self.datastore.propose(lookups[s].tokens, datastore_tokens)]
+            for propose, tokens in zip(sources, (lookup_tokens, datastore_tokens)):
+                if tokens:
+                    chains = [propose(s) if s in live else [] for s in range(len(lookups))]
+                    candidates, links, grafted = graft_chains(candidates, links, chains, max_depth)
+                    depth = max(depth, grafted)
             tree = dataclasses.replace(tree, candidates=candidates)
         n = tree.candidates.shape[1]
         mask = tree_attention_mask(st.cache_mask, links.ancestors, self.target.dtype)

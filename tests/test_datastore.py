@@ -1,0 +1,157 @@
+"""Retrieval drafting from a datastore of the target's outputs (domino.datastore): proposals
+against a brute-force scan of the corpus, hash collisions that must not propose, the
+file round trip, bad input, and the engine's output still exactly the target's greedy
+decoding with the chains grafted."""
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import domino.datastore as ds
+import domino.generate
+from domino import TreeShape
+from domino.datastore import TokenDatastore
+from engine_cases import cheap_verification, prompts
+from tiny_models import tiny_generator
+
+
+def brute_force_proposal(sequences, context, max_tokens, sizes, max_matches, min_share):
+    """The majority walk from the first ``max_matches`` occurrences, in corpus order, of
+    the longest suffix of ``context`` among ``sizes`` found inside one sequence."""
+    for n in sorted(sizes, reverse=True):
+        if len(context) < n or max_tokens == 0:
+            continue
+        suffix = list(context[-n:])
+        occ = [(s, i + n) for s, seq in enumerate(sequences) for i in range(len(seq) - n + 1) if seq[i:i + n] == suffix]
+        if not occ:
+            continue
+        occ = occ[:max_matches]
+        out = []
+        while len(out) < max_tokens:
+            following = [sequences[s][j] if j < len(sequences[s]) else -1 for s, j in occ]
+            counts = {t: following.count(t) for t in set(following)}
+            token = min(counts, key=lambda t: (-counts[t], t))  # most frequent, then the smallest id
+            if token == -1 or counts[token] < min_share * len(following):
+                break
+            out.append(token)
+            occ = [(s, j + 1) for (s, j), t in zip(occ, following) if t == token]
+        return out
+    return []
+
+
+sequences_st = st.lists(st.lists(st.integers(0, 3), max_size=14), max_size=6)
+
+
+@pytest.mark.parametrize("max_matches", [ds.MAX_MATCHES, 2])
+@given(sequences=sequences_st, context=st.lists(st.integers(0, 3), max_size=10), max_tokens=st.integers(0, 6),
+       sizes=st.sets(st.integers(1, 5), min_size=1, max_size=3))
+def test_proposal_matches_a_brute_force_scan(max_matches, sequences, context, max_tokens, sizes):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ds, "MAX_MATCHES", max_matches)
+        store = TokenDatastore.from_sequences(sequences, sizes)
+        want = brute_force_proposal(sequences, context, max_tokens, sizes, max_matches, ds.MIN_SHARE)
+        assert store.propose(context, max_tokens) == want
+
+
+@given(sequences=sequences_st, context=st.lists(st.integers(0, 3), min_size=2, max_size=8))
+def test_hash_collisions_never_propose(sequences, context):
+    """With a multiplier of 1 the hash is the sum of the tokens, so [1, 2] and [2, 1]
+    collide: every hit is checked against the tokens, and the proposal stays the scan's."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ds, "_MULT", 1)
+        store = TokenDatastore.from_sequences(sequences, (2, 1))
+        assert store.propose(context, 4) == brute_force_proposal(sequences, context, 4, (2, 1), ds.MAX_MATCHES,
+                                                                ds.MIN_SHARE)
+
+
+def test_proposal_has_teeth():
+    store = TokenDatastore.from_sequences([[5, 1, 2, 3, 4, 9], [7, 1, 2, 3, 4, 8], [1, 2, 3, 4, 8, 8]], (4, 2))
+    # [1, 2, 3, 4] goes on with 9 once and 8 twice: 8. Then the two followed go on with the
+    # end of their sequence and with 8: a tie, which the end (the smaller entry) wins: stop.
+    assert store.propose([0, 1, 2, 3, 4], 3) == [8]
+    assert store.propose([9, 9, 3, 2], 5) == []  # neither [9, 9, 3, 2] nor [3, 2] occurs
+    assert store.propose([9, 9, 2, 3], 5) == [4, 8]  # the 2-gram [2, 3]: 4 (3 of 3), 8 (2 of 3), a tie
+    assert store.propose([6, 6, 6, 1, 2], 1) == [3]  # the 2-gram [1, 2]: all three go on with 3
+    assert store.propose([1, 2, 3, 4], 0) == []
+    # 8 (2 of 3), 8 (2 of 2), then 8 against 7: a tie, the smaller id wins with half, which
+    # is MIN_SHARE: 7; then only the end of the sequence follows
+    store = TokenDatastore.from_sequences([[1, 2, 3, 4, 8, 8, 8], [1, 2, 3, 4, 8, 8, 7], [1, 2, 3, 4, 9]], (4,))
+    assert store.propose([1, 2, 3, 4], 5) == [8, 8, 7]
+    # a chain never runs into the next sequence
+    assert TokenDatastore.from_sequences([[1, 2, 3], [4, 5]], (2,)).propose([2, 3], 4) == []
+
+
+@pytest.mark.parametrize("big_ids", [False, True])
+def test_save_and_load_round_trip(tmp_path, big_ids):
+    rng = np.random.default_rng(0)
+    hi = 100_000 if big_ids else 49_152  # past uint16: stored as int32
+    seqs = [rng.integers(0, hi, size=rng.integers(0, 30)).tolist() for _ in range(20)]
+    store = TokenDatastore.from_sequences(seqs)
+    store.save(tmp_path / "d.npz")
+    back = TokenDatastore.load(tmp_path / "d.npz")
+    assert np.array_equal(back.tokens, store.tokens) and back.sizes == store.sizes
+    for s in seqs:
+        assert back.propose(s[:8], 5) == store.propose(s[:8], 5)
+
+
+@pytest.mark.parametrize("tokens,match", [(np.zeros((2, 3), np.int64), "1-D integer"),
+                                          (np.array([1.0, 2.0]), "1-D integer"),
+                                          (np.array([3, -2, 1]), ">= 0 or -1")])
+def test_bad_tokens(tokens, match):
+    with pytest.raises(ValueError, match=match):
+        TokenDatastore(tokens)
+
+
+@pytest.mark.parametrize("sizes", [(), (0, 2), (-1,)])
+def test_bad_sizes(sizes):
+    with pytest.raises(ValueError, match="sizes must be n-gram lengths >= 1"):
+        TokenDatastore.from_sequences([[1, 2, 3]], sizes)
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "4"])
+def test_bad_max_tokens(bad):
+    with pytest.raises(ValueError, match="max_tokens must be an int >= 0"):
+        TokenDatastore.from_sequences([[1, 2, 3]]).propose([1, 2], bad)
+
+
+@pytest.mark.parametrize("kind,batch,shape", [("qwen3", 1, TreeShape(2, 3)), ("llama", 3, TreeShape(3, 2, 5))])
+@pytest.mark.parametrize("corpus", ["own outputs", "noise"])
+def test_engine_with_a_datastore_is_plain_greedy_and_grafts(kind, batch, shape, corpus, monkeypatch):
+    """Chains from the target's own outputs (mostly right) and from the same outputs with
+    a third of their tokens replaced at random (often wrong) are grafted, and the output
+    is still the target's greedy decoding."""
+    gen = tiny_generator(kind)
+    cheap_verification(gen, batch)
+    ps = prompts(batch, seed=5)
+    plain = gen.generate_target_only(ps, max_new_tokens=40).token_ids
+    seqs = gen.generate_target_only(prompts(6, seed=6), max_new_tokens=40).token_ids + plain  # others', these
+    if corpus == "noise":
+        rng = np.random.default_rng(0)
+        seqs = [[int(rng.integers(2, 64)) if rng.random() < 1 / 3 else t for t in seq] for seq in seqs]
+    gen.datastore = TokenDatastore.from_sequences(seqs, (4, 3))
+    grafted = []
+    real = domino.generate.graft_chains
+
+    def counting(candidates, links, chains, max_depth):
+        out = real(candidates, links, chains, max_depth)
+        grafted.append(out[0].shape[1] - candidates.shape[1])
+        return out
+
+    monkeypatch.setattr(domino.generate, "graft_chains", counting)
+    spec = gen.generate(ps, max_new_tokens=40, tree=shape, lookup_tokens=0, datastore_tokens=5)
+    assert spec.token_ids == plain
+    assert sum(grafted) > 0 and all(g <= 5 for g in grafted)
+    grafted.clear()
+    assert gen.generate(ps, max_new_tokens=40, tree=shape, lookup_tokens=3, datastore_tokens=5).token_ids == plain
+    grafted.clear()
+    assert gen.generate(ps, max_new_tokens=40, tree=shape, lookup_tokens=0, datastore_tokens=0).token_ids == plain
+    assert not grafted  # off: nothing grafted
+
+
+def test_bad_datastore_arguments():
+    gen = tiny_generator("qwen3")
+    with pytest.raises(ValueError, match="datastore_tokens must be an int >= 0"):
+        gen.generate(prompts(1), max_new_tokens=4, datastore_tokens=-2)
+    with pytest.raises(TypeError, match="datastore must be a domino.datastore.TokenDatastore"):
+        domino.generate.DominoGenerator(gen.target, gen.drafter, gen.tokenizer, datastore=[1, 2, 3])
