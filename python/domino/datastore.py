@@ -17,9 +17,10 @@ then only those occurrences. :func:`domino.tree.graft_chains` grafts the chain o
 round's draft tree beside the prompt-lookup chain; greedy verification keeps whichever
 path the target agrees with longest, so the output is still exactly the target's.
 
-The index is one array of sorted n-gram hashes per size, built when the datastore is
-loaded (numpy; ~1 s per size for 5M tokens on a 2-core Zen 4), and every hash hit is
-checked against the tokens, so a hash collision never proposes anything.
+The index is one sorted array of n-gram keys per size, built when the datastore is
+loaded (numpy; 2.6 s for the five sizes over the shipped 5M tokens on the 2-core Zen 4
+VM, ~200 MB), and every hash hit is checked against the tokens, so a hash collision
+never proposes anything. A proposal costs ~0.1 ms.
 """
 
 from __future__ import annotations
@@ -32,22 +33,24 @@ import numpy as np
 __all__ = ["TokenDatastore", "NGRAM_SIZES", "MAX_MATCHES", "MIN_SHARE", "DEFAULT_DATASTORE_TOKENS",
            "DATASTORE_FILE"]
 
-# Suffix lengths looked up, longest first. Not below 4: in a corpus of millions of tokens
-# a 2- or 3-token suffix occurs thousands of times after unrelated text, and the chains it
-# proposed were accepted too rarely to pay for their verification (an ad-hoc replay of the
-# shipped drafter's rounds on 8 HumanEval and 8 held-out chat prompts, and an A/B of
-# minimum 3 against 4 in the engine, which ran within noise of each other).
+# Suffix lengths looked up, longest first. Not below 4: a 2-token suffix occurs thousands
+# of times in millions of tokens, after unrelated text (replaying the shipped drafter's
+# rounds on 8 HumanEval prompts, a 2-token match's chain had its first token right in a
+# third of the rounds and its third in 3 %). Minimum 3 and 4 ran within noise of each
+# other in an ad-hoc A/B in the engine (HumanEval 1.60x both, chat 1.54x / 1.50x, one
+# run each; not a benchmark of record); 4 keeps the surer chains.
 NGRAM_SIZES = (12, 8, 6, 5, 4)
 # Occurrences of the suffix whose continuations are counted (the first ones in the
 # corpus): bounds the work of a proposal when the suffix is common.
 MAX_MATCHES = 256
 # A chain goes on while at least this share of the occurrences still followed agree on the
-# next token (0.5: a strict plurality at worst ties, and a tie is a coin flip).
+# next token (0.5: it follows at least as many of them as every other token together).
 MIN_SHARE = 0.5
 # Tokens of the datastore chain grafted per greedy tree round (DominoGenerator.generate's
-# datastore_tokens). Each grafted node costs ~0.6 ms of verification on this CPU and a
-# retrieved chain's later tokens are rarely right: 6 ran ahead of 10 on chat and level on
-# HumanEval (benchmarks/README.md).
+# datastore_tokens). Each grafted node costs verification time (~0.6 ms at ~10 nodes on
+# the Zen 4 VM) and a retrieved chain's later tokens are rarely right: 6 and 10 ran within
+# noise of each other in the same ad-hoc A/B (HumanEval 1.60x / 1.62x, chat 1.50x /
+# 1.45x), 6 verifying ~1 node less a round.
 DEFAULT_DATASTORE_TOKENS = 6
 # Where a drafter checkpoint keeps the datastore of its target's outputs
 DATASTORE_FILE = "datastore.npz"
