@@ -65,3 +65,20 @@ def check(gen, temperature, top_k, top_p, N=4000, num_drafts=3):
     marginal3 = (joint12[:, :, None] * p3).sum(axis=(0, 1))
     assert_matches_distribution(toks[:, 2], marginal3, what="token 3")
     return res
+
+
+def count_grafts(monkeypatch) -> list[int]:
+    """Wraps ``domino.generate.graft_chains`` for the test: the returned list gets the
+    number of nodes each call grafted onto the round's tree (prompt lookup, datastore)."""
+    import domino.generate
+
+    grafted = []
+    real = domino.generate.graft_chains
+
+    def counting(candidates, links, chains, max_depth):
+        out = real(candidates, links, chains, max_depth)
+        grafted.append(out[0].shape[1] - candidates.shape[1])
+        return out
+
+    monkeypatch.setattr(domino.generate, "graft_chains", counting)
+    return grafted

@@ -12,7 +12,7 @@ import domino.datastore as ds
 import domino.generate
 from domino import TreeShape
 from domino.datastore import TokenDatastore
-from engine_cases import cheap_verification, prompts
+from engine_cases import cheap_verification, count_grafts, prompts
 from tiny_models import tiny_generator
 
 
@@ -130,15 +130,7 @@ def test_engine_with_a_datastore_is_plain_greedy_and_grafts(kind, batch, shape, 
         rng = np.random.default_rng(0)
         seqs = [[int(rng.integers(2, 64)) if rng.random() < 1 / 3 else t for t in seq] for seq in seqs]
     gen.datastore = TokenDatastore.from_sequences(seqs, (4, 3))
-    grafted = []
-    real = domino.generate.graft_chains
-
-    def counting(candidates, links, chains, max_depth):
-        out = real(candidates, links, chains, max_depth)
-        grafted.append(out[0].shape[1] - candidates.shape[1])
-        return out
-
-    monkeypatch.setattr(domino.generate, "graft_chains", counting)
+    grafted = count_grafts(monkeypatch)
     spec = gen.generate(ps, max_new_tokens=40, tree=shape, lookup_tokens=0, datastore_tokens=5)
     assert spec.token_ids == plain
     assert sum(grafted) > 0 and all(g <= 5 for g in grafted)

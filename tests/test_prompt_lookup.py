@@ -9,13 +9,12 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-import domino.generate
 import domino_ops
 from domino import TreeShape
 from domino.lookup import NGRAM_SIZES, NgramIndex
 from domino.tree import graft_chains, tree_links
 from domino_ops.tree_draft import DraftTree
-from engine_cases import cheap_verification, prompts
+from engine_cases import cheap_verification, count_grafts, prompts
 from tiny_models import tiny_generator
 from tree_cases import random_eagle_draft
 
@@ -157,15 +156,7 @@ def test_engine_with_lookup_is_plain_greedy_and_grafts(kind, batch, shape, monke
     gen = tiny_generator(kind)
     cheap_verification(gen, batch)
     ps = prompts(batch, seed=11)
-    grafted = []
-    real = domino.generate.graft_chains
-
-    def counting(candidates, links, chains, max_depth):
-        out = real(candidates, links, chains, max_depth)
-        grafted.append(out[0].shape[1] - candidates.shape[1])
-        return out
-
-    monkeypatch.setattr(domino.generate, "graft_chains", counting)
+    grafted = count_grafts(monkeypatch)
     plain = gen.generate_target_only(ps, max_new_tokens=40).token_ids
     spec = gen.generate(ps, max_new_tokens=40, tree=shape, lookup_tokens=6)
     assert spec.token_ids == plain
