@@ -144,7 +144,7 @@ def methods(gen, args, tree):
 
 def load(config: str, drafter, datastore=DEFAULT_DATASTORE):
     """The SmolLM2 target and ``drafter`` in configuration ``config`` (CONFIGS), with the
-    ``datastore`` (a path or None)."""
+    ``datastore`` (the path of a saved one)."""
     dtype, sbl, sba = CONFIGS[config]
     return domino.load(smollm2_dir(), drafter, dtype=dtype, small_batch_linear=sbl, small_batch_attention=sba,
                        datastore=datastore)

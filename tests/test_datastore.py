@@ -29,10 +29,12 @@ def brute_force_proposal(sequences, context, max_tokens, sizes, max_matches, min
         occ = occ[:max_matches]
         out = []
         while len(out) < max_tokens:
-            following = [sequences[s][j] if j < len(sequences[s]) else -1 for s, j in occ]
-            counts = {t: following.count(t) for t in set(following)}
+            following = [sequences[s][j] if j < len(sequences[s]) else -1 for s, j in occ]  # -1: it ends
+            counts = {t: following.count(t) for t in set(following) if t != -1}
+            if not counts:
+                break
             token = min(counts, key=lambda t: (-counts[t], t))  # most frequent, then the smallest id
-            if token == -1 or counts[token] < min_share * len(following):
+            if counts[token] < min_share * len(following):
                 break
             out.append(token)
             occ = [(s, j + 1) for (s, j), t in zip(occ, following) if t == token]
@@ -67,11 +69,14 @@ def test_hash_collisions_never_propose(sequences, context):
 
 def test_proposal_has_teeth():
     store = TokenDatastore.from_sequences([[5, 1, 2, 3, 4, 9], [7, 1, 2, 3, 4, 8], [1, 2, 3, 4, 8, 8]], (4, 2))
-    # [1, 2, 3, 4] goes on with 9 once and 8 twice: 8. Then the two followed go on with the
-    # end of their sequence and with 8: a tie, which the end (the smaller entry) wins: stop.
-    assert store.propose([0, 1, 2, 3, 4], 3) == [8]
+    # [1, 2, 3, 4] goes on with 9 once and 8 twice: 8. Of the two followed, one ends there
+    # and one goes on with 8: half of them, MIN_SHARE: 8. Then only the end follows.
+    assert store.propose([0, 1, 2, 3, 4], 3) == [8, 8]
+    assert store.propose([0, 1, 2, 3, 4], 1) == [8]
     assert store.propose([9, 9, 3, 2], 5) == []  # neither [9, 9, 3, 2] nor [3, 2] occurs
-    assert store.propose([9, 9, 2, 3], 5) == [4, 8]  # the 2-gram [2, 3]: 4 (3 of 3), 8 (2 of 3), a tie
+    assert store.propose([9, 9, 2, 3], 5) == [4, 8, 8]  # the 2-gram [2, 3]: 4 (3 of 3), then as above
+    # below MIN_SHARE: 5 follows one of three, each of the others another token
+    assert TokenDatastore.from_sequences([[1, 2, 5], [1, 2, 6], [1, 2, 7]], (2,)).propose([1, 2], 3) == []
     assert store.propose([6, 6, 6, 1, 2], 1) == [3]  # the 2-gram [1, 2]: all three go on with 3
     assert store.propose([1, 2, 3, 4], 0) == []
     # 8 (2 of 3), 8 (2 of 2), then 8 against 7: a tie, the smaller id wins with half, which
@@ -82,14 +87,13 @@ def test_proposal_has_teeth():
     assert TokenDatastore.from_sequences([[1, 2, 3], [4, 5]], (2,)).propose([2, 3], 4) == []
 
 
-@pytest.mark.parametrize("big_ids", [False, True])
-def test_save_and_load_round_trip(tmp_path, big_ids):
+@pytest.mark.parametrize("top_id", [49_151, 65_534, 65_535, 100_000])  # from 65535 up: stored as int32
+def test_save_and_load_round_trip(tmp_path, top_id):
     rng = np.random.default_rng(0)
-    hi = 100_000 if big_ids else 49_152  # past uint16: stored as int32
-    seqs = [rng.integers(0, hi, size=rng.integers(0, 30)).tolist() for _ in range(20)]
+    seqs = [rng.integers(0, top_id + 1, size=rng.integers(0, 30)).tolist() for _ in range(20)] + [[top_id] * 5]
     store = TokenDatastore.from_sequences(seqs)
-    store.save(tmp_path / "d.npz")
-    back = TokenDatastore.load(tmp_path / "d.npz")
+    store.save(tmp_path / "d")  # written under the name given
+    back = TokenDatastore.load(tmp_path / "d")
     assert np.array_equal(back.tokens, store.tokens) and back.sizes == store.sizes
     for s in seqs:
         assert back.propose(s[:8], 5) == store.propose(s[:8], 5)
@@ -135,6 +139,10 @@ def test_engine_with_a_datastore_is_plain_greedy_and_grafts(kind, batch, shape, 
     assert spec.token_ids == plain
     assert sum(grafted) > 0 and all(g <= 5 for g in grafted)
     grafted.clear()
+    alone = gen.generate(ps, max_new_tokens=40, tree=shape, lookup_tokens=0, datastore_tokens=0)
+    if corpus == "own outputs":  # the chains hold these outputs: they are accepted, from the right context
+        assert spec.mean_acceptance_length > alone.mean_acceptance_length + 1
+    grafted.clear()
     assert gen.generate(ps, max_new_tokens=40, tree=shape, lookup_tokens=3, datastore_tokens=5).token_ids == plain
     grafted.clear()
     assert gen.generate(ps, max_new_tokens=40, tree=shape, lookup_tokens=0, datastore_tokens=0).token_ids == plain
@@ -142,7 +150,10 @@ def test_engine_with_a_datastore_is_plain_greedy_and_grafts(kind, batch, shape, 
 
 
 def test_bad_datastore_arguments():
-    gen = tiny_generator("qwen3")
+    gen = tiny_generator("qwen3")  # a vocabulary of 64
+    with pytest.raises(ValueError, match="datastore: holds token id 64, but the target's vocabulary has 64"):
+        domino.generate.DominoGenerator(gen.target, gen.drafter, gen.tokenizer,
+                                        datastore=TokenDatastore.from_sequences([[1, 64, 2]]))
     with pytest.raises(ValueError, match="datastore_tokens must be an int >= 0"):
         gen.generate(prompts(1), max_new_tokens=4, datastore_tokens=-2)
     with pytest.raises(TypeError, match="datastore must be a domino.datastore.TokenDatastore"):

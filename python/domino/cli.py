@@ -23,8 +23,8 @@ def main(argv=None) -> int:
     g.add_argument("--lookup-tokens", type=int, default=DEFAULT_LOOKUP_TOKENS,
                    help="prompt-lookup tokens grafted onto each greedy tree round (0: none)")
     g.add_argument("--datastore-tokens", type=int, default=DEFAULT_DATASTORE_TOKENS,
-                   help="tokens retrieved from the default model's datastore of its own outputs and grafted onto "
-                        "each greedy tree round (0: none)")
+                   help="tokens retrieved from the default target's datastore of its own outputs and grafted "
+                        "onto each greedy tree round (0: none; a --target has none)")
     shape = g.add_mutually_exclusive_group()
     shape.add_argument("--tree", metavar="TOPK,DEPTH[,NODES]",
                        help="draft and verify this tree per round: TOPK children per node, DEPTH levels, NODES "
@@ -52,11 +52,13 @@ def main(argv=None) -> int:
     import torch
 
     import domino
-    from domino.loading import DEFAULT_OPTIONS, smollm2_dir
+    from domino.loading import DEFAULT_DATASTORE, DEFAULT_OPTIONS, smollm2_dir
 
     print("[domino] loading models (first run converts the GGUF once)...", file=sys.stderr, flush=True)
     if args.target or args.drafter:
-        gen = domino.load(args.target or smollm2_dir(quiet=False), args.drafter, quiet=False,
+        # the shipped datastore holds the default target's outputs: with it, and only with it
+        datastore = DEFAULT_DATASTORE if not args.target and DEFAULT_DATASTORE.exists() else None
+        gen = domino.load(args.target or smollm2_dir(quiet=False), args.drafter, quiet=False, datastore=datastore,
                           **{**DEFAULT_OPTIONS, "dtype": getattr(torch, args.dtype)})
     else:
         gen = domino.load_default(quiet=False)

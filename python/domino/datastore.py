@@ -134,13 +134,15 @@ class TokenDatastore:
         return int(self.tokens.size)
 
     def save(self, path: str | Path) -> None:
-        """Writes the corpus (compressed; uint16 when every id fits) to ``path`` (.npz)."""
+        """Writes the corpus (compressed; uint16 when every id fits) to ``path``, as it is
+        named (an .npz archive)."""
         t = self.tokens
         if t.max(initial=0) < np.iinfo(np.uint16).max:
             stored = np.where(t == _SEPARATOR, np.iinfo(np.uint16).max, t).astype(np.uint16)
         else:
             stored = t.astype(np.int32)
-        np.savez_compressed(path, tokens=stored)
+        with open(path, "wb") as f:  # a path given as a name: numpy would append ".npz"
+            np.savez_compressed(f, tokens=stored)
 
     @classmethod
     def load(cls, path: str | Path, sizes: Sequence[int] = NGRAM_SIZES) -> "TokenDatastore":
@@ -159,10 +161,16 @@ class TokenDatastore:
         n, keys, bits = len(ngram), self._index[len(ngram)], self._pos_bits
         q = (_hash(ngram) >> bits) << bits
         lo, hi = np.searchsorted(keys, q, "left"), np.searchsorted(keys, q | ((1 << bits) - 1), "right")
-        found = keys[lo:hi] & ((1 << bits) - 1)
-        if found.size:  # a hash collision must not propose: check the tokens themselves
-            found = found[(self.tokens[found[:, None] + np.arange(n)] == np.asarray(ngram, dtype=np.int64)).all(1)]
-        return found[:MAX_MATCHES]
+        want = np.asarray(ngram, dtype=np.int64)
+        found, take = [], 2 * MAX_MATCHES
+        # The hits come in position order; a hash collision must not propose, so the tokens
+        # are checked, a slice at a time (a common n-gram has tens of thousands of hits).
+        for start in range(lo, hi, take):
+            at = keys[start:min(hi, start + take)] & ((1 << bits) - 1)
+            found.append(at[(self.tokens[at[:, None] + np.arange(n)] == want).all(1)])
+            if sum(f.size for f in found) >= MAX_MATCHES:
+                break
+        return np.concatenate(found)[:MAX_MATCHES] if found else np.empty(0, np.int64)
 
     def propose(self, context: Sequence[int], max_tokens: int) -> list[int]:
         """Up to ``max_tokens`` tokens that most often followed the longest suffix of
@@ -182,15 +190,20 @@ class TokenDatastore:
         return []
 
     def _continuation(self, nxt: np.ndarray, max_tokens: int) -> list[int]:
-        """The majority walk from the positions ``nxt`` (where each occurrence goes on)."""
+        """The majority walk from the positions ``nxt`` (where each occurrence goes on):
+        the most frequent next token (the smallest id among equally frequent ones) while it
+        follows at least MIN_SHARE of the occurrences, those that end there included."""
         out: list[int] = []
         while len(out) < max_tokens:
             following = self.tokens[nxt]
-            values, counts = np.unique(following, return_counts=True)
-            best = int(counts.argmax())  # the smallest id among equally frequent tokens
-            token = int(values[best])
-            if token == _SEPARATOR or counts[best] < MIN_SHARE * following.size:
+            going_on = following[following != _SEPARATOR]
+            if not going_on.size:
                 break
+            values, counts = np.unique(going_on, return_counts=True)
+            best = int(counts.argmax())
+            if counts[best] < MIN_SHARE * following.size:
+                break
+            token = int(values[best])
             out.append(token)
             nxt = nxt[following == token] + 1
         return out

@@ -111,6 +111,10 @@ class DominoGenerator:
         check_drafter_fits(target, drafter)
         if datastore is not None and not isinstance(datastore, TokenDatastore):
             raise TypeError(f"datastore must be a domino.datastore.TokenDatastore or None, got {type(datastore).__name__}")
+        vocab = target.get_input_embeddings().num_embeddings
+        if datastore is not None and int(datastore.tokens.max()) >= vocab:
+            raise ValueError(f"datastore: holds token id {int(datastore.tokens.max())}, but the target's vocabulary "
+                             f"has {vocab} (a datastore holds one target's outputs)")
         self.datastore = datastore
         self.target = target.eval()
         self.drafter = drafter.eval().bind_target(target)
