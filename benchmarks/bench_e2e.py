@@ -223,7 +223,8 @@ def cmd_sweep(args) -> None:
     for use_head in (True, False):
         on = "head on" if use_head else "head off"
         curves[f"chain, {on}"] = [(n, {"num_drafts": n}) for n in (1, 2, 3, 4, 6, 8, n_block)]
-        curves[f"tree, {on}"] = [(N, {"tree": domino.TreeShape(4, 6, N), "lookup_tokens": 0})
+        curves[f"tree, {on}"] = [(N, {"tree": domino.TreeShape(4, 6, N), "lookup_tokens": 0,
+                                      "datastore_tokens": 0})
                                  for N in (3, 4, 6, 8, 12, 16, 24)]
         for key in (f"chain, {on}", f"tree, {on}"):
             pts = []

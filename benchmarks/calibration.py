@@ -99,7 +99,8 @@ def collect_tree(gen, prompts, max_new_tokens: int) -> tuple[list[float], list[b
     domino.generate.verify_tree = recording
     try:
         for p in prompts:
-            gen.generate(p, max_new_tokens=max_new_tokens, lookup_tokens=0)  # the drafter's own nodes only
+            # the drafter's own nodes only
+            gen.generate(p, max_new_tokens=max_new_tokens, lookup_tokens=0, datastore_tokens=0)
     finally:
         domino.generate.verify_tree = real_verify
     return confidences, accepted, depths, extended
