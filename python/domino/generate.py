@@ -111,10 +111,11 @@ class DominoGenerator:
         check_drafter_fits(target, drafter)
         if datastore is not None and not isinstance(datastore, TokenDatastore):
             raise TypeError(f"datastore must be a domino.datastore.TokenDatastore or None, got {type(datastore).__name__}")
-        vocab = target.get_input_embeddings().num_embeddings
-        if datastore is not None and int(datastore.tokens.max()) >= vocab:
-            raise ValueError(f"datastore: holds token id {int(datastore.tokens.max())}, but the target's vocabulary "
-                             f"has {vocab} (a datastore holds one target's outputs)")
+        if datastore is not None:
+            vocab = target.get_input_embeddings().num_embeddings
+            if int(datastore.tokens.max()) >= vocab:
+                raise ValueError(f"datastore: holds token id {int(datastore.tokens.max())}, but the target's "
+                                 f"vocabulary has {vocab} (a datastore holds one target's outputs)")
         self.datastore = datastore
         self.target = target.eval()
         self.drafter = drafter.eval().bind_target(target)
@@ -355,7 +356,8 @@ class DominoGenerator:
                      datastore_tokens: int = 0):
         b = len(seqs)
         state, first = self._prefill(seqs, sampling)
-        # each sequence's tokens so far (prompt, output), indexed for prompt lookup
+        # each sequence's tokens so far (prompt, output), indexed for prompt lookup; the
+        # datastore's proposals read the same token lists
         lookups = ([NgramIndex(list(seqs[s]) + [first[s]]) for s in range(b)]
                    if lookup_tokens or datastore_tokens else None)
         # learnt within this call only, from the drafter's measured rates: a call's choices,
