@@ -172,12 +172,13 @@ def cmd_compare(args) -> None:
         for rep in range(args.repeats):
             for name, fn in ms:
                 passes[name].append(one_pass(fn, prompts, gen))
-                print(f"  {config:11} pass {rep + 1}/{args.repeats} {name:34} {passes[name][-1]['tps']:6.1f} tok/s",
+                print(f"  {config:11} pass {rep + 1}/{args.repeats} {name:46} {passes[name][-1]['tps']:6.1f} tok/s",
                       flush=True)
         for name, _ in ms:
             ratios = [a["tps"] / b["tps"] for a, b in zip(passes[name], passes["plain HF greedy"])]
             rows.append({**summarize(name, passes[name]), "config": config, "pass_ratio": statistics.median(ratios)})
     copy_after = copy_bandwidth_gbs()
+    datastore_tokens = int((gen.datastore.tokens >= 0).sum()) if gen.datastore is not None else 0
     plains = {r["config"]: r for r in rows if r["name"] == "plain HF greedy"}
     fastest = max(plains.values(), key=lambda r: r["tps"])
     head = (f"\n{'HumanEval prompts %d..%d' % (args.offset, args.offset + len(prompts) - 1) if not args.chat else 'held-out chat prompts (%d)' % len(prompts)}, "
@@ -186,14 +187,14 @@ def cmd_compare(args) -> None:
             f"{torch.get_num_threads()} threads, torch {torch.__version__}; speedup vs the fastest plain "
             f"decoding ({fastest['config']}, {fastest['tps']:.1f} tok/s); per pass: the median of each pass's "
             f"ratio to plain greedy in the same configuration; copy bandwidth {copy_before:.1f} GB/s before the "
-            f"runs, {copy_after:.1f} after")
-    lines = [head, f"{'config':11} | {'method':34} | {'tok/s':>6} | {'speedup':>7} | {'per pass':>8} | {'tau':>5} | "
+            f"runs, {copy_after:.1f} after; datastore {args.datastore.name} ({datastore_tokens} tokens)")
+    lines = [head, f"{'config':11} | {'method':46} | {'tok/s':>6} | {'speedup':>7} | {'per pass':>8} | {'tau':>5} | "
              f"{'verified':>8} | {'draft ms':>8} | {'target ms':>9} | {'other ms':>8} | identical",
-             "-" * 137]
+             "-" * 149]
     for r in rows:
         same = r["outputs"] == plains[r["config"]]["outputs"]  # vs plain greedy in the same configuration
         spec = not r["name"].startswith(("HF prompt lookup", "plain"))
-        lines.append(f"{r['config']:11} | {r['name']:34} | {r['tps']:6.1f} | {r['tps'] / fastest['tps']:6.2f}x | "
+        lines.append(f"{r['config']:11} | {r['name']:46} | {r['tps']:6.1f} | {r['tps'] / fastest['tps']:6.2f}x | "
                      f"{r['pass_ratio']:7.2f}x | "
                      + (f"{r['tau']:5.2f} | {r['verified']:8.2f} | {r['draft_ms']:8.1f} | {r['target_ms']:9.1f} | "
                         f"{r['other_ms']:8.1f}" if spec else f"{'':5} | {'':8} | {'':8} | {'':9} | {'':8}")
