@@ -99,6 +99,27 @@ def test_save_and_load_round_trip(tmp_path, top_id):
         assert back.propose(s[:8], 5) == store.propose(s[:8], 5)
 
 
+def test_cached_index_is_the_built_one(tmp_path):
+    """A load with ``index_dir`` builds and keeps the index once, then maps the same keys;
+    another corpus or other sizes get their own."""
+    rng = np.random.default_rng(1)
+    seqs = [rng.integers(0, 6, size=rng.integers(1, 40)).tolist() for _ in range(30)]
+    built = TokenDatastore.from_sequences(seqs, (5, 3))
+    built.save(tmp_path / "d.npz")
+    first = TokenDatastore.load(tmp_path / "d.npz", (5, 3), index_dir=tmp_path / "idx")
+    again = TokenDatastore.load(tmp_path / "d.npz", (5, 3), index_dir=tmp_path / "idx")
+    assert len(list((tmp_path / "idx").iterdir())) == 1
+    assert all(isinstance(again._index[n], np.memmap) for n in (5, 3))
+    for n in (5, 3):
+        assert np.array_equal(first._index[n], built._index[n]) and np.array_equal(again._index[n], built._index[n])
+    for s in seqs:
+        assert again.propose(s[:6], 4) == built.propose(s[:6], 4)
+    TokenDatastore.load(tmp_path / "d.npz", (4,), index_dir=tmp_path / "idx")
+    TokenDatastore(TokenDatastore.from_sequences(seqs[1:]).tokens, (5, 3), index_dir=tmp_path / "idx")
+    assert len(list((tmp_path / "idx").iterdir())) == 3
+    assert not list((tmp_path / "idx").glob("*.tmp"))
+
+
 @pytest.mark.parametrize("tokens,match", [(np.zeros((2, 3), np.int64), "1-D integer"),
                                           (np.array([1.0, 2.0]), "1-D integer"),
                                           (np.array([3, -2, 1]), ">= 0 or -1")])

@@ -120,10 +120,10 @@ def load(target, drafter=None, tokenizer=None, *, device=None, dtype=torch.float
     the CPU); a target given as a model stays where it is, and the drafter joins it
     (a ``device`` that names another device is an error). ``datastore``: a
     :class:`domino.datastore.TokenDatastore` of the target's outputs, or the path of one
-    saved (``.npz``), or None."""
+    saved (``.npz``; its index is built once and kept in :func:`cache_dir`), or None."""
     if isinstance(datastore, (str, Path)):
-        _say(f"indexing the datastore {datastore}", quiet)
-        datastore = TokenDatastore.load(datastore)
+        _say(f"loading the datastore {datastore} (indexed once, then cached in {cache_dir()})", quiet)
+        datastore = TokenDatastore.load(datastore, index_dir=cache_dir() / "datastore-index")
     if not isinstance(target, (str, Path)):
         here = next(target.parameters()).device
         want = None if device is None else torch.device(device)
