@@ -15,10 +15,10 @@ responses, and they held nearly all of what the datastore matched on HumanEval p
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from domino.datastore import TokenDatastore
+from training.generate_data import read_shard_records
 
 
 def responses(directory: Path, upto: int, exclude: set[int]) -> list[list[int]]:
@@ -27,7 +27,7 @@ def responses(directory: Path, upto: int, exclude: set[int]) -> list[list[int]]:
     for f in sorted(Path(directory).glob("shard_*.jsonl")):
         i = int(f.stem.split("_")[1])
         if i < upto and i not in exclude:
-            out += [json.loads(line)["response_ids"] for line in f.read_text().splitlines() if line.strip()]
+            out += [r["response_ids"] for r in read_shard_records(f)]
     return out
 
 

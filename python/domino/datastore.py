@@ -28,12 +28,12 @@ proposal costs ~0.1 ms.
 from __future__ import annotations
 
 import hashlib
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+
+from domino.cache_dirs import write_directory
 
 __all__ = ["TokenDatastore", "NGRAM_SIZES", "MAX_MATCHES", "MIN_SHARE", "DEFAULT_DATASTORE_TOKENS",
            "DATASTORE_FILE"]
@@ -105,29 +105,25 @@ class TokenDatastore:
         self._index = self._build() if index_dir is None else self._cached_index(Path(index_dir))
 
     def _cached_index(self, index_dir: Path) -> dict[int, np.ndarray]:
-        """The index from ``index_dir``'s subdirectory for this corpus and these sizes
-        (memory-mapped), built and written there first when it is missing; written to a
-        temporary directory and renamed, so a killed build leaves nothing half-written."""
+        """The index from ``index_dir``'s subdirectory for this corpus and these sizes,
+        memory-mapped; built here and written there first when it is missing
+        (:func:`domino.cache_dirs.write_directory`: never half-written)."""
         digest = hashlib.sha256(self.tokens.tobytes())
         digest.update(repr((self.sizes, _MULT, _INDEX_FORMAT)).encode())
         where = index_dir / f"datastore-{digest.hexdigest()[:20]}"
         names = {n: f"keys_{n}.npy" for n in self.sizes}
-        if not all((where / f).exists() for f in names.values()):
+
+        def complete(d: Path) -> bool:
+            return all((d / f).exists() for f in names.values())
+
+        def write(tmp: Path) -> None:
+            for n, f in names.items():
+                np.save(tmp / f, index[n])
+
+        if not complete(where):
             index = self._build()
-            index_dir.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix=where.name + ".", suffix=".tmp", dir=index_dir))
-            try:
-                for n, f in names.items():
-                    np.save(tmp / f, index[n])
-                try:
-                    tmp.rename(where)
-                except OSError:  # another process wrote it first: theirs is the same
-                    shutil.rmtree(tmp, ignore_errors=True)
-            except BaseException:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise
-            if not where.exists():
-                return index
+            write_directory(where, write, complete)
+            return index
         return {n: np.load(where / f, mmap_mode="r") for n, f in names.items()}
 
     def _build(self) -> dict[int, np.ndarray]:

