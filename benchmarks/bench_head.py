@@ -14,7 +14,7 @@ speedup over eager PyTorch.
   eager PyTorch, then ``sample``, ``verify_greedy`` and ``verify_sampling`` over a
   151936-token vocabulary at batch 1 and 32 the same way (bytes = the rows they must read),
   one Domino tree step (``domino_head_expand``) for frontiers of 4-64 nodes against one
-  batch-1 chain step, with the floor of that ratio on an AVX512-BF16 CPU (the w2 product
+  batch-1 chain step (with w2 packed too, on an AVX512-BF16 CPU), with the floor of that ratio on an AVX512-BF16 CPU (the w2 product
   alone through ``small_batch_linear_packed``, the fastest CPU product here),
   and the correctness status of the CUDA kernels under the SIMT emulator and of the Triton
   kernels under the interpreter (those run here for correctness only, never for time).
@@ -214,10 +214,14 @@ def tree_table(args, copy_bw: float) -> None:
     """One Domino tree step (domino_head_expand) for frontiers of n nodes of one sequence at
     one depth, per build, against one batch-1 chain step (a k = 1 greedy rollout)."""
     m = args.tree_children
+    packed = domino_ops.small_batch_linear_packed_supported()
     print(f"tree head step (domino_head_expand, greedy, {m} children per node, table mode), bf16 weights; "
           f"median of {args.repeats} after warm-up; x chain = step ms / one batch-1 rollout step ms (goal at "
-          "n = 16: <= 1.5x)")
+          "n = 16: <= 1.5x)" + (f"; packed: w2_packed given (the AVX512-BF16 product, as the engine runs it), "
+                                 f"{args.isas[0]} build, against its chain step" if packed else ""))
     head = "".join(f" | {isa + ' ms':>9} {'GB/s':>6} {'%copy':>6} {'x chain':>7}" for isa in args.isas)
+    if packed:
+        head += f" | {'packed ms':>9} {'GB/s':>6} {'%copy':>6} {'x chain':>7}"
     print_header(f"{'shape':6} {'n':>3} | {'MB':>6}{head}")
     for shape, gen, (H, G, r, V), (base, hproj, state, gru_input, _, w_hh, w1s, w2) in batch1_head_inputs(args):
         chain = {}
@@ -227,17 +231,19 @@ def tree_table(args, copy_bw: float) -> None:
                                                                               w_hh, w1s, w2), args.repeats)
         nbytes = rollout_bytes(1, 1, H, G, r, V, 2, True)
         print(f"{shape:6} {'chain':>5} | {nbytes / 1e6:6.1f}" +
-              "".join(" | " + cells(chain[isa], nbytes, copy_bw) + f" {1.0:6.2f}x" for isa in args.isas))
+              "".join(" | " + cells(chain[isa], nbytes, copy_bw) + f" {1.0:6.2f}x" for isa in args.isas) +
+              (" | " + cells(chain[args.isas[0]], nbytes, copy_bw) + f" {1.0:6.2f}x" if packed else ""))
+        w2_packed = domino_ops.pack_small_batch_linear_weight(w2) if packed else None
         for n in args.tree_frontiers:
             node_state = torch.randn(n, G, generator=gen) * 0.5
             zeros = torch.zeros(n, dtype=torch.long)
             nbytes = expand_bytes(n, m, G, r, V, 2)
             row = f"{shape:6} {n:>5} | {nbytes / 1e6:6.1f}"
-            for isa in args.isas:
+            for isa, wp in [(isa, None) for isa in args.isas] + ([(args.isas[0], w2_packed)] if packed else []):
                 with cpu.forced_isa(isa):
                     ms = median_ms(lambda: domino_ops.domino_head_expand(
-                        base, hproj, node_state, zeros, zeros, gru_input, None, w_hh, w1s, w2, num_children=m),
-                        args.repeats)
+                        base, hproj, node_state, zeros, zeros, gru_input, None, w_hh, w1s, w2, num_children=m,
+                        w2_packed=wp), args.repeats)
                 row += " | " + cells(ms, nbytes, copy_bw) + f" {ms / chain[isa]:6.2f}x"
             print(row)
     if domino_ops.small_batch_linear_packed_supported():
@@ -310,9 +316,11 @@ def engine_table(args, copy_bw: float) -> None:
     def chain():
         domino_ops.domino_head_rollout(base, hproj, state, E, w_ih, w_hh, w1s, w2)
 
+    w2_packed = d._w2_packed(w2)  # as DominoDraftModel.draft_tree passes it (None where it does not apply)
+
     def tree():
         domino_ops.draft_tree(base[:, :depth], hproj[:, :depth], state, E, w_ih, w_hh, w1s, w2, root, topk=topk,
-                              depth=depth, plain_depths=plain)
+                              depth=depth, plain_depths=plain, w2_packed=w2_packed)
 
     def cold_ms(call, repeats):
         times = []

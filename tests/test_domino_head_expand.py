@@ -16,11 +16,13 @@ import domino_ops
 from domino_ops import reference
 from domino_ops import triton as triton_ops
 from domino_ops.sampling import kernel_sampling_args
-from kernel_backends import emulated_cuda_kernel
+from kernel_backends import TRITON, emulated_cuda_kernel
 from kernel_cases import head_input_strategy, head_rollout_inputs, weights_as_float64
 from poisoned_calls import run_head_poisoned
 from stats import assert_matches_distribution
 from tree_backends import GPU, device_of, params
+
+TRITON_SKIP = TRITON.skip_reason
 
 SIZES = dict(b=[1, 3], k=[1, 4], V=[1, 7, 300], r=[1, 16, 33], G=[1, 24], H=[1, 8])
 # The GPU backends' cases (emulated blocks and interpreted programs are slow): head_rollout_inputs
@@ -41,9 +43,10 @@ def _kernel(backend, op):
 
 
 def expand(inputs, node_state, node_seq, node_depth, m, backend="native", temperature=0.0, top_k=0, top_p=1.0,
-           generator=None):
+           generator=None, w2_packed=None):
     """domino_head_expand on ``backend``: the wrapper for the reference, else the op with
-    poisoned outputs passed in (and the uniforms the wrapper would draw)."""
+    poisoned outputs passed in (and the uniforms the wrapper would draw); ``w2_packed`` (a
+    PackedLinearWeight) goes to the op as its data."""
     base, hproj, _, gru_input, w_ih, w_hh, w1s, w2 = inputs
     kw = dict(temperature=temperature, top_k=top_k, top_p=top_p)
     if backend == "reference":
@@ -58,7 +61,8 @@ def expand(inputs, node_state, node_seq, node_depth, m, backend="native", temper
     moved = [x.to(dev) if x is not None else None for x in (base, hproj, node_state, node_seq, node_depth, gru_input,
                                                             w_ih, w_hh, w1s, w2)]
     dev_outs = [o.to(dev) for o in outs]
-    _kernel(backend, "domino_head_expand")(*moved, T, top_k, top_p, u.to(dev) if u is not None else None, *dev_outs)
+    _kernel(backend, "domino_head_expand")(*moved, T, top_k, top_p, u.to(dev) if u is not None else None, *dev_outs,
+                                           None if w2_packed is None else w2_packed.data)
     return tuple(o.cpu() for o in dev_outs)
 
 
@@ -294,6 +298,94 @@ def test_children_past_the_filtered_support_are_the_best_remaining_at_minus_inf(
     assert bool(torch.isfinite(lp[:, :2]).all()) and bool((lp[:, 2:] == float("-inf")).all())
 
 
+# --- w2 packed: the AVX512-BF16 product (native, bf16 weights) ---------------------------------
+
+needs_packed = pytest.mark.skipif(not domino_ops.small_batch_linear_packed_supported(),
+                                  reason="this CPU has no AVX512-BF16: the packed w2 product cannot run")
+
+# vocabularies around the 48-row panels, the 288-row product tiles and the 4608-row chunks
+PACKED_SIZES = dict(b=[1, 3], k=[1, 4], V=[1, 7, 48, 49, 300, 4609], r=[1, 16, 33], G=[1, 24], H=[1, 8])
+
+
+def a_rounding_ambiguous(inputs, node_state, node_seq, node_depth) -> torch.Tensor:
+    """[n] bool: whether some element of node f's correction input a lies so near a midpoint
+    between two bf16 values that the kernel's float32 a (its sum w1s @ S within a generous
+    error bound, its silu within 16 float32 ulps) could round to either: such a node's logits
+    may differ from the oracle's by a whole bf16 step of a, so they are not compared."""
+    hproj, w1s = inputs[1], inputs[6]
+    hp, S, W = hproj[node_seq, node_depth].double(), node_state.double(), w1s.double()
+    v = hp + S @ W.T
+    err = 2.0 ** -24 * (W.shape[1] + 2) * (hp.abs() + S.abs() @ W.abs().T)
+    ulps = 16 * 2.0 ** -24
+    ends = [(F.silu(v + dv) * (1 + da)).to(torch.bfloat16) for dv in (-err, err) for da in (-ulps, ulps)]
+    return torch.stack([e != ends[0] for e in ends[1:]]).any(0).any(-1)
+
+
+@needs_packed
+@given(case=head_input_strategy(**PACKED_SIZES), n=st.integers(1, 19), m=st.sampled_from([1, 2, 4, 33]))
+def test_packed_w2_matches_the_float64_oracle(case, n, m):
+    """With w2_packed the logits are base + w2 @ bf16(a) summed in float32 (the float64 oracle
+    with a rounded to bf16), the children are the best tokens of the kernel's own logits with
+    their log_softmax (the chunk-merged scan for m <= 32, the partial sort past it), and each
+    child's state is its own node's GRU step. n up to 19 covers two 8-row product tiles and a
+    remainder; outputs are poisoned."""
+    case = dict(case, wdtype=torch.bfloat16)
+    inputs = head_rollout_inputs(**case)
+    V = case["V"]
+    m = min(m, V)
+    frontier = random_frontier(inputs, n, case["seed"])
+    t, lp, child, L = expand(inputs, *frontier, m, w2_packed=domino_ops.pack_small_batch_linear_weight(inputs[7]))
+    as64 = weights_as_float64(inputs)
+    _, _, _, L_ref = reference.domino_head_expand(as64[0], as64[1], *frontier, *as64[3:], num_children=m,
+                                                          a_dtype=torch.bfloat16)
+    clear = ~a_rounding_ambiguous(inputs, *frontier)
+    torch.testing.assert_close(L[clear], L_ref[clear].float(), atol=2e-4, rtol=2e-4)
+    assert greedy_order_ok(L, t)
+    torch.testing.assert_close(lp, torch.log_softmax(L.double(), -1).gather(-1, t).float(), atol=1e-5, rtol=1e-5)
+    # the GRU step does not depend on the product: the row-major kernel's, given the same children
+    gi = (as64[3][t.reshape(-1)] if as64[4] is None else F.linear(as64[3][t.reshape(-1)], as64[4]))
+    gh = F.linear(frontier[0].double(), as64[5]).repeat_interleave(m, 0)
+    S = frontier[0].double().repeat_interleave(m, 0)
+    want = reference.gru_cell(gi, gh, S).view(n, m, -1)
+    torch.testing.assert_close(child, want.float(), atol=1e-4, rtol=1e-4)
+
+
+@needs_packed
+def test_packed_w2_children_match_the_row_major_kernel():
+    """The packed and row-major kernels' logits differ only by a's rounding to bf16 (at most
+    |w2| |a| 2^-9 per row, plus float32 sums), so they pick the same children wherever the
+    row-major logits' best five are further apart than twice that."""
+    inputs = head_rollout_inputs(3, 4, 300, 16, 24, 8, torch.bfloat16, torch.float32, False, seed=21)
+    frontier = random_frontier(inputs, 17, 22)
+    packed = expand(inputs, *frontier, 4, w2_packed=domino_ops.pack_small_batch_linear_weight(inputs[7]))
+    plain = expand(inputs, *frontier, 4)
+    a = F.silu(inputs[1][frontier[1], frontier[2]] + frontier[0] @ inputs[6].float().T)  # [n, r]
+    bound = (a.abs().max(-1).values[:, None] * inputs[7].float().abs().sum(-1)[None, :] * 2.0 ** -9 + 1e-4)
+    assert bool(((packed[3] - plain[3]).abs() <= bound).all())
+    top = plain[3].topk(5, -1).values
+    clear = (top[:, :-1] - top[:, 1:] > 2 * bound.max(-1).values[:, None]).all(-1)
+    assert int(clear.sum()) >= 6
+    assert torch.equal(packed[0][clear], plain[0][clear])
+
+
+@needs_packed
+def test_packed_w2_sampled_children_are_draws_without_replacement():
+    """The sampled path with w2 packed: a zero correction (w2 = 0 in bf16), so L = base and
+    the children follow the exact without-replacement law."""
+    N = 20_000
+    inputs, frontier = single_node_population(N)
+    inputs = (*inputs[:3], *(x.bfloat16() if x is not None else None for x in inputs[3:]))
+    T = 0.8
+    t, lp, _, L = expand(inputs, *frontier, 2, temperature=T, generator=torch.Generator().manual_seed(5),
+                         w2_packed=domino_ops.pack_small_batch_linear_weight(inputs[7]))
+    assert torch.equal(L, inputs[0][0, 0].expand(N, -1))
+    q = domino_ops.filtered_probs(inputs[0][0], T)[0]
+    V = q.shape[0]
+    assert bool((t[:, 0] != t[:, 1]).all())
+    assert_matches_distribution((t[:, 0] * V + t[:, 1]).numpy(), without_replacement_joint(q).numpy(),
+                                what="first two children")
+
+
 # --- bad input ----------------------------------------------------------------------------------
 
 def args(**over):
@@ -324,11 +416,60 @@ def test_wrapper_bad_input(over, exc, msg, backend):
         domino_ops.domino_head_expand(**args(**over), backend=backend)
 
 
-def test_direct_call_checks_indices_and_aliasing():
+def packed_args(**over):
+    """args() with bf16 weights and their w2 packed."""
     a = args()
-    outs = (torch.empty(4, 2, dtype=torch.long), torch.empty(4, 2), torch.empty(4, 2, 5), torch.empty(4, 20))
+    for name in ("gru_input", "w_hh", "w1s", "w2"):
+        a[name] = a[name].bfloat16()
+    a["w2_packed"] = domino_ops.pack_small_batch_linear_weight(a["w2"])
+    a.update(over)
+    return a
+
+
+@pytest.mark.parametrize("over,exc,msg", [
+    (dict(w2_packed="packed"), TypeError, "w2_packed must be a PackedLinearWeight"),
+    (dict(w2_packed=domino_ops.pack_small_batch_linear_weight(torch.ones(21, 4))), ValueError,
+     r"w2_packed must be w2 \[20, 4\] packed"),
+    (dict(w2_packed=domino_ops.pack_small_batch_linear_weight(torch.ones(20, 4))), ValueError,
+     "w2_packed is not pack_small_batch_linear_weight"),
+])
+def test_wrapper_rejects_a_wrong_w2_packed(over, exc, msg):
+    with pytest.raises(exc, match=msg):
+        domino_ops.domino_head_expand(**packed_args(**over))
+
+
+def test_wrapper_rejects_w2_packed_with_float32_weights_or_the_triton_backend():
+    fp32 = args()
+    with pytest.raises(ValueError, match="w2_packed needs a bfloat16 w2"):
+        domino_ops.domino_head_expand(**fp32, w2_packed=domino_ops.pack_small_batch_linear_weight(fp32["w2"]))
+    if TRITON_SKIP is None:
+        with pytest.raises(ValueError, match="w2_packed is a CPU layout"):
+            domino_ops.domino_head_expand(**packed_args(), backend="triton")
+
+
+def op_args(a):
+    """``a`` (as args() gives it) as the op's positional inputs, and fresh outputs for it."""
     pos = [a[k] for k in ("base_logits", "hproj", "node_state", "node_seq", "node_depth", "gru_input", "w_ih",
                           "w_hh", "w1s", "w2")]
+    return pos, (torch.empty(4, 2, dtype=torch.long), torch.empty(4, 2), torch.empty(4, 2, 5), torch.empty(4, 20))
+
+
+@needs_packed
+def test_direct_call_checks_w2_packed():
+    a = packed_args()
+    pos, outs = op_args(a)
+    op = torch.ops.domino_ops.domino_head_expand
+    with pytest.raises(RuntimeError, match="w2_packed must have shape"):
+        op(*pos, 0.0, 0, 1.0, None, *outs, a["w2_packed"].data[:, :1].contiguous())
+    with pytest.raises(RuntimeError, match="w2_packed needs a bfloat16 w2"):
+        as_fp32 = [x.float() if i >= 5 and x is not None else x for i, x in enumerate(pos)]
+        op(*as_fp32, 0.0, 0, 1.0, None, *outs, a["w2_packed"].data)
+    with pytest.raises(RuntimeError, match="w2_packed is a CPU layout"):
+        emulated_cuda_kernel("domino_head_expand")(*pos, 0.0, 0, 1.0, None, *outs, a["w2_packed"].data)
+
+
+def test_direct_call_checks_indices_and_aliasing():
+    pos, outs = op_args(args())
     op = torch.ops.domino_ops.domino_head_expand
     pos_bad = list(pos)
     pos_bad[3] = torch.tensor([0, 5, 0, 0])
@@ -341,9 +482,15 @@ def test_direct_call_checks_indices_and_aliasing():
 
 
 def test_opcheck():
-    a = args()
-    pos = [a[k] for k in ("base_logits", "hproj", "node_state", "node_seq", "node_depth", "gru_input", "w_ih",
-                          "w_hh", "w1s", "w2")]
-    outs = (torch.empty(4, 2, dtype=torch.long), torch.empty(4, 2), torch.empty(4, 2, 5), torch.empty(4, 20))
+    pos, outs = op_args(args())
     torch.library.opcheck(torch.ops.domino_ops.domino_head_expand.default, (*pos, 0.0, 0, 1.0, None, *outs),
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
+
+
+@needs_packed
+def test_opcheck_with_w2_packed():
+    a = packed_args()
+    pos, outs = op_args(a)
+    torch.library.opcheck(torch.ops.domino_ops.domino_head_expand.default,
+                          (*pos, 0.0, 0, 1.0, None, *outs, a["w2_packed"].data),
                           test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))

@@ -20,9 +20,14 @@
 // multiply-adds, which from about 8 nodes up are the limit (see domino_head_rollout.cpp
 // for the per-ISA rates: ~35 G bf16 multiply-adds/s per core with AVX2; on the 2-core Zen 5
 // VM with AVX-512 the 622 M of the paper-shape 16-node step need >= 2.2 ms at the FMA peak,
-// and the step takes 4.8-5.0 ms: benchmarks/README.md). The children's selection is per
-// node, parallel over nodes: greedy, a vector skip-scan for the top m <= 32 (a partial
-// sort past that); sampled, m inverse-CDF passes.
+// and the step takes 4.8-5.0 ms: benchmarks/README.md). With w2 packed (w2_packed:
+// AVX512-BF16 CPUs, bf16 weights) the product runs on VDPBF16PS, a rounded to bf16: twice
+// the multiply-adds per cycle, so on the 2-core Zen 4 VM the paper-shape 16-node step is
+// ~5.3 ms against ~9.8 ms row-major, a chain step ~2.4 ms, and the product alone ~3.8 ms (its
+// floor there, 1.6-1.7x a chain step: benchmarks/README.md). Greedy children with m <= 32:
+// each vocabulary chunk's best per node, found by a vector skip-scan while the chunk's
+// logits are in cache, merged per node (a partial sort past 32 children); sampled, m
+// inverse-CDF passes per node, parallel over nodes.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -32,12 +37,14 @@
 #include <atomic>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <type_traits>
 #include <vector>
 
 #include "cpu/head_math.h"
 #include "cpu/isa.h"
+#include "cpu/packed_panels.h"
 #include "cpu/row_sampler.h"
 #include "ops.h"
 
@@ -55,22 +62,19 @@ inline bool before(const float* L, int64_t a, int64_t b) {
 // `out`: once m are kept, a token enters only if it beats the current m-th, and the vector
 // scan `first_above` skips to the next token above it (or NaN), 4L tokens per test, since
 // almost none qualifies; for large m a partial sort of the indices.
-void best_tokens(const Kernels& K, const float* L, int64_t V, int64_t m, std::vector<int64_t>& idx, int64_t* out) {
-  if (m > 32) {
-    idx.resize(V);
-    std::iota(idx.begin(), idx.end(), 0);
-    std::partial_sort(idx.begin(), idx.begin() + m, idx.end(), [L](int64_t a, int64_t b) { return before(L, a, b); });
-    std::copy(idx.begin(), idx.begin() + m, out);
-    return;
-  }
+constexpr int64_t kScanChildren = 32;  // up to this many children: the skip-scan, else a partial sort
+
+// The first min(m, j1 - j0) tokens among indices [j0, j1) of L in the greedy order, into
+// out; returns how many (m <= kScanChildren).
+int64_t best_in_range(const Kernels& K, const float* L, int64_t j0, int64_t j1, int64_t m, int64_t* out) {
   int64_t count = 0;
-  for (int64_t j = 0; j < V; ++j) {
+  for (int64_t j = j0; j < j1; ++j) {
     if (count == m) {
       // j comes after every kept index, so it enters only if strictly before the m-th:
       // above it, or NaN while the m-th is not (the scan stops at every NaN; the test below
       // keeps the order's rule)
-      j = K.first_above(L, j, V, L[out[m - 1]]);
-      if (j == V) break;
+      j = K.first_above(L, j, j1, L[out[m - 1]]);
+      if (j == j1) break;
       const float x = L[j], worst = L[out[m - 1]];
       if (!(x > worst) && !(x != x && worst == worst)) continue;
     }
@@ -81,6 +85,29 @@ void best_tokens(const Kernels& K, const float* L, int64_t V, int64_t m, std::ve
     }
     out[pos] = j;
   }
+  return count;
+}
+
+void best_tokens(const Kernels& K, const float* L, int64_t V, int64_t m, std::vector<int64_t>& idx, int64_t* out) {
+  if (m > kScanChildren) {
+    idx.resize(V);
+    std::iota(idx.begin(), idx.end(), 0);
+    std::partial_sort(idx.begin(), idx.begin() + m, idx.end(), [L](int64_t a, int64_t b) { return before(L, a, b); });
+    std::copy(idx.begin(), idx.begin() + m, out);
+    return;
+  }
+  best_in_range(K, L, 0, V, m, out);
+}
+
+// A node's m best tokens from its per-chunk bests (cand[c * stride .. + count[c * cstride]]
+// for each chunk c, each in the greedy order, the chunks covering the row).
+void merge_chunk_bests(const float* L, const int64_t* cand, const int64_t* count, int64_t n_chunks, int64_t stride,
+                       int64_t cstride, int64_t m, std::vector<int64_t>& idx, int64_t* out) {
+  idx.clear();
+  for (int64_t c = 0; c < n_chunks; ++c)
+    idx.insert(idx.end(), cand + c * stride, cand + c * stride + count[c * cstride]);
+  std::partial_sort(idx.begin(), idx.begin() + m, idx.end(), [L](int64_t a, int64_t b) { return before(L, a, b); });
+  std::copy(idx.begin(), idx.begin() + m, out);
 }
 
 // log_softmax(L)[x] = (L[x] - max) - log(sum exp(L - max)) for the children x of one node,
@@ -122,43 +149,79 @@ void sampled_children(const Kernels& K, const float* L, int64_t V, int64_t m, co
   }
 }
 
+// Vocabulary rows per product call on the packed path: whole panels of 48, the dot products
+// ([n][tile] floats) in L1 at n = 16.
+constexpr int64_t kPackedTile = 6 * kPackedPanelCols;
+
+// a's rows rounded to bf16 (to nearest even, as torch's a.to(torch.bfloat16)) as column
+// pairs, zero-padded to an even r: the x operand of packed_panels_f32.
+std::vector<uint32_t> bf16_pairs(const float* act, int64_t n, int64_t r) {
+  const int64_t pairs = (r + 1) / 2;
+  std::vector<uint32_t> words(n * pairs, 0u);
+  for (int64_t f = 0; f < n; ++f)
+    for (int64_t j = 0; j < r; ++j)
+      words[f * pairs + j / 2] |= uint32_t{c10::BFloat16(act[f * r + j]).x} << (16 * (j % 2));
+  return words;
+}
+
 template <typename W, typename BL>
 void expand(BL* base, const float* hproj, const float* S, const int64_t* seq, const int64_t* depth,
-            const W* gru_input, const W* w_ih, const W* w_hh, const W* w1s, const W* w2, int64_t n, int64_t k,
-            int64_t V, int64_t r, int64_t G, int64_t H, int64_t m, const SamplingParams& sp, const double* u,
-            int64_t* tokens, float* logprobs, float* S_child, float* L) {
+            const W* gru_input, const W* w_ih, const W* w_hh, const W* w1s, const W* w2,
+            const c10::BFloat16* w2_packed, int64_t n, int64_t k, int64_t V, int64_t r, int64_t G, int64_t H,
+            int64_t m, const SamplingParams& sp, const double* u, int64_t* tokens, float* logprobs, float* S_child,
+            float* L) {
   const Kernels& K = kernels();
   const Gemv<W> gemv{K};
   const int64_t G3 = 3 * G, nc = n * m;
-  std::vector<float> w1s_out(n * r), gh(n * G3), gi(nc * G3);
+  // scratch every element of which is written before it is read: left uninitialised (gi
+  // alone is 0.8 MB for 16 nodes x 4 children at the paper shape)
+  const std::unique_ptr<float[]> w1s_out(new float[n * r]), gh(new float[n * G3]), gi(new float[nc * G3]);
   AlignedFloats act(n * r), emb, S_buf, act_buf, emb_buf;  // rows_dot's operands: on a cache line
 
   // a = silu(hproj[s, d] + S @ w1s^T)
   const float* Sp = gemv.prepare(S, n, G, S_buf);
   correction_input(gemv, w1s, Sp, n, r, G, [&](int64_t f) { return hproj + (seq[f] * k + depth[f]) * r; },
-                   w1s_out.data(), act.data());
+                   w1s_out.get(), act.data());
   const float* ap = gemv.prepare(act.data(), n, r, act_buf);
+  // With w2 packed (bf16 weights): the product by AVX512-BF16 dot products, twice the
+  // multiply-adds per cycle of the float32 FMAs, on a rounded to bf16 (the reference's
+  // F.linear(a.to(w2.dtype), w2) rounds it too; the row-major path keeps it float32).
+  const std::vector<uint32_t> a_pairs = w2_packed != nullptr ? bf16_pairs(act.data(), n, r) : std::vector<uint32_t>();
+  const int64_t pairs = (r + 1) / 2;
+  const int64_t tile = w2_packed != nullptr ? kPackedTile : kVocabTile, chunk = 16 * tile;
 
   // L = base[s, d] + a @ w2^T, written per node, over vocabulary chunks claimed dynamically;
   // greedy: with each chunk's log-sum-exp statistics, merged in chunk order as the rollout's
   const bool greedy = !sp.may_sample();
-  const int64_t n_chunks = (V + kVocabChunk - 1) / kVocabChunk;
+  const int64_t n_chunks = (V + chunk - 1) / chunk;
   std::vector<RunningLse> partial(greedy ? n_chunks * n : 0);
+  // Greedy with few children: each chunk's best tokens per node, found while the chunk's
+  // logits rows are still in cache (merged per node below), instead of a second pass over
+  // the n rows of V floats from memory.
+  const bool chunk_bests = greedy && m <= kScanChildren;
+  std::vector<int64_t> cand(chunk_bests ? n_chunks * n * m : 0), cand_count(chunk_bests ? n_chunks * n : 0);
   std::atomic<int64_t> next_chunk{0};
   at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), n_chunks), 1, [&](int64_t, int64_t) {
-    std::vector<float> dots(n * kVocabTile);
+    std::vector<float> dots(n * tile);
     for (int64_t c; (c = next_chunk.fetch_add(1, std::memory_order_relaxed)) < n_chunks;) {
-      const int64_t c_end = std::min(V, (c + 1) * kVocabChunk);
-      for (int64_t v0 = c * kVocabChunk; v0 < c_end; v0 += kVocabTile) {
-        const int64_t len = std::min(kVocabTile, c_end - v0);
-        gemv.dot(w2 + v0 * r, len, r, ap, n, dots.data(), kVocabTile);
+      const int64_t c_end = std::min(V, (c + 1) * chunk);
+      for (int64_t v0 = c * chunk; v0 < c_end; v0 += tile) {
+        const int64_t len = std::min(tile, c_end - v0);
+        if (w2_packed != nullptr)
+          packed_panels_f32(w2_packed, pairs, a_pairs.data(), pairs, n, V, v0 / kPackedPanelCols,
+                            (v0 + len + kPackedPanelCols - 1) / kPackedPanelCols, dots.data(), tile);
+        else
+          gemv.dot(w2 + v0 * r, len, r, ap, n, dots.data(), tile);
         for (int64_t f = 0; f < n; ++f) {
           TileStats st;
-          logits_tile(K, dots.data() + f * kVocabTile, len, base + (seq[f] * k + depth[f]) * V + v0, false,
+          logits_tile(K, dots.data() + f * tile, len, base + (seq[f] * k + depth[f]) * V + v0, false,
                       L + f * V + v0, greedy ? &st : nullptr);
           if (greedy) partial[c * n + f].merge(st.max, v0 + st.arg, st.sum);
         }
       }
+      if (chunk_bests)
+        for (int64_t f = 0; f < n; ++f)
+          cand_count[c * n + f] = best_in_range(K, L + f * V, c * chunk, c_end, m, cand.data() + (c * n + f) * m);
     }
   });
 
@@ -168,7 +231,11 @@ void expand(BL* base, const float* hproj, const float* S, const int64_t* seq, co
     std::vector<int64_t> idx;
     for (int64_t f = f0; f < f1; ++f) {
       if (greedy) {
-        best_tokens(K, L + f * V, V, m, idx, tokens + f * m);
+        if (chunk_bests)
+          merge_chunk_bests(L + f * V, cand.data() + f * m, cand_count.data() + f, n_chunks, n * m, n, m, idx,
+                            tokens + f * m);
+        else
+          best_tokens(K, L + f * V, V, m, idx, tokens + f * m);
         greedy_logprobs(RunningLse::of_chunks(partial.data() + f, n_chunks, n), L + f * V, tokens + f * m, m,
                         logprobs + f * m);
       } else {
@@ -178,7 +245,23 @@ void expand(BL* base, const float* hproj, const float* S, const int64_t* seq, co
   });
 
   // S_child = GRUCell(E[child], S): w_hh @ S once per node, the input gates per child.
-  gru_step(gemv, gru_input, w_ih, w_hh, S, Sp, tokens, n, m, G, H, gi.data(), gh.data(), emb, emb_buf, S_child);
+  gru_step(gemv, gru_input, w_ih, w_hh, S, Sp, tokens, n, m, G, H, gi.get(), gh.get(), emb, emb_buf, S_child);
+}
+
+// w2_packed: pack_small_batch_linear_weight(w2)'s data, for bf16 w2 on a CPU with AVX512-BF16.
+void check_w2_packed(const at::Tensor& packed, const at::Tensor& w2) {
+  TORCH_CHECK(packed.device().is_cpu(), "w2_packed must be on the CPU, got ", packed.device());
+  TORCH_CHECK(w2.scalar_type() == at::kBFloat16, "w2_packed needs a bfloat16 w2, got ", w2.scalar_type());
+  TORCH_CHECK(packed.scalar_type() == at::kBFloat16, "w2_packed must be bfloat16, got ", packed.scalar_type());
+  const int64_t V = w2.size(0), r = w2.size(1);
+  TORCH_CHECK(packed.dim() == 4 && packed.size(0) == (V + kPackedPanelCols - 1) / kPackedPanelCols &&
+                  packed.size(1) == (r + 1) / 2 && packed.size(2) == kPackedPanelCols && packed.size(3) == 2,
+              "w2_packed must have shape [", (V + kPackedPanelCols - 1) / kPackedPanelCols, ", ", (r + 1) / 2, ", ",
+              kPackedPanelCols, ", 2] (w2 [", V, ", ", r, "] packed by pack_small_batch_linear_weight), got ",
+              packed.sizes());
+  TORCH_CHECK(packed.is_contiguous(), "w2_packed must be contiguous");
+  TORCH_CHECK(small_batch_linear_packed_supported(),
+              "w2_packed needs a CPU with AVX512-BF16 (and AVX512-BW/VL); this one has none: pass None");
 }
 
 }  // namespace
@@ -189,11 +272,13 @@ void domino_head_expand_cpu(const at::Tensor& base_logits, const at::Tensor& hpr
                             const std::optional<at::Tensor>& w_ih, const at::Tensor& w_hh,
                             const at::Tensor& w1s, const at::Tensor& w2, double temperature, int64_t top_k,
                             double top_p, const std::optional<at::Tensor>& uniforms, at::Tensor child_tokens,
-                            at::Tensor child_logprobs, at::Tensor child_state, at::Tensor node_logits) {
+                            at::Tensor child_logprobs, at::Tensor child_state, at::Tensor node_logits,
+                            const std::optional<at::Tensor>& w2_packed) {
   const std::optional<at::Tensor> none;
   const SamplingArgs sampling{temperature, top_k, top_p, none, none, none};
   check_head_expand_args(base_logits, hproj, node_state, node_seq, node_depth, gru_input, w_ih, w_hh, w1s, w2,
                          sampling, uniforms, child_tokens, child_logprobs, child_state, node_logits);
+  if (w2_packed.has_value()) check_w2_packed(*w2_packed, w2);
   const int64_t n = node_state.size(0);
   if (n == 0) return;
   const SamplingParams sp = sampling.params();
@@ -215,7 +300,9 @@ void domino_head_expand_cpu(const at::Tensor& base_logits, const at::Tensor& hpr
             expand<W, BL>(base_logits.data_ptr<BL>(), hproj_f.data_ptr<float>(), node_state.data_ptr<float>(),
                           node_seq.data_ptr<int64_t>(), node_depth.data_ptr<int64_t>(), gru_input.data_ptr<W>(),
                           w_ih.has_value() ? w_ih->data_ptr<W>() : nullptr, w_hh.data_ptr<W>(),
-                          w1s.data_ptr<W>(), w2.data_ptr<W>(), n, k, V, r, G, H, m, sp, u,
+                          w1s.data_ptr<W>(), w2.data_ptr<W>(),
+                          w2_packed.has_value() ? w2_packed->data_ptr<c10::BFloat16>() : nullptr, n, k, V, r, G, H,
+                          m, sp, u,
                           child_tokens.data_ptr<int64_t>(), child_logprobs.data_ptr<float>(),
                           child_state.data_ptr<float>(), node_logits.data_ptr<float>());
           }

@@ -50,6 +50,7 @@
 #endif
 
 #include "cpu/aligned.h"
+#include "cpu/packed_panels.h"
 #include "ops.h"
 
 namespace domino::cpu {
@@ -61,6 +62,7 @@ typedef uint32_t __attribute__((may_alias)) PairWord;
 
 constexpr int kPanelVectors = 3;                        // 16-lane accumulators per x row
 constexpr int64_t kPanelCols = 16 * kPanelVectors;      // outputs per panel
+static_assert(kPanelCols == kPackedPanelCols, "packed_panels.h names the panel width");
 constexpr int kRowsPerTile = 8;                         // x rows per tile: 24 accumulators
 
 bool cpu_has_avx512_bf16() {
@@ -89,14 +91,15 @@ DOMINO_SBLP_TARGET inline __m256i to_bf16(__m512 v) {
 }
 
 // Rows [0, MR) of x (column pairs as 32-bit words, `ldx` words apart) times one panel
-// (`pairs` column pairs); writes outputs [n0, n0 + cols) of each row, `ldo` apart.
+// (`pairs` column pairs); writes outputs [n0, n0 + cols) of each row, rows `ldo` apart,
+// output n at out[n - origin].
 // Meanwhile it prefetches (to L2) its share of the next panel `next` (null: none): tile t
 // of a panel's T tiles the lines of every T-th column pair from pair t * pairs / T on, so
 // the next panel's requests flow evenly over all of this panel's tiles.
 template <int MR, typename O>
 DOMINO_SBLP_TARGET inline void tile(const BF16* panel, int64_t pairs, const PairWord* x, int64_t ldx,
-                                    const float* bias, O* out, int64_t ldo, int64_t n0, int64_t cols,
-                                    const BF16* next, int64_t t, int64_t T) {
+                                    const float* bias, O* out, int64_t ldo, int64_t origin, int64_t n0,
+                                    int64_t cols, const BF16* next, int64_t t, int64_t T) {
   __m512 acc[MR][kPanelVectors];
   for (int m = 0; m < MR; ++m)
     for (int v = 0; v < kPanelVectors; ++v) acc[m][v] = _mm512_setzero_ps();
@@ -123,7 +126,7 @@ DOMINO_SBLP_TARGET inline void tile(const BF16* panel, int64_t pairs, const Pair
     for (int m = 0; m < MR; ++m) {
       // + bias only when there is one: +0.0 would turn a -0.0 sum into +0.0
       const __m512 y = bias != nullptr ? _mm512_add_ps(acc[m][v], b) : acc[m][v];
-      O* dst = out + m * ldo + n0 + c0;
+      O* dst = out + m * ldo + (n0 - origin) + c0;
       if constexpr (std::is_same_v<O, float>)
         _mm512_mask_storeu_ps(dst, mask, y);
       else
@@ -132,11 +135,12 @@ DOMINO_SBLP_TARGET inline void tile(const BF16* panel, int64_t pairs, const Pair
   }
 }
 
-// Panels [p0, p1) for all M rows.
+// Panels [p0, p1) for all M rows: output n of row m at out[m * ldo + n - origin].
 template <typename O>
 DOMINO_SBLP_TARGET __attribute__((flatten)) void run_panels(const BF16* packed, int64_t pairs, const PairWord* x,
                                                              int64_t ldx, int64_t M, const float* bias, O* out,
-                                                             int64_t N, int64_t panels, int64_t p0, int64_t p1) {
+                                                             int64_t ldo, int64_t origin, int64_t N, int64_t panels,
+                                                             int64_t p0, int64_t p1) {
   for (int64_t p = p0; p < p1; ++p) {
     const BF16* panel = packed + p * pairs * (2 * kPanelCols);
     const int64_t n0 = p * kPanelCols, cols = std::min(kPanelCols, N - n0);
@@ -146,11 +150,12 @@ DOMINO_SBLP_TARGET __attribute__((flatten)) void run_panels(const BF16* packed, 
     const BF16* next = T > 1 && p + 1 < panels ? panel + pairs * (2 * kPanelCols) : nullptr;
     int64_t m = 0;
     for (; m + kRowsPerTile <= M; m += kRowsPerTile)
-      tile<kRowsPerTile>(panel, pairs, x + m * ldx, ldx, bias, out + m * N, N, n0, cols, next, m / kRowsPerTile, T);
+      tile<kRowsPerTile>(panel, pairs, x + m * ldx, ldx, bias, out + m * ldo, ldo, origin, n0, cols, next,
+                         m / kRowsPerTile, T);
     switch (M - m) {  // the rows left: one tile of their own size
 #define DOMINO_SBLP_CASE(c) \
   case c:                   \
-    tile<c>(panel, pairs, x + m * ldx, ldx, bias, out + m * N, N, n0, cols, next, m / kRowsPerTile, T); \
+    tile<c>(panel, pairs, x + m * ldx, ldx, bias, out + m * ldo, ldo, origin, n0, cols, next, m / kRowsPerTile, T); \
     break;
       DOMINO_SBLP_CASE(1)
       DOMINO_SBLP_CASE(2)
@@ -210,6 +215,16 @@ void check_args(const at::Tensor& x, const at::Tensor& packed, int64_t N, const 
 
 bool small_batch_linear_packed_supported() { return cpu_has_avx512_bf16(); }
 
+void packed_panels_f32(const BF16* packed, int64_t pairs, const uint32_t* x, int64_t ldx, int64_t M, int64_t N,
+                       int64_t p0, int64_t p1, float* out, int64_t ldo) {
+  TORCH_CHECK(cpu_has_avx512_bf16(), "packed_panels_f32 needs a CPU with AVX512-BF16");
+#if DOMINO_SBLP_X86
+  const int64_t panels = (N + kPanelCols - 1) / kPanelCols;
+  run_panels<float>(packed, pairs, reinterpret_cast<const PairWord*>(x), ldx, M, nullptr, out, ldo, p0 * kPanelCols,
+                    N, panels, p0, std::min(p1, panels));
+#endif
+}
+
 void small_batch_linear_packed_cpu(const at::Tensor& x, const at::Tensor& packed, int64_t N,
                                    const std::optional<at::Tensor>& bias, at::Tensor out) {
   check_args(x, packed, N, bias, out);
@@ -240,12 +255,12 @@ void small_batch_linear_packed_cpu(const at::Tensor& x, const at::Tensor& packed
   if (out.scalar_type() == at::kFloat) {
     float* o = out.data_ptr<float>();
     at::parallel_for(0, panels, grain, [&](int64_t p0, int64_t p1) {
-      run_panels<float>(w, pairs, xw, pairs, M, b, o, N, panels, p0, p1);
+      run_panels<float>(w, pairs, xw, pairs, M, b, o, N, 0, N, panels, p0, p1);
     });
   } else {
     BF16* o = out.data_ptr<BF16>();
     at::parallel_for(0, panels, grain, [&](int64_t p0, int64_t p1) {
-      run_panels<BF16>(w, pairs, xw, pairs, M, b, o, N, panels, p0, p1);
+      run_panels<BF16>(w, pairs, xw, pairs, M, b, o, N, 0, N, panels, p0, p1);
     });
   }
 #endif

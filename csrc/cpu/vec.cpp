@@ -54,6 +54,54 @@ void rows_dot_bf16(const uint16_t* w, int64_t rows, int64_t cols, const float* x
   rows_dot_impl(w, rows, cols, x, xs, nb, y, ys);
 }
 
+// The scans' two tests of a value v against t: above t or NaN, !(v <= t) ("not less or
+// equal, unordered"), and equal to t (ordered: a NaN never is).
+enum class Test { kAboveOrNan, kEqual };
+
+template <Test kTest>
+DOMINO_INLINE bool passes(float v, float t) {
+  return kTest == Test::kAboveOrNan ? !(v <= t) : v == t;
+}
+
+// Whether any of the 4L values at p passes the test against t: one compare per vector and
+// one test of the four masks.
+template <Test kTest>
+DOMINO_INLINE bool any4(const float* p, float t) {
+#if defined(__AVX512F__) || defined(__AVX2__)
+  constexpr int kCmp = kTest == Test::kAboveOrNan ? _CMP_NLE_UQ : _CMP_EQ_OQ;
+#endif
+#if defined(__AVX512F__)
+  const __m512 tv = _mm512_set1_ps(t);
+  const __mmask16 m = _mm512_cmp_ps_mask(_mm512_loadu_ps(p), tv, kCmp) |
+                      _mm512_cmp_ps_mask(_mm512_loadu_ps(p + L), tv, kCmp) |
+                      _mm512_cmp_ps_mask(_mm512_loadu_ps(p + 2 * L), tv, kCmp) |
+                      _mm512_cmp_ps_mask(_mm512_loadu_ps(p + 3 * L), tv, kCmp);
+  return m != 0;
+#elif defined(__AVX2__)
+  const __m256 tv = _mm256_set1_ps(t);
+  const __m256 m = _mm256_or_ps(_mm256_or_ps(_mm256_cmp_ps(_mm256_loadu_ps(p), tv, kCmp),
+                                             _mm256_cmp_ps(_mm256_loadu_ps(p + L), tv, kCmp)),
+                                _mm256_or_ps(_mm256_cmp_ps(_mm256_loadu_ps(p + 2 * L), tv, kCmp),
+                                             _mm256_cmp_ps(_mm256_loadu_ps(p + 3 * L), tv, kCmp)));
+  return _mm256_movemask_ps(m) != 0;
+#else
+  for (int i = 0; i < 4 * L; ++i)
+    if (passes<kTest>(p[i], t)) return true;
+  return false;
+#endif
+}
+
+// The first i in [j0, n) whose x[i] passes the test against t (n if none): 4L values per
+// test, since the scans' hits are rare.
+template <Test kTest>
+DOMINO_INLINE int64_t first_passing(const float* x, int64_t j0, int64_t n, float t) {
+  int64_t i = j0;
+  while (i + 4 * L <= n && !any4<kTest>(x + i, t)) i += 4 * L;
+  for (; i < n; ++i)  // the block that has it (or the tail): at most 4L - 1 more values
+    if (passes<kTest>(x[i], t)) return i;
+  return n;
+}
+
 // L = base + dots; optional write-back and sampling row; greedy statistics with
 // torch.argmax's rules: the first NaN if the tile has one (then max and sum are NaN), else
 // the max, its first index, and sum(exp(L - max)) (0 for a tile that is all -inf, so it
@@ -94,12 +142,7 @@ void logits_tile(float* d, int64_t n, const BT* base, BT* base_out, float* row_o
     *st = TileStats{m, 0, 0.0f};
     return;
   }
-  int64_t arg = 0;
-  for (int64_t i = 0; i < n; ++i)
-    if (d[i] == m) {
-      arg = i;
-      break;
-    }
+  const int64_t arg = first_passing<Test::kEqual>(d, 0, n, m);  // m is finite or +inf: some d[i] is m
   vf acc = vf{};
   for (int64_t i = 0; i < nv; i += L) acc += exp_approx(loadu(d + i) - m);
   if (nv < n) {
@@ -235,38 +278,8 @@ ArgMax argmax_impl(const T* x, int64_t n) {
   return best;
 }
 
-// Whether any of the 4L values at p is above t or NaN: !(v <= t), one "not less or equal,
-// unordered" compare per vector and one test of the four masks.
-DOMINO_INLINE bool any_above4(const float* p, float t) {
-#if defined(__AVX512F__)
-  const __m512 tv = _mm512_set1_ps(t);
-  const __mmask16 m = _mm512_cmp_ps_mask(_mm512_loadu_ps(p), tv, _CMP_NLE_UQ) |
-                      _mm512_cmp_ps_mask(_mm512_loadu_ps(p + L), tv, _CMP_NLE_UQ) |
-                      _mm512_cmp_ps_mask(_mm512_loadu_ps(p + 2 * L), tv, _CMP_NLE_UQ) |
-                      _mm512_cmp_ps_mask(_mm512_loadu_ps(p + 3 * L), tv, _CMP_NLE_UQ);
-  return m != 0;
-#elif defined(__AVX2__)
-  const __m256 tv = _mm256_set1_ps(t);
-  const __m256 m = _mm256_or_ps(_mm256_or_ps(_mm256_cmp_ps(_mm256_loadu_ps(p), tv, _CMP_NLE_UQ),
-                                             _mm256_cmp_ps(_mm256_loadu_ps(p + L), tv, _CMP_NLE_UQ)),
-                                _mm256_or_ps(_mm256_cmp_ps(_mm256_loadu_ps(p + 2 * L), tv, _CMP_NLE_UQ),
-                                             _mm256_cmp_ps(_mm256_loadu_ps(p + 3 * L), tv, _CMP_NLE_UQ)));
-  return _mm256_movemask_ps(m) != 0;
-#else
-  const vf tv = splat(t);
-  const vi m = ~(loadu(p) <= tv) | ~(loadu(p + L) <= tv) | ~(loadu(p + 2 * L) <= tv) | ~(loadu(p + 3 * L) <= tv);
-  for (int l = 0; l < L; ++l)
-    if (m[l]) return true;
-  return false;
-#endif
-}
-
 int64_t first_above(const float* x, int64_t j0, int64_t n, float t) {
-  int64_t i = j0;
-  while (i + 4 * L <= n && !any_above4(x + i, t)) i += 4 * L;
-  for (; i < n; ++i)  // the block that has it (or the tail): at most 4L - 1 more values
-    if (!(x[i] <= t)) return i;
-  return n;
+  return first_passing<Test::kAboveOrNan>(x, j0, n, t);
 }
 
 ArgMax argmax_f32(const float* x, int64_t n) { return argmax_impl(x, n); }

@@ -337,6 +337,21 @@ class DominoDraftModel(nn.Module):
             cached = self._vocab_rows_packed = (rows, domino_ops.pack_small_batch_linear_weight(rows))
         return cached[1]
 
+    def _w2_packed(self, w2: torch.Tensor) -> domino_ops.PackedLinearWeight | None:
+        """The head's ``w2`` (as :meth:`head_weights` gives it) packed for the tree expand
+        kernel's AVX512-BF16 product (``domino_head_expand(w2_packed=)``), or None where that
+        product does not run: w2 not bf16, not on the CPU, or no AVX512-BF16. Packed once, again
+        when w2 changes (another tensor, or an in-place update: its version counts)."""
+        if w2.dtype != torch.bfloat16 or w2.device.type != "cpu" or not domino_ops.small_batch_linear_packed_supported():
+            return None
+        # the parameter's version (w2 may be the draft vocabulary's copy, made in inference mode,
+        # which keeps no version; that copy is remade, at another address, when the parameter changes)
+        key = (w2.data_ptr(), self.embed_proj[2].weight._version, tuple(w2.shape))
+        cached = getattr(self, "_w2_packed_cache", None)
+        if cached is None or cached[0] != key:
+            cached = self._w2_packed_cache = (key, domino_ops.pack_small_batch_linear_weight(w2))
+        return cached[1]
+
     def base_logits(self, h: torch.Tensor) -> torch.Tensor:
         """The backbone's logits [.., K] float32 for draft hidden states h [.., H], over the
         draft vocabulary (K = its size; all V tokens, by the target's own LM head, without
@@ -530,11 +545,11 @@ class DominoDraftModel(nn.Module):
             E, w_ih, w_hh, w1h, w1s, w2 = self.head_weights()
             hproj = (h.to(w1h.dtype) @ w1h.T).float()
             head = (hproj, self.gru_state(anchor[:, None]), E, w_ih, w_hh, w1s, w2)
-            plain = min(self.config.pure_draft_prefix_len, depth)
+            plain, w2_packed = min(self.config.pure_draft_prefix_len, depth), self._w2_packed(w2)
         else:
-            head, plain = _zero_head(base), depth
+            (head, plain), w2_packed = (_zero_head(base), depth), None
         tree = domino_ops.draft_tree(base, *head, anchor, topk=topk, depth=depth, num_draft_tokens=num_draft_tokens,
-                                     plain_depths=plain, **sampling.op_kwargs())
+                                     plain_depths=plain, w2_packed=w2_packed, **sampling.op_kwargs())
         if self.draft_vocab is None:
             return tree
         # draft-vocabulary indices -> target ids (the root is the anchor, a target id already)

@@ -20,6 +20,7 @@ import torch
 
 from domino_ops import _checks, reference
 from domino_ops import triton as triton_ops
+from domino_ops.linear_packed import PackedLinearWeight, small_batch_linear_packed_supported
 from domino_ops.sampling import draw_uniforms, kernel_sampling_args, may_sample
 
 __all__ = ["domino_head_rollout", "sample", "verify_greedy", "verify_sampling", "has_kernel", "select_backend"]
@@ -151,7 +152,8 @@ def domino_head_rollout(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w
 
 
 def domino_head_expand(base_logits, hproj, node_state, node_seq, node_depth, gru_input, w_ih, w_hh, w1s, w2, *,
-                       num_children, temperature=0.0, top_k=0, top_p=1.0, generator=None, backend=None):
+                       num_children, temperature=0.0, top_k=0, top_p=1.0, generator=None, backend=None,
+                       w2_packed=None):
     """One step of Domino tree drafting: the children of a frontier of tree nodes.
 
     Node f belongs to sequence ``node_seq[f]``, sits at depth ``d = node_depth[f]`` and
@@ -186,6 +188,13 @@ def domino_head_expand(base_logits, hproj, node_state, node_seq, node_depth, gru
             draw can differ from the CPU kernel's only within rounding of a CDF step), and
             clamp node indices they cannot check without a device sync (a node_seq or
             node_depth out of range on a GPU gives unspecified but in-bounds results).
+        w2_packed: None, or on the CPU with bf16 weights and AVX512-BF16
+            (:func:`small_batch_linear_packed_supported`) w2 packed once by
+            :func:`pack_small_batch_linear_weight`: the native kernel then runs ``w2 @ a`` with
+            AVX512-BF16 dot products on it, ``a`` rounded to bf16 (as the reference's
+            ``F.linear(a.to(w2.dtype), w2)`` and :func:`small_batch_linear_packed` round it;
+            without it ``a`` stays float32), a float32 sum; 1.8-2x faster at the paper
+            shape from 4 nodes up (``benchmarks/bench_head.py``). A copy of w2: keep it in step.
     Returns:
         child_tokens [n, num_children] int64, child_logprobs [n, num_children] float32,
         child_state [n, num_children, G] float32, node_logits [n, V] float32 (each node's L,
@@ -193,13 +202,40 @@ def domino_head_expand(base_logits, hproj, node_state, node_seq, node_depth, gru
         ``filtered_probs(node_logits, temperature, top_k, top_p)``).
     """
     chosen = check_expand_args(base_logits, hproj, node_state, node_seq, node_depth, gru_input, w_ih, w_hh, w1s, w2,
-                               num_children, temperature, top_k, top_p, generator, backend)
+                               num_children, temperature, top_k, top_p, generator, backend, w2_packed)
     return run_expand(chosen, base_logits, hproj, node_state, node_seq, node_depth, gru_input, w_ih, w_hh, w1s, w2,
-                      num_children, temperature, top_k, top_p, generator)
+                      num_children, temperature, top_k, top_p, generator, w2_packed)
+
+
+def check_w2_packed(w2_packed, w2: torch.Tensor, backend: str) -> None:
+    """``w2_packed`` must be ``pack_small_batch_linear_weight(w2)`` for a bf16 ``w2`` on the
+    CPU, with a kernel that reads it (its first and last rows are compared with w2's)."""
+    if w2_packed is None:
+        return
+    if not isinstance(w2_packed, PackedLinearWeight):
+        raise TypeError(f"w2_packed must be a PackedLinearWeight (from pack_small_batch_linear_weight) or None, "
+                        f"got {type(w2_packed).__name__}")
+    if w2.device.type != "cpu" or backend == "triton":
+        raise ValueError(f"w2_packed is a CPU layout, for the native CPU kernel; pass None with the {backend} "
+                         f"backend on {w2.device}")
+    if w2.dtype != torch.bfloat16:
+        raise ValueError(f"w2_packed needs a bfloat16 w2, got {str(w2.dtype).replace('torch.', '')}")
+    V, r = w2.shape
+    if (w2_packed.out_features, w2_packed.in_features) != (V, r):
+        raise ValueError(f"w2_packed must be w2 [{V}, {r}] packed, got a packed [{w2_packed.out_features}, "
+                         f"{w2_packed.in_features}] weight")
+    data = w2_packed.data
+    for row in (0, V - 1):
+        packed_row = data[row // 48, :, row % 48, :].reshape(-1)[:r]
+        if not torch.equal(packed_row, w2[row]):
+            raise ValueError(f"w2_packed is not pack_small_batch_linear_weight(w2): row {row} differs")
+    if backend == "native" and not small_batch_linear_packed_supported():
+        raise ValueError("w2_packed needs a CPU with AVX512-BF16 (small_batch_linear_packed_supported()); "
+                         "this one has none: pass None")
 
 
 def check_expand_args(base_logits, hproj, node_state, node_seq, node_depth, gru_input, w_ih, w_hh, w1s, w2,
-                      num_children, temperature, top_k, top_p, generator, backend) -> str:
+                      num_children, temperature, top_k, top_p, generator, backend, w2_packed=None) -> str:
     """:func:`domino_head_expand`'s argument checks (errors name the argument); returns
     the backend that runs it. :func:`domino_ops.draft_tree` checks once per tree, then
     runs its steps through :func:`run_expand`."""
@@ -227,11 +263,13 @@ def check_expand_args(base_logits, hproj, node_state, node_seq, node_depth, gru_
             raise TypeError(f"{name} must be a Python number for domino_head_expand, got a tensor")
     _checks.sampling_params(temperature, top_k, top_p)
     _checks.generator(generator, dev)
-    return select_backend("domino_head_expand", dev, backend)
+    chosen = select_backend("domino_head_expand", dev, backend)
+    check_w2_packed(w2_packed, w2, chosen)
+    return chosen
 
 
 def run_expand(chosen, base_logits, hproj, node_state, node_seq, node_depth, gru_input, w_ih, w_hh, w1s, w2,
-               num_children, temperature, top_k, top_p, generator):
+               num_children, temperature, top_k, top_p, generator, w2_packed=None):
     """:func:`domino_head_expand` on backend ``chosen``, its arguments already checked by
     :func:`check_expand_args` (or built from checked ones)."""
     if chosen == "reference":
@@ -247,7 +285,8 @@ def run_expand(chosen, base_logits, hproj, node_state, node_seq, node_depth, gru
     node_logits = torch.empty(n, V, dtype=torch.float32, device=dev)
     _kernel("domino_head_expand", chosen)(
         base_logits, hproj.contiguous(), node_state.contiguous(), node_seq.contiguous(), node_depth.contiguous(),
-        gru_input, w_ih, w_hh, w1s, w2, T, top_k, top_p, uniforms, tokens, logprobs, child_state, node_logits)
+        gru_input, w_ih, w_hh, w1s, w2, T, top_k, top_p, uniforms, tokens, logprobs, child_state, node_logits,
+        None if w2_packed is None else w2_packed.data)
     return tokens, logprobs, child_state, node_logits
 
 

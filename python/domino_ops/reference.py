@@ -54,8 +54,13 @@ def gru_cell(gi: torch.Tensor, gh: torch.Tensor, S: torch.Tensor) -> torch.Tenso
 
 
 def domino_head_rollout(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w2, *,
-                        temperature=0.0, top_k=0, top_p=1.0, generator=None, write_logits=False):
-    """Reference of :func:`domino_ops.domino_head_rollout` (see there for shapes)."""
+                        temperature=0.0, top_k=0, top_p=1.0, generator=None, write_logits=False, a_dtype=None):
+    """Reference of :func:`domino_ops.domino_head_rollout` (see there for shapes).
+
+    ``a_dtype``: the dtype the correction input ``a`` is rounded to before the w2 product
+    (default: w2's, as a model in that dtype computes it, and as the kernels do: bf16 for
+    bf16 weights, float32 otherwise). With float64 weights and ``a_dtype`` the original
+    weights' dtype this is an exact oracle of the kernels' arithmetic."""
     b, k, V = base_logits.shape
     acc = torch.float64 if w2.dtype == torch.float64 else torch.float32
     uniforms = draw_uniforms((b, k), base_logits.device, generator) if may_sample(temperature) else None
@@ -65,7 +70,7 @@ def domino_head_rollout(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w
     logprobs = torch.empty(b, k, dtype=torch.float32, device=base_logits.device)
     for i in range(k):
         a = F.silu(hproj[:, i].to(acc) + F.linear(S.to(w1s.dtype), w1s).to(acc))
-        L = base_logits[:, i].to(acc) + F.linear(a.to(w2.dtype), w2).to(acc)
+        L = base_logits[:, i].to(acc) + F.linear(a.to(a_dtype or w2.dtype).to(w2.dtype), w2).to(acc)
         if write_logits:
             base_logits[:, i] = L.to(base_logits.dtype)
         # greedy rows: torch.argmax and the log-probability under softmax(L)
@@ -118,15 +123,17 @@ def sampled_children(L: torch.Tensor, m: int, temperature, top_k, top_p, uniform
 
 
 def domino_head_expand(base_logits, hproj, node_state, node_seq, node_depth, gru_input, w_ih, w_hh, w1s, w2, *,
-                       num_children, temperature=0.0, top_k=0, top_p=1.0, generator=None):
-    """Reference of :func:`domino_ops.domino_head_expand` (see there for shapes)."""
+                       num_children, temperature=0.0, top_k=0, top_p=1.0, generator=None, a_dtype=None):
+    """Reference of :func:`domino_ops.domino_head_expand` (see there for shapes);
+    ``a_dtype`` as :func:`domino_head_rollout`'s."""
     Fn = node_state.shape[0]
     acc = torch.float64 if w2.dtype == torch.float64 else torch.float32
     S = node_state.to(acc)
     rows = node_seq * base_logits.shape[1] + node_depth
     hp = hproj.reshape(-1, hproj.shape[-1])[rows].to(acc)
     a = F.silu(hp + F.linear(S.to(w1s.dtype), w1s).to(acc))
-    L = base_logits.reshape(-1, base_logits.shape[-1])[rows].to(acc) + F.linear(a.to(w2.dtype), w2).to(acc)
+    L = base_logits.reshape(-1, base_logits.shape[-1])[rows].to(acc) + F.linear(a.to(a_dtype or w2.dtype).to(w2.dtype),
+                                                                                 w2).to(acc)
     if may_sample(temperature):
         uniforms = draw_uniforms((Fn, num_children), base_logits.device, generator)
         tokens, logprobs = sampled_children(L, num_children, temperature, top_k, top_p, uniforms)

@@ -1,0 +1,26 @@
+// small_batch_linear_packed's product on one thread, for a range of its panels: what
+// domino_head_expand runs for w2 @ a when it is given w2 packed
+// (domino_ops.pack_small_batch_linear_weight). Layout and numerics:
+// small_batch_linear_packed.cpp.
+#pragma once
+
+#include <c10/util/BFloat16.h>
+
+#include <cstdint>
+
+namespace domino::cpu {
+
+// Outputs per panel of the packed layout [P, ceil(K / 2), 48, 2].
+constexpr int64_t kPackedPanelCols = 48;
+
+// Whether this CPU has AVX512-BF16 (and -BW, -VL): the packed kernels need it.
+bool small_batch_linear_packed_supported();
+
+// out[m * ldo + (n - 48 * p0)] = sum over k of x[m, k] * weight[n, k], in float32 (one
+// VDPBF16PS lane per output, column pairs in order), for rows m < M and the outputs n < N of
+// panels [p0, p1). x: M rows of `pairs` bf16 column pairs read as 32-bit words, `ldx` words
+// apart (a zero high half past an odd K). On the calling thread; needs AVX512-BF16.
+void packed_panels_f32(const c10::BFloat16* packed, int64_t pairs, const uint32_t* x, int64_t ldx, int64_t M,
+                       int64_t N, int64_t p0, int64_t p1, float* out, int64_t ldo);
+
+}  // namespace domino::cpu
