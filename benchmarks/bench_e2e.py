@@ -118,6 +118,10 @@ def summarize(name: str, passes: list[dict]) -> dict:
                 other_ms=(total_ms - ms["draft"] - ms["target"] - ms["prefill"]) / rounds)
 
 
+# bench_e2e --methods: the rows of the comparison table, in its order
+METHODS = ("plain", "lookup", "chain", "adaptive-chain", "default", "tree-lookup", "tree", "head-off")
+
+
 def methods(gen, args, tree):
     M = args.max_new_tokens
     n_block = gen.drafter.config.num_drafts
@@ -132,14 +136,16 @@ def methods(gen, args, tree):
     def spec(**kw):
         return lambda p, m: gen.generate(p, max_new_tokens=m or M, **kw)
 
-    return [("plain HF greedy", plain),
-            (f"HF prompt lookup ({args.prompt_lookup_tokens})", lookup),
-            (f"Domino chain {n_block}", spec(num_drafts=n_block)),
-            ("Domino chain, adaptive", spec(tree=None)),
-            (f"Domino tree {shape} + lookup + datastore", spec(tree=tree)),
-            (f"Domino tree {shape} + lookup", spec(tree=tree, datastore_tokens=0)),
-            (f"Domino tree {shape}", spec(tree=tree, lookup_tokens=0, datastore_tokens=0)),
-            (f"tree {shape}, head off", spec(tree=tree, use_head=False, lookup_tokens=0, datastore_tokens=0))]
+    every = {"plain": ("plain HF greedy", plain),
+             "lookup": (f"HF prompt lookup ({args.prompt_lookup_tokens})", lookup),
+             "chain": (f"Domino chain {n_block}", spec(num_drafts=n_block)),
+             "adaptive-chain": ("Domino chain, adaptive", spec(tree=None)),
+             "default": (f"Domino tree {shape} + lookup + datastore", spec(tree=tree)),
+             "tree-lookup": (f"Domino tree {shape} + lookup", spec(tree=tree, datastore_tokens=0)),
+             "tree": (f"Domino tree {shape}", spec(tree=tree, lookup_tokens=0, datastore_tokens=0)),
+             "head-off": (f"tree {shape}, head off", spec(tree=tree, use_head=False, lookup_tokens=0,
+                                                         datastore_tokens=0))}
+    return [every["plain"]] + [every[k] for k in METHODS if k != "plain" and k in args.methods]
 
 
 def load(config: str, drafter, datastore=DEFAULT_DATASTORE):
@@ -280,6 +286,8 @@ def main() -> None:
     parser.add_argument("--tree", type=int, nargs=3, default=(3, 4, 0), metavar=("TOPK", "DEPTH", "NODES"),
                         help="the tree's shape; NODES 0: chosen each round by the adaptive budget")
     parser.add_argument("--prompt-lookup-tokens", type=int, default=10, help="HF prompt lookup's tokens per step")
+    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS),
+                        help="the rows timed (plain greedy always: the speedups are against it)")
     parser.add_argument("--chat", action="store_true", help="held-out chat prompts instead of HumanEval")
     parser.add_argument("--sweep", action="store_true", help="acceptance vs tokens verified (plot)")
     args = parser.parse_args()
