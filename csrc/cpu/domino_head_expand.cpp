@@ -40,7 +40,12 @@
 #include <memory>
 #include <numeric>
 #include <type_traits>
+#include <utility>
 #include <vector>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
 
 #include "cpu/head_math.h"
 #include "cpu/isa.h"
@@ -51,63 +56,87 @@
 namespace domino::cpu {
 namespace {
 
-// Greedy order: NaN first (as torch.argmax), then descending, ties by index.
-inline bool before(const float* L, int64_t a, int64_t b) {
-  const bool na = L[a] != L[a], nb = L[b] != L[b];
+// Greedy order of (value, index) pairs: NaN first (as torch.argmax), then descending, ties
+// by index.
+inline bool before(float va, int64_t a, float vb, int64_t b) {
+  const bool na = va != va, nb = vb != vb;
   if (na || nb) return na && (!nb || a < b);
-  return L[a] > L[b] || (L[a] == L[b] && a < b);
+  return va > vb || (va == vb && a < b);
 }
 
-// The first m tokens of the greedy order. For small m one pass keeps them sorted in
-// `out`: once m are kept, a token enters only if it beats the current m-th, and the vector
-// scan `first_above` skips to the next token above it (or NaN), 4L tokens per test, since
-// almost none qualifies; for large m a partial sort of the indices.
+// Orders this thread's non-temporal stores (Kernels::stream_copy) before its later stores,
+// the parallel region's join among them.
+inline void store_fence() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_sfence();
+#endif
+}
+
 constexpr int64_t kScanChildren = 32;  // up to this many children: the skip-scan, else a partial sort
 
-// The first min(m, j1 - j0) tokens among indices [j0, j1) of L in the greedy order, into
-// out; returns how many (m <= kScanChildren).
-int64_t best_in_range(const Kernels& K, const float* L, int64_t j0, int64_t j1, int64_t m, int64_t* out) {
+// The first m <= kScanChildren tokens of the greedy order among the values offered so far,
+// kept sorted with their values (the values offered may be overwritten afterwards: the
+// expand step offers each logits tile while it is in L1). Once m are kept a value enters
+// only if it beats the m-th, and the vector scan `first_above` skips to the next one above
+// it (or NaN), 4L values per test, since almost none qualifies.
+struct RunningBest {
   int64_t count = 0;
-  for (int64_t j = j0; j < j1; ++j) {
-    if (count == m) {
-      // j comes after every kept index, so it enters only if strictly before the m-th:
-      // above it, or NaN while the m-th is not (the scan stops at every NaN; the test below
-      // keeps the order's rule)
-      j = K.first_above(L, j, j1, L[out[m - 1]]);
-      if (j == j1) break;
-      const float x = L[j], worst = L[out[m - 1]];
-      if (!(x > worst) && !(x != x && worst == worst)) continue;
-    }
-    int64_t pos = count < m ? count++ : m - 1;
-    while (pos > 0 && before(L, j, out[pos - 1])) {
-      out[pos] = out[pos - 1];
-      --pos;
-    }
-    out[pos] = j;
-  }
-  return count;
-}
+  float val[kScanChildren];
+  int64_t idx[kScanChildren];
 
+  // Offers x[0..n) as the tokens offset .. offset + n - 1, which come after every token
+  // offered before.
+  void offer(const Kernels& K, const float* x, int64_t n, int64_t offset, int64_t m) {
+    for (int64_t j = 0; j < n; ++j) {
+      if (count == m) {
+        // j comes after every kept token, so it enters only if strictly before the m-th:
+        // above it, or NaN while the m-th is not (the scan stops at every NaN; the test
+        // below keeps the order's rule)
+        j = K.first_above(x, j, n, val[m - 1]);
+        if (j == n) break;
+        const float v = x[j], worst = val[m - 1];
+        if (!(v > worst) && !(v != v && worst == worst)) continue;
+      }
+      int64_t pos = count < m ? count++ : m - 1;
+      while (pos > 0 && before(x[j], offset + j, val[pos - 1], idx[pos - 1])) {
+        val[pos] = val[pos - 1];
+        idx[pos] = idx[pos - 1];
+        --pos;
+      }
+      val[pos] = x[j];
+      idx[pos] = offset + j;
+    }
+  }
+};
+
+// The first m tokens of L [V] in the greedy order: the skip-scan for m <= kScanChildren,
+// else a partial sort of the indices.
 void best_tokens(const Kernels& K, const float* L, int64_t V, int64_t m, std::vector<int64_t>& idx, int64_t* out) {
   if (m > kScanChildren) {
     idx.resize(V);
     std::iota(idx.begin(), idx.end(), 0);
-    std::partial_sort(idx.begin(), idx.begin() + m, idx.end(), [L](int64_t a, int64_t b) { return before(L, a, b); });
+    std::partial_sort(idx.begin(), idx.begin() + m, idx.end(),
+                      [L](int64_t a, int64_t b) { return before(L[a], a, L[b], b); });
     std::copy(idx.begin(), idx.begin() + m, out);
     return;
   }
-  best_in_range(K, L, 0, V, m, out);
+  RunningBest best;
+  best.offer(K, L, V, 0, m);
+  std::copy(best.idx, best.idx + m, out);
 }
 
-// A node's m best tokens from its per-chunk bests (cand[c * stride .. + count[c * cstride]]
-// for each chunk c, each in the greedy order, the chunks covering the row).
-void merge_chunk_bests(const float* L, const int64_t* cand, const int64_t* count, int64_t n_chunks, int64_t stride,
-                       int64_t cstride, int64_t m, std::vector<int64_t>& idx, int64_t* out) {
-  idx.clear();
-  for (int64_t c = 0; c < n_chunks; ++c)
-    idx.insert(idx.end(), cand + c * stride, cand + c * stride + count[c * cstride]);
-  std::partial_sort(idx.begin(), idx.begin() + m, idx.end(), [L](int64_t a, int64_t b) { return before(L, a, b); });
-  std::copy(idx.begin(), idx.begin() + m, out);
+// A node's m best tokens from its per-chunk bests (bests[c * stride] for each chunk c, the
+// chunks covering the row).
+void merge_chunk_bests(const RunningBest* bests, int64_t n_chunks, int64_t stride, int64_t m,
+                       std::vector<std::pair<float, int64_t>>& all, int64_t* out) {
+  all.clear();
+  for (int64_t c = 0; c < n_chunks; ++c) {
+    const RunningBest& b = bests[c * stride];
+    for (int64_t i = 0; i < b.count; ++i) all.emplace_back(b.val[i], b.idx[i]);
+  }
+  std::partial_sort(all.begin(), all.begin() + m, all.end(),
+                    [](const auto& x, const auto& y) { return before(x.first, x.second, y.first, y.second); });
+  for (int64_t i = 0; i < m; ++i) out[i] = all[i].second;
 }
 
 // log_softmax(L)[x] = (L[x] - max) - log(sum exp(L - max)) for the children x of one node,
@@ -195,11 +224,11 @@ void expand(BL* base, const float* hproj, const float* S, const int64_t* seq, co
   const bool greedy = !sp.may_sample();
   const int64_t n_chunks = (V + chunk - 1) / chunk;
   std::vector<RunningLse> partial(greedy ? n_chunks * n : 0);
-  // Greedy with few children: each chunk's best tokens per node, found while the chunk's
-  // logits rows are still in cache (merged per node below), instead of a second pass over
-  // the n rows of V floats from memory.
+  // Greedy with few children: each chunk's best tokens per node, offered tile by tile while
+  // the tile's logits are in L1 (merged per node below), instead of a second pass over the
+  // n rows of V floats; the rows themselves are then only written, with non-temporal stores.
   const bool chunk_bests = greedy && m <= kScanChildren;
-  std::vector<int64_t> cand(chunk_bests ? n_chunks * n * m : 0), cand_count(chunk_bests ? n_chunks * n : 0);
+  std::vector<RunningBest> bests(chunk_bests ? n_chunks * n : 0);
   std::atomic<int64_t> next_chunk{0};
   at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), n_chunks), 1, [&](int64_t, int64_t) {
     std::vector<float> dots(n * tile);
@@ -214,26 +243,29 @@ void expand(BL* base, const float* hproj, const float* S, const int64_t* seq, co
           gemv.dot(w2 + v0 * r, len, r, ap, n, dots.data(), tile);
         for (int64_t f = 0; f < n; ++f) {
           TileStats st;
-          logits_tile(K, dots.data() + f * tile, len, base + (seq[f] * k + depth[f]) * V + v0, false,
-                      L + f * V + v0, greedy ? &st : nullptr);
+          float* Lf = dots.data() + f * tile;  // L's tile, in place of the dot products
+          logits_tile(K, Lf, len, base + (seq[f] * k + depth[f]) * V + v0, false,
+                      chunk_bests ? nullptr : L + f * V + v0, greedy ? &st : nullptr);
           if (greedy) partial[c * n + f].merge(st.max, v0 + st.arg, st.sum);
+          if (chunk_bests) {
+            K.stream_copy(Lf, len, L + f * V + v0);
+            bests[c * n + f].offer(K, Lf, len, v0, m);
+          }
         }
       }
-      if (chunk_bests)
-        for (int64_t f = 0; f < n; ++f)
-          cand_count[c * n + f] = best_in_range(K, L + f * V, c * chunk, c_end, m, cand.data() + (c * n + f) * m);
     }
+    store_fence();  // this thread's streamed rows, visible before the join
   });
 
   // The children of every node
   at::parallel_for(0, n, 1, [&](int64_t f0, int64_t f1) {
     SampleScratch scratch;
     std::vector<int64_t> idx;
+    std::vector<std::pair<float, int64_t>> all;
     for (int64_t f = f0; f < f1; ++f) {
       if (greedy) {
         if (chunk_bests)
-          merge_chunk_bests(L + f * V, cand.data() + f * m, cand_count.data() + f, n_chunks, n * m, n, m, idx,
-                            tokens + f * m);
+          merge_chunk_bests(bests.data() + f, n_chunks, n, m, all, tokens + f * m);
         else
           best_tokens(K, L + f * V, V, m, idx, tokens + f * m);
         greedy_logprobs(RunningLse::of_chunks(partial.data() + f, n_chunks, n), L + f * V, tokens + f * m, m,

@@ -58,6 +58,11 @@ struct Kernels {
   void (*logits_tile_bf16)(float* dots, int64_t n, const uint16_t* base, uint16_t* base_out,
                            float* row_out, TileStats* stats);
 
+  // dst[j] = src[j] for j < n, with non-temporal stores where dst is on a vector boundary
+  // (a row written once and not read back soon: no read-for-ownership, no cache pollution).
+  // The caller fences (_mm_sfence) before another thread reads dst.
+  void (*stream_copy)(const float* src, int64_t n, float* dst);
+
   // out[j] = silu(a[j] + b[j]).
   void (*silu_add)(const float* a, const float* b, int64_t n, float* out);
   // GRU cell without biases, for hidden units [j0, j1) of one sequence: gi and gh are the

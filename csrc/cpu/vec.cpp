@@ -164,6 +164,22 @@ void logits_tile_bf16(float* d, int64_t n, const uint16_t* base, uint16_t* base_
   logits_tile(d, n, base, base_out, row_out, st);
 }
 
+void stream_copy(const float* src, int64_t n, float* dst) {
+  int64_t i = 0;
+  if (reinterpret_cast<uintptr_t>(dst) % (4 * L) == 0) {
+    for (; i + L <= n; i += L) {
+#if defined(__AVX512F__)
+      _mm512_stream_ps(dst + i, _mm512_loadu_ps(src + i));
+#elif defined(__AVX2__)
+      _mm256_stream_ps(dst + i, _mm256_loadu_ps(src + i));
+#else
+      storeu(dst + i, loadu(src + i));
+#endif
+    }
+  }
+  for (; i < n; ++i) dst[i] = src[i];
+}
+
 void silu_add(const float* a, const float* b, int64_t n, float* out) {
   const int64_t nv = n - n % L;
   for (int64_t i = 0; i < nv; i += L) {
@@ -548,6 +564,7 @@ const Kernels kKernels = {
     .rows_dot_bf16 = &rows_dot_bf16,
     .logits_tile_f32 = &logits_tile_f32,
     .logits_tile_bf16 = &logits_tile_bf16,
+    .stream_copy = &stream_copy,
     .silu_add = &silu_add,
     .gru_update = &gru_update,
     .widen_bf16 = &widen_bf16,
