@@ -72,6 +72,16 @@ def store_tile_stats(out, z, offs_v, mask_v, V):
 
 
 @triton.jit
+def round_to_bf16(x):
+    """float32 x rounded to the nearest bf16 value, ties to even, still float32 (NaN stays
+    NaN; its .to(tl.bfloat16) is then exact). By bits, because the interpreter's
+    ``.to(tl.bfloat16)`` truncates where the GPU rounds to nearest even."""
+    bits = x.to(tl.uint32, bitcast=True)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True)
+    return tl.where(x != x, x, rounded)
+
+
+@triton.jit
 def _head_logits_kernel(base_ptr, w2_ptr, a_ptr, seeds_ptr, partial_ptr, rows_ptr, temperature_ptr, top_k_ptr,
                         top_p_ptr, step, k, V, r, tiles,
                         MAY_SAMPLE: tl.constexpr, MAY_FILTER: tl.constexpr, WRITE_LOGITS: tl.constexpr,
@@ -83,7 +93,10 @@ def _head_logits_kernel(base_ptr, w2_ptr, a_ptr, seeds_ptr, partial_ptr, rows_pt
     base_row = base_ptr + (s * k + step) * V
     L = logits_tile(base_row, w2_ptr, a_ptr + s * r, offs_v, mask_v, r, TILE, BLOCK_R)
     if WRITE_LOGITS:
-        tl.store(base_row + offs_v, L.to(base_ptr.dtype.element_ty), mask=mask_v)
+        if base_ptr.dtype.element_ty == tl.bfloat16:  # to nearest even, as torch and the other kernels
+            tl.store(base_row + offs_v, round_to_bf16(L).to(tl.bfloat16), mask=mask_v)
+        else:
+            tl.store(base_row + offs_v, L.to(base_ptr.dtype.element_ty), mask=mask_v)
     if MAY_FILTER:
         tl.store(rows_ptr + s * V + offs_v, L, mask=mask_v)
     if MAY_SAMPLE:
