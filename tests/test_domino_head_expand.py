@@ -438,6 +438,15 @@ def test_wrapper_rejects_a_wrong_w2_packed(over, exc, msg):
         domino_ops.domino_head_expand(**packed_args(**over))
 
 
+@needs_packed
+def test_wrapper_accepts_the_packing_of_a_w2_with_nan_in_its_checked_rows():
+    """The wrapper's spot check of rows 0 and V - 1 compares bits: NaN weights match."""
+    a = packed_args()
+    a["w2"][0, 1] = a["w2"][-1, 0] = float("nan")
+    a["w2_packed"] = domino_ops.pack_small_batch_linear_weight(a["w2"])
+    domino_ops.domino_head_expand(**a)
+
+
 def test_wrapper_rejects_w2_packed_with_float32_weights_or_the_triton_backend():
     fp32 = args()
     with pytest.raises(ValueError, match="w2_packed needs a bfloat16 w2"):

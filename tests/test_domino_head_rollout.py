@@ -58,6 +58,19 @@ def test_write_logits_writes_final_logits(p):
     torch.testing.assert_close(base.double(), L_ref.to(base.dtype).double(), rtol=tol, atol=tol)
 
 
+def test_write_logits_rounds_bf16_logits_to_nearest():
+    """Into bf16 base logits the native kernel writes each float32 logit rounded to the
+    nearest bf16, ties to even (c10::BFloat16, as torch): the float64 oracle's logits rounded
+    to bf16, except within float32 error of a midpoint (tests/test_kernel_backends.py checks
+    the GPU backends the same way)."""
+    inputs = head_rollout_inputs(2, 3, 300, 16, 16, 8, torch.float32, torch.bfloat16, True, seed=5)
+    _, _, _, L_ref, margins = head_rollout_oracle(*inputs)
+    assert bool((margins > ARGMAX_MARGIN).all())
+    base = inputs[0].clone()
+    call_kernel_poisoned((base,) + inputs[1:], write_logits=True)
+    assert (base == L_ref.to(torch.bfloat16)).float().mean() >= 0.99
+
+
 def test_without_write_logits_base_is_untouched():
     inputs = head_rollout_inputs(3, 4, 300, 8, 16, 8, torch.float32, torch.float32, True, 1)
     before = inputs[0].clone()

@@ -10,6 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import domino_ops
+
 from domino import TreeShape
 from domino.model import DRAFT_VOCAB_KEY, DominoDraftModel
 from domino.sampling_params import RowSampling
@@ -169,6 +171,30 @@ def test_head_rows_follow_in_place_weight_updates():
         d.embed_proj[2].weight.add_(1.0)
     torch.testing.assert_close(d.head_weights()[5], w2_rows + 1.0)
     assert torch.equal(d.head_weights()[0], d.embed_tokens.weight[SUBSET])
+
+
+@pytest.mark.skipif(not domino_ops.small_batch_linear_packed_supported(), reason="this CPU has no AVX512-BF16")
+def test_packed_w2_follows_the_draft_vocabulary_and_in_place_updates():
+    """The packed w2 the tree expand reads (bf16 drafter, AVX512-BF16 CPU) is always
+    w2's packing: after another draft vocabulary of the same size and the same first and
+    last ids (whose row copy may land at the old one's address), and after an in-place update."""
+    target = tiny_target(vocab=256)
+    d = tiny_drafter(target).to(torch.bfloat16)
+    d.bind_target(target.to(torch.bfloat16))
+
+    def packed_is_w2s():
+        w2 = d.head_weights()[5]
+        return torch.equal(d._w2_packed(w2).data, domino_ops.pack_small_batch_linear_weight(w2).data)
+
+    d.set_draft_vocab(torch.cat([torch.arange(0, 100), torch.arange(156, 256)]))
+    assert packed_is_w2s()
+    d.set_draft_vocab(torch.cat([torch.arange(0, 50), torch.arange(106, 256)]))
+    assert packed_is_w2s()
+    with torch.no_grad():
+        d.embed_proj[2].weight.add_(1.0)
+    assert packed_is_w2s()
+    d.set_draft_vocab(None)
+    assert packed_is_w2s()
 
 
 @pytest.mark.parametrize("ids,err,match", [

@@ -167,3 +167,49 @@ def test_a_sampled_rollout_row_of_nan_gives_token_0_with_logprob_0(backend):
                                                              backend=backend)
     assert tokens.tolist() == [[0, 0]]
     assert logprobs.tolist() == [[0.0, 0.0]]
+
+
+def leading_minus_inf_head(V: int = 9300, finite: int = 80):
+    """Head inputs (head_args' shapes, r = 8, G = 4) whose base rows are -inf except their
+    last ``finite`` entries: many whole vocabulary tiles (and, at V = 9300, chunks) of -inf
+    come before the first finite logit, and the correction is zero (w2 = 0) so they stay -inf."""
+    a = head_args(G=4)
+    g = torch.Generator().manual_seed(1)
+    base = torch.full((1, 2, V), float("-inf"))
+    base[..., V - finite:] = torch.randn(1, 2, finite, generator=g)
+    a[0], a[3], a[7] = base, torch.randn(V, 12, generator=g), torch.zeros(V, 8)
+    return a
+
+
+@pytest.mark.parametrize("backend", ["native", "reference", "triton", "emulated_cuda"])
+def test_greedy_logprobs_after_tiles_of_minus_inf_are_finite(backend):
+    """Merging two all -inf tiles' statistics computed 0 * exp(-inf - -inf) = NaN in the CPU
+    kernels, so a greedy log-probability came out NaN when a row began with two or more
+    tiles of -inf (found by review): every backend must give log_softmax's finite value."""
+    a = leading_minus_inf_head()
+    want_t, want_lp, _ = domino_ops.domino_head_rollout(a[0].clone(), *a[1:], backend="reference")
+    assert bool(torch.isfinite(want_lp).all())
+    if backend == "emulated_cuda":
+        from kernel_backends import emulated_cuda_kernel
+        from poisoned_calls import run_head_poisoned
+        t, lp = run_head_poisoned(emulated_cuda_kernel("domino_head_rollout"), [a[0].clone(), *a[1:]])[:2]
+    else:
+        t, lp, _ = domino_ops.domino_head_rollout(a[0].clone(), *a[1:], backend=backend)
+    assert torch.equal(t, want_t)
+    torch.testing.assert_close(lp, want_lp, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_tree_children_logprobs_after_tiles_of_minus_inf_are_finite(packed):
+    """The same for the tree step's children (native; with w2 packed on an AVX512-BF16 CPU)."""
+    if packed and not domino_ops.small_batch_linear_packed_supported():
+        pytest.skip("this CPU has no AVX512-BF16")
+    a = leading_minus_inf_head()
+    if packed:
+        a = [x.bfloat16() if x is not None and i >= 3 else x for i, x in enumerate(a)]
+    frontier = (torch.randn(3, 4), torch.zeros(3, dtype=torch.long), torch.tensor([0, 1, 1]))
+    kw = dict(num_children=3, w2_packed=domino_ops.pack_small_batch_linear_weight(a[7]) if packed else None)
+    t, lp, _, L = domino_ops.domino_head_expand(a[0], a[1], *frontier, *a[3:], **kw)
+    assert torch.equal(t, reference.greedy_children(L, 3))
+    torch.testing.assert_close(lp, torch.log_softmax(L, -1).gather(-1, t), atol=1e-5, rtol=1e-5)
+    assert bool(torch.isfinite(lp).all())

@@ -138,7 +138,8 @@ def test_head_rollout_greedy_matches_oracle(backend, data):
 @pytest.mark.parametrize("backend", backend_params())
 def test_head_rollout_writes_bf16_logits_rounded_to_nearest(backend):
     """write_logits into bf16 base logits rounds each float32 logit to the nearest bf16, ties
-    to even (as torch and c10::BFloat16): the written rows equal the float64 oracle's logits
+    to even (as torch and c10::BFloat16; the GPU backends here, the native kernel in
+    test_domino_head_rollout.py): the written rows equal the float64 oracle's logits
     rounded to bf16 except where a logit lies within float32 error of a midpoint (a handful
     in 1,800; truncating, as the Triton interpreter's own conversion does, misses half)."""
     inputs = head_rollout_inputs(2, 3, 300, 16, 16, 8, torch.float32, torch.bfloat16, True, seed=5)

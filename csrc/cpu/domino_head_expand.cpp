@@ -80,9 +80,11 @@ constexpr int64_t kScanChildren = 32;  // up to this many children: the skip-sca
 // only if it beats the m-th, and the vector scan `first_above` skips to the next one above
 // it (or NaN), 4L values per test, since almost none qualifies.
 struct RunningBest {
-  int64_t count = 0;
+  int64_t count;
   float val[kScanChildren];
   int64_t idx[kScanChildren];
+
+  RunningBest() : count(0) {}  // user-provided: a vector of them is not zero-filled first
 
   // Offers x[0..n) as the tokens offset .. offset + n - 1, which come after every token
   // offered before.

@@ -45,7 +45,7 @@ struct RunningLse {
       else sum += other_sum;
       max = other_max;
       arg = other_arg;
-    } else {
+    } else if (other_sum != 0.0f) {  // an all -inf tile adds nothing (and -inf - -inf is NaN)
       sum += other_sum * std::exp(other_max - max);
     }
   }

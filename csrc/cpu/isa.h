@@ -58,8 +58,9 @@ struct Kernels {
   void (*logits_tile_bf16)(float* dots, int64_t n, const uint16_t* base, uint16_t* base_out,
                            float* row_out, TileStats* stats);
 
-  // dst[j] = src[j] for j < n, with non-temporal stores where dst is on a vector boundary
-  // (a row written once and not read back soon: no read-for-ownership, no cache pollution).
+  // dst[j] = src[j] for j < n, the whole vectors from dst's first vector boundary on with
+  // non-temporal stores (a row written once and not read back soon: no read-for-ownership,
+  // no cache pollution).
   // The caller fences (_mm_sfence) before another thread reads dst.
   void (*stream_copy)(const float* src, int64_t n, float* dst);
 

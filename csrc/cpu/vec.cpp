@@ -166,7 +166,9 @@ void logits_tile_bf16(float* d, int64_t n, const uint16_t* base, uint16_t* base_
 
 void stream_copy(const float* src, int64_t n, float* dst) {
   int64_t i = 0;
-  if (reinterpret_cast<uintptr_t>(dst) % (4 * L) == 0) {
+  if (reinterpret_cast<uintptr_t>(dst) % sizeof(float) == 0) {
+    // plain stores up to dst's first vector boundary, then whole vectors streamed
+    for (; i < n && reinterpret_cast<uintptr_t>(dst + i) % (4 * L) != 0; ++i) dst[i] = src[i];
     for (; i + L <= n; i += L) {
 #if defined(__AVX512F__)
       _mm512_stream_ps(dst + i, _mm512_loadu_ps(src + i));

@@ -201,6 +201,7 @@ class DominoDraftModel(nn.Module):
         self.register_buffer("draft_vocab", None, persistent=False)
         self._vocab_rows: tuple | None = None  # (key, lm_head rows, embedding rows, w2 rows), see _draft_rows
         self._vocab_rows_packed: tuple | None = None  # (lm_head rows, their PackedLinearWeight)
+        self._w2_packed_cache: tuple | None = None  # (w2, its key, its PackedLinearWeight), see _w2_packed
         # confidence -> acceptance probability (identity until fitted; from_pretrained loads it)
         self.calibration = Calibration()
 
@@ -295,6 +296,7 @@ class DominoDraftModel(nn.Module):
         writes most often; checkpoints store the ids (``draft_vocab`` in model.safetensors)."""
         if token_ids is None:
             self.draft_vocab, self._vocab_rows, self._vocab_rows_packed = None, None, None
+            self._w2_packed_cache = None
             return self
         V = self.config.vocab_size
         if not isinstance(token_ids, torch.Tensor):
@@ -311,7 +313,7 @@ class DominoDraftModel(nn.Module):
         if bool((ids[1:] == ids[:-1]).any()):
             raise ValueError("token_ids must be distinct")
         self.draft_vocab = ids.to(self.fc.weight.device)
-        self._vocab_rows = self._vocab_rows_packed = None
+        self._vocab_rows = self._vocab_rows_packed = self._w2_packed_cache = None
         return self
 
     def _draft_rows(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -344,13 +346,15 @@ class DominoDraftModel(nn.Module):
         when w2 changes (another tensor, or an in-place update: its version counts)."""
         if w2.dtype != torch.bfloat16 or w2.device.type != "cpu" or not domino_ops.small_batch_linear_packed_supported():
             return None
-        # the parameter's version (w2 may be the draft vocabulary's copy, made in inference mode,
-        # which keeps no version; that copy is remade, at another address, when the parameter changes)
+        # The cache keeps the w2 it packed alive, so no other tensor can have its address: the
+        # same address is the same storage. Its version is the parameter's (w2 may be the draft
+        # vocabulary's copy, made in inference mode, which counts no versions; that copy is
+        # remade whenever the parameter changes).
         key = (w2.data_ptr(), self.embed_proj[2].weight._version, tuple(w2.shape))
         cached = getattr(self, "_w2_packed_cache", None)
-        if cached is None or cached[0] != key:
-            cached = self._w2_packed_cache = (key, domino_ops.pack_small_batch_linear_weight(w2))
-        return cached[1]
+        if cached is None or cached[1] != key:
+            cached = self._w2_packed_cache = (w2, key, domino_ops.pack_small_batch_linear_weight(w2))
+        return cached[2]
 
     def base_logits(self, h: torch.Tensor) -> torch.Tensor:
         """The backbone's logits [.., K] float32 for draft hidden states h [.., H], over the
