@@ -22,9 +22,9 @@
 // VM with AVX-512 the 622 M of the paper-shape 16-node step need >= 2.2 ms at the FMA peak,
 // and the step takes 4.8-5.0 ms: benchmarks/README.md). With w2 packed (w2_packed:
 // AVX512-BF16 CPUs, bf16 weights) the product runs on VDPBF16PS, a rounded to bf16: twice
-// the multiply-adds per cycle, so on the 2-core Zen 4 VM the paper-shape 16-node step is
-// ~5.3 ms against ~9.8 ms row-major, a chain step ~2.4 ms, and the product alone ~3.8 ms (its
-// floor there, 1.6-1.7x a chain step: benchmarks/README.md). Greedy children with m <= 32:
+// the multiply-adds per cycle, so on the 2-core Zen 4 VM the paper-shape 16-node step took
+// 5.64 ms against 9.85 ms row-major and a 2.34 ms chain step, while the product alone took
+// 1.29-1.36x a chain step (benchmarks/results/tree_step_zen4_session15*.txt). Greedy children with m <= 32:
 // each vocabulary chunk's best per node, found by a vector skip-scan while the chunk's
 // logits are in cache, merged per node (a partial sort past 32 children); sampled, m
 // inverse-CDF passes per node, parallel over nodes.
@@ -213,10 +213,10 @@ void expand(BL* base, const float* hproj, const float* S, const int64_t* seq, co
   const float* Sp = gemv.prepare(S, n, G, S_buf);
   correction_input(gemv, w1s, Sp, n, r, G, [&](int64_t f) { return hproj + (seq[f] * k + depth[f]) * r; },
                    w1s_out.get(), act.data());
-  const float* ap = gemv.prepare(act.data(), n, r, act_buf);
   // With w2 packed (bf16 weights): the product by AVX512-BF16 dot products, twice the
   // multiply-adds per cycle of the float32 FMAs, on a rounded to bf16 (the reference's
   // F.linear(a.to(w2.dtype), w2) rounds it too; the row-major path keeps it float32).
+  const float* ap = w2_packed != nullptr ? nullptr : gemv.prepare(act.data(), n, r, act_buf);
   const std::vector<uint32_t> a_pairs = w2_packed != nullptr ? bf16_pairs(act.data(), n, r) : std::vector<uint32_t>();
   const int64_t pairs = (r + 1) / 2;
   const int64_t tile = w2_packed != nullptr ? kPackedTile : kVocabTile, chunk = 16 * tile;
@@ -284,16 +284,8 @@ void expand(BL* base, const float* hproj, const float* S, const int64_t* seq, co
 
 // w2_packed: pack_small_batch_linear_weight(w2)'s data, for bf16 w2 on a CPU with AVX512-BF16.
 void check_w2_packed(const at::Tensor& packed, const at::Tensor& w2) {
-  TORCH_CHECK(packed.device().is_cpu(), "w2_packed must be on the CPU, got ", packed.device());
   TORCH_CHECK(w2.scalar_type() == at::kBFloat16, "w2_packed needs a bfloat16 w2, got ", w2.scalar_type());
-  TORCH_CHECK(packed.scalar_type() == at::kBFloat16, "w2_packed must be bfloat16, got ", packed.scalar_type());
-  const int64_t V = w2.size(0), r = w2.size(1);
-  TORCH_CHECK(packed.dim() == 4 && packed.size(0) == (V + kPackedPanelCols - 1) / kPackedPanelCols &&
-                  packed.size(1) == (r + 1) / 2 && packed.size(2) == kPackedPanelCols && packed.size(3) == 2,
-              "w2_packed must have shape [", (V + kPackedPanelCols - 1) / kPackedPanelCols, ", ", (r + 1) / 2, ", ",
-              kPackedPanelCols, ", 2] (w2 [", V, ", ", r, "] packed by pack_small_batch_linear_weight), got ",
-              packed.sizes());
-  TORCH_CHECK(packed.is_contiguous(), "w2_packed must be contiguous");
+  check_packed_weight(packed, "w2_packed", w2.size(0), w2.size(1));
   TORCH_CHECK(small_batch_linear_packed_supported(),
               "w2_packed needs a CPU with AVX512-BF16 (and AVX512-BW/VL); this one has none: pass None");
 }

@@ -1,9 +1,10 @@
-// small_batch_linear_packed's product on one thread, for a range of its panels: what
-// domino_head_expand runs for w2 @ a when it is given w2 packed
+// small_batch_linear_packed's layout check and its product on one thread, for a range of
+// its panels: what domino_head_expand runs for w2 @ a when it is given w2 packed
 // (domino_ops.pack_small_batch_linear_weight). Layout and numerics:
 // small_batch_linear_packed.cpp.
 #pragma once
 
+#include <ATen/core/Tensor.h>
 #include <c10/util/BFloat16.h>
 
 #include <cstdint>
@@ -15,6 +16,10 @@ constexpr int64_t kPackedPanelCols = 48;
 
 // Whether this CPU has AVX512-BF16 (and -BW, -VL): the packed kernels need it.
 bool small_batch_linear_packed_supported();
+
+// `packed` (the argument `name`) is a [N, K] weight packed by pack_small_batch_linear_weight:
+// on the CPU, contiguous, bf16, [ceil(N / 48), ceil(K / 2), 48, 2]; errors name `name`.
+void check_packed_weight(const at::Tensor& packed, const char* name, int64_t N, int64_t K);
 
 // out[m * ldo + (n - 48 * p0)] = sum over k of x[m, k] * weight[n, k], in float32 (one
 // VDPBF16PS lane per output, column pairs in order), for rows m < M and the outputs n < N of

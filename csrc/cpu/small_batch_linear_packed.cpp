@@ -181,20 +181,14 @@ void check_args(const at::Tensor& x, const at::Tensor& packed, int64_t N, const 
     TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
   };
   check(x, "x", 2);
-  check(packed, "packed_weight", 4);
   check(out, "out", 2);
   TORCH_CHECK(x.scalar_type() == at::kBFloat16, "x must be bfloat16, got ", x.scalar_type());
-  TORCH_CHECK(packed.scalar_type() == at::kBFloat16, "packed_weight must be bfloat16, got ", packed.scalar_type());
   TORCH_CHECK(out.scalar_type() == at::kBFloat16 || out.scalar_type() == at::kFloat,
               "out must be bfloat16 or float32, got ", out.scalar_type());
   const int64_t M = x.size(0), K = x.size(1);
   TORCH_CHECK(K > 0, "x must have at least one column, got shape ", x.sizes());
   TORCH_CHECK(N > 0, "out_features must be positive, got ", N);
-  const int64_t panels = (N + kPanelCols - 1) / kPanelCols, pairs = (K + 1) / 2;
-  TORCH_CHECK(packed.size(0) == panels && packed.size(1) == pairs && packed.size(2) == kPanelCols &&
-                  packed.size(3) == 2,
-              "packed_weight must have shape [", panels, ", ", pairs, ", ", kPanelCols,
-              ", 2] (a [", N, ", ", K, "] weight packed by pack_small_batch_linear_weight), got ", packed.sizes());
+  check_packed_weight(packed, "packed_weight", N, K);
   TORCH_CHECK(out.size(0) == M && out.size(1) == N, "out must have shape [", M, ", ", N, "], got ", out.sizes());
   auto no_overlap = [&](const at::Tensor& t, const char* name) {
     TORCH_CHECK(out.numel() == 0 || t.numel() == 0 || at::get_overlap_status(out, t) == at::MemOverlapStatus::No,
@@ -214,6 +208,19 @@ void check_args(const at::Tensor& x, const at::Tensor& packed, int64_t N, const 
 }  // namespace
 
 bool small_batch_linear_packed_supported() { return cpu_has_avx512_bf16(); }
+
+void check_packed_weight(const at::Tensor& packed, const char* name, int64_t N, int64_t K) {
+  TORCH_CHECK(packed.defined(), name, " must be a tensor");
+  TORCH_CHECK(packed.device().is_cpu(), name, " must be on the CPU, got ", packed.device());
+  TORCH_CHECK(packed.dim() == 4, name, " must have 4 dimensions, got shape ", packed.sizes());
+  TORCH_CHECK(packed.is_contiguous(), name, " must be contiguous");
+  TORCH_CHECK(packed.scalar_type() == at::kBFloat16, name, " must be bfloat16, got ", packed.scalar_type());
+  const int64_t panels = (N + kPanelCols - 1) / kPanelCols, pairs = (K + 1) / 2;
+  TORCH_CHECK(packed.size(0) == panels && packed.size(1) == pairs && packed.size(2) == kPanelCols &&
+                  packed.size(3) == 2,
+              name, " must have shape [", panels, ", ", pairs, ", ", kPanelCols, ", 2] (a [", N, ", ", K,
+              "] weight packed by pack_small_batch_linear_weight), got ", packed.sizes());
+}
 
 void packed_panels_f32(const BF16* packed, int64_t pairs, const uint32_t* x, int64_t ldx, int64_t M, int64_t N,
                        int64_t p0, int64_t p1, float* out, int64_t ldo) {

@@ -351,7 +351,7 @@ class DominoDraftModel(nn.Module):
         # vocabulary's copy, made in inference mode, which counts no versions; that copy is
         # remade whenever the parameter changes).
         key = (w2.data_ptr(), self.embed_proj[2].weight._version, tuple(w2.shape))
-        cached = getattr(self, "_w2_packed_cache", None)
+        cached = self._w2_packed_cache
         if cached is None or cached[1] != key:
             cached = self._w2_packed_cache = (w2, key, domino_ops.pack_small_batch_linear_weight(w2))
         return cached[2]
@@ -551,7 +551,7 @@ class DominoDraftModel(nn.Module):
             head = (hproj, self.gru_state(anchor[:, None]), E, w_ih, w_hh, w1s, w2)
             plain, w2_packed = min(self.config.pure_draft_prefix_len, depth), self._w2_packed(w2)
         else:
-            (head, plain), w2_packed = (_zero_head(base), depth), None
+            head, plain, w2_packed = _zero_head(base), depth, None
         tree = domino_ops.draft_tree(base, *head, anchor, topk=topk, depth=depth, num_draft_tokens=num_draft_tokens,
                                      plain_depths=plain, w2_packed=w2_packed, **sampling.op_kwargs())
         if self.draft_vocab is None:

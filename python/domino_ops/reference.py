@@ -58,9 +58,9 @@ def domino_head_rollout(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w
     """Reference of :func:`domino_ops.domino_head_rollout` (see there for shapes).
 
     ``a_dtype``: the dtype the correction input ``a`` is rounded to before the w2 product
-    (default: w2's, as a model in that dtype computes it, and as the kernels do: bf16 for
-    bf16 weights, float32 otherwise). With float64 weights and ``a_dtype`` the original
-    weights' dtype this is an exact oracle of the kernels' arithmetic."""
+    (default: w2's, as a model in that dtype computes it). The kernels keep ``a`` in float32,
+    except ``domino_head_expand``'s packed product (``w2_packed``), which rounds it to bf16:
+    with float64 weights and ``a_dtype=torch.bfloat16`` this is an exact oracle of that path."""
     b, k, V = base_logits.shape
     acc = torch.float64 if w2.dtype == torch.float64 else torch.float32
     uniforms = draw_uniforms((b, k), base_logits.device, generator) if may_sample(temperature) else None
