@@ -3,6 +3,9 @@ against a brute-force scan of the corpus, hash collisions that must not propose,
 file round trip, bad input, and the engine's output still exactly the target's greedy
 decoding with the chains grafted."""
 
+import os
+import time
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -11,7 +14,7 @@ from hypothesis import strategies as st
 import domino.datastore as ds
 import domino.generate
 from domino import TreeShape
-from domino.datastore import TokenDatastore
+from domino.datastore import CACHED_INDEXES_KEPT, TokenDatastore
 from engine_cases import cheap_verification, count_grafts, prompts
 from tiny_models import tiny_generator
 
@@ -115,9 +118,31 @@ def test_cached_index_is_the_built_one(tmp_path):
     for s in seqs:
         assert again.propose(s[:6], 4) == built.propose(s[:6], 4)
     TokenDatastore.load(tmp_path / "d.npz", (4,), index_dir=tmp_path / "idx")
-    TokenDatastore(TokenDatastore.from_sequences(seqs[1:]).tokens, (5, 3), index_dir=tmp_path / "idx")
-    assert len(list((tmp_path / "idx").iterdir())) == 3
+    assert len(list((tmp_path / "idx").iterdir())) == 2
     assert not list((tmp_path / "idx").glob("*.tmp"))
+
+
+def test_cached_indexes_are_bounded_least_recently_used_first(tmp_path):
+    """A new index evicts the least recently used beyond CACHED_INDEXES_KEPT; a load counts
+    as a use, and an evicted datastore is rebuilt, right, when loaded again."""
+    rng = np.random.default_rng(2)
+    corpora = [TokenDatastore.from_sequences([rng.integers(0, 9, size=30).tolist() for _ in range(5)], (4,))
+               for _ in range(3)]
+    idx = tmp_path / "idx"
+    a = TokenDatastore(corpora[0].tokens, (4,), index_dir=idx)
+    (dir_a,) = idx.iterdir()
+    TokenDatastore(corpora[1].tokens, (4,), index_dir=idx)
+    (dir_b,) = set(idx.iterdir()) - {dir_a}
+    old = time.time() - 100
+    os.utime(dir_a, (old, old))
+    os.utime(dir_b, (old + 10, old + 10))
+    assert isinstance(TokenDatastore(corpora[0].tokens, (4,), index_dir=idx)._index[4], np.memmap)  # a used again
+    TokenDatastore(corpora[2].tokens, (4,), index_dir=idx)  # a new index: b, the least recently used, goes
+    assert CACHED_INDEXES_KEPT == 2 and len(list(idx.iterdir())) == 2
+    assert dir_a.exists() and not dir_b.exists()
+    b_again = TokenDatastore(corpora[1].tokens, (4,), index_dir=idx)  # rebuilt
+    assert np.array_equal(b_again._index[4], corpora[1]._index[4])
+    assert np.array_equal(a._index[4], corpora[0]._index[4])
 
 
 @pytest.mark.parametrize("tokens,match", [(np.zeros((2, 3), np.int64), "1-D integer"),

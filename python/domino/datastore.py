@@ -28,6 +28,8 @@ proposal costs ~0.1 ms.
 from __future__ import annotations
 
 import hashlib
+import os
+import shutil
 from pathlib import Path
 from typing import Sequence
 
@@ -64,6 +66,10 @@ _MULT = 1_000_003  # the rolling hash's multiplier (odd: a unit mod 2**64)
 _MASK = (1 << 64) - 1
 _SEPARATOR = -1  # between sequences in the corpus: no n-gram crosses it, no chain runs past it
 _INDEX_FORMAT = 1  # of the keys _build makes: a cached index of another format is not read
+# Cached indexes kept in an index_dir, the most recently used ones: each is ~230 MB for the
+# shipped datastore, and every new datastore (a package upgrade, a rebuilt corpus) makes a
+# new one, so without a bound the cache would grow by that much per version.
+CACHED_INDEXES_KEPT = 2
 
 
 def _signed64(h: int) -> int:
@@ -123,7 +129,12 @@ class TokenDatastore:
         if not complete(where):
             index = self._build()
             write_directory(where, write, complete)
+            _prune_cached_indexes(index_dir, keep=where)
             return index
+        try:
+            os.utime(where)  # used now: what _prune_cached_indexes keeps
+        except OSError:  # a read-only cache is still read
+            pass
         return {n: np.load(where / f, mmap_mode="r") for n, f in names.items()}
 
     def _build(self) -> dict[int, np.ndarray]:
@@ -240,3 +251,14 @@ class TokenDatastore:
             out.append(token)
             nxt = nxt[following == token] + 1
         return out
+
+
+def _prune_cached_indexes(index_dir: Path, keep: Path) -> None:
+    """Removes the cached indexes in ``index_dir`` beyond the :data:`CACHED_INDEXES_KEPT`
+    most recently used (by modification time, which every load refreshes), never ``keep``.
+    A process still reading a removed index keeps its memory maps (POSIX unlink semantics);
+    one that loads that datastore later builds its index again."""
+    cached = [d for d in index_dir.glob("datastore-*") if d.is_dir() and not d.name.endswith(".tmp") and d != keep]
+    cached.sort(key=lambda d: d.stat().st_mtime, reverse=True)
+    for d in cached[CACHED_INDEXES_KEPT - 1:]:
+        shutil.rmtree(d, ignore_errors=True)
