@@ -9,6 +9,15 @@
 #include "ops.h"
 
 namespace domino {
+
+void check_unit_interval(const at::Tensor& t, const char* name) {
+  if (!t.device().is_cpu() || t.numel() == 0) return;
+  const at::Tensor bad = t.ge(0).logical_and(t.lt(1)).logical_not();
+  if (!at::any(bad).item<bool>()) return;
+  const int64_t i = bad.reshape(-1).nonzero()[0].item<int64_t>();
+  TORCH_CHECK(false, name, " must be in [0, 1), got ", t.reshape(-1)[i].item<double>(), " at flat index ", i);
+}
+
 namespace {
 
 bool is_float_or_bf16(const at::Tensor& t) {
@@ -62,6 +71,7 @@ void check_uniforms(const std::optional<at::Tensor>& uniforms, const SamplingArg
   TORCH_CHECK(uniforms->scalar_type() == at::kDouble, "uniforms must be float64");
   TORCH_CHECK(uniforms->sizes() == shape, "uniforms must have shape ", shape, ", got ",
               uniforms->sizes());
+  check_unit_interval(*uniforms, "uniforms");
 }
 
 using Named = std::pair<const char*, const at::Tensor*>;
@@ -314,6 +324,8 @@ void check_verify_sampling_args(const at::Tensor& draft_tokens, const at::Tensor
   TORCH_CHECK(uniforms_accept.size(0) == b && uniforms_accept.size(1) == k,
               "uniforms_accept must have shape [", b, ", ", k, "]");
   TORCH_CHECK(uniforms_resample.size(0) == b, "uniforms_resample must have shape [", b, "]");
+  check_unit_interval(uniforms_accept, "uniforms_accept");
+  check_unit_interval(uniforms_resample, "uniforms_resample");
   check_verify_outputs(b, k, out_tokens, num_accepted, dev);
   check_no_overlap({{"out_tokens", &out_tokens}, {"num_accepted", &num_accepted}},
                    {{"draft_tokens", &draft_tokens}, {"draft_probs", &draft_probs},

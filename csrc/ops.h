@@ -27,6 +27,10 @@ struct SamplingArgs {
   SamplingParams params() const;
 };
 
+// Uniforms a sampler consumes must be in [0, 1) (NaN rejected): read on CPU tensors only
+// (device values would cost a sync); an out-of-range coin would pick a token of weight 0.
+void check_unit_interval(const at::Tensor& t, const char* name);
+
 void check_head_rollout_args(const at::Tensor& base_logits, const at::Tensor& hproj,
                              const at::Tensor& state, const at::Tensor& gru_input,
                              const std::optional<at::Tensor>& w_ih, const at::Tensor& w_hh,

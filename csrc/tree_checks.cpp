@@ -5,7 +5,9 @@
 
 #include <initializer_list>
 #include <utility>
+#include <vector>
 
+#include "ops.h"
 #include "tree_ops.h"
 
 namespace domino {
@@ -162,6 +164,27 @@ void check_tree_links(const int64_t* ridx, const int64_t* next_token, const int6
     TORCH_CHECK(next_sibling[i] >= -1 && next_sibling[i] < n, "retrive_next_sibling must be -1 or a node in [0, ",
                 n, "), got ", next_sibling[i], " at flat index ", i);
   }
+  // A tree in first-child / next-sibling links: every node but the root is named by at most
+  // one link (its parent's first child or its previous sibling) and the root by none. Then
+  // no walk from the root meets a node twice, so it ends within n nodes and a path never
+  // repeats a node (a cycle, or the root as a child, would let a 2-node tree "accept" as
+  // many tokens as accept_index has columns).
+  std::vector<int64_t> named_by(n);
+  for (int64_t b = 0; b < bs; ++b) {
+    std::fill(named_by.begin(), named_by.end(), -1);
+    for (const auto& [links, name] : {std::pair{next_token, "retrive_next_token"},
+                                      std::pair{next_sibling, "retrive_next_sibling"}}) {
+      for (int64_t u = 0; u < n; ++u) {
+        const int64_t v = links[b * n + u];
+        if (v == -1) continue;
+        TORCH_CHECK(v != 0, name, " of request ", b, " names the root (node 0) at node ", u,
+                    ": the links do not form a tree");
+        TORCH_CHECK(named_by[v] == -1, name, " of request ", b, " names node ", v,
+                    " a second time (at node ", u, "): the links do not form a tree");
+        named_by[v] = u;
+      }
+    }
+  }
 }
 
 void check_verify_tree_greedy_args(const at::Tensor& predicts, const at::Tensor& accept_index,
@@ -197,6 +220,8 @@ void check_tree_sampler_common(const at::Tensor& predicts, const at::Tensor& acc
   const int64_t bs = candidates.size(0), n = candidates.size(1);
   check_matrix(uniform_samples, "uniform_samples", uniform_dtype, bs, n, dev);
   check_vector(uniform_samples_for_final_sampling, "uniform_samples_for_final_sampling", uniform_dtype, bs, dev);
+  check_unit_interval(uniform_samples, "uniform_samples");
+  check_unit_interval(uniform_samples_for_final_sampling, "uniform_samples_for_final_sampling");
   check_tensor(target_probs, "target_probs", dev);
   TORCH_CHECK(target_probs.scalar_type() == at::kFloat, "target_probs must be float32, got ",
               target_probs.scalar_type());

@@ -57,7 +57,8 @@ void check_verify_tree_sampling_args(const at::Tensor& predicts, const at::Tenso
 
 // The index values of a tree the verify kernels walk, read before any is used as an
 // address (bs * n entries each): retrive_index in [0, index_limit), described in errors as
-// "[0, <index_limit_desc>) = [0, index_limit)"; the links -1 or a node in [0, n).
+// "[0, <index_limit_desc>) = [0, index_limit)"; the links -1 or a node in [0, n), forming
+// a tree: the root named by no link, every other node by at most one.
 void check_tree_links(const int64_t* retrive_index, const int64_t* retrive_next_token,
                       const int64_t* retrive_next_sibling, int64_t bs, int64_t n, int64_t index_limit,
                       const char* index_limit_desc);

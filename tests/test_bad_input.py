@@ -159,3 +159,32 @@ def test_direct_dispatcher_call_is_checked_too():
         a["w2"] = torch.randn(49, 4)
         torch.ops.domino_ops.domino_head_rollout(*a.values(), 0.0, 0, 1.0, None, False, torch.empty(2, 3, dtype=torch.int64),
                                                  torch.empty(2, 3), torch.empty(2, 6))
+
+
+@pytest.mark.parametrize("bad", [-0.25, 1.0, float("nan")])
+def test_direct_calls_refuse_uniforms_outside_the_unit_interval(bad):
+    """The wrappers draw their own uniforms; a torch.ops caller passes them, and a coin
+    outside [0, 1) would pick a token of weight 0: each sampling op's C++ checks refuse it,
+    naming the argument, before writing anything."""
+    def one_bad(shape):
+        u = torch.rand(shape, dtype=torch.float64)
+        u.view(-1)[-1] = bad
+        return u
+
+    must = r"must be in \[0, 1\), got"
+    tokens = torch.full((2,), -7, dtype=torch.int64)
+    with pytest.raises(RuntimeError, match="uniforms " + must):
+        torch.ops.domino_ops.sample(torch.randn(2, 10), 1.0, 0, 1.0, one_bad((2,)), tokens)
+    assert (tokens == -7).all()
+    a = head()
+    with pytest.raises(RuntimeError, match="uniforms " + must):
+        torch.ops.domino_ops.domino_head_rollout(*a.values(), 1.0, 0, 1.0, one_bad((2, 3)), False,
+                                                 torch.empty(2, 3, dtype=torch.int64), torch.empty(2, 3),
+                                                 torch.empty(2, 6))
+    draft, q = torch.zeros(2, 3, dtype=torch.int64), torch.full((2, 3, 10), 0.1)
+    p, out, acc = torch.full((2, 4, 10), 0.1), torch.full((2, 4), -7, dtype=torch.int64), torch.zeros(2, dtype=torch.int64)
+    for name, ua, ur in (("uniforms_accept", one_bad((2, 3)), torch.rand(2, dtype=torch.float64)),
+                         ("uniforms_resample", torch.rand(2, 3, dtype=torch.float64), one_bad((2,)))):
+        with pytest.raises(RuntimeError, match=name + " " + must):
+            torch.ops.domino_ops.verify_sampling(draft, q, p, ua, ur, out, acc)
+    assert (out == -7).all()

@@ -148,6 +148,16 @@ def test_star_tree_bitpacking_word_sizes(backend, n):
     assert outs[4].tolist() == [[-1] + list(range(2, n)) + [-1]]
 
 
+@pytest.mark.parametrize("backend", params())
+@pytest.mark.parametrize("mode", [FULL, QLEN, PACKED])
+def test_an_empty_batch_writes_nothing(backend, mode):
+    """bs = 0 is a valid call in every mode (the reference's bit-packed path once failed on
+    its empty mask): nothing to write, the extra positions left poisoned."""
+    outs = outputs(0, 8, [], mode, extra_positions=3)
+    run(backend, torch.empty(0, 5, dtype=torch.int64), torch.empty(0, 7, dtype=torch.int64), [], 4, 2, 8, mode, outs)
+    assert (outs[1] == POISON).all() and outs[0].numel() == 0
+
+
 # --- random drafts against the oracle --------------------------------------------------------
 
 @pytest.mark.parametrize("backend", params())
@@ -294,7 +304,8 @@ WRAPPER_CASES = [
     (with_(parent_list=torch.zeros(2, 4, dtype=torch.int64)), ValueError, r"parent_list must have shape \[2, 5\]"),
     (with_(parent_list=torch.zeros(2, 5, dtype=torch.int32)), TypeError, "parent_list must be int64"),
     (with_(verified_seq_len=torch.tensor([3])), ValueError, r"verified_seq_len must have shape \[2\]"),
-    (with_(verified_seq_len=torch.tensor([3, -1])), ValueError, "verified_seq_len must be >= 0"),
+    (with_(verified_seq_len=torch.tensor([3, -1])), ValueError, r"verified_seq_len must be a length in \[0, 2\^31\)"),
+    (with_(verified_seq_len=torch.tensor([3, 1 << 62])), ValueError, r"verified_seq_len must be a length in \[0, 2\^31\)"),
     (with_(tree_mask=torch.zeros(50, dtype=torch.uint8)), TypeError, "tree_mask must be bool"),
     (with_(tree_mask=torch.zeros(49, dtype=torch.bool)), ValueError, "tree_mask must hold at least 50"),
     (with_(FULL, tree_mask=torch.zeros(2 * 25 + 7 * 5 - 1, dtype=torch.bool)), ValueError, "tree_mask must hold sum"),
@@ -345,9 +356,10 @@ def test_wrapper_rejects_aliasing(backend):
 
 DIRECT_CASES = [
     (with_(selected_index=torch.tensor([[0, 1, 2, 10]] * 2)), r"selected_index must be in \[0, .*10\)"),
-    (with_(verified_seq_len=torch.tensor([3, -1])), "verified_seq_len must be >= 0"),
+    (with_(verified_seq_len=torch.tensor([3, -1])), r"verified_seq_len must be a length in \[0, 2\^31\)"),
+    (with_(verified_seq_len=torch.tensor([3, 1 << 62])), r"verified_seq_len must be a length in \[0, 2\^31\)"),
     (with_(FULL, tree_mask=torch.zeros(84, dtype=torch.bool)), "tree_mask must hold sum"),
-    (with_(FULL, verified_seq_len=torch.tensor([3, 2**62])), "tree_mask is too small"),
+    (with_(FULL, verified_seq_len=torch.tensor([3, 2**30])), "tree_mask is too small"),
     (with_(tree_mask=torch.zeros(49, dtype=torch.bool)), "tree_mask must hold bs"),
     (with_(PACKED, tree_mask=torch.zeros(10, dtype=torch.int32)), "integer dtype of 1 byte"),
     (with_(PACKED, draft_token_num=33), "draft_token_num must be <= 32"),

@@ -16,7 +16,7 @@ import domino_ops
 from stats import assert_matches_distribution
 from tree_backends import ALL, GPU, check_direct_call_raises, check_wrapper_bad_input, params, run_guarded, tree_op, wrapper_params
 from tree_backends import with_ as with_args
-from tree_cases import chain_tree, links, random_tree, sgl_eagle_case, sgl_verify_args, verify_outputs
+from tree_cases import NOT_A_TREE, NOT_A_TREE_MESSAGE, chain_tree, links, random_tree, sgl_eagle_case, sgl_verify_args, verify_outputs
 
 
 
@@ -331,14 +331,39 @@ def test_wrapper_rejects_aliasing(backend):
         domino_ops.tree_speculative_sampling_target_only(**args, backend=backend)
 
 
+@pytest.mark.parametrize("backend", wrapper_params())
+@pytest.mark.parametrize("case", list(NOT_A_TREE))
+def test_links_that_do_not_form_a_tree_raise_and_write_nothing(case, backend):
+    """As verify_tree_greedy's: refused before the walk, nothing written (no child is ever
+    accepted here, so a walk would loop)."""
+    outputs = ("predicts", "accept_index", "accept_token_num")
+    args = with_(**NOT_A_TREE[case], target_probs=F.one_hot(torch.full((2, 6), 18), 20).float())
+    before = [args[k].clone() for k in outputs]
+    with pytest.raises(ValueError, match=NOT_A_TREE_MESSAGE):
+        domino_ops.tree_speculative_sampling_target_only(**args, backend=backend)
+    check_direct_call_raises("tree_speculative_sampling_target_only", args, NOT_A_TREE_MESSAGE)
+    assert all(torch.equal(args[k], b) for k, b in zip(outputs, before))
+
+
+@pytest.mark.parametrize("backend", wrapper_params())
+@pytest.mark.parametrize("name", ["uniform_samples", "uniform_samples_for_final_sampling"])
+@pytest.mark.parametrize("bad", [-0.5, 1.0, float("nan")])
+def test_uniforms_outside_the_unit_interval_raise(name, bad, backend):
+    """A coin outside [0, 1) would accept a child of target probability 0 (or draw a token
+    of weight 0): refused by the wrapper and the kernel, naming the argument."""
+    args = good_args()
+    args[name].view(-1)[1] = bad
+    with pytest.raises(ValueError, match=rf"{name} must be in \[0, 1\), got"):
+        domino_ops.tree_speculative_sampling_target_only(**args, backend=backend)
+    check_direct_call_raises("tree_speculative_sampling_target_only", args, rf"{name} must be in \[0, 1\), got")
+
+
 DIRECT_CASES = [
     (with_(candidates=torch.tensor([[0, 1, 2, 3, 4, 5], [7, 8, 9, 10, 20, 12]])),
      r"candidates must be token ids in \[0, 20\), got 20 at node 4 of request 1"),
     (with_(candidates=torch.tensor([[0, 1, 2, 3, 4, 5], [7, 8, 9, 10, -1, 12]])), "candidates must be token ids"),
     (with_(retrive_index=torch.tensor([[0, 1, 2, 3, 4, 5], [6, 7, 8, 9, 10, 12]])), r"retrive_index must be in \[0, "),
     (with_(retrive_next_token=torch.tensor([[1, 2, -1, 4, 5, 6]] * 2)), "retrive_next_token must be -1 or a node"),
-    (with_(retrive_next_sibling=torch.tensor([[-1, 3, -1, 1, -1, -1]] * 2),  # 1 <-> 3, never accepted:
-           target_probs=F.one_hot(torch.full((2, 6), 18), 20).float()), "retrive_next_sibling of request 0 has a cycle"),
     (with_(threshold_single=-0.5), r"threshold_single must be in \[0, 1\]"),
     (with_(threshold_acc=2.0), r"threshold_acc must be in \[0, 1\]"),
     (with_(draft_probs=torch.zeros(2, 6, 21)), "draft_probs must have the shape of target_probs"),

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 import domino_ops
 from tree_backends import GPU, check_direct_call_raises, check_wrapper_bad_input, params, run_guarded, tree_op, wrapper_params
 from tree_backends import with_ as with_args
-from tree_cases import chain_tree, links, oracle_greedy, random_tree, sgl_eagle_case, sgl_verify_args, verify_outputs
+from tree_cases import NOT_A_TREE, NOT_A_TREE_MESSAGE, chain_tree, links, oracle_greedy, random_tree, sgl_eagle_case, sgl_verify_args, verify_outputs
 
 
 
@@ -178,16 +178,18 @@ def test_wrapper_layout_and_backend():
         domino_ops.verify_tree_greedy(**args, backend="native")
 
 
-def test_sibling_cycle_raises_and_writes_nothing():
-    args = with_(retrive_next_sibling=torch.tensor([[-1, 3, -1, 1, -1, -1], [-1, -1, -1, -1, 1, -1]]),
-                 target_predict=torch.full((2, 6), 17))  # nothing matches: the walk loops on 1 <-> 3
-    before = [args[k].clone() for k in ("predicts", "accept_index", "accept_token_num")]
-    check_direct_call_raises("verify_tree_greedy", args, "retrive_next_sibling of request 0 has a cycle")
-    with pytest.raises(ValueError, match="retrive_next_sibling of request 0 has a cycle"):
-        domino_ops.verify_tree_greedy(**args, backend="native")
-    assert all(torch.equal(args[k], b) for k, b in zip(("predicts", "accept_index", "accept_token_num"), before))
-    with pytest.raises(ValueError, match="retrive_next_sibling .*has a cycle"):
-        domino_ops.verify_tree_greedy(**args, backend="reference")
+@pytest.mark.parametrize("backend", wrapper_params())
+@pytest.mark.parametrize("case", list(NOT_A_TREE))
+def test_links_that_do_not_form_a_tree_raise_and_write_nothing(case, backend):
+    """A cycle, or the root named as a child or sibling, is refused before the walk (by the
+    kernel, and by the wrapper before the reference or Triton): nothing written."""
+    outputs = ("predicts", "accept_index", "accept_token_num")
+    args = with_(**NOT_A_TREE[case], target_predict=torch.full((2, 6), 17))  # nothing matches: the walk would loop
+    before = [args[k].clone() for k in outputs]
+    with pytest.raises(ValueError, match=NOT_A_TREE_MESSAGE):
+        domino_ops.verify_tree_greedy(**args, backend=backend)
+    check_direct_call_raises("verify_tree_greedy", args, NOT_A_TREE_MESSAGE)
+    assert all(torch.equal(args[k], b) for k, b in zip(outputs, before))
 
 
 DIRECT_CASES = [

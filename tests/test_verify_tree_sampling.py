@@ -19,7 +19,7 @@ from domino_ops import reference_tree
 from domino_ops import triton as triton_ops
 from kernel_backends import emulated_cuda_kernel
 from stats import assert_matches_distribution
-from tree_backends import ALL, CPU_KERNELS, GPU, on_device_of, params, run_guarded, tree_op, wrapper_params
+from tree_backends import ALL, GPU, on_device_of, params, run_guarded, tree_op, wrapper_params
 from tree_cases import chain_tree, links, random_tree, verify_outputs
 
 
@@ -267,15 +267,45 @@ def test_wrapper_bad_input(over, exc, msg, backend):
         domino_ops.verify_tree_sampling(**args, backend=backend)
 
 
-@pytest.mark.parametrize("backend", params(CPU_KERNELS))
-def test_sibling_cycle_met_by_the_walk_raises(backend):
-    """Both children rejected: the walk loops (found by the CPU walks only; the GPU kernels
-    bound it, test_gpu_kernels_never_go_out_of_bounds_on_bad_values)."""
+NOT_A_TREE_HERE = {  # good_args' tree is 0 -> {1, 2}
+    "sibling cycle 1 <-> 2": dict(retrive_next_sibling=torch.tensor([[-1, 2, 1]] * 2)),
+    "first-child cycle 1 -> 1": dict(retrive_next_token=torch.tensor([[1, 1, -1]] * 2)),
+    # the root as its own first child, with a root candidate out of range: the walk would
+    # read (and zero) q at that token, out of bounds, had the links passed
+    "the root as a child": dict(retrive_next_token=torch.tensor([[0, -1, -1]] * 2),
+                                candidates=torch.tensor([[2**40, 1, 2]] * 2)),
+}
+
+
+@pytest.mark.parametrize("backend", wrapper_params())
+@pytest.mark.parametrize("case", list(NOT_A_TREE_HERE))
+def test_links_that_do_not_form_a_tree_raise_and_write_nothing(case, backend):
+    """Refused before the walk, by the kernel and by the wrapper before the reference or
+    Triton: nothing written, nothing read out of bounds (both children rejected here, so a
+    walk would loop)."""
+    outputs = ("predicts", "accept_index", "accept_token_num")
     args = good_args()
-    args.update(retrive_next_sibling=torch.tensor([[-1, 2, 1]] * 2),
-                target_probs=F.one_hot(torch.zeros(2, 3, dtype=torch.long), 5).float())
-    with pytest.raises(ValueError, match="cycle"):
+    args.update(NOT_A_TREE_HERE[case], target_probs=F.one_hot(torch.zeros(2, 3, dtype=torch.long), 5).float())
+    before = [args[k].clone() for k in outputs]
+    with pytest.raises(ValueError, match=r"of request 0 .*the links do not form a tree"):
         domino_ops.verify_tree_sampling(**args, backend=backend)
+    with pytest.raises(RuntimeError, match=r"of request 0 .*the links do not form a tree"):
+        torch.ops.domino_ops.verify_tree_sampling(*args.values())
+    assert all(torch.equal(args[k], b) for k, b in zip(outputs, before))
+
+
+@pytest.mark.parametrize("backend", wrapper_params())
+@pytest.mark.parametrize("name", ["uniform_samples", "uniform_samples_for_final_sampling"])
+@pytest.mark.parametrize("bad", [-0.5, 1.0, float("nan")])
+def test_uniforms_outside_the_unit_interval_raise(name, bad, backend):
+    """A coin outside [0, 1) would accept a child the target gives probability 0, or draw a
+    token of weight 0 (the reference's inverse CDF wrote token -2): refused, naming it."""
+    args = good_args()
+    args[name].view(-1)[1] = bad
+    with pytest.raises(ValueError, match=rf"{name} must be in \[0, 1\), got"):
+        domino_ops.verify_tree_sampling(**args, backend=backend)
+    with pytest.raises(RuntimeError, match=rf"{name} must be in \[0, 1\), got"):
+        torch.ops.domino_ops.verify_tree_sampling(*args.values())
 
 
 @pytest.mark.parametrize("backend", wrapper_params())

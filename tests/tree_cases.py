@@ -197,3 +197,19 @@ def oracle_greedy(children_per_request, candidates, ridx, target_predict, steps:
         acc_num.append(len(path) - 1)
     return (torch.tensor(pred, dtype=torch.int32), torch.tensor(acc_index, dtype=torch.int32).view(bs, steps),
             torch.tensor(acc_num, dtype=torch.int32))
+
+
+# Links of sgl_eagle_case that do not form a tree (each a dict of replaced link tensors): the
+# verify ops must refuse them before walking, on every backend that reads CPU values, since
+# a walk could then repeat nodes and "accept" more tokens than the tree has.
+GOOD_NEXT_TOKEN = [[1, 2, -1, 4, 5, -1], [4, 2, 3, -1, 5, -1]]
+GOOD_NEXT_SIBLING = [[-1, 3, -1, -1, -1, -1], [-1, -1, -1, -1, 1, -1]]
+NOT_A_TREE = {
+    "sibling cycle 1 <-> 3": dict(retrive_next_sibling=torch.tensor([[-1, 3, -1, 1, -1, -1], GOOD_NEXT_SIBLING[1]])),
+    "first-child cycle 1 -> 2 -> 1": dict(retrive_next_token=torch.tensor([[1, 2, 1, 4, 5, -1], GOOD_NEXT_TOKEN[1]])),
+    "the root as a child": dict(retrive_next_token=torch.tensor([[1, 2, 0, 4, 5, -1], GOOD_NEXT_TOKEN[1]])),
+    "the root as a sibling": dict(retrive_next_sibling=torch.tensor([GOOD_NEXT_SIBLING[0], [-1, -1, -1, -1, 1, 0]])),
+    "a node both a first child and a sibling": dict(
+        retrive_next_sibling=torch.tensor([[-1, 3, -1, -1, -1, 2], GOOD_NEXT_SIBLING[1]])),
+}
+NOT_A_TREE_MESSAGE = r"of request [01] .*the links do not form a tree"

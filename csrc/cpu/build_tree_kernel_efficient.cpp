@@ -57,6 +57,7 @@ void build_tree_kernel_efficient_cpu(const at::Tensor& parent_list, const at::Te
   // parent_list has its full [bs, parents] shape.
   const int64_t* plist = parent_list.numel() > 0 ? parent_list.const_data_ptr<int64_t>() : nullptr;
 
+  constexpr int64_t kMaxSeqLen = int64_t{1} << 31;
   // Values used as addresses, all checked before anything is written.
   for (int64_t i = 0; i < bs * (n - 1); ++i) {
     TORCH_CHECK(sel[i] >= 0 && sel[i] / topk < parents, "selected_index must be in [0, topk * (topk * (depth - 1) + 1)) = [0, ",
@@ -67,7 +68,9 @@ void build_tree_kernel_efficient_cpu(const at::Tensor& parent_list, const at::Te
   std::vector<int64_t> mask_offset(bs);  // FULL_MASK: first element of request b's block
   int64_t total = 0;
   for (int64_t b = 0; b < bs; ++b) {
-    TORCH_CHECK(seq[b] >= 0, "verified_seq_len must be >= 0, got ", seq[b], " at index ", b);
+    // bounded so that positions (seq + depth) and the FULL_MASK sizes cannot overflow
+    TORCH_CHECK(seq[b] >= 0 && seq[b] < kMaxSeqLen, "verified_seq_len must be a length in [0, 2^31), got ", seq[b],
+                " at index ", b);
     if (tree_mask_mode == kFullMask) {
       TORCH_CHECK(seq[b] <= mask_numel / n, "tree_mask is too small for verified_seq_len[", b, "] = ", seq[b]);
       mask_offset[b] = total;

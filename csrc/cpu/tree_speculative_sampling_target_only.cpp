@@ -88,7 +88,7 @@ void tree_speculative_sampling_target_only_cpu(
         const float* prow = p_all + (b * n + node) * vocab;
         const float coin = coins[b * n + node];
         float acc = 0.0f;
-        int64_t child = nt[node], tried = 0;
+        int64_t child = nt[node];
         while (child != -1) {
           const int64_t t = cand[b * n + child];
           TORCH_CHECK(t >= 0 && t < vocab, "candidates must be token ids in [0, ", vocab, "), got ", t,
@@ -98,7 +98,6 @@ void tree_speculative_sampling_target_only_cpu(
           if (coin <= acc / acc_div || pt >= single) break;
           rejected.push_back(t);
           child = ns[child];
-          TORCH_CHECK(++tried < n, "retrive_next_sibling of request ", b, " has a cycle");
         }
         if (child == -1) break;
         rejected.clear();

@@ -121,13 +121,12 @@ void verify_tree_sampling_cpu(at::Tensor predicts, at::Tensor accept_index, at::
       int64_t num = 0, node = 0;
       for (;;) {
         s.start(p_all + (b * n + node) * vocab, q_all + (b * n + node) * vocab, vocab);
-        int64_t child = num + 1 < steps ? nt[node] : -1, tried = 0;
+        int64_t child = num + 1 < steps ? nt[node] : -1;
         while (child != -1) {
           const int64_t x = cand[b * n + child];
           if (s.accepts(x, coins[b * n + child])) break;
           s.reject(x, scratch);
           child = ns[child];
-          TORCH_CHECK(++tried < n, "retrive_next_sibling of request ", b, " has a cycle");
         }
         if (child == -1) break;
         tok[num] = cand[b * n + child];

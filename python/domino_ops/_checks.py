@@ -97,6 +97,17 @@ def in_range(name: str, t: torch.Tensor, lo: int, hi: int, must: str = "be") -> 
         raise ValueError(f"{name} must {must} in [{lo}, {hi}), got values in [{int(t.min())}, {int(t.max())}]")
 
 
+def unit_interval(name: str, t: torch.Tensor) -> None:
+    """Raises ValueError unless every value of ``t`` is in [0, 1) (NaN is not): the coins a
+    sampler consumes. Reads the values, so only on the CPU (see :func:`in_range`)."""
+    if t.device.type != "cpu" or not t.numel():
+        return
+    bad = ~((t >= 0) & (t < 1))
+    if bool(bad.any()):
+        i = int(bad.reshape(-1).nonzero()[0])
+        raise ValueError(f"{name} must be in [0, 1), got {float(t.reshape(-1)[i])} at flat index {i}")
+
+
 def token_ids(name: str, t: torch.Tensor, vocab_size: int) -> None:
     """Checks 0 <= t < vocab_size (on the CPU: see :func:`in_range`)."""
     in_range(name, t, 0, vocab_size, "hold token ids")

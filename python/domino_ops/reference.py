@@ -169,6 +169,8 @@ def inverse_cdf_pick(w: torch.Tensor, coin) -> int:
     """The first token whose float64 running sum of the weights ``w`` [V] (>= 0; summed in
     index order, as the kernels do) exceeds ``coin * sum(w)``, else (rounding) the last token
     of positive weight, else (no positive weight) token 0."""
+    if not 0.0 <= float(coin) < 1.0:  # NaN fails too; the kernels refuse such coins
+        raise ValueError(f"a uniform must be in [0, 1), got {float(coin)}")
     if not bool((w > 0).any()):
         return 0
     cdf = torch.cumsum(w.double(), dim=0)

@@ -74,7 +74,7 @@ def build_tree_kernel_efficient(parent_list, selected_index, verified_seq_len, t
     seq = verified_seq_len.tolist()
     flat_mask = tree_mask.view(-1)
     flat_pos = positions.view(-1)
-    packed = (flat_mask.view(torch.uint8).view(flat_mask.numel(), -1)  # [words, bytes per word]
+    packed = (flat_mask.view(torch.uint8).view(flat_mask.numel(), flat_mask.element_size())  # [words, bytes]
               if tree_mask_mode == QLEN_ONLY_BITPACKING else None)
     offset = 0  # FULL_MASK: start of request b's block
     orphans = 0

@@ -213,8 +213,10 @@ def build_tree_kernel_efficient(parent_list, selected_index, verified_seq_len, t
         _no_alias({"tree_mask": tree_mask, "positions": positions, **links},
                   {"parent_list": parent_list, "selected_index": selected_index, "verified_seq_len": verified_seq_len})
         _in_range("selected_index", selected_index, 0, topk * parents)
-        if dev.type == "cpu" and bs and int(verified_seq_len.min()) < 0:
-            raise ValueError(f"verified_seq_len must be >= 0, got {verified_seq_len.tolist()}")
+        # bounded so that positions (seq + depth) and the FULL_MASK size below cannot overflow
+        if dev.type == "cpu" and bs and not 0 <= int(verified_seq_len.min()) <= int(verified_seq_len.max()) < 1 << 31:
+            raise ValueError(f"verified_seq_len must be a length in [0, 2^31), got values in "
+                             f"[{int(verified_seq_len.min())}, {int(verified_seq_len.max())}]")
         if mode == FULL_MASK and dev.type == "cpu" and tree_mask.numel() < need + int(verified_seq_len.sum()) * n:
             raise ValueError(f"tree_mask must hold sum(verified_seq_len) * draft_token_num + bs * draft_token_num^2 = "
                              f"{need + int(verified_seq_len.sum()) * n} elements in FULL_MASK mode, got {tree_mask.numel()}")
@@ -245,9 +247,27 @@ def _verify_common(predicts, accept_index, accept_token_num, candidates, retrive
 
 
 def _link_values(retrive_next_token, retrive_next_sibling, n: int) -> None:
-    for name, t in (("retrive_next_token", retrive_next_token), ("retrive_next_sibling", retrive_next_sibling)):
-        if t.device.type == "cpu" and t.numel() and (int(t.min()) < -1 or int(t.max()) >= n):
+    """On CPU tensors (device values would cost a sync), the links' values as the kernels
+    check them: -1 or a node in [0, n), forming a tree in first-child / next-sibling links:
+    the root named by no link and every other node by at most one, so that a walk from the
+    root never meets a node twice."""
+    links = (("retrive_next_token", retrive_next_token), ("retrive_next_sibling", retrive_next_sibling))
+    if retrive_next_token.device.type != "cpu" or not retrive_next_token.numel():
+        return
+    for name, t in links:
+        if int(t.min()) < -1 or int(t.max()) >= n:
             raise ValueError(f"{name} must be -1 or a node in [0, {n}), got values in [{int(t.min())}, {int(t.max())}]")
+        if bool((t == 0).any()):
+            b, u = (t == 0).nonzero()[0].tolist()
+            raise ValueError(f"{name} of request {b} names the root (node 0) at node {u}: the links do not form a tree")
+    both = torch.cat([retrive_next_token, retrive_next_sibling], dim=1)  # [bs, 2n]
+    named = both >= 0
+    rows = torch.arange(both.shape[0]).unsqueeze(1).expand_as(both)
+    counts = torch.bincount((rows * n + both)[named], minlength=both.shape[0] * n)
+    if bool((counts > 1).any()):
+        b, v = divmod(int((counts > 1).nonzero()[0]), n)
+        raise ValueError(f"retrive_next_token / retrive_next_sibling of request {b} name node {v} more than once: "
+                         "the links do not form a tree")
 
 
 def verify_tree_greedy(predicts, accept_index, accept_token_num, candidates, retrive_index,
@@ -364,6 +384,8 @@ def _sampler_args(predicts, accept_index, accept_token_num, candidates, retrive_
         _in_range("retrive_index", retrive_index, 0, predicts.numel())
         _link_values(retrive_next_token, retrive_next_sibling, n)
         _in_range("candidates", candidates[:, 1:], 0, target_probs.shape[2], "token ids")
+        _checks.unit_interval("uniform_samples", uniform_samples)
+        _checks.unit_interval("uniform_samples_for_final_sampling", uniform_samples_for_final_sampling)
     return dev, values
 
 
