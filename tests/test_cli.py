@@ -33,6 +33,8 @@ def no_loading(monkeypatch):
     (["--compare", "--repeats", "0"], "--repeats must be >= 1"),
     (["--tree", "3,4,16", "--temperature", "0.7"], "num_draft_tokens must be None"),
     (["--tree", "3,4", "--num-drafts", "3"], "--num-drafts is a chain's size"),
+    (["--lookup-tokens", "-1"], "--lookup-tokens must be >= 0"),
+    (["--datastore-tokens", "-3"], "--datastore-tokens must be >= 0"),
 ])
 def test_bad_arguments_fail_before_loading_anything(no_loading, capsys, args, msg):
     with pytest.raises(SystemExit):

@@ -108,3 +108,38 @@ def test_the_kv_cache_goes_under_the_keyword_transformers_takes():
         warnings.simplefilter("always")
         gen.generate(prompts(1), max_new_tokens=6, num_drafts=3)
     assert not [w for w in caught if "past_key_values" in str(w.message)]
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(use_head="no"), TypeError, "use_head must be a bool"),
+    (dict(stream="print"), TypeError, "stream must be a callable"),
+    (dict(generator=[torch.Generator()]), TypeError, "generator must be a torch.Generator or None"),
+    (dict(tree=TreeShape(65, 2)), ValueError, r"tree: topk \(65\) must be at most the drafter's vocabulary \(64"),
+])
+def test_engine_only_arguments_are_checked_before_any_work(gen, kwargs, error, match):
+    """Checked up front (a bad stream once failed after the prefill, naming no argument;
+    use_head="no" ran with the head on; a tree topk past the vocabulary failed in the
+    kernels, naming their num_children)."""
+    with pytest.raises(error, match=match):
+        gen.generate([1, 2, 3], max_new_tokens=4, **kwargs)
+
+
+def test_temperatures_below_greedy_below_are_greedy_requests(gen):
+    """A temperature under domino_ops.sampling.GREEDY_BELOW is the argmax: the request is a
+    greedy one everywhere (it had crashed the default tree with a seed or in a batch, and
+    alone lost the budget and lookup), and the baseline decodes it too (HF's sampler had
+    divided by it)."""
+    assert SamplingParams(1e-30).temperature == 0.0 and SamplingParams(0.5).temperature == 0.5
+    greedy = gen.generate([[3, 4, 5], [6, 7]], max_new_tokens=6).token_ids
+    tiny = gen.generate([[3, 4, 5], [6, 7]], max_new_tokens=6,
+                        sampling=[SamplingParams(1e-30, seed=1), SamplingParams(0.0)]).token_ids
+    assert tiny == greedy
+    assert gen.generate_target_only([3, 4, 5], max_new_tokens=6, temperature=1e-40).token_ids == greedy[0]
+
+
+def test_load_refuses_a_bad_drafter_or_dtype_by_name():
+    target = tiny_target("llama")
+    with pytest.raises(TypeError, match="drafter must be a checkpoint path, a DominoDraftModel or None"):
+        domino.load(target, 123, IdTokenizer())
+    with pytest.raises(TypeError, match="dtype must be a torch.dtype"):
+        domino.load(target, tiny_drafter(target), IdTokenizer(), dtype="bfloat16")

@@ -142,6 +142,9 @@ def _check_request(parser, args, tree) -> None:
             raise ValueError(f"--num-drafts must be >= 0, got {args.num_drafts}")
         if args.repeats < 1:
             raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
+        for flag, value in (("--lookup-tokens", args.lookup_tokens), ("--datastore-tokens", args.datastore_tokens)):
+            if value < 0:
+                raise ValueError(f"{flag} must be >= 0, got {value}")
     except (TypeError, ValueError) as e:
         parser.error(str(e))
 

@@ -42,7 +42,7 @@ from domino.datastore import DEFAULT_DATASTORE_TOKENS, TokenDatastore
 from domino.lookup import DEFAULT_LOOKUP_TOKENS, NgramIndex
 from domino.model import DominoDraftModel, DraftContextCache
 from domino.sampling_params import RowSampling, SamplingParams
-from domino.target import bare_generation_config, cache_kwarg, special_token_ids, target_features
+from domino.target import bare_generation_config, cache_kwarg, sliding_window, special_token_ids, target_features
 from domino.tree import (DEFAULT_TREE, TreeShape, check_tree_attention, compact_tree_cache, depths_tried,
                          graft_chains, path_acceptance, tree_attention_mask, tree_attention_supported, tree_links,
                          verify_tree)
@@ -122,7 +122,7 @@ class DominoGenerator:
         self.tokenizer = tokenizer
         self.eos_ids, self.pad_id = special_token_ids(target, tokenizer)
         self._costs: dict[int, RoundCosts] = {}
-        self._cache_kw = cache_kwarg(self.target.model.forward)  # "cache" or "past_key_values"
+        self._cache_kw = cache_kwarg(self.target.forward)  # "cache" or "past_key_values"
 
     @property
     def device(self) -> torch.device:
@@ -169,11 +169,14 @@ class DominoGenerator:
         ``mask`` is [b, past + T] bool (real tokens; causal within ids) or a 4D additive
         float mask [b, 1, T, past + T], passed to the model as it is."""
         mask = mask.long() if mask.dtype == torch.bool else mask
-        out = self.target.model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                                use_cache=True, output_hidden_states=True, **{self._cache_kw: cache})
+        # The causal LM's own forward, not its body and lm_head: some targets transform
+        # the logits after lm_head (Gemma 2's soft-capping, Cohere's and Granite's scales),
+        # and sampling must verify against the distribution the target decodes with.
+        out = self.target(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                          output_hidden_states=True, logits_to_keep=1 if last_logits_only else 0,
+                          **{self._cache_kw: cache})
         features = target_features(out.hidden_states, self.drafter.config.target_layer_ids)
-        h = out.last_hidden_state[:, -1:] if last_logits_only else out.last_hidden_state
-        return self.target.lm_head(h).float(), features
+        return out.logits.float(), features
 
     # ---- generation -------------------------------------------------------------------
 
@@ -217,6 +220,18 @@ class DominoGenerator:
         """
         seqs, batch, stop = self._encode_request(prompt, max_new_tokens, stop)
         params = self._sampling_params(len(seqs), temperature, top_k, top_p, sampling)
+        if not isinstance(use_head, bool):
+            raise TypeError(f"use_head must be a bool, got {type(use_head).__name__}")
+        if stream is not None and not callable(stream):
+            raise TypeError(f"stream must be a callable(i, new_ids) or None, got {type(stream).__name__}")
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__} "
+                            "(per-request randomness: sampling=[SamplingParams(..., seed=...), ...])")
+        window = sliding_window(self.target.config)
+        if window is not None and len(seqs) > 1:
+            raise ValueError(f"prompt: this target attends to a sliding window ({window} positions), which HF "
+                             "counts in cache slots; a batch leaves masked slots in the shared cache that would "
+                             "shift it, so give one prompt per call")
         if isinstance(tree, str) and tree == "auto":
             tree = self._default_tree(params, num_drafts)
         if tree is not None:
@@ -227,6 +242,10 @@ class DominoGenerator:
                 raise ValueError("num_drafts is a chain's size: give it with tree=None (a tree's size is "
                                  "TreeShape.num_draft_tokens)")
             check_tree_attention(self.target)
+            d_vocab = self.drafter.draft_vocab
+            vocab = self.drafter.config.vocab_size if d_vocab is None else d_vocab.numel()
+            if tree.topk > vocab:
+                raise ValueError(f"tree: topk ({tree.topk}) must be at most the drafter's vocabulary ({vocab} tokens)")
         rows = RowSampling.from_params(params, self.device, generator)
         for name, value in (("lookup_tokens", lookup_tokens), ("datastore_tokens", datastore_tokens)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -517,9 +536,10 @@ class DominoGenerator:
         seqs, batch, _ = self._encode_request(prompt, max_new_tokens)
         domino_ops.check_sampling_params(temperature, top_k, top_p)
         ids, mask = self._left_pad(seqs)
-        kw = dict(do_sample=temperature > 0, max_new_tokens=max_new_tokens, pad_token_id=self.pad_id,
+        sampled = domino_ops.sampling.may_sample(temperature)  # below GREEDY_BELOW: the argmax, as generate's
+        kw = dict(do_sample=sampled, max_new_tokens=max_new_tokens, pad_token_id=self.pad_id,
                   eos_token_id=self.eos_ids)
-        if temperature > 0:
+        if sampled:
             kw.update(temperature=temperature, top_k=top_k or None, top_p=top_p)
         else:
             kw.update(temperature=None, top_k=None, top_p=None)

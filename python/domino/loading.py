@@ -111,6 +111,8 @@ def load(target, drafter=None, tokenizer=None, *, device=None, dtype=torch.float
     (a ``device`` that names another device is an error). ``datastore``: a
     :class:`domino.datastore.TokenDatastore` of the target's outputs, or the path of one
     saved (``.npz``; its index is built once and kept in :func:`cache_dir`), or None."""
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype (e.g. torch.bfloat16), got {dtype!r}")
     if isinstance(datastore, (str, Path)):
         _say(f"loading the datastore {datastore} (indexed once, then cached in {cache_dir()})", quiet)
         datastore = TokenDatastore.load(datastore, index_dir=cache_dir() / "datastore-index")
@@ -129,6 +131,8 @@ def load(target, drafter=None, tokenizer=None, *, device=None, dtype=torch.float
     elif isinstance(drafter, (str, Path)):
         _say(f"loading the drafter from {drafter}", quiet)
         drafter = DominoDraftModel.from_pretrained(drafter, dtype=dtype, device=device)
+    elif not isinstance(drafter, DominoDraftModel):
+        raise TypeError(f"drafter must be a checkpoint path, a DominoDraftModel or None, got {type(drafter).__name__}")
     drafter = drafter.to(device)
     use_cpu_kernels(model, small_batch_linear=small_batch_linear, small_batch_attention=small_batch_attention)
     use_cpu_kernels(drafter, small_batch_linear=small_batch_linear, small_batch_attention=False)

@@ -23,6 +23,9 @@ class SamplingParams:
 
     def __post_init__(self):
         domino_ops.check_sampling_params(self.temperature, self.top_k, self.top_p)
+        # below GREEDY_BELOW a temperature is the argmax (domino_ops.sampling): stored as 0,
+        # so every later test (greedy trees, lookup, the budget) sees a greedy request
+        object.__setattr__(self, "temperature", domino_ops.sampling.effective_temperature(self.temperature))
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
             raise TypeError(f"seed must be an int or None, got {type(self.seed).__name__}")
         if self.seed is not None and not -2**63 <= self.seed < 2**64:

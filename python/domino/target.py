@@ -1,6 +1,6 @@
 """What the engine and the data pipeline read off a HF transformers target: the drafter's
-context features, the special token ids and the KV-cache keyword; and HF ``generate`` without the checkpoint's
-own logits processors."""
+context features, the special token ids, the KV-cache keyword and its attention window;
+and HF ``generate`` without the checkpoint's own logits processors."""
 
 from __future__ import annotations
 
@@ -24,6 +24,21 @@ def target_features(hidden_states: Sequence[torch.Tensor], layer_ids: Sequence[i
     ``layer_ids`` (0-based), concatenated, from HF ``hidden_states`` (embeddings first, so
     layer i's output is ``hidden_states[i + 1]``)."""
     return torch.cat([hidden_states[i + 1] for i in layer_ids], dim=-1)
+
+
+def sliding_window(config) -> int | None:
+    """The window of a target some of whose layers attend only to the last ``window``
+    positions (Mistral, Gemma 2/3, Qwen2 with ``use_sliding_window``), else None. HF builds
+    that window from KV-cache slots, not positions, so the engine's tree masks and the
+    masked holes a batched round leaves in the cache would widen or shift it."""
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    window = getattr(config, "sliding_window", None)
+    if not window:
+        return None
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        return window if "sliding_attention" in layer_types else None
+    return None if getattr(config, "use_sliding_window", True) is False else window
 
 
 def special_token_ids(target, tokenizer) -> tuple[list[int], int]:

@@ -27,6 +27,7 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 import domino_ops
 from domino_ops.tree_draft import DraftTree, candidate_parents, tree_size
 from domino.sampling_params import RowSampling, SamplingParams
+from domino.target import sliding_window
 
 
 def _positive_int(name: str, v) -> None:
@@ -103,12 +104,19 @@ MASKABLE_ATTENTION = ("eager", "sdpa", "domino_small_batch")
 
 
 def tree_attention_supported(target) -> bool:
-    """Whether the target's attention takes the tree's 4D float mask."""
-    return getattr(target.config, "_attn_implementation", None) in MASKABLE_ATTENTION
+    """Whether the target's attention takes the tree's 4D float mask as its whole mask: an
+    implementation that applies it, and no sliding-window layers (HF would apply the
+    tree's mask there unwindowed)."""
+    return (getattr(target.config, "_attn_implementation", None) in MASKABLE_ATTENTION
+            and sliding_window(target.config) is None)
 
 
 def check_tree_attention(target) -> None:
     """Raises ValueError unless the target's attention takes the tree's 4D float mask."""
+    window = sliding_window(target.config)
+    if window is not None:
+        raise ValueError(f"tree: tree speculation needs full attention in every layer; this target attends to a "
+                         f"sliding window ({window} positions) in some: use tree=None (chains)")
     if not tree_attention_supported(target):
         impl = getattr(target.config, "_attn_implementation", None)
         raise ValueError(f"tree: tree speculation needs the target's attention implementation to be one of "
