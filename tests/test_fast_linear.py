@@ -182,6 +182,37 @@ def test_small_batch_attention_leaves_softcap_and_sinks_to_hf(monkeypatch):
     assert len(calls) == 2 and out.shape == (1, 3, 2, 8)
 
 
+def test_small_batch_attention_leaves_non_causal_and_float16_to_hf(monkeypatch):
+    """An encoder's (is_causal False) or a float16 attention is HF's, not made causal or
+    refused by the kernel."""
+    import transformers.integrations.sdpa_attention as sdpa
+
+    from domino.fast_attention import small_batch_attention_forward
+
+    monkeypatch.setattr(sdpa, "sdpa_attention_forward", lambda *a, **kw: ("hf", None))
+    q, k = torch.randn(1, 2, 3, 8), torch.randn(1, 1, 3, 8)
+    module = torch.nn.Module()
+    assert small_batch_attention_forward(module, q, k, k, None, is_causal=False)[0] == "hf"
+    module.is_causal = False
+    assert small_batch_attention_forward(module, q, k, k, None)[0] == "hf"
+    assert small_batch_attention_forward(torch.nn.Module(), q.half(), k.half(), k.half(), None)[0] == "hf"
+
+
+def test_small_batch_attention_with_a_static_cache_equals_sdpa():
+    """HF gives no mask to a first forward into an empty static cache and means sdpa's
+    top-left causal mask (the slots past the prompt are empty): greedy generation with the
+    static cache gives sdpa's tokens (the kernel's bottom-right rule once let the prompt
+    see the empty slots: other tokens, no error)."""
+    model = target("qwen3", torch.float32)
+    ids = torch.randint(1, 64, (1, 6), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        ref = model.generate(ids, max_new_tokens=8, do_sample=False, cache_implementation="static")
+        use_small_batch_attention(model)
+        got = model.generate(ids, max_new_tokens=8, do_sample=False, cache_implementation="static")
+        undo_small_batch_attention(model)
+    assert torch.equal(got, ref)
+
+
 def test_small_batch_attention_matches_sdpa_and_undoes():
     model = target("qwen3", torch.float32)
     ids = torch.randint(0, 64, (1, 12))

@@ -181,3 +181,30 @@ def test_op_checks_what_the_wrapper_skips():
         op(q, k, v, None, 0.5, torch.empty(1, 2, 3, 5))
     with pytest.raises(RuntimeError, match="contiguous in its last dimension"):
         op(q, torch.zeros(1, 1, 5, 8)[..., ::2], v, None, 0.5, out)
+
+
+def test_op_refuses_an_out_that_shares_memory():
+    """out is written while q, k, v and the mask are read: a strided out over any of them,
+    or a broadcast (self-overlapping) out, is refused by the op (HF's own out, a fresh
+    tensor's transposed view, passes)."""
+    q, k, v = make(1, 2, 1, 3, 5, 4, torch.float32, 0)
+    mask = torch.zeros(1, 2, 3, 5, dtype=torch.float32)
+    with pytest.raises(RuntimeError, match="out must not share memory with q"):
+        op(q, k, v, None, 0.5, q.as_strided(q.shape, (24, 4, 8, 1)))  # a strided view of q's own bytes
+    with pytest.raises(RuntimeError, match="out must not share memory with mask"):
+        op(q, k, v, mask, 0.5, mask.view(-1)[:24].view(1, 3, 2, 4).transpose(1, 2))
+    with pytest.raises(RuntimeError, match="out must not overlap itself"):
+        op(q, k, v, None, 0.5, torch.empty(1, 1, 3, 4).expand(1, 2, 3, 4))
+    fresh = torch.empty(1, 3, 2, 4)
+    op(q, k, v, None, 0.5, fresh.transpose(1, 2))
+
+
+@pytest.mark.parametrize("name", ["q", "mask", "out"])
+def test_op_refuses_a_meta_tensor_among_cpu_ones(name):
+    """The dispatcher sends any call with a meta argument to the fake kernel: it refuses a
+    mix rather than leave a CPU out unwritten."""
+    q, k, v = make(1, 2, 1, 3, 5, 4, torch.float32, 0)
+    args = dict(q=q, k=k, v=v, mask=torch.ones(1, 1, 3, 5, dtype=torch.bool), out=torch.empty(1, 2, 3, 4))
+    args[name] = args[name].to("meta")
+    with pytest.raises(RuntimeError, match="every tensor must be on one device"):
+        op(args["q"], args["k"], args["v"], args["mask"], 0.5, args["out"])

@@ -238,3 +238,58 @@ def test_fast_linear_runs_packed_and_repacks_a_changed_weight():
     assert "weight" in dict(lin.named_parameters()) and len(lin.state_dict()) == 2  # no packed copy in it
     undo_small_batch_linear(lin)
     assert not runs_packed(lin) and "_domino_packed" not in lin.__dict__
+
+
+@needs_cpu
+def test_fast_linear_repacks_a_new_weight_at_the_old_ones_address():
+    """A replaced weight can land at the freed address of the packed one with the same
+    version (0, as every fresh tensor): the cache knows the tensor itself, not its address.
+    64 MiB weights: each its own mmap, so the allocator hands the freed range straight back."""
+    from domino.fast_linear import use_small_batch_linear
+
+    N, K = 4096, 8192
+    lin = torch.nn.Linear(1, 1, bias=False)
+    lin.weight = torch.nn.Parameter(torch.randn(N, K, dtype=torch.bfloat16))
+    use_small_batch_linear(lin)  # packs it
+    lin.weight = torch.nn.Parameter(torch.zeros(N, K, dtype=torch.bfloat16))  # the first one freed
+    lin.weight = torch.nn.Parameter(torch.full((N, K), 3.0, dtype=torch.bfloat16))
+    x = torch.ones(2, K, dtype=torch.bfloat16)
+    with torch.no_grad():
+        assert (lin(x) == 3.0 * K).all()
+
+
+@needs_cpu
+def test_fast_linear_switches_inference_and_empty_weights_and_pickles():
+    """Weights made under inference_mode (no version counter) switch and run; an empty
+    layer falls back to F.linear; a switched model survives torch.save / torch.load."""
+    import io
+
+    from domino.fast_linear import uses_small_batch_linear, use_small_batch_linear
+
+    with torch.inference_mode():
+        lin = torch.nn.Linear(40, 100).bfloat16()
+    use_small_batch_linear(lin)
+    x = torch.randn(3, 40).bfloat16()
+    with torch.inference_mode():
+        torch.testing.assert_close(lin(x), F.linear(x, lin.weight, lin.bias), atol=5e-2, rtol=5e-2)
+    for k, n in ((0, 5), (5, 0)):
+        empty = use_small_batch_linear(torch.nn.Linear(k, n).bfloat16())
+        xe = torch.randn(2, k).bfloat16()
+        with torch.no_grad():
+            assert torch.equal(empty(xe), F.linear(xe, empty.weight, empty.bias))
+    model = use_small_batch_linear(torch.nn.Sequential(torch.nn.Linear(8, 4)))
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    back = torch.load(io.BytesIO(buf.getvalue()), weights_only=False)
+    assert uses_small_batch_linear(back)
+    with torch.no_grad():
+        xx = torch.randn(2, 8)
+        assert torch.equal(back(xx), model(xx))
+
+
+def test_fast_linear_follows_cpu_autocast():
+    from domino.fast_linear import use_small_batch_linear
+
+    lin = use_small_batch_linear(torch.nn.Linear(16, 8))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert lin(torch.randn(2, 16)).dtype == torch.bfloat16  # as nn.Linear under autocast

@@ -33,7 +33,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "cpu/isa.h"
@@ -41,6 +43,24 @@
 
 namespace domino::cpu {
 namespace {
+
+
+// The bytes [first, last) a strided tensor's elements can occupy.
+std::pair<uintptr_t, uintptr_t> byte_extent(const at::Tensor& t) {
+  auto lo = reinterpret_cast<uintptr_t>(t.data_ptr()), hi = lo;
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    const int64_t reach = (t.size(d) - 1) * t.stride(d) * static_cast<int64_t>(t.element_size());
+    (reach < 0 ? lo : hi) += reach;
+  }
+  return {lo, hi + t.element_size()};
+}
+
+bool extents_intersect(const at::Tensor& a, const at::Tensor& b) {
+  if (a.numel() == 0 || b.numel() == 0) return false;
+  const auto [a0, a1] = byte_extent(a);
+  const auto [b0, b1] = byte_extent(b);
+  return a0 < b1 && b0 < a1;
+}
 
 void check_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                 const std::optional<at::Tensor>& mask, const at::Tensor& out) {
@@ -77,12 +97,13 @@ void check_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                     m.size(2) == M && m.size(3) == N,
                 "mask must have shape [", B, " or 1, ", Hq, " or 1, ", M, ", ", N, "], got ", m.sizes());
   }
-  for (const auto* t : {&q, &k, &v}) {  // strided views are "too hard" to tell: allowed
-    const auto overlap = out.numel() == 0 || t->numel() == 0 ? at::MemOverlapStatus::No
-                                                             : at::get_overlap_status(out, *t);
-    TORCH_CHECK(overlap != at::MemOverlapStatus::Full && overlap != at::MemOverlapStatus::Partial,
-                "out must not overlap q, k or v");
-  }
+  // out is written while q, k, v and the mask are read: their byte ranges must be
+  // disjoint (a strided out, as HF's transposed output, is compared by its extent), and
+  // out must not overlap itself (a stride-0 view)
+  TORCH_CHECK(at::has_internal_overlap(out) != at::MemOverlap::Yes, "out must not overlap itself (a broadcast view)");
+  const at::Tensor* m = mask.has_value() && mask->defined() ? &*mask : nullptr;
+  for (const auto& [t, name] : {std::pair{&q, "q"}, std::pair{&k, "k"}, std::pair{&v, "v"}, std::pair{m, "mask"}})
+    TORCH_CHECK(t == nullptr || !extents_intersect(out, *t), "out must not share memory with ", name);
 }
 
 template <typename T, typename MaskT>

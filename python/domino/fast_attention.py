@@ -31,15 +31,23 @@ def small_batch_attention_forward(module, query, key, value, attention_mask, dro
     """A HF attention function: query [b, Hq, q, d], key / value [b, Hkv, kv, d] (the cache
     included), attention_mask None, bool or additive float [b, 1, q, >= kv]; returns the
     output [b, q, Hq, d] (contiguous) and no weights."""
-    # Off the CPU, dropout, or what the kernel does not compute (Gemma's logit softcap,
+    # Off the CPU, dtypes the kernel lacks (float16), dropout, attention that is not
+    # causal (an encoder's), or what the kernel does not compute (Gemma's logit softcap,
     # attention sinks): HF's own attention.
-    if (query.device.type != "cpu" or (dropout and module.training) or kwargs.get("softcap") is not None
-            or kwargs.get("s_aux") is not None):
+    if (query.device.type != "cpu" or query.dtype not in (torch.float32, torch.bfloat16)
+            or (dropout and module.training) or not kwargs.get("is_causal", getattr(module, "is_causal", True))
+            or kwargs.get("softcap") is not None or kwargs.get("s_aux") is not None):
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     b, h, q, d = query.shape
+    if attention_mask is None and q > 1 and key.shape[2] > q:
+        # HF's mask function returns None for a first forward into an empty static cache
+        # (q_offset 0) and means sdpa's top-left causal mask: query i sees keys 0..i, the
+        # slots past the queries are empty. The kernel's no-mask rule is bottom-right
+        # (the queries are the last keys), so it gets exactly the first q keys.
+        key, value = key[:, :, :q], value[:, :, :q]
     mask = None if attention_mask is None else attention_mask[:, :, :, :key.shape[2]]
     out = torch.empty(b, q, h, d, dtype=query.dtype)
     # The op itself (its C++ checks name any bad argument): the validating Python wrapper

@@ -9,7 +9,8 @@ restores the original forwards.
 A switched layer uses the kernel when it can, and ``torch.nn.functional.linear`` (the
 original behaviour) otherwise: off the CPU, for dtypes other than float32/bfloat16, when x
 and the weight differ in dtype, for a non-contiguous weight, or when autograd needs a
-graph (grad mode on and x or a parameter requiring grad). So run the model under
+graph (grad mode on and x or a parameter requiring grad), under CPU autocast (whose dtype
+rules then apply), or for an empty weight. So run the model under
 ``torch.inference_mode()`` or ``torch.no_grad()``, as the engine and HF ``generate`` do.
 
 With the kernel, row i of a layer's output is bit-identical however many tokens the
@@ -22,7 +23,10 @@ one-token forwards (tests/test_fast_linear.py).
 
 On a CPU with AVX512-BF16 (the kernel's "avx512_bf16" path) a bf16 layer runs
 ``domino_ops.small_batch_linear_packed`` instead, on a copy of its weight packed at switch
-time (repacked if the weight changes in place or is replaced): 1.2-1.5x faster at the
+time (repacked when the weight is replaced by another tensor or changed in place through
+its own in-place ops; a change made through ``weight.data``, or to an inference tensor
+inside ``torch.inference_mode()``, bypasses the version counter that tells: switch the
+model again after such a change): 1.2-1.5x faster at the
 6-16 rows of a verification on SmolLM2's layers (Zen 4, in cache), as fast or faster at
 one row, and just as batch-invariant. The copy doubles the memory of the switched bf16
 weights (a plain attribute: the parameters and ``state_dict`` are unchanged);
@@ -31,7 +35,7 @@ weights (a plain attribute: the parameters and ``state_dict`` are unchanged);
 
 from __future__ import annotations
 
-import types
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -41,7 +45,7 @@ __all__ = ["use_small_batch_linear", "undo_small_batch_linear", "uses_small_batc
 
 _FLAG = "_domino_small_batch_linear"
 _PACKS = "_domino_packs"  # whether the layer runs the packed kernel for bf16 x and weights
-_PACKED = "_domino_packed"  # (weight's data_ptr, its version, PackedLinearWeight)
+_PACKED = "_domino_packed"  # (the weight tensor, its version, PackedLinearWeight)
 _DTYPES = (torch.float32, torch.bfloat16)
 
 
@@ -49,7 +53,8 @@ def _small_batch_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor
     w, b = self.weight, self.bias
     if (x.device.type != "cpu" or w.device.type != "cpu" or x.dtype != w.dtype or x.dtype not in _DTYPES
             or (b is not None and (b.dtype != w.dtype or b.device.type != "cpu"))
-            or not w.is_contiguous() or x.shape[-1] != w.shape[1]
+            or not w.is_contiguous() or x.shape[-1] != w.shape[1] or w.numel() == 0
+            or torch.is_autocast_enabled("cpu")
             or (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad
                                              or (b is not None and b.requires_grad)))):
         return F.linear(x, w, b)
@@ -73,10 +78,12 @@ def packed_weight(mod: torch.nn.Linear):
     import domino_ops
 
     w = mod.weight
-    key = (w.data_ptr(), w._version)
+    # The tensor itself, not its address: a new weight can land at a freed one's address
+    # with the same (initial) version. Keeping it also keeps that address taken.
+    version = 0 if w.is_inference() else w._version  # inference tensors count no versions
     cached = mod.__dict__.get(_PACKED)
-    if cached is None or cached[:2] != key:
-        cached = (*key, domino_ops.pack_small_batch_linear_weight(w))
+    if cached is None or cached[0] is not w or cached[1] != version:
+        cached = (w, version, domino_ops.pack_small_batch_linear_weight(w))
         mod.__dict__[_PACKED] = cached
     return cached[2]
 
@@ -103,11 +110,14 @@ def use_small_batch_linear(model: torch.nn.Module) -> torch.nn.Module:
     packs = _cpu_packs()
     for mod in model.modules():
         if type(mod) is torch.nn.Linear and not getattr(mod, _FLAG, False):
-            mod.forward = types.MethodType(_small_batch_forward, mod)
+            w = mod.weight
+            if packs and w.dtype == torch.bfloat16 and w.device.type == "cpu" and w.numel():
+                packed_weight(mod)  # now, not inside the first (timed) forward; before switching, so
+                # a failure leaves the layer as it was
+            # a partial (not a bound method): a switched model still pickles (torch.save(model))
+            mod.forward = functools.partial(_small_batch_forward, mod)
             setattr(mod, _FLAG, True)
             setattr(mod, _PACKS, packs)
-            if packs and mod.weight.dtype == torch.bfloat16 and mod.weight.device.type == "cpu":
-                packed_weight(mod)  # now, not inside the first (timed) forward
     return model
 
 

@@ -61,16 +61,26 @@ def _verify_tree_sampling_fake(predicts, accept_index, accept_token_num, candida
     return None
 
 
+def _one_device(op: str, **tensors) -> None:
+    """The fake kernels also run when a caller mixes a meta tensor with real ones (the
+    dispatcher picks them for any meta argument): refuse that, as the kernels would, rather
+    than leave a real ``out`` unwritten."""
+    devices = {name: t.device for name, t in tensors.items() if t is not None}
+    if len({d.type for d in devices.values()}) > 1:
+        raise RuntimeError(f"{op}: every tensor must be on one device, got "
+                           + ", ".join(f"{name} on {d}" for name, d in devices.items()))
+
+
 @torch.library.register_fake("domino_ops::small_batch_linear")
 def _small_batch_linear_fake(x, weight, bias, out):
-    return None
+    _one_device("small_batch_linear", x=x, weight=weight, bias=bias, out=out)
 
 
 @torch.library.register_fake("domino_ops::small_batch_linear_packed")
 def _small_batch_linear_packed_fake(x, packed_weight, out_features, bias, out):
-    return None
+    _one_device("small_batch_linear_packed", x=x, packed_weight=packed_weight, bias=bias, out=out)
 
 
 @torch.library.register_fake("domino_ops::small_batch_attention")
 def _small_batch_attention_fake(q, k, v, mask, scale, out):
-    return None
+    _one_device("small_batch_attention", q=q, k=k, v=v, mask=mask, out=out)
