@@ -39,6 +39,8 @@ def main() -> None:
     p.add_argument("--eval-shards", type=int, nargs="*", default=[0], help="held out: never in the datastore")
     args = p.parse_args()
     seqs = responses(args.data, args.upto, set(args.eval_shards))
+    if not seqs:
+        p.error(f"--data: no responses in {args.data} below shard {args.upto} (outside --eval-shards)")
     store = TokenDatastore.from_sequences(seqs, sizes=(4,))  # the index is rebuilt on load
     store.save(args.out)
     print(f"{len(seqs)} responses, {sum(map(len, seqs))} tokens -> {args.out} ({args.out.stat().st_size / 1e6:.1f} MB)")

@@ -39,6 +39,10 @@ def load_shards(directory: Path, shards: list[int] | None = None, max_shards: in
         files = [f for f in files if int(f.stem.split("_")[1]) in shards]
     for f in files[:max_shards]:
         path = str(f.with_suffix(".features.safetensors"))
+        if not Path(path).exists():
+            raise ValueError(f"{f.name} has no features ({Path(path).name}: token shards are committed, features "
+                             f"are not): rebuild them with python -m training.generate_data --out {directory} "
+                             "--target-tokens 0 (and the same --target), or leave the shard out of --train-shards")
         if layer_ids is not None:
             with safe_open(path, "pt") as sf:
                 made = json.loads((sf.metadata() or {}).get("layer_ids", "null"))

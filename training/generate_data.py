@@ -384,6 +384,12 @@ def main() -> None:
     parser.add_argument("--worker", type=parse_worker, default=(0, 1), metavar="I/N",
                         help="take only the shards whose index is I mod N (run N processes for I = 0..N-1)")
     args = parser.parse_args()
+    # checked before anything is loaded or written (dataset.json records them)
+    for name in ("batch_size", "max_new_tokens", "max_prompt_tokens", "top_k", "shards_per_batch"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.target_tokens < 0:
+        parser.error(f"--target-tokens must be >= 0, got {args.target_tokens}")
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -403,6 +409,9 @@ def main() -> None:
     eos, pad = special_token_ids(model, tok)
     eos = set(eos)
     layer_ids = default_drafter_config(model.config).target_layer_ids
+    if args.top_k > model.config.get_text_config().vocab_size:
+        parser.error(f"--top-k must be at most the target's vocabulary ({model.config.get_text_config().vocab_size}), "
+                     f"got {args.top_k}")
 
     if args.prompts_file:
         with gzip.open(args.prompts_file, "rt") as f:
