@@ -366,6 +366,10 @@ def main(argv=None) -> dict:
         held = load_shards(args.data, args.eval_shards, layer_ids=c.target_layer_ids)
     except ValueError as e:
         raise SystemExit(f"--data: {e}")
+    written = sum(int((conv.tokens[conv.prompt_len:] == c.mask_token_id).sum()) for conv in train)
+    if written:  # the block [anchor, MASK, ...] must not look like text the target writes
+        raise SystemExit(f"--mask-token-id: the target writes token {c.mask_token_id} ({written} times in the "
+                         "training responses): choose a special token it never writes")
     if args.loss != "ce" and any(conv.top_ids is None for conv in train):
         raise SystemExit(f"--loss {args.loss}: distillation needs the target's stored top-k log-probabilities, and "
                          f"some shards of {args.data} have none (made before they were stored): rebuild their "
