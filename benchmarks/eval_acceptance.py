@@ -62,7 +62,10 @@ def mean_tau(gen, prompts, *, use_head: bool, temperature: float, max_new_tokens
 
 def cmd_tau(args) -> None:
     options = {} if args.fp32 else DEFAULT_OPTIONS
-    gen = domino.load(smollm2_dir(), args.drafter or DEFAULT_DRAFTER_DIR, quiet=False, **options)
+    if args.target is not None and (args.drafter is None or args.prompts == "chat"):
+        raise SystemExit("--target: give the --drafter trained for it, and --prompts humaneval (the chat prompts are "
+                         "SmolLM2's token ids)")
+    gen = domino.load(args.target or smollm2_dir(), args.drafter or DEFAULT_DRAFTER_DIR, quiet=False, **options)
     prompts = chat_prompts(args.num_prompts) if args.prompts == "chat" else humaneval_prompts(args.num_prompts)
     rows, t0 = [], time.perf_counter()
     for T in args.temperatures:
@@ -99,7 +102,7 @@ def cmd_ablation(args) -> None:
     for run in args.runs:
         run = Path(run)
         log = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
-        gen = domino.load(target or smollm2_dir(), run / "drafter", **DEFAULT_OPTIONS)
+        gen = domino.load(target or args.target or smollm2_dir(), run / "drafter", **DEFAULT_OPTIONS)
         target = gen.target
         on, off = (mean_tau(gen, prompts, use_head=h, temperature=0.0, max_new_tokens=args.max_new_tokens)
                    for h in (True, False))
@@ -182,6 +185,8 @@ def main() -> None:
     sub = parser.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("tau")
     t.add_argument("--drafter", type=Path, default=None)
+    t.add_argument("--target", type=Path, default=None, help="a HF target dir (default: SmolLM2-135M-Instruct); "
+                                                              "with its own --drafter")
     t.add_argument("--num-prompts", type=int, default=40)
     t.add_argument("--max-new-tokens", type=int, default=96)
     t.add_argument("--prompts", choices=("humaneval", "chat"), default="humaneval")
@@ -190,6 +195,7 @@ def main() -> None:
                    help="fp32 models with PyTorch's kernels (the earlier records' configuration)")
     a = sub.add_parser("ablation")
     a.add_argument("runs", nargs="+")
+    a.add_argument("--target", type=Path, default=None, help="the runs' HF target dir (default: SmolLM2-135M-Instruct)")
     a.add_argument("--num-prompts", type=int, default=24)
     a.add_argument("--max-new-tokens", type=int, default=64)
     a.add_argument("--out", type=Path, default=RESULTS / "curriculum_backbone_loss.png", help="the loss plot")
