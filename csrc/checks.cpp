@@ -1,4 +1,5 @@
 // Argument checks shared by every device's entry points (see ops.h).
+#include <ATen/Dispatch.h>
 #include <ATen/MemoryOverlap.h>
 #include <c10/util/Exception.h>
 
@@ -12,10 +13,15 @@ namespace domino {
 
 void check_unit_interval(const at::Tensor& t, const char* name) {
   if (!t.device().is_cpu() || t.numel() == 0) return;
-  const at::Tensor bad = t.ge(0).logical_and(t.lt(1)).logical_not();
-  if (!at::any(bad).item<bool>()) return;
-  const int64_t i = bad.reshape(-1).nonzero()[0].item<int64_t>();
-  TORCH_CHECK(false, name, " must be in [0, 1), got ", t.reshape(-1)[i].item<double>(), " at flat index ", i);
+  // A plain scan of the few uniforms a call takes: these checks run on every sampling
+  // call, where a chain of tensor ops would allocate temporaries each time.
+  const at::Tensor u = t.contiguous();  // the callers' tensors already are: no copy
+  AT_DISPATCH_FLOATING_TYPES(u.scalar_type(), "check_unit_interval", [&] {
+    const scalar_t* p = u.const_data_ptr<scalar_t>();
+    for (int64_t i = 0; i < u.numel(); ++i)  // NaN fails both comparisons
+      TORCH_CHECK(p[i] >= scalar_t(0) && p[i] < scalar_t(1), name, " must be in [0, 1), got ",
+                  static_cast<double>(p[i]), " at flat index ", i);
+  });
 }
 
 namespace {

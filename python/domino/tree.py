@@ -117,8 +117,8 @@ def check_tree_attention(target) -> None:
     if window is not None:
         raise ValueError(f"tree: tree speculation needs full attention in every layer; this target attends to a "
                          f"sliding window ({window} positions) in some: use tree=None (chains)")
-    if not tree_attention_supported(target):
-        impl = getattr(target.config, "_attn_implementation", None)
+    impl = getattr(target.config, "_attn_implementation", None)
+    if impl not in MASKABLE_ATTENTION:
         raise ValueError(f"tree: tree speculation needs the target's attention implementation to be one of "
                          f"{MASKABLE_ATTENTION} (a 4D tree mask), got {impl!r}; set it with "
                          f"target.set_attn_implementation('sdpa')")
