@@ -16,13 +16,12 @@ import domino_ops
 from domino_ops import reference
 from domino_ops import triton as triton_ops
 from domino_ops.sampling import kernel_sampling_args
-from kernel_backends import TRITON, emulated_cuda_kernel
+from kernel_backends import emulated_cuda_kernel
 from kernel_cases import head_input_strategy, head_rollout_inputs, weights_as_float64
 from poisoned_calls import run_head_poisoned
 from stats import assert_matches_distribution
 from tree_backends import GPU, device_of, params
 
-TRITON_SKIP = TRITON.skip_reason
 
 SIZES = dict(b=[1, 3], k=[1, 4], V=[1, 7, 300], r=[1, 16, 33], G=[1, 24], H=[1, 8])
 # The GPU backends' cases (emulated blocks and interpreted programs are slow): head_rollout_inputs
@@ -451,9 +450,15 @@ def test_wrapper_rejects_w2_packed_with_float32_weights_or_the_triton_backend():
     fp32 = args()
     with pytest.raises(ValueError, match="w2_packed needs a bfloat16 w2"):
         domino_ops.domino_head_expand(**fp32, w2_packed=domino_ops.pack_small_batch_linear_weight(fp32["w2"]))
-    if TRITON_SKIP is None:
+    # Triton takes CPU tensors only under the interpreter (on a GPU machine it refuses them
+    # before w2_packed is looked at); CUDA tensors with the CPU layout are refused anywhere.
+    if triton_ops.available(torch.device("cpu")):
         with pytest.raises(ValueError, match="w2_packed is a CPU layout"):
             domino_ops.domino_head_expand(**packed_args(), backend="triton")
+    if torch.cuda.is_available():
+        on_gpu = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in packed_args().items()}
+        with pytest.raises(ValueError, match="w2_packed is a CPU layout"):
+            domino_ops.domino_head_expand(**on_gpu)
 
 
 def op_args(a):
