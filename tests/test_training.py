@@ -83,6 +83,58 @@ def test_shards_regenerated_together_split_into_each_shards_own(tiny_run):
         split_regenerated(parts[0], [2])
 
 
+@pytest.mark.parametrize("temperature", [0.5, 1.3])
+def test_sampled_passes_draw_each_token_from_the_target_at_the_temperature(temperature):
+    """SampleAtTemperature leaves one finite score per row, drawn from softmax(logits / T);
+    a sampler at temperature 1 (the negative control) fails the same test."""
+    from stats import assert_matches_distribution
+
+    from training.generate_data import SampleAtTemperature
+
+    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0, 1.5, 0.2])
+    scores = logits.expand(20000, -1).clone()
+    out = SampleAtTemperature(temperature, torch.Generator().manual_seed(3))(None, scores)
+    assert (torch.isfinite(out).sum(1) == 1).all() and (out.max(1).values == 0).all()
+    drawn = out.argmax(1).numpy()
+    assert_matches_distribution(drawn, torch.softmax(logits.double() / temperature, 0).numpy())
+    with pytest.raises(AssertionError):
+        assert_matches_distribution(drawn, torch.softmax(logits.double(), 0).numpy())
+
+
+def test_sampled_responses_are_reproducible_and_store_the_targets_own_logprobs(tiny_run):
+    """regenerate(temperature > 0): the same generator seed gives the same responses, other
+    text than greedy decoding, and the stored top-k log-probabilities are the target's at
+    temperature 1 on the sampled text (equal to a teacher-forced forward's: the recorder saw
+    the raw logits, not the sampler's)."""
+    from domino.config import default_drafter_config
+    from training.generate_data import features_from_ids
+
+    _, target = tiny_run
+    layer_ids = default_drafter_config(target.config).target_layer_ids
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(2, 64, (int(torch.randint(3, 9, (1,), generator=g)),), generator=g).tolist()
+               for _ in range(6)]
+    run = lambda **kw: regenerate(target, prompts, layer_ids, eos={1}, pad=0, max_new_tokens=16, **kw)  # noqa: E731
+    a = run(temperature=0.9, generator=torch.Generator().manual_seed(7))
+    b = run(temperature=0.9, generator=torch.Generator().manual_seed(7))
+    assert a.records == b.records
+    assert a.records != run().records
+    forced = features_from_ids(target, a.records, layer_ids, pad=0, top_k=32)
+    assert torch.equal(a.top_ids[:, 0], forced.top_ids[:, 0])
+    torch.testing.assert_close(a.top_logprobs, forced.top_logprobs, atol=2e-3, rtol=1e-3)
+    with pytest.raises(ValueError, match="needs a generator"):
+        run(temperature=0.9)
+
+
+def test_shard_batches_never_mix_passes():
+    from training.generate_data import shard_batches
+
+    todo = [1, 2, 3, 4, 5, 7, 8, 9, 12]
+    batches = shard_batches(todo, n_shards=5, per_batch=3)
+    assert batches == [[1, 2, 3], [4], [5, 7, 8], [9], [12]]
+    assert shard_batches(todo, 5, 1) == [[i] for i in todo]
+
+
 def test_draft_hidden_is_the_contiguous_draft_positions():
     from domino.config import default_drafter_config
     from domino.model import DominoDraftModel
@@ -121,7 +173,8 @@ def test_generate_data_worker_rejects_bad_splits(text):
 
 
 @pytest.mark.parametrize("flag, value", [("--batch-size", "0"), ("--max-new-tokens", "0"), ("--top-k", "0"),
-                                         ("--shards-per-batch", "0"), ("--target-tokens", "-1")])
+                                         ("--shards-per-batch", "0"), ("--target-tokens", "-1"), ("--passes", "0"),
+                                         ("--sample-temperature", "0"), ("--sample-temperature", "nan")])
 def test_generate_data_refuses_bad_settings_before_writing_anything(tmp_path, monkeypatch, capsys, flag, value):
     """Checked before the target loads and before dataset.json records the settings (a bad
     value used to crash later and stay recorded, refusing the corrected rerun)."""
@@ -400,6 +453,23 @@ def test_no_training_shard_left_is_refused_by_name(tiny_run, tmp_path):
         run_train(root, tmp_path / "run", "--steps", "1", "--eval-shards", "0", "1", "2")
 
 
+def test_shards_holding_the_held_out_prompts_are_not_trained_on(tiny_run, tmp_path, capsys):
+    """A later pass over the prompt order (generate_data --passes) holds the held-out shard's
+    prompts again: named when asked for, left out of the default selection."""
+    import shutil
+
+    root, _ = tiny_run
+    data = tmp_path / "root" / "data"
+    shutil.copytree(root / "data", data)
+    (tmp_path / "root" / "target").symlink_to(root / "target")
+    for suffix in (".jsonl", ".features.safetensors"):  # shard 3: shard 0's prompts again
+        shutil.copy(data / f"shard_00000{suffix}", data / f"shard_00003{suffix}")
+    with pytest.raises(SystemExit, match=r"--train-shards: shards \[3\] hold prompts of the held-out shards \[0\]"):
+        run_train(tmp_path / "root", tmp_path / "run", "--steps", "1", "--train-shards", "1", "3")
+    run_train(tmp_path / "root", tmp_path / "run2", "--steps", "1")
+    assert "left out shards [3]" in capsys.readouterr().out
+
+
 def test_a_finished_run_saves_no_calibration_of_its_start(tiny_run, tmp_path):
     """--init-from a calibrated drafter: the new weights are saved without its calibration
     (and a stale calibration.json in the output is removed)."""
@@ -426,7 +496,8 @@ def test_a_dataset_refuses_shards_made_another_way(tmp_path):
     from training.generate_data import check_manifest, dataset_manifest
 
     target, tok = tiny_target("llama", vocab=64), type("Tok", (), {"__len__": lambda self: 64})()
-    args = argparse.Namespace(batch_size=64, max_new_tokens=256, max_prompt_tokens=256, top_k=32)
+    args = argparse.Namespace(batch_size=64, max_new_tokens=256, max_prompt_tokens=256, top_k=32,
+                              sample_temperature=0.7)
     made = dataset_manifest(target, tok, [0, 2], args)
     check_manifest(tmp_path, made)  # a new dataset: recorded
     check_manifest(tmp_path, made)  # the same settings: extended
@@ -441,6 +512,16 @@ def test_a_dataset_refuses_shards_made_another_way(tmp_path):
     with pytest.raises(SystemExit, match="--target: .* was made with target_weights"):
         check_manifest(tmp_path, dataset_manifest(tuned, tok, [0, 2], args))
     check_manifest(tmp_path, dataset_manifest(tiny_target("llama", vocab=64).float(), tok, [0, 2], args))  # same weights
+    hotter = argparse.Namespace(**{**vars(args), "sample_temperature": 1.0})
+    with pytest.raises(SystemExit, match="--sample-temperature: .* was made with sample_temperature 0.7"):
+        check_manifest(tmp_path, dataset_manifest(target, tok, [0, 2], hotter))
+    # a dataset.json from before a setting existed: accepted, and the setting recorded
+    older = {k: v for k, v in made.items() if k != "sample_temperature"}
+    (tmp_path / "dataset.json").write_text(json.dumps(older))
+    check_manifest(tmp_path, dataset_manifest(target, tok, [0, 2], hotter))
+    assert json.loads((tmp_path / "dataset.json").read_text()) == {**older, "sample_temperature": 1.0}
+    with pytest.raises(SystemExit, match="--sample-temperature"):
+        check_manifest(tmp_path, made)
 
 
 def test_features_of_other_layers_are_refused(tiny_run):

@@ -28,6 +28,12 @@ class Conversation:
         return self.prompt_len, len(self.tokens) - 2
 
 
+def shard_prompts(directory: Path, shard: int) -> set[tuple[int, ...]]:
+    """The prompts (token ids) of shard ``shard`` in ``directory``."""
+    path = Path(directory) / f"shard_{shard:05d}.jsonl"
+    return {tuple(json.loads(line)["prompt_ids"]) for line in path.open() if line.strip()}
+
+
 def load_shards(directory: Path, shards: list[int] | None = None, max_shards: int | None = None,
                 layer_ids: list[int] | None = None) -> list[Conversation]:
     """Reads complete shards (the jsonl marks completion) and their features; with

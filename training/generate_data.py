@@ -7,14 +7,18 @@ Beside each shard go the target's hidden states at the drafter's feature layers 
 out of generation at no extra cost, so training never reruns the target) and, for every
 response token, the target's top-``--top-k`` log-probabilities at that position (so the
 drafter can be distilled on the target's distribution, not only its greedy token).
-Shard i holds prompts [i*B, (i+1)*B) of the fixed prompt order (training/prompts.py), so a
-killed run resumes by skipping the shards already on disk: no shard is lost or written
+Shard i holds prompts [i*B, (i+1)*B) of the fixed prompt order (training/prompts.py); with
+``--passes P`` the order is walked P times: shard p*S + j (S shards per pass) holds shard j's
+prompts again, their responses *sampled* at ``--sample-temperature`` from the target's own
+distribution (a seed per shard), new text on the target's distribution once the greedy
+pass has used every prompt. A killed run resumes by skipping the shards already on disk: no shard is lost or written
 twice (each is written to a temporary name and renamed). ``--worker I/N`` lets N processes
 share the order (worker I takes the shards whose index is I mod N), e.g. one one-thread
 process per core, so that a core can be lent to other work by pausing one worker
 (``kill -STOP``) while the other keeps generating. Each line of a shard is
-{"prompt_ids", "response_ids"}; the response is the target's greedy continuation, cut
-after its first EOS.
+{"prompt_ids", "response_ids"}; the response is the target's greedy (pass 0) or sampled
+(later passes) continuation, cut after its first EOS. The stored log-probabilities are the
+target's own at temperature 1 in both cases.
 
 The token shards are small and are what costs time (decoding token by token), so they are
 committed to the repository (training/regenerated/); the feature files are large and
@@ -29,6 +33,7 @@ import argparse
 import gzip
 import hashlib
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,6 +125,21 @@ class TopLogprobs:
         return scores
 
 
+class SampleAtTemperature:
+    """A logits processor that draws each row's next token from softmax(logits / T) with its
+    own ``generator`` and leaves that token the only finite score, so greedy decoding (no
+    warpers: the processors before it see the raw logits) emits the draw. Run after
+    :class:`TopLogprobs`."""
+
+    def __init__(self, temperature: float, generator: torch.Generator):
+        self.temperature, self.generator = temperature, generator
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        probs = torch.softmax(scores.float() / self.temperature, dim=-1)
+        drawn = torch.multinomial(probs, 1, generator=self.generator)
+        return torch.full_like(scores, float("-inf")).scatter_(1, drawn, 0.0)
+
+
 @dataclass
 class Regenerated:
     """One batch of regenerated conversations and the tensors stored beside them."""
@@ -134,10 +154,12 @@ class Regenerated:
 
 
 def regenerate(model, batch: list[list[int]], layer_ids: list[int], eos: set[int], pad: int,
-               max_new_tokens: int, top_k: int = 32) -> Regenerated:
-    """Greedy responses of ``model`` to the prompt ids in ``batch``, the target features of
-    every token fed to it and the target's top-``top_k`` log-probabilities at every
-    response token.
+               max_new_tokens: int, top_k: int = 32, temperature: float = 0.0,
+               generator: torch.Generator | None = None) -> Regenerated:
+    """Greedy responses of ``model`` to the prompt ids in ``batch`` (or, with ``temperature``
+    > 0, responses sampled from softmax(logits / temperature) with ``generator``, a
+    torch.Generator on the model's device), the target features of every token fed to it
+    and the target's top-``top_k`` log-probabilities (temperature 1) at every response token.
 
     The prompts but their last tokens are prefilled in small length-sorted groups
     (``_prefilled_cache``), then the batch decodes together from the prompts' last tokens:
@@ -151,13 +173,18 @@ def regenerate(model, batch: list[list[int]], layer_ids: list[int], eos: set[int
     ids = torch.tensor([[pad] * (T - len(p)) + p for p in batch], device=model.device)
     mask = torch.tensor([[0] * (T - len(p)) + [1] * len(p) for p in batch], device=model.device)
     recorder = TopLogprobs(top_k)
+    processors = [recorder]
+    if temperature > 0:
+        if generator is None:
+            raise ValueError("regenerate: temperature > 0 needs a generator (the draws must be reproducible)")
+        processors.append(SampleAtTemperature(temperature, generator))
     # bare: the checkpoint's own generation defaults (a repetition penalty, ...) would make
     # the responses, and the recorded log-probabilities, something other than greedy decoding
     with torch.inference_mode(), bare_generation_config(model):
         out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
                              pad_token_id=pad, eos_token_id=sorted(eos), temperature=None, top_k=None, top_p=None,
                              output_hidden_states=True, return_dict_in_generate=True,
-                             logits_processor=LogitsProcessorList([recorder]), **{cache_kwarg(model.generate): cache})
+                             logits_processor=LogitsProcessorList(processors), **{cache_kwarg(model.generate): cache})
     # Target features come for free: step 0 holds the hidden states of the prompts' last
     # token, step s those of the token fed at step s. Keep the drafter's layers, in bf16.
     steps = [target_features(h, layer_ids) for h in out.hidden_states]
@@ -295,6 +322,18 @@ def tokenized_prompts(tok, max_prompt_tokens: int) -> list[list[int]]:
     return prompts
 
 
+def shard_batches(todo: list[int], n_shards: int, per_batch: int) -> list[list[int]]:
+    """``todo`` (shard indices, ascending) cut into batches of at most ``per_batch`` shards,
+    each within one pass of ``n_shards`` shards: the pass says how its responses are drawn."""
+    batches: list[list[int]] = []
+    for i in todo:
+        if batches and len(batches[-1]) < per_batch and batches[-1][0] // n_shards == i // n_shards:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
 def read_shard_records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.open() if line.strip()]
 
@@ -338,28 +377,29 @@ def dataset_manifest(model, tokenizer, layer_ids: list[int], args) -> dict:
     target["tokenizer_size"] = len(tokenizer)
     return {"target": target, "target_weights": weights_fingerprint(model), "batch_size": args.batch_size,
             "max_new_tokens": args.max_new_tokens, "max_prompt_tokens": args.max_prompt_tokens, "top_k": args.top_k,
-            "layer_ids": list(layer_ids)}
+            "layer_ids": list(layer_ids), "sample_temperature": args.sample_temperature}
 
 
 def check_manifest(out: Path, manifest: dict) -> None:
     """Writes ``out``/dataset.json on a new dataset (or one made before manifests); raises
     SystemExit naming the argument when the dataset was made with other settings (its
-    shards would mix two targets or two prompt splits)."""
+    shards would mix two targets, two prompt splits or two sampling temperatures). A key
+    missing from an older dataset.json is not checked (its shards predate it) but recorded
+    from this run, so the shards this run adds are checked from then on."""
     path = out / MANIFEST
-    if not path.exists():
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(manifest, indent=1) + "\n")
-        os.replace(tmp, path)
-        return
-    saved = json.loads(path.read_text())
-    # (a key missing from an older dataset.json is not checked: its datasets predate it)
+    saved = json.loads(path.read_text()) if path.exists() else {}
     flags = {"target": "--target", "target_weights": "--target", "batch_size": "--batch-size",
              "max_new_tokens": "--max-new-tokens",
-             "max_prompt_tokens": "--max-prompt-tokens", "top_k": "--top-k", "layer_ids": "the target's layers"}
+             "max_prompt_tokens": "--max-prompt-tokens", "top_k": "--top-k", "layer_ids": "the target's layers",
+             "sample_temperature": "--sample-temperature"}
     for key, flag in flags.items():
         if key in saved and saved[key] != manifest[key]:
             raise SystemExit(f"{flag}: {out} was made with {key} {saved[key]}, this run has {manifest[key]} "
                              f"(give the same settings to extend it, or another --out)")
+    if manifest.keys() - saved.keys():  # a new dataset, or keys an older one lacks
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({**manifest, **saved}, indent=1) + "\n")
+        os.replace(tmp, path)
 
 
 def main() -> None:
@@ -381,15 +421,22 @@ def main() -> None:
                              "without the ShareGPT package; read it back with --prompts-file)")
     parser.add_argument("--prompts-file", type=Path, default=None, help="tokenized prompts from --save-prompts")
     parser.add_argument("--target-tokens", type=int, default=5_000_000, help="stop once this many response tokens exist")
+    parser.add_argument("--passes", type=int, default=1,
+                        help="walks over the prompt order: pass 0 greedy, later passes sampled (shard p*S + j holds "
+                             "shard j's prompts in pass p)")
+    parser.add_argument("--sample-temperature", type=float, default=0.7,
+                        help="the temperature of the passes after the first (recorded in dataset.json)")
     parser.add_argument("--worker", type=parse_worker, default=(0, 1), metavar="I/N",
                         help="take only the shards whose index is I mod N (run N processes for I = 0..N-1)")
     args = parser.parse_args()
     # checked before anything is loaded or written (dataset.json records them)
-    for name in ("batch_size", "max_new_tokens", "max_prompt_tokens", "top_k", "shards_per_batch"):
+    for name in ("batch_size", "max_new_tokens", "max_prompt_tokens", "top_k", "shards_per_batch", "passes"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.target_tokens < 0:
         parser.error(f"--target-tokens must be >= 0, got {args.target_tokens}")
+    if not (math.isfinite(args.sample_temperature) and args.sample_temperature > 0):
+        parser.error(f"--sample-temperature must be a finite number > 0, got {args.sample_temperature}")
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -422,20 +469,25 @@ def main() -> None:
     check_manifest(args.out, dataset_manifest(model, tok, layer_ids, args))
     n_shards = (len(prompts) + args.batch_size - 1) // args.batch_size
     tokens, convs = count_tokens(args.out)
-    print(f"{len(prompts)} prompts in {n_shards} shards; on disk: {convs} conversations, {tokens} response tokens")
+    print(f"{len(prompts)} prompts in {n_shards} shards per pass, {args.passes} pass(es); on disk: {convs} "
+          f"conversations, {tokens} response tokens")
 
     bar = tqdm(total=args.target_tokens, initial=min(tokens, args.target_tokens), unit="tok", desc="responses")
     worker, n_workers = args.worker
-    todo = [i for i in range(worker, n_shards, n_workers) if not shard_path(args.out, i).exists()]
+    todo = [i for i in range(worker, n_shards * args.passes, n_workers) if not shard_path(args.out, i).exists()]
     rebuild = features_to_rebuild(args.out, worker, n_workers)  # listed before decoding adds any
+    groups = shard_batches(todo, n_shards, args.shards_per_batch)
     # Decoding first: it is what costs hours and what gets committed. Then the features of
     # committed token shards (a fresh clone has none), minutes per shard.
-    for j in range(0, len(todo), args.shards_per_batch):
+    for group in groups:
         if tokens >= args.target_tokens:
             break
-        group = todo[j:j + args.shards_per_batch]
-        batches = [prompts[i * args.batch_size:(i + 1) * args.batch_size] for i in group]
-        data = regenerate(model, sum(batches, []), layer_ids, eos, pad, args.max_new_tokens, args.top_k)
+        batches = [prompts[(i % n_shards) * args.batch_size:(i % n_shards + 1) * args.batch_size] for i in group]
+        sampled = group[0] >= n_shards
+        # seeded by the batch's first shard: a killed shard is redrawn as it was
+        generator = torch.Generator(model.device).manual_seed(group[0]) if sampled else None
+        data = regenerate(model, sum(batches, []), layer_ids, eos, pad, args.max_new_tokens, args.top_k,
+                          temperature=args.sample_temperature if sampled else 0.0, generator=generator)
         for i, part in zip(group, split_regenerated(data, [len(b) for b in batches])):
             write_shard(shard_path(args.out, i), part)
         tokens, convs = count_tokens(args.out)  # the other workers' shards count too

@@ -34,7 +34,7 @@ import torch.distributed as dist
 from domino.budget import Calibration
 from domino.model import DominoDraftModel
 from training.chunked_loss import chunked_draft_loss
-from training.data import AnchorBatch, load_shards, make_batch, restrict_to_draft_vocab
+from training.data import AnchorBatch, load_shards, make_batch, restrict_to_draft_vocab, shard_prompts
 from training.draft_vocab import most_frequent, response_counts
 from training.evaluate import generation_acceptance
 from training.losses import LOSSES, per_token_loss
@@ -343,6 +343,15 @@ def main(argv=None) -> dict:
     train_shards = [s for s in (args.train_shards or all_shards) if s not in args.eval_shards]
     if missing := sorted(set(train_shards) - set(all_shards)):
         raise SystemExit(f"--train-shards: no shard {missing} in {args.data}")
+    # a later pass over the prompt order holds the held-out prompts again (generate_data --passes)
+    held_prompts = set().union(*(shard_prompts(args.data, s) for s in args.eval_shards if s in all_shards))
+    leaking = [s for s in train_shards if not shard_prompts(args.data, s).isdisjoint(held_prompts)]
+    if leaking and args.train_shards:
+        raise SystemExit(f"--train-shards: shards {leaking} hold prompts of the held-out shards {args.eval_shards} "
+                         "(another pass over the same prompts): leave them out")
+    if leaking:
+        log(f"left out shards {leaking}: they hold prompts of the held-out shards {args.eval_shards}")
+        train_shards = [s for s in train_shards if s not in leaking]
     if not train_shards:
         raise SystemExit(f"no training data: {args.data} holds shards {all_shards}, all held out by --eval-shards "
                          f"{args.eval_shards} (or left out of --train-shards)")
