@@ -174,13 +174,14 @@ def test_generate_data_worker_rejects_bad_splits(text):
 
 @pytest.mark.parametrize("flag, value", [("--batch-size", "0"), ("--max-new-tokens", "0"), ("--top-k", "0"),
                                          ("--shards-per-batch", "0"), ("--target-tokens", "-1"), ("--passes", "0"),
-                                         ("--sample-temperature", "0"), ("--sample-temperature", "nan")])
+                                         ("--sample-temperature", "0"), ("--sample-temperature", "nan"),
+                                         ("--shard-range", "5 5")])
 def test_generate_data_refuses_bad_settings_before_writing_anything(tmp_path, monkeypatch, capsys, flag, value):
     """Checked before the target loads and before dataset.json records the settings (a bad
     value used to crash later and stay recorded, refusing the corrected rerun)."""
     from training.generate_data import main
 
-    monkeypatch.setattr(sys, "argv", ["generate_data", "--out", str(tmp_path / "d"), flag, value])
+    monkeypatch.setattr(sys, "argv", ["generate_data", "--out", str(tmp_path / "d"), flag, *value.split()])
     with pytest.raises(SystemExit):
         main()
     assert f"{flag} must be" in capsys.readouterr().err and not (tmp_path / "d").exists()

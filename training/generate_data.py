@@ -404,7 +404,7 @@ def check_manifest(out: Path, manifest: dict) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, required=True,
+    parser.add_argument("--out", type=Path, default=None,
                         help="the dataset directory (SmolLM2's: training/regenerated/smollm2_mix); its dataset.json "
                              "records what made it, and a run with other settings is refused")
     parser.add_argument("--target", type=Path, default=None, help="HF target dir (default: SmolLM2-135M-Instruct)")
@@ -428,13 +428,19 @@ def main() -> None:
                         help="the temperature of the passes after the first (recorded in dataset.json)")
     parser.add_argument("--worker", type=parse_worker, default=(0, 1), metavar="I/N",
                         help="take only the shards whose index is I mod N (run N processes for I = 0..N-1)")
+    parser.add_argument("--shard-range", type=int, nargs=2, default=None, metavar=("START", "END"),
+                        help="decode only shards START <= i < END (e.g. one range per machine)")
     args = parser.parse_args()
+    if args.out is None and args.save_prompts is None:
+        parser.error("--out is required (the dataset directory)")
     # checked before anything is loaded or written (dataset.json records them)
     for name in ("batch_size", "max_new_tokens", "max_prompt_tokens", "top_k", "shards_per_batch", "passes"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.target_tokens < 0:
         parser.error(f"--target-tokens must be >= 0, got {args.target_tokens}")
+    if args.shard_range is not None and not 0 <= args.shard_range[0] < args.shard_range[1]:
+        parser.error(f"--shard-range must be START END with 0 <= START < END, got {args.shard_range}")
     if not (math.isfinite(args.sample_temperature) and args.sample_temperature > 0):
         parser.error(f"--sample-temperature must be a finite number > 0, got {args.sample_temperature}")
 
@@ -474,7 +480,9 @@ def main() -> None:
 
     bar = tqdm(total=args.target_tokens, initial=min(tokens, args.target_tokens), unit="tok", desc="responses")
     worker, n_workers = args.worker
-    todo = [i for i in range(worker, n_shards * args.passes, n_workers) if not shard_path(args.out, i).exists()]
+    start, end = args.shard_range or (0, n_shards * args.passes)
+    todo = [i for i in range(worker, n_shards * args.passes, n_workers)
+            if start <= i < end and not shard_path(args.out, i).exists()]
     rebuild = features_to_rebuild(args.out, worker, n_workers)  # listed before decoding adds any
     groups = shard_batches(todo, n_shards, args.shards_per_batch)
     # Decoding first: it is what costs hours and what gets committed. Then the features of
