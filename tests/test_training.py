@@ -161,6 +161,7 @@ def test_feature_rebuilds_are_split_evenly_between_workers(tmp_path):
     assert set(shares[0]) | set(shares[1]) == lacking and not set(shares[0]) & set(shares[1])
     assert sorted(len(s) for s in shares) == [2, 3]
     assert features_to_rebuild(tmp_path, 0, 1) == sorted(lacking)
+    assert features_to_rebuild(tmp_path, 0, 1, (4, 9)) == [shard_path(tmp_path, i) for i in (4, 6, 8)]
 
 
 @pytest.mark.parametrize("text", ["2/2", "-1/2", "1", "a/b", "1/0"])

@@ -58,12 +58,16 @@ def features_path(shard: Path) -> Path:
     return shard.with_suffix(".features.safetensors")
 
 
-def features_to_rebuild(out: Path, worker: int, n_workers: int) -> list[Path]:
-    """The token shards in ``out`` without a feature file (a fresh clone: all of them) that
-    worker I of N rebuilds: every N-th by rank in that sorted list, not by shard index, so
-    each worker gets ~1/N of them however the missing ones are spread (by index, one worker
-    got most of the work when only some shards lacked features)."""
-    lacking = sorted(path for path in out.glob("shard_*.jsonl") if not features_path(path).exists())
+def features_to_rebuild(out: Path, worker: int, n_workers: int,
+                        shard_range: tuple[int, int] | None = None) -> list[Path]:
+    """The token shards in ``out`` without a feature file (a fresh clone: all of them), those
+    in ``shard_range`` [start, end) when given, that worker I of N rebuilds: every N-th by
+    rank in that sorted list, not by shard index, so each worker gets ~1/N of them however
+    the missing ones are spread (by index, one worker got most of the work when only some
+    shards lacked features)."""
+    start, end = shard_range or (0, float("inf"))
+    lacking = sorted(path for path in out.glob("shard_*.jsonl") if not features_path(path).exists()
+                     and start <= int(path.stem.split("_")[1]) < end)
     return lacking[worker::n_workers]
 
 
@@ -183,6 +187,7 @@ def regenerate(model, batch: list[list[int]], layer_ids: list[int], eos: set[int
     with torch.inference_mode(), bare_generation_config(model):
         out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
                              pad_token_id=pad, eos_token_id=sorted(eos), temperature=None, top_k=None, top_p=None,
+                             disable_compile=True,
                              output_hidden_states=True, return_dict_in_generate=True,
                              logits_processor=LogitsProcessorList(processors), **{cache_kwarg(model.generate): cache})
     # Target features come for free: step 0 holds the hidden states of the prompts' last
@@ -429,7 +434,8 @@ def main() -> None:
     parser.add_argument("--worker", type=parse_worker, default=(0, 1), metavar="I/N",
                         help="take only the shards whose index is I mod N (run N processes for I = 0..N-1)")
     parser.add_argument("--shard-range", type=int, nargs=2, default=None, metavar=("START", "END"),
-                        help="decode only shards START <= i < END (e.g. one range per machine)")
+                        help="decode, and rebuild the features of, only shards START <= i < END (e.g. one range "
+                             "per machine)")
     args = parser.parse_args()
     if args.out is None and args.save_prompts is None:
         parser.error("--out is required (the dataset directory)")
@@ -483,7 +489,7 @@ def main() -> None:
     start, end = args.shard_range or (0, n_shards * args.passes)
     todo = [i for i in range(worker, n_shards * args.passes, n_workers)
             if start <= i < end and not shard_path(args.out, i).exists()]
-    rebuild = features_to_rebuild(args.out, worker, n_workers)  # listed before decoding adds any
+    rebuild = features_to_rebuild(args.out, worker, n_workers, args.shard_range)  # listed before decoding adds any
     groups = shard_batches(todo, n_shards, args.shards_per_batch)
     # Decoding first: it is what costs hours and what gets committed. Then the features of
     # committed token shards (a fresh clone has none), minutes per shard.
