@@ -204,3 +204,23 @@ def test_bad_datastore_arguments():
         gen.generate(prompts(1), max_new_tokens=4, datastore_tokens=-2)
     with pytest.raises(TypeError, match="datastore must be a domino.datastore.TokenDatastore"):
         domino.generate.DominoGenerator(gen.target, gen.drafter, gen.tokenizer, datastore=[1, 2, 3])
+
+
+def test_build_datastore_leaves_out_the_held_out_prompts_in_every_pass(tmp_path):
+    """build_datastore.responses: the held-out shard, and a later pass's shard holding its
+    prompts again (generate_data --passes), never enter the datastore."""
+    import json
+
+    from training.build_datastore import responses
+
+    def shard(i, prompts, response):
+        lines = [json.dumps({"prompt_ids": p, "response_ids": [response, i]}) for p in prompts]
+        (tmp_path / f"shard_{i:05d}.jsonl").write_text("\n".join(lines) + "\n")
+
+    shard(0, [[1, 2], [3]], 10)  # held out
+    shard(1, [[4], [5, 6]], 11)
+    shard(2, [[3], [7]], 12)  # pass 2: holds a held-out prompt
+    shard(3, [[4], [5, 6]], 13)  # pass 2 of shard 1
+    assert responses(tmp_path, 4, {0}) == [[11, 1], [11, 1], [13, 3], [13, 3]]
+    assert responses(tmp_path, 2, {0}) == [[11, 1], [11, 1]]
+    assert len(responses(tmp_path, 4, set())) == 8

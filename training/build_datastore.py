@@ -18,16 +18,24 @@ import argparse
 from pathlib import Path
 
 from domino.datastore import TokenDatastore
+from training.data import shard_prompts
 from training.generate_data import read_shard_records
 
 
 def responses(directory: Path, upto: int, exclude: set[int]) -> list[list[int]]:
-    """The response token ids of every shard with index < ``upto`` and not in ``exclude``."""
+    """The response token ids of every shard with index < ``upto``, leaving out the shards
+    in ``exclude`` and every shard holding one of their prompts (a later pass over the
+    prompt order, generate_data --passes, repeats them)."""
+    held = set().union(*(shard_prompts(directory, i) for i in exclude
+                         if (Path(directory) / f"shard_{i:05d}.jsonl").exists()))
     out = []
     for f in sorted(Path(directory).glob("shard_*.jsonl")):
         i = int(f.stem.split("_")[1])
         if i < upto and i not in exclude:
-            out += [r["response_ids"] for r in read_shard_records(f)]
+            records = read_shard_records(f)
+            if not held.isdisjoint(tuple(r["prompt_ids"]) for r in records):
+                continue
+            out += [r["response_ids"] for r in records]
     return out
 
 
