@@ -18,7 +18,7 @@ import argparse
 from pathlib import Path
 
 from domino.datastore import TokenDatastore
-from training.data import shard_prompts
+from training.data import held_out_prompts, shard_index
 from training.generate_data import read_shard_records
 
 
@@ -26,11 +26,10 @@ def responses(directory: Path, upto: int, exclude: set[int]) -> list[list[int]]:
     """The response token ids of every shard with index < ``upto``, leaving out the shards
     in ``exclude`` and every shard holding one of their prompts (a later pass over the
     prompt order, generate_data --passes, repeats them)."""
-    held = set().union(*(shard_prompts(directory, i) for i in exclude
-                         if (Path(directory) / f"shard_{i:05d}.jsonl").exists()))
+    held = held_out_prompts(directory, exclude)
     out = []
     for f in sorted(Path(directory).glob("shard_*.jsonl")):
-        i = int(f.stem.split("_")[1])
+        i = shard_index(f)
         if i < upto and i not in exclude:
             records = read_shard_records(f)
             if not held.isdisjoint(tuple(r["prompt_ids"]) for r in records):

@@ -28,10 +28,26 @@ class Conversation:
         return self.prompt_len, len(self.tokens) - 2
 
 
+def shard_path(directory: Path, i: int) -> Path:
+    """Shard ``i``'s token file in a dataset directory (training.generate_data writes them)."""
+    return Path(directory) / f"shard_{i:05d}.jsonl"
+
+
+def shard_index(path: Path) -> int:
+    """The index of a shard's token file (the inverse of :func:`shard_path`)."""
+    return int(Path(path).stem.split("_")[1])
+
+
 def shard_prompts(directory: Path, shard: int) -> set[tuple[int, ...]]:
     """The prompts (token ids) of shard ``shard`` in ``directory``."""
-    path = Path(directory) / f"shard_{shard:05d}.jsonl"
-    return {tuple(json.loads(line)["prompt_ids"]) for line in path.open() if line.strip()}
+    return {tuple(json.loads(line)["prompt_ids"]) for line in shard_path(directory, shard).open() if line.strip()}
+
+
+def held_out_prompts(directory: Path, shards) -> set[tuple[int, ...]]:
+    """The prompts of the held-out ``shards`` that exist in ``directory``: a later pass over
+    the prompt order (generate_data --passes) repeats them in other shards, which neither
+    training nor the datastore may read."""
+    return set().union(*(shard_prompts(directory, i) for i in shards if shard_path(directory, i).exists()))
 
 
 def load_shards(directory: Path, shards: list[int] | None = None, max_shards: int | None = None,
@@ -42,7 +58,7 @@ def load_shards(directory: Path, shards: list[int] | None = None, max_shards: in
     out = []
     files = sorted(Path(directory).glob("shard_*.jsonl"))
     if shards is not None:
-        files = [f for f in files if int(f.stem.split("_")[1]) in shards]
+        files = [f for f in files if shard_index(f) in shards]
     for f in files[:max_shards]:
         path = str(f.with_suffix(".features.safetensors"))
         if not Path(path).exists():

@@ -23,13 +23,15 @@ from pathlib import Path
 
 import torch
 
+from training.data import shard_index
+
 
 def response_counts(directory: Path, exclude: set[int]) -> tuple[Counter, list[int]]:
     """(token counts over the responses of every shard not in ``exclude``, the response
     tokens of the shards in it, concatenated)."""
     counts, held = Counter(), []
     for f in sorted(Path(directory).glob("shard_*.jsonl")):
-        excluded = int(f.stem.split("_")[1]) in exclude
+        excluded = shard_index(f) in exclude
         for line in f.read_text().splitlines():
             ids = json.loads(line)["response_ids"]
             if excluded:

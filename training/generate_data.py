@@ -43,11 +43,8 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from domino.target import bare_generation_config, cache_kwarg, special_token_ids, target_features
+from training.data import shard_index, shard_path
 from training.prompts import training_prompts
-
-
-def shard_path(out: Path, i: int) -> Path:
-    return out / f"shard_{i:05d}.jsonl"
 
 
 def features_path(shard: Path) -> Path:
@@ -67,7 +64,7 @@ def features_to_rebuild(out: Path, worker: int, n_workers: int,
     shards lacked features)."""
     start, end = shard_range or (0, float("inf"))
     lacking = sorted(path for path in out.glob("shard_*.jsonl") if not features_path(path).exists()
-                     and start <= int(path.stem.split("_")[1]) < end)
+                     and start <= shard_index(path) < end)
     return lacking[worker::n_workers]
 
 

@@ -19,7 +19,8 @@
 #     bash training/gpu_pipeline.sh unpack /work/.device/N     (the files_at folder)
 # RANGE is the shard range to decode (generate_data --shard-range; with --passes 2 the
 # sampled pass is shards 540-1079): give this machine's own workers another range.
-# With a longer lease: `train` / `follow` / `fetch` train there on what it decoded.
+# With a longer lease: `train` / `follow` / `fetch` train there on what it decoded; `train`
+# starts from python/domino/checkpoints, so leave that folder in the checkout for it.
 #
 # The GPU machine's transformers is older than the one the tests here run (its StaticCache
 # internals differ), so this one's wheel travels too. Greedy decoding on the GPU is fp32 with

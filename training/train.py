@@ -34,7 +34,8 @@ import torch.distributed as dist
 from domino.budget import Calibration
 from domino.model import DominoDraftModel
 from training.chunked_loss import chunked_draft_loss
-from training.data import AnchorBatch, load_shards, make_batch, restrict_to_draft_vocab, shard_prompts
+from training.data import (AnchorBatch, held_out_prompts, load_shards, make_batch, restrict_to_draft_vocab,
+                           shard_index, shard_prompts)
 from training.draft_vocab import most_frequent, response_counts
 from training.evaluate import generation_acceptance
 from training.losses import LOSSES, per_token_loss
@@ -339,12 +340,12 @@ def main(argv=None) -> dict:
     target = target.to(device).eval()
     target.requires_grad_(False)
     check_data_target(args.data, target)
-    all_shards = sorted(int(f.stem.split("_")[1]) for f in args.data.glob("shard_*.jsonl"))
+    all_shards = sorted(shard_index(f) for f in args.data.glob("shard_*.jsonl"))
     train_shards = [s for s in (args.train_shards or all_shards) if s not in args.eval_shards]
     if missing := sorted(set(train_shards) - set(all_shards)):
         raise SystemExit(f"--train-shards: no shard {missing} in {args.data}")
     # a later pass over the prompt order holds the held-out prompts again (generate_data --passes)
-    held_prompts = set().union(*(shard_prompts(args.data, s) for s in args.eval_shards if s in all_shards))
+    held_prompts = held_out_prompts(args.data, args.eval_shards)
     leaking = [s for s in train_shards if not shard_prompts(args.data, s).isdisjoint(held_prompts)]
     if leaking and args.train_shards:
         raise SystemExit(f"--train-shards: shards {leaking} hold prompts of the held-out shards {args.eval_shards} "
