@@ -11,7 +11,9 @@ Two tables, median of ``--repeats`` after a warm-up:
    engine runs it) over 1, 4 and 16 new tokens after a 150-token prompt, with HF's sdpa
    attention and with ``domino.fast_attention``.
 
-    python benchmarks/bench_attention.py
+    python benchmarks/bench_attention.py [--repeats 200] [--skip-model]
+
+Two builds of the op against each other: ``benchmarks/compare_builds.sh``.
 """
 
 from __future__ import annotations
@@ -94,6 +96,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--repeats", type=int, default=200, help="timed calls of the op (the model: repeats / 10)")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--skip-model", action="store_true", help="the op table only")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -105,8 +108,9 @@ def main() -> None:
     assert domino_ops.small_batch_attention is not None
     print("\nthe op alone: 9 query heads, 3 kv heads, head dim 64")
     print("\n".join(op_table(args.repeats)))
-    print("\nSmolLM2-135M-Instruct, one forward after a 150-token prompt, small-batch linear on")
-    print("\n".join(model_table(max(3, args.repeats // 10))))
+    if not args.skip_model:
+        print("\nSmolLM2-135M-Instruct, one forward after a 150-token prompt, small-batch linear on")
+        print("\n".join(model_table(max(3, args.repeats // 10))))
 
 
 if __name__ == "__main__":

@@ -124,6 +124,47 @@ def test_hidden_keys_change_no_bit(dtype, hidden):
             assert torch.equal(run_op(q, k2, v2, mask), run_op(q, k, v)), isa
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", ["bool", "float", "per-head bool"])
+def test_masked_rows_among_others_equal_their_visible_keys_alone(dtype, kind):
+    """Bit-exact under a mask too: in a call of many rows (blocks of rows share key and
+    value loads, and a key hidden from some rows of a block is skipped for just those), each
+    (row, head) gives the bits of a one-row call over exactly its visible keys, packed
+    together, with their biases. Some keys hold NaN keys and values: those hidden from every
+    row, and one hidden from only some rows of a block: a row that read one it does not see
+    (even weighted 0) would turn NaN, and the rows that see it must."""
+    B, Hq, Hkv, M, N, D = 1, 6, 2, 11, 40, 64
+    q, k, v = make(B, Hq, Hkv, M, N, D, dtype, 5, scale=2.0)
+    g = torch.Generator().manual_seed(9)
+    visible = torch.rand(B, Hq if kind == "per-head bool" else 1, M, N, generator=g) > 0.35
+    visible &= torch.ones(M, N, dtype=torch.bool).tril(N - M)  # nothing past a row's own position
+    bias = torch.randn(visible.shape, generator=g).to(dtype)
+    mask = torch.where(visible, bias, float("-inf")).to(dtype) if kind == "float" else visible
+    poisoned = ~visible.any(dim=(0, 1, 2))  # the keys no row sees
+    poisoned[torch.randperm(N - M, generator=g)[:1]] = True  # and one that some rows see
+    k[:, :, poisoned] = float("nan")
+    v[:, :, poisoned] = float("nan")
+    for isa in domino_ops.cpu.supported_isas():
+        with domino_ops.cpu.forced_isa(isa):
+            big = run_op(q, k, v, mask)
+            for m in range(M):
+                for h in range(Hq):
+                    idx = visible[0, h if kind == "per-head bool" else 0, m].nonzero().flatten()
+                    kv_head = h // (Hq // Hkv)
+                    alone_k = k[:, kv_head:kv_head + 1, idx].contiguous()
+                    alone_v = v[:, kv_head:kv_head + 1, idx].contiguous()
+                    alone_mask = bias[:, 0:1, m:m + 1, idx].contiguous() if kind == "float" else None
+                    qr = q[:, h:h + 1, m:m + 1].contiguous()
+                    if len(idx) == 0:
+                        assert torch.equal(big[:, h, m], torch.zeros(B, D, dtype=dtype)), (isa, m, h)
+                        continue
+                    # the one-row call sees all its keys: its own position is the last of them
+                    alone = run_op(qr, alone_k, alone_v, alone_mask)
+                    torch.testing.assert_close(big[:, h:h + 1, m:m + 1], alone, rtol=0, atol=0, equal_nan=True,
+                                               msg=f"{isa} {kind} row {m} head {h}")
+            assert big.isnan().any() and not big.isnan().all()  # both kinds of row occurred
+
+
 def test_no_visible_key_gives_zeros_and_nan_propagates():
     q, k, v = make(1, 2, 1, 2, 5, 8, torch.float32, 0)
     mask = torch.ones(1, 2, 2, 5, dtype=torch.bool)

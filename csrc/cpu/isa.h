@@ -35,6 +35,9 @@ struct ArgMax {
   int64_t index;  // first index of the max; 0 when no element compares (all NaN)
 };
 
+// attend_block's key classes over the rows of a block.
+constexpr uint8_t kKeyHidden = 0, kKeyVisible = 1, kKeyMixed = 2;
+
 // Entry points of one instruction-set build. Layouts: "x" holds nb activation vectors of
 // `cols` floats, `x_stride` apart; y[j * y_stride + row] is the dot product of weight row
 // `row` with activation j. bf16 is passed as its raw uint16_t bits.
@@ -85,25 +88,26 @@ struct Kernels {
   // vector lanes, so not in index order).
   double (*exp_weights)(const float* z, int64_t n, float m, double* w);
 
-  // Attention of nq query rows that see the same n keys (the query heads of one kv head,
-  // small_batch_attention.cpp): for each row r (q + r * q_stride, out + r * out_stride),
-  // out[0, D) = sum_j p_j v_{idx[j]} / sum_j p_j, p_j = exp(s_j - max s),
-  // s_j = scale * (q_r . k_{idx[j]}) + (bias ? bias[j] : 0); key row i of k starts at
-  // k + i * k_stride (v likewise). scores: nq * n floats of scratch. Every step of a row
-  // depends only on its q and the visible keys' values in order: lanes run over D (a fixed
-  // sum tree per dot product), max and sum run in key order, exp is elementwise. Where the
-  // keys sit, how many rows the call or the group carries, which thread runs it: none of
-  // it changes a bit. A row with no key, or every score -inf, gets zeros.
-  void (*attend_rows_f32)(const float* q, int64_t q_stride, int64_t nq, const float* k,
-                          int64_t k_stride, const float* v, int64_t v_stride, const int64_t* idx,
-                          const float* bias, int64_t n, int64_t D, float scale, float* scores,
-                          float* out, int64_t out_stride);
-  // bf16 k, v and out; q widened to float by the caller (exact), once per call rather than
-  // once per key.
-  void (*attend_rows_bf16)(const float* q, int64_t q_stride, int64_t nq, const uint16_t* k,
-                           int64_t k_stride, const uint16_t* v, int64_t v_stride,
-                           const int64_t* idx, const float* bias, int64_t n, int64_t D,
-                           float scale, float* scores, uint16_t* out, int64_t out_stride);
+  // Attention of a block of nq query rows against the keys [0, n) of one kv head
+  // (small_batch_attention.cpp). transpose_keys: kt[d * ldk + j] = k[j * k_stride + d] as
+  // float for j < n, 0 for n <= j < ldk (ldk a multiple of `lanes`, >= n). attend_block:
+  // q is nq rows of D floats (widened by the caller); vis [nq][n] says which keys each row
+  // sees (1) and hides (0); key_class[j] is kKeyVisible (every row sees j), kKeyHidden (no
+  // row does) or kKeyMixed; bias, when given, [nq][n] added to the visible scores; scores is
+  // nq * ldk floats of scratch; out[r] is row r's D outputs. For each row:
+  // out = sum_j p_j v_j / sum_j p_j over its visible keys in order, p_j = exp(s_j - max s),
+  // s_j = scale * (q . k_j) + bias_j, the dot product one FMA chain over d per key (keys
+  // in vector lanes), max and sums in key order, exp elementwise. Which rows share the
+  // block, where hidden keys sit, which thread runs it: none of it changes a bit. A row
+  // with no visible key, or every score -inf, gets zeros.
+  void (*transpose_keys_f32)(const float* k, int64_t k_stride, int64_t n, int64_t D, float* kt, int64_t ldk);
+  void (*transpose_keys_bf16)(const uint16_t* k, int64_t k_stride, int64_t n, int64_t D, float* kt, int64_t ldk);
+  void (*attend_block_f32)(const float* q, int64_t nq, int64_t D, const float* kt, int64_t ldk, const float* v,
+                           int64_t v_stride, const uint8_t* vis, const uint8_t* key_class, const float* bias,
+                           int64_t n, float scale, float* scores, float* const* out);
+  void (*attend_block_bf16)(const float* q, int64_t nq, int64_t D, const float* kt, int64_t ldk,
+                            const uint16_t* v, int64_t v_stride, const uint8_t* vis, const uint8_t* key_class,
+                            const float* bias, int64_t n, float scale, float* scores, uint16_t* const* out);
 };
 
 // The active table (see the top of this file). Throws c10::ValueError for an invalid

@@ -9,29 +9,36 @@
 //   Query row m is the token at cache position N - M + m and sees keys j <= N - M + m
 //   (bottom-right causal, as decoding with a cache does) that the mask does not hide.
 //
-// Bytes it must move: per (sequence, query head, row) the visible key and value rows,
-// 2 * n * D elements (the rows of a kv head are shared by Hq / Hkv query heads and by the
-// M rows: they stay in L1/L2 between them), q and out once. Work ~4 * n * D flops and n
-// exponentials per row. A decode step of SmolLM2-135M (9 heads of 64, 3 kv heads, a few
-// hundred cached tokens, 30 layers) is ~10 M flops: the cost is the call itself, which is
-// why this exists next to SDPA (its CPU kernels pay a setup per call and, for one query
-// row, run a general blocked path).
+// Bytes it must move: per (sequence, kv head) the key and value rows its query rows may
+// see, 2 * N * D elements, read once for a task of up to 4 query positions times the Hq /
+// Hkv query heads of that kv head (they stay in L1/L2 between tasks); q and out once. Work
+// ~4 * n * D flops and n exponentials per query row, plus one transposition of the keys per
+// (sequence, kv head) and thread. A decode step of SmolLM2-135M (9 heads of 64, 3 kv
+// heads, a few hundred cached tokens, 30 layers) is ~10 M flops: the cost is the call
+// itself, which is why this exists next to SDPA (its CPU kernels pay a setup per call and,
+// for one query row, run a general blocked path). A 16-row verification is FMA-bound.
 //
-// Batch invariance, by construction: each row first lists its visible keys in cache order,
-// then the instruction-set build's attend_rows (cpu/vec.cpp; the query heads of one kv head
-// share the key loads, not the arithmetic) computes it from q and those keys alone: scores as dot products with lanes over D and a fixed lane-sum tree, the max
-// (exact in any order), the sum of exp in key order (a key hidden by a finite bias stays in
-// the list with weight 0, which a sequential sum absorbs without a trace), exp elementwise,
-// the value sum per lane in key order, one division, one rounding to out's dtype. Nothing depends on M, on the row's place in
-// the call, on the thread split or on where hidden keys (padding, holes, other branches
-// of a draft tree) sit in the cache: a verification row, a tree node and the one-token
-// step of the same path give the same bits (on one instruction-set build).
+// Batch invariance, by construction: each query row's visible keys are those the mask
+// lets it see at positions up to its own; the instruction-set build's attend_block
+// (cpu/vec.cpp) computes the row from q and those keys alone: each score one FMA chain
+// over d (keys in vector lanes: the same operations for a key wherever it sits), the max
+// (exact in any order), the sum of exp in key order (a key hidden by a finite bias stays
+// visible with weight 0, which a sequential sum absorbs without a trace), exp elementwise,
+// the value sum per lane over the visible keys in key order (a key hidden from the row,
+// even one that other rows of its block see, is skipped: its value is never read into the
+// row), one division, one rounding to out's dtype. Nothing depends on M, on the row's
+// place in the call or its block, on the thread split or on where hidden keys (padding,
+// holes, other branches of a draft tree) sit in the cache: a verification row, a tree
+// node and the one-token step of the same path give the same bits (on one instruction-set
+// build).
 #include <ATen/ATen.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstring>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -121,71 +128,118 @@ void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, cons
   const int64_t mb = mask && mask->size(0) > 1 ? mask->stride(0) : 0;
   const int64_t mh = mask && mask->size(1) > 1 ? mask->stride(1) : 0;
   const int64_t mm = mask ? mask->stride(2) : 0, mn = mask ? mask->stride(3) : 0;
+  const bool per_head_mask = mask && mask->size(1) > 1;
   const float sc = static_cast<float>(scale);
-  // One task: one (sequence, kv head, query row) with the query heads of that kv head
-  // together (they see the same keys unless the mask differs per head: then one head each).
-  const int64_t per = mask && mask->size(1) > 1 ? 1 : group;
-  const int64_t tasks = B * (Hq / per) * M;
+  // One task: one (sequence, kv head) and up to kRows query positions, with every query
+  // head of that kv head: nq = rows * group query rows that share the key and value loads.
+  // Four positions keep a 16-token verification at 12 tasks (balanced over 2 threads) and
+  // its 12 query rows per task in the row blocks of attend_block.
+  constexpr int64_t kRows = 4;
+  const int64_t rows_per_task = std::min<int64_t>(kRows, M), chunks = (M + rows_per_task - 1) / rows_per_task;
+  const int64_t tasks = B * Hkv * chunks;
+  const int64_t ldk = (N + K.lanes - 1) / K.lanes * K.lanes;
   // Below ~256K multiply-adds per thread's share a fork costs more than it saves (a decode
   // step's 3 tasks run on the calling thread).
-  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(1, per * N * D));
+  const int64_t grain =
+      std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(1, rows_per_task * group * N * D));
   // Strides as plain integers: Tensor::stride() is a call the compiler cannot hoist out of
-  // a loop (it checks the tensor's stride policy each time), and it showed up as 15 % of
-  // a 16-row call when the query widening below read it per element.
+  // a loop (it checks the tensor's stride policy each time).
   const int64_t qs0 = q.stride(0), qs1 = q.stride(1), qs2 = q.stride(2);
   const int64_t ks0 = k.stride(0), ks1 = k.stride(1), ks2 = k.stride(2);
   const int64_t vs0 = v.stride(0), vs1 = v.stride(1), vs2 = v.stride(2);
   const int64_t os0 = out.stride(0), os1 = out.stride(1), os2 = out.stride(2);
+  // A thread keeps the transposed keys of the (call, sequence, kv head) it last served:
+  // consecutive tasks of a thread's share mostly belong to the same kv head.
+  static std::atomic<uint64_t> calls{0};
+  const uint64_t call = ++calls;
   at::parallel_for(0, tasks, grain, [&](int64_t t0, int64_t t1) {
     // per-thread scratch, looked up once per chunk of tasks (each thread_local access is a
     // TLS lookup)
-    thread_local std::vector<int64_t> idx_buf;
-    thread_local std::vector<float> bias_buf, scores_buf, q_buf;
-    idx_buf.resize(N);
-    bias_buf.resize(N);
-    scores_buf.resize(per * N);
-    q_buf.resize(per * D);
-    int64_t* idx = idx_buf.data();
-    float* bias = bias_buf.data();
-    float* scores = scores_buf.data();
+    thread_local std::vector<float> kt_buf, q_buf, bias_buf, scores_buf;
+    thread_local std::vector<uint8_t> vis_buf, class_buf;
+    thread_local std::vector<T*> out_buf;
+    thread_local uint64_t kt_call = 0;
+    thread_local int64_t kt_head = -1;
+    const int64_t nq_max = rows_per_task * group;
+    kt_buf.resize(D * ldk);
+    q_buf.resize(nq_max * D);
+    scores_buf.resize(nq_max * ldk);
+    vis_buf.resize(nq_max * N);
+    bias_buf.resize(mp && !std::is_same_v<MaskT, bool> ? nq_max * N : 0);
+    class_buf.resize(2 * N);
+    out_buf.resize(nq_max);
+    float* kt = kt_buf.data();
     float* q_rows = q_buf.data();
+    float* scores = scores_buf.data();
+    uint8_t* vis = vis_buf.data();
+    uint8_t* key_class = class_buf.data();
+    float* bias = bias_buf.data();
+    T** outs = out_buf.data();
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t b = t / ((Hq / per) * M), h = (t / M) % (Hq / per) * per, m = t % M, g = h / group;
-      const int64_t limit = N - M + m + 1;  // keys at positions <= this row's own
-      int64_t n = 0;
-      bool any_bias = false;
-      if (mp) {
-        const MaskT* row = mp + b * mb + h * mh + m * mm;
-        for (int64_t j = 0; j < limit; ++j) {
-          const MaskT x = row[j * mn];
-          if constexpr (std::is_same_v<MaskT, bool>) {
-            if (x) idx[n++] = j;
-          } else {
-            const float f = static_cast<float>(x);
-            if (f == -INFINITY) continue;
-            any_bias |= f != 0.0f;
-            bias[n] = f;
-            idx[n++] = j;
-          }
-        }
-      } else {
-        for (int64_t j = 0; j < limit; ++j) idx[j] = j;
-        n = limit;
+      const int64_t b = t / (Hkv * chunks), g = t / chunks % Hkv, c = t % chunks;
+      const int64_t m0 = c * rows_per_task, m1 = std::min(M, m0 + rows_per_task), nq = (m1 - m0) * group;
+      const int64_t n = N - M + m1;  // keys the block's last row may see
+      if (kt_call != call || kt_head != b * Hkv + g) {
+        const T* kr = kp + b * ks0 + g * ks1;
+        if constexpr (std::is_same_v<T, float>) K.transpose_keys_f32(kr, ks2, N, D, kt, ldk);
+        else K.transpose_keys_bf16(reinterpret_cast<const uint16_t*>(kr), ks2, N, D, kt, ldk);
+        kt_call = call;
+        kt_head = b * Hkv + g;
       }
-      const T* qr = qp + b * qs0 + h * qs1 + m * qs2;
-      const T* kr = kp + b * ks0 + g * ks1;
-      const T* vr = vp + b * vs0 + g * vs1;
-      T* orow = op + b * os0 + h * os1 + m * os2;
+      bool any_bias = false;
+      for (int64_t m = m0; m < m1; ++m) {
+        const int64_t limit = N - M + m + 1;  // keys at positions <= this row's own
+        for (int64_t hh = 0; hh < group; ++hh) {
+          const int64_t i = (m - m0) * group + hh, h = g * group + hh;
+          for (int64_t d = 0; d < D; ++d) q_rows[i * D + d] = static_cast<float>(qp[b * qs0 + h * qs1 + m * qs2 + d]);
+          outs[i] = op + b * os0 + h * os1 + m * os2;
+          uint8_t* vr = vis + i * n;
+          float* br = bias + (mp && !std::is_same_v<MaskT, bool> ? i * n : 0);
+          if (hh > 0 && !per_head_mask) {  // the same mask row as the position's first head
+            std::memcpy(vr, vr - n, n);
+            if constexpr (!std::is_same_v<MaskT, bool>)
+              if (mp) std::memcpy(br, br - n, n * sizeof(float));
+            continue;
+          }
+          std::memset(vr + limit, 0, n - limit);
+          if (!mp) {
+            std::memset(vr, 1, limit);
+            continue;
+          }
+          const MaskT* row = mp + b * mb + h * mh + m * mm;
+          for (int64_t j = 0; j < limit; ++j) {
+            const MaskT x = row[j * mn];
+            if constexpr (std::is_same_v<MaskT, bool>) {
+              vr[j] = x;
+            } else {
+              const float f = static_cast<float>(x);
+              vr[j] = f != -INFINITY;
+              br[j] = vr[j] ? f : 0.0f;
+              any_bias |= vr[j] && f != 0.0f;
+            }
+          }
+          if constexpr (!std::is_same_v<MaskT, bool>) std::fill(br + limit, br + n, 0.0f);
+        }
+      }
+      // Each key's class over the block's rows: seen by all, by none, or by some (rows
+      // outer, so the byte loops vectorize).
+      uint8_t* seen_by_some = key_class + N;
+      std::memcpy(key_class, vis, n);
+      std::memcpy(seen_by_some, vis, n);
+      for (int64_t i = 1; i < nq; ++i)
+        for (int64_t j = 0; j < n; ++j) {
+          key_class[j] &= vis[i * n + j];
+          seen_by_some[j] |= vis[i * n + j];
+        }
+      for (int64_t j = 0; j < n; ++j)
+        key_class[j] = key_class[j] ? kKeyVisible : seen_by_some[j] ? kKeyMixed : kKeyHidden;
       const float* bp = any_bias ? bias : nullptr;  // all zeros: no bias, same bits
+      const T* vr = vp + b * vs0 + g * vs1;
       if constexpr (std::is_same_v<T, float>) {
-        K.attend_rows_f32(qr, qs1, per, kr, ks2, vr, vs2, idx, bp, n, D, sc, scores, orow, os1);
+        K.attend_block_f32(q_rows, nq, D, kt, ldk, vr, vs2, vis, key_class, bp, n, sc, scores, outs);
       } else {
-        // the task's query rows widened once (exact), not once per key
-        for (int64_t r = 0; r < per; ++r)
-          for (int64_t d = 0; d < D; ++d) q_rows[r * D + d] = static_cast<float>(qr[r * qs1 + d]);
-        K.attend_rows_bf16(q_rows, D, per, reinterpret_cast<const uint16_t*>(kr), ks2,
-                           reinterpret_cast<const uint16_t*>(vr), vs2, idx, bp, n, D, sc, scores,
-                           reinterpret_cast<uint16_t*>(orow), os1);
+        K.attend_block_bf16(q_rows, nq, D, kt, ldk, reinterpret_cast<const uint16_t*>(vr), vs2, vis, key_class, bp,
+                            n, sc, scores, reinterpret_cast<uint16_t* const*>(outs));
       }
     }
   });

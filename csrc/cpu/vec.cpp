@@ -375,27 +375,197 @@ double exp_weights(const float* z, int64_t n, float m, double* w) {
   return s;
 }
 
-// ---- attention of query rows sharing their keys (small_batch_attention) ---------------
-// Bytes: the n visible key and value rows, 2 * n * D elements, once for the nq query rows
-// (the query heads of one kv head); q and out nq * D. Work ~4 * nq * n * D flops and nq * n
-// exponentials. A decode step's keys (a few hundred rows of 64) sit in L1/L2: it runs at
-// the FMA and load ports. Per key: D / L loads shared by the nq rows, nq * D / L FMAs and
-// nq lane sums (reduced kScoreKeys keys at a time); the value pass keeps nq x up to 4
-// accumulator vectors in registers. (bf16, 16 query rows of 9 heads against 300 keys,
-// Zen 5, 2 threads: 162 us before the q rows were widened once, the value accumulators
-// kept in registers, the lane sums batched and the rows' softmax sums interleaved; 56 us
-// after: benchmarks/bench_attention.py.)
+// ---- attention of a block of query rows against one kv head (small_batch_attention) ---
+// Bytes: the key and value rows of one kv head, 2 * U * D elements, read once for the nq
+// query rows of a block (the query heads of the kv head times a few query positions); q
+// and out nq * D. Work ~4 * nq * U * D flops and nq * U exponentials.
+//
+// Keys as lanes: the keys are transposed once per (sequence, kv head) into kt [D][ldk], so
+// a score tile is L keys x one query row accumulated over d with one FMA per (row, d, L
+// keys), the q value a broadcast: no horizontal sums (with lanes over D, the reduction of
+// each (row, key) dot product cost ~40 % of the score pass at D = 64). Values keep lanes
+// over D: out_r = sum_j p_rj v_j, one broadcast of p_rj per key shared by the vectors of a
+// row, the value loads shared by the rows of the block. The price is the transposition,
+// 64 shuffles per L x L block, paid once per (sequence, kv head) and thread whatever the
+// number of rows: a decode step (3 query rows per kv head) pays it for few rows. Zen 4, 2
+// threads, bf16, 9 heads of 64 over 3 kv heads, against the previous lanes-over-D kernel
+// (benchmarks/compare_builds.sh with bench_attention.py, two alternating rounds;
+// benchmarks/results/attention_zen4_session18_compare_builds.txt), over 100 / 300 / 600
+// keys: 16 rows 43.6 / 115 / 222 -> 36-42 / 90-95 / 171-183 us; 4 rows 23.6 / 33.3 / 60
+// -> 22.7 / 39-42 / 71-73 us; one row 8.3 / 17.0 / 22.3 -> 11.4-12.4 / 25-28 / 33-38 us.
+// Lanes over D with the new task layout (blocks of rows from several positions, key
+// classes, broadcast loads) measured as the old kernel at 16 rows: the gain is the score
+// layout, and so is the cost at one row.
+
+// *p in every lane, read straight from memory (one broadcast load; splat(x) is vf{} + x, a
+// scalar add before the broadcast, since 0 + x is not x for x = -0).
+DOMINO_INLINE vf broadcast(const float* p) {
+#if defined(__AVX512F__)
+  return bit_cast<vf>(_mm512_set1_ps(*p));
+#elif defined(__AVX2__)
+  return bit_cast<vf>(_mm256_set1_ps(*p));
+#else
+  return splat(*p);
+#endif
+}
+
+// The L x L block of vectors r transposed in registers: stage H swaps bit H of the row and
+// column indices (a two-source shuffle per row pair); after every bit, r[c][l] = old r[l][c].
+template <int H, size_t... I>
+DOMINO_INLINE void swap_bit(vf& a, vf& b, std::index_sequence<I...>) {
+  const vf na = __builtin_shufflevector(a, b, ((I & H) ? int(L + I - H) : int(I))...);
+  const vf nb = __builtin_shufflevector(a, b, ((I & H) ? int(L + I) : int(I + H))...);
+  a = na;
+  b = nb;
+}
+template <int H>
+DOMINO_INLINE void transpose_stage(vf* r) {
+  DOMINO_UNROLL
+  for (int i = 0; i < L; ++i)
+    if ((i & H) == 0) swap_bit<H>(r[i], r[i + H], std::make_index_sequence<L>{});
+  if constexpr (H > 1) transpose_stage<H / 2>(r);
+}
+
+// The L x L block r transposed in place. AVX-512: the four-stage unpack / lane-shuffle
+// transpose (64 shuffles, half of them two per cycle); the other builds: transpose_stage.
+DOMINO_INLINE void transpose_block(vf* r) {
+#if defined(__AVX512F__)
+  __m512 t[16], u[16];
+  for (int i = 0; i < 16; i += 2) {  // t[i]: rows i, i+1 interleaved by 32 bits, low / high pairs
+    t[i] = _mm512_unpacklo_ps(bit_cast<__m512>(r[i]), bit_cast<__m512>(r[i + 1]));
+    t[i + 1] = _mm512_unpackhi_ps(bit_cast<__m512>(r[i]), bit_cast<__m512>(r[i + 1]));
+  }
+  for (int g = 0; g < 16; g += 4) {  // u[g + c]: column 4 * lane + c of rows g..g+3, per 128-bit lane
+    u[g] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[g]), _mm512_castps_pd(t[g + 2])));
+    u[g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[g]), _mm512_castps_pd(t[g + 2])));
+    u[g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[g + 1]), _mm512_castps_pd(t[g + 3])));
+    u[g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[g + 1]), _mm512_castps_pd(t[g + 3])));
+  }
+  for (int c = 0; c < 4; ++c) {  // gather each column's four 128-bit pieces
+    const __m512 v_even = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88), v_odd = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xdd);
+    const __m512 w_even = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x88);
+    const __m512 w_odd = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xdd);
+    r[c] = bit_cast<vf>(_mm512_shuffle_f32x4(v_even, w_even, 0x88));
+    r[8 + c] = bit_cast<vf>(_mm512_shuffle_f32x4(v_even, w_even, 0xdd));
+    r[4 + c] = bit_cast<vf>(_mm512_shuffle_f32x4(v_odd, w_odd, 0x88));
+    r[12 + c] = bit_cast<vf>(_mm512_shuffle_f32x4(v_odd, w_odd, 0xdd));
+  }
+#else
+  transpose_stage<L / 2>(r);
+#endif
+}
+
+// kt[d * ldk + j] = k[j * ks + d] as float for j < n, 0 for n <= j < ldk (ldk a multiple
+// of L, at least n). Exact (a move, and bf16 widening).
+template <typename T>
+void transpose_keys(const T* k, int64_t ks, int64_t n, int64_t D, float* kt, int64_t ldk) {
+  for (int64_t j0 = 0; j0 < ldk; j0 += L) {
+    const int64_t nj = n - j0;  // key rows present in this block (<= 0: padding only)
+    for (int64_t d0 = 0; d0 < D; d0 += L) {
+      const int64_t nd = D - d0 < L ? D - d0 : L;
+      vf r[L];
+      if (nj >= L && nd == L) {  // a whole block
+        DOMINO_UNROLL
+        for (int l = 0; l < L; ++l) r[l] = loadu(k + (j0 + l) * ks + d0);
+      } else {
+        for (int l = 0; l < L; ++l) {
+          const T* row = k + (j0 + l) * ks + d0;
+          r[l] = l >= nj ? splat(0.0f) : load_partial(row, nd, 0.0f);
+        }
+      }
+      transpose_block(r);
+      for (int64_t d = 0; d < nd; ++d) storeu(kt + (d0 + d) * ldk + j0, r[d]);
+    }
+  }
+}
+
+// Scores of NQ query rows (q, D floats each) against KB * L keys (kt at the first key):
+// s[r * lds + j] = scale * sum_d q_r[d] kt[d][j], the sum one FMA chain per lane, d in
+// order. The same per-lane operations whatever NQ, KB or the tile's place.
+template <int NQ, int KB>
+DOMINO_INLINE void score_tile(const float* q, int64_t D, const float* kt, int64_t ldk, float scale, float* s,
+                              int64_t lds) {
+  vf acc[NQ][KB];
+  DOMINO_UNROLL
+  for (int r = 0; r < NQ; ++r)
+    DOMINO_UNROLL
+    for (int kb = 0; kb < KB; ++kb) acc[r][kb] = splat(0.0f);
+  for (int64_t d = 0; d < D; ++d) {
+    vf kv[KB];
+    DOMINO_UNROLL
+    for (int kb = 0; kb < KB; ++kb) kv[kb] = loadu(kt + d * ldk + kb * L);
+    DOMINO_UNROLL
+    for (int r = 0; r < NQ; ++r) {
+      const vf qb = broadcast(q + r * D + d);
+      DOMINO_UNROLL
+      for (int kb = 0; kb < KB; ++kb) acc[r][kb] += qb * kv[kb];
+    }
+  }
+  DOMINO_UNROLL
+  for (int r = 0; r < NQ; ++r)
+    DOMINO_UNROLL
+    for (int kb = 0; kb < KB; ++kb) storeu(s + r * lds + kb * L, acc[r][kb] * scale);
+}
+
+template <int NQ>
+constexpr int kScoreVectors = kAcc / NQ < 1 ? 1 : kAcc / NQ;
+
+template <int NQ>
+void score_rows(const float* q, int64_t D, const float* kt, int64_t ldk, int64_t nk, float scale, float* s) {
+  constexpr int KB = kScoreVectors<NQ>;
+  int64_t j = 0;
+  for (; j + KB * L <= nk; j += KB * L) score_tile<NQ, KB>(q, D, kt + j, ldk, scale, s + j, ldk);
+  for (; j < nk; j += L) score_tile<NQ, 1>(q, D, kt + j, ldk, scale, s + j, ldk);
+}
+
+// Row r's weights over keys [0, n): a hidden key (vis 0) counts as -inf, bias added to the
+// rest; p = exp(s - max), exactly 0 below exp(-87) ~ 1.6e-38 (where exp_approx would
+// clamp), so a key under a huge finite negative bias adds exactly nothing. The max is exact
+// in any order; NaN sticks. Returns the max (-inf: no visible key, or every score -inf).
+DOMINO_INLINE float softmax_weights(float* s, const uint8_t* vis, const float* bias, int64_t n) {
+  typedef uint8_t vb __attribute__((vector_size(L)));
+  const int64_t nv = n - n % L;
+  vf mv = splat(-kInf);
+  auto keep_max = [&mv](vf x) { mv = (x > mv) | (x != x) ? x : mv; };  // NaN sticks
+  for (int64_t j = 0; j < nv; j += L) {
+    vb b;
+    std::memcpy(&b, vis + j, sizeof(b));
+    vf x = loadu(s + j);
+    if (bias) x = x + loadu(bias + j);
+    x = __builtin_convertvector(b, vi) != 0 ? x : splat(-kInf);
+    storeu(s + j, x);
+    keep_max(x);
+  }
+  for (int64_t j = nv; j < n; ++j) {
+    s[j] = vis[j] ? (bias ? s[j] + bias[j] : s[j]) : -kInf;
+  }
+  if (nv < n) keep_max(load_partial(s + nv, n - nv, -kInf));
+  float m = -kInf;
+  for (int l = 0; l < L; ++l)
+    if (m == m && (mv[l] > m || mv[l] != mv[l])) m = mv[l];
+  const float mr = m == -kInf ? 0.0f : m;
+  auto weights = [mr](vf x) {
+    x = x - mr;
+    return x < -87.0f ? splat(0.0f) : exp_approx(x);
+  };
+  for (int64_t j = 0; j < nv; j += L) storeu(s + j, weights(loadu(s + j)));
+  if (nv < n) store_partial(s + nv, n - nv, weights(load_partial(s + nv, n - nv, 0.0f)));
+  return m;
+}
 
 // Columns [d0, d0 + NB * L) of the value pass of NQ rows (the last vector may be cut at
-// D): out_r = sum_j p_rj v_{idx[j]} in key order, times inv_r. The block count is a
-// compile-time constant so the NQ x NB accumulators stay in registers (with a run-time
-// count GCC kept them on the stack: a store-to-load forward per key and vector).
+// D): out_r = sum over the keys j row r sees of p_rj v_j, in key order, times inv_r. A key
+// no row of the block sees is skipped, one every row sees is added to every row, one some
+// rows see is added to those: each row's sum is that of its own visible keys in order (a
+// hidden key's value, NaN or not, is never read into a row). The block count is a
+// compile-time constant so the NQ x NB accumulators stay in registers.
 template <int NQ>
 constexpr int64_t kValueVectors = kAcc / NQ < 1 ? 1 : (kAcc / NQ > 4 ? 4 : kAcc / NQ);
 
 template <int NQ, int64_t NB, typename T>
-DOMINO_INLINE void value_block(const T* v, int64_t vs, const int64_t* idx, int64_t n, int64_t D, int64_t d0,
-                               const float* scores, const float* inv, const bool* empty, T* out, int64_t os) {
+DOMINO_INLINE void value_block(const T* v, int64_t vs, const uint8_t* vis, const uint8_t* key_class, int64_t n,
+                               int64_t D, int64_t d0, const float* p, int64_t ldp, const float* inv,
+                               const bool* empty, T* const* out) {
   vf acc[NQ][NB];
   DOMINO_UNROLL
   for (int r = 0; r < NQ; ++r)
@@ -403,12 +573,27 @@ DOMINO_INLINE void value_block(const T* v, int64_t vs, const int64_t* idx, int64
     for (int64_t b = 0; b < NB; ++b) acc[r][b] = splat(0.0f);
   const bool whole = d0 + NB * L <= D;
   for (int64_t j = 0; j < n; ++j) {
-    const T* vr = v + idx[j] * vs + d0;
+    const uint8_t c = key_class[j];
+    if (c == kKeyHidden) continue;
+    const T* vr = v + j * vs + d0;
+    vf vv[NB];
     DOMINO_UNROLL
-    for (int64_t b = 0; b < NB; ++b) {
-      const vf vv = whole ? loadu(vr + b * L) : load_partial(vr + b * L, D - d0 - b * L, 0.0f);
+    for (int64_t b = 0; b < NB; ++b) vv[b] = whole ? loadu(vr + b * L) : load_partial(vr + b * L, D - d0 - b * L, 0.0f);
+    if (c == kKeyVisible) {
       DOMINO_UNROLL
-      for (int r = 0; r < NQ; ++r) acc[r][b] += splat(scores[r * n + j]) * vv;
+      for (int r = 0; r < NQ; ++r) {
+        const vf pr = broadcast(p + r * ldp + j);
+        DOMINO_UNROLL
+        for (int64_t b = 0; b < NB; ++b) acc[r][b] += pr * vv[b];
+      }
+    } else {
+      DOMINO_UNROLL
+      for (int r = 0; r < NQ; ++r) {
+        if (!vis[r * n + j]) continue;
+        const vf pr = broadcast(p + r * ldp + j);
+        DOMINO_UNROLL
+        for (int64_t b = 0; b < NB; ++b) acc[r][b] += pr * vv[b];
+      }
     }
   }
   DOMINO_UNROLL
@@ -418,141 +603,81 @@ DOMINO_INLINE void value_block(const T* v, int64_t vs, const int64_t* idx, int64
       const int64_t c = d0 + b * L;
       const vf o = empty[r] ? splat(0.0f) : acc[r][b] * inv[r];
       if (c + L <= D) {
-        storeu(out + r * os + c, o);
+        storeu(out[r] + c, o);
       } else {
         float t[L];
         storeu(t, o);
-        for (int64_t i = 0; i < D - c; ++i) store_one(out + r * os + c + i, t[i]);
+        for (int64_t i = 0; i < D - c; ++i) store_one(out[r] + c + i, t[i]);
       }
     }
 }
 
-// Scores of KB keys (idx[0..KB)) for NQ query rows: scores[r * n + kb] = scale * (q_r .
-// k_{idx[kb]}) + bias[kb], lanes over D and the lane-sum tree of reduce_lanes (the same
-// tree as hsum, one shuffle-add per L sums rather than log2 L per sum). KB keys at a time
-// give NQ x KB independent accumulator chains.
-template <int NQ>
-constexpr int kScoreKeys = (3 * kAcc / 2) / NQ < 1 ? 1 : (3 * kAcc / 2) / NQ;
-
-template <int NQ, int KB, typename T>
-DOMINO_INLINE void score_block(const float* q, int64_t qs, const T* k, int64_t ks, const int64_t* idx,
-                               const float* bias, int64_t D, float scale, float* scores, int64_t n) {
-  const int64_t Dv = D - D % L;
-  const T* kr[KB];
-  DOMINO_UNROLL
-  for (int kb = 0; kb < KB; ++kb) kr[kb] = k + idx[kb] * ks;
-  vf acc[NQ * KB];
-  DOMINO_UNROLL
-  for (int a = 0; a < NQ * KB; ++a) acc[a] = splat(0.0f);
-  for (int64_t d = 0; d < Dv; d += L) {
-    vf qv[NQ];
-    DOMINO_UNROLL
-    for (int r = 0; r < NQ; ++r) qv[r] = loadu(q + r * qs + d);
-    DOMINO_UNROLL
-    for (int kb = 0; kb < KB; ++kb) {
-      const vf kv = loadu(kr[kb] + d);
-      DOMINO_UNROLL
-      for (int r = 0; r < NQ; ++r) acc[r * KB + kb] += qv[r] * kv;
-    }
-  }
-  if (Dv < D) {
-    vf qv[NQ];
-    DOMINO_UNROLL
-    for (int r = 0; r < NQ; ++r) qv[r] = load_partial(q + r * qs + Dv, D - Dv, 0.0f);
-    DOMINO_UNROLL
-    for (int kb = 0; kb < KB; ++kb) {
-      const vf kv = load_partial(kr[kb] + Dv, D - Dv, 0.0f);
-      DOMINO_UNROLL
-      for (int r = 0; r < NQ; ++r) acc[r * KB + kb] += qv[r] * kv;
-    }
-  }
-  float sums[NQ * KB];
-  reduce_lanes<NQ * KB>(acc, sums);
-  DOMINO_UNROLL
-  for (int r = 0; r < NQ; ++r)
-    DOMINO_UNROLL
-    for (int kb = 0; kb < KB; ++kb) scores[r * n + kb] = sums[r * KB + kb] * scale + (bias ? bias[kb] : 0.0f);
-}
-
 template <int NQ, typename T>
-void attend_rows_n(const float* q, int64_t qs, const T* k, int64_t ks, const T* v, int64_t vs,
-                   const int64_t* idx, const float* bias, int64_t n, int64_t D, float scale,
-                   float* scores, T* out, int64_t os) {
-  // The scores, KB keys at a time (then one at a time)
-  constexpr int KB = kScoreKeys<NQ>;
-  int64_t j0 = 0;
-  for (; j0 + KB <= n; j0 += KB) score_block<NQ, KB>(q, qs, k, ks, idx + j0, bias ? bias + j0 : nullptr, D, scale, scores + j0, n);
-  for (; j0 < n; ++j0) score_block<NQ, 1>(q, qs, k, ks, idx + j0, bias ? bias + j0 : nullptr, D, scale, scores + j0, n);
-  // p = exp(s - m), exactly 0 below exp(-87) ~ 1.6e-38 (where exp_approx would clamp), so
-  // a key under a huge finite negative bias (an eager-style mask) adds exactly nothing.
-  // A row with no key, or every score -inf, gets zeros; a NaN score makes the row NaN.
-  // The max is exact in any order. The sum runs key by key in key order: a key hidden by a
-  // finite bias (an eager-style mask of the dtype's lowest value, as the engine's tree
-  // mask) is in the list with weight exactly 0, and adding 0 changes no bit only in a
-  // sequential sum (summed per lane, it would shift the later keys' lanes: a tree row
-  // would no longer give the bits of the one-token step of its path).
-  float inv[NQ];
-  bool empty[NQ];
-  const int64_t nv = n - n % L;
-  for (int r = 0; r < NQ; ++r) {
-    float* sr = scores + r * n;
-    vf mv = splat(-kInf);
-    auto keep_max = [&mv](vf x) { mv = (x > mv) | (x != x) ? x : mv; };  // NaN sticks
-    for (int64_t j = 0; j < nv; j += L) keep_max(loadu(sr + j));
-    if (nv < n) keep_max(load_partial(sr + nv, n - nv, -kInf));
-    float m = -kInf;
-    for (int l = 0; l < L; ++l)
-      if (m == m && (mv[l] > m || mv[l] != mv[l])) m = mv[l];
-    empty[r] = m == -kInf;
-    const float mr = empty[r] ? 0.0f : m;
-    auto weights = [mr](vf x) {
-      x = x - mr;
-      return x < -87.0f ? splat(0.0f) : exp_approx(x);
-    };
-    for (int64_t j = 0; j < nv; j += L) storeu(sr + j, weights(loadu(sr + j)));
-    if (nv < n) store_partial(sr + nv, n - nv, weights(load_partial(sr + nv, n - nv, 0.0f)));
-  }
-  // The NQ rows' sums interleaved: NQ independent dependency chains instead of one at a
-  // time (each row's own sum still runs key by key in key order: the same bits).
-  float sum[NQ];
-  for (int r = 0; r < NQ; ++r) sum[r] = 0.0f;
-  for (int64_t j = 0; j < n; ++j)
-    for (int r = 0; r < NQ; ++r) sum[r] += scores[r * n + j];
-  for (int r = 0; r < NQ; ++r) inv[r] = 1.0f / sum[r];
-  // Blocks of up to kValueVectors<NQ> vectors of columns: that many independent FMA
-  // chains per row over the keys, in registers.
+void value_rows(const T* v, int64_t vs, const uint8_t* vis, const uint8_t* key_class, int64_t n, int64_t D,
+                const float* p, int64_t ldp, const float* inv, const bool* empty, T* const* out) {
   constexpr int64_t NB = kValueVectors<NQ>;
   int64_t d0 = 0;
-  for (; d0 + NB * L <= D; d0 += NB * L) value_block<NQ, NB>(v, vs, idx, n, D, d0, scores, inv, empty, out, os);
-  for (; d0 < D; d0 += L) value_block<NQ, 1>(v, vs, idx, n, D, d0, scores, inv, empty, out, os);
+  for (; d0 + NB * L <= D; d0 += NB * L) value_block<NQ, NB>(v, vs, vis, key_class, n, D, d0, p, ldp, inv, empty, out);
+  for (; d0 < D; d0 += L) value_block<NQ, 1>(v, vs, vis, key_class, n, D, d0, p, ldp, inv, empty, out);
 }
 
-template <typename T>
-void attend_rows(const float* q, int64_t qs, int64_t nq, const T* k, int64_t ks, const T* v, int64_t vs,
-                 const int64_t* idx, const float* bias, int64_t n, int64_t D, float scale, float* scores,
-                 T* out, int64_t os) {
-  // Each query row's arithmetic is the same whatever NQ it is computed in (its own
-  // accumulators, its own lane sums, its own exp and sum): the blocking only shares loads.
+// Row blocks of up to 4 (then the remainder): the blocking shares loads, never arithmetic.
+template <typename F>
+DOMINO_INLINE void for_row_blocks(int64_t nq, F&& f) {
   int64_t r = 0;
-  for (; r + 4 <= nq; r += 4)
-    attend_rows_n<4>(q + r * qs, qs, k, ks, v, vs, idx, bias, n, D, scale, scores, out + r * os, os);
+  for (; r + 4 <= nq; r += 4) f(std::integral_constant<int, 4>{}, r);
   switch (nq - r) {
-    case 3: attend_rows_n<3>(q + r * qs, qs, k, ks, v, vs, idx, bias, n, D, scale, scores, out + r * os, os); break;
-    case 2: attend_rows_n<2>(q + r * qs, qs, k, ks, v, vs, idx, bias, n, D, scale, scores, out + r * os, os); break;
-    case 1: attend_rows_n<1>(q + r * qs, qs, k, ks, v, vs, idx, bias, n, D, scale, scores, out + r * os, os); break;
+    case 3: f(std::integral_constant<int, 3>{}, r); break;
+    case 2: f(std::integral_constant<int, 2>{}, r); break;
+    case 1: f(std::integral_constant<int, 1>{}, r); break;
     default: break;
   }
 }
 
-void attend_rows_f32(const float* q, int64_t qs, int64_t nq, const float* k, int64_t ks, const float* v,
-                     int64_t vs, const int64_t* idx, const float* bias, int64_t n, int64_t D, float scale,
-                     float* scores, float* out, int64_t os) {
-  attend_rows(q, qs, nq, k, ks, v, vs, idx, bias, n, D, scale, scores, out, os);
+template <typename T>
+void attend_block(const float* q, int64_t nq, int64_t D, const float* kt, int64_t ldk, const T* v, int64_t vs,
+                  const uint8_t* vis, const uint8_t* key_class, const float* bias, int64_t n, float scale,
+                  float* scores, T* const* out) {
+  const int64_t nk = (n + L - 1) / L * L;  // scored keys: n rounded up to whole vectors (<= ldk)
+  for_row_blocks(nq, [&](auto nq_block, int64_t r) {
+    constexpr int NQ = decltype(nq_block)::value;
+    score_rows<NQ>(q + r * D, D, kt, ldk, nk, scale, scores + r * ldk);
+  });
+  // Weights row by row, then the rows' sums interleaved (NQ independent dependency chains;
+  // each row's own sum runs key by key in key order, a hidden key's exact 0 adding nothing).
+  float inv[4];
+  bool empty[4];
+  for_row_blocks(nq, [&](auto nq_block, int64_t r0) {
+    constexpr int NQ = decltype(nq_block)::value;
+    float sum[NQ];
+    for (int r = 0; r < NQ; ++r) {
+      const int64_t row = r0 + r;
+      const float m = softmax_weights(scores + row * ldk, vis + row * n, bias ? bias + row * n : nullptr, n);
+      empty[r] = m == -kInf;
+      sum[r] = 0.0f;
+    }
+    for (int64_t j = 0; j < n; ++j)
+      for (int r = 0; r < NQ; ++r) sum[r] += scores[(r0 + r) * ldk + j];
+    for (int r = 0; r < NQ; ++r) inv[r] = 1.0f / sum[r];
+    value_rows<NQ>(v, vs, vis + r0 * n, key_class, n, D, scores + r0 * ldk, ldk, inv, empty, out + r0);
+  });
 }
-void attend_rows_bf16(const float* q, int64_t qs, int64_t nq, const uint16_t* k, int64_t ks,
-                      const uint16_t* v, int64_t vs, const int64_t* idx, const float* bias, int64_t n,
-                      int64_t D, float scale, float* scores, uint16_t* out, int64_t os) {
-  attend_rows(q, qs, nq, k, ks, v, vs, idx, bias, n, D, scale, scores, out, os);
+
+void transpose_keys_f32(const float* k, int64_t ks, int64_t n, int64_t D, float* kt, int64_t ldk) {
+  transpose_keys(k, ks, n, D, kt, ldk);
+}
+void transpose_keys_bf16(const uint16_t* k, int64_t ks, int64_t n, int64_t D, float* kt, int64_t ldk) {
+  transpose_keys(k, ks, n, D, kt, ldk);
+}
+void attend_block_f32(const float* q, int64_t nq, int64_t D, const float* kt, int64_t ldk, const float* v,
+                      int64_t vs, const uint8_t* vis, const uint8_t* key_class, const float* bias, int64_t n,
+                      float scale, float* scores, float* const* out) {
+  attend_block(q, nq, D, kt, ldk, v, vs, vis, key_class, bias, n, scale, scores, out);
+}
+void attend_block_bf16(const float* q, int64_t nq, int64_t D, const float* kt, int64_t ldk, const uint16_t* v,
+                       int64_t vs, const uint8_t* vis, const uint8_t* key_class, const float* bias, int64_t n,
+                       float scale, float* scores, uint16_t* const* out) {
+  attend_block(q, nq, D, kt, ldk, v, vs, vis, key_class, bias, n, scale, scores, out);
 }
 
 }  // namespace
@@ -576,8 +701,10 @@ const Kernels kKernels = {
     .temper_f32 = &temper_f32,
     .temper_bf16 = &temper_bf16,
     .exp_weights = &exp_weights,
-    .attend_rows_f32 = &attend_rows_f32,
-    .attend_rows_bf16 = &attend_rows_bf16,
+    .transpose_keys_f32 = &transpose_keys_f32,
+    .transpose_keys_bf16 = &transpose_keys_bf16,
+    .attend_block_f32 = &attend_block_f32,
+    .attend_block_bf16 = &attend_block_bf16,
 };
 
 }  // namespace domino::cpu::DOMINO_ISA
