@@ -4,8 +4,9 @@ Prints, in one run, for SmolLM2-135M-Instruct with a KV cache of --cache tokens,
 time of a forward over k = 1, 2, 4, 8, 16, 32 new tokens (logits at every position, as a
 verification needs) with PyTorch's own linear layers, with
 ``domino_ops.small_batch_linear`` under them (``domino.fast_linear``; attention stays HF's
-SDPA), and with both the linear and ``domino_ops.small_batch_attention`` (what the engine
-runs on the CPU), in fp32 and bf16, side by side, each with its ratio to its own one-token
+SDPA), with both the linear and ``domino_ops.small_batch_attention``, and with those plus
+``domino_ops.rms_norm`` and ``silu_mul`` (``domino.fast_layers``: what the engine runs on
+the CPU), in fp32 and bf16, side by side, each with its ratio to its own one-token
 forward. The variants alternate within every repeat, so machine noise hits them alike. Then a microbenchmark of the op
 alone against ``torch.nn.functional.linear`` on SmolLM2's shapes at M = 1 and 16.
 
@@ -31,18 +32,21 @@ from domino.target import cache_kwarg
 from domino_ops import cpu
 from timing import median_seconds
 from domino.fast_attention import undo_small_batch_attention, use_small_batch_attention
+from domino.fast_layers import undo_fused_layers, use_fused_layers
 from domino import fast_linear
 from domino.fast_linear import runs_packed, undo_small_batch_linear, use_small_batch_linear, uses_small_batch_linear
 
 KS = (1, 2, 4, 8, 16, 32)
 SHAPES = ((576, 576), (1536, 576), (576, 1536), (49152, 576))  # (N, K): q/o, gate/up, down, LM head
-# variant: (small_batch_linear, packed weights, small_batch_attention). "kernel" is what
-# domino.fast_linear runs: the packed kernel for bf16 on an AVX512-BF16 CPU, else the
-# row-major one; "row-major" forces the row-major kernel (shown where packing applies).
-VARIANTS = {"torch": (False, False, False), "row-major": (True, False, False), "kernel": (True, True, False),
-            "kernel+attention": (True, True, True)}
+# variant: (small_batch_linear, packed weights, small_batch_attention, fused layers). "kernel"
+# is what domino.fast_linear runs: the packed kernel for bf16 on an AVX512-BF16 CPU, else
+# the row-major one; "row-major" forces the row-major kernel (shown where packing
+# applies); "engine" adds domino.fast_layers' rms_norm and silu_mul: what the engine runs.
+VARIANTS = {"torch": (False, False, False, False), "row-major": (True, False, False, False),
+            "kernel": (True, True, False, False), "kernel+attention": (True, True, True, False),
+            "engine": (True, True, True, True)}
 LABELS = {"torch": "PyTorch", "row-major": "small_batch_linear row-major", "kernel": "small_batch_linear",
-          "kernel+attention": "+ small_batch_attention"}
+          "kernel+attention": "+ small_batch_attention", "engine": "+ rms_norm, silu_mul (the engine)"}
 
 
 def cpu_flags() -> str:
@@ -78,9 +82,10 @@ def forward_times(model, cache_len: int, repeats: int, ks=KS) -> dict:
         for k in ks:
             ids = torch.randint(0, vocab, (1, k), generator=g)
             for rep in range(repeats + 2):  # the first two rounds are warm-up
-                for variant, (linear, packed, attention) in variants.items():
+                for variant, (linear, packed, attention, fused) in variants.items():
                     run_linear_as(model, linear, packed and packs)
                     (use_small_batch_attention if attention else undo_small_batch_attention)(model)
+                    (use_fused_layers if fused else undo_fused_layers)(model)
                     t0 = CLOCK()
                     out = model(input_ids=ids, **{kv: cache}, use_cache=True)
                     dt = CLOCK() - t0
@@ -90,6 +95,7 @@ def forward_times(model, cache_len: int, repeats: int, ks=KS) -> dict:
                         times.setdefault((variant, k), []).append(dt)
     undo_small_batch_linear(model)
     undo_small_batch_attention(model)
+    undo_fused_layers(model)
     return times
 
 
@@ -139,10 +145,12 @@ def model_table(repeats: int, cache_len: int, dtypes) -> None:
         r16 = med[(dt, "kernel", 16)][0] / med[(dt, "kernel", 1)][0]
         one = med[(dt, "kernel", 1)][0] / med[(dt, "torch", 1)][0]
         r16a = med[(dt, "kernel+attention", 16)][0] / med[(dt, "kernel+attention", 1)][0]
+        r16e = med[(dt, "engine", 16)][0] / med[(dt, "engine", 1)][0]
         print(f"  {names[dt]}: 16-token / 1-token forward with the kernel = {r16:.2f}x (goal <= 1.3: "
               f"{'met' if r16 <= 1.3 else 'MISSED'}); kernel 1-token / PyTorch 1-token = {one:.2f} "
-              f"(goal <= 1: {'met' if one <= 1.0 else 'MISSED'}); with small_batch_attention too (the "
-              f"engine's configuration): 16-token / 1-token = {r16a:.2f}x")
+              f"(goal <= 1: {'met' if one <= 1.0 else 'MISSED'}); with small_batch_attention too: "
+              f"{r16a:.2f}x; the engine's configuration (+ rms_norm, silu_mul): 16-token / 1-token = "
+              f"{r16e:.2f}x, its 1-token forward {med[(dt, 'engine', 1)][0] * 1e3:.1f} ms")
 
 
 def median_time(f, repeats: int) -> float:

@@ -34,6 +34,9 @@ inline constexpr const char* kSmallBatchLinearPacked =
     "small_batch_linear_packed(Tensor x, Tensor packed_weight, int out_features, Tensor? bias, Tensor(a!) out) -> ()";
 inline constexpr const char* kSmallBatchAttention =
     "small_batch_attention(Tensor q, Tensor k, Tensor v, Tensor? mask, float scale, Tensor(a!) out) -> ()";
+// A decoder layer's row-wise ops in HF's rounding order, batch-invariant (CPU).
+inline constexpr const char* kRmsNorm = "rms_norm(Tensor input, Tensor weight, float eps, Tensor(a!) out) -> ()";
+inline constexpr const char* kSiluMul = "silu_mul(Tensor gate, Tensor up, Tensor(a!) out) -> ()";
 
 // The sgl-kernel-compatible tree ops (csrc/tree_ops.h): sgl-kernel's signatures, with
 // draft_probs optional (newer sgl-kernel releases dropped it).

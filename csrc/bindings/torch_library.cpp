@@ -10,4 +10,6 @@ TORCH_LIBRARY(domino_ops, m) {
   m.def(domino::schemas::kSmallBatchLinear);
   m.def(domino::schemas::kSmallBatchLinearPacked);
   m.def(domino::schemas::kSmallBatchAttention);
+  m.def(domino::schemas::kRmsNorm);
+  m.def(domino::schemas::kSiluMul);
 }

@@ -88,6 +88,15 @@ struct Kernels {
   // vector lanes, so not in index order).
   double (*exp_weights)(const float* z, int64_t n, float m, double* w);
 
+  // One row of n: out = round(w * round(x / sqrt(mean(x^2) + eps))), HF's LlamaRMSNorm
+  // order, rounded to the dtype after each step (rms_norm.cpp).
+  void (*rms_norm_f32)(const float* x, const float* w, int64_t n, float eps, float* out);
+  void (*rms_norm_bf16)(const uint16_t* x, const uint16_t* w, int64_t n, float eps, uint16_t* out);
+  // out[i] = round(round(silu(gate[i])) * up[i]) for i < n, rounded to the dtype (bf16:
+  // nearest even) after each step, as HF's act_fn(gate) * up (silu_mul.cpp).
+  void (*silu_mul_f32)(const float* gate, const float* up, int64_t n, float* out);
+  void (*silu_mul_bf16)(const uint16_t* gate, const uint16_t* up, int64_t n, uint16_t* out);
+
   // Attention of a block of nq query rows against the keys [0, n) of one kv head
   // (small_batch_attention.cpp). transpose_keys: kt[d * ldk + j] = k[j * k_stride + d] as
   // float for j < n, 0 for n <= j < ldk (ldk a multiple of `lanes`, >= n). attend_block:

@@ -375,6 +375,77 @@ double exp_weights(const float* z, int64_t n, float m, double* w) {
   return s;
 }
 
+// ---- silu_mul: a gated MLP's activation, out = silu(gate) * up --------------------------
+// HF's order and roundings (LlamaMLP: act_fn(gate_proj(x)) * up_proj(x)): silu(g) =
+// g / (1 + exp(-g)) in float, rounded to the tensors' dtype, times up in float, rounded
+// again. Elementwise, every lane the same operations: an element's bits do not depend on
+// where it sits, so a row alone equals the row among others.
+DOMINO_INLINE vf round_like(vf v, const float*) { return v; }
+DOMINO_INLINE vf round_like(vf v, const uint16_t*) {  // to bf16 and back: storeu's rounding
+  const vu u = bit_cast<vu>(v);
+  const vu rounded = (u + ((u >> 16) & 1u) + 0x7fffu) & 0xffff0000u;
+  const vu nan = bit_cast<vu>(v != v);
+  return bit_cast<vf>((rounded & ~nan) | (nan & 0x7fc00000u));
+}
+
+// Below g = -88 exp(-g) nears float's overflow (exp_approx clamps its argument at 88):
+// silu(g) is then -0, as PyTorch's g / inf, instead of g over a clamped exponential.
+template <typename T>
+DOMINO_INLINE vf silu_mul_vec(vf g, vf u, const T* tag) {
+  const vf silu = g / (1.0f + exp_approx(-g));
+  const vf act = round_like(g < -88.0f ? g * 0.0f : silu, tag);
+  return act * u;
+}
+
+template <typename T>
+void silu_mul(const T* gate, const T* up, int64_t n, T* out) {
+  const int64_t nv = n - n % L;
+  for (int64_t i = 0; i < nv; i += L) storeu(out + i, silu_mul_vec(loadu(gate + i), loadu(up + i), gate));
+  if (nv < n) {
+    const vf o = silu_mul_vec(load_partial(gate + nv, n - nv, 0.0f), load_partial(up + nv, n - nv, 0.0f), gate);
+    float t[L];
+    storeu(t, o);
+    for (int64_t i = 0; i < n - nv; ++i) store_one(out + nv + i, t[i]);
+  }
+}
+
+void silu_mul_f32(const float* gate, const float* up, int64_t n, float* out) { silu_mul(gate, up, n, out); }
+void silu_mul_bf16(const uint16_t* gate, const uint16_t* up, int64_t n, uint16_t* out) {
+  silu_mul(gate, up, n, out);
+}
+
+// ---- rms_norm: one row of HF's LlamaRMSNorm ---------------------------------------------
+// out = round(w * round(x * (1 / sqrt(sum(x^2) / n + eps)))): HF's order (the normalized
+// value rounded to the dtype before the weight product; bf16: nearest even), float math.
+// The sum of squares runs in L lanes over the row, then hsum's fixed lane tree: the same
+// operations for a row whatever rows are around it.
+template <typename T>
+void rms_norm_row(const T* x, const T* w, int64_t n, float eps, T* out) {
+  const int64_t nv = n - n % L;
+  vf acc = splat(0.0f);
+  for (int64_t i = 0; i < nv; i += L) {
+    const vf v = loadu(x + i);
+    acc += v * v;
+  }
+  if (nv < n) {
+    const vf v = load_partial(x + nv, n - nv, 0.0f);
+    acc += v * v;
+  }
+  const float r = 1.0f / __builtin_sqrtf(hsum(acc) / static_cast<float>(n) + eps);  // no <cmath>: see vec.h
+  for (int64_t i = 0; i < nv; i += L) storeu(out + i, loadu(w + i) * round_like(loadu(x + i) * r, x));
+  if (nv < n) {
+    const vf o = load_partial(w + nv, n - nv, 0.0f) * round_like(load_partial(x + nv, n - nv, 0.0f) * r, x);
+    float t[L];
+    storeu(t, o);
+    for (int64_t i = 0; i < n - nv; ++i) store_one(out + nv + i, t[i]);
+  }
+}
+
+void rms_norm_f32(const float* x, const float* w, int64_t n, float eps, float* out) { rms_norm_row(x, w, n, eps, out); }
+void rms_norm_bf16(const uint16_t* x, const uint16_t* w, int64_t n, float eps, uint16_t* out) {
+  rms_norm_row(x, w, n, eps, out);
+}
+
 // ---- attention of a block of query rows against one kv head (small_batch_attention) ---
 // Bytes: the key and value rows of one kv head, 2 * U * D elements, read once for the nq
 // query rows of a block (the query heads of the kv head times a few query positions); q
@@ -701,6 +772,10 @@ const Kernels kKernels = {
     .temper_f32 = &temper_f32,
     .temper_bf16 = &temper_bf16,
     .exp_weights = &exp_weights,
+    .rms_norm_f32 = &rms_norm_f32,
+    .rms_norm_bf16 = &rms_norm_bf16,
+    .silu_mul_f32 = &silu_mul_f32,
+    .silu_mul_bf16 = &silu_mul_bf16,
     .transpose_keys_f32 = &transpose_keys_f32,
     .transpose_keys_bf16 = &transpose_keys_bf16,
     .attend_block_f32 = &attend_block_f32,

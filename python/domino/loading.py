@@ -17,6 +17,7 @@ from domino.cache_dirs import write_directory
 from domino.config import default_drafter_config
 from domino.datastore import DATASTORE_FILE, TokenDatastore
 from domino.fast_attention import use_small_batch_attention
+from domino.fast_layers import use_fused_layers
 from domino.fast_linear import use_small_batch_linear
 from domino.generate import DominoGenerator
 from domino.model import DominoDraftModel
@@ -140,12 +141,15 @@ def load(target, drafter=None, tokenizer=None, *, device=None, dtype=torch.float
 
 
 def use_cpu_kernels(model: torch.nn.Module, *, small_batch_linear: bool, small_batch_attention: bool):
-    """Puts ``model``'s linear layers on the batch-invariant small-batch linear and (a HF
-    target) its attention on the small-batch attention kernel, each when asked and only
-    when the model is on the CPU (the kernels are CPU kernels); in place, returns ``model``."""
+    """Puts ``model``'s linear layers on the batch-invariant small-batch linear (and, with
+    it, a HF model's RMSNorms and SiLU gated MLPs on the fused row-wise kernels,
+    :mod:`domino.fast_layers`) and (a HF target) its attention on the small-batch attention
+    kernel, each when asked and only when the model is on the CPU (the kernels are CPU
+    kernels); in place, returns ``model``."""
     if next(model.parameters()).device.type == "cpu":
         if small_batch_linear:
             use_small_batch_linear(model)
+            use_fused_layers(model)
         if small_batch_attention:
             use_small_batch_attention(model)
     return model

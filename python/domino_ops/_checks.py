@@ -132,3 +132,20 @@ def _one_generator(name: str, gen, device: torch.device) -> None:
                         f"got {type(gen).__name__}")
     if gen.device.type != device.type:
         raise ValueError(f"{name} is on {gen.device} but the op runs on {device}")
+
+
+CPU_KERNEL_BACKENDS = ("auto", "native", "reference")
+
+
+def cpu_kernel_backend(op: str, backend, device: torch.device) -> str:
+    """The path of an op that has a CPU kernel only: "native" (the C++ kernel, on the CPU)
+    or "reference" (asked for, or "auto" on another device). ``backend`` None means "auto";
+    "native" off the CPU raises."""
+    backend = "auto" if backend is None else backend
+    if backend not in CPU_KERNEL_BACKENDS:
+        raise ValueError(f"backend must be one of {CPU_KERNEL_BACKENDS}, got {backend!r}")
+    if backend == "reference" or (device.type != "cpu" and backend == "auto"):
+        return "reference"
+    if device.type != "cpu":
+        raise RuntimeError(f"backend='native': {op} has a CPU kernel only, not {device.type}")
+    return "native"

@@ -18,7 +18,6 @@ from domino_ops import _checks, reference
 
 __all__ = ["small_batch_attention"]
 
-_BACKENDS = ("auto", "native", "reference")
 _MASK_DTYPES = (torch.bool, torch.float32, torch.bfloat16)
 
 
@@ -51,10 +50,6 @@ def small_batch_attention(q, k, v, mask=None, *, scale=None, backend=None):
         ``.transpose(1, 2)``, HF's output layout, is contiguous): fp32 scores, softmax and
         sums, rounded once. A row with no visible key is zeros. Not differentiable.
     """
-    if backend is None:
-        backend = "auto"
-    if backend not in _BACKENDS:
-        raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
     q = _checks.tensor("q", q, ndim=4, dtypes=_checks.FLOAT_OR_BF16)
     dev = q.device
     k = _checks.tensor("k", k, ndim=4, dtypes=(q.dtype,), device=dev)
@@ -75,10 +70,8 @@ def small_batch_attention(q, k, v, mask=None, *, scale=None, backend=None):
         scale = 1.0 / math.sqrt(D)
     elif not isinstance(scale, (int, float)) or isinstance(scale, bool) or not math.isfinite(scale):
         raise ValueError(f"scale must be a finite number, got {scale!r}")
-    if backend == "reference" or (dev.type != "cpu" and backend == "auto"):
+    if _checks.cpu_kernel_backend("small_batch_attention", backend, dev) == "reference":
         return reference.small_batch_attention(q, k, v, mask, float(scale))
-    if dev.type != "cpu":
-        raise RuntimeError(f"backend='native': small_batch_attention has a CPU kernel only, not {dev.type}")
     out = torch.empty(B, M, Hq, D, dtype=q.dtype).transpose(1, 2)
     torch.ops.domino_ops.small_batch_attention(
         _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v),

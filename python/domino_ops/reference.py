@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from domino_ops.sampling import draw_uniforms, effective_temperature, filtered_weights, may_sample, per_row
 
 __all__ = ["domino_head_rollout", "domino_head_expand", "sample", "verify_greedy", "verify_sampling", "sample_from_logits",
-           "small_batch_linear", "small_batch_attention"]
+           "small_batch_linear", "small_batch_attention", "rms_norm", "silu_mul"]
 
 
 def sample_from_logits(logits: torch.Tensor, temperature, top_k, top_p,
@@ -253,3 +253,20 @@ def small_batch_attention(q, k, v, mask=None, scale=None):
     p = torch.exp(s - m.masked_fill(empty, 0.0))
     out = (p @ vv) / p.sum(-1, keepdim=True).masked_fill(empty, 1.0)
     return out.masked_fill(empty, 0.0).to(q.dtype)
+
+
+def rms_norm(input, weight, eps):
+    """Reference of :func:`domino_ops.rms_norm`: HF's LlamaRMSNorm over the last dimension,
+    ``weight * (x / sqrt(mean(x^2) + eps))`` with float32 math (float64 when input is
+    float64), the normalized value rounded to input's dtype before the weight product, the
+    product in the dtypes' promotion (as HF writes it). input [..., n], weight [n]."""
+    acc = torch.float64 if input.dtype == torch.float64 else torch.float32
+    x = input.to(acc)
+    y = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)).to(input.dtype)
+    return weight * y
+
+
+def silu_mul(gate, up):
+    """Reference of :func:`domino_ops.silu_mul`: ``silu(gate) * up``, each step in the
+    tensors' dtype as HF's gated MLPs compute it (``act_fn(gate_proj(x)) * up_proj(x)``)."""
+    return F.silu(gate) * up
