@@ -2,9 +2,11 @@
 identical to plain greedy decoding.
 
 For each model configuration (``--configs``: fp32 with PyTorch's linears, fp32 and bf16
-with the batch-invariant ``small_batch_linear`` under both models, and bf16 with it and
-the target's attention on ``small_batch_attention`` (``domino.fast_attention``); the same
-kernels serve both sides of each comparison) it times, on the same prompts:
+with the batch-invariant ``small_batch_linear`` under both models (and, with it, a HF
+model's RMSNorms and gated MLPs on ``rms_norm`` / ``silu_mul``, ``domino.fast_layers``),
+and bf16 with those and the target's attention on ``small_batch_attention``
+(``domino.fast_attention``); the same kernels serve both sides of each comparison) it
+times, on the same prompts:
 
 - plain HF greedy ``generate`` and HF prompt lookup (``prompt_lookup_num_tokens``);
 - Domino, a chain of the whole block every round (``num_drafts`` = block - 1);
