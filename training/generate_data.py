@@ -84,7 +84,9 @@ def target_as_deployed(model, device="cpu"):
     place; returns it in eval mode.
 
     On the CPU: :data:`domino.loading.DEFAULT_OPTIONS` (bf16, the batch-invariant
-    small-batch linear and attention kernels), the configuration ``load_default``, the CLI
+    small-batch linear and attention kernels, and with the linear the fused RMSNorm and
+    SiLU-and-mul of :mod:`domino.fast_layers`; shards decoded before those existed hold
+    the responses of the target without them), the configuration ``load_default``, the CLI
     and ``make run`` decode with. Every row of a batched forward is then computed bit for
     bit as that prompt decoded alone, so each regenerated response is exactly the deployed
     target's own greedy decoding of its prompt and its features are the bits the drafter
