@@ -56,7 +56,7 @@ def random_mask(B, Hq, M, N, kind, seed):
        dtype=st.sampled_from(DTYPES), mask=st.sampled_from([None, "bool", torch.float32, torch.bfloat16]),
        seed=st.integers(0, 2 ** 16), isa=st.sampled_from(cpu.supported_isas()))
 def test_matches_float64_reference(B, Hkv, group, M, extra, D, dtype, mask, seed, isa):
-    """On every CPU build this machine runs (each compiles its own attend_rows)."""
+    """On every CPU build this machine runs (each compiles its own attend_block)."""
     q, k, v = make(B, Hkv * group, Hkv, M, M + extra, D, dtype, seed)
     m = random_mask(B, Hkv * group, M, M + extra, mask, seed)
     with domino_ops.cpu.forced_isa(isa):

@@ -38,9 +38,9 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstring>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 #include <utility>
 #include <vector>

@@ -24,10 +24,12 @@ DOMINO_INLINE vf load_partial(const T* p, int64_t n, float fill) {
   for (int i = 0; i < L; ++i) t[i] = i < n ? to_float(p[i]) : fill;
   return loadu(t);
 }
-DOMINO_INLINE void store_partial(float* p, int64_t n, vf v) {
+// The first n < L lanes of v stored to p, rounded to p's dtype.
+template <typename T>
+DOMINO_INLINE void store_partial(T* p, int64_t n, vf v) {
   float t[L];
   storeu(t, v);
-  for (int64_t i = 0; i < n; ++i) p[i] = t[i];
+  for (int64_t i = 0; i < n; ++i) store_one(p + i, t[i]);
 }
 
 void pack_bf16_x(const float* x, int64_t xs, int64_t nb, int64_t cols, float* out) {
@@ -381,12 +383,7 @@ double exp_weights(const float* z, int64_t n, float m, double* w) {
 // again. Elementwise, every lane the same operations: an element's bits do not depend on
 // where it sits, so a row alone equals the row among others.
 DOMINO_INLINE vf round_like(vf v, const float*) { return v; }
-DOMINO_INLINE vf round_like(vf v, const uint16_t*) {  // to bf16 and back: storeu's rounding
-  const vu u = bit_cast<vu>(v);
-  const vu rounded = (u + ((u >> 16) & 1u) + 0x7fffu) & 0xffff0000u;
-  const vu nan = bit_cast<vu>(v != v);
-  return bit_cast<vf>((rounded & ~nan) | (nan & 0x7fc00000u));
-}
+DOMINO_INLINE vf round_like(vf v, const uint16_t*) { return bit_cast<vf>(bf16_rounded_bits(v)); }
 
 // Below g = -88 exp(-g) nears float's overflow (exp_approx clamps its argument at 88):
 // silu(g) is then -0, as PyTorch's g / inf, instead of g over a clamped exponential.
@@ -401,12 +398,9 @@ template <typename T>
 void silu_mul(const T* gate, const T* up, int64_t n, T* out) {
   const int64_t nv = n - n % L;
   for (int64_t i = 0; i < nv; i += L) storeu(out + i, silu_mul_vec(loadu(gate + i), loadu(up + i), gate));
-  if (nv < n) {
-    const vf o = silu_mul_vec(load_partial(gate + nv, n - nv, 0.0f), load_partial(up + nv, n - nv, 0.0f), gate);
-    float t[L];
-    storeu(t, o);
-    for (int64_t i = 0; i < n - nv; ++i) store_one(out + nv + i, t[i]);
-  }
+  if (nv < n)
+    store_partial(out + nv, n - nv,
+                  silu_mul_vec(load_partial(gate + nv, n - nv, 0.0f), load_partial(up + nv, n - nv, 0.0f), gate));
 }
 
 void silu_mul_f32(const float* gate, const float* up, int64_t n, float* out) { silu_mul(gate, up, n, out); }
@@ -433,12 +427,9 @@ void rms_norm_row(const T* x, const T* w, int64_t n, float eps, T* out) {
   }
   const float r = 1.0f / __builtin_sqrtf(hsum(acc) / static_cast<float>(n) + eps);  // no <cmath>: see vec.h
   for (int64_t i = 0; i < nv; i += L) storeu(out + i, loadu(w + i) * round_like(loadu(x + i) * r, x));
-  if (nv < n) {
-    const vf o = load_partial(w + nv, n - nv, 0.0f) * round_like(load_partial(x + nv, n - nv, 0.0f) * r, x);
-    float t[L];
-    storeu(t, o);
-    for (int64_t i = 0; i < n - nv; ++i) store_one(out + nv + i, t[i]);
-  }
+  if (nv < n)
+    store_partial(out + nv, n - nv,
+                  load_partial(w + nv, n - nv, 0.0f) * round_like(load_partial(x + nv, n - nv, 0.0f) * r, x));
 }
 
 void rms_norm_f32(const float* x, const float* w, int64_t n, float eps, float* out) { rms_norm_row(x, w, n, eps, out); }
@@ -673,13 +664,8 @@ DOMINO_INLINE void value_block(const T* v, int64_t vs, const uint8_t* vis, const
     for (int64_t b = 0; b < NB; ++b) {
       const int64_t c = d0 + b * L;
       const vf o = empty[r] ? splat(0.0f) : acc[r][b] * inv[r];
-      if (c + L <= D) {
-        storeu(out[r] + c, o);
-      } else {
-        float t[L];
-        storeu(t, o);
-        for (int64_t i = 0; i < D - c; ++i) store_one(out[r] + c + i, t[i]);
-      }
+      if (c + L <= D) storeu(out[r] + c, o);
+      else store_partial(out[r] + c, D - c, o);
     }
 }
 

@@ -91,12 +91,16 @@ DOMINO_INLINE vf loadu(const uint16_t* p) {
 #endif
   return bit_cast<vf>(w << 16);
 }
-// Round to nearest even, NaN to the quiet NaN 0x7fc0: c10::BFloat16's conversion.
-DOMINO_INLINE void storeu(uint16_t* p, vf v) {
+// v rounded to bf16, as fp32 bit patterns (the low halves zero): round to nearest even,
+// NaN to the quiet NaN 0x7fc0, c10::BFloat16's conversion.
+DOMINO_INLINE vu bf16_rounded_bits(vf v) {
   const vu u = bit_cast<vu>(v);
-  const vu rounded = (u + ((u >> 16) & 1u) + 0x7fffu) >> 16;
+  const vu rounded = (u + ((u >> 16) & 1u) + 0x7fffu) & 0xffff0000u;
   const vu nan = bit_cast<vu>(v != v);
-  const vh h = __builtin_convertvector((rounded & ~nan) | (nan & 0x7fc0u), vh);
+  return (rounded & ~nan) | (nan & 0x7fc00000u);
+}
+DOMINO_INLINE void storeu(uint16_t* p, vf v) {
+  const vh h = __builtin_convertvector(bf16_rounded_bits(v) >> 16, vh);
   std::memcpy(p, &h, sizeof(h));
 }
 DOMINO_INLINE float to_float(float x) { return x; }
@@ -116,8 +120,8 @@ DOMINO_INLINE void store_one(float* p, float x) { *p = x; }
 DOMINO_INLINE void store_one(uint16_t* p, float x) { *p = to_bf16(x); }
 
 // The sum of v's lanes by a fixed tree (lane i + L/2 onto lane i, then L/4, ...), in
-// shuffles: the same operations for every vector it sums (small_batch_attention's dot
-// products rely on that: each key's score is summed the same way wherever it sits).
+// shuffles: the same operations for every vector it sums (rms_norm relies on that: each
+// row's sum of squares is summed the same way wherever the row sits).
 template <int W, size_t... I>
 DOMINO_INLINE vf fold_down(vf v, std::index_sequence<I...>) {
   return v + __builtin_shufflevector(v, v, int((I + W) % L)...);

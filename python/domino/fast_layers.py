@@ -25,6 +25,8 @@ import functools
 
 import torch
 
+from domino.fast_linear import cpu_kernel_applies
+
 __all__ = ["use_fused_layers", "undo_fused_layers", "uses_fused_layers", "NORM_CLASSES", "MLP_CLASSES"]
 
 # HF classes whose forward is exactly LlamaRMSNorm's / LlamaMLP's (checked against the
@@ -32,32 +34,23 @@ __all__ = ["use_fused_layers", "undo_fused_layers", "uses_fused_layers", "NORM_C
 NORM_CLASSES = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm")
 MLP_CLASSES = ("LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP")
 _FLAG = "_domino_fused_layer"
-_DTYPES = (torch.float32, torch.bfloat16)
-
-
-def _kernel_applies(x: torch.Tensor, *params: torch.Tensor) -> bool:
-    return (x.device.type == "cpu" and x.dtype in _DTYPES and all(p.dtype == x.dtype and p.device.type == "cpu"
-                                                                  for p in params)
-            and not torch.is_autocast_enabled("cpu")
-            and not (torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in params))))
 
 
 def _rms_norm_forward(mod, x: torch.Tensor) -> torch.Tensor:
     w = mod.weight
-    if not _kernel_applies(x, w) or x.numel() == 0 or x.shape[-1] != w.shape[0]:
+    if not cpu_kernel_applies(x, w) or x.numel() == 0 or x.shape[-1] != w.shape[0]:
         return type(mod).forward(mod, x)
     x = x.contiguous()
     out = torch.empty_like(x)
     # The op itself (its C++ checks name any bad argument), not the validating wrapper:
     # ~60 calls per SmolLM2 forward.
-    torch.ops.domino_ops.rms_norm.default(x, w if w.is_contiguous() else w.contiguous(),
-                                          float(mod.variance_epsilon), out)
+    torch.ops.domino_ops.rms_norm.default(x, w.contiguous(), float(mod.variance_epsilon), out)
     return out
 
 
 def _mlp_forward(mod, x: torch.Tensor) -> torch.Tensor:
     gate, up = mod.gate_proj(x), mod.up_proj(x)
-    if not _kernel_applies(gate, up) or gate.shape != up.shape or gate.numel() == 0:
+    if not cpu_kernel_applies(gate, up) or gate.shape != up.shape or gate.numel() == 0:
         return mod.down_proj(mod.act_fn(gate) * up)
     gate, up = gate.contiguous(), up.contiguous()
     act = torch.empty_like(gate)

@@ -49,14 +49,26 @@ _PACKED = "_domino_packed"  # (the weight tensor, its version, PackedLinearWeigh
 _DTYPES = (torch.float32, torch.bfloat16)
 
 
+def cpu_kernel_applies(x: torch.Tensor, *params: torch.Tensor) -> bool:
+    """Whether a CPU kernel may replace PyTorch's op on input ``x`` with ``params`` (a
+    weight, a bias, a second input): all on the CPU in one dtype, float32 or bfloat16,
+    no CPU autocast (its dtype rules then apply), and no autograd graph needed (grad
+    mode off, or nothing requires grad). The check of every switched layer
+    (:mod:`domino.fast_layers` too), once per call: plain loops, no generators."""
+    if x.device.type != "cpu" or x.dtype not in _DTYPES or torch.is_autocast_enabled("cpu"):
+        return False
+    needs_grad = x.requires_grad
+    for p in params:
+        if p.dtype != x.dtype or p.device.type != "cpu":
+            return False
+        needs_grad = needs_grad or p.requires_grad
+    return not (needs_grad and torch.is_grad_enabled())
+
+
 def _small_batch_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     w, b = self.weight, self.bias
-    if (x.device.type != "cpu" or w.device.type != "cpu" or x.dtype != w.dtype or x.dtype not in _DTYPES
-            or (b is not None and (b.dtype != w.dtype or b.device.type != "cpu"))
-            or not w.is_contiguous() or x.shape[-1] != w.shape[1] or w.numel() == 0
-            or torch.is_autocast_enabled("cpu")
-            or (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad
-                                             or (b is not None and b.requires_grad)))):
+    if (not (cpu_kernel_applies(x, w) if b is None else cpu_kernel_applies(x, w, b))
+            or not w.is_contiguous() or x.shape[-1] != w.shape[1] or w.numel() == 0):
         return F.linear(x, w, b)
     K = x.shape[-1]
     x2 = x.reshape(-1, K)

@@ -18,6 +18,7 @@ from domino_ops import _checks, reference
 
 __all__ = ["rms_norm"]
 
+
 def rms_norm(input, weight, eps: float = 1e-6, *, backend=None):
     """``weight * (x / sqrt(mean(x^2) + eps))`` over the last dimension, HF's rounding order.
 

@@ -15,6 +15,7 @@ from domino_ops import _checks, reference
 
 __all__ = ["silu_mul"]
 
+
 def silu_mul(gate, up, *, backend=None):
     """``silu(gate) * up`` elementwise, in HF's rounding order.
 
