@@ -7,8 +7,7 @@ import torch
 
 from domino.fast_layers import MLP_CLASSES, NORM_CLASSES, undo_fused_layers, use_fused_layers, uses_fused_layers
 from domino.fast_linear import use_small_batch_linear
-from test_fast_linear import target, verify_and_step
-from tiny_models import IdTokenizer, tiny_drafter
+from tiny_models import IdTokenizer, cpu_target, tiny_drafter, verify_and_step
 
 
 def _hf_class(name):
@@ -31,7 +30,7 @@ def test_switched_classes_compute_what_the_kernels_compute(name):
 
 
 def test_switch_keeps_weights_and_undoes():
-    model = target("llama", torch.bfloat16)
+    model = cpu_target("llama", torch.bfloat16)
     state = {k: v.clone() for k, v in model.state_dict().items()}
     use_fused_layers(model)
     use_fused_layers(model)  # idempotent
@@ -46,7 +45,7 @@ def test_switch_keeps_weights_and_undoes():
 @pytest.mark.parametrize("kind", ["llama", "qwen3"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_switched_model_agrees_with_hf(kind, dtype):
-    model = target(kind, dtype)
+    model = cpu_target(kind, dtype)
     ids = torch.randint(0, 64, (2, 17), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
         hf = model(input_ids=ids).logits.float()
@@ -63,13 +62,13 @@ def test_switched_model_agrees_with_hf(kind, dtype):
 def test_verification_forward_is_bit_identical_with_every_cpu_kernel(kind, dtype):
     """With the linear, attention and fused layers switched, a forward over k tokens gives
     every position the bits of the one-token steps."""
-    model = use_fused_layers(use_small_batch_linear(target(kind, dtype, attn="small_batch")))
+    model = use_fused_layers(use_small_batch_linear(cpu_target(kind, dtype, attn="small_batch")))
     big, steps = verify_and_step(model, k=9)
     assert torch.equal(big, steps)
 
 
 def test_falls_back_to_hf_when_autograd_needs_a_graph():
-    model = use_fused_layers(target("llama", torch.float32))
+    model = use_fused_layers(cpu_target("llama", torch.float32))
     ids = torch.randint(0, 64, (1, 5))
     out = model(input_ids=ids).logits  # grad mode on, parameters require grad
     out.sum().backward()
@@ -79,12 +78,12 @@ def test_falls_back_to_hf_when_autograd_needs_a_graph():
 def test_load_switches_the_fused_layers_with_the_linear_and_greedy_stays_exact():
     from domino.loading import load
 
-    tgt = target("qwen3", torch.bfloat16)
+    tgt = cpu_target("qwen3", torch.bfloat16)
     gen = load(tgt, tiny_drafter(tgt).to(torch.bfloat16), IdTokenizer(), dtype=torch.bfloat16,
                small_batch_linear=True, small_batch_attention=True)
     assert uses_fused_layers(gen.target)
     prompt = torch.randint(2, 64, (9,), generator=torch.Generator().manual_seed(3)).tolist()
     spec = gen.generate(prompt, max_new_tokens=40)
     assert spec.token_ids == gen.generate_target_only(prompt, max_new_tokens=40).token_ids
-    tgt2 = target("qwen3", torch.float32)
+    tgt2 = cpu_target("qwen3", torch.float32)
     assert not uses_fused_layers(load(tgt2, tiny_drafter(tgt2), IdTokenizer()).target)  # opt-in, with the linear

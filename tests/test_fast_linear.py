@@ -21,8 +21,6 @@ What holds, precisely (and what these tests check):
   does for the linear layers).
 """
 
-import copy
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -30,44 +28,16 @@ import torch.nn.functional as F
 import domino_ops
 from domino.fast_attention import undo_small_batch_attention, use_small_batch_attention
 from domino.fast_linear import undo_small_batch_linear, use_small_batch_linear, uses_small_batch_linear
-from domino.target import cache_kwarg
 from engine_cases import assert_mostly_multi_token, cheap_verification
-from tiny_models import IdTokenizer, tiny_drafter, tiny_target
-
-
-def target(kind="llama", dtype=torch.bfloat16, attn=None, seed=0):
-    model = tiny_target(kind, 64, seed=seed).to(dtype)
-    if attn == "small_batch":
-        use_small_batch_attention(model)
-    elif attn is not None:
-        model.config._attn_implementation = attn
-    return model
+from tiny_models import IdTokenizer, cpu_target, tiny_drafter, verify_and_step
 
 
 def linears(model):
     return [m for m in model.modules() if type(m) is torch.nn.Linear]
 
 
-def verify_and_step(model, prompt_len=20, k=9, seed=1):
-    """Logits of one forward over k tokens and of k one-token forwards, from the same cache."""
-    from transformers import DynamicCache
-
-    g = torch.Generator().manual_seed(seed)
-    prompt = torch.randint(0, 64, (1, prompt_len), generator=g)
-    block = torch.randint(0, 64, (1, k), generator=g)
-    kv = cache_kwarg(model.forward)
-    with torch.inference_mode():
-        c1 = DynamicCache()
-        model(input_ids=prompt, use_cache=True, **{kv: c1})
-        c2 = copy.deepcopy(c1)
-        big = model(input_ids=block, use_cache=True, **{kv: c1}).logits
-        steps = torch.cat([model(input_ids=block[:, i:i + 1], use_cache=True, **{kv: c2}).logits
-                           for i in range(k)], 1)
-    return big, steps
-
-
 def test_switch_keeps_weights_and_state_dict_and_undoes():
-    model = target("qwen3", torch.float32)
+    model = cpu_target("qwen3", torch.float32)
     before = {k: (v.data_ptr(), v.clone()) for k, v in model.state_dict().items()}
     params = [id(p) for p in model.parameters()]
     assert use_small_batch_linear(model) is model
@@ -99,7 +69,7 @@ def test_tied_weights_stay_tied():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_switched_layer_is_the_kernel_and_model_agrees_with_pytorch(dtype):
-    model = target("llama", dtype)
+    model = cpu_target("llama", dtype)
     ids = torch.randint(0, 64, (2, 7))
     with torch.inference_mode():
         ref = model(ids).logits.float()
@@ -114,7 +84,7 @@ def test_switched_layer_is_the_kernel_and_model_agrees_with_pytorch(dtype):
 
 
 def test_falls_back_to_f_linear_when_autograd_needs_a_graph():
-    model = use_small_batch_linear(target("qwen3", torch.float32))
+    model = use_small_batch_linear(cpu_target("qwen3", torch.float32))
     lin = model.lm_head
     x = torch.randn(3, lin.in_features, requires_grad=True)
     y = lin(x)  # grad mode on, parameters require grad: F.linear, differentiable
@@ -133,7 +103,7 @@ def test_falls_back_to_f_linear_when_autograd_needs_a_graph():
 def test_every_layer_is_batch_invariant_inside_the_model(kind, dtype):
     """In a verification forward over k tokens, each switched layer's output row equals,
     bit for bit, that layer applied to the row alone."""
-    model = use_small_batch_linear(target(kind, dtype))
+    model = use_small_batch_linear(cpu_target(kind, dtype))
     seen = []
     hooks = [m.register_forward_hook(lambda mod, inp, out: seen.append((mod, inp[0].clone(), out.clone())))
              for m in linears(model)]
@@ -152,7 +122,7 @@ def test_every_layer_is_batch_invariant_inside_the_model(kind, dtype):
 @pytest.mark.parametrize("kind", ["llama", "qwen3"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_verification_forward_is_bit_identical_with_small_batch_attention(kind, dtype):
-    model = use_small_batch_linear(target(kind, dtype, attn="small_batch"))
+    model = use_small_batch_linear(cpu_target(kind, dtype, attn="small_batch"))
     big, steps = verify_and_step(model, k=9)
     assert torch.equal(big, steps)
 
@@ -160,7 +130,7 @@ def test_verification_forward_is_bit_identical_with_small_batch_attention(kind, 
 def test_hf_attention_is_the_part_that_is_not_batch_invariant():
     """Documents the limit: with HF's sdpa attention the same comparison differs (by the
     attention's rounding) even with every linear layer switched."""
-    model = use_small_batch_linear(target("llama", torch.float32, attn="sdpa"))
+    model = use_small_batch_linear(cpu_target("llama", torch.float32, attn="sdpa"))
     big, steps = verify_and_step(model, k=9)
     assert not torch.equal(big, steps)
     torch.testing.assert_close(big, steps, atol=1e-4, rtol=1e-4)
@@ -203,7 +173,7 @@ def test_small_batch_attention_with_a_static_cache_equals_sdpa():
     top-left causal mask (the slots past the prompt are empty): greedy generation with the
     static cache gives sdpa's tokens (the kernel's bottom-right rule once let the prompt
     see the empty slots: other tokens, no error)."""
-    model = target("qwen3", torch.float32)
+    model = cpu_target("qwen3", torch.float32)
     ids = torch.randint(1, 64, (1, 6), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
         ref = model.generate(ids, max_new_tokens=8, do_sample=False, cache_implementation="static")
@@ -214,7 +184,7 @@ def test_small_batch_attention_with_a_static_cache_equals_sdpa():
 
 
 def test_small_batch_attention_matches_sdpa_and_undoes():
-    model = target("qwen3", torch.float32)
+    model = cpu_target("qwen3", torch.float32)
     ids = torch.randint(0, 64, (1, 12))
     with torch.inference_mode():
         ref = model(ids).logits
@@ -229,7 +199,7 @@ def test_small_batch_attention_matches_sdpa_and_undoes():
 def test_greedy_speculative_equals_plain_greedy_in_bf16(kind):
     from domino import DominoGenerator
 
-    tgt = target(kind, torch.bfloat16, attn="small_batch")
+    tgt = cpu_target(kind, torch.bfloat16, attn="small_batch")
     drafter = tiny_drafter(tgt).to(torch.bfloat16)
     gen = DominoGenerator(use_small_batch_linear(tgt), use_small_batch_linear(drafter), IdTokenizer())
     cheap_verification(gen, 1)  # the default (adaptive) path, drafting every round
@@ -248,7 +218,7 @@ def test_bf16_trees_and_ragged_batches_equal_plain_greedy(batch, tree):
     give exactly plain greedy decoding's tokens (plain decoding switched alike)."""
     from domino import DominoGenerator, TreeShape
 
-    tgt = target("qwen3", torch.bfloat16, attn="small_batch")
+    tgt = cpu_target("qwen3", torch.bfloat16, attn="small_batch")
     drafter = tiny_drafter(tgt).to(torch.bfloat16)
     gen = DominoGenerator(use_small_batch_linear(tgt), use_small_batch_linear(drafter), IdTokenizer())
     g = torch.Generator().manual_seed(batch)
@@ -265,10 +235,10 @@ def test_bf16_trees_and_ragged_batches_equal_plain_greedy(batch, tree):
 def test_load_switches_target_and_drafter_on_cpu_when_asked():
     from domino.loading import load
 
-    tgt = target("qwen3", torch.float32)
+    tgt = cpu_target("qwen3", torch.float32)
     gen = load(tgt, tiny_drafter(tgt), IdTokenizer(), small_batch_linear=True, small_batch_attention=True)
     assert uses_small_batch_linear(gen.target) and uses_small_batch_linear(gen.drafter)
     assert gen.target.config._attn_implementation == "domino_small_batch"
-    tgt2 = target("qwen3", torch.float32)
+    tgt2 = cpu_target("qwen3", torch.float32)
     gen2 = load(tgt2, tiny_drafter(tgt2), IdTokenizer())  # opt-in for now
     assert not uses_small_batch_linear(gen2.target) and not uses_small_batch_linear(gen2.drafter)

@@ -80,3 +80,40 @@ class RiggedDrafts:
 
     def restore(self):
         self.gen.drafter.draft = self.original
+
+
+def cpu_target(kind: str = "llama", dtype=torch.bfloat16, attn: str | None = None, seed: int = 0):
+    """A tiny target (vocabulary 64) in ``dtype``; ``attn``: None (HF's default), an HF
+    attention implementation ("sdpa", "eager") or "small_batch"
+    (domino.fast_attention.use_small_batch_attention)."""
+    from domino.fast_attention import use_small_batch_attention
+
+    model = tiny_target(kind, 64, seed=seed).to(dtype)
+    if attn == "small_batch":
+        use_small_batch_attention(model)
+    elif attn is not None:
+        model.config._attn_implementation = attn
+    return model
+
+
+def verify_and_step(model, prompt_len: int = 20, k: int = 9, seed: int = 1):
+    """Logits of one forward over k tokens and of k one-token forwards, from the same cache
+    after a random prompt: ([1, k, V], [1, k, V])."""
+    import copy
+
+    from transformers import DynamicCache
+
+    from domino.target import cache_kwarg
+
+    g = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, 64, (1, prompt_len), generator=g)
+    block = torch.randint(0, 64, (1, k), generator=g)
+    kv = cache_kwarg(model.forward)
+    with torch.inference_mode():
+        c1 = DynamicCache()
+        model(input_ids=prompt, use_cache=True, **{kv: c1})
+        c2 = copy.deepcopy(c1)
+        big = model(input_ids=block, use_cache=True, **{kv: c1}).logits
+        steps = torch.cat([model(input_ids=block[:, i:i + 1], use_cache=True, **{kv: c2}).logits
+                           for i in range(k)], 1)
+    return big, steps
