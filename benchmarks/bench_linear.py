@@ -8,10 +8,9 @@ SDPA), with both the linear and ``domino_ops.small_batch_attention``, and with t
 ``domino_ops.rms_norm`` and ``silu_mul`` (``domino.fast_layers``: what the engine runs on
 the CPU), in fp32 and bf16, side by side, each with its ratio to its own one-token
 forward. Every repeat runs every variant, each at every k back to back, so machine noise
-hits the variants alike and each ratio compares forwards made seconds apart. Then
-the packed weights in one huge-page buffer against 4 KiB pages (the linears alone, and the
-engine's forward), and a microbenchmark of the op alone against
-``torch.nn.functional.linear`` on SmolLM2's shapes at M = 1 and 16.
+hits the variants alike and each ratio compares forwards made seconds apart. Then a
+microbenchmark of the op alone against ``torch.nn.functional.linear`` on SmolLM2's shapes
+at M = 1 and 16.
 
     python benchmarks/bench_linear.py [--repeats 9] [--cache 110] [--threads N]
 
@@ -33,7 +32,7 @@ import torch.nn.functional as F
 import domino_ops
 from domino.target import cache_kwarg
 from domino_ops import cpu
-from timing import median_seconds
+from timing import copy_bandwidth_gbs, median_seconds
 from domino.fast_attention import undo_small_batch_attention, use_small_batch_attention
 from domino.fast_layers import undo_fused_layers, use_fused_layers
 from domino import fast_linear
@@ -85,13 +84,17 @@ def forward_times(model, cache_len: int, repeats: int, ks=KS) -> dict:
         model(input_ids=prompt, **{kv: cache}, use_cache=True)
         # Every repeat runs every variant at every k, a variant's k back to back: a ratio to
         # k = 1 compares forwards made seconds apart, never minutes (this VM's memory
-        # bandwidth drifts by a third over minutes), and the variants alternate.
+        # bandwidth drifts by a third over minutes), and the variants alternate. After a
+        # switch one untimed forward, and the k in another order each repeat, so no k is
+        # always the first (or last) forward of a variant.
         for rep in range(repeats + 2):  # the first two rounds are warm-up
             for variant, (linear, packed, attention, fused) in variants.items():
                 run_linear_as(model, linear, packed and packs)
                 (use_small_batch_attention if attention else undo_small_batch_attention)(model)
                 (use_fused_layers if fused else undo_fused_layers)(model)
-                for k in ks:
+                model(input_ids=ids[ks[0]], **{kv: cache}, use_cache=True)
+                cache.crop(-ks[0])
+                for k in ks[rep % len(ks):] + ks[:rep % len(ks)]:
                     t0 = CLOCK()
                     out = model(input_ids=ids[k], **{kv: cache}, use_cache=True)
                     dt = CLOCK() - t0
@@ -159,74 +162,6 @@ def model_table(repeats: int, cache_len: int, dtypes) -> None:
               f"{r16e:.2f}x, its 1-token forward {med[(dt, 'engine', 1)][0] * 1e3:.1f} ms")
 
 
-def pages_table(repeats: int, cache_len: int) -> None:
-    """The packed bf16 weights in one huge-page buffer (what domino.fast_linear makes) against
-    the same packed weights in ordinary 4 KiB pages (each layer a torch tensor of its own),
-    alternating within every repeat: the model's linears alone, in forward order, over M rows
-    (the weights stream from memory: 269 MB), and the engine's whole forward over k tokens."""
-    from transformers import AutoModelForCausalLM, DynamicCache
-
-    from domino.fast_linear import _PACKED
-    from domino.loading import smollm2_dir
-
-    if not domino_ops.small_batch_linear_packed_supported():
-        print("\n(no pages table: this CPU has no AVX512-BF16, so no packed weights)")
-        return
-    model = AutoModelForCausalLM.from_pretrained(smollm2_dir(), dtype=torch.bfloat16).eval()
-    use_small_batch_attention(model)
-    use_fused_layers(model)
-    use_small_batch_linear(model)
-    layers = [m for m in model.modules() if m.__dict__.get(_PACKED) is not None]
-    caches = {"huge pages (one buffer)": [m.__dict__[_PACKED] for m in layers]}
-    caches["4 KiB pages"] = [(w, v, domino_ops.PackedLinearWeight(p.data.clone(), p.out_features, p.in_features))
-                             for w, v, p in caches["huge pages (one buffer)"]]
-    anon_huge = next((line.split()[1] for line in open("/proc/self/smaps_rollup") if line.startswith("AnonHugePages")),
-                     "?") if os.path.exists("/proc/self/smaps_rollup") else "?"
-    op = torch.ops.domino_ops.small_batch_linear_packed.default
-    g = torch.Generator().manual_seed(0)
-    xs = {M: {K: torch.randn(M, K, generator=g).bfloat16() for K in {m.in_features for m in layers}} for M in KS[:5]}
-    outs = {M: [torch.empty(M, m.out_features, dtype=torch.bfloat16) for m in layers] for M in KS[:5]}
-    vocab = model.config.vocab_size
-    kv = cache_kwarg(model.forward)
-    cache = DynamicCache()
-    times = {}
-    with torch.inference_mode():
-        model(input_ids=torch.randint(0, vocab, (1, cache_len), generator=g), **{kv: cache}, use_cache=True)
-        for rep in range(repeats + 2):
-            for name, cached in caches.items():
-                for m, c in zip(layers, cached):
-                    m.__dict__[_PACKED] = c
-                for M in KS[:5]:
-                    t0 = CLOCK()
-                    for m, (_, _, p), out in zip(layers, cached, outs[M]):
-                        op(xs[M][m.in_features], p.data, p.out_features, m.bias, out)
-                    dt = CLOCK() - t0
-                    if rep >= 2:
-                        times.setdefault(("linears", name, M), []).append(dt)
-                for k in (1, 16):
-                    ids = torch.randint(0, vocab, (1, k), generator=g)
-                    t0 = CLOCK()
-                    model(input_ids=ids, **{kv: cache}, use_cache=True)
-                    dt = CLOCK() - t0
-                    cache.crop(-k)
-                    if rep >= 2:
-                        times.setdefault(("forward", name, k), []).append(dt)
-    nbytes = sum(p.data.numel() * 2 for _, _, p in caches["4 KiB pages"])
-    print(f"\nPacked weights ({nbytes / 1e6:.0f} MB) in huge pages against 4 KiB pages, bf16, median of {repeats} "
-          f"(AnonHugePages of this process: {anon_huge} kB):\n")
-    print("| what | rows | " + " | ".join(caches) + " | huge / 4 KiB |")
-    print("|---|---|" + "---|" * (len(caches) + 1))
-    for (what, rows) in [("linears", M) for M in KS[:5]] + [("forward (engine)", 1), ("forward (engine)", 16)]:
-        key = what.split()[0]
-        t = [statistics.median(times[(key, name, rows)]) for name in caches]
-        cells = " | ".join(f"{v * 1e3:.2f} ms" + (f" ({nbytes / v / 1e9:.1f} GB/s)" if key == "linears" else "")
-                           for v in t)
-        print(f"| {what} | {rows} | {cells} | {t[0] / t[1]:.3f} |")
-    for name in caches:
-        r = statistics.median(times[("forward", name, 16)]) / statistics.median(times[("forward", name, 1)])
-        print(f"  {name}: engine forward 16 tokens / 1 token = {r:.2f}x")
-
-
 def median_time(f, repeats: int) -> float:
     return median_seconds(f, repeats, warmup=3, clock=CLOCK)
 
@@ -266,7 +201,6 @@ def main() -> None:
     ap.add_argument("--dtypes", default="fp32,bf16")
     ap.add_argument("--skip-model", action="store_true")
     ap.add_argument("--skip-micro", action="store_true")
-    ap.add_argument("--skip-pages", action="store_true")
     ap.add_argument("--cpu-time", action="store_true",
                     help="one thread, timed by its CPU time: for a machine busy with other work")
     args = ap.parse_args()
@@ -281,13 +215,17 @@ def main() -> None:
           f"{', timed by thread CPU time' if args.cpu_time else ''}; "
           f"small_batch_linear path: {domino_ops.small_batch_linear_isa()}; torch {torch.__version__}")
     load0 = os.getloadavg()
+    # The one-token forward streams the weights (memory-bound), the 16-token one is
+    # compute-bound at 16 rows: their ratio follows the memory bandwidth of the moment,
+    # which on a shared VM moves between runs; printed before and after.
+    bw0 = copy_bandwidth_gbs()
+    print(f"copy bandwidth {bw0:.1f} GB/s before the tables")
     if not args.skip_model:
         model_table(args.repeats, args.cache, dtypes)
-    if not args.skip_pages and torch.bfloat16 in dtypes:
-        pages_table(args.repeats, args.cache)
     if not args.skip_micro:
         micro_table(max(args.repeats, 15), dtypes)
-    print(f"\nload average (1/5/15 min) at start {load0[0]:.1f}/{load0[1]:.1f}/{load0[2]:.1f}, at end "
+    print(f"\ncopy bandwidth {copy_bandwidth_gbs():.1f} GB/s after the tables ({bw0:.1f} before)")
+    print(f"load average (1/5/15 min) at start {load0[0]:.1f}/{load0[1]:.1f}/{load0[2]:.1f}, at end "
           "{:.1f}/{:.1f}/{:.1f} on {} CPUs: other work on the machine inflates times".format(
               *os.getloadavg(), os.cpu_count()))
 

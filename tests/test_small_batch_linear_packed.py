@@ -58,80 +58,6 @@ def test_pack_round_trip_and_zero_padding(N, K, seed):
     assert not full[N:].any() and not full[:, K:].any()  # padding is zeros
 
 
-@given(shapes=st.lists(st.tuples(st.integers(1, 120), st.integers(1, 100)), min_size=0, max_size=4),
-       seed=st.integers(0, 2**31 - 1))
-def test_pack_several_is_each_packed_alone_in_one_buffer(shapes, seed):
-    """pack_small_batch_linear_weights: each result equals the weight packed alone, and they
-    lie one after another, in the order given, in one storage (a forward streams one run)."""
-    g = torch.Generator().manual_seed(seed)
-    ws = [torch.randn(N, K, generator=g).bfloat16() for N, K in shapes]
-    packed = domino_ops.pack_small_batch_linear_weights(ws)
-    assert len(packed) == len(ws)
-    offset = None
-    for w, p in zip(ws, packed):
-        alone = domino_ops.pack_small_batch_linear_weight(w)
-        assert torch.equal(p.data, alone.data) and p.data.is_contiguous()
-        assert (p.out_features, p.in_features) == tuple(w.shape)
-        assert p.data.untyped_storage().data_ptr() == packed[0].data.untyped_storage().data_ptr()
-        if offset is not None:
-            assert p.data.storage_offset() == offset
-        offset = p.data.storage_offset() + p.data.numel()
-        assert p.data.data_ptr() % 64 == 0  # whole cache lines: a panel never straddles one more line
-
-
-def _vma_fields(ptr: int) -> dict:
-    """/proc/self/smaps' fields of the mapping that holds address ``ptr``."""
-    fields, inside = {}, False
-    with open("/proc/self/smaps") as f:
-        for line in f:
-            head = line.split()[0]
-            if "-" in head and not head.endswith(":"):
-                lo, hi = (int(a, 16) for a in head.split("-"))
-                inside = lo <= ptr < hi
-            elif inside:
-                fields[head.rstrip(":")] = line.split()[1]
-    return fields
-
-
-def _thp_mode() -> str:
-    try:
-        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
-            return f.read().split("[")[1].split("]")[0]
-    except OSError:
-        return "none"
-
-
-def test_huge_page_empty_is_aligned_advised_and_freed():
-    """From 2 MiB up on Linux: a 2 MiB-aligned private mapping the kernel may back with huge
-    pages (THPeligible), unmapped when its last view dies; below 2 MiB: torch.empty."""
-    import gc
-    import mmap
-
-    from domino_ops._memory import HUGE_PAGE_BYTES, huge_page_empty
-
-    small = huge_page_empty(1000)
-    assert small.shape == (1000,) and small.dtype == torch.uint8
-    if not hasattr(mmap, "MADV_HUGEPAGE"):
-        pytest.skip("no madvise(MADV_HUGEPAGE) here: huge_page_empty is torch.empty")
-    big = huge_page_empty(3 * HUGE_PAGE_BYTES + 5)
-    assert big.shape == (3 * HUGE_PAGE_BYTES + 5,) and big.data_ptr() % HUGE_PAGE_BYTES == 0
-    big.fill_(7)
-    assert int(big[-1]) == 7 and int(big.sum()) == 7 * big.numel()
-    ptr = big.data_ptr()
-    if _thp_mode() in ("always", "madvise"):
-        assert _vma_fields(ptr).get("THPeligible") == "1"
-    view = big[10:20]
-    del big
-    gc.collect()
-    assert _vma_fields(ptr)  # a view keeps the mapping
-    del view
-    gc.collect()
-    assert not _vma_fields(ptr)  # unmapped with its last view
-    for bad in (-1, 2.0, True):
-        with pytest.raises(ValueError, match="nbytes must be a non-negative int"):
-            huge_page_empty(bad)
-
-
 @needs_cpu
 @given(M=st.sampled_from([1, 2, 3, 5, 7, 8, 9, 13, 16, 17, 24, 33, 70]), N=st.sampled_from([1, 5, 16, 47, 48, 49, 97, 200]),
        K=st.sampled_from([1, 2, 3, 15, 16, 33, 64, 129]), bias=st.booleans(), out_dtype=st.sampled_from(OUT_DTYPES),
@@ -264,12 +190,6 @@ def test_pack_bad_input():
         domino_ops.pack_small_batch_linear_weight(torch.randn(4))
     with pytest.raises(ValueError, match="weight must be on the CPU"):
         domino_ops.pack_small_batch_linear_weight(torch.randn(3, 4, device="meta"))
-    with pytest.raises(TypeError, match="weights must be a list or tuple of tensors"):
-        domino_ops.pack_small_batch_linear_weights(torch.randn(3, 4))
-    with pytest.raises(TypeError, match=r"weights\[1\] must be float32 or bfloat16"):
-        domino_ops.pack_small_batch_linear_weights([torch.randn(3, 4), torch.ones(3, 4, dtype=torch.int64)])
-    with pytest.raises(ValueError, match=r"weights\[0\] must be on the CPU"):
-        domino_ops.pack_small_batch_linear_weights([torch.randn(3, 4, device="meta")])
 
 
 buf = torch.empty(64, dtype=torch.bfloat16)
@@ -318,38 +238,6 @@ def test_fast_linear_runs_packed_and_repacks_a_changed_weight():
     assert "weight" in dict(lin.named_parameters()) and len(lin.state_dict()) == 2  # no packed copy in it
     undo_small_batch_linear(lin)
     assert not runs_packed(lin) and "_domino_packed" not in lin.__dict__
-
-
-@needs_cpu
-def test_fast_linear_packs_a_model_in_one_buffer_in_module_order_and_pickles():
-    """use_small_batch_linear packs every bf16 layer into one buffer, in module order (a
-    forward's order): 4 MiB of layers, so the buffer is the huge-page mapping. The model
-    still runs the packed kernel, survives torch.save / torch.load, and undo frees it."""
-    import io
-
-    from domino.fast_linear import packed_weight, undo_small_batch_linear, use_small_batch_linear
-
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(1024, 768), torch.nn.ReLU(), torch.nn.Linear(768, 1024, bias=False),
-                                torch.nn.Linear(1024, 96)).bfloat16()
-    use_small_batch_linear(model)
-    layers = [model[0], model[2], model[3]]
-    datas = [packed_weight(m).data for m in layers]
-    assert len({d.untyped_storage().data_ptr() for d in datas}) == 1
-    assert [d.storage_offset() for d in datas] == sorted(d.storage_offset() for d in datas)
-    x = torch.randn(5, 1024).bfloat16()
-    with torch.no_grad():
-        y = model(x)
-        h = F.relu(domino_ops.small_batch_linear_packed(x, domino_ops.pack_small_batch_linear_weight(model[0].weight),
-                                                        model[0].bias))
-        h = domino_ops.small_batch_linear_packed(h, domino_ops.pack_small_batch_linear_weight(model[2].weight))
-        assert torch.equal(y, domino_ops.small_batch_linear_packed(
-            h, domino_ops.pack_small_batch_linear_weight(model[3].weight), model[3].bias))
-        buf = io.BytesIO()
-        torch.save(model, buf)
-        assert torch.equal(torch.load(io.BytesIO(buf.getvalue()), weights_only=False)(x), y)
-    undo_small_batch_linear(model)
-    assert all("_domino_packed" not in m.__dict__ for m in layers)
 
 
 @needs_cpu

@@ -92,15 +92,12 @@ def packed_weight(mod: torch.nn.Linear):
     w = mod.weight
     # The tensor itself, not its address: a new weight can land at a freed one's address
     # with the same (initial) version. Keeping it also keeps that address taken.
+    version = 0 if w.is_inference() else w._version  # inference tensors count no versions
     cached = mod.__dict__.get(_PACKED)
-    if cached is None or cached[0] is not w or cached[1] != _version(w):
-        cached = (w, _version(w), domino_ops.pack_small_batch_linear_weight(w))
+    if cached is None or cached[0] is not w or cached[1] != version:
+        cached = (w, version, domino_ops.pack_small_batch_linear_weight(w))
         mod.__dict__[_PACKED] = cached
     return cached[2]
-
-
-def _version(w: torch.Tensor) -> int:
-    return 0 if w.is_inference() else w._version  # inference tensors count no versions
 
 
 def runs_packed(mod: torch.nn.Module) -> bool:
@@ -119,30 +116,21 @@ def _cpu_packs() -> bool:
 
 def use_small_batch_linear(model: torch.nn.Module) -> torch.nn.Module:
     """Switches every ``nn.Linear`` of ``model`` (the model itself included) to the
-    small-batch kernel, in place; returns ``model``. Idempotent.
-
-    Where the packed kernel runs, the layers' packed copies are made now (not inside the
-    first, timed, forward) and together, in module order (a HF decoder's forward order),
-    in one buffer backed by huge pages (:func:`domino_ops.pack_small_batch_linear_weights`):
-    a forward then streams its weights as one run of memory."""
-    import domino_ops
+    small-batch kernel, in place; returns ``model``. Idempotent."""
+    import domino_ops  # noqa: F401  (registers torch.ops.domino_ops)
 
     packs = _cpu_packs()
-    todo = [mod for mod in model.modules() if type(mod) is torch.nn.Linear and not getattr(mod, _FLAG, False)]
-    to_pack = [mod for mod in todo if packs and _packable(mod.weight)]
-    # before switching anything, so a failure leaves every layer as it was
-    for mod, packed in zip(to_pack, domino_ops.pack_small_batch_linear_weights([mod.weight for mod in to_pack])):
-        mod.__dict__[_PACKED] = (mod.weight, _version(mod.weight), packed)
-    for mod in todo:
-        # a partial (not a bound method): a switched model still pickles (torch.save(model))
-        mod.forward = functools.partial(_small_batch_forward, mod)
-        setattr(mod, _FLAG, True)
-        setattr(mod, _PACKS, packs)
+    for mod in model.modules():
+        if type(mod) is torch.nn.Linear and not getattr(mod, _FLAG, False):
+            w = mod.weight
+            if packs and w.dtype == torch.bfloat16 and w.device.type == "cpu" and w.numel():
+                packed_weight(mod)  # now, not inside the first (timed) forward; before switching, so
+                # a failure leaves the layer as it was
+            # a partial (not a bound method): a switched model still pickles (torch.save(model))
+            mod.forward = functools.partial(_small_batch_forward, mod)
+            setattr(mod, _FLAG, True)
+            setattr(mod, _PACKS, packs)
     return model
-
-
-def _packable(w: torch.Tensor) -> bool:
-    return w.dtype == torch.bfloat16 and w.device.type == "cpu" and w.numel() > 0
 
 
 def undo_small_batch_linear(model: torch.nn.Module) -> torch.nn.Module:

@@ -20,18 +20,15 @@ two for every forward.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from domino_ops import _checks, reference
-from domino_ops._memory import huge_page_empty
 
-__all__ = ["PackedLinearWeight", "pack_small_batch_linear_weight", "pack_small_batch_linear_weights",
-           "small_batch_linear_packed", "small_batch_linear_packed_supported"]
+__all__ = ["PackedLinearWeight", "pack_small_batch_linear_weight", "small_batch_linear_packed",
+           "small_batch_linear_packed_supported"]
 
 PANEL_COLS = 48  # outputs per panel (three 16-lane accumulators); the kernel's kPanelCols
 
@@ -56,46 +53,15 @@ def small_batch_linear_packed_supported() -> bool:
 
 def pack_small_batch_linear_weight(weight: torch.Tensor) -> PackedLinearWeight:
     """Packs a weight [N, K] (float32 or bfloat16; converted to bfloat16) for
-    :func:`small_batch_linear_packed`. A copy: later changes to ``weight`` are not seen.
-    For a model's layers, :func:`pack_small_batch_linear_weights` packs them together."""
-    return _pack([weight], ["weight"])[0]
-
-
-def pack_small_batch_linear_weights(weights: Sequence[torch.Tensor]) -> list[PackedLinearWeight]:
-    """Packs weights [N_i, K_i] (float32 or bfloat16; converted to bfloat16) for
-    :func:`small_batch_linear_packed`, one after another in one buffer, in the order given.
-
-    Give them in the order a forward reads them: the forward then streams one run of memory.
-    The buffer is backed by transparent huge pages where the OS offers them
-    (:func:`domino_ops._memory.huge_page_empty`), which makes that stream faster: fewer
-    TLB misses, and the hardware prefetchers do not stop every 4 KiB. Each
-    :class:`PackedLinearWeight` is a view of the buffer, which lives while any of them
-    does. Copies: later changes to the weights are not seen.
-    """
-    if isinstance(weights, torch.Tensor) or not isinstance(weights, (list, tuple)):
-        raise TypeError(f"weights must be a list or tuple of tensors, got {type(weights).__name__}")
-    return _pack(weights, [f"weights[{i}]" for i in range(len(weights))])
-
-
-def _pack(weights: Sequence[torch.Tensor], names: Sequence[str]) -> list[PackedLinearWeight]:
-    checked = []
-    for name, weight in zip(names, weights):
-        weight = _checks.tensor(name, weight, ndim=2, dtypes=_checks.FLOAT_OR_BF16)
-        if weight.device.type != "cpu":
-            raise ValueError(f"{name} must be on the CPU (the packed kernel is a CPU kernel), got {weight.device}")
-        checked.append(weight)
-    shapes = [(-(-w.shape[0] // PANEL_COLS), -(-w.shape[1] // 2), PANEL_COLS, 2) for w in checked]
-    sizes = [math.prod(shape) for shape in shapes]  # bf16 elements; each a multiple of 96 (192 bytes)
-    buffer = huge_page_empty(2 * sum(sizes)).view(torch.bfloat16)
-    packed, start = [], 0
-    for weight, shape, size in zip(checked, shapes, sizes):
-        (N, K), (panels, pairs) = weight.shape, shape[:2]
-        padded = F.pad(weight.detach().to(torch.bfloat16), (0, 2 * pairs - K, 0, panels * PANEL_COLS - N))
-        data = buffer[start:start + size].view(shape)
-        data.copy_(padded.view(panels, PANEL_COLS, pairs, 2).permute(0, 2, 1, 3))
-        packed.append(PackedLinearWeight(data, N, K))
-        start += size
-    return packed
+    :func:`small_batch_linear_packed`. A copy: later changes to ``weight`` are not seen."""
+    weight = _checks.tensor("weight", weight, ndim=2, dtypes=_checks.FLOAT_OR_BF16)
+    if weight.device.type != "cpu":
+        raise ValueError(f"weight must be on the CPU (the packed kernel is a CPU kernel), got {weight.device}")
+    N, K = weight.shape
+    panels, pairs = -(-N // PANEL_COLS), -(-K // 2)
+    w = F.pad(weight.detach().to(torch.bfloat16), (0, 2 * pairs - K, 0, panels * PANEL_COLS - N))
+    data = w.view(panels, PANEL_COLS, pairs, 2).permute(0, 2, 1, 3).contiguous()
+    return PackedLinearWeight(data, N, K)
 
 
 def small_batch_linear_packed(x: torch.Tensor, weight: PackedLinearWeight, bias: torch.Tensor | None = None, *,
