@@ -45,6 +45,23 @@ def test_matches_reference(shape, dtype, scale, seed, isa):
     assert ((y.double() - exact).abs() <= rel * exact.abs() + 1e-36).all()  # silu below ~-88: ~0
 
 
+@pytest.mark.parametrize("isa", cpu.supported_isas())
+def test_float32_tail_below_minus_88_is_exact(isa):
+    """Where exp(-g) leaves the kernel's exp range (g < -88) silu(g) is still a float
+    (normal down to ~-91.8, subnormal to ~-107): the kernel keeps it to float's precision
+    (relative 1e-6 in the normal range, a few subnormal ulps below), not 0."""
+    gate = torch.linspace(-110.0, -80.0, 3001)
+    up = torch.full_like(gate, 3.0)
+    with domino_ops.cpu.forced_isa(isa):
+        y = run_op(gate, up).double()
+    g = gate.double()
+    exact = g * torch.sigmoid(g) * 3.0
+    normal = exact.abs() >= 3 * torch.finfo(torch.float32).tiny
+    assert ((y - exact).abs() <= 1e-6 * exact.abs())[normal].all()
+    assert ((y - exact).abs() <= 8 * 2.0 ** -149 * 3.0)[~normal].all()
+    assert (y[g < -107] == 0).all() and torch.signbit(y[g < -107]).all()  # -0, as g * 0
+
+
 def test_bf16_equals_hf_on_nearly_every_element_and_elements_are_independent():
     gate, up = make((16, 1536), torch.bfloat16, 1, 4.0)
     ours = run_op(gate, up)

@@ -385,12 +385,17 @@ double exp_weights(const float* z, int64_t n, float m, double* w) {
 DOMINO_INLINE vf round_like(vf v, const float*) { return v; }
 DOMINO_INLINE vf round_like(vf v, const uint16_t*) { return bit_cast<vf>(bf16_rounded_bits(v)); }
 
-// Below g = -88 exp(-g) nears float's overflow (exp_approx clamps its argument at 88):
-// silu(g) is then -0, as PyTorch's g / inf, instead of g over a clamped exponential.
+// Below g = -88 exp(-g) leaves exp_approx's range (it clamps its argument at 88; float
+// overflows past 88.72), while silu(g) is a normal float down to about -91.8 and a
+// subnormal below: there silu(g) = g * e^g to float's precision (the 1 in 1 + e^-g is
+// below e^-g's last bit), computed as (g * e^(g + 20)) * e^-20 to keep the exponential in
+// range. Below -107 the exact value is under 4e-45 (float's smallest subnormal is 1.4e-45):
+// -0 there. (PyTorch's float g / (1 + exp(-g)) gives -0 from -88.72 down.)
 template <typename T>
 DOMINO_INLINE vf silu_mul_vec(vf g, vf u, const T* tag) {
   const vf silu = g / (1.0f + exp_approx(-g));
-  const vf act = round_like(g < -88.0f ? g * 0.0f : silu, tag);
+  const vf tail = (g * exp_approx(g + 20.0f)) * 2.0611536e-9f;  // e^-20
+  const vf act = round_like(g < -107.0f ? g * 0.0f : g < -88.0f ? tail : silu, tag);
   return act * u;
 }
 
