@@ -391,11 +391,13 @@ DOMINO_INLINE vf round_like(vf v, const uint16_t*) { return bit_cast<vf>(bf16_ro
 // below e^-g's last bit), computed as (g * e^(g + 20)) * e^-20 to keep the exponential in
 // range. Below -107 the exact value is under 4e-45 (float's smallest subnormal is 1.4e-45):
 // -0 there. (PyTorch's float g / (1 + exp(-g)) gives -0 from -88.72 down.)
+// One exponential per lane: e^-g, or e^(g + 20) in the tail.
 template <typename T>
 DOMINO_INLINE vf silu_mul_vec(vf g, vf u, const T* tag) {
-  const vf silu = g / (1.0f + exp_approx(-g));
-  const vf tail = (g * exp_approx(g + 20.0f)) * 2.0611536e-9f;  // e^-20
-  const vf act = round_like(g < -107.0f ? g * 0.0f : g < -88.0f ? tail : silu, tag);
+  const auto in_tail = g < -88.0f;
+  const vf e = exp_approx(in_tail ? g + 20.0f : -g);
+  const vf silu = in_tail ? (g * e) * 2.0611536e-9f : g / (1.0f + e);  // e^-20
+  const vf act = round_like(g < -107.0f ? g * 0.0f : silu, tag);
   return act * u;
 }
 
