@@ -93,7 +93,7 @@ generate)
 train)
   # held out: the lowest shard decoded here (shard 0, the trainer's default, stays on this
   # machine's disk; without one held out the trainer's own evaluation would have nothing)
-  eval_shard=$(python3 -c "import pathlib; print(min(int(p.stem.split('_')[1]) for p in pathlib.Path('$DEV/data').glob('shard_*.jsonl')))")
+  eval_shard=$(python3 -c "import pathlib; from training.data import shard_index; print(min(map(shard_index, pathlib.Path('$DEV/data').glob('shard_*.jsonl'))))")
   setsid nohup python3 -m training.train --device cuda --data $DEV/data --out $DEV/runs/long --eval-shards "$eval_shard" \
       --init-from python/domino/checkpoints/smollm2-135m-instruct --steps "${STEPS:-10000}" --seqs-per-step 16 \
       --anchors 8 --lr "${LR:-3e-4}" --eval-every 500 --eval-generator-prompts 32 --ckpt-every 250 --bf16 auto \
