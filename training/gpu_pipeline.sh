@@ -64,7 +64,10 @@ receive)
   fi
   cp ".device/part$i/gguf.part" "$DEV/parts/$i"
   if [ ! -e $DEV/build.pid ]; then  # the CUDA build (~3 min) runs while the other parts arrive
-    OUT=$DEV/gpu_session setsid nohup bash benchmarks/gpu_session.sh build > $DEV/build.log 2>&1 &
+    # from a copy of the sources outside the checkout: the next call re-sends the working
+    # tree into the checkout, and a build there was broken mid-compile by it (2026-11-27)
+    mkdir -p $DEV/src && tar cf - --exclude=./.device --exclude=./.git --exclude=./build . | tar xf - -C $DEV/src
+    OUT=$DEV/gpu_session setsid nohup bash $DEV/src/benchmarks/gpu_session.sh build > $DEV/build.log 2>&1 &
     echo $! > $DEV/build.pid
   fi
   ls -la $DEV/parts; nvidia-smi --query-gpu=name,memory.used --format=csv
