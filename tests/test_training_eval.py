@@ -95,6 +95,24 @@ def test_features_recomputed_from_token_ids_match_generation(shard):
         torch.testing.assert_close(again.top_logprobs.float(), data.top_logprobs.float(), atol=2e-2, rtol=2e-3)
 
 
+def test_features_are_returned_in_the_records_order(shard):
+    """features_from_ids batches the conversations in length order: whatever order the
+    records come in, each gets its own tensors back (reversed records, reversed rows)."""
+    target, data, _ = shard
+    lengths = [len(r["prompt_ids"]) + len(r["response_ids"]) for r in data.records]
+    assert lengths != sorted(lengths) and lengths[::-1] != sorted(lengths)  # the batching reorders
+    fwd = features_from_ids(target, data.records, data.layer_ids, pad=0, top_k=8, batch_size=2)
+    rev = features_from_ids(target, data.records[::-1], data.layer_ids, pad=0, top_k=8, batch_size=2)
+    n = len(data.records)
+    for i in range(n):
+        j = n - 1 - i
+        torch.testing.assert_close(rev.features[rev.offsets[j]:rev.offsets[j + 1]].float(),
+                                   fwd.features[fwd.offsets[i]:fwd.offsets[i + 1]].float(), atol=2e-2, rtol=2e-2)
+        torch.testing.assert_close(rev.top_logprobs[rev.response_offsets[j]:rev.response_offsets[j + 1]].float(),
+                                   fwd.top_logprobs[fwd.response_offsets[i]:fwd.response_offsets[i + 1]].float(),
+                                   atol=2e-2, rtol=2e-3)
+
+
 def _random_prompts(lengths, seed):
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(2, 64, (n,), generator=g).tolist() for n in lengths]

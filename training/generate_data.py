@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -274,25 +275,28 @@ def features_from_ids(model, records: list[dict], layer_ids: list[int], pad: int
 
     Only the response positions go through the LM head, one conversation at a time: the
     whole batch's logits in fp32 ([64, ~700, 49152] for a shard of SmolLM2) were 9 GB and
-    most of a shard's time."""
+    most of a shard's time. The batches are formed in length order (the results are
+    returned in ``records``' order): in file order a shard's padded batches computed ~1.5x
+    its real tokens, in length order ~1.1x."""
     body, head = model.get_decoder(), model.get_output_embeddings()
-    feats, top_ids, top_lp, offsets, r_offsets = [], [], [], [0], [0]
+    seqs = [r["prompt_ids"] + r["response_ids"][:-1] for r in records]
+    by_length = sorted(range(len(records)), key=lambda i: len(seqs[i]))
+    feats, top_ids, top_lp = [None] * len(records), [None] * len(records), [None] * len(records)
     for b0 in range(0, len(records), batch_size):
-        chunk = records[b0:b0 + batch_size]
-        seqs = [r["prompt_ids"] + r["response_ids"][:-1] for r in chunk]
-        ids, mask = right_padded(seqs, pad, model.device)
+        chunk = by_length[b0:b0 + batch_size]
+        ids, mask = right_padded([seqs[i] for i in chunk], pad, model.device)
         with torch.inference_mode():
             out = body(input_ids=ids, attention_mask=mask, output_hidden_states=True)
             feats_all = target_features(out.hidden_states, layer_ids).to(torch.bfloat16).cpu()
-            for i, (r, s) in enumerate(zip(chunk, seqs)):
-                feats.append(feats_all[i, :len(s)])
-                offsets.append(offsets[-1] + len(s))
+            for row, i in enumerate(chunk):
+                feats[i] = feats_all[row, :len(seqs[i])]
                 # the logits at position j predict token j + 1: response token t sits at len(prompt) + t
-                rows = out.last_hidden_state[i, len(r["prompt_ids"]) - 1:len(s)]
+                rows = out.last_hidden_state[row, len(records[i]["prompt_ids"]) - 1:len(seqs[i])]
                 top = torch.log_softmax(head(rows).float(), dim=-1).topk(top_k, dim=-1)
-                top_ids.append(top.indices.to(torch.int32).cpu())
-                top_lp.append(top.values.to(torch.float16).cpu())
-                r_offsets.append(r_offsets[-1] + len(r["response_ids"]))
+                top_ids[i] = top.indices.to(torch.int32).cpu()
+                top_lp[i] = top.values.to(torch.float16).cpu()
+    offsets = [0, *itertools.accumulate(len(s) for s in seqs)]
+    r_offsets = [0, *itertools.accumulate(len(r["response_ids"]) for r in records)]
     return Regenerated(records, torch.cat(feats).contiguous(), offsets, torch.cat(top_ids).contiguous(),
                        torch.cat(top_lp).contiguous(), r_offsets, layer_ids)
 
