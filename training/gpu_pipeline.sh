@@ -37,6 +37,18 @@ GGUF=SmolLM2-135M-Instruct.Q4_1.gguf
 PARTS=3
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$DEV/site:. DOMINO_CACHE=$DEV/cache HF_HUB_OFFLINE=1
 
+lowest_decoded_shard() {  # the held-out shard of a run on what was decoded here
+  python3 -c "import pathlib; from training.data import shard_index; print(min(map(shard_index, pathlib.Path('$DEV/data').glob('shard_*.jsonl'))))"
+}
+
+send_back_drafter() {  # RUN [export_checkpoint args]: the run's drafter and log into $OUT
+  local run=$1; shift
+  python3 -m training.export_checkpoint $run/checkpoint.pt $DEV/export "$@"
+  cp $run/log.jsonl "$OUT/train_log.jsonl"
+  cp $DEV/export/config.json "$OUT/drafter_config.json"
+  split -n 2 -d -a 1 $DEV/export/model.safetensors "$OUT/drafter.safetensors.part"  # 16 MB a file comes back
+}
+
 follow() {  # prints the job's log until it ends or ~9 minutes pass (a call's limit is 10)
   local log=$1 pidfile=$2 until=$((SECONDS + ${FOLLOW_S:-530}))
   while [ $SECONDS -lt $until ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; do sleep 20; done
@@ -99,21 +111,17 @@ generate)
   cp $DEV/generate.log "$OUT/"
   if [ -n "${TRAIN_S:-}" ] && [ -f .device/ckpt/model.safetensors ]; then
     # the shipped drafter trained here on what was just decoded: the features came out of
-    # decoding for free, where this CPU spends ~40 s a shard rebuilding them; at most TRAIN_S
-    # seconds (a run cut off keeps its last checkpoint, every 50 steps, without the
-    # learning rate's annealed end: set STEPS from the step rate a first lease measures)
-    eval_shard=$(python3 -c "import pathlib; from training.data import shard_index; print(min(map(shard_index, pathlib.Path('$DEV/data').glob('shard_*.jsonl'))))")
+    # decoding for free, where this CPU spends ~60 s a shard rebuilding them (a one-thread
+    # worker beside another, 2026-11-27); at most TRAIN_S seconds (a run cut off keeps its
+    # last checkpoint, every 50 steps, without the learning rate's annealed end: set STEPS
+    # from the step rate a first lease measures)
+    eval_shard=$(lowest_decoded_shard)
     timeout "$TRAIN_S" python3 -m training.train --device cuda --data $DEV/data --out $DEV/runs/lease \
         --eval-shards "$eval_shard" --init-from .device/ckpt --steps "${STEPS:-2000}" --seqs-per-step 16 --anchors 8 \
         --lr "${LR:-3e-4}" --warmup 0.02 --eval-every "${STEPS:-2000}" --eval-generator-prompts 32 --ckpt-every 50 \
         --bf16 auto > $DEV/train.log 2>&1 || echo "== training ended by TRAIN_S or an error (train.log)"
     tail -c 3000 $DEV/train.log | tr '\r' '\n' | tail -15
-    if [ -f $DEV/runs/lease/checkpoint.pt ]; then
-      python3 -m training.export_checkpoint $DEV/runs/lease/checkpoint.pt $DEV/export --base .device/ckpt
-      cp $DEV/runs/lease/log.jsonl "$OUT/train_log.jsonl"
-      cp $DEV/export/config.json "$OUT/drafter_config.json"
-      split -n 2 -d -a 1 $DEV/export/model.safetensors "$OUT/drafter.safetensors.part"  # 16 MB a file comes back
-    fi
+    [ -f $DEV/runs/lease/checkpoint.pt ] && send_back_drafter $DEV/runs/lease --base .device/ckpt
     cp $DEV/train.log "$OUT/"
   fi
   ls -la "$OUT"
@@ -121,7 +129,7 @@ generate)
 train)
   # held out: the lowest shard decoded here (shard 0, the trainer's default, stays on this
   # machine's disk; without one held out the trainer's own evaluation would have nothing)
-  eval_shard=$(python3 -c "import pathlib; from training.data import shard_index; print(min(map(shard_index, pathlib.Path('$DEV/data').glob('shard_*.jsonl'))))")
+  eval_shard=$(lowest_decoded_shard)
   setsid nohup python3 -m training.train --device cuda --data $DEV/data --out $DEV/runs/long --eval-shards "$eval_shard" \
       --init-from python/domino/checkpoints/smollm2-135m-instruct --steps "${STEPS:-10000}" --seqs-per-step 16 \
       --anchors 8 --lr "${LR:-3e-4}" --eval-every 500 --eval-generator-prompts 32 --ckpt-every 250 --bf16 auto \
@@ -136,12 +144,7 @@ fetch)
   : "${OUT:?OUT, set by the device tool}"
   (cd $DEV/data && ls shard_*.jsonl > /tmp/shard_list && split -n l/2 -d /tmp/shard_list /tmp/shard_list_)
   for i in 0 1; do tar czf "$OUT/shards_$i.tar.gz" -C $DEV/data -T /tmp/shard_list_0$i; done
-  if [ -f $DEV/runs/long/checkpoint.pt ]; then
-    python3 -m training.export_checkpoint $DEV/runs/long/checkpoint.pt $DEV/export
-    cp $DEV/runs/long/log.jsonl "$OUT/train_log.jsonl"
-    cp $DEV/export/config.json "$OUT/drafter_config.json"
-    split -n 2 -d -a 1 $DEV/export/model.safetensors "$OUT/drafter.safetensors.part"
-  fi
+  [ -f $DEV/runs/long/checkpoint.pt ] && send_back_drafter $DEV/runs/long
   cp $DEV/generate.log "$OUT/" 2>/dev/null || true
   ls -la "$OUT"
   ;;
