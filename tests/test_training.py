@@ -211,6 +211,63 @@ def test_packed_batch_masks_context_strictly_before_anchor(tiny_run):
                     assert batch.teacher[s, a, k] == convs[s].tokens[p + k]
 
 
+@pytest.fixture(scope="module")
+def sampled_run(tiny_run, tmp_path_factory):
+    """The tiny target's responses sampled at T = 0.9 (two shards): the labels the data
+    holds are often not the target's greedy choice."""
+    _, target = tiny_run
+    from domino.config import default_drafter_config
+
+    root = tmp_path_factory.mktemp("sampled")
+    (root / "target").symlink_to(tiny_run[0] / "target")
+    layer_ids = default_drafter_config(target.config).target_layer_ids
+    g = torch.Generator().manual_seed(11)
+    (root / "data").mkdir()
+    for i in range(2):
+        prompts = [torch.randint(2, 64, (int(torch.randint(3, 9, (1,), generator=g)),), generator=g).tolist()
+                   for _ in range(6)]
+        write_shard(shard_path(root / "data", i), regenerate(target, prompts, layer_ids, eos={1}, pad=0,
+                                                             max_new_tokens=24, temperature=0.9, generator=g))
+    return root, target
+
+
+def test_target_argmax_labels_are_the_targets_greedy_choice_at_each_position(tiny_run, sampled_run):
+    """Each valid label becomes the target's top-1 token for that position (its stored top-K
+    on the sampled prefix); invalid ones, the anchors and the teacher-forced inputs stay. On
+    greedy data the labels already are the target's choice, so nothing changes."""
+    from training.data import with_target_argmax_labels
+
+    convs = load_shards(sampled_run[0] / "data")
+    batch = make_batch(convs[:6], 4, 8, 7, 63, torch.Generator().manual_seed(0))
+    new = with_target_argmax_labels(batch)
+    changed = 0
+    for s, c in enumerate(convs[:6]):
+        for a in range(4):
+            p = int(batch.block_pos[s, a * 8])
+            for k in range(7):
+                if batch.label_valid[s, a, k]:
+                    r = p + 1 + k - c.prompt_len  # the label's response index
+                    assert new.labels[s, a, k] == c.top_ids[r, 0]
+                    changed += int(new.labels[s, a, k] != batch.labels[s, a, k])
+                else:
+                    assert new.labels[s, a, k] == batch.labels[s, a, k]
+    assert changed > 0  # sampled text: some next tokens are not the greedy choice
+    assert torch.equal(new.teacher, batch.teacher) and torch.equal(new.anchors, batch.anchors)
+    greedy = make_batch(load_shards(tiny_run[0] / "data")[:6], 4, 8, 7, 63, torch.Generator().manual_seed(0))
+    assert torch.equal(with_target_argmax_labels(greedy).labels, greedy.labels)
+
+
+def test_training_on_target_argmax_labels_trains_on_other_labels(sampled_run, tmp_path):
+    """``--labels target_argmax`` reaches the loss: on sampled data its losses differ from
+    the default's (same seed and batches)."""
+    root, _ = sampled_run
+    written = {t for c in load_shards(root / "data") for t in c.tokens[c.prompt_len:].tolist()}
+    mask = ["--mask-token-id", str(max(set(range(2, 64)) - written))]  # one the sampler never wrote
+    default = run_train(root, tmp_path / "tokens", "--steps", "2", *mask)
+    argmax = run_train(root, tmp_path / "argmax", "--steps", "2", "--labels", "target_argmax", *mask)
+    assert [r["loss_final"] for r in default] != [r["loss_final"] for r in argmax]
+
+
 def run_train(root, out, *extra, nproc=None):
     """The trainer on the tiny run's data, in this process (a fresh interpreter per run cost
     ~5 s of imports), or as ``nproc`` data-parallel processes under torchrun; its log."""

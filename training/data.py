@@ -127,6 +127,26 @@ class AnchorBatch:
         return self.features, self.ctx_valid, self.block_tokens, self.block_pos, self.attn_mask
 
 
+def with_target_argmax_labels(batch: AnchorBatch) -> AnchorBatch:
+    """The batch with every valid label replaced by the target's most likely token at that
+    position (``label_top_ids[..., 0]``, the stored top-K sorted by log-probability), where
+    ``labels`` [N, A, n] holds the response's own next tokens.
+
+    On a response the target sampled (T > 0) about a quarter of the next tokens are not the
+    target's greedy choice given the same prefix; greedy verification accepts the greedy
+    choice, so these are the labels a drafter for greedy decoding should fit. The contexts,
+    the target features and the GRU's teacher-forced inputs stay the sampled text: the
+    stored top-K at each position was computed on exactly that prefix.
+    """
+    if batch.label_top_ids is None:
+        raise ValueError("target-argmax labels need the target's stored top-K ids (the shards' features "
+                         "hold none: rebuild them with training.generate_data --target-tokens 0)")
+    if batch.draft_vocab is not None:
+        raise ValueError("replace the labels before restrict_to_draft_vocab: its labels are draft-vocabulary indices")
+    labels = torch.where(batch.label_valid, batch.label_top_ids[..., 0], batch.labels)
+    return replace(batch, labels=labels)
+
+
 def restrict_to_draft_vocab(batch: AnchorBatch, draft_vocab: torch.Tensor, vocab_size: int) -> AnchorBatch:
     """The batch with its labels and top-K ids as indices into ``draft_vocab`` [K] (ascending
     target ids; a drafter with a draft vocabulary drafts from those K tokens only), so the

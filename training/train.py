@@ -35,6 +35,7 @@ from domino.budget import Calibration
 from domino.model import DominoDraftModel
 from training.chunked_loss import chunked_draft_loss
 from training.data import (AnchorBatch, held_out_prompts, load_shards, make_batch, restrict_to_draft_vocab,
+                           with_target_argmax_labels,
                            shard_index, shard_prompts)
 from training.draft_vocab import most_frequent, response_counts
 from training.evaluate import generation_acceptance
@@ -143,7 +144,7 @@ def save_checkpoint(path: Path, model, optim, step: int, args) -> None:
 # checked by loading the weights.)
 RUN_ARGS = ("target", "config", "mask_token_id", "block_size", "init_from_target",
             "draft_vocab_size", "init_from", "steps", "seqs_per_step", "anchors", "lr", "warmup", "clip", "gamma",
-            "ttt", "no_curriculum", "loss", "seed")
+            "ttt", "no_curriculum", "loss", "labels", "seed")
 
 
 def check_same_run(saved: dict, args, ckpt: Path) -> None:
@@ -269,6 +270,10 @@ def parse_args(argv=None):
     p.add_argument("--no-curriculum", action="store_true", help="lam = 0 throughout")
     p.add_argument("--loss", choices=LOSSES, default="ce",
                    help="ce: the target's greedy token; kl / ce_tv: distil its stored top-K distribution")
+    p.add_argument("--labels", choices=("tokens", "target_argmax"), default="tokens",
+                   help="what each drafted position is trained to predict: the response's own next token (tokens), "
+                        "or the target's greedy choice at that position from the stored top-K (target_argmax: on "
+                        "sampled responses a quarter of the next tokens are not it; needs the shards' top-K)")
     p.add_argument("--eval-shards", type=int, nargs="+", default=[0], help="held out for evaluation")
     p.add_argument("--train-shards", type=int, nargs="+", default=None,
                    help="shards trained on (default: every shard in --data but the held-out ones)")
@@ -380,6 +385,10 @@ def main(argv=None) -> dict:
     if written:  # the block [anchor, MASK, ...] must not look like text the target writes
         raise SystemExit(f"--mask-token-id: the target writes token {c.mask_token_id} ({written} times in the "
                          "training responses): choose a special token it never writes")
+    if args.labels == "target_argmax" and any(conv.top_ids is None for conv in train):
+        raise SystemExit(f"--labels target_argmax needs the target's stored top-k ids, and some shards of {args.data} "
+                         "have none (made before they were stored): rebuild their features "
+                         "(training.generate_data --target-tokens 0 after deleting them) or use --labels tokens")
     if args.loss != "ce" and any(conv.top_ids is None for conv in train):
         raise SystemExit(f"--loss {args.loss}: distillation needs the target's stored top-k log-probabilities, and "
                          f"some shards of {args.data} have none (made before they were stored): rebuild their "
@@ -415,6 +424,8 @@ def main(argv=None) -> dict:
         g = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
         idx = torch.randint(0, len(train), (args.seqs_per_step,), generator=g).tolist()
         batch = make_batch([train[i] for i in idx], args.anchors, c.block_size, c.num_drafts, c.mask_token_id, g)
+        if args.labels == "target_argmax":
+            batch = with_target_argmax_labels(batch)
         if model.draft_vocab is not None:
             batch = restrict_to_draft_vocab(batch, model.draft_vocab.cpu(), c.vocab_size)
         batch = batch.to(device)
