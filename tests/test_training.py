@@ -164,6 +164,33 @@ def test_feature_rebuilds_are_split_evenly_between_workers(tmp_path):
     assert features_to_rebuild(tmp_path, 0, 1, (4, 9)) == [shard_path(tmp_path, i) for i in (4, 6, 8)]
 
 
+def test_a_shard_being_rebuilt_is_claimed_by_one_worker_and_freed_by_its_death(tmp_path):
+    """A second claim on a held shard fails (a worker that listed it too skips it); the claim
+    is gone after the rebuild, and a killed holder leaves it free."""
+    from training.generate_data import rebuild_claim
+
+    shard = shard_path(tmp_path, 3)
+    shard.write_text("")
+    with rebuild_claim(shard) as first:
+        with rebuild_claim(shard) as second:
+            assert first and not second
+    assert not list(tmp_path.glob("*.claim"))
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
+                               "from training.generate_data import rebuild_claim\n"
+                               "with rebuild_claim(Path(sys.argv[1])) as mine:\n print(mine, flush=True); time.sleep(60)",
+                               str(shard)], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "True"
+        with rebuild_claim(shard) as mine:
+            assert not mine
+    finally:
+        holder.kill()
+        holder.wait()
+    with rebuild_claim(shard) as mine:
+        assert mine
+
+
 @pytest.mark.parametrize("text", ["2/2", "-1/2", "1", "a/b", "1/0"])
 def test_generate_data_worker_rejects_bad_splits(text):
     import argparse

@@ -15,7 +15,9 @@ pass has used every prompt. A killed run resumes by skipping the shards already 
 twice (each is written to a temporary name and renamed). ``--worker I/N`` lets N processes
 share the order (worker I takes the shards whose index is I mod N), e.g. one one-thread
 process per core, so that a core can be lent to other work by pausing one worker
-(``kill -STOP``) while the other keeps generating. Each line of a shard is
+(``kill -STOP``) while the other keeps generating. Feature rebuilds are shared the same
+way, and a worker done with its share goes on to any shard still lacking features; a lock
+per shard (``rebuild_claim``) keeps two workers off the same one. Each line of a shard is
 {"prompt_ids", "response_ids"}; the response is the target's greedy (pass 0) or sampled
 (later passes) continuation, cut after its first EOS. The stored log-probabilities are the
 target's own at temperature 1 in both cases.
@@ -30,6 +32,8 @@ workers split those rebuilds evenly (``--target-tokens 0`` only rebuilds).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import gzip
 import hashlib
 import itertools
@@ -67,6 +71,28 @@ def features_to_rebuild(out: Path, worker: int, n_workers: int,
     lacking = sorted(path for path in out.glob("shard_*.jsonl") if not features_path(path).exists()
                      and start <= shard_index(path) < end)
     return lacking[worker::n_workers]
+
+
+@contextlib.contextmanager
+def rebuild_claim(shard: Path):
+    """Yields True when this process now holds ``shard``'s rebuild claim, False when another
+    holds it. The claim is an exclusive ``flock`` on a file beside the shard: two workers
+    never rebuild one shard at once, whenever each listed its work, and the kernel drops the
+    lock of a killed worker, so nothing stale is left behind. The caller checks, holding it,
+    that the features are still missing (another worker may have just written them)."""
+    claim = shard.with_suffix(".features.claim")
+    with open(claim, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            # removed while still locked: whoever opens it later locks a new file and finds
+            # the features written
+            claim.unlink(missing_ok=True)
 
 
 def parse_worker(text: str) -> tuple[int, int]:
@@ -493,6 +519,7 @@ def main() -> None:
     todo = [i for i in range(worker, n_shards * args.passes, n_workers)
             if start <= i < end and not shard_path(args.out, i).exists()]
     rebuild = features_to_rebuild(args.out, worker, n_workers, args.shard_range)  # listed before decoding adds any
+    lacking = features_to_rebuild(args.out, 0, 1, args.shard_range)
     groups = shard_batches(todo, n_shards, args.shards_per_batch)
     # Decoding first: it is what costs hours and what gets committed. Then the features of
     # committed token shards (a fresh clone has none), minutes per shard.
@@ -510,10 +537,14 @@ def main() -> None:
         tokens, convs = count_tokens(args.out)  # the other workers' shards count too
         bar.update(min(tokens, args.target_tokens) - bar.n)
     bar.close()
-    for path in rebuild:
-        if not features_path(path).exists():
-            print(f"rebuilding the features of {path.name}")
-            write_shard(path, features_from_ids(model, read_shard_records(path), layer_ids, pad, args.top_k))
+    # This worker's share, then every other shard that lacked features: another worker's
+    # leftovers (it started later and listed fewer, it was killed or is paused). The claim
+    # keeps two workers off one shard.
+    for path in itertools.chain(rebuild, lacking):
+        with rebuild_claim(path) as mine:
+            if mine and not features_path(path).exists():
+                print(f"rebuilding the features of {path.name}")
+                write_shard(path, features_from_ids(model, read_shard_records(path), layer_ids, pad, args.top_k))
     print(f"done: {convs} conversations, {tokens} response tokens in {args.out}")
 
 
