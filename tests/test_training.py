@@ -533,6 +533,26 @@ def test_data_the_trainer_cannot_use_is_refused_by_name(tiny_run, tmp_path):
         run_train(root, tmp_path / "r3", "--steps", "1", "--data", str(tmp_path / "nowhere"))
 
 
+@pytest.mark.parametrize("flags", [["--loss", "kl"], ["--labels", "target_argmax"]])
+def test_options_that_read_the_stored_top_k_refuse_shards_without_it(tiny_run, tmp_path, flags):
+    """Features made before the top-k was stored (no "top_ids"): the options that read it
+    are refused by name, saying what to use instead; the default trains."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    root, _ = tiny_run
+    old = tmp_path / "old"
+    shutil.copytree(root / "data", old)
+    for f in old.glob("*.features.safetensors"):
+        t = load_file(f)
+        save_file({k: v for k, v in t.items() if k not in ("top_ids", "top_logprobs", "response_offsets")}, f)
+    instead = {"--loss": "--loss ce", "--labels": "--labels tokens"}[flags[0]]
+    with pytest.raises(SystemExit, match=rf"{' '.join(flags)}: needs the target's stored top-k.* or use {instead}"):
+        run_train(root, tmp_path / "refused", "--steps", "1", "--data", str(old), *flags)
+    assert len(run_train(root, tmp_path / "default", "--steps", "1", "--data", str(old))) == 1
+
+
 def test_no_training_shard_left_is_refused_by_name(tiny_run, tmp_path):
     root, _ = tiny_run
     with pytest.raises(SystemExit, match="no training data"):

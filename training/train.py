@@ -35,8 +35,7 @@ from domino.budget import Calibration
 from domino.model import DominoDraftModel
 from training.chunked_loss import chunked_draft_loss
 from training.data import (AnchorBatch, held_out_prompts, load_shards, make_batch, restrict_to_draft_vocab,
-                           with_target_argmax_labels,
-                           shard_index, shard_prompts)
+                           shard_index, shard_prompts, with_target_argmax_labels)
 from training.draft_vocab import most_frequent, response_counts
 from training.evaluate import generation_acceptance
 from training.losses import LOSSES, per_token_loss
@@ -385,14 +384,14 @@ def main(argv=None) -> dict:
     if written:  # the block [anchor, MASK, ...] must not look like text the target writes
         raise SystemExit(f"--mask-token-id: the target writes token {c.mask_token_id} ({written} times in the "
                          "training responses): choose a special token it never writes")
-    if args.labels == "target_argmax" and any(conv.top_ids is None for conv in train):
-        raise SystemExit(f"--labels target_argmax needs the target's stored top-k ids, and some shards of {args.data} "
-                         "have none (made before they were stored): rebuild their features "
-                         "(training.generate_data --target-tokens 0 after deleting them) or use --labels tokens")
-    if args.loss != "ce" and any(conv.top_ids is None for conv in train):
-        raise SystemExit(f"--loss {args.loss}: distillation needs the target's stored top-k log-probabilities, and "
-                         f"some shards of {args.data} have none (made before they were stored): rebuild their "
-                         "features (training.generate_data --target-tokens 0 after deleting them) or use --loss ce")
+    # the options that read the target's stored top-k, and what to use without it
+    need_top_k = [(f"--loss {args.loss}", "--loss ce")] if args.loss != "ce" else []
+    need_top_k += [("--labels target_argmax", "--labels tokens")] if args.labels == "target_argmax" else []
+    if need_top_k and any(conv.top_ids is None for conv in train):
+        raise SystemExit(f"{' and '.join(o for o, _ in need_top_k)}: needs the target's stored top-k, and some shards "
+                         f"of {args.data} have none (made before they were stored): rebuild their features "
+                         "(training.generate_data --target-tokens 0 after deleting them) or use "
+                         f"{' and '.join(alt for _, alt in need_top_k)}")
     log(f"train: {len(train)} conversations, {sum(len(x.tokens) - x.prompt_len for x in train)} response tokens; "
         f"eval: {len(held)} conversations; drafter {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params")
 
