@@ -44,11 +44,20 @@ SHAPES = ((576, 576), (1536, 576), (576, 1536), (49152, 576))  # (N, K): q/o, ga
 # is what domino.fast_linear runs: the packed kernel for bf16 on an AVX512-BF16 CPU, else
 # the row-major one; "row-major" forces the row-major kernel (shown where packing
 # applies); "engine" adds domino.fast_layers' rms_norm and silu_mul: what the engine runs.
+# On an AMX CPU the packed kernel runs AMX tiles, and "engine-vector" is the engine with
+# the packed kernel's AVX512-BF16 vector path instead (DOMINO_SMALL_BATCH_LINEAR_PACKED_PATH).
 VARIANTS = {"torch": (False, False, False, False), "row-major": (True, False, False, False),
             "kernel": (True, True, False, False), "kernel+attention": (True, True, True, False),
-            "engine": (True, True, True, True)}
+            "engine": (True, True, True, True), "engine-vector": (True, True, True, True)}
 LABELS = {"torch": "PyTorch", "row-major": "small_batch_linear row-major", "kernel": "small_batch_linear",
-          "kernel+attention": "+ small_batch_attention", "engine": "+ rms_norm, silu_mul (the engine)"}
+          "kernel+attention": "+ small_batch_attention", "engine": "+ rms_norm, silu_mul (the engine)",
+          "engine-vector": "the engine, packed product on AVX512-BF16 vectors, not AMX"}
+PACKED_PATH_ENV = "DOMINO_SMALL_BATCH_LINEAR_PACKED_PATH"
+
+
+def packed_path() -> str:
+    """The packed kernel's product on this CPU ("amx", "avx512_bf16"; "" without one)."""
+    return domino_ops.small_batch_linear_packed_path() if domino_ops.small_batch_linear_packed_supported() else ""
 
 
 def cpu_flags() -> str:
@@ -78,7 +87,8 @@ def forward_times(model, cache_len: int, repeats: int, ks=KS) -> dict:
     kv = cache_kwarg(model.forward)  # "cache" or "past_key_values" (the transformers version's)
     use_small_batch_linear(model)  # once: switching packs the bf16 weights
     packs = runs_packed(model.lm_head)
-    variants = {v: f for v, f in VARIANTS.items() if v != "row-major" or packs}
+    amx = packs and packed_path() == "amx" and model.lm_head.weight.dtype == torch.bfloat16
+    variants = {v: f for v, f in VARIANTS.items() if (v != "row-major" or packs) and (v != "engine-vector" or amx)}
     ids = {k: torch.randint(0, vocab, (1, k), generator=g) for k in ks}
     with torch.inference_mode():
         model(input_ids=prompt, **{kv: cache}, use_cache=True)
@@ -92,6 +102,10 @@ def forward_times(model, cache_len: int, repeats: int, ks=KS) -> dict:
                 run_linear_as(model, linear, packed and packs)
                 (use_small_batch_attention if attention else undo_small_batch_attention)(model)
                 (use_fused_layers if fused else undo_fused_layers)(model)
+                if variant == "engine-vector":
+                    os.environ[PACKED_PATH_ENV] = "avx512_bf16"
+                else:
+                    os.environ.pop(PACKED_PATH_ENV, None)
                 model(input_ids=ids[ks[0]], **{kv: cache}, use_cache=True)
                 cache.crop(-ks[0])
                 for k in ks[rep % len(ks):] + ks[:rep % len(ks)]:
@@ -102,6 +116,7 @@ def forward_times(model, cache_len: int, repeats: int, ks=KS) -> dict:
                     cache.crop(-k)
                     if rep >= 2:
                         times.setdefault((variant, k), []).append(dt)
+    os.environ.pop(PACKED_PATH_ENV, None)
     undo_small_batch_linear(model)
     undo_small_batch_attention(model)
     undo_fused_layers(model)
@@ -160,6 +175,11 @@ def model_table(repeats: int, cache_len: int, dtypes) -> None:
               f"(goal <= 1: {'met' if one <= 1.0 else 'MISSED'}); with small_batch_attention too: "
               f"{r16a:.2f}x; the engine's configuration (+ rms_norm, silu_mul): 16-token / 1-token = "
               f"{r16e:.2f}x, its 1-token forward {med[(dt, 'engine', 1)][0] * 1e3:.1f} ms")
+        if (dt, "engine-vector", 16) in med:
+            r16v = med[(dt, "engine-vector", 16)][0] / med[(dt, "engine-vector", 1)][0]
+            print(f"    the engine with the packed product on AVX512-BF16 vectors instead of AMX tiles: "
+                  f"16-token / 1-token = {r16v:.2f}x, its 1-token forward "
+                  f"{med[(dt, 'engine-vector', 1)][0] * 1e3:.1f} ms")
 
 
 def median_time(f, repeats: int) -> float:
@@ -213,7 +233,7 @@ def main() -> None:
     dtypes = [{"fp32": torch.float32, "bf16": torch.bfloat16}[d] for d in args.dtypes.split(",")]
     print(f"CPU: {cpu.model()} ({cpu_flags()}), {torch.get_num_threads()} threads"
           f"{', timed by thread CPU time' if args.cpu_time else ''}; "
-          f"small_batch_linear path: {domino_ops.small_batch_linear_isa()}; torch {torch.__version__}")
+          f"small_batch_linear path: {domino_ops.small_batch_linear_isa()}; packed product: {packed_path() or 'none'}; torch {torch.__version__}")
     load0 = os.getloadavg()
     # The one-token forward streams the weights (memory-bound), the 16-token one is
     # compute-bound at 16 rows: their ratio follows the memory bandwidth of the moment,

@@ -18,6 +18,7 @@ from domino_ops import triton as triton_ops
 from domino_ops.sampling import kernel_sampling_args
 from kernel_backends import emulated_cuda_kernel
 from kernel_cases import head_input_strategy, head_rollout_inputs, weights_as_float64
+from packed_paths import PACKED_PATHS, packed_path
 from poisoned_calls import run_head_poisoned
 from stats import assert_matches_distribution
 from tree_backends import GPU, device_of, params
@@ -322,18 +323,22 @@ def a_rounding_ambiguous(inputs, node_state, node_seq, node_depth) -> torch.Tens
 
 @needs_packed
 @given(case=head_input_strategy(**PACKED_SIZES), n=st.integers(1, 19), m=st.sampled_from([1, 2, 4, 33]))
-def test_packed_w2_matches_the_float64_oracle(case, n, m):
+@pytest.mark.parametrize("path", PACKED_PATHS)
+def test_packed_w2_matches_the_float64_oracle(path, case, n, m):
     """With w2_packed the logits are base + w2 @ bf16(a) summed in float32 (the float64 oracle
     with a rounded to bf16), the children are the best tokens of the kernel's own logits with
     their log_softmax (the chunk-merged scan for m <= 32, the partial sort past it), and each
     child's state is its own node's GRU step. n up to 19 covers two 8-row product tiles and a
-    remainder; outputs are poisoned."""
+    remainder (vector path), one 16-row tile block and a padded one (AMX path); outputs are
+    poisoned."""
     case = dict(case, wdtype=torch.bfloat16)
     inputs = head_rollout_inputs(**case)
     V = case["V"]
     m = min(m, V)
     frontier = random_frontier(inputs, n, case["seed"])
-    t, lp, child, L = expand(inputs, *frontier, m, w2_packed=domino_ops.pack_small_batch_linear_weight(inputs[7]))
+    with packed_path(path):
+        t, lp, child, L = expand(inputs, *frontier, m,
+                                 w2_packed=domino_ops.pack_small_batch_linear_weight(inputs[7]))
     as64 = weights_as_float64(inputs)
     _, _, _, L_ref = reference.domino_head_expand(as64[0], as64[1], *frontier, *as64[3:], num_children=m,
                                                           a_dtype=torch.bfloat16)

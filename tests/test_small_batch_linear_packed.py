@@ -1,7 +1,9 @@
 """small_batch_linear_packed: the packing round trip, agreement with float64 on awkward
 shapes with every output element written, the exact VDPBF16PS summation order (which is
 what makes it batch-invariant), bit-exact batch invariance, the switch in
-domino.fast_linear, bad input."""
+domino.fast_linear, bad input. The kernel tests run once per product this CPU has
+(AVX512-BF16 vectors; AMX tiles where the CPU has AMX: tests/packed_paths.py)."""
+import os
 
 import pytest
 import torch
@@ -11,11 +13,13 @@ from hypothesis import strategies as st
 
 import domino_ops
 from domino_ops import reference
+from packed_paths import ENV, PACKED_PATHS, packed_path
 
 SUPPORTED = domino_ops.small_batch_linear_packed_supported()
 needs_cpu = pytest.mark.skipif(not SUPPORTED, reason="this CPU has no AVX512-BF16")
 op = torch.ops.domino_ops.small_batch_linear_packed
 OUT_DTYPES = [torch.bfloat16, torch.float32]
+each_path = pytest.mark.parametrize("path", PACKED_PATHS)
 
 
 def make(M, N, K, bias, seed, scale=1.0):
@@ -62,9 +66,13 @@ def test_pack_round_trip_and_zero_padding(N, K, seed):
 @given(M=st.sampled_from([1, 2, 3, 5, 7, 8, 9, 13, 16, 17, 24, 33, 70]), N=st.sampled_from([1, 5, 16, 47, 48, 49, 97, 200]),
        K=st.sampled_from([1, 2, 3, 15, 16, 33, 64, 129]), bias=st.booleans(), out_dtype=st.sampled_from(OUT_DTYPES),
        seed=st.integers(0, 2**31 - 1))
-def test_matches_float64_and_writes_every_element(M, N, K, bias, out_dtype, seed):
+@each_path
+def test_matches_float64_and_writes_every_element(path, M, N, K, bias, out_dtype, seed):
+    """M past 16 and not a multiple of it, K past 32 and not a multiple of it: the AMX path's
+    padded row blocks and its partial last chunk of column pairs."""
     x, w, b = make(M, N, K, bias, seed)
-    y = run_op(x, domino_ops.pack_small_batch_linear_weight(w), b, out_dtype)
+    with packed_path(path):
+        y = run_op(x, domino_ops.pack_small_batch_linear_weight(w), b, out_dtype)
     assert not torch.isnan(y).any(), "unwritten (NaN-poisoned) output elements"
     exact = F.linear(x.double(), w.double(), None if b is None else b.double())
     mag = F.linear(x.double().abs(), w.double().abs(), None if b is None else b.double().abs())
@@ -79,13 +87,17 @@ def test_matches_float64_and_writes_every_element(M, N, K, bias, out_dtype, seed
 @given(M=st.integers(1, 20), N=st.sampled_from([3, 48, 61]), K=st.sampled_from([1, 7, 32, 77]), bias=st.booleans(),
        seed=st.integers(0, 2**31 - 1))
 def test_bit_exact_vdpbf16ps_order(M, N, K, bias, seed):
-    """Each output is the one fixed sequence of fp32 additions over K: nothing about M, the
-    tile or the thread enters it, which is the batch invariance."""
+    """The vector path: each output is the one fixed sequence of fp32 additions over K:
+    nothing about M, the tile or the thread enters it, which is the batch invariance. (The
+    AMX path sums inside a chunk of 16 column pairs in the hardware's own order, which no
+    simple sequence of fp32 additions reproduces; it is checked against float64 and for
+    batch invariance directly.)"""
     x, w, b = make(M, N, K, bias, seed, scale=3.0)
     p = domino_ops.pack_small_batch_linear_weight(w)
     expect = vdpbf16ps_order(x, w, b)
-    assert torch.equal(run_op(x, p, b, torch.float32), expect)
-    assert torch.equal(run_op(x, p, b, torch.bfloat16), expect.bfloat16())  # one rounding, to nearest even
+    with packed_path("avx512_bf16"):
+        assert torch.equal(run_op(x, p, b, torch.float32), expect)
+        assert torch.equal(run_op(x, p, b, torch.bfloat16), expect.bfloat16())  # one rounding, to nearest even
 
 
 @needs_cpu
@@ -93,7 +105,8 @@ def test_order_oracle_has_teeth():
     """The order oracle tells the kernel's order apart: the even-first order, or one rounding
     per pair, differ from it somewhere on random data."""
     x, w, _ = make(8, 48, 64, False, 1, scale=3.0)
-    y = run_op(x, domino_ops.pack_small_batch_linear_weight(w), None, torch.float32)
+    with packed_path("avx512_bf16"):
+        y = run_op(x, domino_ops.pack_small_batch_linear_weight(w), None, torch.float32)
     xf, wf = x.float(), w.float()
     even_first = torch.zeros(8, 48)
     for k in range(0, 64, 2):
@@ -105,39 +118,75 @@ def test_order_oracle_has_teeth():
 @needs_cpu
 @given(M=st.integers(1, 40), N=st.sampled_from([1, 50, 100]), K=st.sampled_from([7, 40, 129]),
        bias=st.booleans(), seed=st.integers(0, 2**31 - 1))
-def test_batch_invariant_bit_for_bit(M, N, K, bias, seed):
-    """Row i is the same bits alone, among others at any position, whatever they hold."""
+@each_path
+def test_batch_invariant_bit_for_bit(path, M, N, K, bias, seed):
+    """Row i is the same bits alone, among others at any position, whatever they hold
+    (others up to 1e3 times larger, NaN and inf among them)."""
     x, w, b = make(M, N, K, bias, seed, scale=3.0)
     p = domino_ops.pack_small_batch_linear_weight(w)
-    full = run_op(x, p, b, torch.bfloat16)
-    assert torch.equal(torch.cat([run_op(x[i:i + 1], p, b, torch.bfloat16) for i in range(M)]), full)
     others, _, _ = make(23, N, K, False, seed + 1, scale=1e3)
-    for pos in range(0, 24, 5):
-        mixed = torch.cat([others[:pos], x[:1], others[pos:]])
-        assert torch.equal(run_op(mixed, p, b, torch.bfloat16)[pos], full[0])
+    others[3, 0], others[11, K - 1] = float("nan"), float("-inf")
+    with packed_path(path):
+        full = run_op(x, p, b, torch.bfloat16)
+        assert torch.equal(torch.cat([run_op(x[i:i + 1], p, b, torch.bfloat16) for i in range(M)]), full)
+        for pos in range(0, 24, 5):
+            mixed = torch.cat([others[:pos], x[:1], others[pos:]])
+            assert torch.equal(run_op(mixed, p, b, torch.bfloat16)[pos], full[0])
 
 
 @needs_cpu
-def test_invariant_across_thread_counts():
+@each_path
+def test_invariant_across_thread_counts(path):
     x, w, b = make(30, 1000, 96, True, 0)
     p = domino_ops.pack_small_batch_linear_weight(w)
     threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one = run_op(x, p, b, torch.float32)
-    finally:
-        torch.set_num_threads(threads)
-    assert torch.equal(run_op(x, p, b, torch.float32), one)
+    with packed_path(path):
+        try:
+            torch.set_num_threads(1)
+            one = run_op(x, p, b, torch.float32)
+        finally:
+            torch.set_num_threads(threads)
+        assert torch.equal(run_op(x, p, b, torch.float32), one)
 
 
 @needs_cpu
-def test_nan_and_inf_stay_in_their_row():
+@each_path
+def test_nan_and_inf_stay_in_their_row(path):
     x, w, _ = make(5, 60, 32, False, 0)
     x[2, 3] = float("nan")
     x[4, 0] = float("inf")
-    y = run_op(x, domino_ops.pack_small_batch_linear_weight(w), None, torch.bfloat16)
+    with packed_path(path):
+        y = run_op(x, domino_ops.pack_small_batch_linear_weight(w), None, torch.bfloat16)
     assert torch.isnan(y[2]).all() and not torch.isnan(y[[0, 1, 3]]).any()
     assert torch.isinf(y[4]).any() or torch.isnan(y[4]).any()
+
+
+@pytest.mark.skipif("amx" not in PACKED_PATHS, reason="this CPU (or OS) has no AMX-BF16")
+def test_amx_is_the_default_where_the_cpu_has_it_and_differs_from_the_vector_path():
+    """AMX runs unless the variable says otherwise, and it is another summation than the
+    vector path's (so a test passing on both paths ran two different products)."""
+    assert os.environ.get(ENV) is None and domino_ops.small_batch_linear_packed_path() == "amx"
+    x, w, _ = make(16, 96, 576, False, 5, scale=3.0)
+    p = domino_ops.pack_small_batch_linear_weight(w)
+    with packed_path("avx512_bf16"):
+        vec = run_op(x, p, None, torch.float32)
+    assert not torch.equal(run_op(x, p, None, torch.float32), vec)
+
+
+@needs_cpu
+@pytest.mark.parametrize("value,msg", [
+    ("avx2", "DOMINO_SMALL_BATCH_LINEAR_PACKED_PATH must be auto, amx or avx512_bf16, got 'avx2'"),
+    ("amx", "DOMINO_SMALL_BATCH_LINEAR_PACKED_PATH=amx but this CPU"),
+])
+def test_a_bad_path_is_refused_by_name(value, msg, monkeypatch):
+    if value == "amx" and "amx" in PACKED_PATHS:
+        pytest.skip("this CPU has AMX: asking for it is valid")
+    monkeypatch.setenv(ENV, value)
+    with pytest.raises(ValueError, match=msg):
+        domino_ops.small_batch_linear_packed_path()
+    x, w, _ = make(2, 5, 8, False, 0)
+    with pytest.raises(RuntimeError, match=msg):
+        run_op(x, domino_ops.pack_small_batch_linear_weight(w), None, torch.float32)
 
 
 @needs_cpu

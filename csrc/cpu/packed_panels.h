@@ -17,12 +17,17 @@ constexpr int64_t kPackedPanelCols = 48;
 // Whether this CPU has AVX512-BF16 (and -BW, -VL): the packed kernels need it.
 bool small_batch_linear_packed_supported();
 
+// The product it runs: "amx" (AMX tiles) or "avx512_bf16" (vectors); see
+// small_batch_linear_packed.cpp.
+const char* small_batch_linear_packed_path();
+
 // `packed` (the argument `name`) is a [N, K] weight packed by pack_small_batch_linear_weight:
 // on the CPU, contiguous, bf16, [ceil(N / 48), ceil(K / 2), 48, 2]; errors name `name`.
 void check_packed_weight(const at::Tensor& packed, const char* name, int64_t N, int64_t K);
 
 // out[m * ldo + (n - 48 * p0)] = sum over k of x[m, k] * weight[n, k], in float32 (one
-// VDPBF16PS lane per output, column pairs in order), for rows m < M and the outputs n < N of
+// VDPBF16PS lane per output, column pairs in order; or AMX tiles:
+// small_batch_linear_packed_path()), for rows m < M and the outputs n < N of
 // panels [p0, p1). x: M rows of `pairs` bf16 column pairs read as 32-bit words, `ldx` words
 // apart (a zero high half past an odd K). On the calling thread; needs AVX512-BF16.
 void packed_panels_f32(const c10::BFloat16* packed, int64_t pairs, const uint32_t* x, int64_t ldx, int64_t M,

@@ -34,12 +34,17 @@
 // depends on K alone: not on M, the tile, the row's place in it, the panel split or the
 // thread count. So a row computed alone is bit-identical to the same row among others.
 // VDPBF16PS flushes denormal inputs and results to zero (a bf16 below 1.2e-38 counts as 0).
+//
+// On CPUs with AMX (Sapphire Rapids and later) the same panels feed AMX tiles instead
+// (small_batch_linear_packed_amx.cpp): 16 rows for about the price of one, batch-invariant
+// too, with other bits. use_amx() below picks the path for every call of the process.
 #include <ATen/ATen.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -51,6 +56,7 @@
 
 #include "cpu/aligned.h"
 #include "cpu/packed_panels.h"
+#include "cpu/small_batch_linear_packed_amx.h"
 #include "ops.h"
 
 namespace domino::cpu {
@@ -205,9 +211,39 @@ void check_args(const at::Tensor& x, const at::Tensor& packed, int64_t N, const 
   }
 }
 
+// Which product runs: AMX tiles where the CPU has them (small_batch_linear_packed_amx.cpp),
+// else AVX512-BF16 vectors (this file). DOMINO_SMALL_BATCH_LINEAR_PACKED_PATH=amx|avx512_bf16
+// picks one (read at every call, so a test or a benchmark can switch it; a process keeps one
+// for all its forwards, as the two sum in different orders).
+bool use_amx() {
+  const bool amx = amx_available();
+  const char* env = std::getenv("DOMINO_SMALL_BATCH_LINEAR_PACKED_PATH");
+  if (env == nullptr || *env == '\0' || std::strcmp(env, "auto") == 0) return amx;
+  if (std::strcmp(env, "avx512_bf16") == 0) return false;
+  TORCH_CHECK(std::strcmp(env, "amx") == 0,
+              "DOMINO_SMALL_BATCH_LINEAR_PACKED_PATH must be auto, amx or avx512_bf16, got '", env, "'");
+  TORCH_CHECK(amx, "DOMINO_SMALL_BATCH_LINEAR_PACKED_PATH=amx but this CPU (or OS) has no AMX-BF16");
+  return true;
+}
+
+// x (M rows of `pairs` words, ldx apart) as the AMX path reads it: in place when M <= 16 or
+// a multiple of 16, else copied into `pad` with zero rows up to the next multiple of 16.
+const uint32_t* amx_rows(const uint32_t* x, int64_t ldx, int64_t M, int64_t pairs, CacheLineVector<uint32_t>& pad) {
+  const int64_t rows = amx_padded_rows(M);
+  if (rows == M) return x;
+  pad.assign(rows * pairs, 0u);
+  for (int64_t m = 0; m < M; ++m) std::memcpy(pad.data() + m * pairs, x + m * ldx, pairs * sizeof(uint32_t));
+  return pad.data();
+}
+
 }  // namespace
 
 bool small_batch_linear_packed_supported() { return cpu_has_avx512_bf16(); }
+
+const char* small_batch_linear_packed_path() {
+  TORCH_CHECK(cpu_has_avx512_bf16(), "small_batch_linear_packed needs a CPU with AVX512-BF16; this one has none");
+  return use_amx() ? "amx" : "avx512_bf16";
+}
 
 void check_packed_weight(const at::Tensor& packed, const char* name, int64_t N, int64_t K) {
   TORCH_CHECK(packed.defined(), name, " must be a tensor");
@@ -227,6 +263,13 @@ void packed_panels_f32(const BF16* packed, int64_t pairs, const uint32_t* x, int
   TORCH_CHECK(cpu_has_avx512_bf16(), "packed_panels_f32 needs a CPU with AVX512-BF16");
 #if DOMINO_SBLP_X86
   const int64_t panels = (N + kPanelCols - 1) / kPanelCols;
+  if (use_amx()) {
+    thread_local CacheLineVector<uint32_t> pad;
+    const uint32_t* xa = amx_rows(x, ldx, M, pairs, pad);
+    packed_panels_amx_f32(packed, pairs, xa, xa == x ? ldx : pairs, M, N, p0, std::min(p1, panels), nullptr, out,
+                          ldo, p0 * kPanelCols);
+    return;
+  }
   run_panels<float>(packed, pairs, reinterpret_cast<const PairWord*>(x), ldx, M, nullptr, out, ldo, p0 * kPanelCols,
                     N, panels, p0, std::min(p1, panels));
 #endif
@@ -259,6 +302,17 @@ void small_batch_linear_packed_cpu(const at::Tensor& x, const at::Tensor& packed
   const BF16* w = packed.data_ptr<BF16>();
   // At least ~32 KB of weights per thread, so tiny layers do not pay for a fork.
   const int64_t grain = std::max<int64_t>(1, (32 << 10) / (kPanelCols * 2 * pairs * 2));
+  if (use_amx()) {
+    thread_local CacheLineVector<uint32_t> pad;
+    const uint32_t* xa = amx_rows(reinterpret_cast<const uint32_t*>(xw), pairs, M, pairs, pad);
+    at::parallel_for(0, panels, grain, [&](int64_t p0, int64_t p1) {
+      if (out.scalar_type() == at::kFloat)
+        packed_panels_amx_f32(w, pairs, xa, pairs, M, N, p0, p1, b, out.data_ptr<float>(), N, 0);
+      else
+        packed_panels_amx_bf16(w, pairs, xa, pairs, M, N, p0, p1, b, out.data_ptr<BF16>(), N, 0);
+    });
+    return;
+  }
   if (out.scalar_type() == at::kFloat) {
     float* o = out.data_ptr<float>();
     at::parallel_for(0, panels, grain, [&](int64_t p0, int64_t p1) {

@@ -53,7 +53,8 @@ from domino_ops.tree_ops import (  # noqa: E402
     build_tree_kernel_efficient, tree_speculative_sampling_target_only, verify_tree_greedy, verify_tree_sampling)
 from domino_ops.linear import small_batch_linear, small_batch_linear_isa  # noqa: E402
 from domino_ops.linear_packed import (  # noqa: E402
-    PackedLinearWeight, pack_small_batch_linear_weight, small_batch_linear_packed, small_batch_linear_packed_supported)
+    PackedLinearWeight, pack_small_batch_linear_weight, small_batch_linear_packed, small_batch_linear_packed_path,
+    small_batch_linear_packed_supported)
 from domino_ops.attention import small_batch_attention  # noqa: E402
 from domino_ops.rms_norm import rms_norm  # noqa: E402
 from domino_ops.silu_mul import silu_mul  # noqa: E402
@@ -67,4 +68,4 @@ __all__ = ["domino_head_rollout", "domino_head_expand", "sample", "verify_greedy
            "verify_tree_sampling", "reference_tree", "draft_tree", "DraftTree", "tree_ops",
            "small_batch_linear", "small_batch_linear_isa", "small_batch_attention",
            "small_batch_linear_packed", "pack_small_batch_linear_weight", "PackedLinearWeight",
-           "small_batch_linear_packed_supported", "rms_norm", "silu_mul"]
+           "small_batch_linear_packed_supported", "small_batch_linear_packed_path", "rms_norm", "silu_mul"]

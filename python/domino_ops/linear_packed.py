@@ -12,6 +12,11 @@ copy is as large as the weight (engines that pack keep it instead of the origina
 oneDNN and llama.cpp do; :mod:`domino.fast_linear` keeps both, so the module's parameters
 and ``state_dict`` stay untouched).
 
+On CPUs with Intel AMX (Sapphire Rapids and later Xeons) the same packed panels feed AMX
+tiles instead (csrc/cpu/small_batch_linear_packed_amx.cpp): one TDPBF16PS multiplies a 1 KB
+weight tile into up to 16 rows, so 16 rows cost about what one does
+(:func:`small_batch_linear_packed_path`).
+
 Batch-invariant like :func:`domino_ops.small_batch_linear`: row i of the output is
 bit-identical whether it is computed alone or among any number of other rows. Its bits
 differ from the row-major kernel's (another summation order), so a model uses one of the
@@ -28,7 +33,7 @@ import torch.nn.functional as F
 from domino_ops import _checks, reference
 
 __all__ = ["PackedLinearWeight", "pack_small_batch_linear_weight", "small_batch_linear_packed",
-           "small_batch_linear_packed_supported"]
+           "small_batch_linear_packed_path", "small_batch_linear_packed_supported"]
 
 PANEL_COLS = 48  # outputs per panel (three 16-lane accumulators); the kernel's kPanelCols
 
@@ -49,6 +54,20 @@ def small_batch_linear_packed_supported() -> bool:
     """Whether this CPU runs :func:`small_batch_linear_packed` (AVX512-BF16, -BW and -VL)."""
     from domino_ops import _C
     return bool(_C.small_batch_linear_packed_supported())
+
+
+def small_batch_linear_packed_path() -> str:
+    """The product :func:`small_batch_linear_packed` runs now: ``"amx"`` (Intel AMX tiles,
+    TDPBF16PS: on Sapphire Rapids and later Xeons) or ``"avx512_bf16"`` (VDPBF16PS vectors).
+
+    AMX where the CPU (and OS) has it, else the vectors; the environment variable
+    ``DOMINO_SMALL_BATCH_LINEAR_PACKED_PATH=amx|avx512_bf16`` picks one (read at every call).
+    Both are batch-invariant, but they sum in different orders, so their bits differ: a
+    process keeps one path for all its forwards. Raises RuntimeError on a CPU without
+    AVX512-BF16 (:func:`small_batch_linear_packed_supported`), ValueError for a bad value
+    of the variable or ``amx`` on a CPU without it."""
+    from domino_ops import _C
+    return str(_C.small_batch_linear_packed_path())
 
 
 def pack_small_batch_linear_weight(weight: torch.Tensor) -> PackedLinearWeight:

@@ -1,0 +1,214 @@
+// The AMX path of small_batch_linear_packed (and of packed_panels_f32, domino_head_expand's
+// w2 product): the same packed weight, the same outputs' meaning, the product done by Intel
+// AMX tiles (TDPBF16PS) instead of AVX512-BF16 vectors. On Sapphire Rapids and later Xeons.
+//
+// Bytes it must move: the packed weight once (N*K*2, padded to whole panels), whatever M
+// is, as the vector path. What changes is the work per weight byte: one TDPBF16PS takes a
+// 1 KB weight tile (16 column pairs x 16 outputs) and multiplies it into up to 16 rows in
+// ~16 cycles, where the vector path spends 16 VDPBF16PS per row on the same kilobyte. So
+// the vector path becomes compute-bound from ~6 rows, this one stays bound by the weight
+// stream up to 16 rows and beyond (benchmarks/bench_linear.py; on a 2-core Xeon VM a
+// 16-token SmolLM2 forward's linears go from ~1.7x to ~1.1x a one-token forward's).
+//
+// Tiles (8 registers): 0-2 the accumulators of one panel's three 16-output blocks (rows x
+// 16 fp32); 3 the x rows' next 16 column pairs; 4 and 5 weight tiles (16 pairs x 16 outputs
+// x 2, loaded straight from the packed panel with a 192-byte row stride: the panel layout
+// [Kh, 48, 2] holds each 16-output block's rows 192 bytes apart); 6 and 7 the x and weight
+// tiles of K's last, partial chunk of column pairs (pairs % 16 of them), so nothing is read
+// past x or the panel. A panel's row blocks of 16 x rows run back to back, so every block
+// after the first reads the panel from L1/L2.
+//
+// Batch invariance, by construction: a tile product's row m depends on row m of x and the
+// weight tile only, and the chunks of 16 column pairs are added to the accumulator in order
+// (then + bias in fp32, then one rounding to out's dtype), so out[m, n] depends on K alone:
+// not on M, the rows beside it, the block, the panel split or the thread count. Its bits
+// are not the vector path's (TDPBF16PS sums inside a chunk in its own order: see
+// tests/test_small_batch_linear_packed.py), so a process runs one path for all its forwards
+// (small_batch_linear_packed_path()). TDPBF16PS treats denormal inputs as zero and flushes
+// denormal results, as VDPBF16PS does.
+//
+// Linux hands out the 8 KB tile state only to a process that asks for it
+// (arch_prctl(ARCH_REQ_XCOMP_PERM)); amx_available() asks once. The tile configuration is
+// per thread: each run loads it and releases the tiles at the end.
+#include "cpu/small_batch_linear_packed_amx.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cstring>
+
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
+#include <cpuid.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#define DOMINO_AMX 1
+#else
+#define DOMINO_AMX 0
+#endif
+
+namespace domino::cpu {
+namespace {
+
+constexpr int64_t kPanelCols = kPackedPanelCols;  // 48 outputs: three 16-output tiles
+constexpr int kTileRows = 16;                     // x rows per tile, column pairs per chunk
+
+#if DOMINO_AMX
+bool request_amx() {
+  unsigned a, b, c, d;
+  if (__get_cpuid_max(0, nullptr) < 7) return false;
+  __cpuid_count(7, 0, a, b, c, d);
+  const bool amx_bf16 = (d >> 22) & 1, amx_tile = (d >> 24) & 1;
+  const bool bf16_vec = [] {  // the bf16 rounding of the outputs uses AVX-512 (BW)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl");
+  }();
+  if (!amx_bf16 || !amx_tile || !bf16_vec) return false;
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+}
+
+#define DOMINO_AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx2,fma")))
+
+// The 64-byte LDTILECFG operand (palette 1).
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+TileConfig make_config(int rows, int64_t tail_pairs) {
+  TileConfig cfg;
+  auto set = [&](int t, int r, int64_t bytes) {
+    cfg.rows[t] = static_cast<uint8_t>(r);
+    cfg.colsb[t] = static_cast<uint16_t>(bytes);
+  };
+  for (int t = 0; t < 3; ++t) set(t, rows, 64);  // accumulators: rows x 16 fp32
+  set(3, rows, 64);                              // x: rows x 16 column pairs
+  set(4, kTileRows, 64);                         // weights: 16 pairs x 16 outputs x 2
+  set(5, kTileRows, 64);
+  if (tail_pairs > 0) {
+    set(6, rows, 4 * tail_pairs);                // x: rows x tail_pairs column pairs
+    set(7, static_cast<int>(tail_pairs), 64);    // weights: tail_pairs pairs x 16 outputs x 2
+  }
+  return cfg;
+}
+
+// 16 fp32 -> 16 bf16, round to nearest even, NaN -> 0x7fc0 (c10::BFloat16's conversion).
+DOMINO_AMX_TARGET inline __m256i to_bf16(__m512 v) {
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i rounded =
+      _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
+  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rounded, nan, _mm512_set1_epi32(0x7fc0)));
+}
+
+// One block of `rows` x rows (x: pairs as 32-bit words, ldx words apart; rows past M are
+// there, zero) times one panel; writes `valid` rows of outputs [n0, n0 + cols).
+template <typename O>
+DOMINO_AMX_TARGET inline void block(const c10::BFloat16* panel, int64_t pairs, const uint32_t* x, int64_t ldx,
+                                    int valid, const float* bias, O* out, int64_t ldo, int64_t origin, int64_t n0,
+                                    int64_t cols, float* acc /* [16][48] */) {
+  constexpr int64_t kPairStride = 2 * kPanelCols * 2;  // bytes between a block's weight rows
+  const int64_t chunks = pairs / kTileRows, tail = pairs % kTileRows;
+  const char* w = reinterpret_cast<const char*>(panel);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  for (int64_t c = 0; c < chunks; ++c) {
+    const char* wc = w + c * kTileRows * kPairStride;
+    _tile_loadd(3, x + c * kTileRows, ldx * 4);
+    _tile_loadd(4, wc, kPairStride);
+    _tile_dpbf16ps(0, 3, 4);
+    _tile_loadd(5, wc + 64, kPairStride);
+    _tile_dpbf16ps(1, 3, 5);
+    _tile_loadd(4, wc + 128, kPairStride);
+    _tile_dpbf16ps(2, 3, 4);
+  }
+  if (tail > 0) {
+    const char* wc = w + chunks * kTileRows * kPairStride;
+    _tile_loadd(6, x + chunks * kTileRows, ldx * 4);
+    _tile_loadd(7, wc, kPairStride);
+    _tile_dpbf16ps(0, 6, 7);
+    _tile_loadd(7, wc + 64, kPairStride);
+    _tile_dpbf16ps(1, 6, 7);
+    _tile_loadd(7, wc + 128, kPairStride);
+    _tile_dpbf16ps(2, 6, 7);
+  }
+  _tile_stored(0, acc, kPanelCols * 4);
+  _tile_stored(1, acc + 16, kPanelCols * 4);
+  _tile_stored(2, acc + 32, kPanelCols * 4);
+  for (int v = 0; v < 3; ++v) {
+    const int64_t c0 = 16 * v;
+    if (c0 >= cols) break;
+    const __mmask16 mask = cols - c0 >= 16 ? static_cast<__mmask16>(0xffff)
+                                           : static_cast<__mmask16>((1u << (cols - c0)) - 1u);
+    const __m512 b = bias != nullptr ? _mm512_maskz_loadu_ps(mask, bias + n0 + c0) : _mm512_setzero_ps();
+    for (int m = 0; m < valid; ++m) {
+      const __m512 s = _mm512_loadu_ps(acc + m * kPanelCols + c0);
+      // + bias only when there is one: +0.0 would turn a -0.0 sum into +0.0
+      const __m512 y = bias != nullptr ? _mm512_add_ps(s, b) : s;
+      O* dst = out + m * ldo + (n0 - origin) + c0;
+      if constexpr (std::is_same_v<O, float>)
+        _mm512_mask_storeu_ps(dst, mask, y);
+      else
+        _mm256_mask_storeu_epi16(dst, mask, to_bf16(y));
+    }
+  }
+}
+
+template <typename O>
+DOMINO_AMX_TARGET void run(const c10::BFloat16* packed, int64_t pairs, const uint32_t* x, int64_t ldx, int64_t M,
+                           const float* bias, O* out, int64_t ldo, int64_t origin, int64_t N, int64_t p0,
+                           int64_t p1) {
+  const int rows = static_cast<int>(std::min<int64_t>(M, kTileRows));
+  const TileConfig cfg = make_config(rows, pairs % kTileRows);
+  alignas(64) float acc[kTileRows * kPanelCols];
+  _tile_loadconfig(&cfg);
+  for (int64_t p = p0; p < p1; ++p) {
+    const c10::BFloat16* panel = packed + p * pairs * (2 * kPanelCols);
+    const int64_t n0 = p * kPanelCols, cols = std::min(kPanelCols, N - n0);
+    for (int64_t m = 0; m < M; m += kTileRows)
+      block<O>(panel, pairs, x + m * ldx, ldx, static_cast<int>(std::min<int64_t>(kTileRows, M - m)), bias,
+               out + m * ldo, ldo, origin, n0, cols, acc);
+  }
+  _tile_release();
+}
+#endif
+
+}  // namespace
+
+bool amx_available() {
+#if DOMINO_AMX
+  static const bool ok = request_amx();
+  return ok;
+#else
+  return false;
+#endif
+}
+
+int64_t amx_padded_rows(int64_t M) { return M <= kTileRows ? M : (M + kTileRows - 1) / kTileRows * kTileRows; }
+
+void packed_panels_amx_f32(const c10::BFloat16* packed, int64_t pairs, const uint32_t* x, int64_t ldx, int64_t M,
+                           int64_t N, int64_t p0, int64_t p1, const float* bias, float* out, int64_t ldo,
+                           int64_t origin) {
+  TORCH_CHECK(amx_available(), "the AMX path needs a CPU with AMX-BF16 and an OS that grants the tile state");
+#if DOMINO_AMX
+  run<float>(packed, pairs, x, ldx, M, bias, out, ldo, origin, N, p0, p1);
+#endif
+}
+
+void packed_panels_amx_bf16(const c10::BFloat16* packed, int64_t pairs, const uint32_t* x, int64_t ldx, int64_t M,
+                            int64_t N, int64_t p0, int64_t p1, const float* bias, c10::BFloat16* out, int64_t ldo,
+                            int64_t origin) {
+  TORCH_CHECK(amx_available(), "the AMX path needs a CPU with AMX-BF16 and an OS that grants the tile state");
+#if DOMINO_AMX
+  run<c10::BFloat16>(packed, pairs, x, ldx, M, bias, out, ldo, origin, N, p0, p1);
+#endif
+}
+
+}  // namespace domino::cpu
