@@ -191,7 +191,8 @@ def cmd_compare(args) -> None:
     fastest = max(plains.values(), key=lambda r: r["tps"])
     head = (f"\n{'HumanEval prompts %d..%d' % (args.offset, args.offset + len(prompts) - 1) if not args.chat else 'held-out chat prompts (%d)' % len(prompts)}, "
             f"greedy, max_new_tokens={args.max_new_tokens}, median of {args.repeats}; {cpu.model()} "
-            f"(head kernels {cpu.isa()}, small_batch_linear {domino_ops.small_batch_linear_isa()}), "
+            f"(head kernels {cpu.isa()}, small_batch_linear {domino_ops.small_batch_linear_isa()}, packed product "
+            f"{domino_ops.small_batch_linear_packed_path() if domino_ops.small_batch_linear_packed_supported() else 'none'}), "
             f"{torch.get_num_threads()} threads, torch {torch.__version__}; speedup vs the fastest plain "
             f"decoding ({fastest['config']}, {fastest['tps']:.1f} tok/s); per pass: the median of each pass's "
             f"ratio to plain greedy in the same configuration; copy bandwidth {copy_before:.1f} GB/s before the "

@@ -218,7 +218,8 @@ def tree_table(args, copy_bw: float) -> None:
     packed = domino_ops.small_batch_linear_packed_supported()
     print(f"tree head step (domino_head_expand, greedy, {m} children per node, table mode), bf16 weights; "
           f"median of {args.repeats} after warm-up; x chain = step ms / one batch-1 rollout step ms (goal at "
-          "n = 16: <= 1.5x)" + (f"; packed: w2_packed given (the AVX512-BF16 product, as the engine runs it), "
+          "n = 16: <= 1.5x)" + (f"; packed: w2_packed given (the packed product, as the engine runs it: "
+                                 f"{domino_ops.small_batch_linear_packed_path()}), "
                                  f"{args.isas[0]} build, against its chain step" if packed else ""))
     head = "".join(f" | {isa + ' ms':>9} {'GB/s':>6} {'%copy':>6} {'x chain':>7}" for isa in args.isas)
     if packed:
@@ -260,7 +261,7 @@ def w2_floor_table(args) -> None:
     cheaper per multiply-add than the head's float32 activations: a floor for them too), for
     n rows against one row and against a batch-1 chain step timed in the same table."""
     print("floor: the w2 product alone, x [n, r] bf16 @ w2 [V, r]^T bf16 -> [n, V] bf16 "
-          f"(small_batch_linear_packed, avx512_bf16, w2 packed once beforehand); median of {args.repeats}; "
+          f"(small_batch_linear_packed, {domino_ops.small_batch_linear_packed_path()}, w2 packed once beforehand); median of {args.repeats}; "
           "x n=1 = ms / the 1-row product's ms; x chain = ms / a batch-1 chain step (default build); row-major: the "
           "same product by small_batch_linear on the unpacked w2 (VDPBF16PS with a lane reduction per output)")
     print_header(f"{'shape':6} {'n':>5} | {'ms':>7} {'GFLOP/s':>8} {'x n=1':>6} {'x chain':>7} | "

@@ -38,6 +38,7 @@ from typing import Sequence
 
 import torch
 
+import domino_ops
 from domino_ops import cpu
 
 __all__ = ["Calibration", "DepthAcceptance", "RoundCosts", "best_draft_length", "best_tree_size", "best_verify_length",
@@ -290,7 +291,8 @@ def kernels_fingerprint() -> str:
 def cost_key(gen, batch_size: int) -> str:
     """What the costs depend on: the models' shapes and dtypes, the drafter's draft
     vocabulary, the device, the machine, torch's version and thread count, the compiled
-    kernels, whether the small-batch linear is on (and packed, and its forced path), the target's attention implementation,
+    kernels, whether the small-batch linear is on (and packed, and its forced path, and the
+    packed product: AMX or vectors), the target's attention implementation,
     the batch size."""
     from domino.fast_linear import runs_packed, uses_small_batch_linear
 
@@ -310,6 +312,8 @@ def cost_key(gen, batch_size: int) -> str:
         "small_batch_linear": uses_small_batch_linear(target),
         "small_batch_linear_packed": any(runs_packed(m) for m in target.modules()),
         "small_batch_linear_isa": os.environ.get("DOMINO_SMALL_BATCH_LINEAR_ISA", ""),
+        "small_batch_linear_packed_path": domino_ops.small_batch_linear_packed_path()
+        if domino_ops.small_batch_linear_packed_supported() else "",
         "attention": target.config._attn_implementation,
         "batch_size": batch_size,
         "cpu_isa": os.environ.get("DOMINO_CPU_ISA", ""),
