@@ -55,6 +55,7 @@
 #endif
 
 #include "cpu/aligned.h"
+#include "cpu/packed_outputs.h"
 #include "cpu/packed_panels.h"
 #include "cpu/small_batch_linear_packed_amx.h"
 #include "ops.h"
@@ -87,15 +88,6 @@ bool cpu_has_avx512_bf16() {
 #if DOMINO_SBLP_X86
 #define DOMINO_SBLP_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma")))
 
-// 16 fp32 -> 16 bf16, round to nearest even, NaN -> 0x7fc0 (c10::BFloat16's conversion).
-DOMINO_SBLP_TARGET inline __m256i to_bf16(__m512 v) {
-  const __m512i u = _mm512_castps_si512(v);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
-  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-  return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rounded, nan, _mm512_set1_epi32(0x7fc0)));
-}
-
 // Rows [0, MR) of x (column pairs as 32-bit words, `ldx` words apart) times one panel
 // (`pairs` column pairs); writes outputs [n0, n0 + cols) of each row, rows `ldo` apart,
 // output n at out[n - origin].
@@ -126,18 +118,10 @@ DOMINO_SBLP_TARGET inline void tile(const BF16* panel, int64_t pairs, const Pair
   for (int v = 0; v < kPanelVectors; ++v) {
     const int64_t c0 = 16 * v;
     if (c0 >= cols) break;
-    const __mmask16 mask = cols - c0 >= 16 ? static_cast<__mmask16>(0xffff)
-                                           : static_cast<__mmask16>((1u << (cols - c0)) - 1u);
-    const __m512 b = bias != nullptr ? _mm512_maskz_loadu_ps(mask, bias + n0 + c0) : _mm512_setzero_ps();
-    for (int m = 0; m < MR; ++m) {
-      // + bias only when there is one: +0.0 would turn a -0.0 sum into +0.0
-      const __m512 y = bias != nullptr ? _mm512_add_ps(acc[m][v], b) : acc[m][v];
-      O* dst = out + m * ldo + (n0 - origin) + c0;
-      if constexpr (std::is_same_v<O, float>)
-        _mm512_mask_storeu_ps(dst, mask, y);
-      else
-        _mm256_mask_storeu_epi16(dst, mask, to_bf16(y));
-    }
+    const __mmask16 mask = packed_outputs::lanes(cols, c0);
+    const __m512 b = packed_outputs::load_bias(bias == nullptr ? nullptr : bias + n0 + c0, mask);
+    for (int m = 0; m < MR; ++m)
+      packed_outputs::store(acc[m][v], bias != nullptr, b, out + m * ldo + (n0 - origin) + c0, mask);
   }
 }
 

@@ -31,6 +31,7 @@
 // (arch_prctl(ARCH_REQ_XCOMP_PERM)); amx_available() asks once. The tile configuration is
 // per thread: each run loads it and releases the tiles at the end.
 #include "cpu/small_batch_linear_packed_amx.h"
+#include "cpu/packed_outputs.h"
 
 #include <ATen/ATen.h>
 
@@ -97,15 +98,19 @@ TileConfig make_config(int rows, int64_t tail_pairs) {
   return cfg;
 }
 
-// 16 fp32 -> 16 bf16, round to nearest even, NaN -> 0x7fc0 (c10::BFloat16's conversion).
-DOMINO_AMX_TARGET inline __m256i to_bf16(__m512 v) {
-  const __m512i u = _mm512_castps_si512(v);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  const __m512i rounded =
-      _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
-  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-  return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rounded, nan, _mm512_set1_epi32(0x7fc0)));
-}
+// One chunk of column pairs: x tile X times the panel's three 16-output weight tiles (loaded
+// into W0, W1, W0), added to the accumulators 0-2. A macro, not a template: GCC's tile
+// intrinsics paste their tile numbers into the assembly text, so they must be literals.
+#define DOMINO_AMX_CHUNK(X, W0, W1, x, ldx, w, stride) \
+  do {                                                 \
+    _tile_loadd(X, (x), (ldx) * 4);                    \
+    _tile_loadd(W0, (w), (stride));                    \
+    _tile_dpbf16ps(0, X, W0);                          \
+    _tile_loadd(W1, (w) + 64, (stride));               \
+    _tile_dpbf16ps(1, X, W1);                          \
+    _tile_loadd(W0, (w) + 128, (stride));              \
+    _tile_dpbf16ps(2, X, W0);                          \
+  } while (0)
 
 // One block of `rows` x rows (x: pairs as 32-bit words, ldx words apart; rows past M are
 // there, zero) times one panel; writes `valid` rows of outputs [n0, n0 + cols).
@@ -119,45 +124,21 @@ DOMINO_AMX_TARGET inline void block(const c10::BFloat16* panel, int64_t pairs, c
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);
-  for (int64_t c = 0; c < chunks; ++c) {
-    const char* wc = w + c * kTileRows * kPairStride;
-    _tile_loadd(3, x + c * kTileRows, ldx * 4);
-    _tile_loadd(4, wc, kPairStride);
-    _tile_dpbf16ps(0, 3, 4);
-    _tile_loadd(5, wc + 64, kPairStride);
-    _tile_dpbf16ps(1, 3, 5);
-    _tile_loadd(4, wc + 128, kPairStride);
-    _tile_dpbf16ps(2, 3, 4);
-  }
-  if (tail > 0) {
-    const char* wc = w + chunks * kTileRows * kPairStride;
-    _tile_loadd(6, x + chunks * kTileRows, ldx * 4);
-    _tile_loadd(7, wc, kPairStride);
-    _tile_dpbf16ps(0, 6, 7);
-    _tile_loadd(7, wc + 64, kPairStride);
-    _tile_dpbf16ps(1, 6, 7);
-    _tile_loadd(7, wc + 128, kPairStride);
-    _tile_dpbf16ps(2, 6, 7);
-  }
+  for (int64_t c = 0; c < chunks; ++c)
+    DOMINO_AMX_CHUNK(3, 4, 5, x + c * kTileRows, ldx, w + c * kTileRows * kPairStride, kPairStride);
+  if (tail > 0)  // the last, partial chunk: its own x and weight tile shapes
+    DOMINO_AMX_CHUNK(6, 7, 7, x + chunks * kTileRows, ldx, w + chunks * kTileRows * kPairStride, kPairStride);
   _tile_stored(0, acc, kPanelCols * 4);
   _tile_stored(1, acc + 16, kPanelCols * 4);
   _tile_stored(2, acc + 32, kPanelCols * 4);
   for (int v = 0; v < 3; ++v) {
     const int64_t c0 = 16 * v;
     if (c0 >= cols) break;
-    const __mmask16 mask = cols - c0 >= 16 ? static_cast<__mmask16>(0xffff)
-                                           : static_cast<__mmask16>((1u << (cols - c0)) - 1u);
-    const __m512 b = bias != nullptr ? _mm512_maskz_loadu_ps(mask, bias + n0 + c0) : _mm512_setzero_ps();
-    for (int m = 0; m < valid; ++m) {
-      const __m512 s = _mm512_loadu_ps(acc + m * kPanelCols + c0);
-      // + bias only when there is one: +0.0 would turn a -0.0 sum into +0.0
-      const __m512 y = bias != nullptr ? _mm512_add_ps(s, b) : s;
-      O* dst = out + m * ldo + (n0 - origin) + c0;
-      if constexpr (std::is_same_v<O, float>)
-        _mm512_mask_storeu_ps(dst, mask, y);
-      else
-        _mm256_mask_storeu_epi16(dst, mask, to_bf16(y));
-    }
+    const __mmask16 mask = packed_outputs::lanes(cols, c0);
+    const __m512 b = packed_outputs::load_bias(bias == nullptr ? nullptr : bias + n0 + c0, mask);
+    for (int m = 0; m < valid; ++m)
+      packed_outputs::store(_mm512_loadu_ps(acc + m * kPanelCols + c0), bias != nullptr, b,
+                            out + m * ldo + (n0 - origin) + c0, mask);
   }
 }
 
