@@ -206,7 +206,8 @@ bool use_amx() {
   if (std::strcmp(env, "avx512_bf16") == 0) return false;
   TORCH_CHECK(std::strcmp(env, "amx") == 0,
               "DOMINO_SMALL_BATCH_LINEAR_PACKED_PATH must be auto, amx or avx512_bf16, got '", env, "'");
-  TORCH_CHECK(amx, "DOMINO_SMALL_BATCH_LINEAR_PACKED_PATH=amx but this CPU (or OS) has no AMX-BF16");
+  TORCH_CHECK(amx, "DOMINO_SMALL_BATCH_LINEAR_PACKED_PATH=amx but this CPU has no AMX-BF16 (with AVX512-BW/VL), "
+              "or the OS refused this process the AMX tile state (arch_prctl ARCH_REQ_XCOMP_PERM)");
   return true;
 }
 

@@ -146,6 +146,7 @@ template <typename O>
 DOMINO_AMX_TARGET void run(const c10::BFloat16* packed, int64_t pairs, const uint32_t* x, int64_t ldx, int64_t M,
                            const float* bias, O* out, int64_t ldo, int64_t origin, int64_t N, int64_t p0,
                            int64_t p1) {
+  if (M == 0 || p0 >= p1) return;  // a tile of 0 rows with 64-byte rows is an invalid configuration
   const int rows = static_cast<int>(std::min<int64_t>(M, kTileRows));
   const TileConfig cfg = make_config(rows, pairs % kTileRows);
   alignas(64) float acc[kTileRows * kPanelCols];

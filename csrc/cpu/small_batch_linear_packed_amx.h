@@ -15,8 +15,8 @@ namespace domino::cpu {
 bool amx_available();
 
 // Rows x must hold for M rows: M up to 16, else M rounded up to a multiple of 16 (the
-// rows past M zero; each row's outputs depend on that row alone, so their values only
-// have to be finite... and they are never stored).
+// rows past M are read and multiplied but never stored, and each row's outputs depend on
+// that row alone, so their values do not matter; zeros).
 int64_t amx_padded_rows(int64_t M);
 
 // out[m * ldo + (n - origin)] = bias[n] + sum over k of x[m, k] * weight[n, k] (no bias
