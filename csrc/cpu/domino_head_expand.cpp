@@ -185,10 +185,11 @@ void sampled_children(const Kernels& K, const float* L, int64_t V, int64_t m, co
 constexpr int64_t kPackedTile = 6 * kPackedPanelCols;
 
 // a's rows rounded to bf16 (to nearest even, as torch's a.to(torch.bfloat16)) as column
-// pairs, zero-padded to an even r: the x operand of packed_panels_f32.
+// pairs, zero-padded to an even r and to amx_padded_rows(n) rows: the x operand of
+// packed_panels_f32, built once per step.
 std::vector<uint32_t> bf16_pairs(const float* act, int64_t n, int64_t r) {
   const int64_t pairs = (r + 1) / 2;
-  std::vector<uint32_t> words(n * pairs, 0u);
+  std::vector<uint32_t> words(amx_padded_rows(n) * pairs, 0u);
   for (int64_t f = 0; f < n; ++f)
     for (int64_t j = 0; j < r; ++j)
       words[f * pairs + j / 2] |= uint32_t{c10::BFloat16(act[f * r + j]).x} << (16 * (j % 2));

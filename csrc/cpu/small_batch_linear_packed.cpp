@@ -211,16 +211,6 @@ bool use_amx() {
   return true;
 }
 
-// x (M rows of `pairs` words, ldx apart) as the AMX path reads it: in place when M <= 16 or
-// a multiple of 16, else copied into `pad` with zero rows up to the next multiple of 16.
-const uint32_t* amx_rows(const uint32_t* x, int64_t ldx, int64_t M, int64_t pairs, CacheLineVector<uint32_t>& pad) {
-  const int64_t rows = amx_padded_rows(M);
-  if (rows == M) return x;
-  pad.assign(rows * pairs, 0u);
-  for (int64_t m = 0; m < M; ++m) std::memcpy(pad.data() + m * pairs, x + m * ldx, pairs * sizeof(uint32_t));
-  return pad.data();
-}
-
 }  // namespace
 
 bool small_batch_linear_packed_supported() { return cpu_has_avx512_bf16(); }
@@ -249,10 +239,7 @@ void packed_panels_f32(const BF16* packed, int64_t pairs, const uint32_t* x, int
 #if DOMINO_SBLP_X86
   const int64_t panels = (N + kPanelCols - 1) / kPanelCols;
   if (use_amx()) {
-    thread_local CacheLineVector<uint32_t> pad;
-    const uint32_t* xa = amx_rows(x, ldx, M, pairs, pad);
-    packed_panels_amx_f32(packed, pairs, xa, xa == x ? ldx : pairs, M, N, p0, std::min(p1, panels), nullptr, out,
-                          ldo, p0 * kPanelCols);
+    packed_panels_amx_f32(packed, pairs, x, ldx, M, N, p0, std::min(p1, panels), nullptr, out, ldo, p0 * kPanelCols);
     return;
   }
   run_panels<float>(packed, pairs, reinterpret_cast<const PairWord*>(x), ldx, M, nullptr, out, ldo, p0 * kPanelCols,
@@ -270,11 +257,15 @@ void small_batch_linear_packed_cpu(const at::Tensor& x, const at::Tensor& packed
   const int64_t M = x.size(0), K = x.size(1);
   if (M == 0) return;
   const int64_t pairs = (K + 1) / 2, panels = packed.size(0);
-  // x as 32-bit column pairs: in place when K is even, else copied with a zero last column.
+  const bool amx = use_amx();
+  // x as 32-bit column pairs: in place when K is even and the path reads only x's M rows,
+  // else copied once with a zero last column (odd K) and zero rows up to amx_padded_rows(M)
+  // (the AMX path).
+  const int64_t rows = amx ? amx_padded_rows(M) : M;
   const PairWord* xw = reinterpret_cast<const PairWord*>(x.data_ptr<BF16>());
   thread_local CacheLineVector<BF16> xpad;
-  if (K % 2 != 0) {
-    xpad.assign(M * 2 * pairs, BF16(0.0f));
+  if (K % 2 != 0 || rows != M) {
+    xpad.assign(rows * 2 * pairs, BF16(0.0f));
     for (int64_t m = 0; m < M; ++m) std::memcpy(xpad.data() + m * 2 * pairs, x.data_ptr<BF16>() + m * K, K * sizeof(BF16));
     xw = reinterpret_cast<const PairWord*>(xpad.data());
   }
@@ -287,9 +278,8 @@ void small_batch_linear_packed_cpu(const at::Tensor& x, const at::Tensor& packed
   const BF16* w = packed.data_ptr<BF16>();
   // At least ~32 KB of weights per thread, so tiny layers do not pay for a fork.
   const int64_t grain = std::max<int64_t>(1, (32 << 10) / (kPanelCols * 2 * pairs * 2));
-  if (use_amx()) {
-    thread_local CacheLineVector<uint32_t> pad;
-    const uint32_t* xa = amx_rows(reinterpret_cast<const uint32_t*>(xw), pairs, M, pairs, pad);
+  if (amx) {
+    const uint32_t* xa = reinterpret_cast<const uint32_t*>(xw);
     at::parallel_for(0, panels, grain, [&](int64_t p0, int64_t p1) {
       if (out.scalar_type() == at::kFloat)
         packed_panels_amx_f32(w, pairs, xa, pairs, M, N, p0, p1, b, out.data_ptr<float>(), N, 0);

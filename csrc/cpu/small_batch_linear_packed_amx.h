@@ -14,15 +14,10 @@ namespace domino::cpu {
 // tile state (asked once, on the first call).
 bool amx_available();
 
-// Rows x must hold for M rows: M up to 16, else M rounded up to a multiple of 16 (the
-// rows past M are read and multiplied but never stored, and each row's outputs depend on
-// that row alone, so their values do not matter; zeros).
-int64_t amx_padded_rows(int64_t M);
-
 // out[m * ldo + (n - origin)] = bias[n] + sum over k of x[m, k] * weight[n, k] (no bias
 // when null), for rows m < M and the outputs n < N of panels [p0, p1), in float32 or
-// rounded once to bf16. x: amx_padded_rows(M) rows of `pairs` column pairs as 32-bit
-// words, `ldx` words apart. On the calling thread; needs amx_available().
+// rounded once to bf16. x: amx_padded_rows(M) rows (packed_panels.h) of `pairs` column
+// pairs as 32-bit words, `ldx` words apart. On the calling thread; needs amx_available().
 void packed_panels_amx_f32(const c10::BFloat16* packed, int64_t pairs, const uint32_t* x, int64_t ldx, int64_t M,
                            int64_t N, int64_t p0, int64_t p1, const float* bias, float* out, int64_t ldo,
                            int64_t origin);
