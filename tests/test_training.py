@@ -469,6 +469,19 @@ def test_init_from_trains_on_at_another_block_size(tiny_run, tmp_path):
     assert first.config.block_size == 8 and set(out.state_dict()) == set(first.state_dict())
 
 
+def test_a_drafter_continued_from_a_saved_one_is_built_in_training_mode(tiny_run, tmp_path):
+    """from_pretrained returns eval mode; --init-from must still train in training mode (on a
+    GPU, cuDNN refuses the GRU's backward otherwise; on a CPU nothing showed it)."""
+    from training.train import build_model, parse_args
+
+    root, target = tiny_run
+    run_train(root, tmp_path / "first", "--steps", "1", "--eval-every", "100")
+    args = parse_args(["--data", str(root / "data"), "--out", str(tmp_path / "next"), "--target", str(root / "target"),
+                       "--init-from", str(tmp_path / "first" / "drafter")])
+    model = build_model(args, target)
+    assert all(m.training for m in model.modules())
+
+
 def test_resuming_with_other_run_arguments_is_refused(tiny_run, tmp_path):
     """A checkpoint resumes only under the arguments that made it (new shards may join)."""
     root, _ = tiny_run

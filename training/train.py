@@ -221,7 +221,9 @@ def build_model(args, target):
         # no weight depends on the block's length (rotary positions, the mask token's
         # embedding), so a saved drafter can also be trained on at another block size
         model.config.block_size = args.block_size
-    return model
+    # from_pretrained hands a model back in eval mode; on a GPU cuDNN then refuses the GRU's
+    # backward ("cudnn RNN backward can only be called in training mode", the 2026-11-28 lease)
+    return model.train()
 
 
 def init_layers_from_target(model: DominoDraftModel, target) -> None:
