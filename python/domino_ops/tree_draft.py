@@ -126,7 +126,9 @@ def draft_tree(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w2, root_t
     tokens, logprobs, child_state, logits = expand(state, seq, 0)
     scores, token_list, score_list = logprobs, [tokens], [logprobs]
     parents = [torch.arange(-1, topk, device=dev).expand(b, topk + 1)]
-    node_logits = [logits.view(b, 1, V)]  # row r: the node parent_list[:, r] (row 0: the root)
+    # row r: the node parent_list[:, r] (row 0: the root); kept only where the draft
+    # probabilities are read (a sampled tree), so a greedy tree holds one step's rows at a time
+    node_logits = [logits.view(b, 1, V)] if sampled else []
     frontier_state = child_state.reshape(b * topk, -1)
     frontier_seq = seq.repeat_interleave(topk)
     for s in range(1, depth):
@@ -134,7 +136,8 @@ def draft_tree(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w2, root_t
         cand_scores = (scores.unsqueeze(2) + logprobs.view(b, topk, topk)).flatten(1)  # [b, topk*topk]
         score_list.append(cand_scores)
         token_list.append(tokens.view(b, topk * topk))
-        node_logits.append(logits.view(b, topk, V))
+        if sampled:
+            node_logits.append(logits.view(b, topk, V))
         if s == depth - 1:
             break  # the last frontier is never expanded (nor listed in parent_list)
         scores, best = torch.topk(cand_scores, topk, dim=-1)
