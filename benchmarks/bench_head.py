@@ -218,7 +218,7 @@ def tree_table(args, copy_bw: float) -> None:
     packed = domino_ops.small_batch_linear_packed_supported()
     print(f"tree head step (domino_head_expand, greedy, {m} children per node, table mode), bf16 weights; "
           f"median of {args.repeats} after warm-up; x chain = step ms / one batch-1 rollout step ms (goal at "
-          "n = 16: <= 1.5x)" + (f"; packed: w2_packed given (the packed product, as the engine runs it: "
+          "n = 16: <= 1.5x)" + (f"; packed: w2_packed and w_hh_packed given (the packed products, as the engine runs them: "
                                  f"{domino_ops.small_batch_linear_packed_path()}), "
                                  f"{args.isas[0]} build, against its chain step" if packed else ""))
     head = "".join(f" | {isa + ' ms':>9} {'GB/s':>6} {'%copy':>6} {'x chain':>7}" for isa in args.isas)
@@ -235,17 +235,18 @@ def tree_table(args, copy_bw: float) -> None:
         print(f"{shape:6} {'chain':>5} | {nbytes / 1e6:6.1f}" +
               "".join(" | " + cells(chain[isa], nbytes, copy_bw) + f" {1.0:6.2f}x" for isa in args.isas) +
               (" | " + cells(chain[args.isas[0]], nbytes, copy_bw) + f" {1.0:6.2f}x" if packed else ""))
-        w2_packed = domino_ops.pack_small_batch_linear_weight(w2) if packed else None
+        packs = ({"w2_packed": domino_ops.pack_small_batch_linear_weight(w2),
+                  "w_hh_packed": domino_ops.pack_small_batch_linear_weight(w_hh)} if packed else {})
         for n in args.tree_frontiers:
             node_state = torch.randn(n, G, generator=gen) * 0.5
             zeros = torch.zeros(n, dtype=torch.long)
             nbytes = expand_bytes(n, m, G, r, V, 2)
             row = f"{shape:6} {n:>5} | {nbytes / 1e6:6.1f}"
-            for isa, wp in [(isa, None) for isa in args.isas] + ([(args.isas[0], w2_packed)] if packed else []):
+            for isa, kw in [(isa, {}) for isa in args.isas] + ([(args.isas[0], packs)] if packed else []):
                 with cpu.forced_isa(isa):
                     ms = median_ms(lambda: domino_ops.domino_head_expand(
                         base, hproj, node_state, zeros, zeros, gru_input, None, w_hh, w1s, w2, num_children=m,
-                        w2_packed=wp), args.repeats)
+                        **kw), args.repeats)
                 row += " | " + cells(ms, nbytes, copy_bw) + f" {ms / chain[isa]:6.2f}x"
             print(row)
     if domino_ops.small_batch_linear_packed_supported():
@@ -318,11 +319,13 @@ def engine_table(args, copy_bw: float) -> None:
     def chain():
         domino_ops.domino_head_rollout(base, hproj, state, E, w_ih, w_hh, w1s, w2)
 
-    w2_packed = d._w2_packed(w2)  # as DominoDraftModel.draft_tree passes it (None where it does not apply)
+    # as DominoDraftModel.draft_tree passes them (None where they do not apply)
+    w2_packed = d._packed_head_weight("w2", w2, d.embed_proj[2].weight)
+    w_hh_packed = d._packed_head_weight("w_hh", w_hh, d.prefix_gru.weight_hh_l0)
 
     def tree():
         domino_ops.draft_tree(base[:, :depth], hproj[:, :depth], state, E, w_ih, w_hh, w1s, w2, root, topk=topk,
-                              depth=depth, plain_depths=plain, w2_packed=w2_packed)
+                              depth=depth, plain_depths=plain, w2_packed=w2_packed, w_hh_packed=w_hh_packed)
 
     def cold_ms(call, repeats):
         times = []

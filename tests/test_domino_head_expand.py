@@ -43,10 +43,10 @@ def _kernel(backend, op):
 
 
 def expand(inputs, node_state, node_seq, node_depth, m, backend="native", temperature=0.0, top_k=0, top_p=1.0,
-           generator=None, w2_packed=None):
+           generator=None, w2_packed=None, w_hh_packed=None):
     """domino_head_expand on ``backend``: the wrapper for the reference, else the op with
-    poisoned outputs passed in (and the uniforms the wrapper would draw); ``w2_packed`` (a
-    PackedLinearWeight) goes to the op as its data."""
+    poisoned outputs passed in (and the uniforms the wrapper would draw); ``w2_packed`` and
+    ``w_hh_packed`` (PackedLinearWeights) go to the op as their data."""
     base, hproj, _, gru_input, w_ih, w_hh, w1s, w2 = inputs
     kw = dict(temperature=temperature, top_k=top_k, top_p=top_p)
     if backend == "reference":
@@ -62,7 +62,8 @@ def expand(inputs, node_state, node_seq, node_depth, m, backend="native", temper
                                                             w_ih, w_hh, w1s, w2)]
     dev_outs = [o.to(dev) for o in outs]
     _kernel(backend, "domino_head_expand")(*moved, T, top_k, top_p, u.to(dev) if u is not None else None, *dev_outs,
-                                           None if w2_packed is None else w2_packed.data)
+                                           None if w2_packed is None else w2_packed.data,
+                                           None if w_hh_packed is None else w_hh_packed.data)
     return tuple(o.cpu() for o in dev_outs)
 
 
@@ -323,14 +324,16 @@ def a_rounding_ambiguous(inputs, node_state, node_seq, node_depth) -> torch.Tens
 
 @needs_packed
 @given(case=head_input_strategy(**PACKED_SIZES), n=st.integers(1, 19), m=st.sampled_from([1, 2, 4, 33]))
+@pytest.mark.parametrize("pack_w_hh", [False, True])
 @pytest.mark.parametrize("path", PACKED_PATHS)
-def test_packed_w2_matches_the_float64_oracle(path, case, n, m):
+def test_packed_w2_matches_the_float64_oracle(path, pack_w_hh, case, n, m):
     """With w2_packed the logits are base + w2 @ bf16(a) summed in float32 (the float64 oracle
     with a rounded to bf16), the children are the best tokens of the kernel's own logits with
     their log_softmax (the chunk-merged scan for m <= 32, the partial sort past it), and each
-    child's state is its own node's GRU step. n up to 19 covers two 8-row product tiles and a
-    remainder (vector path), one 16-row tile block and a padded one (AMX path); outputs are
-    poisoned."""
+    child's state is its own node's GRU step: w_hh @ S in float32 FMAs on S as it is, or with
+    w_hh_packed the packed product on S rounded to bf16 (the float64 oracle with S rounded). n
+    up to 19 covers two 8-row product tiles and a remainder (vector path), one 16-row tile
+    block and a padded one (AMX path); outputs are poisoned."""
     case = dict(case, wdtype=torch.bfloat16)
     inputs = head_rollout_inputs(**case)
     V = case["V"]
@@ -338,7 +341,8 @@ def test_packed_w2_matches_the_float64_oracle(path, case, n, m):
     frontier = random_frontier(inputs, n, case["seed"])
     with packed_path(path):
         t, lp, child, L = expand(inputs, *frontier, m,
-                                 w2_packed=domino_ops.pack_small_batch_linear_weight(inputs[7]))
+                                 w2_packed=domino_ops.pack_small_batch_linear_weight(inputs[7]),
+                                 w_hh_packed=domino_ops.pack_small_batch_linear_weight(inputs[5]) if pack_w_hh else None)
     as64 = weights_as_float64(inputs)
     _, _, _, L_ref = reference.domino_head_expand(as64[0], as64[1], *frontier, *as64[3:], num_children=m,
                                                           a_dtype=torch.bfloat16)
@@ -346,9 +350,10 @@ def test_packed_w2_matches_the_float64_oracle(path, case, n, m):
     torch.testing.assert_close(L[clear], L_ref[clear].float(), atol=2e-4, rtol=2e-4)
     assert greedy_order_ok(L, t)
     torch.testing.assert_close(lp, torch.log_softmax(L.double(), -1).gather(-1, t).float(), atol=1e-5, rtol=1e-5)
-    # the GRU step does not depend on the product: the row-major kernel's, given the same children
+    # the GRU step given the kernel's own children
     gi = (as64[3][t.reshape(-1)] if as64[4] is None else F.linear(as64[3][t.reshape(-1)], as64[4]))
-    gh = F.linear(frontier[0].double(), as64[5]).repeat_interleave(m, 0)
+    S_in = frontier[0].bfloat16() if pack_w_hh else frontier[0]
+    gh = F.linear(S_in.double(), as64[5]).repeat_interleave(m, 0)
     S = frontier[0].double().repeat_interleave(m, 0)
     want = reference.gru_cell(gi, gh, S).view(n, m, -1)
     torch.testing.assert_close(child, want.float(), atol=1e-4, rtol=1e-4)
@@ -421,11 +426,12 @@ def test_wrapper_bad_input(over, exc, msg, backend):
 
 
 def packed_args(**over):
-    """args() with bf16 weights and their w2 packed."""
+    """args() with bf16 weights and their w2 and w_hh packed."""
     a = args()
     for name in ("gru_input", "w_hh", "w1s", "w2"):
         a[name] = a[name].bfloat16()
     a["w2_packed"] = domino_ops.pack_small_batch_linear_weight(a["w2"])
+    a["w_hh_packed"] = domino_ops.pack_small_batch_linear_weight(a["w_hh"])
     a.update(over)
     return a
 
@@ -436,6 +442,11 @@ def packed_args(**over):
      r"w2_packed must be w2 \[20, 4\] packed"),
     (dict(w2_packed=domino_ops.pack_small_batch_linear_weight(torch.ones(20, 4))), ValueError,
      "w2_packed is not pack_small_batch_linear_weight"),
+    (dict(w_hh_packed="packed"), TypeError, "w_hh_packed must be a PackedLinearWeight"),
+    (dict(w_hh_packed=domino_ops.pack_small_batch_linear_weight(torch.ones(20, 4))), ValueError,
+     r"w_hh_packed must be w_hh \[15, 5\] packed"),
+    (dict(w_hh_packed=domino_ops.pack_small_batch_linear_weight(torch.ones(15, 5))), ValueError,
+     r"w_hh_packed is not pack_small_batch_linear_weight\(w_hh\)"),
 ])
 def test_wrapper_rejects_a_wrong_w2_packed(over, exc, msg):
     with pytest.raises(exc, match=msg):
@@ -455,6 +466,8 @@ def test_wrapper_rejects_w2_packed_with_float32_weights_or_the_triton_backend():
     fp32 = args()
     with pytest.raises(ValueError, match="w2_packed needs a bfloat16 w2"):
         domino_ops.domino_head_expand(**fp32, w2_packed=domino_ops.pack_small_batch_linear_weight(fp32["w2"]))
+    with pytest.raises(ValueError, match="w_hh_packed needs a bfloat16 w_hh"):
+        domino_ops.domino_head_expand(**fp32, w_hh_packed=domino_ops.pack_small_batch_linear_weight(fp32["w_hh"]))
     # Triton takes CPU tensors only under the interpreter (on a GPU machine it refuses them
     # before w2_packed is looked at); CUDA tensors with the CPU layout are refused anywhere.
     if triton_ops.available(torch.device("cpu")):
@@ -485,6 +498,12 @@ def test_direct_call_checks_w2_packed():
         op(*as_fp32, 0.0, 0, 1.0, None, *outs, a["w2_packed"].data)
     with pytest.raises(RuntimeError, match="w2_packed is a CPU layout"):
         emulated_cuda_kernel("domino_head_expand")(*pos, 0.0, 0, 1.0, None, *outs, a["w2_packed"].data)
+    with pytest.raises(RuntimeError, match="w_hh_packed must have shape"):
+        op(*pos, 0.0, 0, 1.0, None, *outs, None, a["w_hh_packed"].data[:, :1].contiguous())
+    with pytest.raises(RuntimeError, match="w_hh_packed needs a bfloat16 w_hh"):
+        op(*as_fp32, 0.0, 0, 1.0, None, *outs, None, a["w_hh_packed"].data)
+    with pytest.raises(RuntimeError, match="w_hh_packed is a CPU layout"):
+        emulated_cuda_kernel("domino_head_expand")(*pos, 0.0, 0, 1.0, None, *outs, None, a["w_hh_packed"].data)
 
 
 def test_direct_call_checks_indices_and_aliasing():
@@ -511,5 +530,5 @@ def test_opcheck_with_w2_packed():
     a = packed_args()
     pos, outs = op_args(a)
     torch.library.opcheck(torch.ops.domino_ops.domino_head_expand.default,
-                          (*pos, 0.0, 0, 1.0, None, *outs, a["w2_packed"].data),
+                          (*pos, 0.0, 0, 1.0, None, *outs, a["w2_packed"].data, a["w_hh_packed"].data),
                           test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))

@@ -184,7 +184,7 @@ def test_packed_w2_follows_the_draft_vocabulary_and_in_place_updates():
 
     def packed_is_w2s():
         w2 = d.head_weights()[5]
-        return torch.equal(d._w2_packed(w2).data, domino_ops.pack_small_batch_linear_weight(w2).data)
+        return torch.equal(d._packed_head_weight("w2", w2, d.embed_proj[2].weight).data, domino_ops.pack_small_batch_linear_weight(w2).data)
 
     d.set_draft_vocab(torch.cat([torch.arange(0, 100), torch.arange(156, 256)]))
     assert packed_is_w2s()

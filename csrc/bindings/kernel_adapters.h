@@ -168,8 +168,10 @@ void domino_head_expand(const at::Tensor& base_logits, const at::Tensor& hproj, 
                         const std::optional<at::Tensor>& w_ih, const at::Tensor& w_hh, const at::Tensor& w1s,
                         const at::Tensor& w2, double temperature, int64_t top_k, double top_p,
                         const std::optional<at::Tensor>& uniforms, at::Tensor child_tokens, at::Tensor child_logprobs,
-                        at::Tensor child_state, at::Tensor node_logits, const std::optional<at::Tensor>& w2_packed) {
+                        at::Tensor child_state, at::Tensor node_logits, const std::optional<at::Tensor>& w2_packed,
+                        const std::optional<at::Tensor>& w_hh_packed) {
   TORCH_CHECK(!w2_packed.has_value(), "w2_packed is a CPU layout (the CUDA kernel reads w2 as it is): pass None");
+  TORCH_CHECK(!w_hh_packed.has_value(), "w_hh_packed is a CPU layout (the CUDA kernel reads w_hh as it is): pass None");
   const typename Device::Guard guard(base_logits.device());
   const std::optional<at::Tensor> none;
   const SamplingArgs sampling{temperature, top_k, top_p, none, none, none};

@@ -199,7 +199,7 @@ std::vector<uint32_t> bf16_pairs(const float* act, int64_t n, int64_t r) {
 template <typename W, typename BL>
 void expand(BL* base, const float* hproj, const float* S, const int64_t* seq, const int64_t* depth,
             const W* gru_input, const W* w_ih, const W* w_hh, const W* w1s, const W* w2,
-            const c10::BFloat16* w2_packed, int64_t n, int64_t k, int64_t V, int64_t r, int64_t G, int64_t H,
+            const c10::BFloat16* w2_packed, const c10::BFloat16* w_hh_packed, int64_t n, int64_t k, int64_t V, int64_t r, int64_t G, int64_t H,
             int64_t m, const SamplingParams& sp, const double* u, int64_t* tokens, float* logprobs, float* S_child,
             float* L) {
   const Kernels& K = kernels();
@@ -279,16 +279,29 @@ void expand(BL* base, const float* hproj, const float* S, const int64_t* seq, co
     }
   });
 
-  // S_child = GRUCell(E[child], S): w_hh @ S once per node, the input gates per child.
-  gru_step(gemv, gru_input, w_ih, w_hh, S, Sp, tokens, n, m, G, H, gi.get(), gh.get(), emb, emb_buf, S_child);
+  // S_child = GRUCell(E[child], S): w_hh @ S once per node, the input gates per child. With
+  // w_hh packed, w_hh @ S is the packed product first (S rounded to bf16, as the reference's
+  // F.linear(S.to(w_hh.dtype), w_hh)): at 16 nodes of the paper shape ~0.6 ms of float32 FMAs
+  // become one pass over w_hh's 6 MB.
+  if (w_hh_packed != nullptr) {
+    const int64_t s_pairs = (G + 1) / 2, panels = (G3 + kPackedPanelCols - 1) / kPackedPanelCols;
+    const std::vector<uint32_t> S_pairs = bf16_pairs(S, n, G);
+    at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+      packed_panels_f32(w_hh_packed, s_pairs, S_pairs.data(), s_pairs, n, G3, p0, p1,
+                        gh.get() + p0 * kPackedPanelCols, G3);
+    });
+  }
+  gru_step(gemv, gru_input, w_ih, w_hh, S, Sp, tokens, n, m, G, H, gi.get(), gh.get(), emb, emb_buf, S_child,
+           w_hh_packed != nullptr);
 }
 
-// w2_packed: pack_small_batch_linear_weight(w2)'s data, for bf16 w2 on a CPU with AVX512-BF16.
-void check_w2_packed(const at::Tensor& packed, const at::Tensor& w2) {
-  TORCH_CHECK(w2.scalar_type() == at::kBFloat16, "w2_packed needs a bfloat16 w2, got ", w2.scalar_type());
-  check_packed_weight(packed, "w2_packed", w2.size(0), w2.size(1));
+// `name` (w2_packed, w_hh_packed): pack_small_batch_linear_weight(w)'s data, for a bf16 weight w
+// (`weight`: w2, w_hh) on a CPU with AVX512-BF16.
+void check_packed_head_weight(const at::Tensor& packed, const at::Tensor& w, const char* name, const char* weight) {
+  TORCH_CHECK(w.scalar_type() == at::kBFloat16, name, " needs a bfloat16 ", weight, ", got ", w.scalar_type());
+  check_packed_weight(packed, name, w.size(0), w.size(1));
   TORCH_CHECK(small_batch_linear_packed_supported(),
-              "w2_packed needs a CPU with AVX512-BF16 (and AVX512-BW/VL); this one has none: pass None");
+              name, " needs a CPU with AVX512-BF16 (and AVX512-BW/VL); this one has none: pass None");
 }
 
 }  // namespace
@@ -300,12 +313,14 @@ void domino_head_expand_cpu(const at::Tensor& base_logits, const at::Tensor& hpr
                             const at::Tensor& w1s, const at::Tensor& w2, double temperature, int64_t top_k,
                             double top_p, const std::optional<at::Tensor>& uniforms, at::Tensor child_tokens,
                             at::Tensor child_logprobs, at::Tensor child_state, at::Tensor node_logits,
-                            const std::optional<at::Tensor>& w2_packed) {
+                            const std::optional<at::Tensor>& w2_packed,
+                            const std::optional<at::Tensor>& w_hh_packed) {
   const std::optional<at::Tensor> none;
   const SamplingArgs sampling{temperature, top_k, top_p, none, none, none};
   check_head_expand_args(base_logits, hproj, node_state, node_seq, node_depth, gru_input, w_ih, w_hh, w1s, w2,
                          sampling, uniforms, child_tokens, child_logprobs, child_state, node_logits);
-  if (w2_packed.has_value()) check_w2_packed(*w2_packed, w2);
+  if (w2_packed.has_value()) check_packed_head_weight(*w2_packed, w2, "w2_packed", "w2");
+  if (w_hh_packed.has_value()) check_packed_head_weight(*w_hh_packed, w_hh, "w_hh_packed", "w_hh");
   const int64_t n = node_state.size(0);
   if (n == 0) return;
   const SamplingParams sp = sampling.params();
@@ -328,7 +343,8 @@ void domino_head_expand_cpu(const at::Tensor& base_logits, const at::Tensor& hpr
                           node_seq.data_ptr<int64_t>(), node_depth.data_ptr<int64_t>(), gru_input.data_ptr<W>(),
                           w_ih.has_value() ? w_ih->data_ptr<W>() : nullptr, w_hh.data_ptr<W>(),
                           w1s.data_ptr<W>(), w2.data_ptr<W>(),
-                          w2_packed.has_value() ? w2_packed->data_ptr<c10::BFloat16>() : nullptr, n, k, V, r, G, H,
+                          w2_packed.has_value() ? w2_packed->data_ptr<c10::BFloat16>() : nullptr,
+                          w_hh_packed.has_value() ? w_hh_packed->data_ptr<c10::BFloat16>() : nullptr, n, k, V, r, G, H,
                           m, sp, u,
                           child_tokens.data_ptr<int64_t>(), child_logprobs.data_ptr<float>(),
                           child_state.data_ptr<float>(), node_logits.data_ptr<float>());

@@ -151,11 +151,12 @@ void correction_input(const Gemv<W>& gemv, const W* w1s, const float* Sp, int64_
 // torch.nn.GRUCell order (r, z, n), no biases: w_hh @ S once per state, the input gates per
 // child (rows of the table gru_input [V, 3G], or w_ih [3G, H] @ the embedding rows). Each
 // thread owns hidden units [j0, j1): the three gate rows of w_hh (and w_ih) for them, then
-// their new state, so the whole GRU is one parallel phase. gi [n*m, 3G], gh [n, 3G].
+// their new state, so the whole GRU is one parallel phase. gi [n*m, 3G], gh [n, 3G]: with
+// gh_given, gh already holds w_hh @ S (domino_head_expand's packed product) and w_hh is not read.
 template <typename W>
 void gru_step(const Gemv<W>& gemv, const W* gru_input, const W* w_ih, const W* w_hh, const float* S,
               const float* Sp, const int64_t* tokens, int64_t n, int64_t m, int64_t G, int64_t H, float* gi,
-              float* gh, AlignedFloats& emb, AlignedFloats& emb_buf, float* S_out) {
+              float* gh, AlignedFloats& emb, AlignedFloats& emb_buf, float* S_out, bool gh_given = false) {
   const int64_t G3 = 3 * G, nc = n * m;
   const float* ep = nullptr;
   if (w_ih != nullptr) {
@@ -167,7 +168,7 @@ void gru_step(const Gemv<W>& gemv, const W* gru_input, const W* w_ih, const W* w
   parallel_ranges(G, 16, std::max<int64_t>(1, Gemv<W>::min_rows(gru_cols) / 3), [&](int64_t, int64_t j0, int64_t j1) {
     if (j0 >= j1) return;
     for (int64_t g = 0; g < 3; ++g) {
-      gemv.dot(w_hh + (g * G + j0) * G, j1 - j0, G, Sp, n, gh + g * G + j0, G3);
+      if (!gh_given) gemv.dot(w_hh + (g * G + j0) * G, j1 - j0, G, Sp, n, gh + g * G + j0, G3);
       if (w_ih != nullptr)
         gemv.dot(w_ih + (g * G + j0) * H, j1 - j0, H, ep, nc, gi + g * G + j0, G3);
       else

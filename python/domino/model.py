@@ -201,7 +201,7 @@ class DominoDraftModel(nn.Module):
         self.register_buffer("draft_vocab", None, persistent=False)
         self._vocab_rows: tuple | None = None  # (key, lm_head rows, embedding rows, w2 rows), see _draft_rows
         self._vocab_rows_packed: tuple | None = None  # (lm_head rows, their PackedLinearWeight)
-        self._w2_packed_cache: tuple | None = None  # (w2, its key, its PackedLinearWeight), see _w2_packed
+        self._head_packs: dict = {}  # name -> (weight, its key, its PackedLinearWeight), see _packed_head_weight
         # confidence -> acceptance probability (identity until fitted; from_pretrained loads it)
         self.calibration = Calibration()
 
@@ -296,7 +296,7 @@ class DominoDraftModel(nn.Module):
         writes most often; checkpoints store the ids (``draft_vocab`` in model.safetensors)."""
         if token_ids is None:
             self.draft_vocab, self._vocab_rows, self._vocab_rows_packed = None, None, None
-            self._w2_packed_cache = None
+            self._head_packs = {}
             return self
         V = self.config.vocab_size
         if not isinstance(token_ids, torch.Tensor):
@@ -313,7 +313,8 @@ class DominoDraftModel(nn.Module):
         if bool((ids[1:] == ids[:-1]).any()):
             raise ValueError("token_ids must be distinct")
         self.draft_vocab = ids.to(self.fc.weight.device)
-        self._vocab_rows = self._vocab_rows_packed = self._w2_packed_cache = None
+        self._vocab_rows = self._vocab_rows_packed = None
+        self._head_packs = {}
         return self
 
     def _draft_rows(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -339,21 +340,23 @@ class DominoDraftModel(nn.Module):
             cached = self._vocab_rows_packed = (rows, domino_ops.pack_small_batch_linear_weight(rows))
         return cached[1]
 
-    def _w2_packed(self, w2: torch.Tensor) -> domino_ops.PackedLinearWeight | None:
-        """The head's ``w2`` (as :meth:`head_weights` gives it) packed for the tree expand
-        kernel's AVX512-BF16 product (``domino_head_expand(w2_packed=)``), or None where that
-        product does not run: w2 not bf16, not on the CPU, or no AVX512-BF16. Packed once, again
-        when w2 changes (another tensor, or an in-place update: its version counts)."""
-        if w2.dtype != torch.bfloat16 or w2.device.type != "cpu" or not domino_ops.small_batch_linear_packed_supported():
+    def _packed_head_weight(self, name: str, w: torch.Tensor,
+                            param: torch.Tensor) -> domino_ops.PackedLinearWeight | None:
+        """The head weight ``w`` (``name``: "w2" or "w_hh", as :meth:`head_weights` gives it;
+        ``param`` the parameter it comes from) packed for the tree expand kernel's packed
+        products (``domino_head_expand(w2_packed=, w_hh_packed=)``), or None where they do not
+        run: w not bf16, not on the CPU, or no AVX512-BF16. Packed once, again when w changes
+        (another tensor, or an in-place update of the parameter: its version counts)."""
+        if w.dtype != torch.bfloat16 or w.device.type != "cpu" or not domino_ops.small_batch_linear_packed_supported():
             return None
-        # The cache keeps the w2 it packed alive, so no other tensor can have its address: the
-        # same address is the same storage. Its version is the parameter's (w2 may be the draft
-        # vocabulary's copy, made in inference mode, which counts no versions; that copy is
-        # remade whenever the parameter changes).
-        key = (w2.data_ptr(), self.embed_proj[2].weight._version, tuple(w2.shape))
-        cached = self._w2_packed_cache
+        # The cache keeps the tensor it packed alive, so no other tensor can have its address:
+        # the same address is the same storage. The version is the parameter's (w2 may be the
+        # draft vocabulary's copy, made in inference mode, which counts no versions; that copy
+        # is remade whenever the parameter changes).
+        key = (w.data_ptr(), param._version, tuple(w.shape))
+        cached = self._head_packs.get(name)
         if cached is None or cached[1] != key:
-            cached = self._w2_packed_cache = (w2, key, domino_ops.pack_small_batch_linear_weight(w2))
+            cached = self._head_packs[name] = (w, key, domino_ops.pack_small_batch_linear_weight(w))
         return cached[2]
 
     def base_logits(self, h: torch.Tensor) -> torch.Tensor:
@@ -549,11 +552,13 @@ class DominoDraftModel(nn.Module):
             E, w_ih, w_hh, w1h, w1s, w2 = self.head_weights()
             hproj = (h.to(w1h.dtype) @ w1h.T).float()
             head = (hproj, self.gru_state(anchor[:, None]), E, w_ih, w_hh, w1s, w2)
-            plain, w2_packed = min(self.config.pure_draft_prefix_len, depth), self._w2_packed(w2)
+            plain = min(self.config.pure_draft_prefix_len, depth)
+            packs = {"w2_packed": self._packed_head_weight("w2", w2, self.embed_proj[2].weight),
+                     "w_hh_packed": self._packed_head_weight("w_hh", w_hh, self.prefix_gru.weight_hh_l0)}
         else:
-            head, plain, w2_packed = _zero_head(base), depth, None
+            head, plain, packs = _zero_head(base), depth, {}
         tree = domino_ops.draft_tree(base, *head, anchor, topk=topk, depth=depth, num_draft_tokens=num_draft_tokens,
-                                     plain_depths=plain, w2_packed=w2_packed, **sampling.op_kwargs())
+                                     plain_depths=plain, **packs, **sampling.op_kwargs())
         if self.draft_vocab is None:
             return tree
         # draft-vocabulary indices -> target ids (the root is the anchor, a target id already)

@@ -153,7 +153,7 @@ def domino_head_rollout(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w
 
 def domino_head_expand(base_logits, hproj, node_state, node_seq, node_depth, gru_input, w_ih, w_hh, w1s, w2, *,
                        num_children, temperature=0.0, top_k=0, top_p=1.0, generator=None, backend=None,
-                       w2_packed=None):
+                       w2_packed=None, w_hh_packed=None):
     """One step of Domino tree drafting: the children of a frontier of tree nodes.
 
     Node f belongs to sequence ``node_seq[f]``, sits at depth ``d = node_depth[f]`` and
@@ -195,6 +195,11 @@ def domino_head_expand(base_logits, hproj, node_state, node_seq, node_depth, gru
             ``F.linear(a.to(w2.dtype), w2)`` and :func:`small_batch_linear_packed` round it;
             without it ``a`` stays float32), a float32 sum; 1.5-1.8x faster at the paper
             shape from 4 nodes up (``benchmarks/bench_head.py``). A copy of w2: keep it in step.
+        w_hh_packed: None, or, under the same conditions, w_hh packed the same way: the GRU's
+            ``w_hh @ S`` then runs as that packed product (S rounded to bf16, as the
+            reference's ``F.linear(S.to(w_hh.dtype), w_hh)``; without it S stays float32)
+            instead of float32 FMAs over the bf16 rows, ~0.6 ms a 16-node step at the paper
+            shape. A copy of w_hh: keep it in step.
     Returns:
         child_tokens [n, num_children] int64, child_logprobs [n, num_children] float32,
         child_state [n, num_children, G] float32, node_logits [n, V] float32 (each node's L,
@@ -202,40 +207,43 @@ def domino_head_expand(base_logits, hproj, node_state, node_seq, node_depth, gru
         ``filtered_probs(node_logits, temperature, top_k, top_p)``).
     """
     chosen = check_expand_args(base_logits, hproj, node_state, node_seq, node_depth, gru_input, w_ih, w_hh, w1s, w2,
-                               num_children, temperature, top_k, top_p, generator, backend, w2_packed)
+                               num_children, temperature, top_k, top_p, generator, backend, w2_packed,
+                               w_hh_packed)
     return run_expand(chosen, base_logits, hproj, node_state, node_seq, node_depth, gru_input, w_ih, w_hh, w1s, w2,
-                      num_children, temperature, top_k, top_p, generator, w2_packed)
+                      num_children, temperature, top_k, top_p, generator, w2_packed, w_hh_packed)
 
 
-def check_w2_packed(w2_packed, w2: torch.Tensor, backend: str) -> None:
-    """``w2_packed`` must be ``pack_small_batch_linear_weight(w2)`` for a bf16 ``w2`` on the
-    CPU, with a kernel that reads it (its first and last rows are compared with w2's)."""
-    if w2_packed is None:
+def check_packed_head_weight(packed, weight: torch.Tensor, name: str, weight_name: str, backend: str) -> None:
+    """``packed`` (the argument ``name``: w2_packed, w_hh_packed) must be
+    ``pack_small_batch_linear_weight(weight)`` for a bf16 ``weight`` (``weight_name``: w2,
+    w_hh) on the CPU, with a kernel that reads it (its first and last rows are compared)."""
+    if packed is None:
         return
-    if not isinstance(w2_packed, PackedLinearWeight):
-        raise TypeError(f"w2_packed must be a PackedLinearWeight (from pack_small_batch_linear_weight) or None, "
-                        f"got {type(w2_packed).__name__}")
-    if w2.device.type != "cpu" or backend == "triton":
-        raise ValueError(f"w2_packed is a CPU layout, for the native CPU kernel; pass None with the {backend} "
-                         f"backend on {w2.device}")
-    if w2.dtype != torch.bfloat16:
-        raise ValueError(f"w2_packed needs a bfloat16 w2, got {str(w2.dtype).replace('torch.', '')}")
-    V, r = w2.shape
-    if (w2_packed.out_features, w2_packed.in_features) != (V, r):
-        raise ValueError(f"w2_packed must be w2 [{V}, {r}] packed, got a packed [{w2_packed.out_features}, "
-                         f"{w2_packed.in_features}] weight")
-    data = w2_packed.data
-    for row in (0, V - 1):  # compared as bits: a NaN weight equals itself
-        packed_row = data[row // PANEL_COLS, :, row % PANEL_COLS, :].reshape(-1)[:r]
-        if not torch.equal(packed_row.view(torch.int16), w2[row].view(torch.int16)):
-            raise ValueError(f"w2_packed is not pack_small_batch_linear_weight(w2): row {row} differs")
+    if not isinstance(packed, PackedLinearWeight):
+        raise TypeError(f"{name} must be a PackedLinearWeight (from pack_small_batch_linear_weight) or None, "
+                        f"got {type(packed).__name__}")
+    if weight.device.type != "cpu" or backend == "triton":
+        raise ValueError(f"{name} is a CPU layout, for the native CPU kernel; pass None with the {backend} "
+                         f"backend on {weight.device}")
+    if weight.dtype != torch.bfloat16:
+        raise ValueError(f"{name} needs a bfloat16 {weight_name}, got {str(weight.dtype).replace('torch.', '')}")
+    N, K = weight.shape
+    if (packed.out_features, packed.in_features) != (N, K):
+        raise ValueError(f"{name} must be {weight_name} [{N}, {K}] packed, got a packed [{packed.out_features}, "
+                         f"{packed.in_features}] weight")
+    data = packed.data
+    for row in (0, N - 1):  # compared as bits: a NaN weight equals itself
+        packed_row = data[row // PANEL_COLS, :, row % PANEL_COLS, :].reshape(-1)[:K]
+        if not torch.equal(packed_row.view(torch.int16), weight[row].view(torch.int16)):
+            raise ValueError(f"{name} is not pack_small_batch_linear_weight({weight_name}): row {row} differs")
     if backend == "native" and not small_batch_linear_packed_supported():
-        raise ValueError("w2_packed needs a CPU with AVX512-BF16 (small_batch_linear_packed_supported()); "
+        raise ValueError(f"{name} needs a CPU with AVX512-BF16 (small_batch_linear_packed_supported()); "
                          "this one has none: pass None")
 
 
 def check_expand_args(base_logits, hproj, node_state, node_seq, node_depth, gru_input, w_ih, w_hh, w1s, w2,
-                      num_children, temperature, top_k, top_p, generator, backend, w2_packed=None) -> str:
+                      num_children, temperature, top_k, top_p, generator, backend, w2_packed=None,
+                      w_hh_packed=None) -> str:
     """:func:`domino_head_expand`'s argument checks (errors name the argument); returns
     the backend that runs it. :func:`domino_ops.draft_tree` checks once per tree, then
     runs its steps through :func:`run_expand`."""
@@ -264,12 +272,13 @@ def check_expand_args(base_logits, hproj, node_state, node_seq, node_depth, gru_
     _checks.sampling_params(temperature, top_k, top_p)
     _checks.generator(generator, dev)
     chosen = select_backend("domino_head_expand", dev, backend)
-    check_w2_packed(w2_packed, w2, chosen)
+    check_packed_head_weight(w2_packed, w2, "w2_packed", "w2", chosen)
+    check_packed_head_weight(w_hh_packed, w_hh, "w_hh_packed", "w_hh", chosen)
     return chosen
 
 
 def run_expand(chosen, base_logits, hproj, node_state, node_seq, node_depth, gru_input, w_ih, w_hh, w1s, w2,
-               num_children, temperature, top_k, top_p, generator, w2_packed=None):
+               num_children, temperature, top_k, top_p, generator, w2_packed=None, w_hh_packed=None):
     """:func:`domino_head_expand` on backend ``chosen``, its arguments already checked by
     :func:`check_expand_args` (or built from checked ones)."""
     if chosen == "reference":
@@ -286,7 +295,7 @@ def run_expand(chosen, base_logits, hproj, node_state, node_seq, node_depth, gru
     _kernel("domino_head_expand", chosen)(
         base_logits, hproj.contiguous(), node_state.contiguous(), node_seq.contiguous(), node_depth.contiguous(),
         gru_input, w_ih, w_hh, w1s, w2, T, top_k, top_p, uniforms, tokens, logprobs, child_state, node_logits,
-        None if w2_packed is None else w2_packed.data)
+        None if w2_packed is None else w2_packed.data, None if w_hh_packed is None else w_hh_packed.data)
     return tokens, logprobs, child_state, node_logits
 
 

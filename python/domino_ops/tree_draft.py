@@ -68,7 +68,7 @@ class DraftTree:
 
 def draft_tree(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w2, root_tokens, *, topk: int, depth: int,
                num_draft_tokens: Optional[int] = None, plain_depths: int = 0, temperature=0.0, top_k=0, top_p=1.0,
-               generator=None, backend=None, w2_packed=None) -> DraftTree:
+               generator=None, backend=None, w2_packed=None, w_hh_packed=None) -> DraftTree:
     """Drafts a tree per sequence with the Domino head, in SGLang's EAGLE-2 layout.
 
     Args:
@@ -80,7 +80,8 @@ def draft_tree(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w2, root_t
         num_draft_tokens: tree nodes N including the root, in [2, 1 + tree_size]; at
             temperature 0 only (default: every candidate). At temperature > 0 every
             candidate is a node (see the module docstring).
-        temperature, top_k, top_p, generator, backend, w2_packed: as :func:`domino_head_expand`.
+        temperature, top_k, top_p, generator, backend, w2_packed, w_hh_packed: as
+            :func:`domino_head_expand`.
     Returns:
         a :class:`DraftTree`.
     """
@@ -107,7 +108,7 @@ def draft_tree(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w2, root_t
     # on the states, sequence and depth indices this function builds (~25 us of checks a
     # step saved, a tenth of a small drafter's step).
     chosen = check_expand_args(base_logits, hproj, state, seq, torch.zeros_like(seq), gru_input, w_ih, w_hh, w1s, w2, topk,
-                               temperature, top_k, top_p, generator, backend, w2_packed)
+                               temperature, top_k, top_p, generator, backend, w2_packed, w_hh_packed)
 
     # A plain depth's correction is exactly zero: a rank-1 head of zeros (hproj, w1s, w2)
     # gives L = base + 0, the same bits as the full-rank zero w2 this used to allocate (and
@@ -121,7 +122,7 @@ def draft_tree(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w2, root_t
     def expand(node_state, node_seq, d):
         hp, ws, w, wp = (*plain, None) if d < plain_depths else (hproj, w1s, w2, w2_packed)
         return run_expand(chosen, base_logits, hp, node_state, node_seq, torch.full_like(node_seq, d), gru_input,
-                          w_ih, w_hh, ws, w, topk, temperature, top_k, top_p, generator, wp)
+                          w_ih, w_hh, ws, w, topk, temperature, top_k, top_p, generator, wp, w_hh_packed)
 
     tokens, logprobs, child_state, logits = expand(state, seq, 0)
     scores, token_list, score_list = logprobs, [tokens], [logprobs]

@@ -218,10 +218,12 @@ def _expand_gru_kernel(tokens_ptr, state_ptr, child_state_ptr, gru_input_ptr, w_
 
 def domino_head_expand(base_logits, hproj, node_state, node_seq, node_depth, gru_input, w_ih, w_hh, w1s, w2,
                        temperature, top_k, top_p, uniforms, child_tokens, child_logprobs, child_state, node_logits,
-                       w2_packed=None):
+                       w2_packed=None, w_hh_packed=None):
     """``domino_head_expand`` with the op's schema (see domino_ops.domino_head_expand)."""
     if w2_packed is not None:
         raise ValueError("w2_packed is a CPU layout (the Triton kernel reads w2 as it is): pass None")
+    if w_hh_packed is not None:
+        raise ValueError("w_hh_packed is a CPU layout (the Triton kernel reads w_hh as it is): pass None")
     n, m = child_tokens.shape
     if n == 0:
         return
