@@ -24,7 +24,9 @@
 // AVX512-BF16 CPUs, bf16 weights) the product runs on VDPBF16PS, a rounded to bf16: twice
 // the multiply-adds per cycle, so on the 2-core Zen 4 VM the paper-shape 16-node step took
 // 5.64 ms against 9.85 ms row-major and a 2.34 ms chain step, while the product alone took
-// 1.29-1.36x a chain step (benchmarks/results/tree_step_zen4_session15*.txt). Greedy children with m <= 32:
+// 1.29-1.36x a chain step (benchmarks/results/tree_step_zen4_session15*.txt). With w_hh
+// packed too (w_hh_packed) the GRU's w_hh @ S is the same packed product (S rounded to bf16):
+// ~0.5 ms less of float32 FMAs at 16 nodes of the paper shape. Greedy children with m <= 32:
 // each vocabulary chunk's best per node, found by a vector skip-scan while the chunk's
 // logits are in cache, merged per node (a partial sort past 32 children); sampled, m
 // inverse-CDF passes per node, parallel over nodes.
