@@ -217,7 +217,8 @@ def tree_table(args, copy_bw: float) -> None:
     m = args.tree_children
     packed = domino_ops.small_batch_linear_packed_supported()
     print(f"tree head step (domino_head_expand, greedy, {m} children per node, table mode), bf16 weights; "
-          f"median of {args.repeats} after warm-up; x chain = step ms / one batch-1 rollout step ms (goal at "
+          f"median of {args.repeats} after warm-up; outputs allocated once and passed as out= (as draft_tree reuses "
+          f"its node-logits buffer); x chain = step ms / one batch-1 rollout step ms (goal at "
           "n = 16: <= 1.5x)" + (f"; packed: w2_packed and w_hh_packed given (the packed products, as the engine runs them: "
                                  f"{domino_ops.small_batch_linear_packed_path()}), "
                                  f"{args.isas[0]} build, against its chain step" if packed else ""))
@@ -240,13 +241,14 @@ def tree_table(args, copy_bw: float) -> None:
         for n in args.tree_frontiers:
             node_state = torch.randn(n, G, generator=gen) * 0.5
             zeros = torch.zeros(n, dtype=torch.long)
+            out = (torch.empty(n, m, dtype=torch.long), torch.empty(n, m), torch.empty(n, m, G), torch.empty(n, V))
             nbytes = expand_bytes(n, m, G, r, V, 2)
             row = f"{shape:6} {n:>5} | {nbytes / 1e6:6.1f}"
             for isa, kw in [(isa, {}) for isa in args.isas] + ([(args.isas[0], packs)] if packed else []):
                 with cpu.forced_isa(isa):
                     ms = median_ms(lambda: domino_ops.domino_head_expand(
                         base, hproj, node_state, zeros, zeros, gru_input, None, w_hh, w1s, w2, num_children=m,
-                        **kw), args.repeats)
+                        out=out, **kw), args.repeats)
                 row += " | " + cells(ms, nbytes, copy_bw) + f" {ms / chain[isa]:6.2f}x"
             print(row)
     if domino_ops.small_batch_linear_packed_supported():

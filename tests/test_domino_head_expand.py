@@ -532,3 +532,33 @@ def test_opcheck_with_w2_packed():
     torch.library.opcheck(torch.ops.domino_ops.domino_head_expand.default,
                           (*pos, 0.0, 0, 1.0, None, *outs, a["w2_packed"].data, a["w_hh_packed"].data),
                           test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
+
+
+@pytest.mark.parametrize("backend", params(("native", "reference")))
+def test_out_is_written_and_returned(backend):
+    """out: the four outputs preallocated (poisoned) come back written, equal to a call
+    without it."""
+    a = args()
+    want = domino_ops.domino_head_expand(**a, backend=backend)
+    out = (torch.full((4, 2), -7, dtype=torch.long), torch.full((4, 2), float("nan")),
+           torch.full((4, 2, 5), float("nan")), torch.full((4, 20), float("nan")))
+    got = domino_ops.domino_head_expand(**a, backend=backend, out=out)
+    assert all(g is o for g, o in zip(got, out))
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+
+
+@pytest.mark.parametrize("out,exc,msg", [
+    ((torch.empty(4, 2, dtype=torch.long),) * 3, TypeError, "out must be a tuple"),
+    ((torch.empty(4, 2), torch.empty(4, 2), torch.empty(4, 2, 5), torch.empty(4, 20)), TypeError,
+     "out's child_tokens must be int64"),
+    ((torch.empty(4, 3, dtype=torch.long), torch.empty(4, 2), torch.empty(4, 2, 5), torch.empty(4, 20)), ValueError,
+     r"out's child_tokens must have shape \[4, 2\]"),
+    ((torch.empty(4, 2, dtype=torch.long), torch.empty(4, 2), torch.empty(4, 2, 5), torch.empty(4, 21)), ValueError,
+     r"out's node_logits must have shape \[4, 20\]"),
+    ((torch.empty(4, 2, dtype=torch.long), torch.empty(4, 2), torch.empty(4, 5, 2).transpose(1, 2),
+      torch.empty(4, 20)), ValueError, "out's child_state must be contiguous"),
+])
+def test_wrapper_rejects_a_wrong_out(out, exc, msg):
+    with pytest.raises(exc, match=msg):
+        domino_ops.domino_head_expand(**args(), out=out)

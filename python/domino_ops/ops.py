@@ -153,7 +153,7 @@ def domino_head_rollout(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w
 
 def domino_head_expand(base_logits, hproj, node_state, node_seq, node_depth, gru_input, w_ih, w_hh, w1s, w2, *,
                        num_children, temperature=0.0, top_k=0, top_p=1.0, generator=None, backend=None,
-                       w2_packed=None, w_hh_packed=None):
+                       w2_packed=None, w_hh_packed=None, out=None):
     """One step of Domino tree drafting: the children of a frontier of tree nodes.
 
     Node f belongs to sequence ``node_seq[f]``, sits at depth ``d = node_depth[f]`` and
@@ -200,6 +200,11 @@ def domino_head_expand(base_logits, hproj, node_state, node_seq, node_depth, gru
             reference's ``F.linear(S.to(w_hh.dtype), w_hh)``; without it S stays float32)
             instead of float32 FMAs over the bf16 rows, ~0.6 ms a 16-node step at the paper
             shape. A copy of w_hh: keep it in step.
+        out: None, or the four outputs below, preallocated (their shapes and dtypes,
+            contiguous, on the inputs' device; the kernels refuse outputs that share
+            memory with the inputs or each other), to write into and return instead of new
+            tensors: a caller stepping a tree reuses them (the node logits are an [n, V]
+            float32 tensor, ~10 MB at 16 nodes of the paper shape).
     Returns:
         child_tokens [n, num_children] int64, child_logprobs [n, num_children] float32,
         child_state [n, num_children, G] float32, node_logits [n, V] float32 (each node's L,
@@ -209,8 +214,23 @@ def domino_head_expand(base_logits, hproj, node_state, node_seq, node_depth, gru
     chosen = check_expand_args(base_logits, hproj, node_state, node_seq, node_depth, gru_input, w_ih, w_hh, w1s, w2,
                                num_children, temperature, top_k, top_p, generator, backend, w2_packed,
                                w_hh_packed)
+    if out is not None:
+        check_expand_out(out, node_state.shape[0], num_children, node_state.shape[1], base_logits.shape[2],
+                         base_logits.device)
     return run_expand(chosen, base_logits, hproj, node_state, node_seq, node_depth, gru_input, w_ih, w_hh, w1s, w2,
-                      num_children, temperature, top_k, top_p, generator, w2_packed, w_hh_packed)
+                      num_children, temperature, top_k, top_p, generator, w2_packed, w_hh_packed, out)
+
+
+def check_expand_out(out, n: int, m: int, G: int, V: int, dev) -> None:
+    """``out`` for :func:`domino_head_expand`: its four outputs, preallocated."""
+    if not isinstance(out, (tuple, list)) or len(out) != 4:
+        raise TypeError("out must be a tuple (child_tokens, child_logprobs, child_state, node_logits) or None")
+    for name, t, dtype, expected in (("child_tokens", out[0], torch.int64, (n, m)),
+                                     ("child_logprobs", out[1], torch.float32, (n, m)),
+                                     ("child_state", out[2], torch.float32, (n, m, G)),
+                                     ("node_logits", out[3], torch.float32, (n, V))):
+        _checks.tensor(f"out's {name}", t, ndim=len(expected), dtypes=(dtype,), device=dev, contiguous=True)
+        _checks.shape(f"out's {name}", t, expected)
 
 
 def check_packed_head_weight(packed, weight: torch.Tensor, name: str, weight_name: str, backend: str) -> None:
@@ -278,20 +298,29 @@ def check_expand_args(base_logits, hproj, node_state, node_seq, node_depth, gru_
 
 
 def run_expand(chosen, base_logits, hproj, node_state, node_seq, node_depth, gru_input, w_ih, w_hh, w1s, w2,
-               num_children, temperature, top_k, top_p, generator, w2_packed=None, w_hh_packed=None):
+               num_children, temperature, top_k, top_p, generator, w2_packed=None, w_hh_packed=None, out=None):
     """:func:`domino_head_expand` on backend ``chosen``, its arguments already checked by
-    :func:`check_expand_args` (or built from checked ones)."""
+    :func:`check_expand_args` (or built from checked ones), into ``out`` (checked by
+    :func:`check_expand_out`) or new tensors."""
     if chosen == "reference":
-        return reference.domino_head_expand(base_logits, hproj, node_state, node_seq, node_depth, gru_input, w_ih,
-                                            w_hh, w1s, w2, num_children=num_children, temperature=temperature,
-                                            top_k=top_k, top_p=top_p, generator=generator)
+        got = reference.domino_head_expand(base_logits, hproj, node_state, node_seq, node_depth, gru_input, w_ih,
+                                           w_hh, w1s, w2, num_children=num_children, temperature=temperature,
+                                           top_k=top_k, top_p=top_p, generator=generator)
+        if out is None:
+            return got
+        for o, g in zip(out, got):
+            o.copy_(g)
+        return tuple(out)
     dev, (n, G), V = base_logits.device, node_state.shape, base_logits.shape[2]
     T, top_k, top_p, _, _, _ = kernel_sampling_args(temperature, top_k, top_p, V)
     uniforms = draw_uniforms((n, num_children), dev, generator) if may_sample(temperature) else None
-    tokens = torch.empty(n, num_children, dtype=torch.int64, device=dev)
-    logprobs = torch.empty(n, num_children, dtype=torch.float32, device=dev)
-    child_state = torch.empty(n, num_children, G, dtype=torch.float32, device=dev)
-    node_logits = torch.empty(n, V, dtype=torch.float32, device=dev)
+    if out is not None:
+        tokens, logprobs, child_state, node_logits = out
+    else:
+        tokens = torch.empty(n, num_children, dtype=torch.int64, device=dev)
+        logprobs = torch.empty(n, num_children, dtype=torch.float32, device=dev)
+        child_state = torch.empty(n, num_children, G, dtype=torch.float32, device=dev)
+        node_logits = torch.empty(n, V, dtype=torch.float32, device=dev)
     _kernel("domino_head_expand", chosen)(
         base_logits, hproj.contiguous(), node_state.contiguous(), node_seq.contiguous(), node_depth.contiguous(),
         gru_input, w_ih, w_hh, w1s, w2, T, top_k, top_p, uniforms, tokens, logprobs, child_state, node_logits,

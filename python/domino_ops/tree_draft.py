@@ -119,10 +119,20 @@ def draft_tree(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w2, root_t
                  torch.zeros(1, w1s.shape[1], dtype=w1s.dtype, device=dev),  # w1s
                  torch.zeros(w2.shape[0], 1, dtype=w2.dtype, device=dev))  # w2
 
+    # A greedy tree never reads a step's node logits: one buffer serves every step (the
+    # frontier holds at most b * topk nodes), not a new [n, V] float32 tensor each.
+    logits_buffer = None if sampled else torch.empty(b * topk, V, dtype=torch.float32, device=dev)
+
     def expand(node_state, node_seq, d):
         hp, ws, w, wp = (*plain, None) if d < plain_depths else (hproj, w1s, w2, w2_packed)
+        out = None
+        if logits_buffer is not None:
+            n, G = node_state.shape
+            f32 = dict(dtype=torch.float32, device=dev)
+            out = (torch.empty(n, topk, dtype=torch.int64, device=dev), torch.empty(n, topk, **f32),
+                   torch.empty(n, topk, G, **f32), logits_buffer[:n])
         return run_expand(chosen, base_logits, hp, node_state, node_seq, torch.full_like(node_seq, d), gru_input,
-                          w_ih, w_hh, ws, w, topk, temperature, top_k, top_p, generator, wp, w_hh_packed)
+                          w_ih, w_hh, ws, w, topk, temperature, top_k, top_p, generator, wp, w_hh_packed, out)
 
     tokens, logprobs, child_state, logits = expand(state, seq, 0)
     scores, token_list, score_list = logprobs, [tokens], [logprobs]
