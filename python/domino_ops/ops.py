@@ -221,6 +221,14 @@ def domino_head_expand(base_logits, hproj, node_state, node_seq, node_depth, gru
                       num_children, temperature, top_k, top_p, generator, w2_packed, w_hh_packed, out)
 
 
+def expand_outputs(n: int, m: int, G: int, V: int, dev, node_logits: torch.Tensor | None = None) -> tuple:
+    """:func:`domino_head_expand`'s four outputs for n nodes of m children, new tensors
+    (``node_logits``, when given, is used as the fourth)."""
+    f32 = dict(dtype=torch.float32, device=dev)
+    return (torch.empty(n, m, dtype=torch.int64, device=dev), torch.empty(n, m, **f32), torch.empty(n, m, G, **f32),
+            torch.empty(n, V, **f32) if node_logits is None else node_logits)
+
+
 def check_expand_out(out, n: int, m: int, G: int, V: int, dev) -> None:
     """``out`` for :func:`domino_head_expand`: its four outputs, preallocated."""
     if not isinstance(out, (tuple, list)) or len(out) != 4:
@@ -314,13 +322,7 @@ def run_expand(chosen, base_logits, hproj, node_state, node_seq, node_depth, gru
     dev, (n, G), V = base_logits.device, node_state.shape, base_logits.shape[2]
     T, top_k, top_p, _, _, _ = kernel_sampling_args(temperature, top_k, top_p, V)
     uniforms = draw_uniforms((n, num_children), dev, generator) if may_sample(temperature) else None
-    if out is not None:
-        tokens, logprobs, child_state, node_logits = out
-    else:
-        tokens = torch.empty(n, num_children, dtype=torch.int64, device=dev)
-        logprobs = torch.empty(n, num_children, dtype=torch.float32, device=dev)
-        child_state = torch.empty(n, num_children, G, dtype=torch.float32, device=dev)
-        node_logits = torch.empty(n, V, dtype=torch.float32, device=dev)
+    tokens, logprobs, child_state, node_logits = out if out is not None else expand_outputs(n, num_children, G, V, dev)
     _kernel("domino_head_expand", chosen)(
         base_logits, hproj.contiguous(), node_state.contiguous(), node_seq.contiguous(), node_depth.contiguous(),
         gru_input, w_ih, w_hh, w1s, w2, T, top_k, top_p, uniforms, tokens, logprobs, child_state, node_logits,

@@ -33,7 +33,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from domino_ops.ops import check_expand_args, run_expand
+from domino_ops.ops import check_expand_args, expand_outputs, run_expand
 from domino_ops.sampling import filtered_probs, may_sample
 
 __all__ = ["DraftTree", "candidate_parents", "draft_tree", "select_draft_nodes", "tree_size"]
@@ -125,12 +125,8 @@ def draft_tree(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w2, root_t
 
     def expand(node_state, node_seq, d):
         hp, ws, w, wp = (*plain, None) if d < plain_depths else (hproj, w1s, w2, w2_packed)
-        out = None
-        if logits_buffer is not None:
-            n, G = node_state.shape
-            f32 = dict(dtype=torch.float32, device=dev)
-            out = (torch.empty(n, topk, dtype=torch.int64, device=dev), torch.empty(n, topk, **f32),
-                   torch.empty(n, topk, G, **f32), logits_buffer[:n])
+        n, G = node_state.shape
+        out = None if logits_buffer is None else expand_outputs(n, topk, G, V, dev, logits_buffer[:n])
         return run_expand(chosen, base_logits, hp, node_state, node_seq, torch.full_like(node_seq, d), gru_input,
                           w_ih, w_hh, ws, w, topk, temperature, top_k, top_p, generator, wp, w_hh_packed, out)
 
