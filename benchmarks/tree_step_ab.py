@@ -1,0 +1,57 @@
+"""Interleaved A/B of the tree head step on the CPU: ``domino_head_expand`` with w2 packed,
+with w2 and w_hh packed, and a batch-1 chain step (``domino_head_rollout``, k = 1), in
+blocks of 3 warm-up and 6 timed calls each, four rounds, medians. Interleaving keeps a
+drifting machine from favouring whichever call is timed first (``bench_head.py``'s tree
+table times the chain first). Needs a CPU with AVX512-BF16.
+
+    python benchmarks/tree_step_ab.py 16            # paper shape, 16 nodes, 4 children
+    python benchmarks/tree_step_ab.py 16 small
+"""
+
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import domino_ops
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_head import SHAPES, make_inputs  # noqa: E402
+
+
+def main() -> None:
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else 16
+    shape = sys.argv[2] if len(sys.argv) > 2 else "paper"
+    H, G, r, V = SHAPES[shape]
+    gen = torch.Generator().manual_seed(0)
+    base, hproj, state, gru_input, _, w_hh, w1s, w2 = make_inputs(1, 1, H, G, r, V, torch.bfloat16, True, gen)
+    m = 4
+    w2_packed = domino_ops.pack_small_batch_linear_weight(w2)
+    w_hh_packed = domino_ops.pack_small_batch_linear_weight(w_hh)
+    node_state = torch.randn(n, G, generator=gen) * 0.5
+    zeros = torch.zeros(n, dtype=torch.long)
+
+    def expand(**packs):
+        return lambda: domino_ops.domino_head_expand(base, hproj, node_state, zeros, zeros, gru_input, None, w_hh,
+                                                     w1s, w2, num_children=m, **packs)
+
+    calls = {"w2 packed": expand(w2_packed=w2_packed),
+             "w2+w_hh packed": expand(w2_packed=w2_packed, w_hh_packed=w_hh_packed),
+             "chain": lambda: domino_ops.domino_head_rollout(base, hproj, state, gru_input, None, w_hh, w1s, w2)}
+    times = {k: [] for k in calls}
+    for _ in range(4):
+        for k, fn in calls.items():
+            for _ in range(3):
+                fn()
+            for _ in range(6):
+                t0 = time.perf_counter()
+                fn()
+                times[k].append(time.perf_counter() - t0)
+    med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+    print(shape, f"n={n}", "  ".join(f"{k} {v:.3f} ms ({v / med['chain']:.2f}x)" for k, v in med.items()))
+
+
+if __name__ == "__main__":
+    main()
