@@ -86,23 +86,6 @@ def test_sampling_runs_and_is_reproducible(gen):
     assert a.token_ids == b.token_ids
 
 
-def test_concurrent_conversion_shares_one_cache(tmp_path):
-    """Two processes converting the GGUF at once on a fresh machine (two data-generation
-    workers) both get the cache: each writes its own temporary directory, the first rename
-    wins, and the loser keeps the winner's copy (they used to share one .tmp directory, and
-    one crashed writing into a directory the other had just renamed)."""
-    env = dict(os.environ, DOMINO_CACHE=str(tmp_path))
-    code = "from domino.loading import smollm2_dir; print(smollm2_dir(quiet=True))"
-    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for _ in range(2)]
-    outs = [p.communicate(timeout=300) for p in procs]
-    for p, (out, err) in zip(procs, outs):
-        assert p.returncode == 0, err
-        assert out.strip() == str(tmp_path / "smollm2-135m-instruct")
-    assert (tmp_path / "smollm2-135m-instruct" / "model.safetensors").exists()
-    assert [d.name for d in tmp_path.iterdir()] == ["smollm2-135m-instruct"]  # no temporary left
-
-
 def test_trainer_generator_eval_runs_as_deployed_and_leaves_the_training_models_alone(gen):
     """training.train's generator acceptance is eval_acceptance's measure on the deployed
     configuration (the same drafter and prompts through load_default's models give the same
