@@ -1,7 +1,5 @@
 """The embedded default (SmolLM2-135M-Instruct + the default drafter) is lossless on real prompts."""
 
-import os
-import subprocess
 import sys
 
 import pytest
