@@ -42,6 +42,7 @@ if not torch.cuda.is_available():  # Triton kernels can only be interpreted here
 
 import domino_ops  # noqa: E402
 from domino_ops import cpu, reference  # noqa: E402
+from domino_ops.ops import expand_outputs  # noqa: E402
 from timing import copy_bandwidth_gbs, median_seconds  # noqa: E402
 
 SHAPES = {
@@ -241,7 +242,7 @@ def tree_table(args, copy_bw: float) -> None:
         for n in args.tree_frontiers:
             node_state = torch.randn(n, G, generator=gen) * 0.5
             zeros = torch.zeros(n, dtype=torch.long)
-            out = (torch.empty(n, m, dtype=torch.long), torch.empty(n, m), torch.empty(n, m, G), torch.empty(n, V))
+            out = expand_outputs(n, m, G, V, "cpu")
             nbytes = expand_bytes(n, m, G, r, V, 2)
             row = f"{shape:6} {n:>5} | {nbytes / 1e6:6.1f}"
             for isa, kw in [(isa, {}) for isa in args.isas] + ([(args.isas[0], packs)] if packed else []):

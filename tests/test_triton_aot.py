@@ -4,6 +4,7 @@ import os
 import re
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -16,15 +17,16 @@ def test_every_kernel_compiles_for_sm80_and_sm90_without_spills():
     """Runs python -m domino_ops.triton.aot without the interpreter (an interpreted kernel
     cannot be compiled): a kernel that would not compile for the GPU fails here."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    def compile_for(capability: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "domino_ops.triton.aot", "--capability", capability],
+                              capture_output=True, text=True, env=env, timeout=1200)
+
     # one process per architecture, both at once (each compile is single-threaded)
-    procs = [subprocess.Popen([sys.executable, "-m", "domino_ops.triton.aot", "--capability", cc],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-             for cc in ("80", "90")]
-    stdout = ""
-    for proc in procs:
-        out, err = proc.communicate(timeout=1200)
-        assert proc.returncode == 0, err[-3000:]
-        stdout += out
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        runs = list(pool.map(compile_for, ("80", "90")))
+    for run in runs:
+        assert run.returncode == 0, run.stderr[-3000:]
+    stdout = "".join(run.stdout for run in runs)
     rows = re.findall(r"^(sm_\d+)\s+(\S+)\s+regs\s+(\d+)\s+spill bytes\s+(\d+)", stdout, re.M)
     print(stdout)
     from domino_ops.triton import aot
