@@ -2,7 +2,8 @@
 with w2 and w_hh packed, and a batch-1 chain step (``domino_head_rollout``, k = 1), in
 blocks of 3 warm-up and 6 timed calls each, four rounds, medians. Interleaving keeps a
 drifting machine from favouring whichever call is timed first (``bench_head.py``'s tree
-table times the chain first). Needs a CPU with AVX512-BF16.
+table times the chain first). The expand calls write into outputs allocated once and passed
+as ``out=``, as ``draft_tree`` does. Needs a CPU with AVX512-BF16.
 
     python benchmarks/tree_step_ab.py 16            # paper shape, 16 nodes, 4 children
     python benchmarks/tree_step_ab.py 16 small
@@ -16,6 +17,7 @@ from pathlib import Path
 import torch
 
 import domino_ops
+from domino_ops.ops import expand_outputs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_head import SHAPES, make_inputs  # noqa: E402
@@ -32,10 +34,11 @@ def main() -> None:
     w_hh_packed = domino_ops.pack_small_batch_linear_weight(w_hh)
     node_state = torch.randn(n, G, generator=gen) * 0.5
     zeros = torch.zeros(n, dtype=torch.long)
+    out = expand_outputs(n, m, G, V, "cpu")
 
     def expand(**packs):
         return lambda: domino_ops.domino_head_expand(base, hproj, node_state, zeros, zeros, gru_input, None, w_hh,
-                                                     w1s, w2, num_children=m, **packs)
+                                                     w1s, w2, num_children=m, out=out, **packs)
 
     calls = {"w2 packed": expand(w2_packed=w2_packed),
              "w2+w_hh packed": expand(w2_packed=w2_packed, w_hh_packed=w_hh_packed),
