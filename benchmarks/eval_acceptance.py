@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 import domino
 from domino.loading import DEFAULT_DRAFTER_DIR, DEFAULT_OPTIONS, smollm2_dir
@@ -46,12 +47,15 @@ def chat_prompts(n: int) -> list[list[int]]:
     return [json.loads(line)["prompt_ids"] for line in shard.read_text().splitlines()[:n]]
 
 
-def mean_tau(gen, prompts, *, use_head: bool, temperature: float, max_new_tokens: int, batch: int = 8) -> float:
+def mean_tau(gen, prompts, *, use_head: bool, temperature: float, max_new_tokens: int, batch: int = 8,
+             progress: str | None = None) -> float:
     """Mean tokens advanced per verification round over all rounds of all prompts, every
-    round drafting and verifying the drafter's whole block (a chain)."""
+    round drafting and verifying the drafter's whole block (a chain). ``progress``: a label
+    for a progress bar over the prompt batches on stderr (none when None)."""
     total_tokens = total_rounds = 0
     g = torch.Generator().manual_seed(0)
-    for i in range(0, len(prompts), batch):
+    starts = range(0, len(prompts), batch)
+    for i in starts if progress is None else tqdm(starts, desc=progress, unit="batch"):
         res = gen.generate(prompts[i:i + batch], max_new_tokens=max_new_tokens, temperature=temperature,
                            use_head=use_head, generator=g, num_drafts=gen.drafter.config.num_drafts)
         for acc in res.acceptance_lengths:
@@ -69,8 +73,10 @@ def cmd_tau(args) -> None:
     prompts = chat_prompts(args.num_prompts) if args.prompts == "chat" else humaneval_prompts(args.num_prompts)
     rows, t0 = [], time.perf_counter()
     for T in args.temperatures:
-        on = mean_tau(gen, prompts, use_head=True, temperature=T, max_new_tokens=args.max_new_tokens)
-        off = mean_tau(gen, prompts, use_head=False, temperature=T, max_new_tokens=args.max_new_tokens)
+        on = mean_tau(gen, prompts, use_head=True, temperature=T, max_new_tokens=args.max_new_tokens,
+                      progress=f"T={T} head on")
+        off = mean_tau(gen, prompts, use_head=False, temperature=T, max_new_tokens=args.max_new_tokens,
+                       progress=f"T={T} head off")
         rows.append((T, on, off))
     source = "HumanEval prompts" if args.prompts == "humaneval" else "held-out chat prompts (shard 0 of the mix)"
     config = "fp32, PyTorch's kernels" if args.fp32 else "as deployed (bf16, the batch-invariant kernels)"
