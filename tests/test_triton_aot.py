@@ -17,6 +17,7 @@ def test_every_kernel_compiles_for_sm80_and_sm90_without_spills():
     """Runs python -m domino_ops.triton.aot without the interpreter (an interpreted kernel
     cannot be compiled): a kernel that would not compile for the GPU fails here."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+
     def compile_for(capability: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "domino_ops.triton.aot", "--capability", capability],
                               capture_output=True, text=True, env=env, timeout=1200)
