@@ -192,10 +192,12 @@ def ops_table(args, copy_bw: float) -> None:
 
 
 def expand_bytes(n, m, G, r, V, wbytes) -> int:
-    """Bytes one greedy tree step (domino_head_expand, table mode) moves: the weights once,
-    the one base-logit row the frontier's nodes share (one sequence, one depth), the
-    children's table rows, and each node's logits row written (float32)."""
-    return (V * r + 3 * G * G + r * G) * wbytes + V * wbytes + n * m * 3 * G * wbytes + n * V * 4
+    """Bytes one greedy tree step (domino_head_expand, table mode, write_node_logits=False as
+    draft_tree's greedy steps call it) must move: the weights once, the one base-logit row
+    the frontier's nodes share (one sequence, one depth) and the children's table rows. No
+    logits rows: the CPU kernel keeps them in cache; the CUDA and Triton kernels still write
+    them to a scratch tensor and read them back, which this count leaves out."""
+    return (V * r + 3 * G * G + r * G) * wbytes + V * wbytes + n * m * 3 * G * wbytes
 
 
 def print_header(header: str) -> None:
@@ -218,8 +220,8 @@ def tree_table(args, copy_bw: float) -> None:
     m = args.tree_children
     packed = domino_ops.small_batch_linear_packed_supported()
     print(f"tree head step (domino_head_expand, greedy, {m} children per node, table mode), bf16 weights; "
-          f"median of {args.repeats} after warm-up; outputs allocated once and passed as out= (as draft_tree reuses "
-          f"its node-logits buffer); x chain = step ms / one batch-1 rollout step ms (goal at "
+          f"median of {args.repeats} after warm-up; write_node_logits=False and outputs allocated once and passed as "
+          f"out= (a greedy draft_tree's steps write no node logits); x chain = step ms / one batch-1 rollout step ms (goal at "
           "n = 16: <= 1.5x)" + (f"; packed: w2_packed and w_hh_packed given (the packed products, as the engine runs them: "
                                  f"{domino_ops.small_batch_linear_packed_path()}), "
                                  f"{args.isas[0]} build, against its chain step" if packed else ""))
@@ -242,14 +244,14 @@ def tree_table(args, copy_bw: float) -> None:
         for n in args.tree_frontiers:
             node_state = torch.randn(n, G, generator=gen) * 0.5
             zeros = torch.zeros(n, dtype=torch.long)
-            out = expand_outputs(n, m, G, V, "cpu")
+            out = expand_outputs(n, m, G, V, "cpu", write_node_logits=False)
             nbytes = expand_bytes(n, m, G, r, V, 2)
             row = f"{shape:6} {n:>5} | {nbytes / 1e6:6.1f}"
             for isa, kw in [(isa, {}) for isa in args.isas] + ([(args.isas[0], packs)] if packed else []):
                 with cpu.forced_isa(isa):
                     ms = median_ms(lambda: domino_ops.domino_head_expand(
                         base, hproj, node_state, zeros, zeros, gru_input, None, w_hh, w1s, w2, num_children=m,
-                        out=out, **kw), args.repeats)
+                        write_node_logits=False, out=out, **kw), args.repeats)
                 row += " | " + cells(ms, nbytes, copy_bw) + f" {ms / chain[isa]:6.2f}x"
             print(row)
     if domino_ops.small_batch_linear_packed_supported():
@@ -450,7 +452,7 @@ def gpu_tree_table(args) -> None:
                 try:
                     ms = gpu_bench_ms(graphed(lambda: domino_ops.domino_head_expand(
                         base, hproj, node_state, zeros, zeros, gru_input, None, w_hh, w1s, w2, num_children=m,
-                        backend=be)))
+                        write_node_logits=False, backend=be)))
                     row += f" {ms * 1e3:8.1f} {ms / chain[be]:7.2f}x"
                 except RuntimeError as err:  # e.g. a launch limit; the table goes on
                     row += f" {'-':>8} {'-':>8}"

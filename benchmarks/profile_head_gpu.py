@@ -45,14 +45,14 @@ def main() -> None:
     for backend in ("native", "triton"):
         print(f"\n== rollout step (k = 1, b = 1), {backend}")
         print(kernel_table(lambda: domino_ops.domino_head_rollout(base, hproj, state, gru_input, None, w_hh, w1s, w2,
-                                                                  backend=backend)))
+                                                                  write_node_logits=False, backend=backend)))
         for n in (1, 4, 16):
             node_state = (torch.randn(n, G) * 0.5).to(dev)
             zeros = torch.zeros(n, dtype=torch.long, device=dev)
             print(f"\n== expand step, {n} nodes x 4 children, {backend}")
             print(kernel_table(lambda: domino_ops.domino_head_expand(
                 base, hproj, node_state, zeros, zeros, gru_input, None, w_hh, w1s, w2, num_children=4,
-                backend=backend)))
+                write_node_logits=False, backend=backend)))
 
 
 if __name__ == "__main__":

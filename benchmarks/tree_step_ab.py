@@ -3,7 +3,7 @@ with w2 and w_hh packed, and a batch-1 chain step (``domino_head_rollout``, k = 
 blocks of 3 warm-up and 6 timed calls each, four rounds, medians. Interleaving keeps a
 drifting machine from favouring whichever call is timed first (``bench_head.py``'s tree
 table times the chain first). The expand calls write into outputs allocated once and passed
-as ``out=``, as ``draft_tree`` does. Needs a CPU with AVX512-BF16.
+as ``out=``, without node logits (``write_node_logits=False``), as a greedy ``draft_tree`` does. Needs a CPU with AVX512-BF16.
 
     python benchmarks/tree_step_ab.py 16            # paper shape, 16 nodes, 4 children
     python benchmarks/tree_step_ab.py 16 small
@@ -34,11 +34,12 @@ def main() -> None:
     w_hh_packed = domino_ops.pack_small_batch_linear_weight(w_hh)
     node_state = torch.randn(n, G, generator=gen) * 0.5
     zeros = torch.zeros(n, dtype=torch.long)
-    out = expand_outputs(n, m, G, V, "cpu")
+    out = expand_outputs(n, m, G, V, "cpu", write_node_logits=False)
 
     def expand(**packs):
         return lambda: domino_ops.domino_head_expand(base, hproj, node_state, zeros, zeros, gru_input, None, w_hh,
-                                                     w1s, w2, num_children=m, out=out, **packs)
+                                                     w1s, w2, num_children=m, write_node_logits=False, out=out,
+                                                     **packs)
 
     calls = {"w2 packed": expand(w2_packed=w2_packed),
              "w2+w_hh packed": expand(w2_packed=w2_packed, w_hh_packed=w_hh_packed),

@@ -85,15 +85,18 @@ using Named = std::pair<const char*, const at::Tensor*>;
 const at::Tensor* opt(const std::optional<at::Tensor>& t) { return t.has_value() ? &*t : nullptr; }
 
 // An output that shares memory with an input or another output would make the result
-// depend on the order the kernel reads and writes in: refuse it.
+// depend on the order the kernel reads and writes in: refuse it (nullptr entries, optional
+// tensors not given, are skipped).
 void check_no_overlap(std::initializer_list<Named> outputs, std::initializer_list<Named> inputs) {
   for (auto o = outputs.begin(); o != outputs.end(); ++o) {
+    if (o->second == nullptr) continue;  // an optional output not given
     for (const Named& i : inputs) {
       if (i.second == nullptr) continue;
       TORCH_CHECK(at::get_overlap_status(*o->second, *i.second) == at::MemOverlapStatus::No,
                   o->first, " must not share memory with ", i.first);
     }
     for (auto o2 = std::next(o); o2 != outputs.end(); ++o2) {
+      if (o2->second == nullptr) continue;
       TORCH_CHECK(at::get_overlap_status(*o->second, *o2->second) == at::MemOverlapStatus::No,
                   o->first, " must not share memory with ", o2->first);
     }
@@ -207,7 +210,7 @@ void check_head_expand_args(const at::Tensor& base_logits, const at::Tensor& hpr
                             const at::Tensor& w1s, const at::Tensor& w2, const SamplingArgs& sampling,
                             const std::optional<at::Tensor>& uniforms, const at::Tensor& child_tokens,
                             const at::Tensor& child_logprobs, const at::Tensor& child_state,
-                            const at::Tensor& node_logits) {
+                            const std::optional<at::Tensor>& node_logits) {
   const at::Device dev = base_logits.device();
   check_head_positions(base_logits, hproj, w1s, dev);
   check_tensor(node_state, "node_state", 2, dev);
@@ -216,7 +219,7 @@ void check_head_expand_args(const at::Tensor& base_logits, const at::Tensor& hpr
   check_tensor(child_tokens, "child_tokens", 2, dev);
   check_tensor(child_logprobs, "child_logprobs", 2, dev);
   check_tensor(child_state, "child_state", 3, dev);
-  check_tensor(node_logits, "node_logits", 2, dev);
+  if (node_logits.has_value()) check_tensor(*node_logits, "node_logits", 2, dev);
   const int64_t b = base_logits.size(0), k = base_logits.size(1), V = base_logits.size(2);
   const int64_t n = node_state.size(0), m = child_tokens.size(1);
   const int64_t G = w1s.size(1);
@@ -237,8 +240,9 @@ void check_head_expand_args(const at::Tensor& base_logits, const at::Tensor& hpr
   TORCH_CHECK(child_state.scalar_type() == at::kFloat && child_state.size(0) == n && child_state.size(1) == m &&
                   child_state.size(2) == G,
               "child_state must be float32 of shape [", n, ", ", m, ", ", G, "]");
-  TORCH_CHECK(node_logits.scalar_type() == at::kFloat && node_logits.size(0) == n && node_logits.size(1) == V,
-              "node_logits must be float32 of shape [", n, ", ", V, "]");
+  TORCH_CHECK(!node_logits.has_value() || (node_logits->scalar_type() == at::kFloat && node_logits->size(0) == n &&
+                                           node_logits->size(1) == V),
+              "node_logits must be None or float32 of shape [", n, ", ", V, "]");
   TORCH_CHECK(!sampling.row_temperature && !sampling.row_top_k && !sampling.row_top_p,
               "domino_head_expand takes scalar sampling parameters");
   check_sampling_args(sampling, n, dev);
@@ -251,7 +255,7 @@ void check_head_expand_args(const at::Tensor& base_logits, const at::Tensor& hpr
   }
   const at::Tensor* u = uniforms.has_value() ? &*uniforms : nullptr;
   check_no_overlap({{"child_tokens", &child_tokens}, {"child_logprobs", &child_logprobs},
-                    {"child_state", &child_state}, {"node_logits", &node_logits}},
+                    {"child_state", &child_state}, {"node_logits", opt(node_logits)}},
                    {{"base_logits", &base_logits}, {"hproj", &hproj}, {"node_state", &node_state},
                     {"node_seq", &node_seq}, {"node_depth", &node_depth}, {"gru_input", &gru_input},
                     {"w_ih", opt(w_ih)}, {"w_hh", &w_hh}, {"w1s", &w1s}, {"w2", &w2}, {"uniforms", u}});

@@ -46,7 +46,7 @@ void check_head_expand_args(const at::Tensor& base_logits, const at::Tensor& hpr
                             const at::Tensor& w1s, const at::Tensor& w2, const SamplingArgs& sampling,
                             const std::optional<at::Tensor>& uniforms, const at::Tensor& child_tokens,
                             const at::Tensor& child_logprobs, const at::Tensor& child_state,
-                            const at::Tensor& node_logits);
+                            const std::optional<at::Tensor>& node_logits);
 void check_sample_args(const at::Tensor& logits, const SamplingArgs& sampling,
                        const std::optional<at::Tensor>& uniforms, const at::Tensor& tokens);
 void check_verify_greedy_args(const at::Tensor& draft_tokens, const at::Tensor& target_logits,

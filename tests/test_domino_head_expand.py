@@ -43,15 +43,17 @@ def _kernel(backend, op):
 
 
 def expand(inputs, node_state, node_seq, node_depth, m, backend="native", temperature=0.0, top_k=0, top_p=1.0,
-           generator=None, w2_packed=None, w_hh_packed=None):
+           generator=None, w2_packed=None, w_hh_packed=None, write_node_logits=True):
     """domino_head_expand on ``backend``: the wrapper for the reference, else the op with
     poisoned outputs passed in (and the uniforms the wrapper would draw); ``w2_packed`` and
-    ``w_hh_packed`` (PackedLinearWeights) go to the op as their data."""
+    ``w_hh_packed`` (PackedLinearWeights) go to the op as their data; without
+    ``write_node_logits`` the op gets None for node_logits (and None comes back)."""
     base, hproj, _, gru_input, w_ih, w_hh, w1s, w2 = inputs
     kw = dict(temperature=temperature, top_k=top_k, top_p=top_p)
     if backend == "reference":
         return domino_ops.domino_head_expand(base, hproj, node_state, node_seq, node_depth, gru_input, w_ih, w_hh,
-                                             w1s, w2, num_children=m, generator=generator, backend=backend, **kw)
+                                             w1s, w2, num_children=m, generator=generator, backend=backend,
+                                             write_node_logits=write_node_logits, **kw)
     n, V, G = node_state.shape[0], base.shape[2], node_state.shape[1]
     T, top_k, top_p, _, _, _ = kernel_sampling_args(temperature, top_k, top_p, V)
     u = domino_ops.draw_uniforms((n, m), "cpu", generator) if T > 0 else None
@@ -60,11 +62,11 @@ def expand(inputs, node_state, node_seq, node_depth, m, backend="native", temper
     dev = device_of(backend)
     moved = [x.to(dev) if x is not None else None for x in (base, hproj, node_state, node_seq, node_depth, gru_input,
                                                             w_ih, w_hh, w1s, w2)]
-    dev_outs = [o.to(dev) for o in outs]
+    dev_outs = [o.to(dev) for o in outs[:4 if write_node_logits else 3]] + ([] if write_node_logits else [None])
     _kernel(backend, "domino_head_expand")(*moved, T, top_k, top_p, u.to(dev) if u is not None else None, *dev_outs,
                                            None if w2_packed is None else w2_packed.data,
                                            None if w_hh_packed is None else w_hh_packed.data)
-    return tuple(o.cpu() for o in dev_outs)
+    return tuple(o.cpu() if o is not None else None for o in dev_outs)
 
 
 def rollout(backend, inputs):
@@ -454,6 +456,44 @@ def test_wrapper_rejects_a_wrong_w2_packed(over, exc, msg):
 
 
 @needs_packed
+def test_wrapper_checks_a_pair_again_after_an_in_place_change():
+    """The wrapper remembers a (packed, weight) pair it has compared, so a tree's steps skip
+    the comparison; an in-place change to either tensor (w2, or w2_packed's data) must
+    bring it back, as must a new weight object."""
+    a = packed_args()
+    domino_ops.domino_head_expand(**a)
+    kept = a["w2"][0, 0].item()
+    a["w2"][0, 0] = kept + 1.0
+    with pytest.raises(ValueError, match="w2_packed is not pack_small_batch_linear_weight"):
+        domino_ops.domino_head_expand(**a)
+    a["w2"][0, 0] = kept
+    domino_ops.domino_head_expand(**a)
+    a["w2_packed"].data[0, 0, 0, 0] = kept + 1.0  # the packed copy of w2[0, 0]
+    with pytest.raises(ValueError, match="w2_packed is not pack_small_batch_linear_weight"):
+        domino_ops.domino_head_expand(**a)
+    a["w2_packed"].data[0, 0, 0, 0] = kept
+    domino_ops.domino_head_expand(**a)
+    other = a["w2"].clone()
+    other[-1, -1] += 1.0
+    with pytest.raises(ValueError, match="w2_packed is not pack_small_batch_linear_weight"):
+        domino_ops.domino_head_expand(**{**a, "w2": other})
+
+
+@needs_packed
+def test_wrapper_remembers_inference_tensors_by_the_pair_alone():
+    """Inference tensors keep no version counter: a pair made under inference_mode is
+    accepted call after call, and another weight is still compared (and refused)."""
+    with torch.inference_mode():
+        a = packed_args()
+        domino_ops.domino_head_expand(**a)
+        domino_ops.domino_head_expand(**a)
+        other = a["w2"].clone()
+        other[0, 0] += 1.0
+        with pytest.raises(ValueError, match="w2_packed is not pack_small_batch_linear_weight"):
+            domino_ops.domino_head_expand(**{**a, "w2": other})
+
+
+@needs_packed
 def test_wrapper_accepts_the_packing_of_a_w2_with_nan_in_its_checked_rows():
     """The wrapper's spot check of rows 0 and V - 1 compares bits: NaN weights match."""
     a = packed_args()
@@ -523,6 +563,8 @@ def test_opcheck():
     pos, outs = op_args(args())
     torch.library.opcheck(torch.ops.domino_ops.domino_head_expand.default, (*pos, 0.0, 0, 1.0, None, *outs),
                           test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
+    torch.library.opcheck(torch.ops.domino_ops.domino_head_expand.default, (*pos, 0.0, 0, 1.0, None, *outs[:3], None),
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
 
 
 @needs_packed
@@ -546,6 +588,49 @@ def test_out_is_written_and_returned(backend):
     assert all(g is o for g, o in zip(got, out))
     for g, w in zip(got, want):
         assert torch.equal(g, w)
+
+
+@pytest.mark.parametrize("backend", params(("reference", "native", *GPU)))
+@pytest.mark.parametrize("temperature,m", [(0.0, 3), (0.0, 40), (0.8, 3)], ids=["greedy", "greedy_m40", "sampled"])
+def test_without_node_logits_the_other_outputs_are_the_same_bits(backend, temperature, m):
+    """write_node_logits=False (node_logits None): the children, their log-probabilities
+    and states are bit for bit those of the same call with the rows written, greedy with
+    the native kernel's one-pass children (m <= 32, where it never stores the rows) and
+    past them (m = 40, a scratch row per node), and sampled; None comes back."""
+    inputs = head_rollout_inputs(*GPU_CASES[0], seed=21)  # V = 300, two emulated tiles
+    frontier = random_frontier(inputs, 5, 22)
+    kw = dict(backend=backend, temperature=temperature)
+    want = expand(inputs, *frontier, m, generator=torch.Generator().manual_seed(23), **kw)
+    got = expand(inputs, *frontier, m, generator=torch.Generator().manual_seed(23), write_node_logits=False, **kw)
+    assert got[3] is None and not want[3].isnan().any()
+    for g, w in zip(got[:3], want[:3]):
+        assert torch.equal(g, w)
+
+
+@needs_packed
+@pytest.mark.parametrize("path", PACKED_PATHS)
+def test_without_node_logits_packed_w2_gives_the_same_bits(path):
+    a = packed_args()
+    frontier = (a["node_state"], a["node_seq"], a["node_depth"])
+    inputs = (a["base_logits"], a["hproj"], None, a["gru_input"], a["w_ih"], a["w_hh"], a["w1s"], a["w2"])
+    packs = dict(w2_packed=a["w2_packed"], w_hh_packed=a["w_hh_packed"])
+    with packed_path(path):
+        want = expand(inputs, *frontier, 2, **packs)
+        got = expand(inputs, *frontier, 2, write_node_logits=False, **packs)
+    assert got[3] is None
+    for g, w in zip(got[:3], want[:3]):
+        assert torch.equal(g, w)
+
+
+@pytest.mark.parametrize("write,out_logits,exc,msg", [
+    (False, torch.empty(4, 20), ValueError, "out's node_logits must be None, since write_node_logits is False"),
+    (True, None, ValueError, "out's node_logits must be a tensor, since write_node_logits is True"),
+    (1, None, TypeError, "write_node_logits must be a bool"),
+])
+def test_wrapper_rejects_node_logits_that_disagree_with_write_node_logits(write, out_logits, exc, msg):
+    out = (torch.empty(4, 2, dtype=torch.long), torch.empty(4, 2), torch.empty(4, 2, 5), out_logits)
+    with pytest.raises(exc, match=msg):
+        domino_ops.domino_head_expand(**args(), write_node_logits=write, out=out)
 
 
 @pytest.mark.parametrize("out,exc,msg", [

@@ -168,7 +168,8 @@ void domino_head_expand(const at::Tensor& base_logits, const at::Tensor& hproj, 
                         const std::optional<at::Tensor>& w_ih, const at::Tensor& w_hh, const at::Tensor& w1s,
                         const at::Tensor& w2, double temperature, int64_t top_k, double top_p,
                         const std::optional<at::Tensor>& uniforms, at::Tensor child_tokens, at::Tensor child_logprobs,
-                        at::Tensor child_state, at::Tensor node_logits, const std::optional<at::Tensor>& w2_packed,
+                        at::Tensor child_state, const std::optional<at::Tensor>& node_logits,
+                        const std::optional<at::Tensor>& w2_packed,
                         const std::optional<at::Tensor>& w_hh_packed) {
   TORCH_CHECK(!w2_packed.has_value(), "w2_packed is a CPU layout (the CUDA kernel reads w2 as it is): pass None");
   TORCH_CHECK(!w_hh_packed.has_value(), "w_hh_packed is a CPU layout (the CUDA kernel reads w_hh as it is): pass None");
@@ -192,7 +193,11 @@ void domino_head_expand(const at::Tensor& base_logits, const at::Tensor& hproj, 
   args.node_depth = node_depth.data_ptr<int64_t>();
   args.seqs = base_logits.size(0);
   args.m = m;
-  args.node_logits = node_logits.data_ptr<float>();
+  // Without node_logits (a caller that does not read them, as a greedy tree): the kernels
+  // still write the rows and read them back to choose the children, so they go to a scratch
+  // tensor from the caching allocator (legal inside graph capture).
+  const at::Tensor rows = node_logits.has_value() ? *node_logits : at::empty({n, V}, child_logprobs.options());
+  args.node_logits = rows.data_ptr<float>();
   check_launch(launch_domino_head_expand(args, Device::stream()), "domino_head_expand");
 }
 

@@ -61,7 +61,7 @@ inline constexpr const char* kDominoHeadExpand =
     "domino_head_expand(Tensor base_logits, Tensor hproj, Tensor node_state, Tensor node_seq, Tensor node_depth, "
     "Tensor gru_input, Tensor? w_ih, Tensor w_hh, Tensor w1s, Tensor w2, float temperature, int top_k, "
     "float top_p, Tensor? uniforms, Tensor(a!) child_tokens, Tensor(b!) child_logprobs, Tensor(c!) child_state, "
-    "Tensor(d!) node_logits, Tensor? w2_packed=None, Tensor? w_hh_packed=None) -> ()";
+    "Tensor(d!)? node_logits, Tensor? w2_packed=None, Tensor? w_hh_packed=None) -> ()";
 // Lossless tree verification with the draft's probabilities (recursive rejection sampling):
 // the tree sampler's layout, float64 uniforms as verify_sampling's, draft_probs required.
 inline constexpr const char* kVerifyTreeSampling =

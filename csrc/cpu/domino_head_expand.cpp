@@ -14,8 +14,9 @@
 //                                                   gates per child (table rows or w_ih @ E)
 // Bytes per step: w2 (V*r), w1s (r*G), w_hh (3G*G) and w_ih (3G*H) or n*m table rows, each
 // weight streamed once for the whole frontier (Gemv: a loaded weight row meets every
-// node's activations, as the rollout's batch), plus n base-logit rows read and n logits
-// rows of V floats written. At the paper shape in bf16 the stream is w2 (78 MB): a
+// node's activations, as the rollout's batch), plus n base-logit rows read and, only when
+// node_logits is given (or sampling, or past 32 children, where the rows are read back),
+// n logits rows of V floats written. At the paper shape in bf16 the stream is w2 (78 MB): a
 // 16-node frontier moves about what a batch-1 rollout step moves and does 16x its
 // multiply-adds, which from about 8 nodes up are the limit (see domino_head_rollout.cpp
 // for the per-ISA rates: ~35 G bf16 multiply-adds/s per core with AVX2; on the 2-core Zen 5
@@ -29,7 +30,10 @@
 // ~0.5 ms less of float32 FMAs at 16 nodes of the paper shape. Greedy children with m <= 32:
 // each vocabulary chunk's best per node, found by a vector skip-scan while the chunk's
 // logits are in cache, merged per node (a partial sort past 32 children); sampled, m
-// inverse-CDF passes per node, parallel over nodes.
+// inverse-CDF passes per node, parallel over nodes. On a 2-core Xeon VM with AMX, the
+// paper-shape 16-node greedy step without node logits takes 1.3-1.7x a chain step
+// (benchmarks/tree_step_ab.py): the AMX w2 product ~1.0-1.2x, the logits rows' passes and
+// the GRU the rest.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -129,10 +133,10 @@ void best_tokens(const Kernels& K, const float* L, int64_t V, int64_t m, std::ve
   std::copy(best.idx, best.idx + m, out);
 }
 
-// A node's m best tokens from its per-chunk bests (bests[c * stride] for each chunk c, the
-// chunks covering the row).
+// A node's m best tokens (and their logits) from its per-chunk bests (bests[c * stride] for
+// each chunk c, the chunks covering the row).
 void merge_chunk_bests(const RunningBest* bests, int64_t n_chunks, int64_t stride, int64_t m,
-                       std::vector<std::pair<float, int64_t>>& all, int64_t* out) {
+                       std::vector<std::pair<float, int64_t>>& all, int64_t* out, float* values) {
   all.clear();
   for (int64_t c = 0; c < n_chunks; ++c) {
     const RunningBest& b = bests[c * stride];
@@ -140,17 +144,20 @@ void merge_chunk_bests(const RunningBest* bests, int64_t n_chunks, int64_t strid
   }
   std::partial_sort(all.begin(), all.begin() + m, all.end(),
                     [](const auto& x, const auto& y) { return before(x.first, x.second, y.first, y.second); });
-  for (int64_t i = 0; i < m; ++i) out[i] = all[i].second;
+  for (int64_t i = 0; i < m; ++i) {
+    out[i] = all[i].second;
+    values[i] = all[i].first;
+  }
 }
 
-// log_softmax(L)[x] = (L[x] - max) - log(sum exp(L - max)) for the children x of one node,
-// from the row's merged tile statistics: for the first child exactly the rollout's
-// -log(sum); NaN for a row of -inf or holding NaN, as log_softmax.
-void greedy_logprobs(const RunningLse& lse, const float* L, const int64_t* x, int64_t m, float* out) {
+// log_softmax(L)[x] = (L[x] - max) - log(sum exp(L - max)) for the children x of one node
+// (their logits Lx), from the row's merged tile statistics: for the first child exactly the
+// rollout's -log(sum); NaN for a row of -inf or holding NaN, as log_softmax.
+void greedy_logprobs(const RunningLse& lse, const float* Lx, int64_t m, float* out) {
   const float log_sum = std::log(lse.sum);
   for (int64_t c = 0; c < m; ++c)
     out[c] = lse.max == -std::numeric_limits<float>::infinity() ? std::numeric_limits<float>::quiet_NaN()
-                                                                 : (L[x[c]] - lse.max) - log_sum;
+                                                                 : (Lx[c] - lse.max) - log_sum;
 }
 
 // m draws without replacement from the filtered distribution of L (row_sampler.h), then
@@ -182,9 +189,13 @@ void sampled_children(const Kernels& K, const float* L, int64_t V, int64_t m, co
   }
 }
 
-// Vocabulary rows per product call on the packed path: whole panels of 48, the dot products
-// ([n][tile] floats) in L1 at n = 16.
-constexpr int64_t kPackedTile = 6 * kPackedPanelCols;
+// Vocabulary rows per product call on the packed path: whole panels of 48. The dot products
+// ([n][tile] floats, 74 KB at n = 16) stay in L2; what a tile costs beyond its arithmetic
+// (the AMX tile configuration, and per node the logits row's passes, reductions and
+// children scan) is paid once per 1152 rows: at 16 nodes of the paper shape the step took
+// 3.5-3.9 ms against 4.1-5.2 ms with tiles of 288 rows sized for L1 (2-core Xeon VM with
+// AMX, interleaved A/B; benchmarks/README.md).
+constexpr int64_t kPackedTile = 24 * kPackedPanelCols;
 
 // a's rows rounded to bf16 (to nearest even, as torch's a.to(torch.bfloat16)) as column
 // pairs, zero-padded to an even r and to amx_padded_rows(n) rows: the x operand of
@@ -222,6 +233,8 @@ void expand(BL* base, const float* hproj, const float* S, const int64_t* seq, co
   const float* ap = w2_packed != nullptr ? nullptr : gemv.prepare(act.data(), n, r, act_buf);
   const std::vector<uint32_t> a_pairs = w2_packed != nullptr ? bf16_pairs(act.data(), n, r) : std::vector<uint32_t>();
   const int64_t pairs = (r + 1) / 2;
+  // chunks of 16 tiles, whatever the thread count: the sums are merged per chunk in chunk
+  // order, so their bits depend on the chunk size (the row-major path's are the rollout's)
   const int64_t tile = w2_packed != nullptr ? kPackedTile : kVocabTile, chunk = 16 * tile;
 
   // L = base[s, d] + a @ w2^T, written per node, over vocabulary chunks claimed dynamically;
@@ -253,7 +266,7 @@ void expand(BL* base, const float* hproj, const float* S, const int64_t* seq, co
                       chunk_bests ? nullptr : L + f * V + v0, greedy ? &st : nullptr);
           if (greedy) partial[c * n + f].merge(st.max, v0 + st.arg, st.sum);
           if (chunk_bests) {
-            K.stream_copy(Lf, len, L + f * V + v0);
+            if (L != nullptr) K.stream_copy(Lf, len, L + f * V + v0);
             bests[c * n + f].offer(K, Lf, len, v0, m);
           }
         }
@@ -267,14 +280,16 @@ void expand(BL* base, const float* hproj, const float* S, const int64_t* seq, co
     SampleScratch scratch;
     std::vector<int64_t> idx;
     std::vector<std::pair<float, int64_t>> all;
+    std::vector<float> Lx(greedy ? m : 0);  // the children's logits
     for (int64_t f = f0; f < f1; ++f) {
       if (greedy) {
-        if (chunk_bests)
-          merge_chunk_bests(bests.data() + f, n_chunks, n, m, all, tokens + f * m);
-        else
+        if (chunk_bests) {
+          merge_chunk_bests(bests.data() + f, n_chunks, n, m, all, tokens + f * m, Lx.data());
+        } else {
           best_tokens(K, L + f * V, V, m, idx, tokens + f * m);
-        greedy_logprobs(RunningLse::of_chunks(partial.data() + f, n_chunks, n), L + f * V, tokens + f * m, m,
-                        logprobs + f * m);
+          for (int64_t c = 0; c < m; ++c) Lx[c] = L[f * V + tokens[f * m + c]];
+        }
+        greedy_logprobs(RunningLse::of_chunks(partial.data() + f, n_chunks, n), Lx.data(), m, logprobs + f * m);
       } else {
         sampled_children(K, L + f * V, V, m, sp, u + f * m, scratch, idx, tokens + f * m, logprobs + f * m);
       }
@@ -314,7 +329,8 @@ void domino_head_expand_cpu(const at::Tensor& base_logits, const at::Tensor& hpr
                             const std::optional<at::Tensor>& w_ih, const at::Tensor& w_hh,
                             const at::Tensor& w1s, const at::Tensor& w2, double temperature, int64_t top_k,
                             double top_p, const std::optional<at::Tensor>& uniforms, at::Tensor child_tokens,
-                            at::Tensor child_logprobs, at::Tensor child_state, at::Tensor node_logits,
+                            at::Tensor child_logprobs, at::Tensor child_state,
+                            const std::optional<at::Tensor>& node_logits,
                             const std::optional<at::Tensor>& w2_packed,
                             const std::optional<at::Tensor>& w_hh_packed) {
   const std::optional<at::Tensor> none;
@@ -331,6 +347,15 @@ void domino_head_expand_cpu(const at::Tensor& base_logits, const at::Tensor& hpr
   const int64_t H = w_ih.has_value() ? w_ih->size(1) : 0;
   const at::Tensor hproj_f = hproj.to(at::kFloat).contiguous();
   const double* u = sp.may_sample() ? uniforms->data_ptr<double>() : nullptr;
+  // The logits rows: node_logits, or nullptr when the caller does not read them and the
+  // children need no second pass over them (greedy, at most kScanChildren children): then
+  // they are never written, 4 V bytes a node less of stores (10 MB at 16 nodes of the paper
+  // shape, against w2's 78 MB read). Else, without node_logits, a scratch tensor.
+  const bool rows_needed = sp.may_sample() || m > kScanChildren;
+  const at::Tensor rows = node_logits.has_value() ? *node_logits
+                          : rows_needed           ? at::empty({n, V}, child_logprobs.options())
+                                                  : at::Tensor();
+  float* L = rows.defined() ? rows.data_ptr<float>() : nullptr;
 
   AT_DISPATCH_SWITCH(w2.scalar_type(), "domino_head_expand_cpu",
     AT_DISPATCH_CASE_FLOATING_TYPES_AND(at::kBFloat16, [&] {
@@ -349,7 +374,7 @@ void domino_head_expand_cpu(const at::Tensor& base_logits, const at::Tensor& hpr
                           w_hh_packed.has_value() ? w_hh_packed->data_ptr<c10::BFloat16>() : nullptr, n, k, V, r, G, H,
                           m, sp, u,
                           child_tokens.data_ptr<int64_t>(), child_logprobs.data_ptr<float>(),
-                          child_state.data_ptr<float>(), node_logits.data_ptr<float>());
+                          child_state.data_ptr<float>(), L);
           }
         }));
     }));

@@ -15,6 +15,7 @@ else Triton if it can run there, else the reference, so every op works on every 
 from __future__ import annotations
 
 import os
+import weakref
 
 import torch
 
@@ -153,7 +154,7 @@ def domino_head_rollout(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w
 
 def domino_head_expand(base_logits, hproj, node_state, node_seq, node_depth, gru_input, w_ih, w_hh, w1s, w2, *,
                        num_children, temperature=0.0, top_k=0, top_p=1.0, generator=None, backend=None,
-                       w2_packed=None, w_hh_packed=None, out=None):
+                       w2_packed=None, w_hh_packed=None, write_node_logits=True, out=None):
     """One step of Domino tree drafting: the children of a frontier of tree nodes.
 
     Node f belongs to sequence ``node_seq[f]``, sits at depth ``d = node_depth[f]`` and
@@ -200,45 +201,86 @@ def domino_head_expand(base_logits, hproj, node_state, node_seq, node_depth, gru
             reference's ``F.linear(S.to(w_hh.dtype), w_hh)``; without it S stays float32)
             instead of float32 FMAs over the bf16 rows, ~0.6 ms a 16-node step at the paper
             shape. A copy of w_hh: keep it in step.
+        write_node_logits: False for a caller that never reads the node logits (a greedy
+            tree): the fourth output is then None. The CPU kernel at temperature 0 with at
+            most 32 children then never writes the rows (4 V bytes a node: ~10 MB at 16
+            nodes of the paper shape, against w2's 78 MB read); the others still compute
+            them into a scratch tensor, as they read them back. The other outputs are the
+            same bits either way.
         out: None, or the four outputs below, preallocated (their shapes and dtypes,
             contiguous, on the inputs' device; the kernels refuse outputs that share
-            memory with the inputs or each other), to write into and return instead of new
-            tensors: a caller stepping a tree reuses them (the node logits are an [n, V]
-            float32 tensor, ~10 MB at 16 nodes of the paper shape).
+            memory with the inputs or each other; the fourth None exactly when
+            ``write_node_logits`` is False), to write into and return instead of new
+            tensors: a caller stepping a tree reuses them.
     Returns:
         child_tokens [n, num_children] int64, child_logprobs [n, num_children] float32,
-        child_state [n, num_children, G] float32, node_logits [n, V] float32 (each node's L,
-        from which the draft distribution for :func:`verify_tree_sampling` is
+        child_state [n, num_children, G] float32, node_logits [n, V] float32 or None (each
+        node's L, from which the draft distribution for :func:`verify_tree_sampling` is
         ``filtered_probs(node_logits, temperature, top_k, top_p)``).
     """
     chosen = check_expand_args(base_logits, hproj, node_state, node_seq, node_depth, gru_input, w_ih, w_hh, w1s, w2,
                                num_children, temperature, top_k, top_p, generator, backend, w2_packed,
                                w_hh_packed)
+    if not isinstance(write_node_logits, bool):
+        raise TypeError(f"write_node_logits must be a bool, got {type(write_node_logits).__name__}")
     if out is not None:
         check_expand_out(out, node_state.shape[0], num_children, node_state.shape[1], base_logits.shape[2],
-                         base_logits.device)
+                         base_logits.device, write_node_logits)
+    else:
+        out = expand_outputs(node_state.shape[0], num_children, node_state.shape[1], base_logits.shape[2],
+                             base_logits.device, write_node_logits)
     return run_expand(chosen, base_logits, hproj, node_state, node_seq, node_depth, gru_input, w_ih, w_hh, w1s, w2,
                       num_children, temperature, top_k, top_p, generator, w2_packed, w_hh_packed, out)
 
 
-def expand_outputs(n: int, m: int, G: int, V: int, dev, node_logits: torch.Tensor | None = None) -> tuple:
+def expand_outputs(n: int, m: int, G: int, V: int, dev, write_node_logits: bool = True) -> tuple:
     """:func:`domino_head_expand`'s four outputs for n nodes of m children, new tensors
-    (``node_logits``, when given, is used as the fourth)."""
+    (the fourth None unless ``write_node_logits``)."""
     f32 = dict(dtype=torch.float32, device=dev)
     return (torch.empty(n, m, dtype=torch.int64, device=dev), torch.empty(n, m, **f32), torch.empty(n, m, G, **f32),
-            torch.empty(n, V, **f32) if node_logits is None else node_logits)
+            torch.empty(n, V, **f32) if write_node_logits else None)
 
 
-def check_expand_out(out, n: int, m: int, G: int, V: int, dev) -> None:
-    """``out`` for :func:`domino_head_expand`: its four outputs, preallocated."""
+def check_expand_out(out, n: int, m: int, G: int, V: int, dev, write_node_logits: bool = True) -> None:
+    """``out`` for :func:`domino_head_expand`: its four outputs, preallocated (the fourth
+    None exactly when not ``write_node_logits``)."""
     if not isinstance(out, (tuple, list)) or len(out) != 4:
         raise TypeError("out must be a tuple (child_tokens, child_logprobs, child_state, node_logits) or None")
-    for name, t, dtype, expected in (("child_tokens", out[0], torch.int64, (n, m)),
-                                     ("child_logprobs", out[1], torch.float32, (n, m)),
-                                     ("child_state", out[2], torch.float32, (n, m, G)),
-                                     ("node_logits", out[3], torch.float32, (n, V))):
+    if (out[3] is None) == write_node_logits:
+        raise ValueError("out's node_logits must be " + ("a tensor, since write_node_logits is True" if write_node_logits
+                                                         else "None, since write_node_logits is False"))
+    outputs = (("child_tokens", out[0], torch.int64, (n, m)), ("child_logprobs", out[1], torch.float32, (n, m)),
+               ("child_state", out[2], torch.float32, (n, m, G)), ("node_logits", out[3], torch.float32, (n, V)))
+    for name, t, dtype, expected in outputs[:4 if write_node_logits else 3]:
         _checks.tensor(f"out's {name}", t, ndim=len(expected), dtypes=(dtype,), device=dev, contiguous=True)
         _checks.shape(f"out's {name}", t, expected)
+
+
+# id(packed.data) -> (packed.data and the weight it was compared with, as weak references;
+# both version counters then): a tree steps with the same pair every call, and the
+# comparison (two row slices and torch.equal, ~0.1 ms a weight) would be a third of a small
+# step's time. Any in-place change to either tensor bumps its version and brings the
+# comparison back; a new or dead weight object does too. Inference tensors keep no version
+# counter: for them the pair alone is remembered (the comparison is a spot check of two rows
+# against a wrong pairing in any case). Keyed by id, since tensors compare by value; an entry
+# leaves with its packed tensor.
+_VERIFIED_PACKS: dict[int, tuple] = {}
+
+
+def _version(t: torch.Tensor):
+    return None if t.is_inference() else t._version
+
+
+def _packed_pair_verified(data: torch.Tensor, weight: torch.Tensor) -> bool:
+    seen = _VERIFIED_PACKS.get(id(data))
+    return (seen is not None and seen[0]() is data and seen[1]() is weight
+            and seen[2:] == (_version(weight), _version(data)))
+
+
+def _remember_packed_pair(data: torch.Tensor, weight: torch.Tensor) -> None:
+    key = id(data)
+    _VERIFIED_PACKS[key] = (weakref.ref(data, lambda _: _VERIFIED_PACKS.pop(key, None)), weakref.ref(weight),
+                            _version(weight), _version(data))
 
 
 def check_packed_head_weight(packed, weight: torch.Tensor, name: str, weight_name: str, backend: str) -> None:
@@ -260,10 +302,12 @@ def check_packed_head_weight(packed, weight: torch.Tensor, name: str, weight_nam
         raise ValueError(f"{name} must be {weight_name} [{N}, {K}] packed, got a packed [{packed.out_features}, "
                          f"{packed.in_features}] weight")
     data = packed.data
-    for row in (0, N - 1):  # compared as bits: a NaN weight equals itself
-        packed_row = data[row // PANEL_COLS, :, row % PANEL_COLS, :].reshape(-1)[:K]
-        if not torch.equal(packed_row.view(torch.int16), weight[row].view(torch.int16)):
-            raise ValueError(f"{name} is not pack_small_batch_linear_weight({weight_name}): row {row} differs")
+    if not _packed_pair_verified(data, weight):
+        for row in (0, N - 1):  # compared as bits: a NaN weight equals itself
+            packed_row = data[row // PANEL_COLS, :, row % PANEL_COLS, :].reshape(-1)[:K]
+            if not torch.equal(packed_row.view(torch.int16), weight[row].view(torch.int16)):
+                raise ValueError(f"{name} is not pack_small_batch_linear_weight({weight_name}): row {row} differs")
+        _remember_packed_pair(data, weight)
     if backend == "native" and not small_batch_linear_packed_supported():
         raise ValueError(f"{name} needs a CPU with AVX512-BF16 (small_batch_linear_packed_supported()); "
                          "this one has none: pass None")
@@ -306,23 +350,23 @@ def check_expand_args(base_logits, hproj, node_state, node_seq, node_depth, gru_
 
 
 def run_expand(chosen, base_logits, hproj, node_state, node_seq, node_depth, gru_input, w_ih, w_hh, w1s, w2,
-               num_children, temperature, top_k, top_p, generator, w2_packed=None, w_hh_packed=None, out=None):
+               num_children, temperature, top_k, top_p, generator, w2_packed, w_hh_packed, out):
     """:func:`domino_head_expand` on backend ``chosen``, its arguments already checked by
     :func:`check_expand_args` (or built from checked ones), into ``out`` (checked by
-    :func:`check_expand_out`) or new tensors."""
+    :func:`check_expand_out`, or from :func:`expand_outputs`; its fourth None: no node
+    logits)."""
     if chosen == "reference":
         got = reference.domino_head_expand(base_logits, hproj, node_state, node_seq, node_depth, gru_input, w_ih,
                                            w_hh, w1s, w2, num_children=num_children, temperature=temperature,
                                            top_k=top_k, top_p=top_p, generator=generator)
-        if out is None:
-            return got
         for o, g in zip(out, got):
-            o.copy_(g)
+            if o is not None:
+                o.copy_(g)
         return tuple(out)
     dev, (n, G), V = base_logits.device, node_state.shape, base_logits.shape[2]
     T, top_k, top_p, _, _, _ = kernel_sampling_args(temperature, top_k, top_p, V)
     uniforms = draw_uniforms((n, num_children), dev, generator) if may_sample(temperature) else None
-    tokens, logprobs, child_state, node_logits = out if out is not None else expand_outputs(n, num_children, G, V, dev)
+    tokens, logprobs, child_state, node_logits = out
     _kernel("domino_head_expand", chosen)(
         base_logits, hproj.contiguous(), node_state.contiguous(), node_seq.contiguous(), node_depth.contiguous(),
         gru_input, w_ih, w_hh, w1s, w2, T, top_k, top_p, uniforms, tokens, logprobs, child_state, node_logits,

@@ -119,14 +119,12 @@ def draft_tree(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w2, root_t
                  torch.zeros(1, w1s.shape[1], dtype=w1s.dtype, device=dev),  # w1s
                  torch.zeros(w2.shape[0], 1, dtype=w2.dtype, device=dev))  # w2
 
-    # A greedy tree never reads a step's node logits: one buffer serves every step (the
-    # frontier holds at most b * topk nodes), not a new [n, V] float32 tensor each.
-    logits_buffer = None if sampled else torch.empty(b * topk, V, dtype=torch.float32, device=dev)
-
+    # A greedy tree never reads a step's node logits: its steps do not write them (the CPU
+    # kernel then never stores the [n, V] float32 rows).
     def expand(node_state, node_seq, d):
         hp, ws, w, wp = (*plain, None) if d < plain_depths else (hproj, w1s, w2, w2_packed)
         n, G = node_state.shape
-        out = None if logits_buffer is None else expand_outputs(n, topk, G, V, dev, logits_buffer[:n])
+        out = expand_outputs(n, topk, G, V, dev, write_node_logits=sampled)
         return run_expand(chosen, base_logits, hp, node_state, node_seq, torch.full_like(node_seq, d), gru_input,
                           w_ih, w_hh, ws, w, topk, temperature, top_k, top_p, generator, wp, w_hh_packed, out)
 

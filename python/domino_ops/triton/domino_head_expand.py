@@ -232,6 +232,8 @@ def domino_head_expand(base_logits, hproj, node_state, node_seq, node_depth, gru
     H = 0 if w_ih is None else w_ih.shape[1]
     dev = base_logits.device
     sampled = temperature > 0
+    if node_logits is None:  # the kernels write the rows and read them back: a scratch tensor
+        node_logits = torch.empty(n, V, dtype=torch.float32, device=dev)
     hproj = hproj.float().contiguous()
     tiles = triton.cdiv(V, TILE_V)
     a = torch.empty(n, r, dtype=torch.float32, device=dev)
