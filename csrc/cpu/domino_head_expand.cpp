@@ -80,6 +80,12 @@ inline void store_fence() {
 
 constexpr int64_t kScanChildren = 32;  // up to this many children: the skip-scan, else a partial sort
 
+// Whether a step's children come from the per-chunk bests kept while each tile's logits are
+// in cache (greedy, at most kScanChildren children), so the logits rows are never read back.
+inline bool children_from_chunk_bests(const SamplingParams& sp, int64_t m) {
+  return !sp.may_sample() && m <= kScanChildren;
+}
+
 // The first m <= kScanChildren tokens of the greedy order among the values offered so far,
 // kept sorted with their values (the values offered may be overwritten afterwards: the
 // expand step offers each logits tile while it is in L1). Once m are kept a value enters
@@ -245,7 +251,7 @@ void expand(BL* base, const float* hproj, const float* S, const int64_t* seq, co
   // Greedy with few children: each chunk's best tokens per node, offered tile by tile while
   // the tile's logits are in L1 (merged per node below), instead of a second pass over the
   // n rows of V floats; the rows themselves are then only written, with non-temporal stores.
-  const bool chunk_bests = greedy && m <= kScanChildren;
+  const bool chunk_bests = children_from_chunk_bests(sp, m);
   std::vector<RunningBest> bests(chunk_bests ? n_chunks * n : 0);
   std::atomic<int64_t> next_chunk{0};
   at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), n_chunks), 1, [&](int64_t, int64_t) {
@@ -351,7 +357,7 @@ void domino_head_expand_cpu(const at::Tensor& base_logits, const at::Tensor& hpr
   // children need no second pass over them (greedy, at most kScanChildren children): then
   // they are never written, 4 V bytes a node less of stores (10 MB at 16 nodes of the paper
   // shape, against w2's 78 MB read). Else, without node_logits, a scratch tensor.
-  const bool rows_needed = sp.may_sample() || m > kScanChildren;
+  const bool rows_needed = !children_from_chunk_bests(sp, m);
   const at::Tensor rows = node_logits.has_value() ? *node_logits
                           : rows_needed           ? at::empty({n, V}, child_logprobs.options())
                                                   : at::Tensor();
