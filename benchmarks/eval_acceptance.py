@@ -53,7 +53,9 @@ def mean_tau(gen, prompts, *, use_head: bool, temperature: float, max_new_tokens
     round drafting and verifying the drafter's whole block (a chain). ``progress``: a label
     for a progress bar over the prompt batches on stderr (none when None)."""
     total_tokens = total_rounds = 0
-    g = torch.Generator().manual_seed(0)
+    # on the generator's device: the ops refuse a CPU generator for CUDA tensors (the
+    # trainer's final evaluation on a lent GPU stopped there, 2026-11-28)
+    g = torch.Generator(device=gen.device).manual_seed(0)
     starts = range(0, len(prompts), batch)
     for i in starts if progress is None else tqdm(starts, desc=progress, unit="batch"):
         res = gen.generate(prompts[i:i + batch], max_new_tokens=max_new_tokens, temperature=temperature,

@@ -21,7 +21,8 @@
 # and back here: move the folders back, then
 #     bash training/gpu_pipeline.sh unpack /work/.device/N     (the files_at folder)
 # RANGE is the shard range to decode (generate_data --shard-range; with --passes 2 the
-# sampled pass is shards 540-1079): give this machine's own workers another range.
+# sampled pass is shards 540-1079), or several START END pairs in order; PASSES=3 adds a
+# second sampled pass (1080-1619): give this machine's own workers another range.
 # With a longer lease: `train` / `follow` / `fetch` train there on what it decoded; `train`
 # starts from python/domino/checkpoints, so leave that folder in the checkout for it.
 #
@@ -103,9 +104,17 @@ generate)
   mkdir -p $DEV/data
   # decodes until GEN_S runs out (each shard is written atomically: a shard cut off is lost,
   # none is half written), then the shards come back
-  timeout "${GEN_S:-200}" python3 -m training.generate_data --device cuda --prompts-file $DEV/prompts.json.gz \
-      --out $DEV/data --passes 2 --shard-range ${RANGE:-800 1080} --shards-per-batch "${PER_BATCH:-8}" \
-      --target-tokens 1000000000 > $DEV/generate.log 2>&1 || true
+  # RANGE holds one or more START END pairs, decoded in order until GEN_S runs out (the
+  # target is loaded once per pair, ~10 s); PASSES > 2 reaches the sampled passes after the
+  # second (shards 1080-1619 are pass 2: the same prompts sampled again with new seeds)
+  deadline=$((SECONDS + ${GEN_S:-200}))
+  set -- ${RANGE:-800 1080}
+  while [ $# -ge 2 ] && [ $SECONDS -lt $deadline ]; do
+    timeout $((deadline - SECONDS)) python3 -m training.generate_data --device cuda --prompts-file $DEV/prompts.json.gz \
+        --out $DEV/data --passes "${PASSES:-2}" --shard-range $1 $2 --shards-per-batch "${PER_BATCH:-8}" \
+        --target-tokens 1000000000 >> $DEV/generate.log 2>&1 || true
+    shift 2
+  done
   tail -c 2000 $DEV/generate.log | tr '\r' '\n' | tail -8
   (cd $DEV/data && tar czf "$OUT/shards.tar.gz" shard_*.jsonl dataset.json) || echo "no shard finished"
   cp $DEV/generate.log "$OUT/"
