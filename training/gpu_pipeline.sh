@@ -13,11 +13,14 @@
 #     mv training/regenerated /work/regen_out; mv python/domino/checkpoints /work/ckpt_out
 # Then with the device tool, back to back:
 #     run(command="bash training/gpu_pipeline.sh receive 0", carry=[".device/common", ".device/part0"])
-#     run(command="bash training/gpu_pipeline.sh receive 1", carry=[".device/part1"])
+#     run(command="bash training/gpu_pipeline.sh receive 1", carry=[".device/part1", ".device/shards"])
 #     run(command="GEN_S=200 RANGE='800 1080' bash training/gpu_pipeline.sh generate", carry=[".device/part2"])
-# or, to train the shipped drafter there on what was decoded (the GPU's features need no
-# rebuild here; the drafter comes back in $OUT, unpack puts it in training/runs/gpu/drafter):
-#     run(command="GEN_S=150 TRAIN_S=300 STEPS=... bash training/gpu_pipeline.sh generate", carry=[".device/part2", ".device/ckpt"])
+# or, to train the shipped drafter there (0.13 s a step on an H200, 2026-11-28: STEPS ~
+# TRAIN_S / 0.15) on what was decoded and on the carried token shards of FEATURES, whose
+# features the GPU rebuilds first for up to REBUILD_S seconds (shard 0 held out, as here;
+# the drafter comes back in $OUT, unpack puts it in training/runs/gpu/drafter):
+#     run(command="GEN_S=100 REBUILD_S=120 FEATURES='548 1160' TRAIN_S=300 STEPS=2000 PASSES=3 RANGE='1160 1620' \
+#                  bash training/gpu_pipeline.sh generate", carry=[".device/part2", ".device/ckpt"])
 # and back here: move the folders back, then
 #     bash training/gpu_pipeline.sh unpack /work/.device/N     (the files_at folder)
 # RANGE is the shard range to decode (generate_data --shard-range; with --passes 2 the
@@ -33,13 +36,37 @@
 set -euo pipefail
 PHASE=${1:?usage: gpu_pipeline.sh pack|receive N|generate|train|follow|fetch|unpack DIR}
 cd "$(dirname "$0")/.."
-DEV=/tmp/dev
+DEV=${DEV:-/tmp/dev}
+DEVICE=${DEVICE:-cuda}  # cpu: a smoke test of the phases here
 GGUF=SmolLM2-135M-Instruct.Q4_1.gguf
 PARTS=3
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$DEV/site:. DOMINO_CACHE=$DEV/cache HF_HUB_OFFLINE=1
 
-lowest_decoded_shard() {  # the held-out shard of a run on what was decoded here
-  python3 -c "import pathlib; from training.data import shard_index; print(min(map(shard_index, pathlib.Path('$DEV/data').glob('shard_*.jsonl'))))"
+held_out_and_training_shards() {  # the held-out shard (0 where its features exist, else the
+  # lowest featured one), then every featured shard that holds none of its prompts
+  python3 -c "
+import pathlib
+from training.data import held_out_prompts, shard_prompts
+d = pathlib.Path('$DEV/data')
+featured = sorted(int(p.name.split('_')[1].split('.')[0]) for p in d.glob('shard_*.features.safetensors'))
+held = featured[0]
+prompts = held_out_prompts(d, [held])
+print(held, *(i for i in featured[1:] if shard_prompts(d, i).isdisjoint(prompts)))"
+}
+
+rebuild_features() {  # START END pairs: the carried token shards' features, on the GPU, until REBUILD_S or the disk runs low
+  local deadline=$((SECONDS + ${REBUILD_S:-120}))
+  while [ $# -ge 2 ] && [ $SECONDS -lt $deadline ]; do
+    local a=$1 b=$2; shift 2
+    while [ $a -lt $b ] && [ $SECONDS -lt $deadline ]; do  # 20 shards at a time (~2.3 GB of features)
+      local free_gb=$(($(df --output=avail -k $DEV | tail -1) / 1048576))
+      [ $free_gb -lt 10 ] && { echo "== $free_gb GB left on $DEV: rebuild stopped at shard $a"; return; }
+      local c=$((a + 20 < b ? a + 20 : b))
+      timeout $((deadline - SECONDS)) python3 -m training.generate_data --device $DEVICE --prompts-file $DEV/prompts.json.gz \
+          --out $DEV/data --passes 3 --target-tokens 0 --shard-range $a $c >> $DEV/rebuild.log 2>&1 || true
+      a=$c
+    done
+  done
 }
 
 send_back_drafter() {  # RUN [export_checkpoint args]: the run's drafter and log into $OUT
@@ -71,6 +98,11 @@ pack)
   PYTHONPATH=. .venv/bin/python -m training.generate_data --save-prompts .device/common/prompts.json.gz
   # the shipped drafter, for generate's TRAIN_S (it travels with part 2: ~63 MB together)
   mkdir -p .device/ckpt && cp python/domino/checkpoints/smollm2-135m-instruct/{model.safetensors,config.json} .device/ckpt/
+  # every token shard (~22 MB), carried with part 1, so that TRAIN_S trains on this machine's
+  # data too: the GPU rebuilds their features (one teacher-forced forward a shard; this CPU
+  # takes 35-80 s a shard; the GPU's rate is not measured yet), FEATURES names the ranges
+  mkdir -p .device/shards && tar czf .device/shards/shards.tar.gz -C training/regenerated/smollm2_mix \
+      dataset.json $(cd training/regenerated/smollm2_mix && ls shard_*.jsonl)
   du -sh .device/*
   ;;
 receive)
@@ -81,6 +113,10 @@ receive)
     python3 -m pip install -q --no-index --no-deps --target $DEV/site $DEV/*.whl
   fi
   cp ".device/part$i/gguf.part" "$DEV/parts/$i"
+  if [ -f .device/shards/shards.tar.gz ]; then  # this machine's token shards, for generate's TRAIN_S
+    mkdir -p $DEV/data && tar xzf .device/shards/shards.tar.gz -C $DEV/data && touch $DEV/carried.stamp
+    echo "token shards carried: $(ls $DEV/data/shard_*.jsonl | wc -l)"
+  fi
   if [ ! -e $DEV/build.pid ]; then  # the CUDA build (~3 min) runs while the other parts arrive
     # from a copy of the sources outside the checkout: the next call re-sends the working
     # tree into the checkout, and a build there was broken mid-compile by it (2026-11-27)
@@ -107,16 +143,19 @@ generate)
   # RANGE holds one or more START END pairs, decoded in order until GEN_S runs out (the
   # target is loaded once per pair, ~10 s); PASSES > 2 reaches the sampled passes after the
   # second (shards 1080-1619 are pass 2: the same prompts sampled again with new seeds)
+  touch $DEV/decode.stamp
   deadline=$((SECONDS + ${GEN_S:-200}))
   set -- ${RANGE:-800 1080}
   while [ $# -ge 2 ] && [ $SECONDS -lt $deadline ]; do
-    timeout $((deadline - SECONDS)) python3 -m training.generate_data --device cuda --prompts-file $DEV/prompts.json.gz \
+    timeout $((deadline - SECONDS)) python3 -m training.generate_data --device $DEVICE --prompts-file $DEV/prompts.json.gz \
         --out $DEV/data --passes "${PASSES:-2}" --shard-range $1 $2 --shards-per-batch "${PER_BATCH:-8}" \
         --target-tokens 1000000000 >> $DEV/generate.log 2>&1 || true
     shift 2
   done
   tail -c 2000 $DEV/generate.log | tr '\r' '\n' | tail -8
-  (cd $DEV/data && tar czf "$OUT/shards.tar.gz" shard_*.jsonl dataset.json) || echo "no shard finished"
+  # the shards decoded here (not those receive carried)
+  (cd $DEV/data && find . -maxdepth 1 -name 'shard_*.jsonl' -newer $DEV/decode.stamp | tar czf "$OUT/shards.tar.gz" -T - dataset.json) \
+      || echo "no shard finished"
   cp $DEV/generate.log "$OUT/"
   if [ -n "${TRAIN_S:-}" ] && [ -f .device/ckpt/model.safetensors ]; then
     # the shipped drafter trained here on what was just decoded: the features came out of
@@ -124,10 +163,23 @@ generate)
     # worker beside another, 2026-11-27); at most TRAIN_S seconds (a run cut off keeps its
     # last checkpoint, every 50 steps, without the learning rate's annealed end: set STEPS
     # from the step rate a first lease measures)
-    eval_shard=$(lowest_decoded_shard)
-    timeout "$TRAIN_S" python3 -m training.train --device cuda --data $DEV/data --out $DEV/runs/lease \
-        --eval-shards "$eval_shard" --init-from .device/ckpt --steps "${STEPS:-2000}" --seqs-per-step 16 --anchors 8 \
-        --lr "${LR:-3e-4}" --warmup 0.02 --eval-every "${STEPS:-2000}" --eval-generator-prompts 32 --ckpt-every 50 \
+    # --labels target_argmax: a sampled pass's own next token is not the target's greedy
+    # choice about a quarter of the time; the shipped stages train on the greedy choice (the
+    # twenty-seventh session's lease trained on the tokens, which this line now prevents)
+    # With the token shards receive carried (.device/shards): shard 0 (held out, as on this
+    # machine: the trainer leaves out the later passes' copies of its prompts) and the
+    # FEATURES pairs get their features here first, one teacher-forced forward a shard, so
+    # the run trains on those too; without them, on what was decoded, its lowest shard held out.
+    if [ -f $DEV/carried.stamp ] && [ -f $DEV/data/shard_00000.jsonl ]; then
+      rebuild_features 0 1 ${FEATURES:-}
+      tail -c 1500 $DEV/rebuild.log | tr '\r' '\n' | tail -4
+      cp $DEV/rebuild.log "$OUT/"
+    fi
+    read -r -a shards <<< "$(held_out_and_training_shards)"
+    echo "== shard ${shards[0]} held out, training on ${#shards[@]} - 1 shards; $(df -h --output=avail $DEV | tail -1) left"
+    timeout "$TRAIN_S" python3 -m training.train --device $DEVICE --data $DEV/data --out $DEV/runs/lease \
+        --eval-shards "${shards[0]}" --train-shards "${shards[@]:1}" --init-from .device/ckpt --steps "${STEPS:-2000}" --seqs-per-step 16 --anchors 8 \
+        --lr "${LR:-3e-4}" --warmup 0.02 --eval-every "${STEPS:-2000}" --eval-generator-prompts 32 --ckpt-every 50 --labels target_argmax \
         --bf16 auto > $DEV/train.log 2>&1 || echo "== training ended by TRAIN_S or an error (train.log)"
     tail -c 3000 $DEV/train.log | tr '\r' '\n' | tail -15
     [ -f $DEV/runs/lease/checkpoint.pt ] && send_back_drafter $DEV/runs/lease --base .device/ckpt
@@ -136,12 +188,11 @@ generate)
   ls -la "$OUT"
   ;;
 train)
-  # held out: the lowest shard decoded here (shard 0, the trainer's default, stays on this
-  # machine's disk; without one held out the trainer's own evaluation would have nothing)
-  eval_shard=$(lowest_decoded_shard)
-  setsid nohup python3 -m training.train --device cuda --data $DEV/data --out $DEV/runs/long --eval-shards "$eval_shard" \
+  read -r -a shards <<< "$(held_out_and_training_shards)"
+  setsid nohup python3 -m training.train --device $DEVICE --data $DEV/data --out $DEV/runs/long --eval-shards "${shards[0]}" \
+      --train-shards "${shards[@]:1}" \
       --init-from python/domino/checkpoints/smollm2-135m-instruct --steps "${STEPS:-10000}" --seqs-per-step 16 \
-      --anchors 8 --lr "${LR:-3e-4}" --eval-every 500 --eval-generator-prompts 32 --ckpt-every 250 --bf16 auto \
+      --anchors 8 --lr "${LR:-3e-4}" --eval-every 500 --eval-generator-prompts 32 --ckpt-every 250 --labels target_argmax --bf16 auto \
       > $DEV/train.log 2>&1 &
   echo $! > $DEV/job.pid && ln -sf $DEV/train.log $DEV/job.log
   follow $DEV/job.log $DEV/job.pid
