@@ -188,3 +188,18 @@ def test_direct_calls_refuse_uniforms_outside_the_unit_interval(bad):
         with pytest.raises(RuntimeError, match=name + " " + must):
             torch.ops.domino_ops.verify_sampling(draft, q, p, ua, ur, out, acc)
     assert (out == -7).all()
+
+
+@pytest.mark.parametrize("numel", [7, 5000], ids=["short", "long"])
+def test_in_range_names_the_argument_and_the_values_found(numel):
+    """_checks.in_range reads a short vector through Python and a long one by aminmax: both
+    accept values in [lo, hi) and report the range found otherwise."""
+    from domino_ops import _checks
+    t = torch.arange(numel) % 5
+    _checks.in_range("ids", t, 0, 5)
+    _checks.in_range("ids", t.view(1, -1) if numel % 2 else t.view(2, -1), 0, 5)
+    with pytest.raises(ValueError, match=r"ids must hold values in \[0, 4\), got values in \[0, 4\]"):
+        _checks.in_range("ids", t, 0, 4, "hold values")
+    t[numel // 2] = -3
+    with pytest.raises(ValueError, match=r"ids must be in \[0, 5\), got values in \[-3, 4\]"):
+        _checks.in_range("ids", t, 0, 5)

@@ -553,6 +553,10 @@ def test_direct_call_checks_indices_and_aliasing():
     pos_bad[3] = torch.tensor([0, 5, 0, 0])
     with pytest.raises(RuntimeError, match="node_seq must hold sequence indices"):
         op(*pos_bad, 0.0, 0, 1.0, None, *outs)
+    pos_bad = list(pos)
+    pos_bad[4] = torch.tensor([0, 0, 0, -1])
+    with pytest.raises(RuntimeError, match="node_depth must hold depths"):
+        op(*pos_bad, 0.0, 0, 1.0, None, *outs)
     with pytest.raises(RuntimeError, match="must not share memory"):
         op(*pos, 0.0, 0, 1.0, None, outs[0], outs[1], outs[2], pos[0].view(2 * 3, 20)[:4])
     with pytest.raises(RuntimeError, match="uniforms are required"):

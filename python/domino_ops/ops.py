@@ -14,6 +14,7 @@ else Triton if it can run there, else the reference, so every op works on every 
 
 from __future__ import annotations
 
+import functools
 import os
 import weakref
 
@@ -32,7 +33,14 @@ BACKENDS = ("auto", "native", "triton", "reference")
 def has_kernel(op: str, device: torch.device | str) -> bool:
     """Whether ``op`` has a native kernel for ``device`` (e.g. "cpu", "cuda")."""
     key = {"cpu": "CPU", "cuda": "CUDA"}.get(torch.device(device).type)
-    return key is not None and torch._C._dispatch_has_kernel_for_dispatch_key(f"domino_ops::{op}", key)
+    return key is not None and _registered(op, key)
+
+
+@functools.cache
+def _registered(op: str, key: str) -> bool:
+    # The extension registers its kernels when it is imported, before any call here, and
+    # never again; the dispatcher's lookup costs ~10 us, and every op call asks it.
+    return torch._C._dispatch_has_kernel_for_dispatch_key(f"domino_ops::{op}", key)
 
 
 def select_backend(op: str, device, backend: str | None = None) -> str:
