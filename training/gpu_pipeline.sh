@@ -210,7 +210,9 @@ fetch)
   ;;
 unpack)
   from=${2:?unpack DIR (the device tool files_at folder)}
-  for f in "$from"/shards*.tar.gz; do tar xzf "$f" -C training/regenerated/smollm2_mix --exclude dataset.json; done
+  # a shard already here stays as it is: its features were made from it (a lease decoded
+  # shard 1047 again in 2026-11-28, and its new text no longer matched the features here)
+  for f in "$from"/shards*.tar.gz; do tar xzf "$f" -C training/regenerated/smollm2_mix --skip-old-files --exclude dataset.json; done
   if [ -f "$from/drafter_config.json" ]; then
     mkdir -p training/runs/gpu/drafter
     cp "$from/drafter_config.json" training/runs/gpu/drafter/config.json
