@@ -31,10 +31,11 @@
 // each vocabulary chunk's best per node, found by a vector skip-scan while the chunk's
 // logits are in cache, merged per node (a partial sort past 32 children); sampled, m
 // inverse-CDF passes per node, parallel over nodes. On a 2-core Xeon VM with AMX, the
-// paper-shape 16-node greedy step without node logits took 3.4-4.6 ms, 1.36-1.71x a chain
-// step from run to run (benchmarks/tree_step_ab.py; README.md): by perf, half of it the AMX
-// w2 product waiting on w2's stream (as the chain step waits), an eighth the logits tiles
-// (logits_tile), the rest the GRU, the merges and the serial parts between parallel regions.
+// paper-shape 16-node greedy step without node logits took 3.2-4.6 ms, 1.36-1.71x a chain
+// step from run to run, 1.52-1.63x in a normal hour (benchmarks/tree_step_ab.py;
+// README.md): by perf, half of it the AMX w2 product waiting on w2's stream (as the chain
+// step waits), an eighth the logits tiles (logits_tile), the rest the GRU, the merges and
+// the serial parts between parallel regions.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
