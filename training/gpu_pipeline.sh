@@ -46,9 +46,9 @@ held_out_and_training_shards() {  # the held-out shard (0 where its features exi
   # lowest featured one), then every featured shard that holds none of its prompts
   python3 -c "
 import pathlib
-from training.data import held_out_prompts, shard_prompts
+from training.data import held_out_prompts, shard_index, shard_prompts
 d = pathlib.Path('$DEV/data')
-featured = sorted(int(p.name.split('_')[1].split('.')[0]) for p in d.glob('shard_*.features.safetensors'))
+featured = sorted(shard_index(p) for p in d.glob('shard_*.jsonl') if p.with_suffix('.features.safetensors').exists())
 held = featured[0]
 prompts = held_out_prompts(d, [held])
 print(held, *(i for i in featured[1:] if shard_prompts(d, i).isdisjoint(prompts)))"

@@ -97,8 +97,11 @@ def in_range(name: str, t: torch.Tensor, lo: int, hi: int, must: str = "be") -> 
         return
     # a short vector through Python's min/max: a tensor min()/max() pair costs tens of
     # microseconds (a tree step checks two vectors of ~16 values per call)
-    values = t.reshape(-1).tolist() if t.numel() <= 4096 else torch.aminmax(t)
-    t_min, t_max = (min(values), max(values)) if isinstance(values, list) else map(int, values)
+    if t.numel() <= 4096:
+        values = t.reshape(-1).tolist()
+        t_min, t_max = min(values), max(values)
+    else:
+        t_min, t_max = map(int, torch.aminmax(t))
     if t_min < lo or t_max >= hi:
         raise ValueError(f"{name} must {must} in [{lo}, {hi}), got values in [{t_min}, {t_max}]")
 
