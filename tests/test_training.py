@@ -546,6 +546,47 @@ def test_data_the_trainer_cannot_use_is_refused_by_name(tiny_run, tmp_path):
         run_train(root, tmp_path / "r3", "--steps", "1", "--data", str(tmp_path / "nowhere"))
 
 
+def test_features_computed_by_the_target_are_the_stored_ones(tiny_run):
+    """--target-features computed: each step's conversations get from one teacher-forced
+    forward what the feature files hold (up to rounding), in the conversations' order."""
+    from domino.config import default_drafter_config
+    from training.train import with_computed_features
+
+    root, target = tiny_run
+    stored = load_shards(root / "data")
+    bare = load_shards(root / "data", features=False)
+    assert [c.tokens.tolist() for c in bare] == [c.tokens.tolist() for c in stored]
+    assert all(c.features is None and c.top_ids is None for c in bare)
+    ids = default_drafter_config(target.config).target_layer_ids
+    order = [5, 0, 3, 3, 1]  # a step draws with replacement, in any order
+    computed = with_computed_features(target, [bare[i] for i in order], ids, top_k=32)
+    for c, i in zip(computed, order):
+        torch.testing.assert_close(c.features.float(), stored[i].features.float(), atol=0.05, rtol=0.02)
+        assert (c.top_ids == stored[i].top_ids).float().mean() > 0.95  # near-ties may swap under rounding
+        torch.testing.assert_close(c.top_logprobs.float(), stored[i].top_logprobs.float(), atol=0.02, rtol=0.01)
+
+
+def test_training_on_computed_features_needs_no_feature_files(tiny_run, tmp_path):
+    """Token shards alone (a fresh clone's) train with --target-features computed, and the
+    losses are those of the stored features (same batches; features equal up to rounding)."""
+    import shutil
+
+    root, _ = tiny_run
+    bare = tmp_path / "bare"
+    shutil.copytree(root / "data", bare)
+    for f in bare.glob("*.features.safetensors"):
+        f.unlink()
+    flags = ["--steps", "3", "--labels", "target_argmax"]
+    stored = run_train(root, tmp_path / "stored", *flags)
+    computed = run_train(root, tmp_path / "computed", *flags, "--data", str(bare), "--target-features", "computed")
+    # the same bits here (the bf16 features round alike); halving the computed features moved
+    # the losses by ~5e-5 relative, so 1e-5 leaves room only for a rare rounding difference
+    for a, b in zip(stored, computed, strict=True):
+        assert b["loss_final"] == pytest.approx(a["loss_final"], rel=1e-5)
+        assert b["loss_base"] == pytest.approx(a["loss_base"], rel=1e-5)
+    assert computed[2]["tau_head_on"] == pytest.approx(stored[2]["tau_head_on"], rel=0.1)
+
+
 @pytest.mark.parametrize("flags", [["--loss", "kl"], ["--labels", "target_argmax"]])
 def test_options_that_read_the_stored_top_k_refuse_shards_without_it(tiny_run, tmp_path, flags):
     """Features made before the top-k was stored (no "top_ids"): the options that read it

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 class Conversation:
     tokens: torch.Tensor  # [T] int64: prompt + response
     prompt_len: int
-    features: torch.Tensor  # [T - 1, n*H] bf16: the target's features of tokens[:-1]
+    features: torch.Tensor | None  # [T - 1, n*H] bf16: the target's features of tokens[:-1]
     # The target's top-K log-probabilities at each response token (shards written since the
     # distillation data exists): [T - prompt_len, K] int32 ids / float16 log-probabilities.
     top_ids: torch.Tensor | None = None
@@ -51,20 +51,30 @@ def held_out_prompts(directory: Path, shards) -> set[tuple[int, ...]]:
 
 
 def load_shards(directory: Path, shards: list[int] | None = None, max_shards: int | None = None,
-                layer_ids: list[int] | None = None) -> list[Conversation]:
+                layer_ids: list[int] | None = None, features: bool = True) -> list[Conversation]:
     """Reads complete shards (the jsonl marks completion) and their features; with
     ``layer_ids`` (a drafter's ``target_layer_ids``), raises ValueError for a shard whose
-    features come from other target layers."""
+    features come from other target layers. With ``features=False``, the token ids only
+    (``features`` and the top-k are None: the trainer's ``--target-features computed``
+    has the target compute them for each step's conversations)."""
     out = []
     files = sorted(Path(directory).glob("shard_*.jsonl"))
     if shards is not None:
         files = [f for f in files if shard_index(f) in shards]
     for f in files[:max_shards]:
+        if not features:
+            for line in f.read_text().splitlines():
+                rec = json.loads(line)
+                if len(rec["response_ids"]) >= 2:
+                    out.append(Conversation(torch.tensor(rec["prompt_ids"] + rec["response_ids"]),
+                                            len(rec["prompt_ids"]), None))
+            continue
         path = str(f.with_suffix(".features.safetensors"))
         if not Path(path).exists():
             raise ValueError(f"{f.name} has no features ({Path(path).name}: token shards are committed, features "
                              f"are not): rebuild them with python -m training.generate_data --out {directory} "
-                             "--target-tokens 0 (and the same --target), or leave the shard out of --train-shards")
+                             "--target-tokens 0 (and the same --target), train with --target-features computed, or leave the "
+                             "shard out of --train-shards")
         if layer_ids is not None:
             with safe_open(path, "pt") as sf:
                 made = json.loads((sf.metadata() or {}).get("layer_ids", "null"))

@@ -15,11 +15,12 @@
 #     run(command="bash training/gpu_pipeline.sh receive 0", carry=[".device/common", ".device/part0"])
 #     run(command="bash training/gpu_pipeline.sh receive 1", carry=[".device/part1", ".device/shards"])
 #     run(command="GEN_S=200 RANGE='800 1080' bash training/gpu_pipeline.sh generate", carry=[".device/part2"])
-# or, to train the shipped drafter there (0.13 s a step on an H200, 2026-11-28: STEPS ~
-# TRAIN_S / 0.15) on what was decoded and on the carried token shards of FEATURES, whose
-# features the GPU rebuilds first for up to REBUILD_S seconds (shard 0 held out, as here;
-# the drafter comes back in $OUT, unpack puts it in training/runs/gpu/drafter):
-#     run(command="GEN_S=100 REBUILD_S=120 FEATURES='548 1160' TRAIN_S=300 STEPS=2000 PASSES=3 RANGE='1160 1620' \
+# or, to train the shipped drafter there too (twenty-eighth session, H200: 0.11 s a step on
+# stored features; with the target computing each step's features, --target-features
+# computed, not measured yet: set STEPS ~ TRAIN_S / 0.25 until a lease measures it), on
+# every carried token shard (shard 0 held out, as here) and on what was just decoded (the
+# drafter comes back in $OUT, unpack puts it in training/runs/gpu/drafter):
+#     run(command="GEN_S=100 TRAIN_S=300 STEPS=1200 PASSES=3 RANGE='1160 1620' \
 #                  bash training/gpu_pipeline.sh generate", carry=[".device/part2", ".device/ckpt"])
 # and back here: move the folders back, then
 #     bash training/gpu_pipeline.sh unpack /work/.device/N     (the files_at folder)
@@ -42,31 +43,9 @@ GGUF=SmolLM2-135M-Instruct.Q4_1.gguf
 PARTS=3
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$DEV/site:. DOMINO_CACHE=$DEV/cache HF_HUB_OFFLINE=1
 
-held_out_and_training_shards() {  # the held-out shard (0 where its features exist, else the
-  # lowest featured one), then every featured shard that holds none of its prompts
-  python3 -c "
-import pathlib
-from training.data import held_out_prompts, shard_index, shard_prompts
-d = pathlib.Path('$DEV/data')
-featured = sorted(shard_index(p) for p in d.glob('shard_*.jsonl') if p.with_suffix('.features.safetensors').exists())
-held = featured[0]
-prompts = held_out_prompts(d, [held])
-print(held, *(i for i in featured[1:] if shard_prompts(d, i).isdisjoint(prompts)))"
-}
-
-rebuild_features() {  # START END pairs: the carried token shards' features, on the GPU, until REBUILD_S or the disk runs low
-  local deadline=$((SECONDS + ${REBUILD_S:-120}))
-  while [ $# -ge 2 ] && [ $SECONDS -lt $deadline ]; do
-    local a=$1 b=$2; shift 2
-    while [ $a -lt $b ] && [ $SECONDS -lt $deadline ]; do  # 20 shards at a time (~2.3 GB of features)
-      local free_gb=$(($(df --output=avail -k $DEV | tail -1) / 1048576))
-      [ $free_gb -lt 10 ] && { echo "== $free_gb GB left on $DEV: rebuild stopped at shard $a"; return; }
-      local c=$((a + 20 < b ? a + 20 : b))
-      timeout $((deadline - SECONDS)) python3 -m training.generate_data --device $DEVICE --prompts-file $DEV/prompts.json.gz \
-          --out $DEV/data --passes 3 --target-tokens 0 --shard-range $a $c >> $DEV/rebuild.log 2>&1 || true
-      a=$c
-    done
-  done
+held_out_shard() {  # the lowest token shard here: 0 when receive carried this machine's
+  # shards (held out here too), else the lowest of those just decoded
+  ls $DEV/data/shard_*.jsonl | head -1 | sed 's/.*shard_0*\([0-9]\)/\1/; s/\.jsonl$//'
 }
 
 send_back_drafter() {  # RUN [export_checkpoint args]: the run's drafter and log into $OUT
@@ -99,8 +78,7 @@ pack)
   # the shipped drafter, for generate's TRAIN_S (it travels with part 2: ~63 MB together)
   mkdir -p .device/ckpt && cp python/domino/checkpoints/smollm2-135m-instruct/{model.safetensors,config.json} .device/ckpt/
   # every token shard (~22 MB), carried with part 1, so that TRAIN_S trains on this machine's
-  # data too: the GPU rebuilds their features (one teacher-forced forward a shard; this CPU
-  # takes 35-80 s a shard; the GPU's rate is not measured yet), FEATURES names the ranges
+  # data too (the target computes each step's features there: --target-features computed)
   mkdir -p .device/shards && tar czf .device/shards/shards.tar.gz -C training/regenerated/smollm2_mix \
       dataset.json $(cd training/regenerated/smollm2_mix && ls shard_*.jsonl)
   du -sh .device/*
@@ -114,7 +92,7 @@ receive)
   fi
   cp ".device/part$i/gguf.part" "$DEV/parts/$i"
   if [ -f .device/shards/shards.tar.gz ]; then  # this machine's token shards, for generate's TRAIN_S
-    mkdir -p $DEV/data && tar xzf .device/shards/shards.tar.gz -C $DEV/data && touch $DEV/carried.stamp
+    mkdir -p $DEV/data && tar xzf .device/shards/shards.tar.gz -C $DEV/data
     echo "token shards carried: $(ls $DEV/data/shard_*.jsonl | wc -l)"
   fi
   if [ ! -e $DEV/build.pid ]; then  # the CUDA build (~3 min) runs while the other parts arrive
@@ -143,7 +121,7 @@ generate)
   # RANGE holds one or more START END pairs, decoded in order until GEN_S runs out (the
   # target is loaded once per pair, ~10 s); PASSES > 2 reaches the sampled passes after the
   # second (shards 1080-1619 are pass 2: the same prompts sampled again with new seeds)
-  touch $DEV/decode.stamp
+  touch $DEV/decode.stamp $DEV/generate.log  # the log exists even when GEN_S=0 decodes nothing (2026-11-28)
   deadline=$((SECONDS + ${GEN_S:-200}))
   set -- ${RANGE:-800 1080}
   while [ $# -ge 2 ] && [ $SECONDS -lt $deadline ]; do
@@ -158,27 +136,20 @@ generate)
       || echo "no shard finished"
   cp $DEV/generate.log "$OUT/"
   if [ -n "${TRAIN_S:-}" ] && [ -f .device/ckpt/model.safetensors ]; then
-    # the shipped drafter trained here on what was just decoded: the features came out of
-    # decoding for free, where this CPU spends ~60 s a shard rebuilding them (a one-thread
-    # worker beside another, 2026-11-27); at most TRAIN_S seconds (a run cut off keeps its
+    # the shipped drafter trained here, for at most TRAIN_S seconds (a run cut off keeps its
     # last checkpoint, every 50 steps, without the learning rate's annealed end: set STEPS
-    # from the step rate a first lease measures)
+    # from the step rate), on every token shard here (those receive carried and those just
+    # decoded) but the lowest, held out, and the later passes' copies of its prompts (the
+    # trainer leaves those out by itself). --target-features computed: the target computes
+    # each step's features (one teacher-forced forward of 16 conversations), so no feature
+    # file is needed; the twenty-eighth session's lease rebuilt files instead, ~4 s a shard
+    # here, and got through 21 shards in 90 s.
     # --labels target_argmax: a sampled pass's own next token is not the target's greedy
-    # choice about a quarter of the time; the shipped stages train on the greedy choice (the
-    # twenty-seventh session's lease trained on the tokens, which this line now prevents)
-    # With the token shards receive carried (.device/shards): shard 0 (held out, as on this
-    # machine: the trainer leaves out the later passes' copies of its prompts) and the
-    # FEATURES pairs get their features here first, one teacher-forced forward a shard, so
-    # the run trains on those too; without them, on what was decoded, its lowest shard held out.
-    if [ -f $DEV/carried.stamp ] && [ -f $DEV/data/shard_00000.jsonl ]; then
-      rebuild_features 0 1 ${FEATURES:-}
-      tail -c 1500 $DEV/rebuild.log | tr '\r' '\n' | tail -4
-      cp $DEV/rebuild.log "$OUT/"
-    fi
-    read -r -a shards <<< "$(held_out_and_training_shards)"
-    echo "== shard ${shards[0]} held out, training on ${#shards[@]} - 1 shards; $(df -h --output=avail $DEV | tail -1) left"
+    # choice about a quarter of the time; the shipped stages train on the greedy choice.
+    held=$(held_out_shard)
+    echo "== shard $held held out, training on the other $(ls $DEV/data/shard_*.jsonl | wc -l) - 1 token shards"
     timeout "$TRAIN_S" python3 -m training.train --device $DEVICE --data $DEV/data --out $DEV/runs/lease \
-        --eval-shards "${shards[0]}" --train-shards "${shards[@]:1}" --init-from .device/ckpt --steps "${STEPS:-2000}" --seqs-per-step 16 --anchors 8 \
+        --eval-shards "$held" --target-features computed --init-from .device/ckpt --steps "${STEPS:-2000}" --seqs-per-step 16 --anchors 8 \
         --lr "${LR:-3e-4}" --warmup 0.02 --eval-every "${STEPS:-2000}" --eval-generator-prompts 32 --ckpt-every 50 --labels target_argmax \
         --bf16 auto > $DEV/train.log 2>&1 || echo "== training ended by TRAIN_S or an error (train.log)"
     tail -c 3000 $DEV/train.log | tr '\r' '\n' | tail -15
@@ -188,9 +159,8 @@ generate)
   ls -la "$OUT"
   ;;
 train)
-  read -r -a shards <<< "$(held_out_and_training_shards)"
-  setsid nohup python3 -m training.train --device $DEVICE --data $DEV/data --out $DEV/runs/long --eval-shards "${shards[0]}" \
-      --train-shards "${shards[@]:1}" \
+  setsid nohup python3 -m training.train --device $DEVICE --data $DEV/data --out $DEV/runs/long --eval-shards "$(held_out_shard)" \
+      --target-features computed \
       --init-from python/domino/checkpoints/smollm2-135m-instruct --steps "${STEPS:-10000}" --seqs-per-step 16 \
       --anchors 8 --lr "${LR:-3e-4}" --eval-every 500 --eval-generator-prompts 32 --ckpt-every 250 --labels target_argmax --bf16 auto \
       > $DEV/train.log 2>&1 &

@@ -26,6 +26,7 @@ import json
 import math
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -34,8 +35,8 @@ import torch.distributed as dist
 from domino.budget import Calibration
 from domino.model import DominoDraftModel
 from training.chunked_loss import chunked_draft_loss
-from training.data import (AnchorBatch, held_out_prompts, load_shards, make_batch, restrict_to_draft_vocab,
-                           shard_index, shard_prompts, with_target_argmax_labels)
+from training.data import (AnchorBatch, Conversation, held_out_prompts, load_shards, make_batch,
+                           restrict_to_draft_vocab, shard_index, shard_prompts, with_target_argmax_labels)
 from training.draft_vocab import most_frequent, response_counts
 from training.evaluate import generation_acceptance
 from training.losses import LOSSES, per_token_loss
@@ -174,6 +175,31 @@ def check_data_target(data: Path, target) -> None:
                          "made it, or generate data with this one")
 
 
+def dataset_top_k(data: Path) -> int:
+    """How many of the target's top tokens the shards of ``data`` store at each response
+    position (its dataset.json; 32, generate_data's default, for datasets made before it)."""
+    from training.generate_data import MANIFEST
+
+    path = data / MANIFEST
+    return json.loads(path.read_text()).get("top_k", 32) if path.exists() else 32
+
+
+def with_computed_features(target, convs: list[Conversation], layer_ids: list[int], top_k: int) -> list[Conversation]:
+    """``convs`` with the target's features ([T - 1, n*H] bf16, on the CPU) and its top-``top_k``
+    ids and log-probabilities at each response position, computed now by one teacher-forced
+    forward of them all on the target's device: what the stored feature files hold (up to
+    rounding; generate_data.features_from_ids writes those too)."""
+    from training.generate_data import features_from_ids
+
+    records = [{"prompt_ids": c.tokens[:c.prompt_len].tolist(), "response_ids": c.tokens[c.prompt_len:].tolist()}
+               for c in convs]
+    # pad 0: right padding is invisible to the real tokens under causal attention
+    data = features_from_ids(target, records, layer_ids, pad=0, top_k=top_k, batch_size=max(1, len(records)))
+    f, r = data.offsets, data.response_offsets
+    return [replace(conv, features=data.features[f[i]:f[i + 1]], top_ids=data.top_ids[r[i]:r[i + 1]],
+                    top_logprobs=data.top_logprobs[r[i]:r[i + 1]]) for i, conv in enumerate(convs)]
+
+
 def drop_logged_steps_from(path: Path, start: int) -> None:
     """Removes the lines of ``path`` (log.jsonl) for steps >= ``start``, which a run resumed
     at ``start`` logs again (a kill between checkpoints had logged them once)."""
@@ -275,6 +301,11 @@ def parse_args(argv=None):
                    help="what each drafted position is trained to predict: the response's own next token (tokens), "
                         "or the target's greedy choice at that position from the stored top-K (target_argmax: on "
                         "sampled responses a quarter of the next tokens are not it; needs the shards' top-K)")
+    p.add_argument("--target-features", choices=("stored", "computed"), default="stored",
+                   help="the target's features and top-K: read from the shards' feature files (stored; ~113 MB a "
+                        "SmolLM2 shard, rebuilt by generate_data --target-tokens 0), or computed by the target for "
+                        "each step's conversations (computed: token shards only; one teacher-forced forward of "
+                        "--seqs-per-step conversations a step: for a GPU, where rebuilding files is the slower way)")
     p.add_argument("--eval-shards", type=int, nargs="+", default=[0], help="held out for evaluation")
     p.add_argument("--train-shards", type=int, nargs="+", default=None,
                    help="shards trained on (default: every shard in --data but the held-out ones)")
@@ -377,11 +408,15 @@ def main(argv=None) -> dict:
         model.set_draft_vocab(vocab)
     model = model.to(device)
     c = model.config
+    stored = args.target_features == "stored"
     try:
-        train = load_shards(args.data, train_shards, args.max_shards, layer_ids=c.target_layer_ids)
-        held = load_shards(args.data, args.eval_shards, layer_ids=c.target_layer_ids)
+        train = load_shards(args.data, train_shards, args.max_shards, layer_ids=c.target_layer_ids, features=stored)
+        held = load_shards(args.data, args.eval_shards, layer_ids=c.target_layer_ids, features=stored)
     except ValueError as e:
         raise SystemExit(f"--data: {e}")
+    top_k = dataset_top_k(args.data)
+    if not stored:  # the held-out conversations evaluated get theirs once
+        held = with_computed_features(target, held[:args.eval_convs], c.target_layer_ids, top_k)
     written = sum(int((conv.tokens[conv.prompt_len:] == c.mask_token_id).sum()) for conv in train)
     if written:  # the block [anchor, MASK, ...] must not look like text the target writes
         raise SystemExit(f"--mask-token-id: the target writes token {c.mask_token_id} ({written} times in the "
@@ -389,7 +424,7 @@ def main(argv=None) -> dict:
     # the options that read the target's stored top-k, and what to use without it
     need_top_k = [(f"--loss {args.loss}", "--loss ce")] if args.loss != "ce" else []
     need_top_k += [("--labels target_argmax", "--labels tokens")] if args.labels == "target_argmax" else []
-    if need_top_k and any(conv.top_ids is None for conv in train):
+    if need_top_k and stored and any(conv.top_ids is None for conv in train):
         raise SystemExit(f"{' and '.join(o for o, _ in need_top_k)}: needs the target's stored top-k, and some shards "
                          f"of {args.data} have none (made before they were stored): rebuild their features "
                          "(training.generate_data --target-tokens 0 after deleting them) or use "
@@ -424,7 +459,10 @@ def main(argv=None) -> dict:
     for step in range(start, end):
         g = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
         idx = torch.randint(0, len(train), (args.seqs_per_step,), generator=g).tolist()
-        batch = make_batch([train[i] for i in idx], args.anchors, c.block_size, c.num_drafts, c.mask_token_id, g)
+        convs = [train[i] for i in idx]
+        if not stored:
+            convs = with_computed_features(target, convs, c.target_layer_ids, top_k)
+        batch = make_batch(convs, args.anchors, c.block_size, c.num_drafts, c.mask_token_id, g)
         if args.labels == "target_argmax":
             batch = with_target_argmax_labels(batch)
         if model.draft_vocab is not None:
