@@ -585,6 +585,8 @@ def test_training_on_computed_features_needs_no_feature_files(tiny_run, tmp_path
         assert b["loss_final"] == pytest.approx(a["loss_final"], rel=1e-5)
         assert b["loss_base"] == pytest.approx(a["loss_base"], rel=1e-5)
     assert computed[2]["tau_head_on"] == pytest.approx(stored[2]["tau_head_on"], rel=0.1)
+    assert len(run_train(root, tmp_path / "no_eval", "--steps", "1", "--eval-convs", "0", "--data", str(bare),
+                         "--target-features", "computed")) == 1
 
 
 @pytest.mark.parametrize("flags", [["--loss", "kl"], ["--labels", "target_argmax"]])

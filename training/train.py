@@ -191,6 +191,8 @@ def with_computed_features(target, convs: list[Conversation], layer_ids: list[in
     rounding; generate_data.features_from_ids writes those too)."""
     from training.generate_data import features_from_ids
 
+    if not convs:  # --eval-convs 0
+        return []
     records = [{"prompt_ids": c.tokens[:c.prompt_len].tolist(), "response_ids": c.tokens[c.prompt_len:].tolist()}
                for c in convs]
     # pad 0: right padding is invisible to the real tokens under causal attention
