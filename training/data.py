@@ -62,40 +62,44 @@ def load_shards(directory: Path, shards: list[int] | None = None, max_shards: in
     if shards is not None:
         files = [f for f in files if shard_index(f) in shards]
     for f in files[:max_shards]:
-        if not features:
-            for line in f.read_text().splitlines():
-                rec = json.loads(line)
-                if len(rec["response_ids"]) >= 2:
-                    out.append(Conversation(torch.tensor(rec["prompt_ids"] + rec["response_ids"]),
-                                            len(rec["prompt_ids"]), None))
-            continue
-        path = str(f.with_suffix(".features.safetensors"))
-        if not Path(path).exists():
-            raise ValueError(f"{f.name} has no features ({Path(path).name}: token shards are committed, features "
-                             f"are not): rebuild them with python -m training.generate_data --out {directory} "
-                             "--target-tokens 0 (and the same --target), train with --target-features computed, or leave the "
-                             "shard out of --train-shards")
-        if layer_ids is not None:
-            with safe_open(path, "pt") as sf:
-                made = json.loads((sf.metadata() or {}).get("layer_ids", "null"))
-            if made is not None and list(made) != list(layer_ids):
-                raise ValueError(f"{path} holds the features of target layers {made}, but the drafter reads "
-                                 f"{list(layer_ids)} (its config's target_layer_ids): regenerate the features, or "
-                                 f"train a drafter configured for these layers")
-        feats = load_file(path)
-        offsets = feats["offsets"].tolist()
-        r_off = feats["response_offsets"].tolist() if "response_offsets" in feats else None
+        feats = shard_features(f, layer_ids) if features else None
+        offsets, r_off = (feats["offsets"], feats.get("response_offsets")) if feats is not None else (None, None)
         for i, line in enumerate(f.read_text().splitlines()):
             rec = json.loads(line)
-            tokens = torch.tensor(rec["prompt_ids"] + rec["response_ids"])
             if len(rec["response_ids"]) < 2:
                 continue
-            conv = Conversation(tokens, len(rec["prompt_ids"]), feats["features"][offsets[i]:offsets[i + 1]])
-            if r_off is not None:
-                conv.top_ids = feats["top_ids"][r_off[i]:r_off[i + 1]]
-                conv.top_logprobs = feats["top_logprobs"][r_off[i]:r_off[i + 1]]
+            conv = Conversation(torch.tensor(rec["prompt_ids"] + rec["response_ids"]), len(rec["prompt_ids"]), None)
+            if feats is not None:
+                conv.features = feats["features"][offsets[i]:offsets[i + 1]]
+                if r_off is not None:
+                    conv.top_ids = feats["top_ids"][r_off[i]:r_off[i + 1]]
+                    conv.top_logprobs = feats["top_logprobs"][r_off[i]:r_off[i + 1]]
             out.append(conv)
     return out
+
+
+def shard_features(shard: Path, layer_ids: list[int] | None) -> dict:
+    """The tensors stored beside ``shard`` (its .features.safetensors), with "offsets" and
+    "response_offsets" as lists; raises ValueError when there are none, or (with
+    ``layer_ids``) when they come from other target layers."""
+    path = str(shard.with_suffix(".features.safetensors"))
+    if not Path(path).exists():
+        raise ValueError(f"{shard.name} has no features ({Path(path).name}: token shards are committed, features "
+                         f"are not): rebuild them with python -m training.generate_data --out {shard.parent} "
+                         "--target-tokens 0 (and the same --target), train with --target-features computed, or "
+                         "leave the shard out of --train-shards")
+    if layer_ids is not None:
+        with safe_open(path, "pt") as sf:
+            made = json.loads((sf.metadata() or {}).get("layer_ids", "null"))
+        if made is not None and list(made) != list(layer_ids):
+            raise ValueError(f"{path} holds the features of target layers {made}, but the drafter reads "
+                             f"{list(layer_ids)} (its config's target_layer_ids): regenerate the features, or "
+                             f"train a drafter configured for these layers")
+    feats = load_file(path)
+    feats["offsets"] = feats["offsets"].tolist()
+    if "response_offsets" in feats:
+        feats["response_offsets"] = feats["response_offsets"].tolist()
+    return feats
 
 
 @dataclass

@@ -45,7 +45,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$DEV/site:. DOMINO_CACHE=$DEV/cac
 
 held_out_shard() {  # the lowest token shard here: 0 when receive carried this machine's
   # shards (held out here too), else the lowest of those just decoded
-  ls $DEV/data/shard_*.jsonl | head -1 | sed 's/.*shard_0*\([0-9]\)/\1/; s/\.jsonl$//'
+  python3 -c "import pathlib; from training.data import shard_index; print(min(map(shard_index, pathlib.Path('$DEV/data').glob('shard_*.jsonl'))))"
 }
 
 send_back_drafter() {  # RUN [export_checkpoint args]: the run's drafter and log into $OUT

@@ -157,16 +157,20 @@ def check_same_run(saved: dict, args, ckpt: Path) -> None:
                          f"or another --out")
 
 
+def read_manifest(data: Path) -> dict:
+    """``data``'s dataset.json (written by training.generate_data), or {} for a dataset made
+    before manifests."""
+    from training.generate_data import MANIFEST
+
+    path = data / MANIFEST
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
 def check_data_target(data: Path, target) -> None:
     """Raises SystemExit when ``data``'s dataset.json (written by training.generate_data)
     says another target made it: its responses and features are that target's. Compares
     the architecture the manifest records (a fine-tune of the same shape passes)."""
-    from training.generate_data import MANIFEST
-
-    path = data / MANIFEST
-    if not path.exists():  # datasets made before manifests
-        return
-    made = json.loads(path.read_text()).get("target", {})
+    made = read_manifest(data).get("target", {})
     tc = target.config.get_text_config()
     differ = {k: (v, getattr(tc, k, None)) for k, v in made.items() if hasattr(tc, k) and getattr(tc, k) != v}
     if differ:
@@ -178,10 +182,7 @@ def check_data_target(data: Path, target) -> None:
 def dataset_top_k(data: Path) -> int:
     """How many of the target's top tokens the shards of ``data`` store at each response
     position (its dataset.json; 32, generate_data's default, for datasets made before it)."""
-    from training.generate_data import MANIFEST
-
-    path = data / MANIFEST
-    return json.loads(path.read_text()).get("top_k", 32) if path.exists() else 32
+    return read_manifest(data).get("top_k", 32)
 
 
 def with_computed_features(target, convs: list[Conversation], layer_ids: list[int], top_k: int) -> list[Conversation]:
@@ -196,7 +197,7 @@ def with_computed_features(target, convs: list[Conversation], layer_ids: list[in
     records = [{"prompt_ids": c.tokens[:c.prompt_len].tolist(), "response_ids": c.tokens[c.prompt_len:].tolist()}
                for c in convs]
     # pad 0: right padding is invisible to the real tokens under causal attention
-    data = features_from_ids(target, records, layer_ids, pad=0, top_k=top_k, batch_size=max(1, len(records)))
+    data = features_from_ids(target, records, layer_ids, pad=0, top_k=top_k, batch_size=len(records))
     f, r = data.offsets, data.response_offsets
     return [replace(conv, features=data.features[f[i]:f[i + 1]], top_ids=data.top_ids[r[i]:r[i + 1]],
                     top_logprobs=data.top_logprobs[r[i]:r[i + 1]]) for i, conv in enumerate(convs)]
