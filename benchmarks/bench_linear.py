@@ -41,8 +41,8 @@ from domino.fast_linear import runs_packed, undo_small_batch_linear, use_small_b
 KS = (1, 2, 4, 8, 16, 32)
 SHAPES = ((576, 576), (1536, 576), (576, 1536), (49152, 576))  # (N, K): q/o, gate/up, down, LM head
 # variant: (small_batch_linear, packed weights, small_batch_attention, fused layers). "kernel"
-# is what domino.fast_linear runs: the packed kernel for bf16 on an AVX512-BF16 CPU, else
-# the row-major one; "row-major" forces the row-major kernel (shown where packing
+# is what domino.fast_linear runs: the packed kernel for bf16 on an AVX512-BF16 CPU and for
+# fp32 on an AVX-512F one (float32 panels), else the row-major one; "row-major" forces the row-major kernel (shown where packing
 # applies); "engine" adds domino.fast_layers' rms_norm and silu_mul: what the engine runs.
 # On an AMX CPU the packed kernel runs AMX tiles, and "engine-vector" is the engine with
 # the packed kernel's AVX512-BF16 vector path instead (DOMINO_SMALL_BATCH_LINEAR_PACKED_PATH).
@@ -85,8 +85,9 @@ def forward_times(model, cache_len: int, repeats: int, ks=KS) -> dict:
     cache = DynamicCache()
     times = {}
     kv = cache_kwarg(model.forward)  # "cache" or "past_key_values" (the transformers version's)
-    use_small_batch_linear(model)  # once: switching packs the bf16 weights
-    packs = runs_packed(model.lm_head)
+    use_small_batch_linear(model)  # once: switching packs the weights (where the CPU packs their dtype)
+    packed_dtypes = getattr(model.lm_head, fast_linear._PACKS, ())
+    packs = runs_packed(model.lm_head, model.lm_head.weight.dtype)
     amx = packs and packed_path() == "amx" and model.lm_head.weight.dtype == torch.bfloat16
     variants = {v: f for v, f in VARIANTS.items() if (v != "row-major" or packs) and (v != "engine-vector" or amx)}
     ids = {k: torch.randint(0, vocab, (1, k), generator=g) for k in ks}
@@ -99,7 +100,7 @@ def forward_times(model, cache_len: int, repeats: int, ks=KS) -> dict:
         # always the first (or last) forward of a variant.
         for rep in range(repeats + 2):  # the first two rounds are warm-up
             for variant, (linear, packed, attention, fused) in variants.items():
-                run_linear_as(model, linear, packed and packs)
+                run_linear_as(model, linear, packed_dtypes if packed else ())
                 (use_small_batch_attention if attention else undo_small_batch_attention)(model)
                 (use_fused_layers if fused else undo_fused_layers)(model)
                 if variant == "engine-vector":
@@ -123,10 +124,10 @@ def forward_times(model, cache_len: int, repeats: int, ks=KS) -> dict:
     return times
 
 
-def run_linear_as(model, linear: bool, packed: bool) -> None:
+def run_linear_as(model, linear: bool, packed: tuple) -> None:
     """The switched model's nn.Linear layers run PyTorch's F.linear (linear False), the
-    row-major kernel or the packed one. Toggles the switch's own per-layer flag, so the
-    packed copies are made once, not at every switch."""
+    row-major kernel or the packed one (for the dtypes in ``packed``). Sets the switch's own
+    per-layer flag, so the packed copies are made once, not at every switch."""
     for mod in model.modules():
         if uses_small_batch_linear(mod) and type(mod) is torch.nn.Linear:
             if linear:
@@ -205,8 +206,8 @@ def micro_table(repeats: int, dtypes) -> None:
                 gbs = N * K * w.element_size() / t_op / 1e9
                 gf = 2 * M * N * K / t_op / 1e9
                 packed = ""
-                if dt == torch.bfloat16 and domino_ops.small_batch_linear_packed_supported():
-                    wp = domino_ops.pack_small_batch_linear_weight(w).data
+                if domino_ops.small_batch_linear_packed_supported(dt):
+                    wp = domino_ops.pack_small_batch_linear_weight(w, dtype=dt).data
                     t_p = median_time(lambda: packed_op(x, wp, N, None, out), repeats)
                     packed = f" {t_p * 1e6:.0f} us ({t_ref / t_p:.1f}x) | {2 * M * N * K / t_p / 1e9:.1f} |"
                 print(f"| {str(dt)[6:]} | {N} x {K} | {M} | {t_ref * 1e6:.0f} us | {t_op * 1e6:.0f} us "

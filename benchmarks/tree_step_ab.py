@@ -1,6 +1,8 @@
 """Interleaved A/B of the tree head step on the CPU: ``domino_head_expand`` with w2 packed,
-with w2 and w_hh packed, and a batch-1 chain step (``domino_head_rollout``, k = 1), in
-blocks of 3 warm-up and 6 timed calls each, four rounds, medians. Interleaving keeps a
+with w2 and w_hh packed, a batch-1 chain step (``domino_head_rollout``, k = 1), and the
+step's floor, the packed w2 product alone for the frontier's rows
+(``small_batch_linear_packed``: [n, r] by w2 [V, r], what every node's logits need before
+anything else is done with them), in blocks of 3 warm-up and 6 timed calls each, four rounds, medians. Interleaving keeps a
 drifting machine from favouring whichever call is timed first (``bench_head.py``'s tree
 table times the chain first). The expand calls write into outputs allocated once and passed
 as ``out=``, without node logits (``write_node_logits=False``), as a greedy ``draft_tree`` does. Needs a CPU with AVX512-BF16.
@@ -34,6 +36,7 @@ def main() -> None:
     w_hh_packed = domino_ops.pack_small_batch_linear_weight(w_hh)
     node_state = torch.randn(n, G, generator=gen) * 0.5
     zeros = torch.zeros(n, dtype=torch.long)
+    a = torch.randn(n, w2.shape[1], generator=gen).bfloat16()  # the correction's activations
     out = expand_outputs(n, m, G, V, "cpu", write_node_logits=False)
 
     def expand(**packs):
@@ -43,6 +46,7 @@ def main() -> None:
 
     calls = {"w2 packed": expand(w2_packed=w2_packed),
              "w2+w_hh packed": expand(w2_packed=w2_packed, w_hh_packed=w_hh_packed),
+             "w2 product alone": lambda: domino_ops.small_batch_linear_packed(a, w2_packed),
              "chain": lambda: domino_ops.domino_head_rollout(base, hproj, state, gru_input, None, w_hh, w1s, w2)}
     times = {k: [] for k in calls}
     for _ in range(4):

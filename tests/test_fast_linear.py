@@ -27,13 +27,22 @@ import torch.nn.functional as F
 
 import domino_ops
 from domino.fast_attention import undo_small_batch_attention, use_small_batch_attention
-from domino.fast_linear import undo_small_batch_linear, use_small_batch_linear, uses_small_batch_linear
+from domino.fast_linear import (packed_weight, runs_packed, undo_small_batch_linear, use_small_batch_linear,
+                                uses_small_batch_linear)
 from engine_cases import assert_mostly_multi_token, cheap_verification
 from tiny_models import IdTokenizer, cpu_target, tiny_drafter, verify_and_step
 
 
 def linears(model):
     return [m for m in model.modules() if type(m) is torch.nn.Linear]
+
+
+def layer_kernel(lin, x):
+    """What a switched layer computes for x: the packed kernel where it packs x's dtype
+    (float32 panels on AVX-512F CPUs, bf16 ones on AVX512-BF16 CPUs), else the row-major one."""
+    if runs_packed(lin, x.dtype):
+        return domino_ops.small_batch_linear_packed(x, packed_weight(lin), lin.bias)
+    return domino_ops.small_batch_linear(x, lin.weight, lin.bias)
 
 
 def test_switch_keeps_weights_and_state_dict_and_undoes():
@@ -64,7 +73,7 @@ def test_tied_weights_stay_tied():
     with torch.inference_mode():
         out = model(ids).logits
         hidden = model.model(ids).last_hidden_state
-    assert torch.equal(out, domino_ops.small_batch_linear(hidden, model.model.embed_tokens.weight))
+    assert torch.equal(out, layer_kernel(model.lm_head, hidden))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -76,7 +85,7 @@ def test_switched_layer_is_the_kernel_and_model_agrees_with_pytorch(dtype):
         use_small_batch_linear(model)
         lin = model.model.layers[0].mlp.down_proj
         x = torch.randn(2, 7, lin.in_features).to(dtype)
-        assert torch.equal(lin(x), domino_ops.small_batch_linear(x, lin.weight, lin.bias))
+        assert torch.equal(lin(x), layer_kernel(lin, x))
         got = model(ids).logits.float()
     tol = 1e-4 if dtype == torch.float32 else 0.15
     assert (got - ref).abs().max() <= tol * ref.abs().max()
@@ -92,7 +101,7 @@ def test_falls_back_to_f_linear_when_autograd_needs_a_graph():
     y.sum().backward()
     assert x.grad is not None and lin.weight.grad is not None
     with torch.no_grad():
-        assert torch.equal(lin(x), domino_ops.small_batch_linear(x.detach(), lin.weight))
+        assert torch.equal(lin(x), layer_kernel(lin, x.detach()))
     # a dtype mismatch keeps F.linear's behaviour (an error), not a silent cast
     with torch.no_grad(), pytest.raises(RuntimeError):
         lin(torch.randn(3, lin.in_features, dtype=torch.bfloat16))

@@ -2,7 +2,8 @@
 shapes with every output element written, the exact VDPBF16PS summation order (which is
 what makes it batch-invariant), bit-exact batch invariance, the switch in
 domino.fast_linear, bad input. The kernel tests run once per product this CPU has
-(AVX512-BF16 vectors; AMX tiles where the CPU has AMX: tests/packed_paths.py)."""
+(AVX512-BF16 vectors; AMX tiles where the CPU has AMX: tests/packed_paths.py). The float32
+panels (AVX-512F) get the same tests, their order oracle being one FMA per column."""
 import os
 
 import pytest
@@ -17,6 +18,8 @@ from packed_paths import ENV, PACKED_PATHS, packed_path
 
 SUPPORTED = domino_ops.small_batch_linear_packed_supported()
 needs_cpu = pytest.mark.skipif(not SUPPORTED, reason="this CPU has no AVX512-BF16")
+needs_f32 = pytest.mark.skipif(not domino_ops.small_batch_linear_packed_supported(torch.float32),
+                               reason="this CPU has no AVX-512F (with BW, VL)")
 op = torch.ops.domino_ops.small_batch_linear_packed
 OUT_DTYPES = [torch.bfloat16, torch.float32]
 each_path = pytest.mark.parametrize("path", PACKED_PATHS)
@@ -241,12 +244,17 @@ def test_pack_bad_input():
         domino_ops.pack_small_batch_linear_weight(torch.randn(3, 4, device="meta"))
 
 
+P32 = domino_ops.pack_small_batch_linear_weight(torch.randn(6, 8), dtype=torch.float32)
 buf = torch.empty(64, dtype=torch.bfloat16)
 DIRECT_CASES = [
     (dict(x=torch.randn(3, 2, 8).bfloat16()), "x must have 2 dimensions"),
     (dict(x=torch.randn(8, 3).bfloat16().T), "x must be contiguous"),
-    (dict(x=torch.randn(3, 8)), "x must be bfloat16"),
-    (dict(packed=P.data.float()), "packed_weight must be bfloat16"),
+    (dict(x=torch.randn(3, 8)), r"x must be bfloat16 \(packed_weight is bfloat16\)"),
+    (dict(packed=P.data.half()), "packed_weight must be bfloat16 or float32"),
+    (dict(packed=P.data.float()), r"x must be float32 \(packed_weight is float32\)"),
+    (dict(x=torch.randn(3, 8), packed=P32.data.view(1, 8, 48)), "packed_weight must have 4 dimensions"),
+    (dict(x=torch.randn(3, 8), packed=torch.zeros(1, 4, 48, 2)), r"packed_weight must have shape \[1, 8, 48, 1\]"),
+    (dict(x=torch.randn(3, 8), packed=P32.data, N=49), r"packed_weight must have shape \[2, 8, 48, 1\]"),
     (dict(packed=P.data[..., :1]), "packed_weight must be contiguous|packed_weight must have shape"),
     (dict(packed=torch.zeros(1, 5, 48, 2, dtype=torch.bfloat16)), r"packed_weight must have shape \[1, 4, 48, 2\]"),
     (dict(N=49), r"packed_weight must have shape \[2, 4, 48, 2\]"),
@@ -342,3 +350,186 @@ def test_fast_linear_follows_cpu_autocast():
     lin = use_small_batch_linear(torch.nn.Linear(16, 8))
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         assert lin(torch.randn(2, 16)).dtype == torch.bfloat16  # as nn.Linear under autocast
+
+
+# --- float32 panels ------------------------------------------------------------------------------
+
+def make32(M, N, K, bias, seed, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(M, K, generator=g) * scale
+    w = torch.randn(N, K, generator=g) / K ** 0.5
+    b = torch.randn(N, generator=g) if bias else None
+    return x, w, b
+
+
+def pack32(w):
+    return domino_ops.pack_small_batch_linear_weight(w, dtype=torch.float32)
+
+
+def fma_order(x, w, b):
+    """The float32 panels' arithmetic: each output from +0, one FMA per column k in order
+    (acc = round(acc + x[k] w[k]), one rounding), then + bias in fp32. Emulated in float64:
+    the product of two floats is exact there, and TwoSum gives the float64 sum's exact
+    error, which decides the fp32 rounding where the float64 sum falls on an fp32 midpoint
+    (a double rounding); such steps are rare and marked rather than resolved. Returns the
+    [M, N] float32 result and the mask of outputs whose chain met one."""
+    M, N = x.shape[0], w.shape[0]
+    acc = torch.zeros(M, N)
+    unsure = torch.zeros(M, N, dtype=torch.bool)
+    inf = torch.tensor(float("inf"))
+    for k in range(x.shape[1]):
+        a = acc.double()
+        p = x[:, k, None].double() * w[None, :, k].double()
+        s = a + p
+        bb = s - a
+        err = (a - (s - bb)) + (p - bb)
+        r = s.float()
+        rd = r.double()
+        nb = torch.nextafter(r, torch.where(s > rd, inf, -inf))
+        unsure |= (s != rd) & (s == (rd + nb.double()) / 2) & (err != 0)
+        acc = r
+    return (acc if b is None else acc + b), unsure
+
+
+@given(N=st.integers(1, 150), K=st.integers(1, 140), seed=st.integers(0, 2**31 - 1))
+def test_pack_f32_round_trip_and_zero_padding(N, K, seed):
+    _, w, _ = make32(1, N, K, False, seed)
+    p = pack32(w)
+    assert p.data.shape == (-(-N // 48), K, 48, 1) and p.data.dtype == torch.float32
+    assert (p.out_features, p.in_features) == (N, K)
+    assert torch.equal(reference.unpack_small_batch_linear_weight(p.data, N, K), w)
+    assert not p.data.permute(0, 2, 1, 3).reshape(-1, K)[N:].any()  # padding rows are zeros
+    assert torch.equal(pack32(w.bfloat16()).data, pack32(w.bfloat16().float()).data)  # bf16 widened exactly
+
+
+@needs_f32
+@given(M=st.sampled_from([1, 2, 3, 5, 7, 8, 9, 13, 16, 17, 24, 33, 70]), N=st.sampled_from([1, 5, 16, 47, 48, 49, 97, 200]),
+       K=st.sampled_from([1, 2, 3, 15, 16, 33, 64, 129]), bias=st.booleans(), out_dtype=st.sampled_from(OUT_DTYPES),
+       seed=st.integers(0, 2**31 - 1))
+def test_f32_matches_float64_and_writes_every_element(M, N, K, bias, out_dtype, seed):
+    x, w, b = make32(M, N, K, bias, seed)
+    y = run_op(x, pack32(w), b, out_dtype)
+    assert not torch.isnan(y).any(), "unwritten (NaN-poisoned) output elements"
+    exact = F.linear(x.double(), w.double(), None if b is None else b.double())
+    mag = F.linear(x.double().abs(), w.double().abs(), None if b is None else b.double().abs())
+    bound = mag * ((K + 2) * 2.0 ** -23) + 1e-30
+    if out_dtype == torch.bfloat16:
+        bound = bound + exact.abs() * 2.0 ** -8
+    err = (y.double() - exact).abs()
+    assert (err <= bound).all(), f"max error {err.max():.3g}"
+
+
+@needs_f32
+@given(M=st.integers(1, 20), N=st.sampled_from([3, 48, 61]), K=st.sampled_from([1, 7, 32, 77]), bias=st.booleans(),
+       seed=st.integers(0, 2**31 - 1))
+def test_f32_bit_exact_fma_order(M, N, K, bias, seed):
+    """Each output is the one fixed chain of FMAs over K: nothing about M, the tile or the
+    thread enters it, which is the batch invariance."""
+    x, w, b = make32(M, N, K, bias, seed, scale=3.0)
+    expect, unsure = fma_order(x, w, b)
+    assert unsure.float().mean() < 0.05
+    y = run_op(x, pack32(w), b, torch.float32)
+    assert torch.equal(y[~unsure], expect[~unsure])
+    yb = run_op(x, pack32(w), b, torch.bfloat16)
+    assert torch.equal(yb[~unsure], expect.bfloat16()[~unsure])  # one rounding, to nearest even
+
+
+@needs_f32
+def test_f32_order_oracle_has_teeth():
+    """The FMA oracle tells the kernel's order apart: a multiply and an add rounded apart,
+    or the columns in reverse, differ from it somewhere on random data."""
+    x, w, _ = make32(8, 48, 64, False, 1, scale=3.0)
+    y = run_op(x, pack32(w), None, torch.float32)
+    expect, unsure = fma_order(x, w, None)
+    assert torch.equal(y[~unsure], expect[~unsure])
+    two_roundings = torch.zeros(8, 48)
+    for k in range(64):
+        two_roundings = two_roundings + x[:, k, None] * w[None, :, k]
+    assert not torch.equal(y, two_roundings)
+    assert not torch.equal(y, fma_order(x.flip(1), w.flip(1), None)[0])
+
+
+@needs_f32
+@given(M=st.integers(1, 40), N=st.sampled_from([1, 50, 100]), K=st.sampled_from([7, 40, 129]),
+       bias=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_f32_batch_invariant_bit_for_bit(M, N, K, bias, seed):
+    """Row i is the same bits alone, among others at any position, whatever they hold
+    (others up to 1e3 times larger, NaN and inf among them)."""
+    x, w, b = make32(M, N, K, bias, seed, scale=3.0)
+    p = pack32(w)
+    others, _, _ = make32(23, N, K, False, seed + 1, scale=1e3)
+    others[3, 0], others[11, K - 1] = float("nan"), float("-inf")
+    full = run_op(x, p, b, torch.float32)
+    assert torch.equal(torch.cat([run_op(x[i:i + 1], p, b, torch.float32) for i in range(M)]), full)
+    for pos in range(0, 24, 5):
+        mixed = torch.cat([others[:pos], x[:1], others[pos:]])
+        assert torch.equal(run_op(mixed, p, b, torch.float32)[pos], full[0])
+
+
+@needs_f32
+def test_f32_invariant_across_thread_counts_and_nan_stays_in_its_row():
+    x, w, b = make32(30, 1000, 96, True, 0)
+    p = pack32(w)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = run_op(x, p, b, torch.float32)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(run_op(x, p, b, torch.float32), one)
+    x[2, 3] = float("nan")
+    y = run_op(x, p, b, torch.float32)
+    assert torch.isnan(y[2]).all() and not torch.isnan(y[[0, 1, 3]]).any()
+
+
+@needs_f32
+def test_f32_wrapper_and_opcheck():
+    x, w, b = make32(6, 70, 40, True, 3)
+    p = pack32(w)
+    y = domino_ops.small_batch_linear_packed(x.view(2, 3, 40), p, b)
+    assert y.shape == (2, 3, 70) and y.dtype == torch.float32
+    ref = domino_ops.small_batch_linear_packed(x.view(2, 3, 40), p, b, backend="reference")
+    torch.testing.assert_close(y, ref, atol=1e-5, rtol=1e-5)
+    assert domino_ops.small_batch_linear_packed(x, p, b, out_dtype=torch.bfloat16).dtype == torch.bfloat16
+    with pytest.raises(TypeError, match=r"x must be float32 \(the packed weight's dtype\), got bfloat16"):
+        domino_ops.small_batch_linear_packed(x.bfloat16(), p)
+    torch.library.opcheck(op.default, (x[:3], p.data, 70, b, torch.empty(3, 70)),
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
+
+
+def test_pack_refuses_other_panel_dtypes():
+    with pytest.raises(TypeError, match="dtype must be torch.bfloat16 or torch.float32"):
+        domino_ops.pack_small_batch_linear_weight(torch.randn(3, 4), dtype=torch.float16)
+    with pytest.raises(TypeError, match="dtype must be torch.bfloat16 or torch.float32"):
+        domino_ops.small_batch_linear_packed_supported(torch.float16)
+
+
+@needs_f32
+def test_fast_linear_runs_float32_layers_on_float32_panels():
+    """A float32 layer switched on an AVX-512F CPU runs the float32 panels (unless a lower
+    path is forced), as bit-exact as the op itself, and repacks a changed weight."""
+    from domino.fast_linear import packed_weight, runs_packed, undo_small_batch_linear, use_small_batch_linear
+
+    lin = use_small_batch_linear(torch.nn.Linear(40, 100))
+    assert runs_packed(lin, torch.float32)
+    assert packed_weight(lin).data.dtype == torch.float32
+    x = torch.randn(5, 40)
+    with torch.no_grad():
+        assert torch.equal(lin(x), domino_ops.small_batch_linear_packed(x, pack32(lin.weight), lin.bias))
+        lin.weight.mul_(2)
+        assert torch.equal(lin(x), domino_ops.small_batch_linear_packed(x, pack32(lin.weight), lin.bias))
+        torch.testing.assert_close(lin(x), F.linear(x, lin.weight, lin.bias), atol=1e-5, rtol=1e-5)
+    undo_small_batch_linear(lin)
+    assert not runs_packed(lin, torch.float32)
+
+
+@needs_f32
+def test_fast_linear_forced_avx2_path_packs_nothing(monkeypatch):
+    from domino.fast_linear import runs_packed, use_small_batch_linear
+
+    monkeypatch.setenv("DOMINO_SMALL_BATCH_LINEAR_ISA", "avx2")
+    lin = use_small_batch_linear(torch.nn.Linear(40, 100))
+    assert not runs_packed(lin, torch.float32)
+    x = torch.randn(3, 40)
+    with torch.no_grad():
+        assert torch.equal(lin(x), domino_ops.small_batch_linear(x, lin.weight, lin.bias))

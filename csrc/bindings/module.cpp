@@ -24,6 +24,7 @@ auto value_errors(F f) {
 namespace domino::cpu {
 const char* small_batch_linear_isa();  // small_batch_linear.cpp
 bool small_batch_linear_packed_supported();  // small_batch_linear_packed.cpp
+bool small_batch_linear_packed_f32_supported();  // small_batch_linear_packed.cpp
 const char* small_batch_linear_packed_path();  // small_batch_linear_packed.cpp
 }
 
@@ -47,6 +48,8 @@ PYBIND11_MODULE(_C, m) {
         "The instruction-set path (avx512, avx2, generic) small_batch_linear takes now");
   m.def("small_batch_linear_packed_supported", &domino::cpu::small_batch_linear_packed_supported,
         "Whether this CPU runs small_batch_linear_packed (AVX512-BF16, -BW and -VL)");
+  m.def("small_batch_linear_packed_f32_supported", &domino::cpu::small_batch_linear_packed_f32_supported,
+        "Whether this CPU runs small_batch_linear_packed on float32 panels (AVX-512F, -BW and -VL)");
   m.def("small_batch_linear_packed_path",
         [] { return value_errors([] { return std::string(domino::cpu::small_batch_linear_packed_path()); }); },
         "The product small_batch_linear_packed runs now: amx or avx512_bf16");

@@ -310,7 +310,8 @@ def cost_key(gen, batch_size: int) -> str:
         "torch": torch.__version__,
         "kernels": kernels_fingerprint(),
         "small_batch_linear": uses_small_batch_linear(target),
-        "small_batch_linear_packed": any(runs_packed(m) for m in target.modules()),
+        "small_batch_linear_packed": any(runs_packed(m, dt) for m in target.modules()
+                                         for dt in (torch.bfloat16, torch.float32)),
         "small_batch_linear_isa": os.environ.get("DOMINO_SMALL_BATCH_LINEAR_ISA", ""),
         "small_batch_linear_packed_path": domino_ops.small_batch_linear_packed_path()
         if domino_ops.small_batch_linear_packed_supported() else "",

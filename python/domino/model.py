@@ -337,7 +337,7 @@ class DominoDraftModel(nn.Module):
         rows = self._draft_rows()[0]
         cached = self._vocab_rows_packed
         if cached is None or cached[0] is not rows:
-            cached = self._vocab_rows_packed = (rows, domino_ops.pack_small_batch_linear_weight(rows))
+            cached = self._vocab_rows_packed = (rows, domino_ops.pack_small_batch_linear_weight(rows, dtype=rows.dtype))
         return cached[1]
 
     def _packed_head_weight(self, name: str, w: torch.Tensor,
@@ -367,7 +367,7 @@ class DominoDraftModel(nn.Module):
             return self.lm_head(h.to(self.lm_head.weight.dtype)).float()
         W = self._draft_rows()[0]
         if uses_small_batch_linear(self.lm_head):  # the kernel the target's LM head runs
-            if runs_packed(self.lm_head) and W.dtype == torch.bfloat16:
+            if runs_packed(self.lm_head, W.dtype):
                 return domino_ops.small_batch_linear_packed(h.to(W.dtype), self._draft_rows_packed()).float()
             return domino_ops.small_batch_linear(h.to(W.dtype), W).float()
         return F.linear(h.to(W.dtype), W).float()

@@ -17,6 +17,12 @@ tiles instead (csrc/cpu/small_batch_linear_packed_amx.cpp): one TDPBF16PS multip
 weight tile into up to 16 rows, so 16 rows cost about what one does
 (:func:`small_batch_linear_packed_path`).
 
+A float32 weight can be packed as float32 panels instead
+(``pack_small_batch_linear_weight(w, dtype=torch.float32)``, for float32 x; CPUs with
+AVX-512F): the same tiles with FMAs, no reduction across lanes, where the row-major
+kernel's float32 tiles spend ~20-35 % of their time reducing (the fp32 16-token forward's
+cost: benchmarks/bench_linear.py).
+
 Batch-invariant like :func:`domino_ops.small_batch_linear`: row i of the output is
 bit-identical whether it is computed alone or among any number of other rows. Its bits
 differ from the row-major kernel's (another summation order), so a model uses one of the
@@ -40,20 +46,26 @@ PANEL_COLS = 48  # outputs per panel (three 16-lane accumulators); the kernel's 
 
 @dataclass(frozen=True)
 class PackedLinearWeight:
-    """A bf16 weight [out_features, in_features] in the packed layout.
+    """A weight [out_features, in_features] in the packed layout.
 
-    ``data`` is [ceil(N / 48), ceil(K / 2), 48, 2] bfloat16 with
-    ``data[p, k, c, j] = weight[48 p + c, 2 k + j]`` (zero past N or K)."""
+    bf16 panels: ``data`` is [ceil(N / 48), ceil(K / 2), 48, 2] bfloat16 with
+    ``data[p, k, c, j] = weight[48 p + c, 2 k + j]`` (zero past N or K). float32 panels:
+    [ceil(N / 48), K, 48, 1] float32 with ``data[p, k, c, 0] = weight[48 p + c, k]``."""
 
     data: torch.Tensor
     out_features: int
     in_features: int
 
 
-def small_batch_linear_packed_supported() -> bool:
-    """Whether this CPU runs :func:`small_batch_linear_packed` (AVX512-BF16, -BW and -VL)."""
+def small_batch_linear_packed_supported(dtype: torch.dtype = torch.bfloat16) -> bool:
+    """Whether this CPU runs :func:`small_batch_linear_packed` on panels of ``dtype``:
+    bfloat16 (AVX512-BF16, -BW and -VL) or float32 (AVX-512F, -BW and -VL)."""
     from domino_ops import _C
-    return bool(_C.small_batch_linear_packed_supported())
+    if dtype == torch.bfloat16:
+        return bool(_C.small_batch_linear_packed_supported())
+    if dtype == torch.float32:
+        return bool(_C.small_batch_linear_packed_f32_supported())
+    raise TypeError(f"dtype must be torch.bfloat16 or torch.float32, got {dtype}")
 
 
 def small_batch_linear_packed_path() -> str:
@@ -70,16 +82,21 @@ def small_batch_linear_packed_path() -> str:
     return str(_C.small_batch_linear_packed_path())
 
 
-def pack_small_batch_linear_weight(weight: torch.Tensor) -> PackedLinearWeight:
-    """Packs a weight [N, K] (float32 or bfloat16; converted to bfloat16) for
-    :func:`small_batch_linear_packed`. A copy: later changes to ``weight`` are not seen."""
+def pack_small_batch_linear_weight(weight: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> PackedLinearWeight:
+    """Packs a weight [N, K] (float32 or bfloat16) for :func:`small_batch_linear_packed`, as
+    panels of ``dtype``: bfloat16 (the default; a float32 weight is rounded to it), for
+    bfloat16 x, or float32 (a bfloat16 weight is widened exactly), for float32 x. A copy:
+    later changes to ``weight`` are not seen."""
     weight = _checks.tensor("weight", weight, ndim=2, dtypes=_checks.FLOAT_OR_BF16)
     if weight.device.type != "cpu":
         raise ValueError(f"weight must be on the CPU (the packed kernel is a CPU kernel), got {weight.device}")
+    if dtype not in (torch.bfloat16, torch.float32):
+        raise TypeError(f"dtype must be torch.bfloat16 or torch.float32, got {dtype}")
     N, K = weight.shape
-    panels, pairs = -(-N // PANEL_COLS), -(-K // 2)
-    w = F.pad(weight.detach().to(torch.bfloat16), (0, 2 * pairs - K, 0, panels * PANEL_COLS - N))
-    data = w.view(panels, PANEL_COLS, pairs, 2).permute(0, 2, 1, 3).contiguous()
+    group = 2 if dtype == torch.bfloat16 else 1  # columns per step: a bf16 pair, or one float32
+    panels, steps = -(-N // PANEL_COLS), -(-K // group)
+    w = F.pad(weight.detach().to(dtype), (0, group * steps - K, 0, panels * PANEL_COLS - N))
+    data = w.view(panels, PANEL_COLS, steps, group).permute(0, 2, 1, 3).contiguous()
     return PackedLinearWeight(data, N, K)
 
 
@@ -88,12 +105,14 @@ def small_batch_linear_packed(x: torch.Tensor, weight: PackedLinearWeight, bias:
     """``x @ weight.T + bias`` with a packed weight, batch-invariant.
 
     Args:
-        x: [..., K] bfloat16; the leading dimensions are flattened into M rows (any M).
+        x: [..., K] in the packed weight's dtype (bfloat16, or float32 for float32
+            panels); the leading dimensions are flattened into M rows (any M).
         weight: the :class:`PackedLinearWeight` of a [N, K] weight.
         bias: None or [N] float32 or bfloat16 (added in fp32).
         out_dtype: bfloat16 (default: x's dtype) or float32: the fp32 sums plus the bias,
             rounded once to it.
         backend: "auto" (default) or "native": the C++ kernel, which needs AVX512-BF16
+            for bf16 panels and AVX-512F for float32 ones
             (:func:`small_batch_linear_packed_supported`; RuntimeError without it);
             "reference": unpack and :func:`domino_ops.reference.small_batch_linear`.
     Returns:
@@ -110,8 +129,9 @@ def small_batch_linear_packed(x: torch.Tensor, weight: PackedLinearWeight, bias:
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     if x.dim() < 1:
         raise ValueError(f"x must have at least 1 dimension ([..., K]), got shape {tuple(x.shape)}")
-    if x.dtype != torch.bfloat16:
-        raise TypeError(f"x must be bfloat16, got {str(x.dtype).replace('torch.', '')}")
+    if x.dtype != weight.data.dtype:
+        name = str(weight.data.dtype).replace("torch.", "")
+        raise TypeError(f"x must be {name} (the packed weight's dtype), got {str(x.dtype).replace('torch.', '')}")
     if x.device.type != "cpu":
         raise ValueError(f"x must be on the CPU, got {x.device}")
     if x.shape[-1] != K:

@@ -220,10 +220,10 @@ def small_batch_linear(x, weight, bias=None):
 
 
 def unpack_small_batch_linear_weight(data, N, K):
-    """The [N, K] weight of a packed ``data`` [P, ceil(K / 2), 48, 2] (the inverse of
-    :func:`domino_ops.pack_small_batch_linear_weight`)."""
-    P, pairs, cols, _ = data.shape
-    return data.permute(0, 2, 1, 3).reshape(P * cols, 2 * pairs)[:N, :K]
+    """The [N, K] weight of a packed ``data``, [P, ceil(K / 2), 48, 2] bfloat16 or
+    [P, K, 48, 1] float32 (the inverse of :func:`domino_ops.pack_small_batch_linear_weight`)."""
+    P, steps, cols, group = data.shape
+    return data.permute(0, 2, 1, 3).reshape(P * cols, steps * group)[:N, :K]
 
 
 def small_batch_attention(q, k, v, mask=None, scale=None):
