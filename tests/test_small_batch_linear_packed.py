@@ -76,11 +76,17 @@ def test_matches_float64_and_writes_every_element(path, M, N, K, bias, out_dtype
     x, w, b = make(M, N, K, bias, seed)
     with packed_path(path):
         y = run_op(x, domino_ops.pack_small_batch_linear_weight(w), b, out_dtype)
+    assert_close_to_float64(y, x, w, b)
+
+
+def assert_close_to_float64(y, x, w, b):
+    """Every element written (the output was NaN-poisoned) and within fp32 summation
+    error of the float64 product (plus one bf16 rounding for a bf16 output)."""
     assert not torch.isnan(y).any(), "unwritten (NaN-poisoned) output elements"
     exact = F.linear(x.double(), w.double(), None if b is None else b.double())
     mag = F.linear(x.double().abs(), w.double().abs(), None if b is None else b.double().abs())
-    bound = mag * ((K + 2) * 2.0 ** -23) + 1e-30
-    if out_dtype == torch.bfloat16:
+    bound = mag * ((x.shape[1] + 2) * 2.0 ** -23) + 1e-30
+    if y.dtype == torch.bfloat16:
         bound = bound + exact.abs() * 2.0 ** -8
     err = (y.double() - exact).abs()
     assert (err <= bound).all(), f"max error {err.max():.3g}"
@@ -126,30 +132,39 @@ def test_batch_invariant_bit_for_bit(path, M, N, K, bias, seed):
     """Row i is the same bits alone, among others at any position, whatever they hold
     (others up to 1e3 times larger, NaN and inf among them)."""
     x, w, b = make(M, N, K, bias, seed, scale=3.0)
-    p = domino_ops.pack_small_batch_linear_weight(w)
     others, _, _ = make(23, N, K, False, seed + 1, scale=1e3)
-    others[3, 0], others[11, K - 1] = float("nan"), float("-inf")
     with packed_path(path):
-        full = run_op(x, p, b, torch.bfloat16)
-        assert torch.equal(torch.cat([run_op(x[i:i + 1], p, b, torch.bfloat16) for i in range(M)]), full)
-        for pos in range(0, 24, 5):
-            mixed = torch.cat([others[:pos], x[:1], others[pos:]])
-            assert torch.equal(run_op(mixed, p, b, torch.bfloat16)[pos], full[0])
+        assert_batch_invariant(x, domino_ops.pack_small_batch_linear_weight(w), b, others, torch.bfloat16)
+
+
+def assert_batch_invariant(x, p, b, others, out_dtype):
+    """Each row of x gives the same bits alone as among x's rows, and x[0] the same bits at
+    any position among 23 others (NaN and -inf put among them)."""
+    K = x.shape[1]
+    others[3, 0], others[11, K - 1] = float("nan"), float("-inf")
+    full = run_op(x, p, b, out_dtype)
+    assert torch.equal(torch.cat([run_op(x[i:i + 1], p, b, out_dtype) for i in range(x.shape[0])]), full)
+    for pos in range(0, 24, 5):
+        mixed = torch.cat([others[:pos], x[:1], others[pos:]])
+        assert torch.equal(run_op(mixed, p, b, out_dtype)[pos], full[0])
 
 
 @needs_cpu
 @each_path
 def test_invariant_across_thread_counts(path):
     x, w, b = make(30, 1000, 96, True, 0)
-    p = domino_ops.pack_small_batch_linear_weight(w)
-    threads = torch.get_num_threads()
     with packed_path(path):
-        try:
-            torch.set_num_threads(1)
-            one = run_op(x, p, b, torch.float32)
-        finally:
-            torch.set_num_threads(threads)
-        assert torch.equal(run_op(x, p, b, torch.float32), one)
+        assert_same_bits_on_one_thread(x, domino_ops.pack_small_batch_linear_weight(w), b)
+
+
+def assert_same_bits_on_one_thread(x, p, b):
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = run_op(x, p, b, torch.float32)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(run_op(x, p, b, torch.float32), one)
 
 
 @needs_cpu
@@ -408,15 +423,7 @@ def test_pack_f32_round_trip_and_zero_padding(N, K, seed):
        seed=st.integers(0, 2**31 - 1))
 def test_f32_matches_float64_and_writes_every_element(M, N, K, bias, out_dtype, seed):
     x, w, b = make32(M, N, K, bias, seed)
-    y = run_op(x, pack32(w), b, out_dtype)
-    assert not torch.isnan(y).any(), "unwritten (NaN-poisoned) output elements"
-    exact = F.linear(x.double(), w.double(), None if b is None else b.double())
-    mag = F.linear(x.double().abs(), w.double().abs(), None if b is None else b.double().abs())
-    bound = mag * ((K + 2) * 2.0 ** -23) + 1e-30
-    if out_dtype == torch.bfloat16:
-        bound = bound + exact.abs() * 2.0 ** -8
-    err = (y.double() - exact).abs()
-    assert (err <= bound).all(), f"max error {err.max():.3g}"
+    assert_close_to_float64(run_op(x, pack32(w), b, out_dtype), x, w, b)
 
 
 @needs_f32
@@ -456,27 +463,15 @@ def test_f32_batch_invariant_bit_for_bit(M, N, K, bias, seed):
     """Row i is the same bits alone, among others at any position, whatever they hold
     (others up to 1e3 times larger, NaN and inf among them)."""
     x, w, b = make32(M, N, K, bias, seed, scale=3.0)
-    p = pack32(w)
     others, _, _ = make32(23, N, K, False, seed + 1, scale=1e3)
-    others[3, 0], others[11, K - 1] = float("nan"), float("-inf")
-    full = run_op(x, p, b, torch.float32)
-    assert torch.equal(torch.cat([run_op(x[i:i + 1], p, b, torch.float32) for i in range(M)]), full)
-    for pos in range(0, 24, 5):
-        mixed = torch.cat([others[:pos], x[:1], others[pos:]])
-        assert torch.equal(run_op(mixed, p, b, torch.float32)[pos], full[0])
+    assert_batch_invariant(x, pack32(w), b, others, torch.float32)
 
 
 @needs_f32
 def test_f32_invariant_across_thread_counts_and_nan_stays_in_its_row():
     x, w, b = make32(30, 1000, 96, True, 0)
     p = pack32(w)
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one = run_op(x, p, b, torch.float32)
-    finally:
-        torch.set_num_threads(threads)
-    assert torch.equal(run_op(x, p, b, torch.float32), one)
+    assert_same_bits_on_one_thread(x, p, b)
     x[2, 3] = float("nan")
     y = run_op(x, p, b, torch.float32)
     assert torch.isnan(y[2]).all() and not torch.isnan(y[[0, 1, 3]]).any()

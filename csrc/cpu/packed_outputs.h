@@ -46,5 +46,20 @@ DOMINO_PACKED_OUT_TARGET inline void store(__m512 sum, bool has_bias, __m512 bia
     _mm256_mask_storeu_epi16(dst, mask, to_bf16(y));
 }
 
+// A tile's epilogue: rows [0, MR) of a panel's 48 outputs, acc[m][v] holding outputs
+// n0 + 16 v .. n0 + 16 v + 15 of row m (those < n0 + cols written), row m's output n at
+// out[m * ldo + n - origin], plus bias[n] (null: none).
+template <int MR, int Vectors, typename O>
+DOMINO_PACKED_OUT_TARGET inline void store_tile(const __m512 (&acc)[MR][Vectors], const float* bias, O* out,
+                                                int64_t ldo, int64_t origin, int64_t n0, int64_t cols) {
+  for (int v = 0; v < Vectors; ++v) {
+    const int64_t c0 = 16 * v;
+    if (c0 >= cols) break;
+    const __mmask16 mask = lanes(cols, c0);
+    const __m512 b = load_bias(bias == nullptr ? nullptr : bias + n0 + c0, mask);
+    for (int m = 0; m < MR; ++m) store(acc[m][v], bias != nullptr, b, out + m * ldo + (n0 - origin) + c0, mask);
+  }
+}
+
 }  // namespace domino::cpu::packed_outputs
 #endif

@@ -56,6 +56,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -109,6 +110,25 @@ bool cpu_has_avx512() {
 #endif
 }
 
+// Calls tile(std::integral_constant<int, MR>, m) for the tiles of M x rows: whole tiles of
+// kRowsPerTile rows from m = 0 on, then one tile of the rows left (1..kRowsPerTile-1).
+template <class Tile>
+inline void for_each_tile(int64_t M, Tile&& tile) {
+  int64_t m = 0;
+  for (; m + kRowsPerTile <= M; m += kRowsPerTile) tile(std::integral_constant<int, kRowsPerTile>{}, m);
+  switch (M - m) {
+    case 1: tile(std::integral_constant<int, 1>{}, m); break;
+    case 2: tile(std::integral_constant<int, 2>{}, m); break;
+    case 3: tile(std::integral_constant<int, 3>{}, m); break;
+    case 4: tile(std::integral_constant<int, 4>{}, m); break;
+    case 5: tile(std::integral_constant<int, 5>{}, m); break;
+    case 6: tile(std::integral_constant<int, 6>{}, m); break;
+    case 7: tile(std::integral_constant<int, 7>{}, m); break;
+    default: break;
+  }
+}
+static_assert(kRowsPerTile == 8, "for_each_tile's cases cover the rows left of an 8-row tile");
+
 #if DOMINO_SBLP_X86
 #define DOMINO_SBLP_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma")))
 
@@ -139,14 +159,7 @@ DOMINO_SBLP_TARGET inline void tile(const BF16* panel, int64_t pairs, const Pair
       for (int v = 0; v < kPanelVectors; ++v) acc[m][v] = _mm512_dpbf16_ps(acc[m][v], (__m512bh)w[v], (__m512bh)xb);
     }
   }
-  for (int v = 0; v < kPanelVectors; ++v) {
-    const int64_t c0 = 16 * v;
-    if (c0 >= cols) break;
-    const __mmask16 mask = packed_outputs::lanes(cols, c0);
-    const __m512 b = packed_outputs::load_bias(bias == nullptr ? nullptr : bias + n0 + c0, mask);
-    for (int m = 0; m < MR; ++m)
-      packed_outputs::store(acc[m][v], bias != nullptr, b, out + m * ldo + (n0 - origin) + c0, mask);
-  }
+  packed_outputs::store_tile(acc, bias, out, ldo, origin, n0, cols);
 }
 
 // Panels [p0, p1) for all M rows: output n of row m at out[m * ldo + n - origin].
@@ -162,26 +175,10 @@ DOMINO_SBLP_TARGET __attribute__((flatten)) void run_panels(const BF16* packed, 
     // One tile per panel streams the weights at an even rate, which the hardware
     // prefetchers follow (software prefetches made M = 1 slower); see tile().
     const BF16* next = T > 1 && p + 1 < panels ? panel + pairs * (2 * kPanelCols) : nullptr;
-    int64_t m = 0;
-    for (; m + kRowsPerTile <= M; m += kRowsPerTile)
-      tile<kRowsPerTile>(panel, pairs, x + m * ldx, ldx, bias, out + m * ldo, ldo, origin, n0, cols, next,
-                         m / kRowsPerTile, T);
-    switch (M - m) {  // the rows left: one tile of their own size
-#define DOMINO_SBLP_CASE(c) \
-  case c:                   \
-    tile<c>(panel, pairs, x + m * ldx, ldx, bias, out + m * ldo, ldo, origin, n0, cols, next, m / kRowsPerTile, T); \
-    break;
-      DOMINO_SBLP_CASE(1)
-      DOMINO_SBLP_CASE(2)
-      DOMINO_SBLP_CASE(3)
-      DOMINO_SBLP_CASE(4)
-      DOMINO_SBLP_CASE(5)
-      DOMINO_SBLP_CASE(6)
-      DOMINO_SBLP_CASE(7)
-#undef DOMINO_SBLP_CASE
-      default:
-        break;
-    }
+    for_each_tile(M, [&](auto mr, int64_t m) {
+      tile<decltype(mr)::value>(panel, pairs, x + m * ldx, ldx, bias, out + m * ldo, ldo, origin, n0, cols, next,
+                                m / kRowsPerTile, T);
+    });
   }
 }
 
@@ -211,14 +208,7 @@ DOMINO_SBLP_F32_TARGET inline void tile_f32(const float* panel, int64_t K, const
       for (int v = 0; v < kPanelVectors; ++v) acc[m][v] = _mm512_fmadd_ps(w[v], xb, acc[m][v]);
     }
   }
-  for (int v = 0; v < kPanelVectors; ++v) {
-    const int64_t c0 = 16 * v;
-    if (c0 >= cols) break;
-    const __mmask16 mask = packed_outputs::lanes(cols, c0);
-    const __m512 b = packed_outputs::load_bias(bias == nullptr ? nullptr : bias + n0 + c0, mask);
-    for (int m = 0; m < MR; ++m)
-      packed_outputs::store(acc[m][v], bias != nullptr, b, out + m * ldo + (n0 - origin) + c0, mask);
-  }
+  packed_outputs::store_tile(acc, bias, out, ldo, origin, n0, cols);
 }
 
 // float32 panels [p0, p1) for all M rows, as run_panels.
@@ -232,25 +222,10 @@ DOMINO_SBLP_F32_TARGET __attribute__((flatten)) void run_panels_f32(const float*
     const int64_t n0 = p * kPanelCols, cols = std::min(kPanelCols, N - n0);
     const int64_t T = (M + kRowsPerTile - 1) / kRowsPerTile;
     const float* next = T > 1 && p + 1 < panels ? panel + K * kPanelCols : nullptr;
-    int64_t m = 0;
-    for (; m + kRowsPerTile <= M; m += kRowsPerTile)
-      tile_f32<kRowsPerTile>(panel, K, x + m * K, K, bias, out + m * N, N, 0, n0, cols, next, m / kRowsPerTile, T);
-    switch (M - m) {
-#define DOMINO_SBLP_CASE(c) \
-  case c:                   \
-    tile_f32<c>(panel, K, x + m * K, K, bias, out + m * N, N, 0, n0, cols, next, m / kRowsPerTile, T); \
-    break;
-      DOMINO_SBLP_CASE(1)
-      DOMINO_SBLP_CASE(2)
-      DOMINO_SBLP_CASE(3)
-      DOMINO_SBLP_CASE(4)
-      DOMINO_SBLP_CASE(5)
-      DOMINO_SBLP_CASE(6)
-      DOMINO_SBLP_CASE(7)
-#undef DOMINO_SBLP_CASE
-      default:
-        break;
-    }
+    for_each_tile(M, [&](auto mr, int64_t m) {
+      tile_f32<decltype(mr)::value>(panel, K, x + m * K, K, bias, out + m * N, N, 0, n0, cols, next,
+                                    m / kRowsPerTile, T);
+    });
   }
 }
 #endif
