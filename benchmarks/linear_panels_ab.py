@@ -1,0 +1,47 @@
+"""Interleaved A/B of SmolLM2-135M-Instruct's float32 linear layers (all 211, the LM head
+included) through ``small_batch_linear`` (row-major weights) and through
+``small_batch_linear_packed`` on float32 panels, at M = 1 and 16 rows: each repeat runs
+every layer once per variant, the variants alternating, median (and minimum) of 15 after
+warm-up. The layers' 540 MB stream from memory at every pass, as in a forward. Needs a CPU
+with AVX-512F (the float32 panels).
+
+    python benchmarks/linear_panels_ab.py
+"""
+
+import statistics
+import time
+
+import torch
+
+import domino_ops
+from domino.loading import smollm2_dir
+
+
+def main() -> None:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(smollm2_dir(), dtype=torch.float32)
+    weights = [m.weight.detach().contiguous() for m in model.modules() if type(m) is torch.nn.Linear]
+    panels = [domino_ops.pack_small_batch_linear_weight(w, dtype=torch.float32) for w in weights]
+    print(f"{len(weights)} float32 layers, {sum(w.numel() for w in weights) * 4 / 1e6:.0f} MB; "
+          f"{torch.get_num_threads()} threads")
+    for M in (1, 16):
+        xs = [torch.randn(M, w.shape[1]) for w in weights]
+        calls = {"row-major": lambda: [domino_ops.small_batch_linear(x, w) for x, w in zip(xs, weights)],
+                 "panels": lambda: [domino_ops.small_batch_linear_packed(x, p) for x, p in zip(xs, panels)]}
+        for _ in range(2):
+            for f in calls.values():
+                f()
+        times = {k: [] for k in calls}
+        for _ in range(15):
+            for k, f in calls.items():
+                t0 = time.perf_counter()
+                f()
+                times[k].append(time.perf_counter() - t0)
+        med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+        print(f"M = {M:2d}: " + "  ".join(f"{k} {med[k]:.2f} ms (min {min(times[k]) * 1e3:.2f})" for k in calls)
+              + f"  row-major / panels {med['row-major'] / med['panels']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
