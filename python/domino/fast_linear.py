@@ -29,8 +29,9 @@ inside ``torch.inference_mode()``, bypasses the version counter that tells: swit
 model again after such a change): 1.2-1.5x faster at the
 6-16 rows of a verification on SmolLM2's layers (Zen 4, in cache), as fast or faster at
 one row, and just as batch-invariant. Likewise a float32 layer on a CPU with AVX-512F (the
-"avx512" or "avx512_bf16" path) runs on float32 panels: ~1.35x faster at 16 rows streaming
-SmolLM2-sized weights and ~1.25x at one row (Zen 4). The copy doubles the memory of the
+"avx512" or "avx512_bf16" path) runs on float32 panels: SmolLM2's float32 linears at 16
+rows 1.24-1.32x faster, at one row as fast (Zen 4, benchmarks/linear_panels_ab.py). The
+copy doubles the memory of the
 switched weights (a plain attribute: the parameters and ``state_dict`` are unchanged);
 ``undo_small_batch_linear`` frees it.
 """
