@@ -36,7 +36,7 @@ from timing import copy_bandwidth_gbs, median_seconds
 from domino.fast_attention import undo_small_batch_attention, use_small_batch_attention
 from domino.fast_layers import undo_fused_layers, use_fused_layers
 from domino import fast_linear
-from domino.fast_linear import runs_packed, undo_small_batch_linear, use_small_batch_linear, uses_small_batch_linear
+from domino.fast_linear import undo_small_batch_linear, use_small_batch_linear, uses_small_batch_linear
 
 KS = (1, 2, 4, 8, 16, 32)
 SHAPES = ((576, 576), (1536, 576), (576, 1536), (49152, 576))  # (N, K): q/o, gate/up, down, LM head
@@ -87,7 +87,7 @@ def forward_times(model, cache_len: int, repeats: int, ks=KS) -> dict:
     kv = cache_kwarg(model.forward)  # "cache" or "past_key_values" (the transformers version's)
     use_small_batch_linear(model)  # once: switching packs the weights (where the CPU packs their dtype)
     packed_dtypes = getattr(model.lm_head, fast_linear._PACKS, ())
-    packs = runs_packed(model.lm_head, model.lm_head.weight.dtype)
+    packs = model.lm_head.weight.dtype in packed_dtypes
     amx = packs and packed_path() == "amx" and model.lm_head.weight.dtype == torch.bfloat16
     variants = {v: f for v, f in VARIANTS.items() if (v != "row-major" or packs) and (v != "engine-vector" or amx)}
     ids = {k: torch.randint(0, vocab, (1, k), generator=g) for k in ks}

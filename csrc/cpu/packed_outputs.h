@@ -15,6 +15,16 @@ namespace domino::cpu::packed_outputs {
 
 #define DOMINO_PACKED_OUT_TARGET __attribute__((target("avx512f,avx512bw,avx512vl")))
 
+// Whether this CPU runs the epilogue: AVX-512F with BW and VL (every packed product needs it).
+inline bool cpu_supported() {
+  static const bool ok = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl");
+  }();
+  return ok;
+}
+
 // The lanes of the 16-output block starting `c0` outputs into a block of `cols` (c0 < cols).
 inline __mmask16 lanes(int64_t cols, int64_t c0) {
   return cols - c0 >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (cols - c0)) - 1u);

@@ -83,28 +83,20 @@ constexpr int64_t kPanelCols = 16 * kPanelVectors;      // outputs per panel
 static_assert(kPanelCols == kPackedPanelCols, "packed_panels.h names the panel width");
 constexpr int kRowsPerTile = 8;                         // x rows per tile: 24 accumulators
 
+// bf16 panels: the epilogue's AVX-512 (F, BW, VL) and AVX512-BF16.
 bool cpu_has_avx512_bf16() {
 #if DOMINO_SBLP_X86
-  static const bool ok = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
-  }();
+  static const bool ok = packed_outputs::cpu_supported() && __builtin_cpu_supports("avx512bf16");
   return ok;
 #else
   return false;
 #endif
 }
 
-// float32 panels need AVX-512F with BW and VL (the masked stores of the epilogue).
+// float32 panels: the epilogue's AVX-512 (F, BW, VL) alone.
 bool cpu_has_avx512() {
 #if DOMINO_SBLP_X86
-  static const bool ok = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl");
-  }();
-  return ok;
+  return packed_outputs::cpu_supported();
 #else
   return false;
 #endif
@@ -130,6 +122,17 @@ inline void for_each_tile(int64_t M, Tile&& tile) {
 static_assert(kRowsPerTile == 8, "for_each_tile's cases cover the rows left of an 8-row tile");
 
 #if DOMINO_SBLP_X86
+// Bytes of one step of a panel: a bf16 column pair or a float32 column of 48 outputs.
+constexpr int64_t kStepBytes = 4 * kPanelCols;
+
+// Tile t's share of the next panel `next` (null: none), prefetched to L2 at step j of the
+// T tiles' T * steps: the lines of every T-th step, so the requests flow evenly.
+inline void prefetch_next_share(const void* next, int64_t j, int64_t T) {
+  if (next == nullptr || j % T != 0) return;
+  const char* line = static_cast<const char*>(next) + (j / T) * kStepBytes;
+  for (int v = 0; v < kPanelVectors; ++v) _mm_prefetch(line + 64 * v, _MM_HINT_T1);
+}
+
 #define DOMINO_SBLP_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma")))
 
 // Rows [0, MR) of x (column pairs as 32-bit words, `ldx` words apart) times one panel
@@ -147,11 +150,7 @@ DOMINO_SBLP_TARGET inline void tile(const BF16* panel, int64_t pairs, const Pair
     for (int v = 0; v < kPanelVectors; ++v) acc[m][v] = _mm512_setzero_ps();
   for (int64_t k = 0; k < pairs; ++k) {
     const BF16* wk = panel + k * (2 * kPanelCols);
-    const int64_t j = t * pairs + k;  // this step's place among the panel's T * pairs steps
-    if (next != nullptr && j % T == 0) {
-      const char* line = reinterpret_cast<const char*>(next + (j / T) * (2 * kPanelCols));
-      for (int v = 0; v < kPanelVectors; ++v) _mm_prefetch(line + 64 * v, _MM_HINT_T1);
-    }
+    prefetch_next_share(next, t * pairs + k, T);  // step t * pairs + k of the panel's T * pairs
     __m512i w[kPanelVectors];
     for (int v = 0; v < kPanelVectors; ++v) w[v] = _mm512_loadu_si512(wk + 32 * v);
     for (int m = 0; m < MR; ++m) {
@@ -196,11 +195,7 @@ DOMINO_SBLP_F32_TARGET inline void tile_f32(const float* panel, int64_t K, const
     for (int v = 0; v < kPanelVectors; ++v) acc[m][v] = _mm512_setzero_ps();
   for (int64_t k = 0; k < K; ++k) {
     const float* wk = panel + k * kPanelCols;
-    const int64_t j = t * K + k;
-    if (next != nullptr && j % T == 0) {
-      const char* line = reinterpret_cast<const char*>(next + (j / T) * kPanelCols);
-      for (int v = 0; v < kPanelVectors; ++v) _mm_prefetch(line + 64 * v, _MM_HINT_T1);
-    }
+    prefetch_next_share(next, t * K + k, T);
     __m512 w[kPanelVectors];
     for (int v = 0; v < kPanelVectors; ++v) w[v] = _mm512_loadu_ps(wk + 16 * v);
     for (int m = 0; m < MR; ++m) {

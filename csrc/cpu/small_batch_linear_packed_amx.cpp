@@ -60,12 +60,8 @@ bool request_amx() {
   if (__get_cpuid_max(0, nullptr) < 7) return false;
   __cpuid_count(7, 0, a, b, c, d);
   const bool amx_bf16 = (d >> 22) & 1, amx_tile = (d >> 24) & 1;
-  const bool bf16_vec = [] {  // the bf16 rounding of the outputs uses AVX-512 (BW)
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl");
-  }();
-  if (!amx_bf16 || !amx_tile || !bf16_vec) return false;
+  // the outputs' epilogue (the bf16 rounding among it) uses AVX-512 (BW, VL)
+  if (!amx_bf16 || !amx_tile || !packed_outputs::cpu_supported()) return false;
   constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
   return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
 }

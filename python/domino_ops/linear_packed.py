@@ -61,11 +61,16 @@ def small_batch_linear_packed_supported(dtype: torch.dtype = torch.bfloat16) -> 
     """Whether this CPU runs :func:`small_batch_linear_packed` on panels of ``dtype``:
     bfloat16 (AVX512-BF16, -BW and -VL) or float32 (AVX-512F, -BW and -VL)."""
     from domino_ops import _C
-    if dtype == torch.bfloat16:
+    if _panel_dtype(dtype) == torch.bfloat16:
         return bool(_C.small_batch_linear_packed_supported())
-    if dtype == torch.float32:
-        return bool(_C.small_batch_linear_packed_f32_supported())
-    raise TypeError(f"dtype must be torch.bfloat16 or torch.float32, got {dtype}")
+    return bool(_C.small_batch_linear_packed_f32_supported())
+
+
+def _panel_dtype(dtype: torch.dtype) -> torch.dtype:
+    """``dtype`` when panels come in it (bfloat16, float32); else TypeError naming it."""
+    if dtype not in (torch.bfloat16, torch.float32):
+        raise TypeError(f"dtype must be torch.bfloat16 or torch.float32, got {dtype}")
+    return dtype
 
 
 def small_batch_linear_packed_path() -> str:
@@ -90,10 +95,8 @@ def pack_small_batch_linear_weight(weight: torch.Tensor, dtype: torch.dtype = to
     weight = _checks.tensor("weight", weight, ndim=2, dtypes=_checks.FLOAT_OR_BF16)
     if weight.device.type != "cpu":
         raise ValueError(f"weight must be on the CPU (the packed kernel is a CPU kernel), got {weight.device}")
-    if dtype not in (torch.bfloat16, torch.float32):
-        raise TypeError(f"dtype must be torch.bfloat16 or torch.float32, got {dtype}")
     N, K = weight.shape
-    group = 2 if dtype == torch.bfloat16 else 1  # columns per step: a bf16 pair, or one float32
+    group = 2 if _panel_dtype(dtype) == torch.bfloat16 else 1  # columns per step: a bf16 pair, or one float32
     panels, steps = -(-N // PANEL_COLS), -(-K // group)
     w = F.pad(weight.detach().to(dtype), (0, group * steps - K, 0, panels * PANEL_COLS - N))
     data = w.view(panels, PANEL_COLS, steps, group).permute(0, 2, 1, 3).contiguous()
