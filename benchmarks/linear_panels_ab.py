@@ -2,8 +2,10 @@
 included) through ``small_batch_linear`` (row-major weights) and through
 ``small_batch_linear_packed`` on float32 panels, at M = 1 and 16 rows: each repeat runs
 every layer once per variant, the variants alternating, median (and minimum) of 15 after
-warm-up. The layers' 540 MB stream from memory at every pass, as in a forward. Needs a CPU
-with AVX-512F (the float32 panels).
+warm-up. The layers' 540 MB stream from memory at every pass, as in a forward. Then one
+layer's shape (1536 x 576) in cache (one weight, called 40 times) and streaming (40
+distinct weights, 141 MB), M = 1 to 32, with the multiply-add rates. Needs a CPU with
+AVX-512F (the float32 panels).
 
     python benchmarks/linear_panels_ab.py
 """
@@ -15,6 +17,36 @@ import torch
 
 import domino_ops
 from domino.loading import smollm2_dir
+
+
+def median_ms(f, repeats: int = 15) -> float:
+    for _ in range(3):
+        f()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        f()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def one_layer_table(N: int = 1536, K: int = 576, layers: int = 40) -> None:
+    """One layer's shape through both kernels, in cache and streaming."""
+    w = torch.randn(N, K)
+    ws = [torch.randn(N, K) for _ in range(layers)]
+    p = domino_ops.pack_small_batch_linear_weight(w, dtype=torch.float32)
+    ps = [domino_ops.pack_small_batch_linear_weight(x, dtype=torch.float32) for x in ws]
+    print(f"\n{N} x {K} float32, {layers} calls a timing: in cache (one weight) and streaming ({layers} weights, "
+          f"{layers * N * K * 4 / 1e6:.0f} MB); ms (G multiply-adds/s)")
+    print("| M | row-major in cache | panels in cache | row-major streaming | panels streaming |")
+    print("|---:|---:|---:|---:|---:|")
+    for M in (1, 2, 4, 8, 16, 32):
+        x = torch.randn(M, K)
+        cells = [median_ms(lambda: [domino_ops.small_batch_linear(x, w) for _ in range(layers)]),
+                 median_ms(lambda: [domino_ops.small_batch_linear_packed(x, p) for _ in range(layers)]),
+                 median_ms(lambda: [domino_ops.small_batch_linear(x, wi) for wi in ws]),
+                 median_ms(lambda: [domino_ops.small_batch_linear_packed(x, pi) for pi in ps])]
+        print(f"| {M} | " + " | ".join(f"{t:.2f} ({layers * M * N * K / t / 1e6:.0f})" for t in cells) + " |")
 
 
 def main() -> None:
@@ -41,6 +73,7 @@ def main() -> None:
         med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
         print(f"M = {M:2d}: " + "  ".join(f"{k} {med[k]:.2f} ms (min {min(times[k]) * 1e3:.2f})" for k in calls)
               + f"  row-major / panels {med['row-major'] / med['panels']:.2f}x")
+    one_layer_table()
 
 
 if __name__ == "__main__":
