@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -34,6 +32,7 @@ from domino.fast_attention import use_small_batch_attention
 from domino.fast_layers import use_fused_layers
 from domino.fast_linear import use_small_batch_linear
 from domino.target import cache_kwarg
+from timing import median_seconds
 
 LINEAR_OPS = ("domino_ops::small_batch_linear_packed", "domino_ops::small_batch_linear", "aten::linear",
               "aten::addmm", "aten::mm")
@@ -53,17 +52,6 @@ def forward_fn(model, cache, kv: str, ids: torch.Tensor):
         cache.crop(-k)
 
     return run
-
-
-def wall_ms(fn, repeats: int) -> float:
-    for _ in range(5):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
 
 
 def self_us_per_forward(fn, forwards: int) -> dict:
@@ -105,7 +93,7 @@ def main() -> None:
     with torch.inference_mode():
         model(input_ids=torch.randint(0, vocab, (1, args.cache), generator=g), **{kv: cache}, use_cache=True)
         fns = {k: forward_fn(model, cache, kv, torch.randint(0, vocab, (1, k), generator=g)) for k in ks}
-        wall = {k: wall_ms(fns[k], args.repeats) for k in ks}
+        wall = {k: median_seconds(fns[k], args.repeats, warmup=5) * 1e3 for k in ks}
         ops = {k: self_us_per_forward(fns[k], 10) for k in (1, ks[-1])}
     for k in ks:
         print(f"k = {k:2d}: {wall[k]:6.2f} ms median of {args.repeats} ({wall[k] / wall[1]:.2f}x the one-token forward)")
