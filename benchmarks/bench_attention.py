@@ -26,16 +26,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-
-def median_us(fn, repeats: int, warmup: int = 10) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e6
+from timing import median_seconds
 
 
 def op_table(repeats: int) -> list[str]:
@@ -50,9 +41,9 @@ def op_table(repeats: int) -> list[str]:
                 v = torch.randn(1, 3, N, 64, generator=g).to(dtype)
                 mask = None if M == 1 else torch.ones(1, 1, M, N, dtype=torch.bool).tril(N - M)
                 out = torch.empty(1, M, 9, 64, dtype=dtype)
-                t_sdpa = median_us(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True),
-                                   repeats)
-                t_op = median_us(lambda: op(q, k, v, mask, 0.125, out.transpose(1, 2)), repeats)
+                t_sdpa = 1e6 * median_seconds(
+                    lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True), repeats, warmup=10)
+                t_op = 1e6 * median_seconds(lambda: op(q, k, v, mask, 0.125, out.transpose(1, 2)), repeats, warmup=10)
                 lines.append(f"{str(dtype).replace('torch.', ''):8} | {M:4} | {N:5} | {t_sdpa:8.1f} | {t_op:9.1f} | "
                              f"{t_sdpa / t_op:6.2f}x")
     return lines

@@ -17,17 +17,12 @@ import torch
 
 import domino_ops
 from domino.loading import smollm2_dir
+from timing import median_seconds
 
 
-def median_ms(f, repeats: int = 15) -> float:
-    for _ in range(3):
-        f()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        f()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
+def median_ms(f) -> float:
+    """Median of 15 timed calls after 3 warm-up ones, in ms."""
+    return median_seconds(f, 15, warmup=3) * 1e3
 
 
 def one_layer_table(N: int = 1536, K: int = 576, layers: int = 40) -> None:
