@@ -165,6 +165,34 @@ def test_masked_rows_among_others_equal_their_visible_keys_alone(dtype, kind):
             assert big.isnan().any() and not big.isnan().all()  # both kinds of row occurred
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", ["bool", "float"])
+@pytest.mark.parametrize("M", [1, 6])
+def test_a_padded_static_cache_gives_the_bits_of_its_written_keys(dtype, kind, M):
+    """A left-padded batch in a static cache (HF's StaticCache, as data regeneration decodes):
+    each sequence's padding before its first key and the unwritten tail after its last are
+    hidden by the mask and hold NaN; the call attends to the written keys alone (it never
+    reads the others) and gives each sequence the bits of a call over just those keys."""
+    B, Hq, Hkv, N, D = 3, 9, 3, 50, 64
+    q, k, v = make(B, Hq, Hkv, M, N, D, dtype, 13, scale=2.0)
+    spans = [(7, 30), (0, 44), (19, 26)]  # written keys [first, end) of each sequence
+    visible = torch.zeros(B, 1, M, N, dtype=torch.bool)
+    for b, (first, end) in enumerate(spans):
+        for m in range(M):  # row m is the token at position end - M + m
+            visible[b, 0, m, first:end - M + m + 1] = True
+        k[b, :, :first] = v[b, :, :first] = float("nan")
+        k[b, :, end:] = v[b, :, end:] = float("nan")
+    mask = visible if kind == "bool" else torch.where(visible, 0.0, float("-inf")).to(dtype)
+    for isa in domino_ops.cpu.supported_isas():
+        with domino_ops.cpu.forced_isa(isa):
+            big = run_op(q, k, v, mask)
+            assert not big.isnan().any(), isa
+            for b, (first, end) in enumerate(spans):
+                alone = run_op(q[b:b + 1].contiguous(), k[b:b + 1, :, first:end].contiguous(),
+                               v[b:b + 1, :, first:end].contiguous())
+                assert torch.equal(big[b:b + 1], alone), (isa, b)
+
+
 def test_no_visible_key_gives_zeros_and_nan_propagates():
     q, k, v = make(1, 2, 1, 2, 5, 8, torch.float32, 0)
     mask = torch.ones(1, 2, 2, 5, dtype=torch.bool)

@@ -10,8 +10,10 @@
 //   (bottom-right causal, as decoding with a cache does) that the mask does not hide.
 //
 // Bytes it must move: per (sequence, kv head) the key and value rows its query rows may
-// see, 2 * N * D elements, read once for a task of up to 4 query positions times the Hq /
-// Hkv query heads of that kv head (they stay in L1/L2 between tasks); q and out once. Work
+// see, 2 * N * D elements at most (keys that the mask hides from every row of a block,
+// before its first visible key or after its last, are never read), read once for a task
+// of up to 4 query positions times the Hq / Hkv query heads of that kv head (they stay in
+// L1/L2 between tasks); q and out once. Work
 // ~4 * n * D flops and n exponentials per query row, plus one transposition of the keys per
 // (sequence, kv head) and thread. A decode step of SmolLM2-135M (9 heads of 64, 3 kv
 // heads, a few hundred cached tokens, 30 layers) is ~10 M flops: the cost is the call
@@ -159,7 +161,7 @@ void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, cons
     thread_local std::vector<uint8_t> vis_buf, class_buf;
     thread_local std::vector<T*> out_buf;
     thread_local uint64_t kt_call = 0;
-    thread_local int64_t kt_head = -1;
+    thread_local int64_t kt_head = -1, kt_lo = 0, kt_end = 0;  // kt holds keys [kt_lo, kt_end) of kt_head
     const int64_t nq_max = rows_per_task * group;
     kt_buf.resize(D * ldk);
     q_buf.resize(nq_max * D);
@@ -179,13 +181,6 @@ void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, cons
       const int64_t b = t / (Hkv * chunks), g = t / chunks % Hkv, c = t % chunks;
       const int64_t m0 = c * rows_per_task, m1 = std::min(M, m0 + rows_per_task), nq = (m1 - m0) * group;
       const int64_t n = N - M + m1;  // keys the block's last row may see
-      if (kt_call != call || kt_head != b * Hkv + g) {
-        const T* kr = kp + b * ks0 + g * ks1;
-        if constexpr (std::is_same_v<T, float>) K.transpose_keys_f32(kr, ks2, N, D, kt, ldk);
-        else K.transpose_keys_bf16(reinterpret_cast<const uint16_t*>(kr), ks2, N, D, kt, ldk);
-        kt_call = call;
-        kt_head = b * Hkv + g;
-      }
       bool any_bias = false;
       for (int64_t m = m0; m < m1; ++m) {
         const int64_t limit = N - M + m + 1;  // keys at positions <= this row's own
@@ -233,13 +228,41 @@ void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, cons
         }
       for (int64_t j = 0; j < n; ++j)
         key_class[j] = key_class[j] ? kKeyVisible : seen_by_some[j] ? kKeyMixed : kKeyHidden;
+      // The keys some row of the block sees lie in [lo, hi): the block attends to those
+      // alone (a hidden key adds nothing to any row), so a mask that hides a static cache's
+      // unwritten tail and a left-padded batch's padding costs nothing. Same bits: a key's
+      // score and weight do not depend on its place, and the sums run in key order.
+      int64_t lo = 0, hi = n;
+      while (lo < n && !seen_by_some[lo]) ++lo;
+      if (lo == n) lo = 0;  // no key visible: the block as it is (every row empty)
+      else while (!seen_by_some[hi - 1]) --hi;
+      const int64_t nv = hi - lo;
+      if (nv < n) {  // rows re-laid at stride nv, in place (each moves down: no overlap lost)
+        for (int64_t i = 0; i < nq; ++i) std::memmove(vis + i * nv, vis + i * n + lo, nv);
+        if (any_bias)
+          for (int64_t i = 0; i < nq; ++i) std::memmove(bias + i * nv, bias + i * n + lo, nv * sizeof(float));
+        std::memmove(key_class, key_class + lo, nv);
+      }
+      // Keys transposed once per (call, sequence, kv head) and thread, from lo: to the
+      // block's hi when the call is one block per kv head (a decode step), else to N (the
+      // blocks of a verification share them).
+      if (kt_call != call || kt_head != b * Hkv + g || kt_lo != lo || kt_end < hi) {
+        const int64_t end = chunks == 1 ? hi : N;
+        const T* kr = kp + b * ks0 + g * ks1 + lo * ks2;
+        if constexpr (std::is_same_v<T, float>) K.transpose_keys_f32(kr, ks2, end - lo, D, kt, ldk);
+        else K.transpose_keys_bf16(reinterpret_cast<const uint16_t*>(kr), ks2, end - lo, D, kt, ldk);
+        kt_call = call;
+        kt_head = b * Hkv + g;
+        kt_lo = lo;
+        kt_end = end;
+      }
       const float* bp = any_bias ? bias : nullptr;  // all zeros: no bias, same bits
-      const T* vr = vp + b * vs0 + g * vs1;
+      const T* vr = vp + b * vs0 + g * vs1 + lo * vs2;
       if constexpr (std::is_same_v<T, float>) {
-        K.attend_block_f32(q_rows, nq, D, kt, ldk, vr, vs2, vis, key_class, bp, n, sc, scores, outs);
+        K.attend_block_f32(q_rows, nq, D, kt, ldk, vr, vs2, vis, key_class, bp, nv, sc, scores, outs);
       } else {
         K.attend_block_bf16(q_rows, nq, D, kt, ldk, reinterpret_cast<const uint16_t*>(vr), vs2, vis, key_class, bp,
-                            n, sc, scores, reinterpret_cast<uint16_t* const*>(outs));
+                            nv, sc, scores, reinterpret_cast<uint16_t* const*>(outs));
       }
     }
   });
