@@ -85,20 +85,23 @@ def test_shards_regenerated_together_split_into_each_shards_own(tiny_run):
 
 @pytest.mark.parametrize("temperature", [0.5, 1.3])
 def test_sampled_passes_draw_each_token_from_the_target_at_the_temperature(temperature):
-    """SampleAtTemperature leaves one finite score per row, drawn from softmax(logits / T);
-    a sampler at temperature 1 (the negative control) fails the same test."""
+    """TemperatureSampler draws from softmax(logits / T); a sampler at temperature 1 (the
+    negative control) fails the same test. The -inf entries first and last (tokens of
+    probability 0, where an off-by-one of the inverse-CDF search would land) are never
+    drawn, from float32 or bf16 logits."""
     from stats import assert_matches_distribution
 
-    from training.generate_data import SampleAtTemperature
+    from training.generate_data import TemperatureSampler
 
-    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0, 1.5, 0.2])
-    scores = logits.expand(20000, -1).clone()
-    out = SampleAtTemperature(temperature, torch.Generator().manual_seed(3))(None, scores)
-    assert (torch.isfinite(out).sum(1) == 1).all() and (out.max(1).values == 0).all()
-    drawn = out.argmax(1).numpy()
-    assert_matches_distribution(drawn, torch.softmax(logits.double() / temperature, 0).numpy())
-    with pytest.raises(AssertionError):
-        assert_matches_distribution(drawn, torch.softmax(logits.double(), 0).numpy())
+    logits = torch.tensor([float("-inf"), 2.0, 1.0, 0.5, 0.0, -1.0, -3.0, 1.5, 0.2, float("-inf")])
+    for dtype in (torch.float32, torch.bfloat16):
+        rows = logits.to(dtype).expand(20000, -1).clone()
+        drawn = TemperatureSampler(temperature, torch.Generator().manual_seed(3)).draw(rows)
+        assert drawn.shape == (20000,) and drawn.dtype == torch.int64
+        expected = torch.softmax(logits.to(dtype).double() / temperature, 0).numpy()
+        assert_matches_distribution(drawn.numpy(), expected)
+        with pytest.raises(AssertionError):
+            assert_matches_distribution(drawn.numpy(), torch.softmax(logits.to(dtype).double(), 0).numpy())
 
 
 def test_sampled_responses_are_reproducible_and_store_the_targets_own_logprobs(tiny_run):

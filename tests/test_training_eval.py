@@ -118,15 +118,32 @@ def _random_prompts(lengths, seed):
     return [torch.randint(2, 64, (n,), generator=g).tolist() for n in lengths]
 
 
-def _greedy_alone(target, prompt: list[int], n: int, eos: int) -> list[int]:
+def _greedy_alone(target, prompt: list[int], n: int, eos: int | set[int]) -> list[int]:
     """The target's greedy continuation of one prompt, a full forward per token (the oracle)."""
+    eos = {eos} if isinstance(eos, int) else eos
     ids = list(prompt)
     with torch.no_grad():
         for _ in range(n):
             ids.append(int(target(torch.tensor([ids])).logits[0, -1].argmax()))
-            if ids[-1] == eos:
+            if ids[-1] in eos:
                 break
     return ids[len(prompt):]
+
+
+def _assert_each_prompts_own_greedy_decoding(target, prompts, data, n: int, eos: set[int], deployed: bool):
+    """Each response of ``data`` is its prompt's greedy continuation decoded alone, and its
+    features are those of the prompt and response[:-1] (as deployed: bit for bit)."""
+    for i, (p, rec) in enumerate(zip(prompts, data.records)):
+        ids = p + _greedy_alone(target, p, n, eos=eos)
+        assert rec["prompt_ids"] == p and rec["response_ids"] == ids[len(p):], i
+        with torch.no_grad():
+            hs = target(torch.tensor([ids[:-1]]), output_hidden_states=True).hidden_states
+        feats = data.features[data.offsets[i]:data.offsets[i + 1]]
+        alone = target_features(hs, [0, 2, 3])[0]
+        if deployed:
+            assert torch.equal(feats, alone.to(torch.bfloat16)), i
+        else:
+            torch.testing.assert_close(feats.float(), alone.float(), atol=2e-2, rtol=2e-2)
 
 
 @pytest.mark.parametrize("deployed", [False, True], ids=["fp32", "deployed"])
@@ -145,17 +162,45 @@ def test_regenerated_responses_are_each_prompts_own_greedy_decoding(prompts, dep
         target = target_as_deployed(target)
         assert next(target.parameters()).dtype == torch.bfloat16
     data = regenerate(target, prompts, [0, 2, 3], eos={1}, pad=0, max_new_tokens=10, top_k=4)
-    for i, (p, rec) in enumerate(zip(prompts, data.records)):
-        ids = p + _greedy_alone(target, p, 10, eos=1)
-        assert rec["prompt_ids"] == p and rec["response_ids"] == ids[len(p):], i
-        with torch.no_grad():
-            hs = target(torch.tensor([ids[:-1]]), output_hidden_states=True).hidden_states
-        feats = data.features[data.offsets[i]:data.offsets[i + 1]]
-        alone = target_features(hs, [0, 2, 3])[0]
+    _assert_each_prompts_own_greedy_decoding(target, prompts, data, 10, {1}, deployed)
+
+
+@pytest.mark.parametrize("deployed", [False, True], ids=["fp32", "deployed"])
+def test_rows_that_finish_leave_the_batch_and_the_others_decode_on(deployed, monkeypatch):
+    """Rows that emit an EOS early leave the batch (the cache is compacted around the rows
+    still decoding), at several steps: every response is still its prompt's own greedy
+    decoding, with its features and top-k log-probabilities those of a batch that kept
+    every row (as deployed: bit for bit)."""
+    target = tiny_target("llama", vocab=64)
+    if deployed:
+        target = target_as_deployed(target)
+    prompts = _random_prompts([5, 12, 3, 8, 7, 2, 10, 4, 6], 15)
+    n = 14
+    free = [r["response_ids"] for r in regenerate(target, prompts, [0, 2, 3], eos=set(), pad=0,
+                                                  max_new_tokens=n, top_k=4).records]
+    # EOS ids that end the rows at several different steps, some rows never
+    candidates = sorted({t for row in free for t in row})
+    eos = next({a, b} for a in candidates for b in candidates if a < b and len(
+        {next((j for j, t in enumerate(row) if t in (a, b)), n) for row in free}) >= 4 and
+        sum(any(t in (a, b) for t in row[:n // 2]) for row in free) >= 2 and
+        any(a not in row and b not in row for row in free))
+    from transformers import StaticCache
+
+    compactions = []
+    reorder = StaticCache.reorder_cache
+    monkeypatch.setattr(StaticCache, "reorder_cache", lambda self, keep: (compactions.append(len(keep)),
+                                                                         reorder(self, keep)))
+    data = regenerate(target, prompts, [0, 2, 3], eos=eos, pad=0, max_new_tokens=n, top_k=4)
+    assert len(compactions) >= 2, compactions  # the batch did shrink, more than once
+    monkeypatch.undo()
+    _assert_each_prompts_own_greedy_decoding(target, prompts, data, n, eos, deployed)
+    kept = regenerate(target, prompts, [0, 2, 3], eos=set(), pad=0, max_new_tokens=n, top_k=4)
+    for i, rec in enumerate(data.records):  # the rows that stayed: the same top-k at each step
+        m = len(rec["response_ids"])
+        r0, k0 = data.response_offsets[i], kept.response_offsets[i]
+        assert torch.equal(data.top_ids[r0:r0 + m], kept.top_ids[k0:k0 + m]), i
         if deployed:
-            assert torch.equal(feats, alone.to(torch.bfloat16)), i
-        else:
-            torch.testing.assert_close(feats.float(), alone.float(), atol=2e-2, rtol=2e-2)
+            assert torch.equal(data.top_logprobs[r0:r0 + m], kept.top_logprobs[k0:k0 + m]), i
 
 
 def _mistral_with_a_window(window: int):
