@@ -139,7 +139,7 @@ void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, cons
   constexpr int64_t kRows = 4;
   const int64_t rows_per_task = std::min<int64_t>(kRows, M), chunks = (M + rows_per_task - 1) / rows_per_task;
   const int64_t tasks = B * Hkv * chunks;
-  const int64_t ldk = (N + K.lanes - 1) / K.lanes * K.lanes;
+  const int64_t ldk = (N + K.lanes - 1) / K.lanes * K.lanes;  // the longest row of transposed keys
   // Below ~256K multiply-adds per thread's share a fork costs more than it saves (a decode
   // step's 3 tasks run on the calling thread).
   const int64_t grain =
@@ -161,7 +161,8 @@ void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, cons
     thread_local std::vector<uint8_t> vis_buf, class_buf;
     thread_local std::vector<T*> out_buf;
     thread_local uint64_t kt_call = 0;
-    thread_local int64_t kt_head = -1, kt_lo = 0, kt_end = 0;  // kt holds keys [kt_lo, kt_end) of kt_head
+    // kt holds keys [kt_lo, kt_end) of kt_head, in rows of kt_ld floats (whole vectors)
+    thread_local int64_t kt_head = -1, kt_lo = 0, kt_end = 0, kt_ld = 0;
     const int64_t nq_max = rows_per_task * group;
     kt_buf.resize(D * ldk);
     q_buf.resize(nq_max * D);
@@ -248,20 +249,23 @@ void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, cons
       // blocks of a verification share them).
       if (kt_call != call || kt_head != b * Hkv + g || kt_lo != lo || kt_end < hi) {
         const int64_t end = chunks == 1 ? hi : N;
+        // rows as long as the keys transposed (not ldk): the transposition writes whole rows
+        const int64_t ld = (end - lo + K.lanes - 1) / K.lanes * K.lanes;
         const T* kr = kp + b * ks0 + g * ks1 + lo * ks2;
-        if constexpr (std::is_same_v<T, float>) K.transpose_keys_f32(kr, ks2, end - lo, D, kt, ldk);
-        else K.transpose_keys_bf16(reinterpret_cast<const uint16_t*>(kr), ks2, end - lo, D, kt, ldk);
+        if constexpr (std::is_same_v<T, float>) K.transpose_keys_f32(kr, ks2, end - lo, D, kt, ld);
+        else K.transpose_keys_bf16(reinterpret_cast<const uint16_t*>(kr), ks2, end - lo, D, kt, ld);
         kt_call = call;
         kt_head = b * Hkv + g;
         kt_lo = lo;
         kt_end = end;
+        kt_ld = ld;
       }
       const float* bp = any_bias ? bias : nullptr;  // all zeros: no bias, same bits
       const T* vr = vp + b * vs0 + g * vs1 + lo * vs2;
       if constexpr (std::is_same_v<T, float>) {
-        K.attend_block_f32(q_rows, nq, D, kt, ldk, vr, vs2, vis, key_class, bp, nv, sc, scores, outs);
+        K.attend_block_f32(q_rows, nq, D, kt, kt_ld, vr, vs2, vis, key_class, bp, nv, sc, scores, outs);
       } else {
-        K.attend_block_bf16(q_rows, nq, D, kt, ldk, reinterpret_cast<const uint16_t*>(vr), vs2, vis, key_class, bp,
+        K.attend_block_bf16(q_rows, nq, D, kt, kt_ld, reinterpret_cast<const uint16_t*>(vr), vs2, vis, key_class, bp,
                             nv, sc, scores, reinterpret_cast<uint16_t* const*>(outs));
       }
     }
