@@ -1,6 +1,7 @@
-"""The products small_batch_linear_packed can run on this CPU ("avx512_bf16" vectors, and
-"amx" tiles where the CPU has AMX) and a switch between them for the tests of the packed
-kernel and of domino_head_expand's packed w2 product: each such test runs once per path."""
+"""The products small_batch_linear_packed can run on this CPU ("avx2" FMA tiles on any CPU
+with AVX2 and FMA, "avx512_bf16" vectors where it has AVX512-BF16, "amx" tiles where it has
+AMX) and a switch between them for the tests of the packed kernel and of
+domino_head_expand's packed w2 product: each such test runs once per path."""
 
 import contextlib
 import os
@@ -15,11 +16,11 @@ def packed_paths() -> list[str]:
         return []
     saved = os.environ.pop(ENV, None)
     try:
-        best = domino_ops.small_batch_linear_packed_path()  # AMX where the CPU has it
+        best = domino_ops.small_batch_linear_packed_path()  # AMX, else AVX512-BF16, else AVX2
     finally:
         if saved is not None:
             os.environ[ENV] = saved
-    return ["avx512_bf16"] + (["amx"] if best == "amx" else [])
+    return ["avx2"] + (["avx512_bf16"] if best in ("avx512_bf16", "amx") else []) + (["amx"] if best == "amx" else [])
 
 
 PACKED_PATHS = packed_paths()

@@ -1,9 +1,10 @@
 """small_batch_linear_packed: the packing round trip, agreement with float64 on awkward
-shapes with every output element written, the exact VDPBF16PS summation order (which is
-what makes it batch-invariant), bit-exact batch invariance, the switch in
-domino.fast_linear, bad input. The kernel tests run once per product this CPU has
-(AVX512-BF16 vectors; AMX tiles where the CPU has AMX: tests/packed_paths.py). The float32
-panels (AVX-512F) get the same tests, their order oracle being one FMA per column."""
+shapes with every output element written, the exact summation order of each product (which
+is what makes it batch-invariant: VDPBF16PS pairs on the avx512_bf16 path, one FMA per
+column on the avx2 path), bit-exact batch invariance, the switch in domino.fast_linear, bad
+input. The kernel tests run once per product this CPU has (AVX2 FMA tiles; AVX512-BF16
+vectors; AMX tiles where the CPU has AMX: tests/packed_paths.py). The float32 panels get
+the same tests, their order oracle being one FMA per column."""
 import os
 
 import pytest
@@ -17,9 +18,12 @@ from domino_ops import reference
 from packed_paths import ENV, PACKED_PATHS, packed_path
 
 SUPPORTED = domino_ops.small_batch_linear_packed_supported()
-needs_cpu = pytest.mark.skipif(not SUPPORTED, reason="this CPU has no AVX512-BF16")
+needs_cpu = pytest.mark.skipif(not SUPPORTED, reason="this CPU has neither AVX2 + FMA nor AVX512-BF16")
+needs_vdpbf16ps = pytest.mark.skipif("avx512_bf16" not in PACKED_PATHS, reason="this CPU has no AVX512-BF16")
 needs_f32 = pytest.mark.skipif(not domino_ops.small_batch_linear_packed_supported(torch.float32),
-                               reason="this CPU has no AVX-512F (with BW, VL)")
+                               reason="this CPU has neither AVX2 + FMA nor AVX-512F (with BW, VL)")
+needs_avx512f = pytest.mark.skipif(domino_ops.small_batch_linear_isa() not in ("avx512", "avx512_bf16"),
+                                   reason="this CPU has no AVX-512F")
 op = torch.ops.domino_ops.small_batch_linear_packed
 OUT_DTYPES = [torch.bfloat16, torch.float32]
 each_path = pytest.mark.parametrize("path", PACKED_PATHS)
@@ -92,7 +96,7 @@ def assert_close_to_float64(y, x, w, b):
     assert (err <= bound).all(), f"max error {err.max():.3g}"
 
 
-@needs_cpu
+@needs_vdpbf16ps
 @given(M=st.integers(1, 20), N=st.sampled_from([3, 48, 61]), K=st.sampled_from([1, 7, 32, 77]), bias=st.booleans(),
        seed=st.integers(0, 2**31 - 1))
 def test_bit_exact_vdpbf16ps_order(M, N, K, bias, seed):
@@ -110,6 +114,37 @@ def test_bit_exact_vdpbf16ps_order(M, N, K, bias, seed):
 
 
 @needs_cpu
+@given(M=st.integers(1, 20), N=st.sampled_from([3, 48, 61, 100]), K=st.sampled_from([1, 7, 32, 77]),
+       bias=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_avx2_bit_exact_fma_order(M, N, K, bias, seed):
+    """The avx2 path: each output is one FMA chain over the columns in order (each pair's
+    even column, then its odd one) on the weights and x widened to float32: the float32
+    panels' chain, whatever M, the tile (1-2-row passes over the whole panel, 3-5-row
+    passes over a third of it) or the thread."""
+    x, w, b = make(M, N, K, bias, seed, scale=3.0)
+    p = domino_ops.pack_small_batch_linear_weight(w)
+    expect, unsure = fma_order(x.float(), w.float(), b)
+    assert unsure.float().mean() < 0.05
+    with packed_path("avx2"):
+        assert torch.equal(run_op(x, p, b, torch.float32)[~unsure], expect[~unsure])
+        assert torch.equal(run_op(x, p, b, torch.bfloat16)[~unsure], expect.bfloat16()[~unsure])
+
+
+@needs_cpu
+def test_avx2_order_oracle_has_teeth():
+    """The FMA oracle tells the avx2 path's order apart from VDPBF16PS's (the odd column of a
+    pair first) and from the columns in reverse. (A multiply and an add rounded apart would
+    not differ: the product of two bf16 is exact in float32.)"""
+    x, w, _ = make(8, 48, 64, False, 1, scale=3.0)
+    with packed_path("avx2"):
+        y = run_op(x, domino_ops.pack_small_batch_linear_weight(w), None, torch.float32)
+    expect, unsure = fma_order(x.float(), w.float(), None)
+    assert torch.equal(y[~unsure], expect[~unsure])
+    assert not torch.equal(y, vdpbf16ps_order(x, w, None))
+    assert not torch.equal(y, fma_order(x.flip(1).float(), w.flip(1).float(), None)[0])
+
+
+@needs_vdpbf16ps
 def test_order_oracle_has_teeth():
     """The order oracle tells the kernel's order apart: the even-first order, or one rounding
     per pair, differ from it somewhere on random data."""
@@ -193,12 +228,13 @@ def test_amx_is_the_default_where_the_cpu_has_it_and_differs_from_the_vector_pat
 
 @needs_cpu
 @pytest.mark.parametrize("value,msg", [
-    ("avx2", "DOMINO_SMALL_BATCH_LINEAR_PACKED_PATH must be auto, amx or avx512_bf16, got 'avx2'"),
+    ("avx3", "DOMINO_SMALL_BATCH_LINEAR_PACKED_PATH must be auto, amx, avx512_bf16 or avx2, got 'avx3'"),
     ("amx", "DOMINO_SMALL_BATCH_LINEAR_PACKED_PATH=amx but this CPU"),
+    ("avx512_bf16", "DOMINO_SMALL_BATCH_LINEAR_PACKED_PATH=avx512_bf16 but this CPU has no AVX512-BF16"),
 ])
 def test_a_bad_path_is_refused_by_name(value, msg, monkeypatch):
-    if value == "amx" and "amx" in PACKED_PATHS:
-        pytest.skip("this CPU has AMX: asking for it is valid")
+    if value in PACKED_PATHS:
+        pytest.skip(f"this CPU has {value}: asking for it is valid")
     monkeypatch.setenv(ENV, value)
     with pytest.raises(ValueError, match=msg):
         domino_ops.small_batch_linear_packed_path()
@@ -429,15 +465,18 @@ def test_f32_matches_float64_and_writes_every_element(M, N, K, bias, out_dtype, 
 @needs_f32
 @given(M=st.integers(1, 20), N=st.sampled_from([3, 48, 61]), K=st.sampled_from([1, 7, 32, 77]), bias=st.booleans(),
        seed=st.integers(0, 2**31 - 1))
-def test_f32_bit_exact_fma_order(M, N, K, bias, seed):
+@each_path
+def test_f32_bit_exact_fma_order(path, M, N, K, bias, seed):
     """Each output is the one fixed chain of FMAs over K: nothing about M, the tile or the
-    thread enters it, which is the batch invariance."""
+    thread enters it, which is the batch invariance; the AVX2 tiles (path avx2) and the
+    AVX-512 ones (any other path) compute the same chain."""
     x, w, b = make32(M, N, K, bias, seed, scale=3.0)
     expect, unsure = fma_order(x, w, b)
     assert unsure.float().mean() < 0.05
-    y = run_op(x, pack32(w), b, torch.float32)
+    with packed_path(path):
+        y = run_op(x, pack32(w), b, torch.float32)
+        yb = run_op(x, pack32(w), b, torch.bfloat16)
     assert torch.equal(y[~unsure], expect[~unsure])
-    yb = run_op(x, pack32(w), b, torch.bfloat16)
     assert torch.equal(yb[~unsure], expect.bfloat16()[~unsure])  # one rounding, to nearest even
 
 
@@ -499,7 +538,7 @@ def test_pack_refuses_other_panel_dtypes():
         domino_ops.small_batch_linear_packed_supported(torch.float16)
 
 
-@needs_f32
+@needs_avx512f
 def test_fast_linear_runs_float32_layers_on_float32_panels():
     """A float32 layer switched on an AVX-512F CPU runs the float32 panels (unless a lower
     path is forced), as bit-exact as the op itself, and repacks a changed weight."""

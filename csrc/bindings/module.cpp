@@ -47,10 +47,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("small_batch_linear_isa", &domino::cpu::small_batch_linear_isa,
         "The instruction-set path (avx512, avx2, generic) small_batch_linear takes now");
   m.def("small_batch_linear_packed_supported", &domino::cpu::small_batch_linear_packed_supported,
-        "Whether this CPU runs small_batch_linear_packed (AVX512-BF16, -BW and -VL)");
+        "Whether this CPU runs small_batch_linear_packed on bf16 panels (AVX2 and FMA, or AVX512-BF16, -BW and -VL)");
   m.def("small_batch_linear_packed_f32_supported", &domino::cpu::small_batch_linear_packed_f32_supported,
-        "Whether this CPU runs small_batch_linear_packed on float32 panels (AVX-512F, -BW and -VL)");
+        "Whether this CPU runs small_batch_linear_packed on float32 panels (AVX2 and FMA, or AVX-512F, -BW and -VL)");
   m.def("small_batch_linear_packed_path",
         [] { return value_errors([] { return std::string(domino::cpu::small_batch_linear_packed_path()); }); },
-        "The product small_batch_linear_packed runs now: amx or avx512_bf16");
+        "The product small_batch_linear_packed runs now on bf16 panels: amx, avx512_bf16 or avx2");
 }

@@ -37,7 +37,11 @@
 //
 // On CPUs with AMX (Sapphire Rapids and later) the same panels feed AMX tiles instead
 // (small_batch_linear_packed_amx.cpp): 16 rows for about the price of one, batch-invariant
-// too, with other bits. use_amx() below picks the path for every call of the process.
+// too, with other bits. bf16_path() below picks the path for every call of the process.
+//
+// On CPUs without AVX-512 (AVX2 and FMA: AMD Zen 2/3, Intel Haswell to Alder Lake) the same
+// panels, bf16 and float32, feed 8-lane FMA tiles (small_batch_linear_packed_avx2.cpp): one FMA
+// chain per output, batch-invariant, the float32 panels' bits.
 //
 // float32 panels (pack_small_batch_linear_weight(w, dtype=torch.float32); CPUs with
 // AVX-512F, -BW and -VL, bf16 or not): [P, K, 48, 1] float32, packed[p, k, c, 0] =
@@ -69,6 +73,7 @@
 #include "cpu/packed_outputs.h"
 #include "cpu/packed_panels.h"
 #include "cpu/small_batch_linear_packed_amx.h"
+#include "cpu/small_batch_linear_packed_avx2.h"
 #include "ops.h"
 
 namespace domino::cpu {
@@ -277,32 +282,76 @@ void check_args(const at::Tensor& x, const at::Tensor& packed, int64_t N, const 
   }
 }
 
-// Which product runs: AMX tiles where the CPU has them (small_batch_linear_packed_amx.cpp),
-// else AVX512-BF16 vectors (this file). DOMINO_SMALL_BATCH_LINEAR_PACKED_PATH=amx|avx512_bf16
-// picks one (read at every call, so a test or a benchmark can switch it; a process keeps one
-// for all its forwards, as the two sum in different orders).
-bool use_amx() {
-  const bool amx = amx_available();
+// Which product runs on bf16 panels: AMX tiles where the CPU has them
+// (small_batch_linear_packed_amx.cpp), else AVX512-BF16 vectors (this file), else AVX2 FMAs
+// (small_batch_linear_packed_avx2.cpp). DOMINO_SMALL_BATCH_LINEAR_PACKED_PATH=
+// auto|amx|avx512_bf16|avx2 picks one (read at every call, so a test or a benchmark can switch
+// it; a process keeps one for all its forwards, as they sum in different orders).
+enum class Path { kAmx, kAvx512Bf16, kAvx2 };
+
+const char* path_name(Path p) { return p == Path::kAmx ? "amx" : p == Path::kAvx512Bf16 ? "avx512_bf16" : "avx2"; }
+
+// The variable's value, or null for auto.
+const char* forced_path() {
   const char* env = std::getenv("DOMINO_SMALL_BATCH_LINEAR_PACKED_PATH");
-  if (env == nullptr || *env == '\0' || std::strcmp(env, "auto") == 0) return amx;
-  if (std::strcmp(env, "avx512_bf16") == 0) return false;
+  if (env == nullptr || *env == '\0' || std::strcmp(env, "auto") == 0) return nullptr;
+  return env;
+}
+
+Path bf16_path() {
+  TORCH_CHECK(cpu_has_avx512_bf16() || packed_avx2_available(),
+              "small_batch_linear_packed needs a CPU with AVX2 and FMA, or AVX512-BF16 (and AVX512-BW/VL); this one "
+              "has neither: use small_batch_linear");
+  const bool amx = amx_available();
+  const char* env = forced_path();
+  if (env == nullptr) return amx ? Path::kAmx : cpu_has_avx512_bf16() ? Path::kAvx512Bf16 : Path::kAvx2;
+  if (std::strcmp(env, "avx2") == 0) {
+    TORCH_CHECK(packed_avx2_available(), "DOMINO_SMALL_BATCH_LINEAR_PACKED_PATH=avx2 but this CPU has no AVX2 and FMA");
+    return Path::kAvx2;
+  }
+  if (std::strcmp(env, "avx512_bf16") == 0) {
+    TORCH_CHECK(cpu_has_avx512_bf16(),
+                "DOMINO_SMALL_BATCH_LINEAR_PACKED_PATH=avx512_bf16 but this CPU has no AVX512-BF16 (with AVX512-BW/VL)");
+    return Path::kAvx512Bf16;
+  }
   TORCH_CHECK(std::strcmp(env, "amx") == 0,
-              "DOMINO_SMALL_BATCH_LINEAR_PACKED_PATH must be auto, amx or avx512_bf16, got '", env, "'");
+              "DOMINO_SMALL_BATCH_LINEAR_PACKED_PATH must be auto, amx, avx512_bf16 or avx2, got '", env, "'");
   TORCH_CHECK(amx, "DOMINO_SMALL_BATCH_LINEAR_PACKED_PATH=amx but this CPU has no AMX-BF16 (with AVX512-BW/VL), "
               "or the OS refused this process the AMX tile state (arch_prctl ARCH_REQ_XCOMP_PERM)");
-  return true;
+  return Path::kAmx;
+}
+
+// float32 panels: AVX-512F tiles where the CPU has them, else (or when the variable says
+// avx2) AVX2 tiles; both compute the same FMA chain, so the same bits.
+bool f32_on_avx2() {
+  TORCH_CHECK(cpu_has_avx512() || packed_avx2_available(),
+              "small_batch_linear_packed with float32 panels needs a CPU with AVX2 and FMA, or AVX-512F (and -BW, -VL); "
+              "this one has neither: use small_batch_linear");
+  const char* env = forced_path();
+  if (env != nullptr && std::strcmp(env, "avx2") != 0) bf16_path();  // refuses a bad value by name
+  return !cpu_has_avx512() || (env != nullptr && std::strcmp(env, "avx2") == 0);
+}
+
+// x [M, K] bf16 as float32 rows of 2 * pairs columns (a zero last column for an odd K), in a
+// buffer of the calling thread: what the AVX2 tiles broadcast from.
+const float* x_as_f32(const BF16* x, int64_t M, int64_t K, int64_t pairs) {
+  thread_local CacheLineVector<float> xf;
+  xf.resize(M * 2 * pairs);
+  for (int64_t m = 0; m < M; ++m) {
+    float* d = xf.data() + m * 2 * pairs;
+    for (int64_t k = 0; k < K; ++k) d[k] = static_cast<float>(x[m * K + k]);
+    if (K % 2 != 0) d[K] = 0.0f;
+  }
+  return xf.data();
 }
 
 }  // namespace
 
-bool small_batch_linear_packed_supported() { return cpu_has_avx512_bf16(); }
+bool small_batch_linear_packed_supported() { return cpu_has_avx512_bf16() || packed_avx2_available(); }
 
-bool small_batch_linear_packed_f32_supported() { return cpu_has_avx512(); }
+bool small_batch_linear_packed_f32_supported() { return cpu_has_avx512() || packed_avx2_available(); }
 
-const char* small_batch_linear_packed_path() {
-  TORCH_CHECK(cpu_has_avx512_bf16(), "small_batch_linear_packed needs a CPU with AVX512-BF16; this one has none");
-  return use_amx() ? "amx" : "avx512_bf16";
-}
+const char* small_batch_linear_packed_path() { return path_name(bf16_path()); }
 
 void check_packed_weight(const at::Tensor& packed, const char* name, int64_t N, int64_t K) {
   TORCH_CHECK(packed.defined(), name, " must be a tensor");
@@ -319,10 +368,25 @@ void check_packed_weight(const at::Tensor& packed, const char* name, int64_t N, 
 
 void packed_panels_f32(const BF16* packed, int64_t pairs, const uint32_t* x, int64_t ldx, int64_t M, int64_t N,
                        int64_t p0, int64_t p1, float* out, int64_t ldo) {
-  TORCH_CHECK(cpu_has_avx512_bf16(), "packed_panels_f32 needs a CPU with AVX512-BF16");
-#if DOMINO_SBLP_X86
+  const Path path = bf16_path();
   const int64_t panels = (N + kPanelCols - 1) / kPanelCols;
-  if (use_amx()) {
+  if (path == Path::kAvx2) {
+    // The column pairs' words as float32 columns: the low half the even column, the high
+    // half the odd one.
+    thread_local CacheLineVector<float> xf;
+    xf.resize(M * 2 * pairs);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t k = 0; k < pairs; ++k) {
+        const uint32_t word = x[m * ldx + k], lo = word << 16, hi = word & 0xffff0000u;
+        std::memcpy(&xf[m * 2 * pairs + 2 * k], &lo, 4);
+        std::memcpy(&xf[m * 2 * pairs + 2 * k + 1], &hi, 4);
+      }
+    packed_panels_avx2<float>(packed, pairs, xf.data(), 2 * pairs, M, N, p0, std::min(p1, panels), nullptr, out, ldo,
+                              p0 * kPanelCols);
+    return;
+  }
+#if DOMINO_SBLP_X86
+  if (path == Path::kAmx) {
     packed_panels_amx_f32(packed, pairs, x, ldx, M, N, p0, std::min(p1, panels), nullptr, out, ldo, p0 * kPanelCols);
     return;
   }
@@ -343,10 +407,7 @@ const float* bias_f32(const std::optional<at::Tensor>& bias, at::Tensor& keep) {
 // float32 x times float32 panels (checked by check_args).
 void small_batch_linear_packed_f32(const at::Tensor& x, const at::Tensor& packed, int64_t N,
                                    const std::optional<at::Tensor>& bias, at::Tensor& out) {
-  TORCH_CHECK(cpu_has_avx512(),
-              "small_batch_linear_packed with float32 panels needs a CPU with AVX-512F (and -BW, -VL); this one has "
-              "none: use small_batch_linear");
-#if DOMINO_SBLP_X86
+  const bool avx2 = f32_on_avx2();
   const int64_t M = x.size(0), K = x.size(1);
   if (M == 0) return;
   const int64_t panels = packed.size(0);
@@ -355,18 +416,19 @@ void small_batch_linear_packed_f32(const at::Tensor& x, const at::Tensor& packed
   const float* w = packed.data_ptr<float>();
   const float* xf = x.data_ptr<float>();
   const int64_t grain = std::max<int64_t>(1, (32 << 10) / (kPanelCols * K * 4));
-  if (out.scalar_type() == at::kFloat) {
-    float* o = out.data_ptr<float>();
+  auto run = [&](auto* o) {
     at::parallel_for(0, panels, grain, [&](int64_t p0, int64_t p1) {
-      run_panels_f32<float>(w, K, xf, M, b, o, N, panels, p0, p1);
-    });
-  } else {
-    BF16* o = out.data_ptr<BF16>();
-    at::parallel_for(0, panels, grain, [&](int64_t p0, int64_t p1) {
-      run_panels_f32<BF16>(w, K, xf, M, b, o, N, panels, p0, p1);
-    });
-  }
+      if (avx2) {
+        packed_panels_avx2_f32(w, K, xf, K, M, N, p0, p1, b, o, N, 0);
+        return;
+      }
+#if DOMINO_SBLP_X86
+      run_panels_f32(w, K, xf, M, b, o, N, panels, p0, p1);
 #endif
+    });
+  };
+  if (out.scalar_type() == at::kFloat) run(out.data_ptr<float>());
+  else run(out.data_ptr<BF16>());
 }
 
 }  // namespace
@@ -378,14 +440,28 @@ void small_batch_linear_packed_cpu(const at::Tensor& x, const at::Tensor& packed
     small_batch_linear_packed_f32(x, packed, N, bias, out);
     return;
   }
-  TORCH_CHECK(cpu_has_avx512_bf16(),
-              "small_batch_linear_packed needs a CPU with AVX512-BF16 (and AVX512-BW/VL); this one has none: "
-              "use small_batch_linear");
-#if DOMINO_SBLP_X86
+  const Path path = bf16_path();
   const int64_t M = x.size(0), K = x.size(1);
   if (M == 0) return;
   const int64_t pairs = (K + 1) / 2, panels = packed.size(0);
-  const bool amx = use_amx();
+  at::Tensor bias32;
+  const float* b = bias_f32(bias, bias32);
+  const BF16* w = packed.data_ptr<BF16>();
+  // At least ~32 KB of weights per thread, so tiny layers do not pay for a fork.
+  const int64_t grain = std::max<int64_t>(1, (32 << 10) / (kPanelCols * 2 * pairs * 2));
+  if (path == Path::kAvx2) {
+    const float* xf = x_as_f32(x.data_ptr<BF16>(), M, K, pairs);
+    auto run = [&](auto* o) {
+      at::parallel_for(0, panels, grain, [&](int64_t p0, int64_t p1) {
+        packed_panels_avx2(w, pairs, xf, 2 * pairs, M, N, p0, p1, b, o, N, 0);
+      });
+    };
+    if (out.scalar_type() == at::kFloat) run(out.data_ptr<float>());
+    else run(out.data_ptr<BF16>());
+    return;
+  }
+#if DOMINO_SBLP_X86
+  const bool amx = path == Path::kAmx;
   // x as 32-bit column pairs: in place when K is even and the path reads only x's M rows,
   // else copied once with a zero last column (odd K) and zero rows up to amx_padded_rows(M)
   // (the AMX path).
@@ -397,11 +473,6 @@ void small_batch_linear_packed_cpu(const at::Tensor& x, const at::Tensor& packed
     for (int64_t m = 0; m < M; ++m) std::memcpy(xpad.data() + m * 2 * pairs, x.data_ptr<BF16>() + m * K, K * sizeof(BF16));
     xw = reinterpret_cast<const PairWord*>(xpad.data());
   }
-  at::Tensor bias32;
-  const float* b = bias_f32(bias, bias32);
-  const BF16* w = packed.data_ptr<BF16>();
-  // At least ~32 KB of weights per thread, so tiny layers do not pay for a fork.
-  const int64_t grain = std::max<int64_t>(1, (32 << 10) / (kPanelCols * 2 * pairs * 2));
   if (amx) {
     const uint32_t* xa = reinterpret_cast<const uint32_t*>(xw);
     at::parallel_for(0, panels, grain, [&](int64_t p0, int64_t p1) {

@@ -21,14 +21,16 @@ shapes follow the number of queries): :func:`domino.fast_attention.use_small_bat
 closes that gap, and with both switches a verification forward is bit-identical to k
 one-token forwards (tests/test_fast_linear.py).
 
-On a CPU with AVX512-BF16 (the kernel's "avx512_bf16" path) a bf16 layer runs
+On a CPU with AVX512-BF16 (the kernel's "avx512_bf16" path), or with AVX2 and no AVX-512
+(its "avx2" path: the packed product's 8-lane FMA tiles), a bf16 layer runs
 ``domino_ops.small_batch_linear_packed`` instead, on a copy of its weight packed at switch
 time (repacked when the weight is replaced by another tensor or changed in place through
 its own in-place ops; a change made through ``weight.data``, or to an inference tensor
 inside ``torch.inference_mode()``, bypasses the version counter that tells: switch the
 model again after such a change): 1.2-1.5x faster at the
 6-16 rows of a verification on SmolLM2's layers (Zen 4, in cache), as fast or faster at
-one row, and just as batch-invariant. Likewise a float32 layer on a CPU with AVX-512F (the
+one row, and just as batch-invariant (AVX2, Zen 3: SmolLM2's 211 linears streamed from
+memory 1.2-1.3x faster at 1 and 16 rows than the row-major avx2 tiles). Likewise a float32 layer on a CPU with AVX-512F (the
 "avx512" or "avx512_bf16" path) runs on float32 panels: SmolLM2's float32 linears at 16
 rows 1.24-1.32x faster, at one row as fast (Zen 4, benchmarks/linear_panels_ab.py). The
 copy doubles the memory of the
@@ -108,7 +110,7 @@ def packed_weight(mod: torch.nn.Linear):
 
 def runs_packed(mod: torch.nn.Module, dtype: torch.dtype = torch.bfloat16) -> bool:
     """Whether a switched layer runs the packed kernel for inputs of ``dtype`` (bf16: this
-    CPU has AVX512-BF16; float32: AVX-512F; and no lower path was forced when it was
+    CPU has AVX512-BF16, or AVX2 without AVX-512; float32: AVX-512F; and no lower path was forced when it was
     switched)."""
     return dtype in getattr(mod, _PACKS, ())
 
@@ -116,12 +118,18 @@ def runs_packed(mod: torch.nn.Module, dtype: torch.dtype = torch.bfloat16) -> bo
 def _cpu_packs() -> tuple:
     """The dtypes for which switched layers run the packed kernel: bf16 where the kernel's
     best path (or the one DOMINO_SMALL_BATCH_LINEAR_ISA forces at switch time) is
-    avx512_bf16, float32 where it is avx512 or avx512_bf16."""
+    avx512_bf16, or avx2 with the packed product on its avx2 path too; float32 where it is
+    avx512 or avx512_bf16."""
     import domino_ops
 
     isa = domino_ops.small_batch_linear_isa()
     packs = []
-    if isa == "avx512_bf16" and domino_ops.small_batch_linear_packed_supported(torch.bfloat16):
+    # bf16: on the AVX2 panels too (CPUs without AVX-512, or an AVX-512 one with both paths
+    # forced to avx2): 1.2-1.3x faster than the row-major avx2 tiles for SmolLM2's linears at
+    # one row and at 16 (2-core Zen 3 VM, 2026-12-01). float32 stays row-major there: the
+    # AVX2 float32 panels measured faster at 1-4 rows but slower at 8-16.
+    if domino_ops.small_batch_linear_packed_supported(torch.bfloat16) and (
+            isa == "avx512_bf16" or (isa == "avx2" and domino_ops.small_batch_linear_packed_path() == "avx2")):
         packs.append(torch.bfloat16)
     if isa in ("avx512", "avx512_bf16") and domino_ops.small_batch_linear_packed_supported(torch.float32):
         packs.append(torch.float32)

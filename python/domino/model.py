@@ -345,7 +345,7 @@ class DominoDraftModel(nn.Module):
         """The head weight ``w`` (``name``: "w2" or "w_hh", as :meth:`head_weights` gives it;
         ``param`` the parameter it comes from) packed for the tree expand kernel's packed
         products (``domino_head_expand(w2_packed=, w_hh_packed=)``), or None where they do not
-        run: w not bf16, not on the CPU, or no AVX512-BF16. Packed once, again when w changes
+        run: w not bf16, not on the CPU, or neither AVX512-BF16 nor AVX2. Packed once, again when w changes
         (another tensor, or an in-place update of the parameter: its version counts)."""
         if w.dtype != torch.bfloat16 or w.device.type != "cpu" or not domino_ops.small_batch_linear_packed_supported():
             return None

@@ -12,8 +12,8 @@ dispatcher op ``torch.ops.domino_ops.<name>`` with caller-provided outputs):
 - :func:`small_batch_linear`: ``x @ weight.T + bias`` for a few rows on the CPU, weights
   read once for all rows, batch-invariant (:mod:`domino_ops.linear`; no ``backend="triton"``).
 - :func:`small_batch_linear_packed`: the same with a weight packed ahead of time
-  (:func:`pack_small_batch_linear_weight`): bf16 panels for CPUs with AVX512-BF16, float32
-  panels for CPUs with AVX-512F (:mod:`domino_ops.linear_packed`).
+  (:func:`pack_small_batch_linear_weight`): bf16 and float32 panels for CPUs with AVX2 and
+  FMA (8-lane FMA tiles), AVX512-BF16 / AVX-512F, or AMX (:mod:`domino_ops.linear_packed`).
 - :func:`small_batch_attention`: causal attention of a few query rows against a KV cache
   on the CPU, each row computed as a one-token decoding step would (:mod:`domino_ops.attention`).
 - :func:`rms_norm`, :func:`silu_mul`: a HF decoder layer's RMSNorm and gated-MLP activation

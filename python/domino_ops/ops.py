@@ -197,10 +197,11 @@ def domino_head_expand(base_logits, hproj, node_state, node_seq, node_depth, gru
             draw can differ from the CPU kernel's only within rounding of a CDF step), and
             clamp node indices they cannot check without a device sync (a node_seq or
             node_depth out of range on a GPU gives unspecified but in-bounds results).
-        w2_packed: None, or on the CPU with bf16 weights and AVX512-BF16
+        w2_packed: None, or on the CPU with bf16 weights and AVX512-BF16 or AVX2
             (:func:`small_batch_linear_packed_supported`) w2 packed once by
-            :func:`pack_small_batch_linear_weight`: the native kernel then runs ``w2 @ a`` with
-            AVX512-BF16 dot products on it, ``a`` rounded to bf16 (as the reference's
+            :func:`pack_small_batch_linear_weight`: the native kernel then runs ``w2 @ a`` as
+            :func:`small_batch_linear_packed` does on it (AVX512-BF16 dot products, AMX tiles
+            or AVX2 FMAs: :func:`small_batch_linear_packed_path`), ``a`` rounded to bf16 (as the reference's
             ``F.linear(a.to(w2.dtype), w2)`` and :func:`small_batch_linear_packed` round it;
             without it ``a`` stays float32), a float32 sum; 1.5-1.8x faster at the paper
             shape from 4 nodes up (``benchmarks/bench_head.py``). A copy of w2: keep it in step.
@@ -317,8 +318,8 @@ def check_packed_head_weight(packed, weight: torch.Tensor, name: str, weight_nam
                 raise ValueError(f"{name} is not pack_small_batch_linear_weight({weight_name}): row {row} differs")
         _remember_packed_pair(data, weight)
     if backend == "native" and not small_batch_linear_packed_supported():
-        raise ValueError(f"{name} needs a CPU with AVX512-BF16 (small_batch_linear_packed_supported()); "
-                         "this one has none: pass None")
+        raise ValueError(f"{name} needs a CPU with AVX2 and FMA or AVX512-BF16 (small_batch_linear_packed_supported()); "
+                         "this one has neither: pass None")
 
 
 def check_expand_args(base_logits, hproj, node_state, node_seq, node_depth, gru_input, w_ih, w_hh, w1s, w2,

@@ -1,0 +1,307 @@
+// The AVX2 + FMA path of small_batch_linear_packed (and of packed_panels_f32): the packed
+// panels of small_batch_linear_packed.cpp multiplied by 8-lane FMAs, for CPUs without
+// AVX-512 (AMD Zen 2/3, Intel Haswell to Alder Lake).
+//
+// Bytes it must move: the packed weight once (N*K*2 for bf16 panels, N*K*4 for float32 ones,
+// padded to whole panels of 48 outputs), whatever M is; x (converted once per call to float32
+// rows by the caller), out and the bias are noise next to it. Work: 2*M*N*K flops. At M = 1
+// the weight stream is the floor: one tile pass reads a panel front to back, so the hardware
+// prefetchers follow it. At the 6-16 rows of a verification the FMAs are: 2 ports of 8 lanes,
+// ~46 G multiply-adds/s per Zen 3 core, so a bf16 SmolLM2-135M forward over 16 tokens needs
+// >= ~23 ms of FMAs on 2 cores, about what its one-token weight stream takes at ~13 GB/s.
+//
+// Why not the row-major kernel (small_batch_linear.cpp's avx2 tiles): there each 8-lane
+// accumulator holds one output's partial sums over K, reduced across lanes and stored one
+// element at a time at the end of every tile, and its bf16 tiles (3 weight rows x 3 x rows)
+// reload x from L1 for every 18 FMAs; measured on the 2-core Zen 3 VM (2026-12-01) at 40-50 %
+// of the FMA peak with the weights in cache and ~30 % inside a 16-token forward. Here the 8
+// lanes of an accumulator are 8 consecutive outputs: no reduction, one vector store per 8
+// outputs, and one broadcast of an x element feeds V FMAs.
+//
+// Panels: bf16 [P, Kh, 48, 2] (packed[p, k, c, j] = weight[48 p + c, 2 k + j]): the 32 bytes
+// of outputs 8v..8v+7 at a column pair are 8 (even, odd) words; a shift left by 16 gives the
+// even column's 8 weights as float32, a mask of the high halves the odd column's, exactly
+// (bf16 is float32's high half). float32 [P, K, 48, 1]: 8 weights a load.
+//
+// Tiles: MR x rows times V vectors of 8 outputs (a "group" of a panel's 6 vectors): MR * V
+// accumulators + V weight registers + one broadcast x element (+ the odd-column mask):
+// 6 x 2 (16 registers) for whole tiles of six rows; the rows left run as 1 x 6 (one pass
+// over the whole panel: M = 1 streams it in order), 2-3 x 3 or 4-5 x 2. Per column: V
+// weight loads (+ V integer ops for bf16), MR broadcasts, MR * V FMAs. The passes of a panel
+// (row tiles x groups) run back to back, so all but the first read it from L1/L2; when a
+// panel takes more than one pass, each pass prefetches (to L2) its share of the next panel,
+// spread evenly over the passes' columns, so that the weight stream keeps flowing while the
+// later passes compute (the strided reads of one group would not start the hardware's
+// streams well).
+//
+// Batch invariance, by construction: out[m, n] is one lane of one accumulator: from +0,
+// acc = fma(w[n, k], x[m, k], acc) for k = 0, 1, ... K - 1 in order (bf16: widened exactly,
+// so the even column of a pair, then the odd one), then + bias[n] in fp32 (only when there is
+// a bias: adding +0 would turn a -0 sum into +0), then one rounding to out's dtype (bf16:
+// to nearest even, NaN as 0x7fc0, as c10::BFloat16). That depends on K alone: not on M, the
+// tile, the row's place in it, the panel split or the thread count. The float32 panels'
+// AVX-512 tiles compute the same chain (the same bits); the bf16 panels' AVX512-BF16 and AMX
+// paths do not (VDPBF16PS adds a pair's products in its own order), so a process runs one
+// path (small_batch_linear_packed_path()).
+#include "cpu/small_batch_linear_packed_avx2.h"
+
+#include <algorithm>
+#include <cstring>
+#include <type_traits>
+
+#include "cpu/packed_panels.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define DOMINO_SBLP_AVX2 1
+#else
+#define DOMINO_SBLP_AVX2 0
+#endif
+
+namespace domino::cpu {
+
+bool packed_avx2_available() {
+#if DOMINO_SBLP_AVX2
+  static const bool ok = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  }();
+  return ok;
+#else
+  return false;
+#endif
+}
+
+#if DOMINO_SBLP_AVX2
+namespace {
+
+using BF16 = c10::BFloat16;
+constexpr int64_t kPanelCols = kPackedPanelCols;  // 48 outputs: 6 vectors of 8
+constexpr int kPanelVectors = 6;
+constexpr int64_t kStepBytes = 4 * kPanelCols;   // a bf16 column pair or a float32 column: 192 bytes
+
+#define DOMINO_AVX2_TARGET __attribute__((target("avx2,fma")))
+
+// One step of a panel (a bf16 column pair, a float32 column) gives kSub columns' weights.
+template <typename W>
+struct Panel;
+
+template <>
+struct Panel<BF16> {
+  static constexpr int kSub = 2;
+  static constexpr int64_t kStep = 2 * kPanelCols;  // elements per step
+  // Vector v's 8 weights of column 2k + j (step = the panel at pair k).
+  DOMINO_AVX2_TARGET static __m256 weights(const BF16* step, int v, int j) {
+    // The odd column by two shifts, not a mask: a mask constant would take the 16th
+    // register of the 6 x 2 tile, and GCC then kept the accumulators on the stack.
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(step + 16 * v));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(j == 0 ? raw : _mm256_srli_epi32(raw, 16), 16));
+  }
+};
+
+template <>
+struct Panel<float> {
+  static constexpr int kSub = 1;
+  static constexpr int64_t kStep = kPanelCols;
+  DOMINO_AVX2_TARGET static __m256 weights(const float* step, int v, int) { return _mm256_loadu_ps(step + 8 * v); }
+};
+
+// 8 fp32 -> 8 bf16, round to nearest even, NaN -> 0x7fc0 (c10::BFloat16's conversion).
+DOMINO_AVX2_TARGET inline __m128i to_bf16(__m256 v) {
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
+  const __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+  r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7fc0), _mm256_castps_si256(nan));
+  // packus per 128-bit half: [r0..r3 r0..r3 | r4..r7 r4..r7]; quads 0 and 2 hold r0..r7.
+  const __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+  return _mm256_castsi256_si128(p);
+}
+
+// dst[0, lanes) = sum (+ bias), rounded once to O.
+template <typename O>
+DOMINO_AVX2_TARGET inline void store(__m256 sum, const float* bias, O* dst, int lanes) {
+  if (bias != nullptr) {
+    if (lanes == 8) {
+      sum = _mm256_add_ps(sum, _mm256_loadu_ps(bias));
+    } else {
+      alignas(32) float b[8] = {};
+      std::memcpy(b, bias, lanes * sizeof(float));
+      sum = _mm256_add_ps(sum, _mm256_load_ps(b));
+    }
+  }
+  if constexpr (std::is_same_v<O, float>) {
+    if (lanes == 8) {
+      _mm256_storeu_ps(dst, sum);
+    } else {
+      alignas(32) float t[8];
+      _mm256_store_ps(t, sum);
+      std::memcpy(dst, t, lanes * sizeof(float));
+    }
+  } else {
+    const __m128i h = to_bf16(sum);
+    if (lanes == 8) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), h);
+    } else {
+      alignas(16) uint16_t t[8];
+      _mm_store_si128(reinterpret_cast<__m128i*>(t), h);
+      std::memcpy(static_cast<void*>(dst), t, lanes * sizeof(uint16_t));
+    }
+  }
+}
+
+// A pass's outputs: res[m][v] holds outputs 8 (g + v) .. 8 (g + v) + 7 of the panel for row m
+// (those below `cols` written). Out of line: inlined into the tile, GCC kept the tile's
+// accumulators on the stack and stored all 12 of them at every column pair.
+template <int MR, int V, typename O>
+DOMINO_AVX2_TARGET __attribute__((noinline)) void epilogue(const float (&res)[MR][V][8], int g, const float* bias,
+                                                          O* out, int64_t ldo, int64_t origin, int64_t n0,
+                                                          int64_t cols) {
+  for (int v = 0; v < V; ++v) {
+    const int64_t c0 = 8 * static_cast<int64_t>(g + v);
+    if (c0 >= cols) break;
+    const int lanes = static_cast<int>(std::min<int64_t>(8, cols - c0));
+    const float* b = bias == nullptr ? nullptr : bias + n0 + c0;
+    for (int m = 0; m < MR; ++m) store(_mm256_load_ps(res[m][v]), b, out + m * ldo + (n0 + c0 - origin), lanes);
+  }
+}
+
+// One pass: rows [0, MR) of x (float32, `ldx` apart) times vectors [g, g + V) of one panel
+// of `steps` steps; writes the outputs of those vectors below `cols` (the panel's outputs
+// n0 + c at out[m * ldo + n0 + c - origin]). Pass t of the panel's T passes prefetches its
+// share of the next panel `next` (null: none): the 3 lines of every T-th of the T * steps
+// steps, from step t * steps on.
+template <int MR, int V, typename W, typename O>
+DOMINO_AVX2_TARGET inline void tile(const W* panel, int64_t steps, int g, const float* x, int64_t ldx,
+                                    const float* bias, O* out, int64_t ldo, int64_t origin, int64_t n0, int64_t cols,
+                                    const W* next, int64_t t, int64_t T) {
+  using P = Panel<W>;
+  __m256 acc[MR][V];
+  for (int m = 0; m < MR; ++m)
+    for (int v = 0; v < V; ++v) acc[m][v] = _mm256_setzero_ps();
+  // The pass's prefetches: step j = t * steps + s of the T * steps when j % T == 0, the
+  // next panel's step j / T (a countdown, not a division per step).
+  int64_t until = next == nullptr ? -1 : (T - (t * steps) % T) % T;
+  const char* line = next == nullptr ? nullptr
+                                     : reinterpret_cast<const char*>(next) + ((t * steps + T - 1) / T) * kStepBytes;
+  for (int64_t s = 0; s < steps; ++s) {
+    const W* ws = panel + s * P::kStep;
+    if (until == 0) {
+      for (int l = 0; l < 3; ++l) _mm_prefetch(line + 64 * l, _MM_HINT_T1);
+      line += kStepBytes;
+      until = T;
+    }
+    --until;
+    for (int sub = 0; sub < P::kSub; ++sub) {
+      const float* xc = x + s * P::kSub + sub;
+      if constexpr (MR < V) {  // the MR broadcasts held, one weight vector at a time
+        __m256 b[MR];
+        for (int m = 0; m < MR; ++m) b[m] = _mm256_broadcast_ss(xc + m * ldx);
+        for (int v = 0; v < V; ++v) {
+          const __m256 w = P::weights(ws, g + v, sub);
+          for (int m = 0; m < MR; ++m) acc[m][v] = _mm256_fmadd_ps(w, b[m], acc[m][v]);
+        }
+      } else {  // the V weight vectors held, one broadcast at a time
+        __m256 w[V];
+        for (int v = 0; v < V; ++v) w[v] = P::weights(ws, g + v, sub);
+        for (int m = 0; m < MR; ++m) {
+          const __m256 b = _mm256_broadcast_ss(xc + m * ldx);
+          for (int v = 0; v < V; ++v) acc[m][v] = _mm256_fmadd_ps(w[v], b, acc[m][v]);
+        }
+      }
+    }
+  }
+  alignas(32) float res[MR][V][8];
+  for (int m = 0; m < MR; ++m)
+    for (int v = 0; v < V; ++v) _mm256_store_ps(res[m][v], acc[m][v]);
+  epilogue<MR, V>(res, g, bias, out, ldo, origin, n0, cols);
+}
+
+constexpr int kRowsPerTile = 5;
+
+// Tiles of `rows` x rows: 1-2 rows take the whole panel (6 vectors) in one pass that reads it
+// front to back; 3-6 rows take it in 3 passes of 2 vectors.
+constexpr int vectors_for(int rows) { return rows <= 2 ? kPanelVectors : 2; }
+constexpr int passes_for(int rows) { return kPanelVectors / vectors_for(rows); }
+
+template <int MR, typename W, typename O>
+DOMINO_AVX2_TARGET inline void row_tile(const W* panel, int64_t steps, const float* x, int64_t ldx, const float* bias,
+                                        O* out, int64_t ldo, int64_t origin, int64_t n0, int64_t cols, const W* next,
+                                        int64_t& t, int64_t T) {
+  constexpr int V = vectors_for(MR);
+  for (int g = 0; g < kPanelVectors; g += V)
+    tile<MR, V>(panel, steps, g, x, ldx, bias, out, ldo, origin, n0, cols, next, t++, T);
+}
+
+// The rows of a panel's tiles, in order: its first two rows (or its one) in a wide pass,
+// which streams the panel from memory in order, so the hardware prefetchers follow it; then
+// 6-row tiles from L1/L2; then the 1-5 rows left.
+inline int64_t first_rows(int64_t M) { return std::min<int64_t>(M, 2); }
+inline int64_t panel_passes(int64_t M) {
+  const int64_t rest = M - first_rows(M), last = rest % kRowsPerTile;
+  const int64_t last_passes = last == 0 ? 0 : last <= 2 ? 1 : passes_for(kRowsPerTile);
+  return 1 + rest / kRowsPerTile * passes_for(kRowsPerTile) + last_passes;
+}
+
+template <typename W, typename O>
+DOMINO_AVX2_TARGET __attribute__((flatten)) void run_panels(const W* packed, int64_t steps, const float* x,
+                                                            int64_t ldx, int64_t M, int64_t N, int64_t p0, int64_t p1,
+                                                            const float* bias, O* out, int64_t ldo, int64_t origin) {
+  const int64_t panels = (N + kPanelCols - 1) / kPanelCols;
+  const int64_t T = panel_passes(M);
+  const int64_t panel_elems = steps * Panel<W>::kStep;
+  for (int64_t p = p0; p < std::min(p1, panels); ++p) {
+    const W* panel = packed + p * panel_elems;
+    const int64_t n0 = p * kPanelCols, cols = std::min(kPanelCols, N - n0);
+    const W* next = T > 1 && p + 1 < panels ? panel + panel_elems : nullptr;
+    int64_t t = 0;
+    auto rows = [&](auto mr, int64_t m) {
+      row_tile<decltype(mr)::value>(panel, steps, x + m * ldx, ldx, bias, out + m * ldo, ldo, origin, n0, cols, next,
+                                    t, T);
+    };
+    auto some_rows = [&](int64_t r, int64_t m) {
+      switch (r) {
+        case 1: rows(std::integral_constant<int, 1>{}, m); break;
+        case 2: rows(std::integral_constant<int, 2>{}, m); break;
+        case 3: rows(std::integral_constant<int, 3>{}, m); break;
+        case 4: rows(std::integral_constant<int, 4>{}, m); break;
+        default: break;
+      }
+    };
+    int64_t m = first_rows(M);
+    some_rows(m, 0);
+    for (; m + kRowsPerTile <= M; m += kRowsPerTile) rows(std::integral_constant<int, kRowsPerTile>{}, m);
+    some_rows(M - m, m);
+  }
+}
+static_assert(kRowsPerTile == 5, "run_panels' cases cover the rows left of a 5-row tile");
+
+}  // namespace
+#endif
+
+template <typename O>
+void packed_panels_avx2(const c10::BFloat16* packed, int64_t pairs, const float* x, int64_t ldx, int64_t M, int64_t N,
+                        int64_t p0, int64_t p1, const float* bias, O* out, int64_t ldo, int64_t origin) {
+#if DOMINO_SBLP_AVX2
+  run_panels<c10::BFloat16, O>(packed, pairs, x, ldx, M, N, p0, p1, bias, out, ldo, origin);
+#endif
+}
+
+template <typename O>
+void packed_panels_avx2_f32(const float* packed, int64_t K, const float* x, int64_t ldx, int64_t M, int64_t N,
+                            int64_t p0, int64_t p1, const float* bias, O* out, int64_t ldo, int64_t origin) {
+#if DOMINO_SBLP_AVX2
+  run_panels<float, O>(packed, K, x, ldx, M, N, p0, p1, bias, out, ldo, origin);
+#endif
+}
+
+template void packed_panels_avx2<float>(const c10::BFloat16*, int64_t, const float*, int64_t, int64_t, int64_t, int64_t,
+                                        int64_t, const float*, float*, int64_t, int64_t);
+template void packed_panels_avx2<c10::BFloat16>(const c10::BFloat16*, int64_t, const float*, int64_t, int64_t, int64_t, int64_t,
+                                       int64_t, const float*, c10::BFloat16*, int64_t, int64_t);
+template void packed_panels_avx2_f32<float>(const float*, int64_t, const float*, int64_t, int64_t, int64_t, int64_t,
+                                            int64_t, const float*, float*, int64_t, int64_t);
+template void packed_panels_avx2_f32<c10::BFloat16>(const float*, int64_t, const float*, int64_t, int64_t, int64_t, int64_t,
+                                           int64_t, const float*, c10::BFloat16*, int64_t, int64_t);
+
+}  // namespace domino::cpu
