@@ -14,8 +14,8 @@ speedup over eager PyTorch.
   eager PyTorch, then ``sample``, ``verify_greedy`` and ``verify_sampling`` over a
   151936-token vocabulary at batch 1 and 32 the same way (bytes = the rows they must read),
   one Domino tree step (``domino_head_expand``) for frontiers of 4-64 nodes against one
-  batch-1 chain step (with w2 packed too, on an AVX512-BF16 CPU), with the floor of that
-  ratio on an AVX512-BF16 CPU (the w2 product alone through ``small_batch_linear_packed``,
+  batch-1 chain step (with w2 packed too, on a CPU that runs the packed kernel: AVX512-BF16 or AVX2), with the floor of that
+  ratio there (the w2 product alone through ``small_batch_linear_packed``,
   the fastest CPU product here),
   and the correctness status of the CUDA kernels under the SIMT emulator and of the Triton
   kernels under the interpreter (those run here for correctness only, never for time).

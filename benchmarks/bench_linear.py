@@ -41,7 +41,7 @@ from domino.fast_linear import undo_small_batch_linear, use_small_batch_linear, 
 KS = (1, 2, 4, 8, 16, 32)
 SHAPES = ((576, 576), (1536, 576), (576, 1536), (49152, 576))  # (N, K): q/o, gate/up, down, LM head
 # variant: (small_batch_linear, packed weights, small_batch_attention, fused layers). "kernel"
-# is what domino.fast_linear runs: the packed kernel for bf16 on an AVX512-BF16 CPU and for
+# is what domino.fast_linear runs: the packed kernel for bf16 on an AVX512-BF16 or AVX2-only CPU and for
 # fp32 on an AVX-512F one (float32 panels), else the row-major one; "row-major" forces the row-major kernel (shown where packing
 # applies); "engine" adds domino.fast_layers' rms_norm and silu_mul: what the engine runs.
 # On an AMX CPU the packed kernel runs AMX tiles, and "engine-vector" is the engine with

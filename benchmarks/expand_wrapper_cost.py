@@ -2,7 +2,7 @@
 ``domino_head_expand`` call (w2 and w_hh packed, outputs reused, no node logits, as a greedy
 ``draft_tree`` steps) through ``domino_ops.domino_head_expand`` and straight through
 ``torch.ops.domino_ops.domino_head_expand.default``, interleaved, 6 rounds of 3 warm-up and
-10 timed calls each, medians. Needs a CPU with AVX512-BF16.
+10 timed calls each, medians. Needs a CPU that runs the packed kernel (AVX2 + FMA, or AVX512-BF16).
 
     python benchmarks/expand_wrapper_cost.py
 """

@@ -5,7 +5,8 @@ step's floor, the packed w2 product alone for the frontier's rows
 anything else is done with them), in blocks of 3 warm-up and 6 timed calls each, four rounds, medians. Interleaving keeps a
 drifting machine from favouring whichever call is timed first (``bench_head.py``'s tree
 table times the chain first). The expand calls write into outputs allocated once and passed
-as ``out=``, without node logits (``write_node_logits=False``), as a greedy ``draft_tree`` does. Needs a CPU with AVX512-BF16.
+as ``out=``, without node logits (``write_node_logits=False``), as a greedy ``draft_tree`` does. Needs a CPU that
+runs the packed kernel (AVX2 + FMA, or AVX512-BF16; ``small_batch_linear_packed_path()`` names the product).
 
     python benchmarks/tree_step_ab.py 16            # paper shape, 16 nodes, 4 children
     python benchmarks/tree_step_ab.py 16 small
