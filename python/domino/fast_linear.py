@@ -29,8 +29,9 @@ its own in-place ops; a change made through ``weight.data``, or to an inference 
 inside ``torch.inference_mode()``, bypasses the version counter that tells: switch the
 model again after such a change): 1.2-1.5x faster at the
 6-16 rows of a verification on SmolLM2's layers (Zen 4, in cache), as fast or faster at
-one row, and just as batch-invariant (AVX2, Zen 3: SmolLM2's 211 linears streamed from
-memory 1.2-1.3x faster at 1 and 16 rows than the row-major avx2 tiles). Likewise a float32 layer on a CPU with AVX-512F (the
+one row, and just as batch-invariant (AVX2, Zen 3: SmolLM2's 211 bf16 linears streamed from
+memory 1.21-1.29x faster at one row and 1.11-1.27x at 16 than the row-major avx2 tiles,
+benchmarks/linear_panels_ab.py). Likewise a float32 layer on a CPU with AVX-512F (the
 "avx512" or "avx512_bf16" path) runs on float32 panels: SmolLM2's float32 linears at 16
 rows 1.24-1.32x faster, at one row as fast (Zen 4, benchmarks/linear_panels_ab.py). The
 copy doubles the memory of the
@@ -125,8 +126,8 @@ def _cpu_packs() -> tuple:
     isa = domino_ops.small_batch_linear_isa()
     packs = []
     # bf16: on the AVX2 panels too (CPUs without AVX-512, or an AVX-512 one with both paths
-    # forced to avx2): 1.2-1.3x faster than the row-major avx2 tiles for SmolLM2's linears at
-    # one row and at 16 (2-core Zen 3 VM, 2026-12-01). float32 stays row-major there: the
+    # forced to avx2): 1.21-1.29x faster than the row-major avx2 tiles for SmolLM2's linears
+    # at one row, 1.11-1.27x at 16 (2-core Zen 3 VM, 2026-12-01, linear_panels_ab.py). float32 stays row-major there: the
     # AVX2 float32 panels measured faster at 1-4 rows but slower at 8-16.
     if domino_ops.small_batch_linear_packed_supported(torch.bfloat16) and (
             isa == "avx512_bf16" or (isa == "avx2" and domino_ops.small_batch_linear_packed_path() == "avx2")):

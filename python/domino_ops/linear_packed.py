@@ -3,8 +3,9 @@
 On CPUs without AVX-512 but with AVX2 and FMA (AMD Zen 2/3, Intel Haswell to Alder Lake)
 the same panels, bf16 and float32, run on 8-lane FMA tiles
 (csrc/cpu/small_batch_linear_packed_avx2.cpp, the "avx2" path): each output one FMA chain
-over K in order, no reduction across lanes; SmolLM2's bf16 linears 1.2-1.3x faster than
-``small_batch_linear``'s row-major avx2 tiles at 1 and 16 rows (2-core Zen 3 VM).
+over K in order, no reduction across lanes; SmolLM2's bf16 linears 1.21-1.29x faster than
+``small_batch_linear``'s row-major avx2 tiles at one row, 1.11-1.27x at 16 (2-core Zen 3
+VM, benchmarks/linear_panels_ab.py).
 
 On CPUs with AVX512-BF16 (AMD Zen 4/5, Intel Cooper Lake, Sapphire Rapids and later) a bf16
 weight packed once by :func:`pack_small_batch_linear_weight` into VNNI panels (48 outputs x
