@@ -29,12 +29,24 @@
 // MR broadcasts and one weight vector at a time; then whole tiles of 5 rows and the 3-4 rows
 // left as 5 x 2 / 3-4 x 2 (three passes of a third of the panel each), holding the 2 weight
 // vectors and one broadcast at a time (13 registers at 5 x 2; 6 x 2 spilled); 1-2 rows left
-// as 1-2 x 6 again. Per column: V weight loads (+ 1-2 shifts each for bf16), MR broadcasts,
+// as 1-2 x 6 again. Per column: V weight loads (+ a shift or an AND each for bf16), MR broadcasts,
 // MR * V FMAs. The passes of a panel run back to back, so all but the first read it from
 // L1/L2; when a panel takes more than one pass, each pass prefetches (to L2) its share of the
 // next panel, spread evenly over the passes' columns, so that the weight stream keeps flowing
 // while the later passes compute (without it, an earlier version of these tiles ran 211 layers
 // of SmolLM2's shapes, streamed, at 16 rows 1.7x slower: 93.8 against 53.9 ms on the Zen 3 VM).
+//
+// x reaches the tiles interleaved per row group (run_panels copies it once per call: M * K
+// floats, nothing next to the weight), so a tile's MR broadcasts at a column are MR
+// consecutive floats off one pointer, immediate offsets. With x's rows `ldx` apart, the 5 x 2
+// loop needed 4 general registers for the row addresses and GCC reloaded two of them from the
+// stack at every column pair. The two changes together (this layout, and the odd column by an
+// AND instead of two shifts), A/B against the previous version in one process, min of 60
+// alternating repeats, one thread, on the Zen 3 VM (2026-12-01; a development harness that
+// compiles both versions of this file side by side, not a committed benchmark): a 1536 x 576
+// bf16 weight streamed from memory (40 distinct ones) ran 1.18x faster at M = 16 (24.9 ->
+// 29.3 G multiply-adds/s), 1.06-1.11x at 5-10 rows, the same at 1-2; a 384 x 576 one in cache
+// 1.17x at 16 rows, 1.00-1.06x below.
 //
 // Batch invariance, by construction: out[m, n] is one lane of one accumulator: from +0,
 // acc = fma(w[n, k], x[m, k], acc) for k = 0, 1, ... K - 1 in order (bf16: widened exactly,
@@ -50,6 +62,7 @@
 #include <algorithm>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "cpu/packed_panels.h"
 
@@ -88,16 +101,33 @@ constexpr int64_t kStepBytes = 4 * kPanelCols;   // a bf16 column pair or a floa
 template <typename W>
 struct Panel;
 
+// The high halves of 8 words: a bf16 pair's odd column, as float32, is its word AND this.
+alignas(32) const uint32_t kHighHalves[8] = {0xffff0000u, 0xffff0000u, 0xffff0000u, 0xffff0000u,
+                                            0xffff0000u, 0xffff0000u, 0xffff0000u, 0xffff0000u};
+
 template <>
 struct Panel<BF16> {
   static constexpr int kSub = 2;
   static constexpr int64_t kStep = 2 * kPanelCols;  // elements per step
-  // Vector v's 8 weights of column 2k + j (step = the panel at pair k).
+  // Vector v's 8 weights of column 2k + j (step = the panel at pair k). The even column is a
+  // shift left by 16 (Zen 3 runs vector shifts on FP1/FP2, FP1 being an FMA pipe too); the
+  // odd one an AND with the high halves, which any of the 4 FP pipes runs. Two shifts for the
+  // odd column (an earlier version) cost the 1 x 6 tile 18 shift uops per 12 FMAs. A tile with
+  // a register to spare holds the mask (kMaskInRegister); the 2 x 6 tile (12 accumulators, 2
+  // broadcasts, a weight vector) has none, and GCC spilled 4 accumulators when it got the
+  // mask as a constant, so there the AND reads it from memory (inline asm keeps GCC from
+  // hoisting it into a register).
+  template <bool kMaskInRegister>
   DOMINO_AVX2_TARGET static __m256 weights(const BF16* step, int v, int j) {
-    // The odd column by two shifts, not a mask: a mask constant would take the 16th
-    // register of the 6 x 2 tile, and GCC then kept the accumulators on the stack.
     const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(step + 16 * v));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(j == 0 ? raw : _mm256_srli_epi32(raw, 16), 16));
+    if (j == 0) return _mm256_castsi256_ps(_mm256_slli_epi32(raw, 16));
+    if constexpr (kMaskInRegister) {
+      return _mm256_and_ps(_mm256_castsi256_ps(raw), _mm256_load_ps(reinterpret_cast<const float*>(kHighHalves)));
+    } else {
+      __m256 odd;
+      asm("vandps %[m], %[r], %[o]" : [o] "=x"(odd) : [r] "x"(_mm256_castsi256_ps(raw)), [m] "m"(kHighHalves));
+      return odd;
+    }
   }
 };
 
@@ -105,6 +135,7 @@ template <>
 struct Panel<float> {
   static constexpr int kSub = 1;
   static constexpr int64_t kStep = kPanelCols;
+  template <bool kMaskInRegister>
   DOMINO_AVX2_TARGET static __m256 weights(const float* step, int v, int) { return _mm256_loadu_ps(step + 8 * v); }
 };
 
@@ -174,10 +205,16 @@ DOMINO_AVX2_TARGET __attribute__((noinline)) void epilogue(const float (&res)[MR
 // share of the next panel `next` (null: none): the 3 lines of every T-th of the T * steps
 // steps, from step t * steps on.
 template <int MR, int V, typename W, typename O>
-DOMINO_AVX2_TARGET inline void tile(const W* panel, int64_t steps, int g, const float* x, int64_t ldx,
+DOMINO_AVX2_TARGET inline void tile(const W* panel, int64_t steps, int g, const float* x,
                                     const float* bias, O* out, int64_t ldo, int64_t origin, int64_t n0, int64_t cols,
                                     const W* next, int64_t t, int64_t T) {
   using P = Panel<W>;
+  // The ymm registers the tile's loop holds: MR * V accumulators, the MR broadcasts and a
+  // weight vector (MR < V) or the V weight vectors and a broadcast. The bf16 mask gets a
+  // register when two are left (GCC wants one for a temporary: with only one left, the
+  // 2 x 6 tile spilled).
+  constexpr int kHeld = MR * V + (MR < V ? MR + 1 : V + 1);
+  constexpr bool kMaskInRegister = kHeld + 2 <= 16;
   __m256 acc[MR][V];
   for (int m = 0; m < MR; ++m)
     for (int v = 0; v < V; ++v) acc[m][v] = _mm256_setzero_ps();
@@ -195,19 +232,19 @@ DOMINO_AVX2_TARGET inline void tile(const W* panel, int64_t steps, int g, const 
     }
     --until;
     for (int sub = 0; sub < P::kSub; ++sub) {
-      const float* xc = x + s * P::kSub + sub;
+      const float* xc = x + (s * P::kSub + sub) * MR;
       if constexpr (MR < V) {  // the MR broadcasts held, one weight vector at a time
         __m256 b[MR];
-        for (int m = 0; m < MR; ++m) b[m] = _mm256_broadcast_ss(xc + m * ldx);
+        for (int m = 0; m < MR; ++m) b[m] = _mm256_broadcast_ss(xc + m);
         for (int v = 0; v < V; ++v) {
-          const __m256 w = P::weights(ws, g + v, sub);
+          const __m256 w = P::template weights<kMaskInRegister>(ws, g + v, sub);
           for (int m = 0; m < MR; ++m) acc[m][v] = _mm256_fmadd_ps(w, b[m], acc[m][v]);
         }
       } else {  // the V weight vectors held, one broadcast at a time
         __m256 w[V];
-        for (int v = 0; v < V; ++v) w[v] = P::weights(ws, g + v, sub);
+        for (int v = 0; v < V; ++v) w[v] = P::template weights<kMaskInRegister>(ws, g + v, sub);
         for (int m = 0; m < MR; ++m) {
-          const __m256 b = _mm256_broadcast_ss(xc + m * ldx);
+          const __m256 b = _mm256_broadcast_ss(xc + m);
           for (int v = 0; v < V; ++v) acc[m][v] = _mm256_fmadd_ps(w[v], b, acc[m][v]);
         }
       }
@@ -227,12 +264,12 @@ constexpr int vectors_for(int rows) { return rows <= 2 ? kPanelVectors : 2; }
 constexpr int passes_for(int rows) { return kPanelVectors / vectors_for(rows); }
 
 template <int MR, typename W, typename O>
-DOMINO_AVX2_TARGET inline void row_tile(const W* panel, int64_t steps, const float* x, int64_t ldx, const float* bias,
+DOMINO_AVX2_TARGET inline void row_tile(const W* panel, int64_t steps, const float* x, const float* bias,
                                         O* out, int64_t ldo, int64_t origin, int64_t n0, int64_t cols, const W* next,
                                         int64_t& t, int64_t T) {
   constexpr int V = vectors_for(MR);
   for (int g = 0; g < kPanelVectors; g += V)
-    tile<MR, V>(panel, steps, g, x, ldx, bias, out, ldo, origin, n0, cols, next, t++, T);
+    tile<MR, V>(panel, steps, g, x, bias, out, ldo, origin, n0, cols, next, t++, T);
 }
 
 // The rows of a panel's tiles, in order: its first two rows (or its one) in a wide pass,
@@ -245,6 +282,16 @@ inline int64_t panel_passes(int64_t M) {
   return 1 + rest / kRowsPerTile * passes_for(kRowsPerTile) + last_passes;
 }
 
+// f(m0, R) for the row groups of M rows in order: first_rows(M), then 5-row groups, then the
+// 1-4 rows left.
+template <typename F>
+inline void for_each_row_group(int64_t M, F&& f) {
+  int64_t m = first_rows(M);
+  f(int64_t{0}, m);
+  for (; m + kRowsPerTile <= M; m += kRowsPerTile) f(m, int64_t{kRowsPerTile});
+  if (m < M) f(m, M - m);
+}
+
 template <typename W, typename O>
 DOMINO_AVX2_TARGET __attribute__((flatten)) void run_panels(const W* packed, int64_t steps, const float* x,
                                                             int64_t ldx, int64_t M, int64_t N, int64_t p0, int64_t p1,
@@ -252,31 +299,39 @@ DOMINO_AVX2_TARGET __attribute__((flatten)) void run_panels(const W* packed, int
   const int64_t panels = (N + kPanelCols - 1) / kPanelCols;
   const int64_t T = panel_passes(M);
   const int64_t panel_elems = steps * Panel<W>::kStep;
+  // x's rows interleaved per tile group (the groups run_panels' tiles take, in order):
+  // group rows [m0, m0 + R) at xt[m0 * cols_x + c * R + r] = x[m0 + r, c], so a tile's
+  // broadcasts at a column are R consecutive floats off one pointer.
+  const int64_t cols_x = steps * Panel<W>::kSub;
+  thread_local std::vector<float> xt;  // kept: no allocation per call
+  xt.resize(M * cols_x);
+  for_each_row_group(M, [&](int64_t m0, int64_t R) {
+    float* dst = xt.data() + m0 * cols_x;
+    for (int64_t c = 0; c < cols_x; ++c)
+      for (int64_t r = 0; r < R; ++r) dst[c * R + r] = x[(m0 + r) * ldx + c];
+  });
   for (int64_t p = p0; p < std::min(p1, panels); ++p) {
     const W* panel = packed + p * panel_elems;
     const int64_t n0 = p * kPanelCols, cols = std::min(kPanelCols, N - n0);
     const W* next = T > 1 && p + 1 < panels ? panel + panel_elems : nullptr;
     int64_t t = 0;
     auto rows = [&](auto mr, int64_t m) {
-      row_tile<decltype(mr)::value>(panel, steps, x + m * ldx, ldx, bias, out + m * ldo, ldo, origin, n0, cols, next,
+      row_tile<decltype(mr)::value>(panel, steps, xt.data() + m * cols_x, bias, out + m * ldo, ldo, origin, n0, cols, next,
                                     t, T);
     };
-    auto some_rows = [&](int64_t r, int64_t m) {
+    for_each_row_group(M, [&](int64_t m, int64_t r) {
       switch (r) {
         case 1: rows(std::integral_constant<int, 1>{}, m); break;
         case 2: rows(std::integral_constant<int, 2>{}, m); break;
         case 3: rows(std::integral_constant<int, 3>{}, m); break;
         case 4: rows(std::integral_constant<int, 4>{}, m); break;
+        case 5: rows(std::integral_constant<int, 5>{}, m); break;
         default: break;
       }
-    };
-    int64_t m = first_rows(M);
-    some_rows(m, 0);
-    for (; m + kRowsPerTile <= M; m += kRowsPerTile) rows(std::integral_constant<int, kRowsPerTile>{}, m);
-    some_rows(M - m, m);
+    });
   }
 }
-static_assert(kRowsPerTile == 5, "run_panels' cases cover the rows left of a 5-row tile");
+static_assert(kRowsPerTile == 5, "run_panels' cases cover the row groups of up to 5 rows");
 
 }  // namespace
 #endif
