@@ -40,13 +40,21 @@
 // floats, nothing next to the weight), so a tile's MR broadcasts at a column are MR
 // consecutive floats off one pointer, immediate offsets. With x's rows `ldx` apart, the 5 x 2
 // loop needed 4 general registers for the row addresses and GCC reloaded two of them from the
-// stack at every column pair. The two changes together (this layout, and the odd column by an
-// AND instead of two shifts), A/B against the previous version in one process, min of 60
-// alternating repeats, one thread, on the Zen 3 VM (2026-12-01; a development harness that
-// compiles both versions of this file side by side, not a committed benchmark): a 1536 x 576
-// bf16 weight streamed from memory (40 distinct ones) ran 1.18x faster at M = 16 (24.9 ->
-// 29.3 G multiply-adds/s), 1.06-1.11x at 5-10 rows, the same at 1-2; a 384 x 576 one in cache
-// 1.17x at 16 rows, 1.00-1.06x below.
+// stack at every column pair. A pass's steps run in chunks of T (the passes per panel), one
+// prefetch at the start of each, so the step loop has no branch but its own (a countdown
+// tested at every step, before).
+//
+// Measured (Zen 3 VM, 2026-12-01), these three changes (this layout, the odd column by an AND
+// instead of two shifts, the chunked prefetch) against the version before them:
+// - the committed benchmark, benchmarks/compare_builds.sh over linear_panels_ab.py --dtypes
+//   bf16, 3 alternating rounds, 2 threads (results/linear_panels_ab_zen3_session36_old_vs_new.txt):
+//   SmolLM2's 211 bf16 linears streamed at 16 rows 64.1 -> 61.6 ms (median of the rounds'
+//   medians, ~4 %; the same-run ratio to the row-major kernel 1.21-1.29x -> 1.32-1.40x), at
+//   one row unchanged (30.3 / 30.3 ms);
+// - in cache, one thread, each tile's rate over an FMA loop's timed alternately (a
+//   development harness, not committed: this VM's speed swings by a third over seconds):
+//   5 x 2 0.59 -> 0.71-0.82 of the FMA loop, 4 x 2 0.57 -> 0.65-0.80, 2 x 6 0.57 -> 0.58-0.67,
+//   1 x 6 0.30 -> 0.42-0.49. The rest of the gap to the FMA loop is not explained.
 //
 // Batch invariance, by construction: out[m, n] is one lane of one accumulator: from +0,
 // acc = fma(w[n, k], x[m, k], acc) for k = 0, 1, ... K - 1 in order (bf16: widened exactly,
@@ -218,19 +226,9 @@ DOMINO_AVX2_TARGET inline void tile(const W* panel, int64_t steps, int g, const 
   __m256 acc[MR][V];
   for (int m = 0; m < MR; ++m)
     for (int v = 0; v < V; ++v) acc[m][v] = _mm256_setzero_ps();
-  // The pass's prefetches: step j = t * steps + s of the T * steps when j % T == 0, the
-  // next panel's step j / T (a countdown, not a division per step).
-  int64_t until = next == nullptr ? -1 : (T - (t * steps) % T) % T;
-  const char* line = next == nullptr ? nullptr
-                                     : reinterpret_cast<const char*>(next) + ((t * steps + T - 1) / T) * kStepBytes;
-  for (int64_t s = 0; s < steps; ++s) {
+  // One column step: the tile's FMAs for the kSub columns at step s.
+  auto step = [&](int64_t s) __attribute__((target("avx2,fma"), always_inline)) {
     const W* ws = panel + s * P::kStep;
-    if (until == 0) {
-      for (int l = 0; l < 3; ++l) _mm_prefetch(line + 64 * l, _MM_HINT_T1);
-      line += kStepBytes;
-      until = T;
-    }
-    --until;
     for (int sub = 0; sub < P::kSub; ++sub) {
       const float* xc = x + (s * P::kSub + sub) * MR;
       if constexpr (MR < V) {  // the MR broadcasts held, one weight vector at a time
@@ -249,6 +247,24 @@ DOMINO_AVX2_TARGET inline void tile(const W* panel, int64_t steps, int g, const 
         }
       }
     }
+  };
+  // The pass's prefetches: of the T passes' T * steps steps, every T-th prefetches the next
+  // step of the next panel, so pass t takes the next panel's steps [ceil(t steps / T),
+  // ceil((t + 1) steps / T)): one at the start of each chunk of T steps, the steps of a
+  // chunk a loop with no branch but its own (a countdown tested at every step cost the
+  // 5 x 2 tile ~10 % in L1).
+  const int64_t first = next == nullptr ? 0 : (t * steps + T - 1) / T;
+  int64_t left = next == nullptr ? 0 : ((t + 1) * steps + T - 1) / T - first;
+  const char* line = next == nullptr ? nullptr : reinterpret_cast<const char*>(next) + first * kStepBytes;
+  const int64_t chunk = next == nullptr ? steps : T;
+  for (int64_t s0 = 0; s0 < steps; s0 += chunk) {
+    if (left > 0) {
+      for (int l = 0; l < 3; ++l) _mm_prefetch(line + 64 * l, _MM_HINT_T1);
+      line += kStepBytes;
+      --left;
+    }
+    const int64_t s1 = std::min(steps, s0 + chunk);
+    for (int64_t s = s0; s < s1; ++s) step(s);
   }
   alignas(32) float res[MR][V][8];
   for (int m = 0; m < MR; ++m)
