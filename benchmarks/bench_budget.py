@@ -44,7 +44,7 @@ def main() -> None:
     gen = load_default()
     cold = budget.measure_round_costs(gen, 1)
     timed = budget._min_ms
-    budget._min_ms = lambda fn, repeats, before=None: timed(fn, repeats)  # drafting timed back to back
+    budget._min_ms = lambda fns, repeats, before=None: timed(fns, repeats)  # drafting timed back to back
     warm = budget.measure_round_costs(gen, 1)
     budget._min_ms = timed
     defaults = DepthAcceptance.__init__.__defaults__  # (prior, prior_weight, memory)

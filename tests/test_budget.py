@@ -1,5 +1,6 @@
 """domino.budget: expected tokens, the size choices, calibration, the cost cache."""
 
+import functools
 import itertools
 import json
 
@@ -249,3 +250,25 @@ def test_an_unwritable_cost_cache_warns_and_still_serves(tmp_path, monkeypatch):
     with pytest.warns(RuntimeWarning, match="could not store the round costs"):
         costs = budget.round_costs(gen, 1)
     assert calls == [1] and costs.max_drafts >= gen.drafter.config.num_drafts
+
+
+def test_round_cost_timings_interleave_the_sizes_and_keep_each_fastest(monkeypatch):
+    """_min_ms times the sizes in rounds (every size once per round, so a slow stretch of the
+    machine hits them alike), skips the first round (warm-up) and keeps each size's fastest
+    call; ``before`` runs untimed before every call."""
+    now = [0.0]
+    monkeypatch.setattr(budget.time, "perf_counter", lambda: now[0])
+    durations_ms = {1: [100.0, 5.0, 4.0, 6.0], 8: [100.0, 9.0, 30.0, 7.0]}  # warm-up, then 3 repeats
+    order = []
+
+    def call(key):
+        order.append(key)
+        now[0] += durations_ms[key][sum(1 for k in order if k == key) - 1] / 1e3
+
+    def before():
+        order.append("before")
+        now[0] += 1.0  # untimed: must not count
+
+    best = budget._min_ms({k: functools.partial(call, k) for k in durations_ms}, 3, before=before)
+    assert order == ["before", 1, "before", 8] * 4
+    assert best == pytest.approx({1: 4.0, 8: 7.0})

@@ -318,25 +318,31 @@ def cost_key(gen, batch_size: int) -> str:
         "attention": target.config._attn_implementation,
         "batch_size": batch_size,
         "cpu_isa": os.environ.get("DOMINO_CPU_ISA", ""),
-        "measurement": 3,  # how measure_round_costs times (2: drafting after a target forward; 3: suffix-min envelope)
+        "measurement": 4,  # how measure_round_costs times (2: drafting after a target forward; 3: suffix-min
+        # envelope; 4: the sizes interleaved)
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
 
 
-def _min_ms(fn, repeats: int, before=None) -> float:
-    """The fastest of ``repeats`` timed calls after a warm-up: other load on the machine
-    only ever adds time, and a cached cost must not keep a moment's contention.
-    ``before``, when given, runs untimed before each call (to leave the caches as a round
-    leaves them)."""
-    times = []
-    for i in range(repeats + 1):  # the first is the warm-up
-        if before is not None:
-            before()
-        t0 = time.perf_counter()
-        fn()
-        if i:
-            times.append((time.perf_counter() - t0) * 1e3)
-    return min(times)
+def _min_ms(fns: dict, repeats: int, before=None) -> dict:
+    """{key: the fastest of ``repeats`` timed calls of fns[key]} after one warm-up round;
+    the calls interleaved, a round of every key at a time, so that a slow stretch of the
+    machine (a VM's speed can swing by a third over seconds) hits every size alike instead
+    of whichever sizes were timed during it: other load only ever adds time, and a cached
+    cost must not keep a moment's contention. (Timed one size after another, a 2-core Zen
+    3 VM once measured 8 tokens at 50.8 ms and 12 at 78.1, and the budget then verified 12
+    tokens a round where 8-9 had paid.) ``before``, when given, runs untimed before each
+    call (to leave the caches as a round leaves them)."""
+    best = {key: float("inf") for key in fns}
+    for i in range(repeats + 1):  # the first round is the warm-up
+        for key, fn in fns.items():
+            if before is not None:
+                before()
+            t0 = time.perf_counter()
+            fn()
+            if i:
+                best[key] = min(best[key], (time.perf_counter() - t0) * 1e3)
+    return best
 
 
 def _nondecreasing(values: tuple[float, ...]) -> tuple[float, ...]:
@@ -354,7 +360,8 @@ def measure_round_costs(gen, batch_size: int = 1, context: int = 128, repeats: i
     round runs them (KV cache of ``context`` tokens, cropped back after each forward; each
     drafting right after a target forward), at
     the sizes in ``_TIMED_SIZES`` up to the drafter's block, interpolated in between; the
-    fastest of ``repeats`` per size, made non-decreasing in size."""
+    fastest of ``repeats`` per size (the sizes timed in interleaved rounds), made
+    non-decreasing in size."""
     from transformers import DynamicCache
 
     dev = gen.device
@@ -384,12 +391,13 @@ def measure_round_costs(gen, batch_size: int = 1, context: int = 128, repeats: i
     def draft(n):
         gen.drafter.draft(dcache, anchor, anchor_pos, num_drafts=n)
 
-    verify_pts = {t: _min_ms(lambda: verify(t), repeats) for t in sizes}
+    verify_pts = _min_ms({t: functools.partial(verify, t) for t in sizes}, repeats)
     # Drafting follows a target forward in every round, which leaves the drafter's weights
     # out of the caches: timed back to back instead, drafting measured ~60 % of what it
     # costs in generation (SmolLM2, bf16, Zen 5 VM: 2.3 ms vs 3.9 ms a round), so the
     # budget drafted where it did not pay.
-    draft_pts = {n: _min_ms(lambda: draft(n), repeats, before=lambda: verify(1)) for n in sizes if n <= n_max}
+    draft_pts = _min_ms({n: functools.partial(draft, n) for n in sizes if n <= n_max}, repeats,
+                        before=lambda: verify(1))
     return RoundCosts(_nondecreasing(interpolate(verify_pts, t_max)),
                       _nondecreasing(interpolate(draft_pts, n_max)), batch_size, cost_key(gen, batch_size))
 
