@@ -28,7 +28,7 @@
 // back: the weight stream the hardware prefetchers follow; M = 1 is only that), holding the
 // MR broadcasts and one weight vector at a time; then whole tiles of 5 rows and the 3-4 rows
 // left as 5 x 2 / 3-4 x 2 (three passes of a third of the panel each), holding the 2 weight
-// vectors and one broadcast at a time (13 registers at 5 x 2; 6 x 2 spilled); 1-2 rows left
+// vectors and one broadcast at a time (13 registers and the bf16 mask at 5 x 2; 6 x 2 spilled); 1-2 rows left
 // as 1-2 x 6 again. Per column: V weight loads (+ a shift or an AND each for bf16), MR broadcasts,
 // MR * V FMAs. The passes of a panel run back to back, so all but the first read it from
 // L1/L2; when a panel takes more than one pass, each pass prefetches (to L2) its share of the
@@ -36,8 +36,8 @@
 // while the later passes compute (without it, an earlier version of these tiles ran 211 layers
 // of SmolLM2's shapes, streamed, at 16 rows 1.7x slower: 93.8 against 53.9 ms on the Zen 3 VM).
 //
-// x reaches the tiles interleaved per row group (run_panels copies it once per call: M * K
-// floats, nothing next to the weight), so a tile's MR broadcasts at a column are MR
+// x reaches the tiles interleaved per row group (run_panels copies it once per call and
+// thread: M * K floats, nothing next to the weight), so a tile's MR broadcasts at a column are MR
 // consecutive floats off one pointer, immediate offsets. With x's rows `ldx` apart, the 5 x 2
 // loop needed 4 general registers for the row addresses and GCC reloaded two of them from the
 // stack at every column pair. A pass's steps run in chunks of T (the passes per panel), one
