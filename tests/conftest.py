@@ -11,6 +11,10 @@ from hypothesis import HealthCheck, settings
 # is decorated, so it must be set before domino_ops.triton's kernel modules are imported.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+if os.environ.get("TRITON_INTERPRET") == "1":
+    import triton_interpreter_speedup
+
+    triton_interpreter_speedup.install()
 
 # The SIMT emulator module domino_simt (the CUDA kernels compiled as host C++, test
 # infrastructure) is never installed: `make simt`, which `make test` runs, builds it into
