@@ -34,14 +34,10 @@ def install() -> bool:
         return False
     launch_call, helper_call = grid.__call__, helper.__call__
     state = threading.local()  # .patched: ids of the modules patched in the launch in progress
-    langs_of_fn = {}
-
+    @functools.cache
     def langs(fn) -> frozenset:
         """The language modules _patch_lang(fn) patches: the ones fn's globals name."""
-        key = id(fn)
-        if key not in langs_of_fn:
-            langs_of_fn[key] = frozenset(id(v) for v in fn.__globals__.values() if v is tl or v is tl.core)
-        return langs_of_fn[key]
+        return frozenset(id(v) for v in fn.__globals__.values() if v is tl or v is tl.core)
 
     @functools.wraps(launch_call)
     def launch(self, *args, **kwargs):

@@ -290,22 +290,23 @@ DOMINO_AVX2_TARGET inline void row_tile(const W* panel, int64_t steps, const flo
 
 // The rows of a panel's tiles, in order: its first two rows (or its one) in a wide pass,
 // which streams the panel from memory in order, so the hardware prefetchers follow it; then
-// 6-row tiles from L1/L2; then the 1-5 rows left.
+// 5-row tiles from L1/L2; then the 1-4 rows left.
 inline int64_t first_rows(int64_t M) { return std::min<int64_t>(M, 2); }
-inline int64_t panel_passes(int64_t M) {
-  const int64_t rest = M - first_rows(M), last = rest % kRowsPerTile;
-  const int64_t last_passes = last == 0 ? 0 : last <= 2 ? 1 : passes_for(kRowsPerTile);
-  return 1 + rest / kRowsPerTile * passes_for(kRowsPerTile) + last_passes;
-}
 
-// f(m0, R) for the row groups of M rows in order: first_rows(M), then 5-row groups, then the
-// 1-4 rows left.
+// f(m0, R) for the row groups of M rows in that order.
 template <typename F>
 inline void for_each_row_group(int64_t M, F&& f) {
   int64_t m = first_rows(M);
   f(int64_t{0}, m);
   for (; m + kRowsPerTile <= M; m += kRowsPerTile) f(m, int64_t{kRowsPerTile});
   if (m < M) f(m, M - m);
+}
+
+// The passes over a panel that M rows take: each row group's (row_tile's).
+inline int64_t panel_passes(int64_t M) {
+  int64_t T = 0;
+  for_each_row_group(M, [&](int64_t, int64_t R) { T += passes_for(static_cast<int>(R)); });
+  return T;
 }
 
 template <typename W, typename O>
