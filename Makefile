@@ -48,8 +48,10 @@ simt: $(VENV)/.deps
 run: $(VENV)/.installed
 	$(VENV)/bin/domino generate "$(PROMPT)" --max-new-tokens 128 --compare
 
+# One pytest-xdist worker per core, each given whole files (tests/conftest.py splits torch's
+# threads between them and starts the longest files first).
 test: $(VENV)/.installed simt
-	$(PY) -m pytest tests -q
+	$(PY) -m pytest tests -q -n auto --dist loadfile
 
 bench: $(VENV)/.installed
 	$(PY) benchmarks/bench_head.py

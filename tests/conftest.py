@@ -16,6 +16,17 @@ if os.environ.get("TRITON_INTERPRET") == "1":
 
     triton_interpreter_speedup.install()
 
+# `make test` runs the suite in one pytest-xdist worker per core (whole files per worker, so
+# a module's fixtures load once). Each worker gets its share of the cores for torch's
+# intra-op threads, and so do the processes tests start: two workers of two threads each
+# on two cores ran slower than one process, one thread each runs the Python-bound tests
+# (the Triton interpreter, the SIMT emulator, nvcc) side by side.
+_XDIST_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _XDIST_WORKERS > 1:
+    _threads = max(1, (os.cpu_count() or 1) // _XDIST_WORKERS)
+    torch.set_num_threads(_threads)
+    os.environ["OMP_NUM_THREADS"] = str(_threads)
+
 # The SIMT emulator module domino_simt (the CUDA kernels compiled as host C++, test
 # infrastructure) is never installed: `make simt`, which `make test` runs, builds it into
 # build/simt/. This is the one place that knows where; tests `import domino_simt`.
@@ -48,7 +59,12 @@ def round_costs_of_this_run(tmp_path_factory):
     from domino import budget
 
     mp = pytest.MonkeyPatch()
-    where = tmp_path_factory.mktemp("round_costs")
+    # Under pytest-xdist one directory serves every worker of this run (a worker's base
+    # temporary directory sits in the run's), so a model is measured once per run, not once
+    # per worker; the costs are written atomically (budget.round_costs).
+    base = tmp_path_factory.getbasetemp()
+    where = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "round_costs"
+    where.mkdir(exist_ok=True)
     mp.setattr(budget, "cost_cache_dir", lambda: where)
     measure = budget.measure_round_costs
     mp.setattr(budget, "measure_round_costs",
@@ -92,3 +108,17 @@ def cpu_isa(request):
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+# The files that take longest (a quiet 2-core AVX2 VM, 2026-12-02), run first: pytest-xdist
+# hands each worker whole files in collection order, and a long file started last would
+# leave the other worker idle at the end. Within a file the order is unchanged; a file not
+# named here keeps its place after these.
+LONGEST_FILES_FIRST = ["test_smollm2.py", "test_kernel_backends.py", "test_triton_aot.py", "test_training.py",
+                       "test_domino_head_expand.py", "test_cuda_resources.py", "test_row_sampling_params.py",
+                       "test_cpu_isa.py", "test_verify_tree_sampling.py", "test_speculative_tree.py"]
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LONGEST_FILES_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable

@@ -27,7 +27,7 @@ def ptxas_report(kernel: str) -> dict[int, dict[str, dict[str, int]]]:
     with tempfile.TemporaryDirectory() as tmp:
         out = subprocess.run(
             [NVCC, "-std=c++20", "-O3", f"-I{CSRC}", *[f"-gencode=arch=compute_{a},code=sm_{a}" for a in ARCHS],
-             "-Xptxas=-v", "-c", str(source), "-o", str(Path(tmp) / f"{kernel}.o")],
+             "-Xptxas=-v", "--fatbin", str(source), "-o", str(Path(tmp) / f"{kernel}.fatbin")],
             capture_output=True, text=True, check=True).stderr
     reports, report, name = {a: {} for a in ARCHS}, None, None
     for line in out.splitlines():

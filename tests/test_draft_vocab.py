@@ -17,6 +17,7 @@ from domino.model import DRAFT_VOCAB_KEY, DominoDraftModel
 from domino.sampling_params import RowSampling
 from engine_cases import V as SMALL_V, check, prompts
 from tiny_models import tiny_drafter, tiny_generator, tiny_target
+from torch_threads import torch_threads
 from training import draft_vocab
 
 GREEDY = RowSampling(0.0, 0, 1.0, None, False)
@@ -25,10 +26,8 @@ SUBSET = torch.tensor([2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 5
 
 @pytest.fixture(autouse=True, scope="module")
 def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with torch_threads(1):
+        yield
 
 
 def drafts(gen, ps, **kw):

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 import domino_ops
 from domino_ops import reference
+from torch_threads import torch_threads
 
 ISA_ENV = "DOMINO_SMALL_BATCH_LINEAR_ISA"
 ORDER = ["generic", "avx2", "avx512", "avx512_bf16"]
@@ -130,13 +131,10 @@ def check_batch_invariance(M, N, K, x_dtype, w_dtype, bias, seed):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_invariant_across_thread_counts_and_passes(dtype):
     x, w, b = make(150, 301, 96, dtype, dtype, True, 0)  # 3 passes of <= 64 rows
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
+    with torch_threads(1):
         one = run_op(x, w, b)
-    finally:
-        torch.set_num_threads(threads)
-    assert torch.equal(run_op(x, w, b), one)
+    with torch_threads(max(2, torch.get_num_threads())):
+        assert torch.equal(run_op(x, w, b), one)
     assert torch.equal(run_op(x[:1], w, b)[0], one[0])
     assert torch.equal(run_op(x[100:101], w, b)[0], one[100])
 

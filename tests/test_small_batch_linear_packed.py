@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 import domino_ops
 from domino_ops import reference
 from packed_paths import ENV, PACKED_PATHS, packed_path
+from torch_threads import torch_threads
 
 SUPPORTED = domino_ops.small_batch_linear_packed_supported()
 needs_cpu = pytest.mark.skipif(not SUPPORTED, reason="this CPU has neither AVX2 + FMA nor AVX512-BF16")
@@ -193,13 +194,10 @@ def test_invariant_across_thread_counts(path):
 
 
 def assert_same_bits_on_one_thread(x, p, b):
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
+    with torch_threads(1):
         one = run_op(x, p, b, torch.float32)
-    finally:
-        torch.set_num_threads(threads)
-    assert torch.equal(run_op(x, p, b, torch.float32), one)
+    with torch_threads(max(2, torch.get_num_threads())):
+        assert torch.equal(run_op(x, p, b, torch.float32), one)
 
 
 @needs_cpu

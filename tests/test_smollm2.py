@@ -101,8 +101,23 @@ def test_trainer_generator_eval_runs_as_deployed_and_leaves_the_training_models_
 
     target = type(gen.target).from_pretrained(gen.target.config._name_or_path, dtype=torch.float32).eval()
     model = DominoDraftModel.from_pretrained(DEFAULT_DRAFTER_DIR).bind_target(target)
-    args = argparse.Namespace(target=None, device="cpu", eval_generator_prompts=3, eval_max_new_tokens=24)
+    args = argparse.Namespace(target=None, device="cpu", eval_generator_prompts=2, eval_max_new_tokens=16)
     tau = generator_acceptance(model, target, args)
-    assert tau == mean_tau(gen, humaneval_prompts(3), use_head=True, temperature=0.0, max_new_tokens=24)
+    assert tau == mean_tau(gen, humaneval_prompts(2), use_head=True, temperature=0.0, max_new_tokens=16)
     assert model.fc.weight.dtype == target.lm_head.weight.dtype == torch.float32
     assert not uses_small_batch_linear(model.fc) and not uses_small_batch_linear(target.lm_head)
+
+
+def test_gguf_parsed_once_shares_within_the_block_and_restores_gguf():
+    import gguf
+
+    from domino import loading
+
+    before = gguf.GGUFReader, gguf.get_tensor_name_map
+    arch = next(iter(gguf.MODEL_ARCH_NAMES))
+    with pytest.raises(RuntimeError, match="inside"):
+        with loading._gguf_parsed_once():
+            assert gguf.get_tensor_name_map(arch, 2) is gguf.get_tensor_name_map(arch, 2)
+            raise RuntimeError("inside")
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == before
+    assert gguf.get_tensor_name_map(arch, 2) is not gguf.get_tensor_name_map(arch, 2)

@@ -10,8 +10,9 @@ calls; Zen 3 VM, 2026-12-02).
 :func:`install` makes a helper called during a launch skip the re-patch when every
 language module its globals name (``triton.language``, ``triton.language.core``) has been
 patched in this launch already, by the launch itself or by an earlier helper; otherwise, and
-outside any launch, the helper patches as before. What the interpreter computes does not
-change. Where the interpreter's internals are not the ones this was written against,
+outside any launch, the helper patches as before. It also answers the interpreter's
+numpy-dtype lookups from a table (:func:`_memoize_np_dtype`). What the interpreter computes
+does not change. Where the interpreter's internals are not the ones this was written against,
 nothing is installed and the tests run as before, only slower."""
 
 from __future__ import annotations
@@ -65,4 +66,32 @@ def install() -> bool:
 
     launch._domino = True
     grid.__call__, helper.__call__ = launch, call_helper
+    _memoize_np_dtype(interpreter, tl)
     return True
+
+
+def _memoize_np_dtype(interpreter, tl) -> None:
+    """The interpreter's ``_get_np_dtype`` builds its table of 19 Triton dtypes (hashing
+    each) on every call, ~30 us, and it is called for every value an interpreted op makes
+    (336,000 calls, a tenth of the head's exponential-race test). The same answers from a
+    table by dtype name, filled by the original function on first sight of each name (its
+    table matches dtypes by name, ``tl.dtype.__eq__``)."""
+    original = getattr(interpreter, "_get_np_dtype", None)
+    if original is None or not hasattr(tl, "pointer_type") or not hasattr(tl, "block_type"):
+        return
+    by_name = {}
+
+    @functools.wraps(original)
+    def np_dtype(tt_dtype):
+        scalar = tt_dtype.element_ty if isinstance(tt_dtype, tl.block_type) else tt_dtype
+        if isinstance(scalar, tl.pointer_type):
+            return original(tt_dtype)  # a constant np.dtype(np.uint64), no table
+        try:
+            return by_name[scalar.name]
+        except (KeyError, AttributeError):
+            found = original(tt_dtype)
+            if hasattr(scalar, "name"):
+                by_name[scalar.name] = found
+            return found
+
+    interpreter._get_np_dtype = np_dtype
