@@ -73,25 +73,21 @@ def install() -> bool:
 def _memoize_np_dtype(interpreter, tl) -> None:
     """The interpreter's ``_get_np_dtype`` builds its table of 19 Triton dtypes (hashing
     each) on every call, ~30 us, and it is called for every value an interpreted op makes
-    (336,000 calls, a tenth of the head's exponential-race test). The same answers from a
-    table by dtype name, filled by the original function on first sight of each name (its
-    table matches dtypes by name, ``tl.dtype.__eq__``)."""
+    (336,000 calls, a tenth of the head's exponential-race test). Its answer depends only on
+    the scalar type's name (a block answers as its element type, any pointer as uint64; the
+    table matches dtypes by name, ``tl.dtype.__eq__``), so the answers are kept by that name,
+    each computed once by the original function."""
     original = getattr(interpreter, "_get_np_dtype", None)
-    if original is None or not hasattr(tl, "pointer_type") or not hasattr(tl, "block_type"):
+    if original is None or not hasattr(tl, "block_type"):
         return
     by_name = {}
 
     @functools.wraps(original)
     def np_dtype(tt_dtype):
-        scalar = tt_dtype.element_ty if isinstance(tt_dtype, tl.block_type) else tt_dtype
-        if isinstance(scalar, tl.pointer_type):
-            return original(tt_dtype)  # a constant np.dtype(np.uint64), no table
-        try:
-            return by_name[scalar.name]
-        except (KeyError, AttributeError):
-            found = original(tt_dtype)
-            if hasattr(scalar, "name"):
-                by_name[scalar.name] = found
-            return found
+        name = (tt_dtype.element_ty if isinstance(tt_dtype, tl.block_type) else tt_dtype).name
+        found = by_name.get(name)
+        if found is None:
+            found = by_name[name] = original(tt_dtype)
+        return found
 
     interpreter._get_np_dtype = np_dtype
