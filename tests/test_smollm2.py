@@ -119,5 +119,5 @@ def test_gguf_parsed_once_shares_within_the_block_and_restores_gguf():
         with loading._gguf_parsed_once():
             assert gguf.get_tensor_name_map(arch, 2) is gguf.get_tensor_name_map(arch, 2)
             raise RuntimeError("inside")
-    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == before
-    assert gguf.get_tensor_name_map(arch, 2) is not gguf.get_tensor_name_map(arch, 2)
+    # restored by identity: whatever gguf's own functions do afterwards is gguf's business
+    assert gguf.GGUFReader is before[0] and gguf.get_tensor_name_map is before[1]
