@@ -5,8 +5,10 @@ import inspect
 import pytest
 import torch
 
-from domino.fast_layers import MLP_CLASSES, NORM_CLASSES, undo_fused_layers, use_fused_layers, uses_fused_layers
-from domino.fast_linear import use_small_batch_linear
+from domino import fast_layers
+from domino.fast_layers import (ATTENTION_CLASSES, MLP_CLASSES, NORM_CLASSES, undo_fused_layers, use_fused_layers,
+                                uses_fused_layers)
+from domino.fast_linear import runs_packed, use_small_batch_linear
 from tiny_models import IdTokenizer, cpu_target, tiny_drafter, verify_and_step
 
 
@@ -36,7 +38,8 @@ def test_switch_keeps_weights_and_undoes():
     use_fused_layers(model)  # idempotent
     switched = [m for m in model.modules() if getattr(m, "_domino_fused_layer", False)]
     names = {type(m).__name__ for m in switched}
-    assert names == {"LlamaRMSNorm", "LlamaMLP"} and len(switched) == 4 * 3 + 1  # 2 norms + MLP a layer, final norm
+    # 2 norms, the MLP and the attention a layer, the final norm
+    assert names == {"LlamaRMSNorm", "LlamaMLP", "LlamaAttention"} and len(switched) == 4 * 4 + 1
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())
     undo_fused_layers(model)
     assert not uses_fused_layers(model) and all("forward" not in m.__dict__ for m in model.modules())
@@ -87,3 +90,39 @@ def test_load_switches_the_fused_layers_with_the_linear_and_greedy_stays_exact()
     assert spec.token_ids == gen.generate_target_only(prompt, max_new_tokens=40).token_ids
     tgt2 = cpu_target("qwen3", torch.float32)
     assert not uses_fused_layers(load(tgt2, tiny_drafter(tgt2), IdTokenizer()).target)  # opt-in, with the linear
+
+
+@pytest.mark.parametrize("name", ATTENTION_CLASSES)
+def test_the_fused_attention_mirrors_the_installed_forward(name):
+    """The attention forward with one q/k/v product is a copy of HF's: it is switched in
+    only where the installed class's forward is, word for word, the one it copies (a
+    transformers release that changes it fails here, and such a model keeps HF's forward)."""
+    assert fast_layers._mirrors_hf_attention(_hf_class(name))
+
+    class Changed(_hf_class(name)):
+        def forward(self, hidden_states, *args, **kwargs):
+            return super().forward(hidden_states, *args, **kwargs)
+
+    assert not fast_layers._mirrors_hf_attention(Changed)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_fused_projections_give_the_separate_layers_bits(kind, dtype, monkeypatch):
+    """A model whose q/k/v and gate/up products run as one each (where the packed kernel
+    runs) computes exactly the bits of the same model running them one by one, through
+    the KV cache of a verification and of its one-token steps."""
+    model = use_fused_layers(use_small_batch_linear(cpu_target(kind, dtype, attn="small_batch")))
+    fused = verify_and_step(model, k=9)
+    assert torch.equal(*fused)
+    with monkeypatch.context() as m:
+        m.setattr(fast_layers, "fused_packed_linear", lambda *args: None)
+        separate = verify_and_step(model, k=9)
+    assert torch.equal(fused[0], separate[0]) and torch.equal(fused[1], separate[1])
+    mlp = model.model.layers[0].mlp
+    attention = model.model.layers[0].self_attn
+    if runs_packed(mlp.gate_proj, dtype):  # the fused paths ran
+        assert "_domino_fused_packed" in vars(mlp)
+        assert ("_domino_fused_packed" in vars(attention)) == (kind == "llama")
+    undo_fused_layers(model)
+    assert "_domino_fused_packed" not in vars(mlp) and "_domino_fused_packed" not in vars(attention)

@@ -21,15 +21,20 @@ What holds, precisely (and what these tests check):
   does for the linear layers).
 """
 
+import contextlib
+
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given
+from hypothesis import strategies as st
 
 import domino_ops
 from domino.fast_attention import undo_small_batch_attention, use_small_batch_attention
-from domino.fast_linear import (packed_weight, runs_packed, undo_small_batch_linear, use_small_batch_linear,
-                                uses_small_batch_linear)
+from domino.fast_linear import (fused_packed_linear, packed_weight, runs_packed, undo_small_batch_linear,
+                                use_small_batch_linear, uses_small_batch_linear)
 from engine_cases import assert_mostly_multi_token, cheap_verification
+from packed_paths import PACKED_PATHS, packed_path
 from tiny_models import IdTokenizer, cpu_target, tiny_drafter, verify_and_step
 
 
@@ -251,3 +256,66 @@ def test_load_switches_target_and_drafter_on_cpu_when_asked():
     tgt2 = cpu_target("qwen3", torch.float32)
     gen2 = load(tgt2, tiny_drafter(tgt2), IdTokenizer())  # opt-in for now
     assert not uses_small_batch_linear(gen2.target) and not uses_small_batch_linear(gen2.drafter)
+
+
+def _owner_of(layers):
+    owner = torch.nn.Module()
+    owner.layers = torch.nn.ModuleList(layers)
+    return use_small_batch_linear(owner)
+
+
+FUSED_DTYPES = [d for d in (torch.bfloat16, torch.float32) if runs_packed(_owner_of([torch.nn.Linear(2, 2).to(d)]).layers[0], d)]
+
+
+@pytest.mark.skipif(not FUSED_DTYPES, reason="this CPU runs no packed kernel")
+@given(M=st.sampled_from([1, 2, 5, 16, 33, 64]), Ns=st.lists(st.integers(1, 130), min_size=2, max_size=3),
+       K=st.sampled_from([1, 3, 16, 47, 100]), bias=st.booleans(), three_d=st.booleans(),
+       dtype=st.sampled_from(FUSED_DTYPES or [torch.float32]), path=st.sampled_from(PACKED_PATHS or ["avx2"]),
+       seed=st.integers(0, 2**31 - 1))
+def test_fused_packed_linear_gives_the_separate_layers_bits(M, Ns, K, bias, three_d, dtype, path, seed):
+    """Layers concatenated at any split (N not a multiple of the 48-column panel, so later
+    layers' columns land at other places in their panels) give each column the bits of its
+    own layer, on every packed path (every element compared, so none can go unwritten)."""
+    torch.manual_seed(seed)
+    layers = [torch.nn.Linear(K, N, bias=bias).to(dtype) for N in Ns]
+    owner = _owner_of(layers)
+    x = torch.randn(M, K).to(dtype)
+    x = x.view(1, M, K) if three_d else x
+    context = packed_path(path) if dtype == torch.bfloat16 else contextlib.nullcontext()
+    with torch.inference_mode(), context:
+        expected = torch.cat([lin(x) for lin in layers], -1)
+        got = fused_packed_linear(owner, tuple(layers), x)
+    assert got.shape == expected.shape and torch.equal(got, expected)
+
+
+@pytest.mark.skipif(torch.bfloat16 not in FUSED_DTYPES, reason="this CPU runs no bf16 packed kernel")
+def test_fused_packed_linear_keeps_one_copy_and_follows_the_weights():
+    layers = [torch.nn.Linear(40, n).bfloat16() for n in (50, 30)]
+    owner = _owner_of(layers)
+    x = torch.randn(3, 40).bfloat16()
+    with torch.inference_mode():
+        first = fused_packed_linear(owner, tuple(layers), x)
+    assert all("_domino_packed" not in vars(lin) for lin in layers)  # the layers' own copies dropped
+    with torch.no_grad():
+        layers[1].weight.mul_(2)  # in place: the concatenation is packed again
+        layers[0].bias.add_(1)
+    with torch.inference_mode():
+        again = fused_packed_linear(owner, tuple(layers), x)
+        assert torch.equal(again, torch.cat([lin(x) for lin in layers], -1)) and not torch.equal(again, first)
+    undo_small_batch_linear(owner)
+    assert "_domino_fused_packed" not in vars(owner)
+
+
+@pytest.mark.skipif(torch.bfloat16 not in FUSED_DTYPES, reason="this CPU runs no bf16 packed kernel")
+def test_fused_packed_linear_declines_what_it_does_not_compute():
+    layers = [torch.nn.Linear(8, 8).bfloat16(), torch.nn.Linear(8, 8).bfloat16()]
+    owner = _owner_of(layers)
+    x = torch.randn(2, 8).bfloat16()
+    with torch.inference_mode():
+        assert fused_packed_linear(owner, tuple(layers), x.half()) is None  # a dtype no panel holds
+        assert fused_packed_linear(owner, tuple(layers), x.float()) is None  # not the weights' dtype
+        mixed = _owner_of([torch.nn.Linear(8, 8).bfloat16(), torch.nn.Linear(8, 8, bias=False).bfloat16()])
+        assert fused_packed_linear(mixed, tuple(mixed.layers), x) is None
+        plain = (torch.nn.Linear(8, 8).bfloat16(), layers[1])  # one layer not switched
+        assert fused_packed_linear(owner, plain, x) is None
+    assert fused_packed_linear(owner, tuple(layers), x.requires_grad_()) is None  # autograd needs a graph
