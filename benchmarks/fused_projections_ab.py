@@ -1,7 +1,8 @@
 """Interleaved A/B of the fused projections (``domino.fast_layers``): SmolLM2-135M-Instruct
 in the engine's CPU configuration (small-batch linear, attention, fused layers), its q/k/v
-and gate/up products run as one packed product each ("fused", what the engine runs)
-against one product per layer ("separate", the same model with
+and gate/up products run as one packed product each and its rotary embedding as one
+``apply_rotary_pos_emb`` call ("fused", what the engine runs) against one product per
+layer and HF's attention forward with its rotary ops ("separate", the same model with
 ``fast_layers.fused_packed_linear`` declining), forwards over 1 and 16 new tokens after a
 110-token KV cache. Checks first that both give the same logits bit for bit; then rounds
 of each variant in turn (one untimed forward after each switch, then 3 timed), medians.

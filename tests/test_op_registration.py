@@ -35,6 +35,8 @@ OPCHECK_CASES = {
                                       torch.rand(2, 1, 3, 5) > 0.3, 0.5, torch.empty(2, 4, 3, 8)),
     "rms_norm": lambda: (torch.randn(3, 2, 16), torch.randn(16), 1e-6, torch.empty(3, 2, 16)),
     "silu_mul": lambda: (torch.randn(3, 10), torch.randn(3, 10), torch.empty(3, 10)),
+    "apply_rotary_pos_emb": lambda: (torch.randn(2, 4, 3, 8), torch.randn(2, 2, 3, 8), torch.randn(2, 3, 8),
+                                     torch.randn(2, 3, 8), torch.empty(2, 4, 3, 8), torch.empty(2, 2, 3, 8)),
 }
 
 

@@ -37,6 +37,8 @@ inline constexpr const char* kSmallBatchAttention =
 // A decoder layer's row-wise ops in HF's rounding order, batch-invariant (CPU).
 inline constexpr const char* kRmsNorm = "rms_norm(Tensor input, Tensor weight, float eps, Tensor(a!) out) -> ()";
 inline constexpr const char* kSiluMul = "silu_mul(Tensor gate, Tensor up, Tensor(a!) out) -> ()";
+inline constexpr const char* kApplyRotaryPosEmb =
+    "apply_rotary_pos_emb(Tensor q, Tensor k, Tensor cos, Tensor sin, Tensor(a!) q_out, Tensor(b!) k_out) -> ()";
 
 // The sgl-kernel-compatible tree ops (csrc/tree_ops.h): sgl-kernel's signatures, with
 // draft_probs optional (newer sgl-kernel releases dropped it).

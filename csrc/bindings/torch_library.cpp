@@ -12,4 +12,5 @@ TORCH_LIBRARY(domino_ops, m) {
   m.def(domino::schemas::kSmallBatchAttention);
   m.def(domino::schemas::kRmsNorm);
   m.def(domino::schemas::kSiluMul);
+  m.def(domino::schemas::kApplyRotaryPosEmb);
 }

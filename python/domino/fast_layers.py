@@ -11,9 +11,9 @@ Where the layers' linears run the packed small-batch kernel (:mod:`domino.fast_l
 a switched MLP also runs its gate and up projections as one product, and a switched
 LlamaAttention (:data:`ATTENTION_CLASSES`, only where its installed forward is the one
 copied here) its q, k and v projections as one
-(:func:`domino.fast_linear.fused_packed_linear`): the same bits, 90 fewer calls in a
-SmolLM2 forward (its one-token bf16 forward 0.93-0.97x the time in two of three A/B runs
-on a Zen 4 VM, the third 1.03x; the 16-token one 0.93-0.98x).
+(:func:`domino.fast_linear.fused_packed_linear`) and its rotary embedding as one call
+(``domino_ops.apply_rotary_pos_emb``, HF's 14 small ops): the same bits, 90 fewer linear
+calls and ~390 fewer small ops in a SmolLM2 forward (``benchmarks/fused_projections_ab.py``).
 
 Both kernels compute in HF's rounding order (float32 math, rounded to the dtype where HF
 rounds), row by row, so with :mod:`domino.fast_linear` and :mod:`domino.fast_attention` a
@@ -81,8 +81,9 @@ def _mlp_forward(mod, x: torch.Tensor) -> torch.Tensor:
 def _attention_forward(mod, hidden_states: torch.Tensor, position_embeddings=None, attention_mask=None, cache=None,
                        **kwargs):
     """LlamaAttention.forward (transformers 5.x, :data:`ATTENTION_SOURCE_SHA1`) with the q, k
-    and v projections as one product (:func:`domino.fast_linear.fused_packed_linear`);
-    HF's own forward where that does not apply."""
+    and v projections as one product (:func:`domino.fast_linear.fused_packed_linear`) and
+    the rotary embedding as one call (``domino_ops.apply_rotary_pos_emb``); HF's own
+    forward where the product does not apply."""
     cache = kwargs.pop("past_key_values", cache)  # the name before transformers 5.40
     qkv = fused_packed_linear(mod, (mod.q_proj, mod.k_proj, mod.v_proj), hidden_states)
     if qkv is None:
@@ -95,7 +96,14 @@ def _attention_forward(mod, hidden_states: torch.Tensor, position_embeddings=Non
     key_states = k.view(hidden_shape).transpose(1, 2)
     value_states = v.view(hidden_shape).transpose(1, 2)
     cos, sin = position_embeddings
-    query_states, key_states = hf.apply_rotary_pos_emb(query_states, key_states, cos, sin)
+    if cos.dtype is qkv.dtype and sin.dtype is qkv.dtype and cos.dim() == 3 and cos.shape[-1] == mod.head_dim:
+        # HF's 14 small ops in one call, the same bits (the op's C++ checks name any bad argument)
+        rotated_q = torch.empty(query_states.shape, dtype=qkv.dtype)
+        rotated_k = torch.empty(key_states.shape, dtype=qkv.dtype)
+        torch.ops.domino_ops.apply_rotary_pos_emb.default(query_states, key_states, cos, sin, rotated_q, rotated_k)
+        query_states, key_states = rotated_q, rotated_k
+    else:
+        query_states, key_states = hf.apply_rotary_pos_emb(query_states, key_states, cos, sin)
     if cache is not None:
         key_states, value_states = cache.update(key_states, value_states, mod.layer_idx, kwargs=kwargs)
     attention_interface = hf.ALL_ATTENTION_FUNCTIONS.get_interface(mod.config._attn_implementation,

@@ -16,9 +16,10 @@ dispatcher op ``torch.ops.domino_ops.<name>`` with caller-provided outputs):
   FMA (8-lane FMA tiles), AVX512-BF16 / AVX-512F, or AMX (:mod:`domino_ops.linear_packed`).
 - :func:`small_batch_attention`: causal attention of a few query rows against a KV cache
   on the CPU, each row computed as a one-token decoding step would (:mod:`domino_ops.attention`).
-- :func:`rms_norm`, :func:`silu_mul`: a HF decoder layer's RMSNorm and gated-MLP activation
-  in one call each on the CPU, HF's rounding order, batch-invariant
-  (:mod:`domino_ops.rms_norm`, :mod:`domino_ops.silu_mul`).
+- :func:`rms_norm`, :func:`silu_mul`, :func:`apply_rotary_pos_emb`: a HF decoder layer's
+  RMSNorm, gated-MLP activation and rotary embedding in one call each on the CPU, HF's
+  rounding order, batch-invariant (:mod:`domino_ops.rms_norm`, :mod:`domino_ops.silu_mul`,
+  :mod:`domino_ops.apply_rotary_pos_emb`).
 
 Drop-in, sgl-kernel-compatible tree ops (:mod:`domino_ops.tree_ops`, references in
 :mod:`domino_ops.reference_tree`): :func:`build_tree_kernel_efficient`,
@@ -59,6 +60,7 @@ from domino_ops.linear_packed import (  # noqa: E402
 from domino_ops.attention import small_batch_attention  # noqa: E402
 from domino_ops.rms_norm import rms_norm  # noqa: E402
 from domino_ops.silu_mul import silu_mul  # noqa: E402
+from domino_ops.apply_rotary_pos_emb import apply_rotary_pos_emb  # noqa: E402
 from domino_ops.tree_draft import DraftTree, draft_tree  # noqa: E402
 
 cuda_compiled: bool = _C.cuda_compiled
@@ -69,4 +71,5 @@ __all__ = ["domino_head_rollout", "domino_head_expand", "sample", "verify_greedy
            "verify_tree_sampling", "reference_tree", "draft_tree", "DraftTree", "tree_ops",
            "small_batch_linear", "small_batch_linear_isa", "small_batch_attention",
            "small_batch_linear_packed", "pack_small_batch_linear_weight", "PackedLinearWeight",
-           "small_batch_linear_packed_supported", "small_batch_linear_packed_path", "rms_norm", "silu_mul"]
+           "small_batch_linear_packed_supported", "small_batch_linear_packed_path", "rms_norm", "silu_mul",
+           "apply_rotary_pos_emb"]

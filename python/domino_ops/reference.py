@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from domino_ops.sampling import draw_uniforms, effective_temperature, filtered_weights, may_sample, per_row
 
 __all__ = ["domino_head_rollout", "domino_head_expand", "sample", "verify_greedy", "verify_sampling", "sample_from_logits",
-           "small_batch_linear", "small_batch_attention", "rms_norm", "silu_mul"]
+           "small_batch_linear", "small_batch_attention", "rms_norm", "silu_mul", "apply_rotary_pos_emb"]
 
 
 def sample_from_logits(logits: torch.Tensor, temperature, top_k, top_p,
@@ -264,6 +264,20 @@ def rms_norm(input, weight, eps):
     x = input.to(acc)
     y = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)).to(input.dtype)
     return weight * y
+
+
+def apply_rotary_pos_emb(q, k, cos, sin):
+    """Reference of :func:`domino_ops.apply_rotary_pos_emb`: transformers'
+    ``apply_rotary_pos_emb`` (``unsqueeze_dim=1``), ``x * cos + rotate_half(x) * sin`` with
+    ``rotate_half(x) = cat(-x[..., D/2:], x[..., :D/2])``, each op in the tensors' dtype.
+    q [b, Hq, T, D], k [b, Hk, T, D], cos / sin [b or 1, T, D]; returns (q', k')."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+
+    def rotate_half(x):
+        h = x.shape[-1] // 2
+        return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
 
 
 def silu_mul(gate, up):
