@@ -52,7 +52,7 @@ __all__ = ["use_small_batch_linear", "undo_small_batch_linear", "uses_small_batc
 _FLAG = "_domino_small_batch_linear"
 _PACKS = "_domino_packs"  # the dtypes (of x and the weight) for which the layer runs the packed kernel
 _PACKED = "_domino_packed"  # (the weight tensor, its version, PackedLinearWeight)
-_FUSED = "_domino_fused_packed"  # on a module calling several layers: (weights, biases, versions, packed, bias)
+_FUSED = "_domino_fused_packed"  # on a module calling several layers: (weights [+ biases], versions, packed, bias)
 _DTYPES = (torch.float32, torch.bfloat16)
 
 
@@ -93,6 +93,12 @@ def _small_batch_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor
     return out if x.dim() == 2 else out.view(*x.shape[:-1], N)
 
 
+def _version(t: torch.Tensor) -> int:
+    """``t``'s version counter (bumped by its in-place ops); 0 for an inference tensor,
+    which counts none."""
+    return 0 if t.is_inference() else t._version
+
+
 def packed_weight(mod: torch.nn.Linear):
     """The packed copy (:class:`domino_ops.PackedLinearWeight`, panels of the weight's own
     dtype) of a layer's weight, packed again when the weight was replaced or changed in
@@ -102,7 +108,7 @@ def packed_weight(mod: torch.nn.Linear):
     w = mod.weight
     # The tensor itself, not its address: a new weight can land at a freed one's address
     # with the same (initial) version. Keeping it also keeps that address taken.
-    version = 0 if w.is_inference() else w._version  # inference tensors count no versions
+    version = _version(w)
     cached = mod.__dict__.get(_PACKED)
     if cached is None or cached[0] is not w or cached[1] != version:
         cached = (w, version, domino_ops.pack_small_batch_linear_weight(w, dtype=w.dtype))
@@ -114,8 +120,8 @@ def fused_packed_linear(owner: torch.nn.Module, layers: tuple, x: torch.Tensor) 
     """``torch.cat([layer(x) for layer in layers], -1)`` as one packed product, or None
     where that does not apply. For layers that read the same input (an attention's q, k
     and v projections, a gated MLP's gate and up): one call instead of several, each
-    with its dispatch, its thread fork and join and its partly idle last panels (SmolLM2,
-    bf16, Zen 4: its 30 layers' q/k/v and gate/up products 4.8 against 6.3 ms at one row).
+    with its dispatch, its thread fork and join and its partly idle last panels
+    (benchmarks/fused_projections_ab.py times the engine's forward with and without).
     Each output column is the same dot product over K whichever panel it lands in, so
     the bits are those of the separate layers (tests/test_fast_linear.py).
 
@@ -146,17 +152,19 @@ def fused_packed_linear(owner: torch.nn.Module, layers: tuple, x: torch.Tensor) 
         return None
     if any(w.shape[1] != K or not w.shape[0] or not w.is_contiguous() for w in ws) or not K:
         return None
-    versions = tuple(0 if t.is_inference() else t._version for t in ws + (bs if has_bias else ()))
+    # the tensors themselves, not their addresses (as packed_weight), and their versions
+    tensors = ws + bs if has_bias else ws
+    versions = tuple(_version(t) for t in tensors)
     cached = owner.__dict__.get(_FUSED)
-    if cached is None or len(cached[0]) != len(ws) or any(a is not b for a, b in zip(cached[0] + cached[1], ws + bs)) \
-            or cached[2] != versions:
+    if (cached is None or len(cached[0]) != len(tensors) or any(a is not b for a, b in zip(cached[0], tensors))
+            or cached[1] != versions):
         packed = domino_ops.pack_small_batch_linear_weight(torch.cat(ws), dtype=ws[0].dtype)
         bias = torch.cat(bs).contiguous() if has_bias else None
-        cached = (ws, bs, versions, packed, bias)
+        cached = (tensors, versions, packed, bias)
         owner.__dict__[_FUSED] = cached
         for m in layers:
             m.__dict__.pop(_PACKED, None)
-    packed, bias = cached[3], cached[4]
+    packed, bias = cached[2], cached[3]
     N = packed.out_features
     x2 = x.reshape(-1, K)
     if not x2.is_contiguous():
