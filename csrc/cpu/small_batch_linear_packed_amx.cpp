@@ -113,15 +113,21 @@ TileConfig make_config(int rows, int64_t tail_pairs) {
 template <typename O>
 DOMINO_AMX_TARGET inline void block(const c10::BFloat16* panel, int64_t pairs, const uint32_t* x, int64_t ldx,
                                     int valid, const float* bias, O* out, int64_t ldo, int64_t origin, int64_t n0,
-                                    int64_t cols, float* acc /* [16][48] */) {
+                                    int64_t cols, float* acc /* [16][48] */, const char* next) {
   constexpr int64_t kPairStride = 2 * kPanelCols * 2;  // bytes between a block's weight rows
+  constexpr int64_t kChunkBytes = kTileRows * kPairStride;
   const int64_t chunks = pairs / kTileRows, tail = pairs % kTileRows;
   const char* w = reinterpret_cast<const char*>(panel);
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);
-  for (int64_t c = 0; c < chunks; ++c)
-    DOMINO_AMX_CHUNK(3, 4, 5, x + c * kTileRows, ldx, w + c * kTileRows * kPairStride, kPairStride);
+  for (int64_t c = 0; c < chunks; ++c) {
+    if (next != nullptr)  // the next panel's same 3 KB, to L2, one chunk of this one ahead
+      for (int64_t b = 0; b < kChunkBytes; b += 64) _mm_prefetch(next + c * kChunkBytes + b, _MM_HINT_T1);
+    DOMINO_AMX_CHUNK(3, 4, 5, x + c * kTileRows, ldx, w + c * kChunkBytes, kPairStride);
+  }
+  if (next != nullptr && tail > 0)
+    for (int64_t b = 0; b < tail * kPairStride; b += 64) _mm_prefetch(next + chunks * kChunkBytes + b, _MM_HINT_T1);
   if (tail > 0)  // the last, partial chunk: its own x and weight tile shapes
     DOMINO_AMX_CHUNK(6, 7, 7, x + chunks * kTileRows, ldx, w + chunks * kTileRows * kPairStride, kPairStride);
   _tile_stored(0, acc, kPanelCols * 4);
@@ -150,9 +156,13 @@ DOMINO_AMX_TARGET void run(const c10::BFloat16* packed, int64_t pairs, const uin
   for (int64_t p = p0; p < p1; ++p) {
     const c10::BFloat16* panel = packed + p * pairs * (2 * kPanelCols);
     const int64_t n0 = p * kPanelCols, cols = std::min(kPanelCols, N - n0);
+    // the first row block streams the panel from memory and prefetches the next one (the
+    // hardware prefetchers alone kept the stream ~20 % below the vector path's); the later
+    // blocks read this panel from L1/L2
+    const char* next = p + 1 < p1 ? reinterpret_cast<const char*>(panel + pairs * (2 * kPanelCols)) : nullptr;
     for (int64_t m = 0; m < M; m += kTileRows)
       block<O>(panel, pairs, x + m * ldx, ldx, static_cast<int>(std::min<int64_t>(kTileRows, M - m)), bias,
-               out + m * ldo, ldo, origin, n0, cols, acc);
+               out + m * ldo, ldo, origin, n0, cols, acc, m == 0 ? next : nullptr);
   }
   _tile_release();
 }
