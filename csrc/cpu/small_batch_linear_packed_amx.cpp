@@ -16,7 +16,10 @@
 // [Kh, 48, 2] holds each 16-output block's rows 192 bytes apart); 6 and 7 the x and weight
 // tiles of K's last, partial chunk of column pairs (pairs % 16 of them), so nothing is read
 // past x or the panel. A panel's row blocks of 16 x rows run back to back, so every block
-// after the first reads the panel from L1/L2.
+// after the first reads the panel from L1/L2. The first block prefetches the next panel to
+// L2, one 3 KB chunk per chunk of its own: with the hardware prefetchers alone the tile
+// loads streamed w2 ~20-30 % slower than a row-major GEMV (2-core Xeon VM, thirty-ninth
+// session: benchmarks/results/tree_step_xeon_session39_amx_prefetch_ab.txt).
 //
 // Batch invariance, by construction: a tile product's row m depends on row m of x and the
 // weight tile only, and the chunks of 16 column pairs are added to the accumulator in order
