@@ -124,15 +124,19 @@ DOMINO_AMX_TARGET inline void block(const c10::BFloat16* panel, int64_t pairs, c
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);
+  // `next` (the next panel, or null): its bytes matching each chunk of this one, to L2
+  auto prefetch_next = [&](int64_t offset, int64_t bytes) {
+    if (next != nullptr)
+      for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(next + offset + b, _MM_HINT_T1);
+  };
   for (int64_t c = 0; c < chunks; ++c) {
-    if (next != nullptr)  // the next panel's same 3 KB, to L2, one chunk of this one ahead
-      for (int64_t b = 0; b < kChunkBytes; b += 64) _mm_prefetch(next + c * kChunkBytes + b, _MM_HINT_T1);
+    prefetch_next(c * kChunkBytes, kChunkBytes);
     DOMINO_AMX_CHUNK(3, 4, 5, x + c * kTileRows, ldx, w + c * kChunkBytes, kPairStride);
   }
-  if (next != nullptr && tail > 0)
-    for (int64_t b = 0; b < tail * kPairStride; b += 64) _mm_prefetch(next + chunks * kChunkBytes + b, _MM_HINT_T1);
-  if (tail > 0)  // the last, partial chunk: its own x and weight tile shapes
-    DOMINO_AMX_CHUNK(6, 7, 7, x + chunks * kTileRows, ldx, w + chunks * kTileRows * kPairStride, kPairStride);
+  if (tail > 0) {  // the last, partial chunk: its own x and weight tile shapes
+    prefetch_next(chunks * kChunkBytes, tail * kPairStride);
+    DOMINO_AMX_CHUNK(6, 7, 7, x + chunks * kTileRows, ldx, w + chunks * kChunkBytes, kPairStride);
+  }
   _tile_stored(0, acc, kPanelCols * 4);
   _tile_stored(1, acc + 16, kPanelCols * 4);
   _tile_stored(2, acc + 32, kPanelCols * 4);
@@ -159,9 +163,8 @@ DOMINO_AMX_TARGET void run(const c10::BFloat16* packed, int64_t pairs, const uin
   for (int64_t p = p0; p < p1; ++p) {
     const c10::BFloat16* panel = packed + p * pairs * (2 * kPanelCols);
     const int64_t n0 = p * kPanelCols, cols = std::min(kPanelCols, N - n0);
-    // the first row block streams the panel from memory and prefetches the next one (the
-    // hardware prefetchers alone kept the stream ~20 % below the vector path's); the later
-    // blocks read this panel from L1/L2
+    // the first row block streams the panel from memory and prefetches the next one (see the
+    // top of this file); the later blocks read this panel from L1/L2
     const char* next = p + 1 < p1 ? reinterpret_cast<const char*>(panel + pairs * (2 * kPanelCols)) : nullptr;
     for (int64_t m = 0; m < M; m += kTileRows)
       block<O>(panel, pairs, x + m * ldx, ldx, static_cast<int>(std::min<int64_t>(kTileRows, M - m)), bias,
