@@ -292,8 +292,9 @@ def cost_key(gen, batch_size: int) -> str:
     """What the costs depend on: the models' shapes and dtypes, the drafter's draft
     vocabulary, the device, the machine, torch's version and thread count, the compiled
     kernels, whether the small-batch linear is on (and packed, and its forced path, and the
-    packed product: AMX or vectors), the target's attention implementation,
-    the batch size."""
+    packed product: AMX or vectors), the target's attention implementation, whether its
+    forward is :mod:`domino.fast_forward`'s, the batch size."""
+    from domino.fast_forward import uses_fast_forward
     from domino.fast_linear import runs_packed, uses_small_batch_linear
 
     target = gen.target
@@ -316,6 +317,7 @@ def cost_key(gen, batch_size: int) -> str:
         "small_batch_linear_packed_path": domino_ops.small_batch_linear_packed_path()
         if domino_ops.small_batch_linear_packed_supported() else "",
         "attention": target.config._attn_implementation,
+        "fast_forward": uses_fast_forward(target),
         "batch_size": batch_size,
         "cpu_isa": os.environ.get("DOMINO_CPU_ISA", ""),
         "measurement": 4,  # how measure_round_costs times (2: drafting after a target forward; 3: suffix-min

@@ -47,7 +47,7 @@ import torch
 import torch.nn.functional as F
 
 __all__ = ["use_small_batch_linear", "undo_small_batch_linear", "uses_small_batch_linear", "packed_weight",
-           "runs_packed", "fused_packed_linear"]
+           "runs_packed", "fused_packed_weight", "fused_packed_linear"]
 
 _FLAG = "_domino_small_batch_linear"
 _PACKS = "_domino_packs"  # the dtypes (of x and the weight) for which the layer runs the packed kernel
@@ -116,6 +116,49 @@ def packed_weight(mod: torch.nn.Linear):
     return cached[2]
 
 
+def fused_packed_weight(owner: torch.nn.Module, layers: tuple, dtype: torch.dtype):
+    """The packed concatenation of ``layers``' weights and their concatenated bias (None
+    when they have none), for inputs of ``dtype``, or None where one packed product cannot
+    replace them: :func:`fused_packed_linear`'s weights, kept on ``owner`` (packed again
+    when a weight was replaced or changed in place, as :func:`packed_weight`; the layers'
+    own packed copies are dropped, so the memory stays one copy).
+
+    Applies when every layer is switched by :func:`use_small_batch_linear` and runs the
+    packed kernel for ``dtype``, the layers share K, all or none have a bias, and every
+    weight and bias is a CPU tensor of ``dtype``, contiguous, non-empty.
+
+    Returns:
+        (:class:`domino_ops.PackedLinearWeight` [sum of the layers' N, K], bias [sum of N]
+        or None), or None.
+    """
+    import domino_ops
+
+    if not all(getattr(m, _FLAG, False) and dtype in m.__dict__.get(_PACKS, ()) for m in layers):
+        return None
+    ws = tuple(m.weight for m in layers)
+    bs = tuple(m.bias for m in layers)
+    has_bias = bs[0] is not None
+    if any((b is not None) != has_bias for b in bs):
+        return None
+    tensors = ws + bs if has_bias else ws
+    K = ws[0].shape[1]
+    if (not K or any(t.dtype is not dtype or not t.is_cpu for t in tensors)
+            or any(w.shape[1] != K or not w.shape[0] or not w.is_contiguous() for w in ws)):
+        return None
+    # the tensors themselves, not their addresses (as packed_weight), and their versions
+    versions = tuple(_version(t) for t in tensors)
+    cached = owner.__dict__.get(_FUSED)
+    if (cached is None or len(cached[0]) != len(tensors) or any(a is not b for a, b in zip(cached[0], tensors))
+            or cached[1] != versions):
+        packed = domino_ops.pack_small_batch_linear_weight(torch.cat(ws), dtype=dtype)
+        bias = torch.cat(bs).contiguous() if has_bias else None
+        cached = (tensors, versions, packed, bias)
+        owner.__dict__[_FUSED] = cached
+        for m in layers:
+            m.__dict__.pop(_PACKED, None)
+    return cached[2], cached[3]
+
+
 def fused_packed_linear(owner: torch.nn.Module, layers: tuple, x: torch.Tensor) -> torch.Tensor | None:
     """``torch.cat([layer(x) for layer in layers], -1)`` as one packed product, or None
     where that does not apply. For layers that read the same input (an attention's q, k
@@ -125,12 +168,8 @@ def fused_packed_linear(owner: torch.nn.Module, layers: tuple, x: torch.Tensor) 
     Each output column is the same dot product over K whichever panel it lands in, so
     the bits are those of the separate layers (tests/test_fast_linear.py).
 
-    Applies when every layer is switched by :func:`use_small_batch_linear` and runs the
-    packed kernel for ``x``'s dtype, the layers share K = ``x.shape[-1]``, all or none
-    have a bias, and the kernel applies (:func:`cpu_kernel_applies`). The packed
-    concatenation is kept on ``owner`` (packed again when a weight was replaced or changed
-    in place, as :func:`packed_weight`), and the layers' own packed copies are dropped:
-    the memory stays one copy.
+    Applies where :func:`fused_packed_weight` does, with K = ``x.shape[-1]``, and the
+    kernel applies (:func:`cpu_kernel_applies`: no autograd graph needed, no autocast).
 
     Args:
         owner: the module that calls the layers (it holds the concatenation).
@@ -140,31 +179,14 @@ def fused_packed_linear(owner: torch.nn.Module, layers: tuple, x: torch.Tensor) 
     Returns:
         [..., sum of the layers' N] in ``x``'s dtype, or None.
     """
-    import domino_ops
-
-    ws = tuple(m.weight for m in layers)
-    bs = tuple(m.bias for m in layers)
     K = x.shape[-1]
-    if not all(getattr(m, _FLAG, False) and x.dtype in m.__dict__.get(_PACKS, ()) for m in layers):
+    params = tuple(m.weight for m in layers) + tuple(m.bias for m in layers if m.bias is not None)
+    if not cpu_kernel_applies(x, *params) or layers[0].weight.shape[1] != K:
         return None
-    has_bias = bs[0] is not None
-    if any((b is not None) != has_bias for b in bs) or not cpu_kernel_applies(x, *ws, *(bs if has_bias else ())):
+    fused = fused_packed_weight(owner, layers, x.dtype)
+    if fused is None:
         return None
-    if any(w.shape[1] != K or not w.shape[0] or not w.is_contiguous() for w in ws) or not K:
-        return None
-    # the tensors themselves, not their addresses (as packed_weight), and their versions
-    tensors = ws + bs if has_bias else ws
-    versions = tuple(_version(t) for t in tensors)
-    cached = owner.__dict__.get(_FUSED)
-    if (cached is None or len(cached[0]) != len(tensors) or any(a is not b for a, b in zip(cached[0], tensors))
-            or cached[1] != versions):
-        packed = domino_ops.pack_small_batch_linear_weight(torch.cat(ws), dtype=ws[0].dtype)
-        bias = torch.cat(bs).contiguous() if has_bias else None
-        cached = (tensors, versions, packed, bias)
-        owner.__dict__[_FUSED] = cached
-        for m in layers:
-            m.__dict__.pop(_PACKED, None)
-    packed, bias = cached[2], cached[3]
+    packed, bias = fused
     N = packed.out_features
     x2 = x.reshape(-1, K)
     if not x2.is_contiguous():

@@ -19,6 +19,7 @@ from domino.cache_dirs import write_directory
 from domino.config import default_drafter_config
 from domino.datastore import DATASTORE_FILE, TokenDatastore
 from domino.fast_attention import use_small_batch_attention
+from domino.fast_forward import use_fast_forward
 from domino.fast_layers import use_fused_layers
 from domino.fast_linear import use_small_batch_linear
 from domino.generate import DominoGenerator
@@ -168,13 +169,16 @@ def use_cpu_kernels(model: torch.nn.Module, *, small_batch_linear: bool, small_b
     it, a HF model's RMSNorms and SiLU gated MLPs on the fused row-wise kernels,
     :mod:`domino.fast_layers`) and (a HF target) its attention on the small-batch attention
     kernel, each when asked and only when the model is on the CPU (the kernels are CPU
-    kernels); in place, returns ``model``."""
+    kernels); with both, a Llama target's forward becomes one loop over the kernels
+    (:mod:`domino.fast_forward`, the same bits). In place, returns ``model``."""
     if next(model.parameters()).device.type == "cpu":
         if small_batch_linear:
             use_small_batch_linear(model)
             use_fused_layers(model)
         if small_batch_attention:
             use_small_batch_attention(model)
+        if small_batch_linear and small_batch_attention:
+            use_fast_forward(model)
     return model
 
 

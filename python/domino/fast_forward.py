@@ -1,0 +1,323 @@
+"""Run a HF Llama causal LM's forward on the CPU as one loop over its layers that calls
+the kernels directly.
+
+``use_fast_forward(model)`` replaces the ``forward`` of a ``LlamaForCausalLM`` whose
+layers are already on the CPU kernels (:mod:`domino.fast_linear` with packed weights,
+:mod:`domino.fast_attention`, :mod:`domino.fast_layers`) with :func:`fast_forward`: the
+same computation in the same order, op for op, but without what HF wraps around it per
+layer and per module (module calls and hooks, the output-capturing and keyword
+machinery, the switched modules' per-call checks and weight lookups, ~2,400 small
+dispatcher calls a SmolLM2 forward; ~800 remain). What stays HF's own: the causal mask
+(``create_causal_mask``), the rotary table (the model's ``rotary_emb``), the KV cache
+(``DynamicCache.update``) and the attention function of :mod:`domino.fast_attention`.
+The model's logits, hidden states and cache are bit-identical to its switched HF
+forward's (tests/test_fast_forward.py), so plain decoding, HF ``generate`` and the
+engine's verification all get it, and stay token-identical: what it saves is time
+(``benchmarks/fast_forward_ab.py``).
+
+It takes the call HF's forward takes. Where it does not apply, it runs HF's own forward:
+an argument it does not handle (``inputs_embeds``, ``labels``, ``output_attentions``, a
+``return_dict=False``, a tensor ``logits_to_keep``, a cache other than a
+``DynamicCache``, no cache), autograd needing a graph, CPU autocast, or a rotary table
+that the rotary kernel does not take. It is switched on only where the installed
+transformers' forwards are the ones it mirrors (:data:`SOURCE_SHA1`, checked word for
+word as :mod:`domino.fast_layers` checks its attention), every layer is switched, and
+every linear layer runs the packed kernel for the model's dtype (bf16 on a CPU with AVX2
+or AVX512-BF16; float32 with AVX-512): elsewhere ``use_fast_forward`` leaves the model as
+it is.
+
+The weights it reads are looked up once; a weight replaced, or changed in place through
+its own in-place ops, is noticed at the next call (each parameter's identity and version
+are compared, ~50 us a SmolLM2 forward) and the packed copies are made again, as
+:func:`domino.fast_linear.packed_weight` does.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import sys
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from domino.fast_attention import small_batch_attention_forward, uses_small_batch_attention
+from domino.fast_layers import ATTENTION_CLASSES, _FLAG as _FUSED_LAYER_FLAG, _mirrors_hf_attention
+from domino.fast_linear import _version, fused_packed_weight, packed_weight, runs_packed
+
+__all__ = ["use_fast_forward", "undo_fast_forward", "uses_fast_forward", "fast_forward", "SOURCE_SHA1"]
+
+# The forwards mirrored here, word for word (transformers 5.24's); another release that
+# changes one leaves the model on HF's forward.
+SOURCE_SHA1 = {
+    "LlamaForCausalLM": "8b93ce9b4afccbb99fdf6eb6de1026be51d8b0e0",
+    "LlamaModel": "b6b92004ca16bcbb2ea8a1c769adc4a580e4be43",
+    "LlamaDecoderLayer": "3369831f808a5c4540648cf20a5553ab0d89f7ca",
+}
+_PLAN = "_domino_fast_forward_plan"
+_SWITCHED = "_domino_fast_forward"
+# The keywords HF generate and the engine pass besides the named ones; any other runs HF's forward.
+_HANDLED_KWARGS = frozenset(("return_dict", "output_hidden_states", "output_attentions", "past_key_values"))
+
+
+@dataclass(frozen=True)
+class _Linear:
+    """One packed product: the packed weight's data, its N, its bias (or None)."""
+
+    data: torch.Tensor
+    n: int
+    bias: torch.Tensor | None
+
+
+@dataclass(frozen=True)
+class _Layer:
+    input_norm: torch.Tensor
+    input_eps: float
+    qkv: _Linear
+    o: _Linear
+    post_norm: torch.Tensor
+    post_eps: float
+    gate_up: _Linear
+    down: _Linear
+    attention: torch.nn.Module  # for the attention function's checks (training, is_causal)
+    scaling: float
+
+
+@dataclass(frozen=True)
+class _Plan:
+    dtype: torch.dtype
+    embed: torch.Tensor
+    layers: tuple
+    norm: torch.Tensor
+    norm_eps: float
+    lm_head: _Linear
+    heads: tuple  # (query heads, kv heads, head dim)
+    params: tuple  # (the module's _parameters dict, name, tensor, version) of every tensor read
+    create_causal_mask: object  # the model's module's, as HF's forward calls it
+
+
+@functools.cache
+def _mirrors_hf(cls: type) -> bool:
+    """Whether ``cls.forward`` is, word for word, the forward of :data:`SOURCE_SHA1`."""
+    want = SOURCE_SHA1.get(cls.__name__)
+    try:
+        source = inspect.getsource(inspect.unwrap(cls.forward))
+    except (OSError, TypeError):
+        return False
+    return want is not None and hashlib.sha1(source.encode()).hexdigest() == want
+
+
+def _linear(owner: torch.nn.Module, layers: tuple, dtype: torch.dtype) -> _Linear | None:
+    if len(layers) == 1:
+        m = layers[0]
+        if not runs_packed(m, dtype) or m.weight.dtype is not dtype or (m.bias is not None and m.bias.dtype is not dtype):
+            return None
+        p = packed_weight(m)
+        return _Linear(p.data, p.out_features, None if m.bias is None else m.bias.contiguous())
+    fused = fused_packed_weight(owner, layers, dtype)
+    return None if fused is None else _Linear(fused[0].data, fused[0].out_features, fused[1])
+
+
+def _build_plan(model: torch.nn.Module) -> _Plan | None:
+    """The weights and shapes :func:`fast_forward` reads, or None where it does not apply."""
+    inner = getattr(model, "model", None)
+    if not (_mirrors_hf(type(model)) and inner is not None and _mirrors_hf(type(inner))
+            and uses_small_batch_attention(model)):
+        return None
+    config = model.config
+    embed, lm_head, norm = inner.embed_tokens, model.lm_head, inner.norm
+    dtype = embed.weight.dtype
+    if (not embed.weight.is_cpu or dtype not in (torch.float32, torch.bfloat16)
+            or len(inner.layers) != config.num_hidden_layers or not getattr(norm, _FUSED_LAYER_FLAG, False)):
+        return None
+    layers, params = [], []
+
+    def read(mod, *names):
+        for name in names:
+            t = mod._parameters.get(name)
+            if t is not None:
+                params.append((mod._parameters, name, t, _version(t)))
+
+    heads = None
+    for layer in inner.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        if not (_mirrors_hf(type(layer)) and type(attn).__name__ in ATTENTION_CLASSES and _mirrors_hf_attention(type(attn))
+                and all(getattr(m, _FUSED_LAYER_FLAG, False)
+                        for m in (attn, mlp, layer.input_layernorm, layer.post_attention_layernorm))):
+            return None
+        qkv = _linear(attn, (attn.q_proj, attn.k_proj, attn.v_proj), dtype)
+        gate_up = _linear(mlp, (mlp.gate_proj, mlp.up_proj), dtype)
+        o, down = _linear(attn, (attn.o_proj,), dtype), _linear(mlp, (mlp.down_proj,), dtype)
+        norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
+        if None in (qkv, gate_up, o, down) or any(w.dtype is not dtype or not w.is_contiguous() for w in norms):
+            return None
+        d = attn.head_dim
+        layer_heads = (attn.q_proj.out_features // d, attn.k_proj.out_features // d, d)
+        if heads not in (None, layer_heads) or attn.k_proj.out_features != attn.v_proj.out_features:
+            return None
+        heads = layer_heads
+        layers.append(_Layer(norms[0], float(layer.input_layernorm.variance_epsilon), qkv, o, norms[1],
+                             float(layer.post_attention_layernorm.variance_epsilon), gate_up, down, attn,
+                             float(attn.scaling)))
+        for m in (layer.input_layernorm, layer.post_attention_layernorm):
+            read(m, "weight")
+        for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj):
+            read(m, "weight", "bias")
+    head = _linear(model, (lm_head,), dtype)
+    if head is None or not layers or norm.weight.dtype is not dtype or not norm.weight.is_contiguous():
+        return None
+    read(embed, "weight")
+    read(norm, "weight")
+    read(lm_head, "weight", "bias")
+    hf = sys.modules[type(inner).__module__]
+    return _Plan(dtype, embed.weight, tuple(layers), norm.weight, float(norm.variance_epsilon), head, heads,
+                 tuple(params), hf.create_causal_mask)
+
+
+def _current_plan(model: torch.nn.Module) -> _Plan | None:
+    """The model's plan, built again when a weight it reads was replaced or changed in place."""
+    plan = model.__dict__.get(_PLAN)
+    if plan is not None:
+        for owner, name, t, version in plan.params:
+            if owner.get(name) is not t or _version(t) != version:
+                plan = None
+                break
+    if plan is None:
+        plan = _build_plan(model)
+        model.__dict__[_PLAN] = plan
+    return plan
+
+
+def _product(x: torch.Tensor, w: _Linear) -> torch.Tensor:
+    """x [rows, K] (contiguous) times the packed weight: [rows, N]."""
+    out = torch.empty(x.shape[0], w.n, dtype=x.dtype)
+    torch.ops.domino_ops.small_batch_linear_packed.default(x, w.data, w.n, w.bias, out)
+    return out
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    out = torch.empty_like(x)
+    torch.ops.domino_ops.rms_norm.default(x, weight, eps, out)
+    return out
+
+
+def fast_forward(model, input_ids=None, attention_mask=None, position_ids=None, cache=None, inputs_embeds=None,
+                 labels=None, use_cache=None, logits_to_keep=0, **kwargs):
+    """``LlamaForCausalLM.forward`` (transformers 5.24), computed as HF's with the switched
+    kernels computes it; HF's own forward where it does not apply (module docstring).
+
+    Args:
+        model: a ``LlamaForCausalLM`` switched by :func:`use_fast_forward`.
+        input_ids: [b, T] int64 token ids.
+        attention_mask: None, [b, past + T] (1 / True: a real token) or a 4D mask [b, 1,
+            T, past + T] (bool, or additive float), as HF's forward takes it.
+        position_ids: [b, T] int64, or None (``past`` .. ``past + T - 1``).
+        cache: a ``transformers.DynamicCache`` (``past_key_values`` too), updated in place.
+        logits_to_keep: an int: logits of the last that many positions (0: all).
+
+    Returns:
+        ``CausalLMOutputWithPast``: ``logits`` [b, T or logits_to_keep, V] in the model's
+        dtype, ``cache``, and with ``output_hidden_states`` the embeddings and each layer's
+        output (the last one after the final norm, as HF's) as ``hidden_states``, each
+        [b, T, H].
+    """
+    from transformers import DynamicCache
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    def hf_forward():
+        return type(model).forward(model, input_ids=input_ids, attention_mask=attention_mask,
+                                   position_ids=position_ids, cache=cache, inputs_embeds=inputs_embeds, labels=labels,
+                                   use_cache=use_cache, logits_to_keep=logits_to_keep, **kwargs)
+
+    config = model.config
+    kv = cache if cache is not None else kwargs.get("past_key_values")
+    if kv is None and (config.use_cache if use_cache is None else use_cache):
+        kv = DynamicCache(config=config)  # as HF's forward makes one
+    hidden = kwargs.get("output_hidden_states")
+    hidden = config.output_hidden_states if hidden is None else hidden
+    plan = None
+    if (type(kv) is DynamicCache and inputs_embeds is None and labels is None and isinstance(input_ids, torch.Tensor)
+            and input_ids.dim() == 2 and input_ids.shape[1] and input_ids.is_cpu and isinstance(hidden, bool)
+            and type(logits_to_keep) is int and logits_to_keep >= 0 and not kwargs.get("output_attentions")
+            and kwargs.get("return_dict") is not False and _HANDLED_KWARGS.issuperset(kwargs)
+            and not torch.is_autocast_enabled("cpu") and uses_small_batch_attention(model)):
+        plan = _current_plan(model)
+    if plan is None or (torch.is_grad_enabled() and any(p[2].requires_grad for p in plan.params)):
+        return hf_forward()
+
+    x = F.embedding(input_ids, plan.embed)
+    b, T, H = x.shape
+    if position_ids is None:
+        position_ids = (torch.arange(T) + kv.get_seq_length()).unsqueeze(0)
+    n_q, n_kv, d = plan.heads
+    cos, sin = model.model.rotary_emb(x, position_ids=position_ids)
+    if not (cos.dtype is x.dtype and sin.dtype is x.dtype and cos.dim() == 3 and cos.shape[-1] == d):
+        return hf_forward()  # the rotary kernel takes it not; nothing is changed yet
+    mask = plan.create_causal_mask(config=config, inputs_embeds=x, attention_mask=attention_mask, cache=kv,
+                                   position_ids=position_ids)
+    rotary = torch.ops.domino_ops.apply_rotary_pos_emb.default
+    silu_mul = torch.ops.domino_ops.silu_mul.default
+    rows = b * T
+    states = [x] if hidden else None
+    for i, layer in enumerate(plan.layers):
+        # attention: norm, q/k/v as one product, rotary, cache, attention, o_proj, residual
+        h = _rms_norm(x, layer.input_norm, layer.input_eps)
+        qkv = _product(h.view(rows, H), layer.qkv)
+        q, k, v = qkv.view(b, T, n_q + 2 * n_kv, d).transpose(1, 2).split((n_q, n_kv, n_kv), dim=1)
+        q_rot = torch.empty(b, n_q, T, d, dtype=x.dtype)
+        k_rot = torch.empty(b, n_kv, T, d, dtype=x.dtype)
+        rotary(q, k, cos, sin, q_rot, k_rot)
+        keys, values = kv.update(k_rot, v, i)
+        module = layer.attention
+        attended, _ = small_batch_attention_forward(module, q_rot, keys, values, mask, scaling=layer.scaling,
+                                                    dropout=module.attention_dropout if module.training else 0.0)
+        x = x + _product(attended.view(rows, n_q * d), layer.o).view(b, T, H)
+        # MLP: norm, gate/up as one product, SiLU(gate) * up, down_proj, residual
+        h = _rms_norm(x, layer.post_norm, layer.post_eps)
+        gate, up = _product(h.view(rows, H), layer.gate_up).split(layer.gate_up.n // 2, dim=1)
+        act = torch.empty_like(gate, memory_format=torch.contiguous_format)
+        silu_mul(gate.contiguous(), up.contiguous(), act)
+        x = x + _product(act, layer.down).view(b, T, H)
+        if hidden:
+            states.append(x)
+    x = _rms_norm(x, plan.norm, plan.norm_eps)
+    if hidden:
+        states[-1] = x  # HF's last hidden state is the normed one
+    keep = x[:, -logits_to_keep:] if logits_to_keep else x
+    kept = keep.shape[1]
+    logits = _product(keep.reshape(b * kept, H).contiguous(), plan.lm_head).view(b, kept, -1)
+    return CausalLMOutputWithPast(logits=logits, cache=kv, hidden_states=tuple(states) if hidden else None)
+
+
+def use_fast_forward(model: torch.nn.Module) -> torch.nn.Module:
+    """Switches a ``LlamaForCausalLM`` already on the CPU kernels to :func:`fast_forward`,
+    in place, where it applies (module docstring); returns ``model``. Idempotent; a model
+    it does not apply to is left as it is."""
+    if getattr(model, _SWITCHED, False):
+        return model
+    with torch.no_grad():
+        plan = _build_plan(model)
+    if plan is None:
+        return model
+    model.__dict__[_PLAN] = plan
+    # a partial (not a bound method): a switched model still pickles; its signature is
+    # HF's, which generate reads (logits_to_keep, the cache keyword)
+    model.forward = functools.partial(fast_forward, model)
+    setattr(model, _SWITCHED, True)
+    return model
+
+
+def undo_fast_forward(model: torch.nn.Module) -> torch.nn.Module:
+    """Restores the forward switched by :func:`use_fast_forward`."""
+    if getattr(model, _SWITCHED, False):
+        del model.forward
+        delattr(model, _SWITCHED)
+        model.__dict__.pop(_PLAN, None)
+    return model
+
+
+def uses_fast_forward(model: torch.nn.Module) -> bool:
+    """Whether ``model`` runs :func:`fast_forward`."""
+    return getattr(model, _SWITCHED, False)

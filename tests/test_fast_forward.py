@@ -1,0 +1,291 @@
+"""domino.fast_forward: a Llama target's forward as one loop over the CPU kernels, bit for
+bit the switched HF forward."""
+
+import copy
+import functools
+import pickle
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from domino import fast_forward
+from domino.fast_attention import use_small_batch_attention
+from domino.fast_forward import undo_fast_forward, use_fast_forward, uses_fast_forward
+from domino.fast_layers import use_fused_layers
+from domino.fast_linear import runs_packed, use_small_batch_linear
+from tiny_models import IdTokenizer, cpu_target, tiny_drafter
+
+# The dtypes whose linears run the packed kernel on this CPU: the fast forward's domain.
+PACKED = [dt for dt in (torch.bfloat16, torch.float32)
+          if runs_packed(use_small_batch_linear(torch.nn.Linear(4, 4).to(dt)), dt)]
+needs_packed = pytest.mark.skipif(not PACKED, reason="this CPU runs no packed linear kernel")
+
+
+def switched_target(kind="llama", dtype=torch.bfloat16, seed=0):
+    """A tiny target on every CPU kernel (as domino.loading.use_cpu_kernels sets it up)."""
+    model = cpu_target(kind, dtype, attn="small_batch", seed=seed)
+    return use_fast_forward(use_fused_layers(use_small_batch_linear(model)))
+
+
+@functools.cache
+def shared_target(dtype):
+    return switched_target("llama", dtype)
+
+
+class FastPathSpy:
+    """Counts the layers the fast path computed (its packed products), so a test knows it
+    compared the fast path and not HF's forward with itself."""
+
+    def __init__(self, monkeypatch):
+        self.products = 0
+        product = fast_forward._product
+
+        def counting(*args):
+            self.products += 1
+            return product(*args)
+
+        monkeypatch.setattr(fast_forward, "_product", counting)
+
+
+def hf_forward(model, **kw):
+    return type(model).forward(model, **kw)
+
+
+def assert_same_outputs(a, b, cache_a, cache_b):
+    assert torch.equal(a.logits, b.logits)
+    assert (a.hidden_states is None) == (b.hidden_states is None)
+    if a.hidden_states is not None:
+        assert len(a.hidden_states) == len(b.hidden_states)
+        assert all(torch.equal(x, y) for x, y in zip(a.hidden_states, b.hidden_states))
+    assert len(cache_a.layers) == len(cache_b.layers)
+    for la, lb in zip(cache_a.layers, cache_b.layers):
+        assert torch.equal(la.keys, lb.keys) and torch.equal(la.values, lb.values)
+
+
+def prefilled(model, prompts: torch.Tensor, mask: torch.Tensor):
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    with torch.inference_mode():
+        hf_forward(model, input_ids=prompts, attention_mask=mask.long(), position_ids=positions, cache=cache,
+                   use_cache=True)
+    return cache
+
+
+def test_mirrored_forwards_are_the_installed_ones():
+    """The forwards copied are, word for word, the installed transformers' (a release that
+    changes one fails here, and such a model keeps HF's forward)."""
+    from transformers.models.llama import modeling_llama as hf
+
+    for cls in (hf.LlamaForCausalLM, hf.LlamaModel, hf.LlamaDecoderLayer):
+        assert fast_forward._mirrors_hf(cls), cls.__name__
+
+    class LlamaModel(hf.LlamaModel):  # the same name, another forward
+        def forward(self, *args, **kwargs):
+            return super().forward(*args, **kwargs)
+
+    assert not fast_forward._mirrors_hf(LlamaModel)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_switched_only_where_every_layer_runs_the_kernels(dtype):
+    model = switched_target("llama", dtype)
+    assert uses_fast_forward(model) == (dtype in PACKED)
+    # another architecture, or a target without the attention kernel: HF's forward stays
+    assert not uses_fast_forward(switched_target("qwen3", dtype))
+    assert not uses_fast_forward(use_fast_forward(use_fused_layers(use_small_batch_linear(cpu_target("llama", dtype)))))
+    assert not uses_fast_forward(use_fast_forward(use_small_batch_attention(cpu_target("llama", dtype))))
+
+
+@needs_packed
+@pytest.mark.parametrize("dtype", PACKED)
+@given(data=st.data())
+def test_bit_identical_to_the_switched_hf_forward(dtype, data):
+    """Random batches (left-padded prompts of random lengths), blocks of 1-17 tokens after
+    them, every logits_to_keep and with or without hidden states: the logits, every hidden
+    state and the updated cache are HF's bits."""
+    model = shared_target(dtype)
+    b = data.draw(st.integers(1, 3), label="batch")
+    lengths = data.draw(st.lists(st.integers(1, 12), min_size=b, max_size=b), label="prompt lengths")
+    k = data.draw(st.integers(1, 17), label="block")
+    keep = data.draw(st.sampled_from([0, 1, k, k + 3]), label="logits_to_keep")
+    hidden = data.draw(st.booleans(), label="output_hidden_states")
+    seed = data.draw(st.integers(0, 2 ** 31 - 1), label="seed")
+    g = torch.Generator().manual_seed(seed)
+    P = max(lengths)
+    prompts = torch.randint(1, 64, (b, P), generator=g)
+    mask = torch.arange(P)[None, :] >= (P - torch.tensor(lengths))[:, None]  # left padding
+    cache_hf = prefilled(model, prompts, mask)
+    cache_fast = copy.deepcopy(cache_hf)
+    block = torch.randint(1, 64, (b, k), generator=g)
+    full = torch.cat([mask, torch.ones(b, k, dtype=torch.bool)], 1)
+    positions = torch.tensor(lengths)[:, None] + torch.arange(k)[None, :]
+    kw = dict(input_ids=block, attention_mask=full.long(), position_ids=positions, use_cache=True,
+              output_hidden_states=hidden, logits_to_keep=keep)
+    with pytest.MonkeyPatch.context() as mp, torch.inference_mode():
+        spy = FastPathSpy(mp)
+        ours = model(cache=cache_fast, **kw)
+        theirs = hf_forward(model, cache=cache_hf, **kw)
+    assert spy.products == 4 * 4 + 1  # 4 layers of q/k/v, o, gate/up, down; the LM head
+    assert ours.logits.shape == (b, keep if 0 < keep <= k else k, 64)
+    assert_same_outputs(ours, theirs, cache_fast, cache_hf)
+
+
+@needs_packed
+@pytest.mark.parametrize("dtype", PACKED)
+def test_tree_mask_bit_identical(dtype, monkeypatch):
+    """A 4D additive mask (the engine's tree rounds: each node sees the cache, its
+    ancestors and itself) is taken as HF takes it."""
+    model = shared_target(dtype)
+    g = torch.Generator().manual_seed(5)
+    prompts = torch.randint(1, 64, (1, 9), generator=g)
+    cache_hf = prefilled(model, prompts, torch.ones(1, 9, dtype=torch.bool))
+    cache_fast = copy.deepcopy(cache_hf)
+    parents = [-1, 0, 0, 1, 1, 2, 3, 5]  # a small tree
+    n = len(parents)
+    visible = torch.zeros(n, n, dtype=torch.bool)
+    depth = []
+    for i, p in enumerate(parents):
+        visible[i, i] = True
+        if p >= 0:
+            visible[i] |= visible[p]
+        depth.append(0 if p < 0 else depth[p] + 1)
+    mask = torch.zeros(1, 1, n, 9 + n, dtype=dtype)
+    mask[0, 0, :, 9:] = torch.where(visible, 0.0, float("-inf"))
+    kw = dict(input_ids=torch.randint(1, 64, (1, n), generator=g), attention_mask=mask,
+              position_ids=9 + torch.tensor([depth]), use_cache=True, output_hidden_states=True)
+    spy = FastPathSpy(monkeypatch)
+    with torch.inference_mode():
+        ours = model(cache=cache_fast, **kw)
+        theirs = hf_forward(model, cache=cache_hf, **kw)
+    assert spy.products == 17
+    assert_same_outputs(ours, theirs, cache_fast, cache_hf)
+
+
+@needs_packed
+def test_a_changed_plan_is_caught(monkeypatch):
+    """Negative control: the comparison above sees a one-layer change (a norm's epsilon)."""
+    dtype = PACKED[0]
+    model = switched_target("llama", dtype)
+    g = torch.Generator().manual_seed(2)
+    prompts = torch.randint(1, 64, (1, 6), generator=g)
+    cache_hf = prefilled(model, prompts, torch.ones(1, 6, dtype=torch.bool))
+    cache_fast = copy.deepcopy(cache_hf)
+    plan = model.__dict__[fast_forward._PLAN]
+    layers = list(plan.layers)
+    layers[2] = fast_forward._Layer(**{**vars(layers[2]), "post_eps": layers[2].post_eps * 1e4})
+    monkeypatch.setitem(model.__dict__, fast_forward._PLAN, fast_forward._Plan(**{**vars(plan), "layers": tuple(layers)}))
+    kw = dict(input_ids=torch.randint(1, 64, (1, 4), generator=g), use_cache=True)
+    with torch.inference_mode():
+        ours = model(cache=cache_fast, **kw)
+        theirs = hf_forward(model, cache=cache_hf, **kw)
+    assert not torch.equal(ours.logits, theirs.logits)
+
+
+@needs_packed
+def test_hf_generate_gives_the_same_tokens_faster_path(monkeypatch):
+    """HF generate (plain decoding, the baseline) calls the switched forward and decodes
+    the same tokens, greedy and with prompt lookup."""
+    dtype = PACKED[0]
+    model = switched_target("llama", dtype)
+    ids = torch.randint(1, 64, (2, 7), generator=torch.Generator().manual_seed(4))
+    kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=24, do_sample=False, pad_token_id=0)
+    spy = FastPathSpy(monkeypatch)
+    with torch.inference_mode():
+        fast = model.generate(input_ids=ids, **kw)
+        lookup = model.generate(input_ids=ids[:1], **{**kw, "attention_mask": kw["attention_mask"][:1]},
+                                prompt_lookup_num_tokens=3)
+        assert spy.products > 0
+        undo_fast_forward(model)
+        assert not uses_fast_forward(model) and "forward" not in vars(model)
+        products = spy.products
+        hf = model.generate(input_ids=ids, **kw)
+        hf_lookup = model.generate(input_ids=ids[:1], **{**kw, "attention_mask": kw["attention_mask"][:1]},
+                                   prompt_lookup_num_tokens=3)
+        assert spy.products == products  # undone: HF's forward only
+    assert torch.equal(fast, hf) and torch.equal(lookup, hf_lookup)
+
+
+@needs_packed
+@pytest.mark.parametrize("tree", ["auto", None])
+def test_engine_uses_it_and_stays_exact(tree, monkeypatch):
+    """domino.load switches a Llama target to it; speculative greedy decoding (tree and
+    chain) gives the target's own greedy tokens."""
+    from domino.loading import load
+
+    dtype = PACKED[0]
+    tgt = cpu_target("llama", dtype)
+    gen = load(tgt, tiny_drafter(tgt).to(dtype), IdTokenizer(), dtype=dtype, small_batch_linear=True,
+               small_batch_attention=True)
+    assert uses_fast_forward(gen.target)
+    spy = FastPathSpy(monkeypatch)
+    prompt = torch.randint(2, 64, (9,), generator=torch.Generator().manual_seed(3)).tolist()
+    spec = gen.generate(prompt, max_new_tokens=40, tree=tree, num_drafts=None if tree else 4)
+    assert spy.products > 0
+    assert spec.token_ids == gen.generate_target_only(prompt, max_new_tokens=40).token_ids
+
+
+@needs_packed
+def test_what_it_does_not_handle_runs_hf_forward(monkeypatch):
+    """inputs_embeds, labels, output_attentions, no cache, a grad-mode call with parameters
+    that require grad: HF's own forward, the same results (and gradients flow)."""
+    from transformers import DynamicCache
+
+    model = switched_target("llama", PACKED[0])
+    ids = torch.randint(1, 64, (1, 6), generator=torch.Generator().manual_seed(1))
+    spy = FastPathSpy(monkeypatch)
+    with torch.inference_mode():
+        embeds = model.get_input_embeddings()(ids)
+        a = model(inputs_embeds=embeds, use_cache=False).logits
+        b = model(input_ids=ids, labels=ids, use_cache=False)
+        c = model(input_ids=ids, cache=DynamicCache(), output_attentions=True)
+        d = model(input_ids=ids, use_cache=False).logits
+    assert spy.products == 0
+    assert torch.equal(a, d) and torch.equal(b.logits, d) and b.loss is not None and torch.equal(c.logits, d)
+    out = model(input_ids=ids, use_cache=False).logits  # grad mode on
+    assert spy.products == 0
+    out.float().sum().backward()
+    assert model.model.layers[0].mlp.gate_proj.weight.grad is not None
+    with torch.inference_mode():  # and the fast path for the plain call with a cache, as a control
+        e = model(input_ids=ids, past_key_values=DynamicCache()).logits
+    assert spy.products > 0 and torch.equal(e, d)
+
+
+@needs_packed
+def test_changed_weights_are_read_again():
+    """A weight changed in place, or replaced, is noticed at the next call: the fast
+    forward computes with the new weight, as HF's does."""
+    model = switched_target("llama", PACKED[0])
+    ids = torch.randint(1, 64, (1, 5), generator=torch.Generator().manual_seed(6))
+    with torch.inference_mode():
+        before = model(input_ids=ids, use_cache=True).logits
+    with torch.no_grad():
+        model.model.layers[1].mlp.down_proj.weight.mul_(2.0)
+    with torch.inference_mode():
+        changed = model(input_ids=ids, use_cache=True).logits
+        assert not torch.equal(before, changed)
+        assert torch.equal(changed, hf_forward(model, input_ids=ids, use_cache=True).logits)
+    attn = model.model.layers[3].self_attn
+    attn.v_proj.weight = torch.nn.Parameter(attn.v_proj.weight.detach() * 0.5)
+    with torch.inference_mode():
+        replaced = model(input_ids=ids, use_cache=True).logits
+        assert not torch.equal(replaced, changed)
+        assert torch.equal(replaced, hf_forward(model, input_ids=ids, use_cache=True).logits)
+
+
+@needs_packed
+def test_switch_is_idempotent_keeps_weights_and_pickles():
+    model = switched_target("llama", PACKED[0])
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    use_fast_forward(model)
+    assert uses_fast_forward(model)
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())
+    clone = pickle.loads(pickle.dumps(model))
+    ids = torch.randint(1, 64, (1, 5), generator=torch.Generator().manual_seed(8))
+    with torch.inference_mode():
+        assert torch.equal(clone(input_ids=ids).logits, model(input_ids=ids).logits)
+    undo_fast_forward(model)
+    assert not uses_fast_forward(model) and fast_forward._PLAN not in vars(model)
