@@ -5,8 +5,9 @@ time of a forward over k = 1, 2, 4, 8, 16, 32 new tokens (logits at every positi
 verification needs) with PyTorch's own linear layers, with
 ``domino_ops.small_batch_linear`` under them (``domino.fast_linear``; attention stays HF's
 SDPA), with both the linear and ``domino_ops.small_batch_attention``, and with those plus
-``domino_ops.rms_norm`` and ``silu_mul`` (``domino.fast_layers``: what the engine runs on
-the CPU), in fp32 and bf16, side by side, each with its ratio to its own one-token
+``domino_ops.rms_norm`` and ``silu_mul`` (``domino.fast_layers``), and with all of them
+run as ``domino.fast_forward``'s one loop (what the engine runs on the CPU, where it
+applies), in fp32 and bf16, side by side, each with its ratio to its own one-token
 forward. Every repeat runs every variant, each at every k back to back, so machine noise
 hits the variants alike and each ratio compares forwards made seconds apart. Then a
 microbenchmark of the op alone against ``torch.nn.functional.linear`` on SmolLM2's shapes
@@ -34,23 +35,29 @@ from domino.target import cache_kwarg
 from domino_ops import cpu
 from timing import copy_bandwidth_gbs, median_seconds
 from domino.fast_attention import undo_small_batch_attention, use_small_batch_attention
+from domino.fast_forward import undo_fast_forward, use_fast_forward
 from domino.fast_layers import undo_fused_layers, use_fused_layers
 from domino import fast_linear
 from domino.fast_linear import undo_small_batch_linear, use_small_batch_linear, uses_small_batch_linear
 
 KS = (1, 2, 4, 8, 16, 32)
 SHAPES = ((576, 576), (1536, 576), (576, 1536), (49152, 576))  # (N, K): q/o, gate/up, down, LM head
-# variant: (small_batch_linear, packed weights, small_batch_attention, fused layers). "kernel"
+# variant: (small_batch_linear, packed weights, small_batch_attention, fused layers, fast
+# forward). "kernel"
 # is what domino.fast_linear runs: the packed kernel for bf16 on an AVX512-BF16 or AVX2-only CPU and for
 # fp32 on an AVX-512F one (float32 panels), else the row-major one; "row-major" forces the row-major kernel (shown where packing
-# applies); "engine" adds domino.fast_layers' rms_norm and silu_mul: what the engine runs.
+# applies); "fused" adds domino.fast_layers' rms_norm and silu_mul (and the fused projections);
+# "engine" runs the forward as domino.fast_forward's one loop over those kernels: what the
+# engine runs (where it applies; else "engine" is "fused").
 # On an AMX CPU the packed kernel runs AMX tiles, and "engine-vector" is the engine with
 # the packed kernel's AVX512-BF16 vector path instead (DOMINO_SMALL_BATCH_LINEAR_PACKED_PATH).
-VARIANTS = {"torch": (False, False, False, False), "row-major": (True, False, False, False),
-            "kernel": (True, True, False, False), "kernel+attention": (True, True, True, False),
-            "engine": (True, True, True, True), "engine-vector": (True, True, True, True)}
+VARIANTS = {"torch": (False, False, False, False, False), "row-major": (True, False, False, False, False),
+            "kernel": (True, True, False, False, False), "kernel+attention": (True, True, True, False, False),
+            "fused": (True, True, True, True, False), "engine": (True, True, True, True, True),
+            "engine-vector": (True, True, True, True, True)}
 LABELS = {"torch": "PyTorch", "row-major": "small_batch_linear row-major", "kernel": "small_batch_linear",
-          "kernel+attention": "+ small_batch_attention", "engine": "+ rms_norm, silu_mul (the engine)",
+          "kernel+attention": "+ small_batch_attention", "fused": "+ rms_norm, silu_mul",
+          "engine": "+ fast_forward (the engine)",
           "engine-vector": "the engine, packed product on AVX512-BF16 vectors, not AMX"}
 PACKED_PATH_ENV = "DOMINO_SMALL_BATCH_LINEAR_PACKED_PATH"
 
@@ -99,10 +106,13 @@ def forward_times(model, cache_len: int, repeats: int, ks=KS) -> dict:
         # switch one untimed forward, and the k in another order each repeat, so no k is
         # always the first (or last) forward of a variant.
         for rep in range(repeats + 2):  # the first two rounds are warm-up
-            for variant, (linear, packed, attention, fused) in variants.items():
+            for variant, (linear, packed, attention, fused, fast) in variants.items():
+                undo_fast_forward(model)  # its plan reads the switches below
                 run_linear_as(model, linear, packed_dtypes if packed else ())
                 (use_small_batch_attention if attention else undo_small_batch_attention)(model)
                 (use_fused_layers if fused else undo_fused_layers)(model)
+                if fast:
+                    use_fast_forward(model)
                 if variant == "engine-vector":
                     os.environ[PACKED_PATH_ENV] = "avx512_bf16"
                 else:
@@ -118,6 +128,7 @@ def forward_times(model, cache_len: int, repeats: int, ks=KS) -> dict:
                     if rep >= 2:
                         times.setdefault((variant, k), []).append(dt)
     os.environ.pop(PACKED_PATH_ENV, None)
+    undo_fast_forward(model)
     undo_small_batch_linear(model)
     undo_small_batch_attention(model)
     undo_fused_layers(model)
@@ -174,8 +185,9 @@ def model_table(repeats: int, cache_len: int, dtypes) -> None:
         print(f"  {names[dt]}: 16-token / 1-token forward with the kernel = {r16:.2f}x (goal <= 1.3: "
               f"{'met' if r16 <= 1.3 else 'MISSED'}); kernel 1-token / PyTorch 1-token = {one:.2f} "
               f"(goal <= 1: {'met' if one <= 1.0 else 'MISSED'}); with small_batch_attention too: "
-              f"{r16a:.2f}x; the engine's configuration (+ rms_norm, silu_mul): 16-token / 1-token = "
-              f"{r16e:.2f}x, its 1-token forward {med[(dt, 'engine', 1)][0] * 1e3:.1f} ms")
+              f"{r16a:.2f}x; the engine's configuration (+ rms_norm, silu_mul, fast_forward): 16-token / "
+              f"1-token = {r16e:.2f}x, its 1-token forward {med[(dt, 'engine', 1)][0] * 1e3:.1f} ms "
+              f"({med[(dt, 'engine', 1)][0] / med[(dt, 'torch', 1)][0]:.2f}x PyTorch's)")
         if (dt, "engine-vector", 16) in med:
             r16v = med[(dt, "engine-vector", 16)][0] / med[(dt, "engine-vector", 1)][0]
             print(f"    the engine with the packed product on AVX512-BF16 vectors instead of AMX tiles: "

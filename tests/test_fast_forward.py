@@ -1,5 +1,5 @@
-"""domino.fast_forward: a Llama target's forward as one loop over the CPU kernels, bit for
-bit the switched HF forward."""
+"""domino.fast_forward: a Llama / Qwen2 / Qwen3 target's forward as one loop over the CPU
+kernels, bit for bit the switched HF forward."""
 
 import copy
 import functools
@@ -29,9 +29,12 @@ def switched_target(kind="llama", dtype=torch.bfloat16, seed=0):
     return use_fast_forward(use_fused_layers(use_small_batch_linear(model)))
 
 
+KINDS = ["llama", "qwen2", "qwen3"]  # Qwen2: biased q/k/v; Qwen3: q and k normalised per head
+
+
 @functools.cache
-def shared_target(dtype):
-    return switched_target("llama", dtype)
+def shared_target(kind, dtype):
+    return switched_target(kind, dtype)
 
 
 class FastPathSpy:
@@ -78,10 +81,15 @@ def prefilled(model, prompts: torch.Tensor, mask: torch.Tensor):
 def test_mirrored_forwards_are_the_installed_ones():
     """The forwards copied are, word for word, the installed transformers' (a release that
     changes one fails here, and such a model keeps HF's forward)."""
-    from transformers.models.llama import modeling_llama as hf
+    import importlib
 
-    for cls in (hf.LlamaForCausalLM, hf.LlamaModel, hf.LlamaDecoderLayer):
-        assert fast_forward._mirrors_hf(cls), cls.__name__
+    for family in ("llama", "qwen2", "qwen3"):
+        hf = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+        prefix = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3"}[family]
+        for part in ("ForCausalLM", "Model", "DecoderLayer", "Attention"):
+            assert fast_forward._mirrors_hf(getattr(hf, prefix + part)), prefix + part
+
+    from transformers.models.llama import modeling_llama as hf
 
     class LlamaModel(hf.LlamaModel):  # the same name, another forward
         def forward(self, *args, **kwargs):
@@ -92,22 +100,33 @@ def test_mirrored_forwards_are_the_installed_ones():
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_switched_only_where_every_layer_runs_the_kernels(dtype):
-    model = switched_target("llama", dtype)
-    assert uses_fast_forward(model) == (dtype in PACKED)
-    # another architecture, or a target without the attention kernel: HF's forward stays
-    assert not uses_fast_forward(switched_target("qwen3", dtype))
+    from transformers import MistralConfig, MistralForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    for kind in KINDS:
+        assert uses_fast_forward(switched_target(kind, dtype)) == (dtype in PACKED)
+    # another architecture, sliding-window layers, or a target without the attention
+    # kernel: HF's forward stays
+    common = dict(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16)
+    for model in (MistralForCausalLM(MistralConfig(**common)),
+                  Qwen3ForCausalLM(Qwen3Config(**common, use_sliding_window=True, sliding_window=8,
+                                               layer_types=["sliding_attention", "full_attention"]))):
+        model = model.to(dtype).eval()
+        use_small_batch_attention(model)
+        assert not uses_fast_forward(use_fast_forward(use_fused_layers(use_small_batch_linear(model))))
     assert not uses_fast_forward(use_fast_forward(use_fused_layers(use_small_batch_linear(cpu_target("llama", dtype)))))
     assert not uses_fast_forward(use_fast_forward(use_small_batch_attention(cpu_target("llama", dtype))))
 
 
 @needs_packed
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype", PACKED)
 @given(data=st.data())
-def test_bit_identical_to_the_switched_hf_forward(dtype, data):
+def test_bit_identical_to_the_switched_hf_forward(kind, dtype, data):
     """Random batches (left-padded prompts of random lengths), blocks of 1-17 tokens after
     them, every logits_to_keep and with or without hidden states: the logits, every hidden
     state and the updated cache are HF's bits."""
-    model = shared_target(dtype)
+    model = shared_target(kind, dtype)
     b = data.draw(st.integers(1, 3), label="batch")
     lengths = data.draw(st.lists(st.integers(1, 12), min_size=b, max_size=b), label="prompt lengths")
     k = data.draw(st.integers(1, 17), label="block")
@@ -135,11 +154,12 @@ def test_bit_identical_to_the_switched_hf_forward(dtype, data):
 
 
 @needs_packed
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype", PACKED)
-def test_tree_mask_bit_identical(dtype, monkeypatch):
+def test_tree_mask_bit_identical(kind, dtype, monkeypatch):
     """A 4D additive mask (the engine's tree rounds: each node sees the cache, its
     ancestors and itself) is taken as HF takes it."""
-    model = shared_target(dtype)
+    model = shared_target(kind, dtype)
     g = torch.Generator().manual_seed(5)
     prompts = torch.randint(1, 64, (1, 9), generator=g)
     cache_hf = prefilled(model, prompts, torch.ones(1, 9, dtype=torch.bool))
@@ -210,14 +230,15 @@ def test_hf_generate_gives_the_same_tokens_faster_path(monkeypatch):
 
 
 @needs_packed
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("tree", ["auto", None])
-def test_engine_uses_it_and_stays_exact(tree, monkeypatch):
-    """domino.load switches a Llama target to it; speculative greedy decoding (tree and
-    chain) gives the target's own greedy tokens."""
+def test_engine_uses_it_and_stays_exact(kind, tree, monkeypatch):
+    """domino.load switches a Llama, Qwen2 or Qwen3 target to it; speculative greedy
+    decoding (tree and chain) gives the target's own greedy tokens."""
     from domino.loading import load
 
     dtype = PACKED[0]
-    tgt = cpu_target("llama", dtype)
+    tgt = cpu_target(kind, dtype)
     gen = load(tgt, tiny_drafter(tgt).to(dtype), IdTokenizer(), dtype=dtype, small_batch_linear=True,
                small_batch_attention=True)
     assert uses_fast_forward(gen.target)
@@ -289,3 +310,20 @@ def test_switch_is_idempotent_keeps_weights_and_pickles():
         assert torch.equal(clone(input_ids=ids).logits, model(input_ids=ids).logits)
     undo_fast_forward(model)
     assert not uses_fast_forward(model) and fast_forward._PLAN not in vars(model)
+
+
+@needs_packed
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_cache_is_returned_as_hf_returns_it(kind):
+    """Llama's body returns the cache it was given even with use_cache=False; Qwen2's and
+    Qwen3's only with use_cache."""
+    from transformers import DynamicCache
+
+    model = shared_target(kind, PACKED[0])
+    ids = torch.randint(1, 64, (1, 4), generator=torch.Generator().manual_seed(9))
+    with torch.inference_mode():
+        for use_cache in (True, False, None):
+            ours = model(input_ids=ids, cache=DynamicCache(), use_cache=use_cache)
+            theirs = hf_forward(model, input_ids=ids, cache=DynamicCache(), use_cache=use_cache)
+            assert (ours.cache is None) == (theirs.cache is None)
+            assert torch.equal(ours.logits, theirs.logits)

@@ -22,7 +22,7 @@ class IdTokenizer:
 
 
 def tiny_target(kind: str = "qwen3", vocab: int = 64, seed: int = 0):
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(seed)
     common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
@@ -30,6 +30,8 @@ def tiny_target(kind: str = "qwen3", vocab: int = 64, seed: int = 0):
                   pad_token_id=0, bos_token_id=None, eos_token_id=None)
     if kind == "qwen3":
         model = Qwen3ForCausalLM(Qwen3Config(**common))
+    elif kind == "qwen2":  # biased q/k/v projections
+        model = Qwen2ForCausalLM(Qwen2Config(**common))
     else:
         model = LlamaForCausalLM(LlamaConfig(**common))
     with torch.no_grad():  # sharper logits than the default init, so greedy paths are stable

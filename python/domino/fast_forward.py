@@ -1,13 +1,16 @@
-"""Run a HF Llama causal LM's forward on the CPU as one loop over its layers that calls
-the kernels directly.
+"""Run a HF Llama, Qwen2 or Qwen3 causal LM's forward on the CPU as one loop over its
+layers that calls the kernels directly.
 
-``use_fast_forward(model)`` replaces the ``forward`` of a ``LlamaForCausalLM`` whose
-layers are already on the CPU kernels (:mod:`domino.fast_linear` with packed weights,
+``use_fast_forward(model)`` replaces the ``forward`` of a ``LlamaForCausalLM``,
+``Qwen2ForCausalLM`` or ``Qwen3ForCausalLM`` (full attention in every layer) whose layers are already on the CPU kernels (:mod:`domino.fast_linear` with packed weights,
 :mod:`domino.fast_attention`, :mod:`domino.fast_layers`) with :func:`fast_forward`: the
 same computation in the same order, op for op, but without what HF wraps around it per
 layer and per module (module calls and hooks, the output-capturing and keyword
 machinery, the switched modules' per-call checks and weight lookups, ~2,400 small
-dispatcher calls a SmolLM2 forward; ~800 remain). What stays HF's own: the causal mask
+dispatcher calls a SmolLM2 forward; ~800 remain; for Qwen2 and Qwen3 it also runs the
+q, k and v projections as one packed product and the rotary embedding as one
+``apply_rotary_pos_emb`` call, as :mod:`domino.fast_layers` does for Llama's attention,
+the same bits). What stays HF's own: the causal mask
 (``create_causal_mask``), the rotary table (the model's ``rotary_emb``), the KV cache
 (``DynamicCache.update``) and the attention function of :mod:`domino.fast_attention`.
 The model's logits, hidden states and cache are bit-identical to its switched HF
@@ -19,8 +22,9 @@ It takes the call HF's forward takes. Where it does not apply, it runs HF's own 
 an argument it does not handle (``inputs_embeds``, ``labels``, ``output_attentions``, a
 ``return_dict=False``, a tensor ``logits_to_keep``, a cache other than a
 ``DynamicCache``, no cache), autograd needing a graph, CPU autocast, or a rotary table
-that the rotary kernel does not take. It is switched on only where the installed
-transformers' forwards are the ones it mirrors (:data:`SOURCE_SHA1`, checked word for
+that the rotary kernel does not take, a prepared mask mapping. It is switched on only
+where the installed transformers' forwards (the causal LM's, its body's, the decoder
+layer's and the attention's) are the ones it mirrors (:data:`SOURCE_SHA1`, checked word for
 word as :mod:`domino.fast_layers` checks its attention), every layer is switched, and
 every linear layer runs the packed kernel for the model's dtype (bf16 on a CPU with AVX2
 or AVX512-BF16; float32 with AVX-512): elsewhere ``use_fast_forward`` leaves the model as
@@ -44,18 +48,34 @@ import torch
 import torch.nn.functional as F
 
 from domino.fast_attention import small_batch_attention_forward, uses_small_batch_attention
-from domino.fast_layers import ATTENTION_CLASSES, _FLAG as _FUSED_LAYER_FLAG, _mirrors_hf_attention
+from domino.fast_layers import ATTENTION_SOURCE_SHA1, _FLAG as _FUSED_LAYER_FLAG
 from domino.fast_linear import _version, fused_packed_weight, packed_weight, runs_packed
 
 __all__ = ["use_fast_forward", "undo_fast_forward", "uses_fast_forward", "fast_forward", "SOURCE_SHA1"]
 
 # The forwards mirrored here, word for word (transformers 5.24's); another release that
-# changes one leaves the model on HF's forward.
+# changes one leaves the model on HF's forward. The three families' causal LM forwards
+# differ only in their docstrings, their decoder layers not at all; Qwen2's and Qwen3's
+# bodies build a mask per layer type, their attentions pass a sliding window (None with
+# full attention), Qwen3's normalises q and k per head before the rotary embedding.
 SOURCE_SHA1 = {
     "LlamaForCausalLM": "8b93ce9b4afccbb99fdf6eb6de1026be51d8b0e0",
+    "Qwen2ForCausalLM": "b417de82d351c7cf8958954e13757b3507afc57c",
+    "Qwen3ForCausalLM": "539c37ef8cce727df2d65484fdc79c885f794442",
     "LlamaModel": "b6b92004ca16bcbb2ea8a1c769adc4a580e4be43",
+    "Qwen2Model": "992d9ddaa5fd74ff0aa460ecc07f10d67a94acc6",
+    "Qwen3Model": "992d9ddaa5fd74ff0aa460ecc07f10d67a94acc6",
     "LlamaDecoderLayer": "3369831f808a5c4540648cf20a5553ab0d89f7ca",
+    "Qwen2DecoderLayer": "3369831f808a5c4540648cf20a5553ab0d89f7ca",
+    "Qwen3DecoderLayer": "3369831f808a5c4540648cf20a5553ab0d89f7ca",
+    "LlamaAttention": ATTENTION_SOURCE_SHA1,
+    "Qwen2Attention": "81453898582f75aa29671403e86ffdc589e03b33",
+    "Qwen3Attention": "e4b92cf1773110f11447372956a1ea482f5baa35",
 }
+# causal LM -> its body's class (each body's forward returns the cache whatever use_cache
+# says (Llama) or only with use_cache (Qwen2, Qwen3))
+_BODIES = {"LlamaForCausalLM": ("LlamaModel", True), "Qwen2ForCausalLM": ("Qwen2Model", False),
+           "Qwen3ForCausalLM": ("Qwen3Model", False)}
 _PLAN = "_domino_fast_forward_plan"
 _SWITCHED = "_domino_fast_forward"
 # The keywords HF generate and the engine pass besides the named ones; any other runs HF's forward.
@@ -83,6 +103,9 @@ class _Layer:
     down: _Linear
     attention: torch.nn.Module  # for the attention function's checks (training, is_causal)
     scaling: float
+    q_norm: torch.Tensor | None  # Qwen3: the per-head RMSNorms of q and k before the rotary embedding
+    k_norm: torch.Tensor | None
+    qk_eps: float
 
 
 @dataclass(frozen=True)
@@ -96,6 +119,7 @@ class _Plan:
     heads: tuple  # (query heads, kv heads, head dim)
     params: tuple  # (the module's _parameters dict, name, tensor, version) of every tensor read
     create_causal_mask: object  # the model's module's, as HF's forward calls it
+    returns_cache: bool  # whether the body returns the cache with use_cache False
 
 
 @functools.cache
@@ -123,10 +147,13 @@ def _linear(owner: torch.nn.Module, layers: tuple, dtype: torch.dtype) -> _Linea
 def _build_plan(model: torch.nn.Module) -> _Plan | None:
     """The weights and shapes :func:`fast_forward` reads, or None where it does not apply."""
     inner = getattr(model, "model", None)
-    if not (_mirrors_hf(type(model)) and inner is not None and _mirrors_hf(type(inner))
+    body = _BODIES.get(type(model).__name__)
+    if not (body and _mirrors_hf(type(model)) and type(inner).__name__ == body[0] and _mirrors_hf(type(inner))
             and uses_small_batch_attention(model)):
         return None
     config = model.config
+    if any(t != "full_attention" for t in getattr(config, "layer_types", None) or ()):
+        return None  # sliding layers get another mask
     embed, lm_head, norm = inner.embed_tokens, model.lm_head, inner.norm
     dtype = embed.weight.dtype
     if (not embed.weight.is_cpu or dtype not in (torch.float32, torch.bfloat16)
@@ -140,40 +167,50 @@ def _build_plan(model: torch.nn.Module) -> _Plan | None:
             if t is not None:
                 params.append((mod._parameters, name, t, _version(t)))
 
+    def usable_norm(mod) -> bool:  # switched to the rms_norm kernel, its weight in the dtype
+        return getattr(mod, _FUSED_LAYER_FLAG, False) and mod.weight.dtype is dtype and mod.weight.is_contiguous()
+
     heads = None
     for layer in inner.layers:
         attn, mlp = layer.self_attn, layer.mlp
-        if not (_mirrors_hf(type(layer)) and type(attn).__name__ in ATTENTION_CLASSES and _mirrors_hf_attention(type(attn))
-                and all(getattr(m, _FUSED_LAYER_FLAG, False)
-                        for m in (attn, mlp, layer.input_layernorm, layer.post_attention_layernorm))):
+        qk_norms = tuple(getattr(attn, n, None) for n in ("q_norm", "k_norm"))
+        if not (_mirrors_hf(type(layer)) and _mirrors_hf(type(attn)) and getattr(mlp, _FUSED_LAYER_FLAG, False)
+                and usable_norm(layer.input_layernorm) and usable_norm(layer.post_attention_layernorm)
+                and (type(attn).__name__ != "Qwen3Attention" or all(usable_norm(n) for n in qk_norms))
+                and getattr(attn, "sliding_window", None) is None):
             return None
         qkv = _linear(attn, (attn.q_proj, attn.k_proj, attn.v_proj), dtype)
         gate_up = _linear(mlp, (mlp.gate_proj, mlp.up_proj), dtype)
         o, down = _linear(attn, (attn.o_proj,), dtype), _linear(mlp, (mlp.down_proj,), dtype)
-        norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
-        if None in (qkv, gate_up, o, down) or any(w.dtype is not dtype or not w.is_contiguous() for w in norms):
+        if None in (qkv, gate_up, o, down):
             return None
         d = attn.head_dim
         layer_heads = (attn.q_proj.out_features // d, attn.k_proj.out_features // d, d)
         if heads not in (None, layer_heads) or attn.k_proj.out_features != attn.v_proj.out_features:
             return None
         heads = layer_heads
-        layers.append(_Layer(norms[0], float(layer.input_layernorm.variance_epsilon), qkv, o, norms[1],
+        q_norm, k_norm = qk_norms if type(attn).__name__ == "Qwen3Attention" else (None, None)
+        if q_norm is not None and q_norm.variance_epsilon != k_norm.variance_epsilon:
+            return None
+        layers.append(_Layer(layer.input_layernorm.weight, float(layer.input_layernorm.variance_epsilon), qkv, o,
+                             layer.post_attention_layernorm.weight,
                              float(layer.post_attention_layernorm.variance_epsilon), gate_up, down, attn,
-                             float(attn.scaling)))
-        for m in (layer.input_layernorm, layer.post_attention_layernorm):
+                             float(attn.scaling), None if q_norm is None else q_norm.weight,
+                             None if k_norm is None else k_norm.weight,
+                             0.0 if q_norm is None else float(q_norm.variance_epsilon)))
+        for m in (layer.input_layernorm, layer.post_attention_layernorm) + ((q_norm, k_norm) if q_norm else ()):
             read(m, "weight")
         for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj):
             read(m, "weight", "bias")
     head = _linear(model, (lm_head,), dtype)
-    if head is None or not layers or norm.weight.dtype is not dtype or not norm.weight.is_contiguous():
+    if head is None or not layers or not usable_norm(norm):
         return None
     read(embed, "weight")
     read(norm, "weight")
     read(lm_head, "weight", "bias")
     hf = sys.modules[type(inner).__module__]
     return _Plan(dtype, embed.weight, tuple(layers), norm.weight, float(norm.variance_epsilon), head, heads,
-                 tuple(params), hf.create_causal_mask)
+                 tuple(params), hf.create_causal_mask, body[1])
 
 
 def _current_plan(model: torch.nn.Module) -> _Plan | None:
@@ -205,11 +242,12 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
 
 def fast_forward(model, input_ids=None, attention_mask=None, position_ids=None, cache=None, inputs_embeds=None,
                  labels=None, use_cache=None, logits_to_keep=0, **kwargs):
-    """``LlamaForCausalLM.forward`` (transformers 5.24), computed as HF's with the switched
-    kernels computes it; HF's own forward where it does not apply (module docstring).
+    """``LlamaForCausalLM.forward`` (and Qwen2's, Qwen3's; transformers 5.24), computed as
+    HF's with the switched kernels computes it; HF's own forward where it does not apply
+    (module docstring).
 
     Args:
-        model: a ``LlamaForCausalLM`` switched by :func:`use_fast_forward`.
+        model: a causal LM switched by :func:`use_fast_forward`.
         input_ids: [b, T] int64 token ids.
         attention_mask: None, [b, past + T] (1 / True: a real token) or a 4D mask [b, 1,
             T, past + T] (bool, or additive float), as HF's forward takes it.
@@ -241,6 +279,7 @@ def fast_forward(model, input_ids=None, attention_mask=None, position_ids=None, 
     if (type(kv) is DynamicCache and inputs_embeds is None and labels is None and isinstance(input_ids, torch.Tensor)
             and input_ids.dim() == 2 and input_ids.shape[1] and input_ids.is_cpu and isinstance(hidden, bool)
             and type(logits_to_keep) is int and logits_to_keep >= 0 and not kwargs.get("output_attentions")
+            and not isinstance(attention_mask, dict)
             and kwargs.get("return_dict") is not False and _HANDLED_KWARGS.issuperset(kwargs)
             and not torch.is_autocast_enabled("cpu") and uses_small_batch_attention(model)):
         plan = _current_plan(model)
@@ -255,6 +294,7 @@ def fast_forward(model, input_ids=None, attention_mask=None, position_ids=None, 
     cos, sin = model.model.rotary_emb(x, position_ids=position_ids)
     if not (cos.dtype is x.dtype and sin.dtype is x.dtype and cos.dim() == 3 and cos.shape[-1] == d):
         return hf_forward()  # the rotary kernel takes it not; nothing is changed yet
+    use_cache = config.use_cache if use_cache is None else use_cache
     mask = plan.create_causal_mask(config=config, inputs_embeds=x, attention_mask=attention_mask, cache=kv,
                                    position_ids=position_ids)
     rotary = torch.ops.domino_ops.apply_rotary_pos_emb.default
@@ -265,7 +305,11 @@ def fast_forward(model, input_ids=None, attention_mask=None, position_ids=None, 
         # attention: norm, q/k/v as one product, rotary, cache, attention, o_proj, residual
         h = _rms_norm(x, layer.input_norm, layer.input_eps)
         qkv = _product(h.view(rows, H), layer.qkv)
-        q, k, v = qkv.view(b, T, n_q + 2 * n_kv, d).transpose(1, 2).split((n_q, n_kv, n_kv), dim=1)
+        q, k, v = qkv.view(b, T, n_q + 2 * n_kv, d).split((n_q, n_kv, n_kv), dim=2)
+        if layer.q_norm is not None:  # Qwen3: each head's q and k normalised over d
+            q = _rms_norm(q.contiguous(), layer.q_norm, layer.qk_eps)
+            k = _rms_norm(k.contiguous(), layer.k_norm, layer.qk_eps)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         q_rot = torch.empty(b, n_q, T, d, dtype=x.dtype)
         k_rot = torch.empty(b, n_kv, T, d, dtype=x.dtype)
         rotary(q, k, cos, sin, q_rot, k_rot)
@@ -288,11 +332,12 @@ def fast_forward(model, input_ids=None, attention_mask=None, position_ids=None, 
     keep = x[:, -logits_to_keep:] if logits_to_keep else x
     kept = keep.shape[1]
     logits = _product(keep.reshape(b * kept, H).contiguous(), plan.lm_head).view(b, kept, -1)
-    return CausalLMOutputWithPast(logits=logits, cache=kv, hidden_states=tuple(states) if hidden else None)
+    return CausalLMOutputWithPast(logits=logits, cache=kv if use_cache or plan.returns_cache else None,
+                                  hidden_states=tuple(states) if hidden else None)
 
 
 def use_fast_forward(model: torch.nn.Module) -> torch.nn.Module:
-    """Switches a ``LlamaForCausalLM`` already on the CPU kernels to :func:`fast_forward`,
+    """Switches a Llama, Qwen2 or Qwen3 causal LM already on the CPU kernels to :func:`fast_forward`,
     in place, where it applies (module docstring); returns ``model``. Idempotent; a model
     it does not apply to is left as it is."""
     if getattr(model, _SWITCHED, False):
