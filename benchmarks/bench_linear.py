@@ -35,7 +35,7 @@ from domino.target import cache_kwarg
 from domino_ops import cpu
 from timing import copy_bandwidth_gbs, median_seconds
 from domino.fast_attention import undo_small_batch_attention, use_small_batch_attention
-from domino.fast_forward import undo_fast_forward, use_fast_forward
+from domino.fast_forward import undo_fast_forward, use_fast_forward, uses_fast_forward
 from domino.fast_layers import undo_fused_layers, use_fused_layers
 from domino import fast_linear
 from domino.fast_linear import undo_small_batch_linear, use_small_batch_linear, uses_small_batch_linear
@@ -80,6 +80,7 @@ def cpu_flags() -> str:
 
 
 CLOCK = time.perf_counter  # --cpu-time: time.thread_time (one thread; ignores time spent descheduled)
+FAST_FORWARD_APPLIES = {}  # dtype -> whether the "engine" variant ran domino.fast_forward (else HF's forward)
 
 
 def forward_times(model, cache_len: int, repeats: int, ks=KS) -> dict:
@@ -112,7 +113,7 @@ def forward_times(model, cache_len: int, repeats: int, ks=KS) -> dict:
                 (use_small_batch_attention if attention else undo_small_batch_attention)(model)
                 (use_fused_layers if fused else undo_fused_layers)(model)
                 if fast:
-                    use_fast_forward(model)
+                    FAST_FORWARD_APPLIES[model.lm_head.weight.dtype] = uses_fast_forward(use_fast_forward(model))
                 if variant == "engine-vector":
                     os.environ[PACKED_PATH_ENV] = "avx512_bf16"
                 else:
@@ -187,7 +188,9 @@ def model_table(repeats: int, cache_len: int, dtypes) -> None:
               f"(goal <= 1: {'met' if one <= 1.0 else 'MISSED'}); with small_batch_attention too: "
               f"{r16a:.2f}x; the engine's configuration (+ rms_norm, silu_mul, fast_forward): 16-token / "
               f"1-token = {r16e:.2f}x, its 1-token forward {med[(dt, 'engine', 1)][0] * 1e3:.1f} ms "
-              f"({med[(dt, 'engine', 1)][0] / med[(dt, 'torch', 1)][0]:.2f}x PyTorch's)")
+              f"({med[(dt, 'engine', 1)][0] / med[(dt, 'torch', 1)][0]:.2f}x PyTorch's)"
+              + ("" if FAST_FORWARD_APPLIES.get(dt) else "; fast_forward does not apply to this dtype on this "
+                 "CPU (its linears are not packed): the engine column is HF's forward over the same kernels"))
         if (dt, "engine-vector", 16) in med:
             r16v = med[(dt, "engine-vector", 16)][0] / med[(dt, "engine-vector", 1)][0]
             print(f"    the engine with the packed product on AVX512-BF16 vectors instead of AMX tiles: "
