@@ -15,7 +15,9 @@ log-probabilities, as data generation does. The target is SmolLM2-135M-Instruct 
 thread (one data-generation worker per core). Each runs once after a warm-up (a shard
 takes a minute or more), so run it on a quiet machine. Greedy responses must agree (the
 kernels are batch-invariant: a row's bits do not depend on the padding or the batch);
-sampled ones are other draws from the same distribution.
+sampled ones are other draws from the same distribution. The greedy pass also times
+``regenerate`` with the target on HF's forward instead of ``domino.fast_forward``'s (the
+same kernels; the responses must be identical).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 from training.generate_data import read_shard_records, regenerate, shard_path, target_as_deployed  # noqa: E402
 
 from domino.config import default_drafter_config  # noqa: E402
+from domino.fast_forward import undo_fast_forward, use_fast_forward, uses_fast_forward  # noqa: E402
 from domino.loading import smollm2_dir  # noqa: E402
 from domino.target import bare_generation_config, special_token_ids  # noqa: E402
 from domino_ops import cpu  # noqa: E402
@@ -117,6 +120,15 @@ def main() -> None:
         n_base, n_ours = sum(map(len, base)), sum(map(len, ours))
         rows.append((f"HF generate, one padded batch, {label}", t_base, n_base))
         rows.append((f"regenerate, {label}", t_ours, n_ours))
+        if temperature == 0.0 and uses_fast_forward(model):
+            undo_fast_forward(model)
+            t0 = time.perf_counter()
+            hf = [r["response_ids"] for r in regenerate(model, prompts, layer_ids, eos, pad, args.max_new_tokens).records]
+            t_hf = time.perf_counter() - t0
+            use_fast_forward(model)
+            rows.append((f"regenerate, {label}, HF's forward", t_hf, sum(map(len, hf))))
+            rows.append((f"  fast forward / HF's forward: {(n_ours / t_ours) / (sum(map(len, hf)) / t_hf):.2f}x "
+                         f"tokens/s; responses identical: {hf == ours}", None, None))
         differ = sum(a != b for a, b in zip(base, ours))
         rows.append((f"  regenerate / HF generate: {(n_ours / t_ours) / (n_base / t_base):.2f}x tokens/s; "
                      f"responses differing {differ} of {len(prompts)}", None, None))

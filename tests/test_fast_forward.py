@@ -67,10 +67,12 @@ def assert_same_outputs(a, b, cache_a, cache_b):
         assert torch.equal(la.keys, lb.keys) and torch.equal(la.values, lb.values)
 
 
-def prefilled(model, prompts: torch.Tensor, mask: torch.Tensor):
-    from transformers import DynamicCache
+def prefilled(model, prompts: torch.Tensor, mask: torch.Tensor, static_len: int = 0):
+    """A cache holding ``prompts`` [b, P] (real where ``mask``), computed by HF's forward:
+    a DynamicCache, or a StaticCache of ``static_len`` slots."""
+    from transformers import DynamicCache, StaticCache
 
-    cache = DynamicCache()
+    cache = StaticCache(config=model.config, max_cache_len=static_len) if static_len else DynamicCache()
     positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
     with torch.inference_mode():
         hf_forward(model, input_ids=prompts, attention_mask=mask.long(), position_ids=positions, cache=cache,
@@ -124,20 +126,21 @@ def test_switched_only_where_every_layer_runs_the_kernels(dtype):
 @given(data=st.data())
 def test_bit_identical_to_the_switched_hf_forward(kind, dtype, data):
     """Random batches (left-padded prompts of random lengths), blocks of 1-17 tokens after
-    them, every logits_to_keep and with or without hidden states: the logits, every hidden
-    state and the updated cache are HF's bits."""
+    them, every logits_to_keep, with or without hidden states, into a DynamicCache or a
+    StaticCache: the logits, every hidden state and the updated cache are HF's bits."""
     model = shared_target(kind, dtype)
     b = data.draw(st.integers(1, 3), label="batch")
     lengths = data.draw(st.lists(st.integers(1, 12), min_size=b, max_size=b), label="prompt lengths")
     k = data.draw(st.integers(1, 17), label="block")
     keep = data.draw(st.sampled_from([0, 1, k, k + 3]), label="logits_to_keep")
     hidden = data.draw(st.booleans(), label="output_hidden_states")
+    static = data.draw(st.booleans(), label="StaticCache (the data generator's)")
     seed = data.draw(st.integers(0, 2 ** 31 - 1), label="seed")
     g = torch.Generator().manual_seed(seed)
     P = max(lengths)
     prompts = torch.randint(1, 64, (b, P), generator=g)
     mask = torch.arange(P)[None, :] >= (P - torch.tensor(lengths))[:, None]  # left padding
-    cache_hf = prefilled(model, prompts, mask)
+    cache_hf = prefilled(model, prompts, mask, static_len=P + k + 3 if static else 0)
     cache_fast = copy.deepcopy(cache_hf)
     block = torch.randint(1, 64, (b, k), generator=g)
     full = torch.cat([mask, torch.ones(b, k, dtype=torch.bool)], 1)

@@ -12,7 +12,7 @@ q, k and v projections as one packed product and the rotary embedding as one
 ``apply_rotary_pos_emb`` call, as :mod:`domino.fast_layers` does for Llama's attention,
 the same bits). What stays HF's own: the causal mask
 (``create_causal_mask``), the rotary table (the model's ``rotary_emb``), the KV cache
-(``DynamicCache.update``) and the attention function of :mod:`domino.fast_attention`.
+(``DynamicCache`` / ``StaticCache.update``) and the attention function of :mod:`domino.fast_attention`.
 The model's logits, hidden states and cache are bit-identical to its switched HF
 forward's (tests/test_fast_forward.py), so plain decoding, HF ``generate`` and the
 engine's verification all get it, and stay token-identical: what it saves is time
@@ -21,7 +21,7 @@ engine's verification all get it, and stay token-identical: what it saves is tim
 It takes the call HF's forward takes. Where it does not apply, it runs HF's own forward:
 an argument it does not handle (``inputs_embeds``, ``labels``, ``output_attentions``, a
 ``return_dict=False``, a tensor ``logits_to_keep``, a cache other than a
-``DynamicCache``, no cache), autograd needing a graph, CPU autocast, or a rotary table
+``DynamicCache`` or a ``StaticCache``, no cache), autograd needing a graph, CPU autocast, or a rotary table
 that the rotary kernel does not take, a prepared mask mapping. It is switched on only
 where the installed transformers' forwards (the causal LM's, its body's, the decoder
 layer's and the attention's) are the ones it mirrors (:data:`SOURCE_SHA1`, checked word for
@@ -252,7 +252,8 @@ def fast_forward(model, input_ids=None, attention_mask=None, position_ids=None, 
         attention_mask: None, [b, past + T] (1 / True: a real token) or a 4D mask [b, 1,
             T, past + T] (bool, or additive float), as HF's forward takes it.
         position_ids: [b, T] int64, or None (``past`` .. ``past + T - 1``).
-        cache: a ``transformers.DynamicCache`` (``past_key_values`` too), updated in place.
+        cache: a ``transformers.DynamicCache`` or ``StaticCache`` (``past_key_values`` too),
+            updated in place.
         logits_to_keep: an int: logits of the last that many positions (0: all).
 
     Returns:
@@ -261,7 +262,7 @@ def fast_forward(model, input_ids=None, attention_mask=None, position_ids=None, 
         output (the last one after the final norm, as HF's) as ``hidden_states``, each
         [b, T, H].
     """
-    from transformers import DynamicCache
+    from transformers import DynamicCache, StaticCache
     from transformers.modeling_outputs import CausalLMOutputWithPast
 
     def hf_forward():
@@ -276,7 +277,7 @@ def fast_forward(model, input_ids=None, attention_mask=None, position_ids=None, 
     hidden = kwargs.get("output_hidden_states")
     hidden = config.output_hidden_states if hidden is None else hidden
     plan = None
-    if (type(kv) is DynamicCache and inputs_embeds is None and labels is None and isinstance(input_ids, torch.Tensor)
+    if (type(kv) in (DynamicCache, StaticCache) and inputs_embeds is None and labels is None and isinstance(input_ids, torch.Tensor)
             and input_ids.dim() == 2 and input_ids.shape[1] and input_ids.is_cpu and isinstance(hidden, bool)
             and type(logits_to_keep) is int and logits_to_keep >= 0 and not kwargs.get("output_attentions")
             and not isinstance(attention_mask, dict)
