@@ -38,6 +38,7 @@ def main() -> None:
 
     from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
+    from domino import fast_forward
     from domino.fast_forward import uses_fast_forward
     from domino.loading import smollm2_dir, use_cpu_kernels
     from domino.target import bare_generation_config
@@ -75,6 +76,13 @@ def main() -> None:
 
         same = all(torch.equal(a, b) for k in ks for a, b in zip(outputs_of(fast, k), outputs_of(hf, k)))
         print(f"forward: logits and hidden states bit-identical: {same}")
+        # the fast variant must run the fast path (not fall back to HF's forward): count its products
+        products, product = [], fast_forward._product
+        fast_forward._product = lambda *a: products.append(1) or product(*a)
+        forward(fast, 1)
+        fast_forward._product = product
+        if not products:
+            raise SystemExit("the fast variant fell back to HF's forward: nothing to compare")
         times = {(name, k): [] for name in variants for k in ks}
         for _ in range(args.rounds):
             for name, fn in variants.items():

@@ -151,7 +151,7 @@ def test_bit_identical_to_the_switched_hf_forward(kind, dtype, data):
         spy = FastPathSpy(mp)
         ours = model(cache=cache_fast, **kw)
         theirs = hf_forward(model, cache=cache_hf, **kw)
-    assert spy.products == 4 * 4 + 1  # 4 layers of q/k/v, o, gate/up, down; the LM head
+    assert spy.products == 4 * 4 + 1, (spy.products, static, b, k)  # 4 layers of q/k/v, o, gate/up, down; the LM head
     assert ours.logits.shape == (b, keep if 0 < keep <= k else k, 64)
     assert_same_outputs(ours, theirs, cache_fast, cache_hf)
 
@@ -278,55 +278,149 @@ def test_what_it_does_not_handle_runs_hf_forward(monkeypatch):
     assert spy.products > 0 and torch.equal(e, d)
 
 
+def compare_with_hf(model, monkeypatch, fast: bool, **kw):
+    """The model's output for ``kw`` and HF's forward's, equal bit for bit (logits, hidden
+    states); ``fast``: whether the fast path must have run (else HF's forward alone)."""
+    with pytest.MonkeyPatch.context() as mp, torch.inference_mode():
+        spy = FastPathSpy(mp)
+        ours = model(**kw)
+        ran = spy.products
+        theirs = hf_forward(model, **kw)
+    assert (ran > 0) == fast, f"the fast path {'did not run' if fast else 'ran'}"
+    assert ours.logits.shape == theirs.logits.shape and torch.equal(ours.logits, theirs.logits)
+    assert (ours.hidden_states is None) == (theirs.hidden_states is None)
+    if ours.hidden_states is not None:
+        assert all(torch.equal(a, b) for a, b in zip(ours.hidden_states, theirs.hidden_states, strict=True))
+    return ours
+
+
+IDS = torch.randint(1, 64, (2, 6), generator=torch.Generator().manual_seed(6))
+
+
 @needs_packed
-def test_changed_weights_are_read_again():
+def test_changed_weights_are_read_again(monkeypatch):
     """A weight changed in place, or replaced, is noticed at the next call: the fast
     forward computes with the new weight, as HF's does."""
     model = switched_target("llama", PACKED[0])
-    ids = torch.randint(1, 64, (1, 5), generator=torch.Generator().manual_seed(6))
-    with torch.inference_mode():
-        before = model(input_ids=ids, use_cache=True).logits
+    before = compare_with_hf(model, monkeypatch, True, input_ids=IDS).logits
     with torch.no_grad():
         model.model.layers[1].mlp.down_proj.weight.mul_(2.0)
-    with torch.inference_mode():
-        changed = model(input_ids=ids, use_cache=True).logits
-        assert not torch.equal(before, changed)
-        assert torch.equal(changed, hf_forward(model, input_ids=ids, use_cache=True).logits)
+    changed = compare_with_hf(model, monkeypatch, True, input_ids=IDS).logits
+    assert not torch.equal(before, changed)
     attn = model.model.layers[3].self_attn
     attn.v_proj.weight = torch.nn.Parameter(attn.v_proj.weight.detach() * 0.5)
-    with torch.inference_mode():
-        replaced = model(input_ids=ids, use_cache=True).logits
-        assert not torch.equal(replaced, changed)
-        assert torch.equal(replaced, hf_forward(model, input_ids=ids, use_cache=True).logits)
+    replaced = compare_with_hf(model, monkeypatch, True, input_ids=IDS).logits
+    assert not torch.equal(replaced, changed)
 
 
 @needs_packed
-def test_switch_is_idempotent_keeps_weights_and_pickles():
+def test_replaced_modules_are_read_again(monkeypatch):
+    """A module replaced (an LM head, an MLP, resized embeddings) or a layer removed: the
+    plan is made again from what the model now holds."""
+    dtype = PACKED[0]
+    model = switched_target("llama", dtype)
+    compare_with_hf(model, monkeypatch, True, input_ids=IDS)
+    head = torch.nn.Linear(64, 64, bias=False).to(dtype)
+    model.lm_head = use_small_batch_linear(head)
+    compare_with_hf(model, monkeypatch, True, input_ids=IDS)
+    mlp = copy.deepcopy(model.model.layers[1].mlp)
+    with torch.no_grad():
+        mlp.up_proj.weight.mul_(-1.0)
+    model.model.layers[1].mlp = mlp
+    compare_with_hf(model, monkeypatch, True, input_ids=IDS)
+    model.resize_token_embeddings(96)
+    use_fused_layers(use_small_batch_linear(model))
+    assert compare_with_hf(model, monkeypatch, True, input_ids=IDS).logits.shape[-1] == 96
+    del model.model.layers[3]
+    model.config.num_hidden_layers = 3
+    compare_with_hf(model, monkeypatch, True, input_ids=IDS, output_hidden_states=True)
+
+
+@needs_packed
+def test_hooks_undone_switches_and_configs_run_hf_forward(monkeypatch):
+    """What HF's forward would do differently: forward hooks (on a module the fast path
+    stands in for, or global), a switch under it undone, a bidirectional config, training
+    mode; and the configs it follows: the un-normed last hidden state, an explicit
+    output_hidden_states=None."""
+    model = switched_target("llama", PACKED[0])
+    handle = model.model.layers[2].mlp.register_forward_hook(lambda mod, args, out: out * 0)
+    compare_with_hf(model, monkeypatch, False, input_ids=IDS)
+    handle.remove()
+    compare_with_hf(model, monkeypatch, True, input_ids=IDS)
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(lambda mod, args: None)
+    try:
+        compare_with_hf(model, monkeypatch, False, input_ids=IDS)
+    finally:
+        handle.remove()
+    model.config.is_causal = False
+    compare_with_hf(model, monkeypatch, False, input_ids=IDS)
+    del model.config.is_causal
+    model.train()
+    compare_with_hf(model, monkeypatch, False, input_ids=IDS)
+    model.eval()
+    model.config.tie_last_hidden_states = False
+    compare_with_hf(model, monkeypatch, True, input_ids=IDS, output_hidden_states=True)
+    model.config.tie_last_hidden_states = True
+    model.config.output_hidden_states = True
+    compare_with_hf(model, monkeypatch, True, input_ids=IDS)
+    compare_with_hf(model, monkeypatch, False, input_ids=IDS, output_hidden_states=None)
+    model.config.output_hidden_states = False
+    from domino.fast_linear import undo_small_batch_linear
+
+    undo_small_batch_linear(model.model.layers[0])
+    compare_with_hf(model, monkeypatch, False, input_ids=IDS)
+
+
+@needs_packed
+def test_a_model_moved_to_another_dtype_is_computed_in_it(monkeypatch):
+    """model.to(dtype) keeps each parameter (its data swapped): the plan is made again for
+    the new dtype where its linears are packed (both dtypes packed here, as on an AVX-512
+    CPU: the float32 panels also run on AVX2), HF's forward runs where they are not."""
+    from domino import fast_linear
+
+    both = (torch.bfloat16, torch.float32)
+    for packs, fast in ((both, True), ((PACKED[0],), False)):
+        with monkeypatch.context() as mp:
+            mp.setattr(fast_linear, "_cpu_packs", lambda: packs)
+            model = switched_target("llama", PACKED[0])
+        other = torch.float32 if PACKED[0] == torch.bfloat16 else torch.bfloat16
+        compare_with_hf(model, monkeypatch, True, input_ids=IDS)
+        model.to(other)
+        assert compare_with_hf(model, monkeypatch, fast, input_ids=IDS).logits.dtype == other
+
+
+@needs_packed
+def test_switch_is_idempotent_keeps_weights_and_pickles(monkeypatch):
     model = switched_target("llama", PACKED[0])
     state = {k: v.clone() for k, v in model.state_dict().items()}
     use_fast_forward(model)
     assert uses_fast_forward(model)
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())
     clone = pickle.loads(pickle.dumps(model))
-    ids = torch.randint(1, 64, (1, 5), generator=torch.Generator().manual_seed(8))
-    with torch.inference_mode():
-        assert torch.equal(clone(input_ids=ids).logits, model(input_ids=ids).logits)
+    assert torch.equal(compare_with_hf(clone, monkeypatch, True, input_ids=IDS).logits,
+                       compare_with_hf(model, monkeypatch, True, input_ids=IDS).logits)
     undo_fast_forward(model)
     assert not uses_fast_forward(model) and fast_forward._PLAN not in vars(model)
 
 
 @needs_packed
 @pytest.mark.parametrize("kind", KINDS)
-def test_the_cache_is_returned_as_hf_returns_it(kind):
+def test_the_cache_is_returned_as_hf_returns_it(kind, monkeypatch):
     """Llama's body returns the cache it was given even with use_cache=False; Qwen2's and
-    Qwen3's only with use_cache."""
+    Qwen3's only with use_cache. Without positions, they count from the cache's length."""
     from transformers import DynamicCache
 
     model = shared_target(kind, PACKED[0])
-    ids = torch.randint(1, 64, (1, 4), generator=torch.Generator().manual_seed(9))
-    with torch.inference_mode():
-        for use_cache in (True, False, None):
-            ours = model(input_ids=ids, cache=DynamicCache(), use_cache=use_cache)
-            theirs = hf_forward(model, input_ids=ids, cache=DynamicCache(), use_cache=use_cache)
+    for use_cache in (True, False, None):
+        caches = [DynamicCache(), DynamicCache()]
+        with pytest.MonkeyPatch.context() as mp, torch.inference_mode():
+            spy = FastPathSpy(mp)
+            ours = model(input_ids=IDS, cache=caches[0], use_cache=use_cache)
+            assert spy.products > 0
+            theirs = hf_forward(model, input_ids=IDS, cache=caches[1], use_cache=use_cache)
             assert (ours.cache is None) == (theirs.cache is None)
             assert torch.equal(ours.logits, theirs.logits)
+            # the next block after the cached one, positions and mask left out
+            more = IDS.flip(1)
+            assert torch.equal(model(input_ids=more, cache=caches[0]).logits,
+                               hf_forward(model, input_ids=more, cache=caches[1]).logits)

@@ -21,8 +21,10 @@ engine's verification all get it, and stay token-identical: what it saves is tim
 It takes the call HF's forward takes. Where it does not apply, it runs HF's own forward:
 an argument it does not handle (``inputs_embeds``, ``labels``, ``output_attentions``, a
 ``return_dict=False``, a tensor ``logits_to_keep``, a cache other than a
-``DynamicCache`` or a ``StaticCache``, no cache), autograd needing a graph, CPU autocast, or a rotary table
-that the rotary kernel does not take, a prepared mask mapping. It is switched on only
+``DynamicCache`` or a ``StaticCache``, no cache, a prepared mask mapping), autograd
+needing a graph, training mode, a bidirectional config (``is_causal=False``), CPU
+autocast, a rotary table that the rotary kernel does not take, or forward hooks on the
+model's body or any module it stands in for (or global ones). It is switched on only
 where the installed transformers' forwards (the causal LM's, its body's, the decoder
 layer's and the attention's) are the ones it mirrors (:data:`SOURCE_SHA1`, checked word for
 word as :mod:`domino.fast_layers` checks its attention), every layer is switched, and
@@ -30,10 +32,15 @@ every linear layer runs the packed kernel for the model's dtype (bf16 on a CPU w
 or AVX512-BF16; float32 with AVX-512): elsewhere ``use_fast_forward`` leaves the model as
 it is.
 
-The weights it reads are looked up once; a weight replaced, or changed in place through
-its own in-place ops, is noticed at the next call (each parameter's identity and version
-are compared, ~50 us a SmolLM2 forward) and the packed copies are made again, as
-:func:`domino.fast_linear.packed_weight` does.
+The weights it reads are looked up once, into a plan that is made again at the next
+call when anything it was made from changed: a module replaced or removed (a new LM head,
+resized embeddings, a pruned layer), a hook added, a switch under it undone, a weight
+replaced, changed in place through its own in-place ops, or moved (``model.to(dtype)``);
+the packed copies are made again, as :func:`domino.fast_linear.packed_weight` does. The
+check compares each module's, switch's and parameter's identity, version and address
+(~0.2 ms a SmolLM2 forward). Like :mod:`domino.fast_linear`, it cannot see a change made
+through ``weight.data`` in place, or to an inference tensor inside
+``torch.inference_mode()`` (no version counts it): switch the model again after one.
 """
 
 from __future__ import annotations
@@ -46,10 +53,11 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.nn.modules.module import _global_forward_hooks, _global_forward_pre_hooks
 
 from domino.fast_attention import small_batch_attention_forward, uses_small_batch_attention
 from domino.fast_layers import ATTENTION_SOURCE_SHA1, _FLAG as _FUSED_LAYER_FLAG
-from domino.fast_linear import _version, fused_packed_weight, packed_weight, runs_packed
+from domino.fast_linear import _PACKS, _version, fused_packed_weight, packed_weight, runs_packed
 
 __all__ = ["use_fast_forward", "undo_fast_forward", "uses_fast_forward", "fast_forward", "SOURCE_SHA1"]
 
@@ -117,9 +125,12 @@ class _Plan:
     norm_eps: float
     lm_head: _Linear
     heads: tuple  # (query heads, kv heads, head dim)
-    params: tuple  # (the module's _parameters dict, name, tensor, version) of every tensor read
     create_causal_mask: object  # the model's module's, as HF's forward calls it
     returns_cache: bool  # whether the body returns the cache with use_cache False
+    # What the plan was made from, compared at every call (:func:`_plan_is_current`):
+    modules: tuple  # (parent's _modules dict, name, module) of every module it reads or stands in for
+    switches: tuple  # (module's __dict__, key, value) of the switches it relies on
+    params: tuple  # (the module's _parameters dict, name, tensor, version, data pointer) of every tensor read
 
 
 @functools.cache
@@ -136,8 +147,9 @@ def _mirrors_hf(cls: type) -> bool:
 def _linear(owner: torch.nn.Module, layers: tuple, dtype: torch.dtype) -> _Linear | None:
     if len(layers) == 1:
         m = layers[0]
-        if not runs_packed(m, dtype) or m.weight.dtype is not dtype or (m.bias is not None and m.bias.dtype is not dtype):
-            return None
+        if (not runs_packed(m, dtype) or m.weight.dtype is not dtype or not m.weight.is_contiguous()
+                or (m.bias is not None and m.bias.dtype is not dtype)):
+            return None  # where the switched layer itself would not run the packed product
         p = packed_weight(m)
         return _Linear(p.data, p.out_features, None if m.bias is None else m.bias.contiguous())
     fused = fused_packed_weight(owner, layers, dtype)
@@ -159,25 +171,33 @@ def _build_plan(model: torch.nn.Module) -> _Plan | None:
     if (not embed.weight.is_cpu or dtype not in (torch.float32, torch.bfloat16)
             or len(inner.layers) != config.num_hidden_layers or not getattr(norm, _FUSED_LAYER_FLAG, False)):
         return None
-    layers, params = [], []
+    layers, params, modules, switches = [], [], [], []
 
-    def read(mod, *names):
-        for name in names:
-            t = mod._parameters.get(name)
+    def read(parent, name, *tensors):
+        """Records parent's child ``name`` (its identity, its hooks) and its tensors."""
+        mod = parent._modules[name]
+        modules.append((parent._modules, name, mod))
+        for t_name in tensors:
+            t = mod._parameters.get(t_name)
             if t is not None:
-                params.append((mod._parameters, name, t, _version(t)))
+                params.append((mod._parameters, t_name, t, _version(t), t.data_ptr()))
+        return mod
 
     def usable_norm(mod) -> bool:  # switched to the rms_norm kernel, its weight in the dtype
         return getattr(mod, _FUSED_LAYER_FLAG, False) and mod.weight.dtype is dtype and mod.weight.is_contiguous()
 
+    read(model, "model")
+    read(inner, "rotary_emb")
+    read(inner, "layers")
     heads = None
-    for layer in inner.layers:
+    for i, layer in enumerate(inner.layers):
         attn, mlp = layer.self_attn, layer.mlp
         qk_norms = tuple(getattr(attn, n, None) for n in ("q_norm", "k_norm"))
+        qwen3 = type(attn).__name__ == "Qwen3Attention"
         if not (_mirrors_hf(type(layer)) and _mirrors_hf(type(attn)) and getattr(mlp, _FUSED_LAYER_FLAG, False)
                 and usable_norm(layer.input_layernorm) and usable_norm(layer.post_attention_layernorm)
-                and (type(attn).__name__ != "Qwen3Attention" or all(usable_norm(n) for n in qk_norms))
-                and getattr(attn, "sliding_window", None) is None):
+                and (not qwen3 or all(usable_norm(n) for n in qk_norms))
+                and getattr(attn, "sliding_window", None) is None and attn.layer_idx == i):
             return None
         qkv = _linear(attn, (attn.q_proj, attn.k_proj, attn.v_proj), dtype)
         gate_up = _linear(mlp, (mlp.gate_proj, mlp.up_proj), dtype)
@@ -189,7 +209,7 @@ def _build_plan(model: torch.nn.Module) -> _Plan | None:
         if heads not in (None, layer_heads) or attn.k_proj.out_features != attn.v_proj.out_features:
             return None
         heads = layer_heads
-        q_norm, k_norm = qk_norms if type(attn).__name__ == "Qwen3Attention" else (None, None)
+        q_norm, k_norm = qk_norms if qwen3 else (None, None)
         if q_norm is not None and q_norm.variance_epsilon != k_norm.variance_epsilon:
             return None
         layers.append(_Layer(layer.input_layernorm.weight, float(layer.input_layernorm.variance_epsilon), qkv, o,
@@ -198,32 +218,70 @@ def _build_plan(model: torch.nn.Module) -> _Plan | None:
                              float(attn.scaling), None if q_norm is None else q_norm.weight,
                              None if k_norm is None else k_norm.weight,
                              0.0 if q_norm is None else float(q_norm.variance_epsilon)))
-        for m in (layer.input_layernorm, layer.post_attention_layernorm) + ((q_norm, k_norm) if q_norm else ()):
-            read(m, "weight")
-        for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj):
-            read(m, "weight", "bias")
+        read(inner.layers, str(i))
+        for parent, names in ((layer, ("self_attn", "mlp")), (layer, ("input_layernorm", "post_attention_layernorm")),
+                              (attn, ("q_norm", "k_norm") if qwen3 else ())):
+            for name in names:
+                mod = read(parent, name, "weight")
+                if name not in ("self_attn",):
+                    switches.append((mod.__dict__, _FUSED_LAYER_FLAG, True))
+        for parent, names in ((attn, ("q_proj", "k_proj", "v_proj", "o_proj")), (mlp, ("gate_proj", "up_proj",
+                                                                                         "down_proj"))):
+            for name in names:
+                mod = read(parent, name, "weight", "bias")
+                switches.append((mod.__dict__, _PACKS, mod.__dict__.get(_PACKS)))
     head = _linear(model, (lm_head,), dtype)
     if head is None or not layers or not usable_norm(norm):
         return None
-    read(embed, "weight")
-    read(norm, "weight")
-    read(lm_head, "weight", "bias")
+    read(inner, "embed_tokens", "weight")
+    read(inner, "norm", "weight")
+    read(model, "lm_head", "weight", "bias")
+    switches.append((norm.__dict__, _FUSED_LAYER_FLAG, True))
+    switches.append((lm_head.__dict__, _PACKS, lm_head.__dict__.get(_PACKS)))
     hf = sys.modules[type(inner).__module__]
     return _Plan(dtype, embed.weight, tuple(layers), norm.weight, float(norm.variance_epsilon), head, heads,
-                 tuple(params), hf.create_causal_mask, body[1])
+                 hf.create_causal_mask, body[1], tuple(modules), tuple(switches), tuple(params))
+
+
+def _plan_is_current(plan: _Plan) -> bool:
+    """Whether nothing the plan was made from changed: every module it reads is still in
+    its place, every switch under it is still set, every tensor is the same one, at the
+    same version and address (``model.to(dtype)`` swaps a parameter's data in place,
+    keeping its version)."""
+    for parent, name, mod in plan.modules:
+        if parent.get(name) is not mod:
+            return False
+    for attrs, key, value in plan.switches:
+        if attrs.get(key) is not value:
+            return False
+    for owner, name, t, version, address in plan.params:
+        if owner.get(name) is not t or _version(t) != version or t.data_ptr() != address:
+            return False
+    return True
+
+
+# HF's forward installs hooks of its own, once, on the modules whose outputs it can record
+# (decoder layers, attentions); they do nothing outside its output-capturing wrapper.
+_HF_CAPTURE_HOOKS = "transformers.utils.output_capturing"
+
+
+def _hooked(plan: _Plan) -> bool:
+    """Whether a forward hook (global, or of a module the plan stands in for) would run in
+    HF's forward, besides HF's own output-capturing ones."""
+    if _global_forward_hooks or _global_forward_pre_hooks:
+        return True
+    for _, _, mod in plan.modules:
+        if mod._forward_pre_hooks or any(getattr(h, "__module__", None) != _HF_CAPTURE_HOOKS
+                                         for h in mod._forward_hooks.values()):
+            return True
+    return False
 
 
 def _current_plan(model: torch.nn.Module) -> _Plan | None:
-    """The model's plan, built again when a weight it reads was replaced or changed in place."""
+    """The model's plan, made again when anything it was made from changed."""
     plan = model.__dict__.get(_PLAN)
-    if plan is not None:
-        for owner, name, t, version in plan.params:
-            if owner.get(name) is not t or _version(t) != version:
-                plan = None
-                break
-    if plan is None:
-        plan = _build_plan(model)
-        model.__dict__[_PLAN] = plan
+    if plan is None or not _plan_is_current(plan):
+        plan = model.__dict__[_PLAN] = _build_plan(model)
     return plan
 
 
@@ -274,17 +332,22 @@ def fast_forward(model, input_ids=None, attention_mask=None, position_ids=None, 
     kv = cache if cache is not None else kwargs.get("past_key_values")
     if kv is None and (config.use_cache if use_cache is None else use_cache):
         kv = DynamicCache(config=config)  # as HF's forward makes one
-    hidden = kwargs.get("output_hidden_states")
-    hidden = config.output_hidden_states if hidden is None else hidden
+    hidden = kwargs.get("output_hidden_states", config.output_hidden_states)  # an explicit None: none, as HF
+    return_dict = kwargs.get("return_dict", getattr(config, "return_dict", True))
     plan = None
-    if (type(kv) in (DynamicCache, StaticCache) and inputs_embeds is None and labels is None and isinstance(input_ids, torch.Tensor)
-            and input_ids.dim() == 2 and input_ids.shape[1] and input_ids.is_cpu and isinstance(hidden, bool)
-            and type(logits_to_keep) is int and logits_to_keep >= 0 and not kwargs.get("output_attentions")
-            and not isinstance(attention_mask, dict)
-            and kwargs.get("return_dict") is not False and _HANDLED_KWARGS.issuperset(kwargs)
-            and not torch.is_autocast_enabled("cpu") and uses_small_batch_attention(model)):
+    if (type(kv) in (DynamicCache, StaticCache) and inputs_embeds is None and labels is None
+            and isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 and input_ids.shape[1]
+            and input_ids.is_cpu and isinstance(hidden, bool) and type(logits_to_keep) is int and logits_to_keep >= 0
+            and not kwargs.get("output_attentions") and not isinstance(attention_mask, dict)
+            and return_dict is not False and _HANDLED_KWARGS.issuperset(kwargs)
+            # training mode (gradient checkpointing turns the cache off), a bidirectional
+            # config, autocast: HF's forward
+            and not model.training and getattr(config, "is_causal", None) is not False
+            and not torch.is_autocast_enabled("cpu") and uses_small_batch_attention(model)
+            # autograd needs a graph: not worth a plan (training loops change the weights every step)
+            and not (torch.is_grad_enabled() and any(p.requires_grad for p in model.parameters()))):
         plan = _current_plan(model)
-    if plan is None or (torch.is_grad_enabled() and any(p[2].requires_grad for p in plan.params)):
+    if plan is None or _hooked(plan):
         return hf_forward()
 
     x = F.embedding(input_ids, plan.embed)
@@ -328,8 +391,8 @@ def fast_forward(model, input_ids=None, attention_mask=None, position_ids=None, 
         if hidden:
             states.append(x)
     x = _rms_norm(x, plan.norm, plan.norm_eps)
-    if hidden:
-        states[-1] = x  # HF's last hidden state is the normed one
+    if hidden and getattr(config, "tie_last_hidden_states", True):
+        states[-1] = x  # HF's last hidden state is the normed one (unless the config says otherwise)
     keep = x[:, -logits_to_keep:] if logits_to_keep else x
     kept = keep.shape[1]
     logits = _product(keep.reshape(b * kept, H).contiguous(), plan.lm_head).view(b, kept, -1)

@@ -51,7 +51,7 @@ __all__ = ["use_small_batch_linear", "undo_small_batch_linear", "uses_small_batc
 
 _FLAG = "_domino_small_batch_linear"
 _PACKS = "_domino_packs"  # the dtypes (of x and the weight) for which the layer runs the packed kernel
-_PACKED = "_domino_packed"  # (the weight tensor, its version, PackedLinearWeight)
+_PACKED = "_domino_packed"  # (the weight tensor, (its version, its data's address), PackedLinearWeight)
 _FUSED = "_domino_fused_packed"  # on a module calling several layers: (weights [+ biases], versions, packed, bias)
 _DTYPES = (torch.float32, torch.bfloat16)
 
@@ -106,9 +106,10 @@ def packed_weight(mod: torch.nn.Linear):
     import domino_ops
 
     w = mod.weight
-    # The tensor itself, not its address: a new weight can land at a freed one's address
-    # with the same (initial) version. Keeping it also keeps that address taken.
-    version = _version(w)
+    # The tensor itself, not only its address: a new weight can land at a freed one's
+    # address with the same (initial) version. And its data's address: model.to(dtype)
+    # swaps a parameter's data in place, keeping the tensor and its version.
+    version = (_version(w), w.data_ptr())
     cached = mod.__dict__.get(_PACKED)
     if cached is None or cached[0] is not w or cached[1] != version:
         cached = (w, version, domino_ops.pack_small_batch_linear_weight(w, dtype=w.dtype))
@@ -145,8 +146,8 @@ def fused_packed_weight(owner: torch.nn.Module, layers: tuple, dtype: torch.dtyp
     if (not K or any(t.dtype is not dtype or not t.is_cpu for t in tensors)
             or any(w.shape[1] != K or not w.shape[0] or not w.is_contiguous() for w in ws)):
         return None
-    # the tensors themselves, not their addresses (as packed_weight), and their versions
-    versions = tuple(_version(t) for t in tensors)
+    # the tensors themselves, their versions and their data's addresses (as packed_weight)
+    versions = tuple((_version(t), t.data_ptr()) for t in tensors)
     cached = owner.__dict__.get(_FUSED)
     if (cached is None or len(cached[0]) != len(tensors) or any(a is not b for a, b in zip(cached[0], tensors))
             or cached[1] != versions):
