@@ -1,9 +1,9 @@
 """Where a verification forward's extra time goes on the CPU: the target's forward over k
 new tokens against a one-token forward, per op.
 
-SmolLM2-135M-Instruct in the engine's CPU configuration (``domino.fast_linear``,
-``domino.fast_attention``, ``domino.fast_layers``: what ``bench_linear.py``'s "engine"
-column runs), a KV cache of --cache tokens. For k = 1 and each --tokens k it prints the
+SmolLM2-135M-Instruct in the engine's CPU configuration (``domino.loading.use_cpu_kernels``:
+``domino.fast_linear``, ``domino.fast_attention``, ``domino.fast_layers`` and, where it
+applies, ``domino.fast_forward``; what ``bench_linear.py``'s "engine" column runs), a KV cache of --cache tokens. For k = 1 and each --tokens k it prints the
 median wall time of a forward (warm-up excluded), then ``torch.profiler``'s self CPU time
 per forward of each op at k = 1 and at the largest k, side by side with their difference,
 and the rate of the linear layers' multiply-adds (all nn.Linear layers, the LM head
@@ -28,9 +28,7 @@ import os
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from domino.fast_attention import use_small_batch_attention
-from domino.fast_layers import use_fused_layers
-from domino.fast_linear import use_small_batch_linear
+from domino.loading import use_cpu_kernels
 from domino.target import cache_kwarg
 from timing import median_seconds
 
@@ -80,9 +78,7 @@ def main() -> None:
 
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
     model = AutoModelForCausalLM.from_pretrained(smollm2_dir(), dtype=dtype).eval()
-    use_small_batch_linear(model)
-    use_small_batch_attention(model)
-    use_fused_layers(model)
+    use_cpu_kernels(model, small_batch_linear=True, small_batch_attention=True)  # as the engine: + fast_forward
     kv = cache_kwarg(model.forward)
     g = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
