@@ -49,6 +49,7 @@ import torch
 
 import domino
 import domino_ops
+from domino.fast_forward import uses_fast_forward
 from domino.loading import DEFAULT_DATASTORE, DEFAULT_DRAFTER_DIR, smollm2_dir
 from domino_ops import cpu
 from eval_acceptance import chat_prompts, humaneval_prompts
@@ -169,8 +170,11 @@ def cmd_compare(args) -> None:
     copy_before = copy_bandwidth_gbs()
     rows = []
     plain_only = [c for c in args.plain_configs if c not in args.configs]
+    fast = []  # the configurations whose target forward is domino.fast_forward's (both sides of a row)
     for config in plain_only + args.configs:
         gen = load(config, args.drafter, args.datastore)
+        if uses_fast_forward(gen.target):
+            fast.append(config)
         gen.round_costs(1)  # the adaptive budget's costs: measured (or read) before any timing
         ms = methods(gen, args, tree)[:1 if config in plain_only else None]
         for _, fn in ms:
@@ -196,7 +200,8 @@ def cmd_compare(args) -> None:
             f"{torch.get_num_threads()} threads, torch {torch.__version__}; speedup vs the fastest plain "
             f"decoding ({fastest['config']}, {fastest['tps']:.1f} tok/s); per pass: the median of each pass's "
             f"ratio to plain greedy in the same configuration; copy bandwidth {copy_before:.1f} GB/s before the "
-            f"runs, {copy_after:.1f} after; datastore {args.datastore.name} ({datastore_tokens} tokens)")
+            f"runs, {copy_after:.1f} after; datastore {args.datastore.name} ({datastore_tokens} tokens); "
+            f"target forward domino.fast_forward in: {', '.join(fast) or 'none'}")
     lines = [head, f"{'config':11} | {'method':46} | {'tok/s':>6} | {'speedup':>7} | {'per pass':>8} | {'tau':>5} | "
              f"{'verified':>8} | {'draft ms':>8} | {'target ms':>9} | {'other ms':>8} | identical",
              "-" * 149]
