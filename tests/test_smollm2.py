@@ -28,6 +28,26 @@ def test_api_contract(gen):
     assert gen.generate(ids, max_new_tokens=8).token_ids == res.token_ids
 
 
+def test_the_default_runs_the_fast_forward_where_its_linears_are_packed(gen, monkeypatch):
+    """The main job's target (and so its plain-decoding baseline) runs domino.fast_forward
+    wherever its bf16 linears run the packed kernel, and a generation takes the fast path,
+    not HF's forward, after HF's forward has run once (its output-capturing hooks stay)."""
+    from domino import fast_forward
+    from domino.fast_linear import runs_packed
+
+    packed = runs_packed(gen.target.lm_head, torch.bfloat16)
+    assert fast_forward.uses_fast_forward(gen.target) == packed
+    if not packed:
+        pytest.skip("this CPU does not pack bf16 linears")
+    with torch.inference_mode():  # HF's own forward once: it installs its hooks
+        type(gen.target).forward(gen.target, input_ids=torch.tensor([[1, 2, 3]]), output_hidden_states=True)
+    calls = []
+    product = fast_forward._product
+    monkeypatch.setattr(fast_forward, "_product", lambda *a: calls.append(1) or product(*a))
+    gen.generate("Say hi.", max_new_tokens=8)
+    assert calls
+
+
 @pytest.fixture(scope="module")
 def plain_batch1(gen):
     """The target's own greedy tokens for each prompt (computed once for both head modes)."""
