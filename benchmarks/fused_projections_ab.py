@@ -6,6 +6,9 @@ layer and HF's attention forward with its rotary ops ("separate", the same model
 ``fast_layers.fused_packed_linear`` declining), forwards over 1 and 16 new tokens after a
 110-token KV cache. Checks first that both give the same logits bit for bit; then rounds
 of each variant in turn (one untimed forward after each switch, then 3 timed), medians.
+Both run HF's forward over the switched modules; since the fortieth session the engine
+runs ``domino.fast_forward``'s loop instead, which always fuses the products
+(``benchmarks/fast_forward_ab.py`` compares it with HF's forward).
 
     python benchmarks/fused_projections_ab.py [--dtype bf16] [--rounds 12]
 """
