@@ -333,12 +333,11 @@ def fast_forward(model, input_ids=None, attention_mask=None, position_ids=None, 
 
     config = model.config
     kv = cache if cache is not None else kwargs.get("past_key_values")
-    if kv is None and (config.use_cache if use_cache is None else use_cache):
-        kv = DynamicCache(config=config)  # as HF's forward makes one
+    makes_cache = kv is None and (config.use_cache if use_cache is None else use_cache)  # as HF's forward does
     hidden = kwargs.get("output_hidden_states", config.output_hidden_states)  # an explicit None: none, as HF
     return_dict = kwargs.get("return_dict", getattr(config, "return_dict", True))
     plan = None
-    if (type(kv) in (DynamicCache, StaticCache) and inputs_embeds is None and labels is None
+    if ((makes_cache or type(kv) in (DynamicCache, StaticCache)) and inputs_embeds is None and labels is None
             and isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 and input_ids.shape[1]
             and input_ids.is_cpu and isinstance(hidden, bool) and type(logits_to_keep) is int and logits_to_keep >= 0
             and not kwargs.get("output_attentions") and not isinstance(attention_mask, dict)
@@ -352,6 +351,8 @@ def fast_forward(model, input_ids=None, attention_mask=None, position_ids=None, 
         plan = _current_plan(model)
     if plan is None or _hooked(plan):
         return hf_forward()
+    if makes_cache:
+        kv = DynamicCache(config=config)
 
     x = F.embedding(input_ids, plan.embed)
     b, T, H = x.shape
