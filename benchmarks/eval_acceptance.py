@@ -8,6 +8,7 @@ bonus included), measured end to end with the real generator.
     python benchmarks/eval_acceptance.py ablation training/runs/abl_*    # tau per drafter + loss-curve plot
     python benchmarks/eval_acceptance.py ablation training/runs/size_* --out benchmarks/results/sizing_backbone_loss.png
     python benchmarks/eval_acceptance.py curve training/runs/long        # acceptance vs training tokens (PNG)
+    python benchmarks/eval_acceptance.py lineage     # the shipped stages' acceptance vs training tokens (PNG)
 
 HumanEval never enters the training data (training/prompts.py filters it out). The models
 run as deployed (``domino.loading.DEFAULT_OPTIONS``: bf16 with the batch-invariant kernels
@@ -179,6 +180,49 @@ def cmd_curve(args) -> None:
     print(f"plot: {args.out}")
 
 
+def cmd_lineage(args) -> None:
+    """Plots the shipped drafter's stages (``--records``: each stage's training log and its
+    acceptance of record, HumanEval and chat, head on and off) against the draft positions
+    the lineage had trained on when it was made; the goals as dashed lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = json.loads(args.records.read_text())
+    root = Path(__file__).resolve().parents[1]
+    trained = records["steps_before_first"] * records["positions_per_step"]
+    points = []  # (positions, stage record)
+    print(f"{'stage':>5} | {'VM':6} | {'positions':>11} | {'HumanEval on / off':>18} | {'chat on / off':>13}")
+    for rec in records["stages"]:
+        log = (root / rec["log"]).read_text().splitlines()
+        trained += json.loads(log[-1])["train_tokens"]
+        points.append((trained, rec))
+        chat = "-" if rec["chat"] is None else f"{rec['chat'][0]:.3f} / {rec['chat'][1]:.3f}"
+        print(f"{rec['stage']:5d} | {rec['vm']:6} | {trained:11d} | {rec['humaneval'][0]:8.3f} / "
+              f"{rec['humaneval'][1]:7.3f} | {chat:>13}")
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    xs = [x / 1e6 for x, _ in points]
+    ax.plot(xs, [r["humaneval"][0] for _, r in points], marker="o", label="HumanEval, head on")
+    ax.plot(xs, [r["humaneval"][1] for _, r in points], marker="o", label="HumanEval, head off")
+    chat = [(x / 1e6, r["chat"][0]) for x, r in points if r["chat"] is not None]
+    if chat:
+        ax.plot(*zip(*chat), marker="s", label="held-out chat, head on")
+    ax.axhline(3.0, ls="--", color="C0", lw=0.8, label="goal: HumanEval 3.0")
+    ax.axhline(2.5, ls="--", color="C2", lw=0.8, label="goal: chat 2.5")
+    for x, r in points:
+        ax.annotate(f"{r['stage']}", (x / 1e6, r["humaneval"][0]), textcoords="offset points", xytext=(0, 5),
+                    ha="center", fontsize=7)
+    ax.set_xlabel("draft positions the lineage trained on (millions)")
+    ax.set_ylabel("acceptance (tokens per round)")
+    ax.set_title("The shipped drafter's stages, through the generator (greedy, block 16, 128 tokens)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(args.out, dpi=120)
+    print(f"plot: {args.out}")
+
+
 def _smooth(xs, k=10):
     out, acc = [], []
     for x in xs:
@@ -211,9 +255,13 @@ def main() -> None:
     c = sub.add_parser("curve")
     c.add_argument("runs", nargs="+", help="training run directories (their log.jsonl), in training order")
     c.add_argument("--out", type=Path, default=RESULTS / "acceptance_vs_training_tokens.png")
+    li = sub.add_parser("lineage")
+    li.add_argument("--records", type=Path, default=RESULTS / "drafter_lineage.json",
+                    help="the stages, their logs and their acceptance of record")
+    li.add_argument("--out", type=Path, default=RESULTS / "acceptance_by_stage.png")
     args = parser.parse_args()
     torch.set_grad_enabled(False)
-    {"tau": cmd_tau, "ablation": cmd_ablation, "curve": cmd_curve}[args.cmd](args)
+    {"tau": cmd_tau, "ablation": cmd_ablation, "curve": cmd_curve, "lineage": cmd_lineage}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -337,6 +337,18 @@ def test_loss_goes_down_and_curriculum_moves(tiny_run, tmp_path):
     assert png.stat().st_size > 0 and len(out.stdout.splitlines()) == 4  # header, 2 evaluations, plot path
 
 
+def test_lineage_plot_counts_the_shipped_stages_steps(tmp_path):
+    """The stages' plot reads each stage's log; through stage 28 the lineage saw 50,075
+    steps (README), each 1,920 draft positions."""
+    records = json.loads((REPO / "benchmarks/results/drafter_lineage.json").read_text())
+    png = tmp_path / "stages.png"
+    out = subprocess.run([sys.executable, "benchmarks/eval_acceptance.py", "lineage", "--out", str(png)], cwd=REPO,
+                         capture_output=True, text=True, timeout=300, check=True)
+    rows = {int(line.split("|")[0]): int(line.split("|")[2]) for line in out.stdout.splitlines()[1:-1]}
+    assert sorted(rows) == [r["stage"] for r in records["stages"]] and png.stat().st_size > 0
+    assert rows[28] == 50_075 * 1920
+
+
 def test_resume_continues_with_the_same_data_order(tiny_run, tmp_path):
     root, _ = tiny_run
     straight = run_train(root, tmp_path / "a", "--steps", "4")
