@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# One training stage of the shipped drafter (issue 14), start to finish, as the stages since
+# the twelfth were made by hand: the features of a range of token shards, the shipped
+# drafter trained on them, and both drafters measured through the generator, side by side.
+#
+#     training/stage.sh N START END          # e.g. training/stage.sh 30 1794 1976
+#
+# 1. rebuilds the features of the token shards in [START, END) that lack them, and of the
+#    held-out shard 0 (two one-thread workers; ~35-40 s a shard per worker on the Zen 4 and
+#    Xeon VMs, ~60-90 s on the Zen 3 VM);
+# 2. trains training/runs/stageN from the shipped drafter on every shard in [START, END)
+#    (the shards holding the held-out prompts, every 540th, are left out): STEPS (default
+#    2000) steps of 16 sequences x 8 anchors, CE on the target's argmax, cosine with 2 %
+#    warm-up (training/long_run.sh; resumable: run this again after an interruption);
+# 3. measures the new drafter and the shipped one with benchmarks/eval_acceptance.py tau
+#    (greedy, block 16, chains, 128 new tokens; HumanEval's EVAL_PROMPTS prompts, default
+#    all 164, then CHAT_PROMPTS, default 64, held-out chat prompts), one thread each side by
+#    side, into training/runs/stageN/eval.txt.
+# Shipping stays a decision: copy training/runs/stageN/drafter into
+# python/domino/checkpoints/smollm2-135m-instruct only where it measures better, then
+# recalibrate (benchmarks/calibration.py --write) and record it (README, training/README.md,
+# benchmarks/results/drafter_lineage.json).
+#
+# Where: a CPU with AVX512-BF16 or AMX (bf16 autocast, 1.4-1.9 s a step on 2 cores). On an
+# AVX2 CPU training runs in fp32: 4.6 s a step on the 2-core Zen 3 VM (2026-12-03), so 2000
+# steps take ~2.5 hours before the ~30-minute evaluation. Pause other jobs first
+# (kill -STOP): they share the two cores.
+set -euo pipefail
+N=${1:?usage: stage.sh N START END}
+START=${2:?usage: stage.sh N START END}
+END=${3:?usage: stage.sh N START END}
+cd "$(dirname "$0")/.."
+DATA=training/regenerated/smollm2_mix
+OUT=training/runs/stage$N
+PY=.venv/bin/python
+
+echo "[stage $N] features of shards $START..$((END - 1)) and 0"
+for I in 0 1; do
+    OMP_NUM_THREADS=1 $PY -m training.generate_data --out $DATA --target-tokens 0 --threads 1 \
+        --shard-range "$START" "$END" --worker $I/2 > "/tmp/stage${N}_features_$I.log" 2>&1 &
+done
+wait
+OMP_NUM_THREADS=1 $PY -m training.generate_data --out $DATA --target-tokens 0 --threads 1 --shard-range 0 1 \
+    > "/tmp/stage${N}_features_0.log" 2>&1
+
+SHARDS=$($PY - "$DATA" "$START" "$END" <<'EOF'
+import sys
+from pathlib import Path
+data, start, end = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+print(" ".join(str(i) for i in range(start, end)
+               if i % 540 != 0 and (data / f"shard_{i:05d}.jsonl").exists()
+               and (data / f"shard_{i:05d}.features.safetensors").exists()))
+EOF
+)
+[ -n "$SHARDS" ] || { echo "[stage $N] no token shards with features in $START..$((END - 1))" >&2; exit 1; }
+echo "[stage $N] training on $(wc -w <<< "$SHARDS") shards"
+STEPS=${STEPS:-2000}
+OUT=$OUT STEPS=$STEPS OMP_NUM_THREADS=2 training/long_run.sh --train-shards $SHARDS --warmup 0.02 \
+    --eval-every "$STEPS" --eval-convs 0 --eval-generator-prompts 0 --labels target_argmax
+
+echo "[stage $N] measuring stage $N and the shipped drafter"
+measure() {  # $1: a label, the rest: eval_acceptance.py tau's --drafter (none: the shipped one)
+    local label=$1; shift
+    {
+        echo "# $label"
+        OMP_NUM_THREADS=1 $PY benchmarks/eval_acceptance.py tau "$@" --num-prompts "${EVAL_PROMPTS:-164}" \
+            --max-new-tokens 128 --temperatures 0 2>/dev/null
+        OMP_NUM_THREADS=1 $PY benchmarks/eval_acceptance.py tau "$@" --prompts chat \
+            --num-prompts "${CHAT_PROMPTS:-64}" --max-new-tokens 128 --temperatures 0 2>/dev/null
+    } > "$OUT/eval_$label.txt"
+}
+measure "stage$N" --drafter "$OUT/drafter" &
+measure shipped &
+wait
+cat "$OUT/eval_stage$N.txt" "$OUT/eval_shipped.txt" | tee "$OUT/eval.txt"
