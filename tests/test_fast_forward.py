@@ -372,6 +372,34 @@ def test_hooks_undone_switches_and_configs_run_hf_forward(monkeypatch):
 
 
 @needs_packed
+def test_a_plan_that_cannot_be_made_is_tried_again_only_now_and_then(monkeypatch):
+    """A switch under the model undone: HF's forward runs, and the plan (a walk of the whole
+    model) is attempted once every _RETRY_AFTER calls, not at every call; switched back, the
+    fast path returns within that many calls."""
+    from domino.fast_linear import undo_small_batch_linear
+
+    model = switched_target("llama", PACKED[0])
+    builds = []
+    build = fast_forward._build_plan
+    monkeypatch.setattr(fast_forward, "_build_plan", lambda m: builds.append(1) or build(m))
+    layer = model.model.layers[1]
+    undo_small_batch_linear(layer)
+    n = fast_forward._RETRY_AFTER
+    for _ in range(2 * n):
+        compare_with_hf(model, monkeypatch, False, input_ids=IDS)
+    assert len(builds) == 2
+    use_small_batch_linear(layer)
+    runs = []
+    for _ in range(n):
+        with pytest.MonkeyPatch.context() as mp, torch.inference_mode():
+            spy = FastPathSpy(mp)
+            model(input_ids=IDS)
+            runs.append(spy.products > 0)
+    assert runs[-1] and runs == sorted(runs) and len(builds) == 3  # HF's forward until the one attempt
+    compare_with_hf(model, monkeypatch, True, input_ids=IDS)
+
+
+@needs_packed
 def test_a_model_moved_to_another_dtype_is_computed_in_it(monkeypatch):
     """model.to(dtype) keeps each parameter (its data swapped): the plan is made again for
     the new dtype where its linears are packed (both dtypes packed here, as on an AVX-512
