@@ -47,9 +47,11 @@ SHARDS=$($PY - "$DATA" "$START" "$END" <<'EOF'
 import sys
 from pathlib import Path
 data, start, end = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-print(" ".join(str(i) for i in range(start, end)
-               if i % 540 != 0 and (data / f"shard_{i:05d}.jsonl").exists()
-               and (data / f"shard_{i:05d}.features.safetensors").exists()))
+tokens = [i for i in range(start, end) if i % 540 != 0 and (data / f"shard_{i:05d}.jsonl").exists()]
+featured = [i for i in tokens if (data / f"shard_{i:05d}.features.safetensors").exists()]
+print(f"{len(featured)} of the {len(tokens)} token shards have features (missing: {sorted(set(tokens) - set(featured))})",
+      file=sys.stderr)
+print(" ".join(map(str, featured)))
 EOF
 )
 [ -n "$SHARDS" ] || { echo "[stage $N] no token shards with features in $START..$((END - 1))" >&2; exit 1; }
@@ -64,10 +66,10 @@ measure() {  # $1: a label, the rest: eval_acceptance.py tau's --drafter (none: 
     {
         echo "# $label"
         OMP_NUM_THREADS=1 $PY benchmarks/eval_acceptance.py tau "$@" --num-prompts "${EVAL_PROMPTS:-164}" \
-            --max-new-tokens 128 --temperatures 0 2>/dev/null
+            --max-new-tokens 128 --temperatures 0
         OMP_NUM_THREADS=1 $PY benchmarks/eval_acceptance.py tau "$@" --prompts chat \
-            --num-prompts "${CHAT_PROMPTS:-64}" --max-new-tokens 128 --temperatures 0 2>/dev/null
-    } > "$OUT/eval_$label.txt"
+            --num-prompts "${CHAT_PROMPTS:-64}" --max-new-tokens 128 --temperatures 0
+    } > "$OUT/eval_$label.txt" 2> "$OUT/eval_$label.log"
 }
 measure "stage$N" --drafter "$OUT/drafter" &
 measure shipped &
