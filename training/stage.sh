@@ -34,14 +34,29 @@ DATA=training/regenerated/smollm2_mix
 OUT=training/runs/stage$N
 PY=.venv/bin/python
 
-echo "[stage $N] features of shards $START..$((END - 1)) and 0"
+# an interrupted run takes its background jobs and their children with it (they would
+# hold the two cores)
+kill_tree() { local child; for child in $(pgrep -P "$1"); do kill_tree "$child"; done; kill "$1" 2>/dev/null || true; }
+cleanup() { local job; for job in $(jobs -p); do kill_tree "$job"; done; }
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+wait_all() {  # waits for each PID given; fails if any failed
+    local pid failed=0
+    for pid in "$@"; do wait "$pid" || failed=1; done
+    return $failed
+}
+
+echo "[stage $N] features of shards $START..$((END - 1)) and 0 (logs /tmp/stage${N}_features_*.log)"
+pids=()
 for I in 0 1; do
     OMP_NUM_THREADS=1 $PY -m training.generate_data --out $DATA --target-tokens 0 --threads 1 \
         --shard-range "$START" "$END" --worker $I/2 > "/tmp/stage${N}_features_$I.log" 2>&1 &
+    pids+=($!)
 done
-wait
+wait_all "${pids[@]}"
 OMP_NUM_THREADS=1 $PY -m training.generate_data --out $DATA --target-tokens 0 --threads 1 --shard-range 0 1 \
-    > "/tmp/stage${N}_features_0.log" 2>&1
+    > "/tmp/stage${N}_features_heldout.log" 2>&1 &
+wait_all $!  # (in the background and waited for, so that a signal reaches the trap at once)
 
 SHARDS=$($PY - "$DATA" "$START" "$END" <<'EOF'
 import sys
@@ -58,7 +73,8 @@ EOF
 echo "[stage $N] training on $(wc -w <<< "$SHARDS") shards"
 STEPS=${STEPS:-2000}
 OUT=$OUT STEPS=$STEPS OMP_NUM_THREADS=2 training/long_run.sh --train-shards $SHARDS --warmup 0.02 \
-    --eval-every "$STEPS" --eval-convs 0 --eval-generator-prompts 0 --labels target_argmax
+    --eval-every "$STEPS" --eval-convs 0 --eval-generator-prompts 0 --labels target_argmax &
+wait_all $!
 
 echo "[stage $N] measuring stage $N and the shipped drafter"
 measure() {  # $1: a label, the rest: eval_acceptance.py tau's --drafter (none: the shipped one)
@@ -72,6 +88,8 @@ measure() {  # $1: a label, the rest: eval_acceptance.py tau's --drafter (none: 
     } > "$OUT/eval_$label.txt" 2> "$OUT/eval_$label.log"
 }
 measure "stage$N" --drafter "$OUT/drafter" &
+pids=($!)
 measure shipped &
-wait
+pids+=($!)
+wait_all "${pids[@]}"
 cat "$OUT/eval_stage$N.txt" "$OUT/eval_shipped.txt" | tee "$OUT/eval.txt"

@@ -38,7 +38,10 @@ resized embeddings, a pruned layer), a hook added, a switch under it undone, a w
 replaced, changed in place through its own in-place ops, or moved (``model.to(dtype)``);
 the packed copies are made again, as :func:`domino.fast_linear.packed_weight` does. The
 check compares each module's, switch's and parameter's identity, version and address
-(with the hook check ~0.25 ms a SmolLM2 forward on the Zen 3 VM, ~1 % of it). Like :mod:`domino.fast_linear`, it cannot see a change made
+(with the hook check ~0.25 ms a SmolLM2 forward on the Zen 3 VM, ~1 % of it). Where the
+plan cannot be made (a switch under the model undone, a dtype without packed panels), HF's
+forward runs, and the plan is attempted again only every 64 calls: a repair is picked up
+within that many calls. Like :mod:`domino.fast_linear`, it cannot see a change made
 through ``weight.data`` in place, or to an inference tensor inside
 ``torch.inference_mode()`` (no version counts it): switch the model again after one.
 """
