@@ -203,11 +203,21 @@ def cmd_lineage(args) -> None:
               f"{rec['humaneval'][1]:7.3f} | {chat:>13}")
     fig, ax = plt.subplots(figsize=(8, 4.5))
     xs = [x / 1e6 for x, _ in points]
-    ax.plot(xs, [r["humaneval"][0] for _, r in points], marker="o", label="HumanEval, head on")
-    ax.plot(xs, [r["humaneval"][1] for _, r in points], marker="o", label="HumanEval, head off")
+    ax.plot(xs, [r["humaneval"][0] for _, r in points], color="C0", label="HumanEval, head on")
+    ax.plot(xs, [r["humaneval"][1] for _, r in points], color="C1", label="HumanEval, head off")
     chat = [(x / 1e6, r["chat"][0]) for x, r in points if r["chat"] is not None]
     if chat:
-        ax.plot(*zip(*chat), marker="s", label="held-out chat, head on")
+        ax.plot(*zip(*chat), color="C2", label="held-out chat, head on")
+    # a marker per VM: the target's bf16 bits differ between VMs, so a step where the VM
+    # changes is not all training
+    for vm, marker in zip(sorted({r["vm"] for _, r in points}), "os^Dv"):
+        at = [(x / 1e6, r) for x, r in points if r["vm"] == vm]
+        ax.scatter([x for x, _ in at], [r["humaneval"][0] for _, r in at], color="C0", marker=marker,
+                   label=f"measured on the {vm} VM")
+        ax.scatter([x for x, _ in at], [r["humaneval"][1] for _, r in at], color="C1", marker=marker)
+        chat_at = [(x, r["chat"][0]) for x, r in at if r["chat"] is not None]
+        if chat_at:
+            ax.scatter(*zip(*chat_at), color="C2", marker=marker)
     ax.axhline(3.0, ls="--", color="C0", lw=0.8, label="goal: HumanEval 3.0")
     ax.axhline(2.5, ls="--", color="C2", lw=0.8, label="goal: chat 2.5")
     for x, r in points:
