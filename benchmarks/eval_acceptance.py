@@ -202,22 +202,20 @@ def cmd_lineage(args) -> None:
         print(f"{rec['stage']:5d} | {rec['vm']:6} | {trained:11d} | {rec['humaneval'][0]:8.3f} / "
               f"{rec['humaneval'][1]:7.3f} | {chat:>13}")
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    xs = [x / 1e6 for x, _ in points]
-    ax.plot(xs, [r["humaneval"][0] for _, r in points], color="C0", label="HumanEval, head on")
-    ax.plot(xs, [r["humaneval"][1] for _, r in points], color="C1", label="HumanEval, head off")
-    chat = [(x / 1e6, r["chat"][0]) for x, r in points if r["chat"] is not None]
-    if chat:
-        ax.plot(*zip(*chat), color="C2", label="held-out chat, head on")
     # a marker per VM: the target's bf16 bits differ between VMs, so a step where the VM
     # changes is not all training
-    for vm, marker in zip(sorted({r["vm"] for _, r in points}), "os^Dv"):
-        at = [(x / 1e6, r) for x, r in points if r["vm"] == vm]
-        ax.scatter([x for x, _ in at], [r["humaneval"][0] for _, r in at], color="C0", marker=marker,
-                   label=f"measured on the {vm} VM")
-        ax.scatter([x for x, _ in at], [r["humaneval"][1] for _, r in at], color="C1", marker=marker)
-        chat_at = [(x, r["chat"][0]) for x, r in at if r["chat"] is not None]
-        if chat_at:
-            ax.scatter(*zip(*chat_at), color="C2", marker=marker)
+    markers = dict(zip(sorted({r["vm"] for _, r in points}), "os^Dv"))
+    series = (("humaneval", 0, "C0", "HumanEval, head on"), ("humaneval", 1, "C1", "HumanEval, head off"),
+              ("chat", 0, "C2", "held-out chat, head on"))
+    for key, i, color, label in series:
+        at = [(x / 1e6, r[key][i], r["vm"]) for x, r in points if r[key] is not None]
+        if at:
+            ax.plot([x for x, _, _ in at], [y for _, y, _ in at], color=color, label=label)
+            for vm, marker in markers.items():
+                here = [(x, y) for x, y, v in at if v == vm]
+                if here:
+                    ax.scatter(*zip(*here), color=color, marker=marker,
+                               label=f"measured on the {vm} VM" if (key, i) == ("humaneval", 0) else None)
     ax.axhline(3.0, ls="--", color="C0", lw=0.8, label="goal: HumanEval 3.0")
     ax.axhline(2.5, ls="--", color="C2", lw=0.8, label="goal: chat 2.5")
     for x, r in points:
