@@ -39,6 +39,7 @@ def responses(directory: Path, upto: int, exclude: set[int]) -> list[list[int]]:
 
 
 def main() -> None:
+    """Command line (module docstring; ``--help``)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", type=Path, required=True, help="a directory of regenerated shards")
     p.add_argument("--out", type=Path, required=True, help="the .npz to write")

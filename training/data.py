@@ -129,6 +129,7 @@ class AnchorBatch:
 
     @property
     def num_anchors(self) -> int:
+        """A: the anchors (draft blocks) per sequence."""
         return self.anchors.shape[1]
 
     def to(self, device: torch.device | str) -> "AnchorBatch":

@@ -56,6 +56,7 @@ def coverage(vocab: torch.Tensor, tokens: list[int]) -> float:
 
 
 def main(argv=None) -> None:
+    """Command line (module docstring; ``--help``)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", required=True, help="regenerated shards (training/generate_data.py)")
     p.add_argument("--size", type=int, default=16384, help="tokens kept (K)")

@@ -45,6 +45,7 @@ def export_checkpoint(checkpoint: Path, out: Path, base: Path | None = None,
 
 
 def main(argv=None) -> None:
+    """Command line (module docstring; ``--help``)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("checkpoint", type=Path, help="checkpoint.pt written by training/train.py")
     p.add_argument("out", type=Path, help="drafter directory to write")

@@ -408,6 +408,7 @@ def shard_batches(todo: list[int], n_shards: int, per_batch: int) -> list[list[i
 
 
 def read_shard_records(path: Path) -> list[dict]:
+    """The records (one dict a conversation) of a shard's jsonl file."""
     return [json.loads(line) for line in path.open() if line.strip()]
 
 
@@ -476,6 +477,7 @@ def check_manifest(out: Path, manifest: dict) -> None:
 
 
 def main() -> None:
+    """Command line (module docstring; ``--help``)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=None,
                         help="the dataset directory (SmolLM2's: training/regenerated/smollm2_mix); its dataset.json "

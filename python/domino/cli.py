@@ -10,6 +10,7 @@ from domino.lookup import DEFAULT_LOOKUP_TOKENS
 
 
 def main(argv=None) -> int:
+    """The ``domino`` command line (``domino generate --help``); returns the exit status."""
     parser = argparse.ArgumentParser(prog="domino", description="Domino speculative decoding")
     sub = parser.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="answer a prompt with speculative decoding")

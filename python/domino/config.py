@@ -47,6 +47,7 @@ class DominoConfig:
 
     @property
     def has_head(self) -> bool:
+        """Whether the drafter has a Domino head (False: a backbone-only DFlash drafter)."""
         return self.projector_type == "domino"
 
     @property
@@ -82,6 +83,7 @@ class DominoConfig:
                     "pure_draft_prefix_len", "shift_label")
 
     def to_json_dict(self) -> dict:
+        """The public DFlash/Domino ``config.json`` layout (``dflash_config`` nested)."""
         d = {k: v for k, v in dataclasses.asdict(self).items() if k not in self._DFLASH_KEYS and k != "extra"}
         d["architectures"] = ["DominoDraftModel" if self.has_head else "DFlashDraftModel"]
         dflash = {"mask_token_id": self.mask_token_id, "target_layer_ids": list(self.target_layer_ids)}
@@ -96,6 +98,7 @@ class DominoConfig:
 
     @classmethod
     def from_json_dict(cls, d: dict) -> "DominoConfig":
+        """Reads a DFlash or Domino ``config.json`` dict (unknown keys kept in ``extra``)."""
         d = dict(d)
         dflash = d.pop("dflash_config", {}) or {}
         known = {f.name for f in dataclasses.fields(cls)}
@@ -116,10 +119,12 @@ class DominoConfig:
         return cls(**kwargs)
 
     def save(self, directory: str | Path) -> None:
+        """Writes ``directory/config.json``."""
         Path(directory, "config.json").write_text(json.dumps(self.to_json_dict(), indent=2) + "\n")
 
     @classmethod
     def load(cls, directory: str | Path) -> "DominoConfig":
+        """Reads ``directory/config.json``."""
         return cls.from_json_dict(json.loads(Path(directory, "config.json").read_text()))
 
 

@@ -64,6 +64,8 @@ class GenerationResult:
 
     @property
     def mean_acceptance_length(self) -> float:
+        """Tokens advanced per verification round (``acceptance_lengths``), averaged over
+        every round of every sequence."""
         lens = self.acceptance_lengths
         flat = [x for seq in lens for x in seq] if lens and isinstance(lens[0], list) else list(lens)
         return sum(flat) / max(len(flat), 1)
@@ -126,6 +128,7 @@ class DominoGenerator:
 
     @property
     def device(self) -> torch.device:
+        """The device the target's weights are on."""
         return next(self.target.parameters()).device
 
     # ---- prompts ----------------------------------------------------------------------

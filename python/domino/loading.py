@@ -32,6 +32,8 @@ DEFAULT_DATASTORE = DEFAULT_DRAFTER_DIR / DATASTORE_FILE
 
 
 def cache_dir() -> Path:
+    """Where domino caches converted weights and measured round costs: ``$DOMINO_CACHE``,
+    else ``~/.cache/domino``."""
     return Path(os.environ.get("DOMINO_CACHE", Path.home() / ".cache" / "domino"))
 
 

@@ -36,6 +36,9 @@ from domino.sampling_params import RowSampling
 
 
 class RMSNorm(nn.Module):
+    """RMS normalization over the last dimension, computed in float32 and cast back to the
+    input's dtype before the weight multiplies it (as HF Llama/Qwen do)."""
+
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
@@ -62,11 +65,16 @@ class RotaryEmbedding(nn.Module):
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [b, heads, T, hd] rotated by cos, sin [b, 1, T, hd] (rotate-half layout)."""
     x1, x2 = x.chunk(2, dim=-1)
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
 class DraftAttention(nn.Module):
+    """A draft layer's attention: grouped-query attention with per-head q/k RMS norms and
+    RoPE (Qwen3 layout), whose queries attend to cached context keys/values as well as to
+    their own block's keys."""
+
     def __init__(self, c: DominoConfig):
         super().__init__()
         self.nh, self.kvh, self.hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
@@ -97,6 +105,8 @@ class DraftAttention(nn.Module):
 
 
 class DraftMLP(nn.Module):
+    """SwiGLU MLP: ``down(silu(gate(x)) * up(x))``."""
+
     def __init__(self, c: DominoConfig):
         super().__init__()
         self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
@@ -108,6 +118,9 @@ class DraftMLP(nn.Module):
 
 
 class DraftLayer(nn.Module):
+    """One pre-norm decoder layer of the backbone: attention to the context and the
+    block, then the MLP, each on a residual."""
+
     def __init__(self, c: DominoConfig):
         super().__init__()
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
@@ -138,6 +151,7 @@ class DraftContextCache:
 
     @property
     def length(self) -> int:
+        """Context slots held per sequence (real or masked)."""
         return self.mask.shape[1]
 
 
@@ -182,6 +196,13 @@ class Draft:
 
 
 class DominoDraftModel(nn.Module):
+    """The Domino drafter: DFlash backbone + Domino head (this module's docstring).
+
+    Holds only its own weights; the target's input embedding and LM head are borrowed with
+    :meth:`bind_target` before use. Load a checkpoint with :meth:`from_pretrained`; draft
+    with :meth:`draft` (chains) or :meth:`draft_tree` (trees), which
+    :class:`domino.generate.DominoGenerator` calls each round."""
+
     def __init__(self, config: DominoConfig):
         super().__init__()
         c = self.config = config
@@ -214,12 +235,14 @@ class DominoDraftModel(nn.Module):
 
     @property
     def embed_tokens(self) -> nn.Module:
+        """The target's input embedding (borrowed by :meth:`bind_target`)."""
         if self._target is None:
             raise RuntimeError("call bind_target(target) before running the drafter")
         return self._target[0]
 
     @property
     def lm_head(self) -> nn.Module:
+        """The target's LM head (borrowed by :meth:`bind_target`)."""
         if self._target is None:
             raise RuntimeError("call bind_target(target) before running the drafter")
         return self._target[1]
@@ -227,6 +250,8 @@ class DominoDraftModel(nn.Module):
     # ---- backbone ---------------------------------------------------------------------
 
     def new_cache(self, batch_size: int, device, dtype) -> DraftContextCache:
+        """An empty context cache for ``batch_size`` sequences (keys/values of ``dtype``
+        on ``device``), to be filled by :meth:`extend_context`."""
         c = self.config
         empty = torch.empty(batch_size, c.num_key_value_heads, 0, c.head_dim, device=device, dtype=dtype)
         return DraftContextCache([empty] * len(self.layers), [empty] * len(self.layers),

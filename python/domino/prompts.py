@@ -21,6 +21,8 @@ def is_batch(prompt) -> bool:
 
 
 def check_messages(messages: list, name: str) -> None:
+    """Raises TypeError/ValueError naming ``name`` and the index unless every element of
+    ``messages`` is a chat message dict with a string ``role`` and ``content``."""
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
             raise TypeError(f"{name}[{i}] must be a chat message dict, got {type(m).__name__}")
@@ -79,6 +81,7 @@ def encode_all(tokenizer, prompt, vocab_size: int) -> tuple[list[list[int]], boo
 
 
 def check_max_new_tokens(max_new_tokens) -> None:
+    """Raises TypeError/ValueError unless ``max_new_tokens`` is an int >= 1."""
     if not isinstance(max_new_tokens, numbers.Integral) or isinstance(max_new_tokens, bool):
         raise TypeError(f"max_new_tokens must be an int, got {type(max_new_tokens).__name__}")
     if max_new_tokens < 1:

@@ -163,6 +163,7 @@ def compile_all(capability: int):
 
 
 def main():
+    """Command line: compiles the Triton kernels ahead of time for ``--capability`` (module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--capability", type=int, nargs="+", default=[80, 90])
     args = parser.parse_args()
