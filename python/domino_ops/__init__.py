@@ -32,7 +32,9 @@ emit what :func:`build_tree_kernel_efficient` consumes).
 Runtime sampling helpers (:func:`filtered_probs`, :func:`draw_uniforms`,
 :func:`check_sampling_params`) live in :mod:`domino_ops.sampling`.
 
-Every op takes ``backend=`` ("auto", "native", "triton", "reference"); see
+Every op takes ``backend=`` ("auto", "native", "triton", "reference"; the CPU-only ops
+:func:`small_batch_linear`, :func:`small_batch_linear_packed`, :func:`small_batch_attention`,
+:func:`rms_norm`, :func:`silu_mul` and :func:`apply_rotary_pos_emb` have no "triton"); see
 :mod:`domino_ops.ops`. The hand-written CUDA kernels live in csrc/cuda/, the Triton ones
 in :mod:`domino_ops.triton`.
 """

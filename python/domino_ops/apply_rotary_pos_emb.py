@@ -18,7 +18,8 @@ from domino_ops import _checks, reference
 __all__ = ["apply_rotary_pos_emb"]
 
 
-def apply_rotary_pos_emb(q, k, cos, sin, *, backend=None):
+def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *,
+                         backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``x * cos + rotate_half(x) * sin`` for the queries and the keys, HF's rounding order.
 
     ``rotate_half(x) = cat(-x[..., D/2:], x[..., :D/2])``; cos and sin are shared by every

@@ -25,7 +25,8 @@ def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.shape[-1] <= 1 or t.stride(-1) == 1 else t.contiguous()
 
 
-def small_batch_attention(q, k, v, mask=None, *, scale=None, backend=None):
+def small_batch_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None, *,
+                          scale: float | None = None, backend: str | None = None) -> torch.Tensor:
     """Bottom-right causal attention with grouped-query heads, batch-invariant on the CPU.
 
     Query row m is the token at cache position ``N - M + m`` (the cache holds the queries'

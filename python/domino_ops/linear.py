@@ -29,7 +29,8 @@ def small_batch_linear_isa() -> str:
     return _C.small_batch_linear_isa()
 
 
-def small_batch_linear(x, weight, bias=None, *, backend=None):
+def small_batch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+                       backend: str | None = None) -> torch.Tensor:
     """``x @ weight.T + bias``, each weight read once for all rows, batch-invariant on the CPU.
 
     Args:

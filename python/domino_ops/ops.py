@@ -25,7 +25,7 @@ from domino_ops import triton as triton_ops
 from domino_ops.linear_packed import PANEL_COLS, PackedLinearWeight, small_batch_linear_packed_supported
 from domino_ops.sampling import draw_uniforms, kernel_sampling_args, may_sample
 
-__all__ = ["domino_head_rollout", "sample", "verify_greedy", "verify_sampling", "has_kernel", "select_backend"]
+__all__ = ["domino_head_rollout", "domino_head_expand", "sample", "verify_greedy", "verify_sampling", "has_kernel", "select_backend"]
 
 BACKENDS = ("auto", "native", "triton", "reference")
 
@@ -43,7 +43,7 @@ def _registered(op: str, key: str) -> bool:
     return torch._C._dispatch_has_kernel_for_dispatch_key(f"domino_ops::{op}", key)
 
 
-def select_backend(op: str, device, backend: str | None = None) -> str:
+def select_backend(op: str, device: torch.device | str, backend: str | None = None) -> str:
     """The backend ("native", "triton" or "reference") that runs ``op`` on ``device``:
     ``backend``, else ``$DOMINO_OPS_BACKEND``, else "auto" (see the module docstring).
     Raises ValueError for an unknown name and RuntimeError when the one asked for cannot
@@ -96,8 +96,13 @@ def _head_weights(gru_input, w_ih, w_hh, w1s, w2, V: int, dev) -> tuple[int, int
     return r, G
 
 
-def domino_head_rollout(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w2, *,
-                        temperature=0.0, top_k=0, top_p=1.0, generator=None, write_logits=False, backend=None):
+def domino_head_rollout(base_logits: torch.Tensor, hproj: torch.Tensor, state: torch.Tensor, gru_input: torch.Tensor,
+                        w_ih: torch.Tensor | None, w_hh: torch.Tensor, w1s: torch.Tensor, w2: torch.Tensor, *,
+                        temperature: float | torch.Tensor = 0.0, top_k: int | torch.Tensor = 0,
+                        top_p: float | torch.Tensor = 1.0,
+                        generator: torch.Generator | list[torch.Generator] | tuple[torch.Generator, ...] | None = None,
+                        write_logits: bool = False,
+                        backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Drafts k tokens with the Domino head, one GRU step per token.
 
     For i in 0..k-1: ``L = base_logits[:, i] + w2 @ silu(hproj[:, i] + w1s @ S)``; the
@@ -112,7 +117,7 @@ def domino_head_rollout(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w
         state: [b, G] float32, the GRU state after the tokens already fixed.
         gru_input: the token embedding [V, H] (then ``w_ih`` [3G, H] is required) or the
             table ``E @ w_ih.T`` [V, 3G] (then ``w_ih`` is None).
-        w_ih, w_hh ([3G, G]), w1s ([r, G], ``W1[:, H:]``), w2 ([V, r]): float32 or
+        w_ih (above), w_hh ([3G, G]), w1s ([r, G], ``W1[:, H:]``), w2 ([V, r]): float32 or
             bfloat16, one dtype for all weights, contiguous.
         temperature: 0 for greedy (below 1e-20 counts as 0: the argmax is its limit).
             top_k: 0 (or >= V) disables. top_p: in (0, 1]; one below the largest
@@ -160,9 +165,15 @@ def domino_head_rollout(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w
     return tokens, logprobs, state_out
 
 
-def domino_head_expand(base_logits, hproj, node_state, node_seq, node_depth, gru_input, w_ih, w_hh, w1s, w2, *,
-                       num_children, temperature=0.0, top_k=0, top_p=1.0, generator=None, backend=None,
-                       w2_packed=None, w_hh_packed=None, write_node_logits=True, out=None):
+def domino_head_expand(base_logits: torch.Tensor, hproj: torch.Tensor, node_state: torch.Tensor,
+                       node_seq: torch.Tensor, node_depth: torch.Tensor, gru_input: torch.Tensor,
+                       w_ih: torch.Tensor | None, w_hh: torch.Tensor, w1s: torch.Tensor, w2: torch.Tensor, *,
+                       num_children: int, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                       generator: torch.Generator | None = None, backend: str | None = None,
+                       w2_packed: PackedLinearWeight | None = None, w_hh_packed: PackedLinearWeight | None = None,
+                       write_node_logits: bool = True,
+                       out: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """One step of Domino tree drafting: the children of a frontier of tree nodes.
 
     Node f belongs to sequence ``node_seq[f]``, sits at depth ``d = node_depth[f]`` and
@@ -383,7 +394,10 @@ def run_expand(chosen, base_logits, hproj, node_state, node_seq, node_depth, gru
     return tokens, logprobs, child_state, node_logits
 
 
-def sample(logits, *, temperature=0.0, top_k=0, top_p=1.0, generator=None, backend=None):
+def sample(logits: torch.Tensor, *, temperature: float | torch.Tensor = 0.0, top_k: int | torch.Tensor = 0,
+           top_p: float | torch.Tensor = 1.0,
+           generator: torch.Generator | list[torch.Generator] | tuple[torch.Generator, ...] | None = None,
+           backend: str | None = None) -> torch.Tensor:
     """Samples one token per row.
 
     Args:
@@ -419,7 +433,8 @@ def _draft_tokens(draft_tokens, dev, vocab_size):
     return draft_tokens.contiguous()
 
 
-def verify_greedy(draft_tokens, target_logits, *, backend=None):
+def verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor, *,
+                  backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Greedy verification: the longest draft prefix equal to the target's argmax.
 
     Args:
@@ -446,7 +461,9 @@ def verify_greedy(draft_tokens, target_logits, *, backend=None):
     return out_tokens, num_accepted
 
 
-def verify_sampling(draft_tokens, draft_probs, target_probs, *, generator=None, backend=None):
+def verify_sampling(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor, *,
+                    generator: torch.Generator | list[torch.Generator] | tuple[torch.Generator, ...] | None = None,
+                    backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Lossless rejection sampling (Leviathan et al. 2023).
 
     Accepts draft i with probability min(1, p_i(x_i) / q_i(x_i)); at the first rejection

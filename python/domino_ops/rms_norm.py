@@ -19,7 +19,8 @@ from domino_ops import _checks, reference
 __all__ = ["rms_norm"]
 
 
-def rms_norm(input, weight, eps: float = 1e-6, *, backend=None):
+def rms_norm(input: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
+             backend: str | None = None) -> torch.Tensor:
     """``weight * (x / sqrt(mean(x^2) + eps))`` over the last dimension, HF's rounding order.
 
     Float32 math; the normalized value is rounded to input's dtype before the weight

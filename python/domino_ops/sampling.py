@@ -13,6 +13,8 @@ The test oracle is :mod:`domino_ops.reference`; nothing here is test-only.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from domino_ops import _checks
@@ -22,7 +24,9 @@ __all__ = ["draw_uniforms", "filtered_probs", "filtered_weights", "check_samplin
            "GREEDY_BELOW", "MIN_TOP_P"]
 
 
-def draw_uniforms(shape, device, generator) -> torch.Tensor:
+def draw_uniforms(shape: Sequence[int], device: torch.device | str,
+                  generator: torch.Generator | list[torch.Generator] | tuple[torch.Generator, ...] | None
+                  ) -> torch.Tensor:
     """The uniforms [*shape] float64 in [0, 1) that a sampling op consumes, from one
     torch.Generator (or torch's default for None), or from a list of ``shape[0]``
     generators, row i drawing its ``shape[1:]`` uniforms from generator i (per-request seeds)."""
@@ -137,7 +141,8 @@ def filtered_weights(logits: torch.Tensor, temperature, top_k, top_p) -> torch.T
     return w
 
 
-def filtered_probs(logits: torch.Tensor, temperature=0.0, top_k=0, top_p=1.0) -> torch.Tensor:
+def filtered_probs(logits: torch.Tensor, temperature: float | torch.Tensor = 0.0, top_k: int | torch.Tensor = 0,
+                   top_p: float | torch.Tensor = 1.0) -> torch.Tensor:
     """The distribution the sampling ops draw from, ``softmax(filter(logits / temperature))``
     over the last axis of ``logits`` [b, ..., V] (float32 or bfloat16), returned as float32
     of the same shape: the ``p`` / ``q`` that :func:`domino_ops.verify_sampling` expects.
@@ -153,7 +158,8 @@ def filtered_probs(logits: torch.Tensor, temperature=0.0, top_k=0, top_p=1.0) ->
     return (w / w.sum(dim=-1, keepdim=True)).float().reshape(logits.shape)
 
 
-def check_sampling_params(temperature, top_k, top_p, rows: int | None = None, device=None) -> None:
+def check_sampling_params(temperature: float | torch.Tensor, top_k: int | torch.Tensor, top_p: float | torch.Tensor,
+                          rows: int | None = None, device: torch.device | str | None = None) -> None:
     """Raises TypeError / ValueError naming the argument unless temperature >= 0, top_k >= 0
     (an int; 0 disables it) and top_p in (0, 1]: Python numbers, or with ``rows`` also
     [rows] tensors on ``device`` with one value per row."""

@@ -16,7 +16,7 @@ from domino_ops import _checks, reference
 __all__ = ["silu_mul"]
 
 
-def silu_mul(gate, up, *, backend=None):
+def silu_mul(gate: torch.Tensor, up: torch.Tensor, *, backend: str | None = None) -> torch.Tensor:
     """``silu(gate) * up`` elementwise, in HF's rounding order.
 
     ``silu(g) = g / (1 + exp(-g))`` in float32, rounded to the dtype, times ``up`` in

@@ -33,6 +33,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from domino_ops.linear_packed import PackedLinearWeight
 from domino_ops.ops import check_expand_args, expand_outputs, run_expand
 from domino_ops.sampling import filtered_probs, may_sample
 
@@ -66,9 +67,13 @@ class DraftTree:
     candidate_tokens: Optional[torch.Tensor] = None
 
 
-def draft_tree(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w2, root_tokens, *, topk: int, depth: int,
-               num_draft_tokens: Optional[int] = None, plain_depths: int = 0, temperature=0.0, top_k=0, top_p=1.0,
-               generator=None, backend=None, w2_packed=None, w_hh_packed=None) -> DraftTree:
+def draft_tree(base_logits: torch.Tensor, hproj: torch.Tensor, state: torch.Tensor, gru_input: torch.Tensor,
+               w_ih: torch.Tensor | None, w_hh: torch.Tensor, w1s: torch.Tensor, w2: torch.Tensor,
+               root_tokens: torch.Tensor, *, topk: int, depth: int, num_draft_tokens: Optional[int] = None,
+               plain_depths: int = 0, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+               generator: torch.Generator | None = None, backend: str | None = None,
+               w2_packed: PackedLinearWeight | None = None,
+               w_hh_packed: PackedLinearWeight | None = None) -> DraftTree:
     """Drafts a tree per sequence with the Domino head, in SGLang's EAGLE-2 layout.
 
     Args:

@@ -138,9 +138,11 @@ def _no_alias(outputs: dict, inputs: dict) -> None:
         seen.append((oname, a))
 
 
-def build_tree_kernel_efficient(parent_list, selected_index, verified_seq_len, tree_mask, positions,
-                                retrive_index, retrive_next_token, retrive_next_sibling,
-                                topk, depth, draft_token_num, tree_mask_mode, *, backend=None):
+def build_tree_kernel_efficient(parent_list: torch.Tensor, selected_index: torch.Tensor,
+                                verified_seq_len: torch.Tensor, tree_mask: torch.Tensor, positions: torch.Tensor,
+                                retrive_index: torch.Tensor, retrive_next_token: torch.Tensor,
+                                retrive_next_sibling: torch.Tensor, topk: int, depth: int, draft_token_num: int,
+                                tree_mask_mode: int, *, backend: str | None = None) -> None:
     """Builds the verify tree of an EAGLE draft: mask, positions and links (sgl-kernel's op).
 
     Node ``i >= 1`` of request ``b`` is the draft candidate with flat index
@@ -270,8 +272,10 @@ def _link_values(retrive_next_token, retrive_next_sibling, n: int) -> None:
                          "the links do not form a tree")
 
 
-def verify_tree_greedy(predicts, accept_index, accept_token_num, candidates, retrive_index,
-                       retrive_next_token, retrive_next_sibling, target_predict, *, backend=None):
+def verify_tree_greedy(predicts: torch.Tensor, accept_index: torch.Tensor, accept_token_num: torch.Tensor,
+                       candidates: torch.Tensor, retrive_index: torch.Tensor, retrive_next_token: torch.Tensor,
+                       retrive_next_sibling: torch.Tensor, target_predict: torch.Tensor, *,
+                       backend: str | None = None) -> None:
     """Greedy verification of a draft tree (sgl-kernel's op).
 
     From the root, at each of at most ``num_spec_step - 1`` levels the first child (in
@@ -307,11 +311,14 @@ def verify_tree_greedy(predicts, accept_index, accept_token_num, candidates, ret
          retrive_next_token, retrive_next_sibling, target_predict), values)
 
 
-def tree_speculative_sampling_target_only(predicts, accept_index, accept_token_num, candidates, retrive_index,
-                                          retrive_next_token, retrive_next_sibling, uniform_samples,
-                                          uniform_samples_for_final_sampling, target_probs, draft_probs=None,
-                                          threshold_single=1.0, threshold_acc=1.0, deterministic=True, *,
-                                          backend=None):
+def tree_speculative_sampling_target_only(predicts: torch.Tensor, accept_index: torch.Tensor,
+                                          accept_token_num: torch.Tensor, candidates: torch.Tensor,
+                                          retrive_index: torch.Tensor, retrive_next_token: torch.Tensor,
+                                          retrive_next_sibling: torch.Tensor, uniform_samples: torch.Tensor,
+                                          uniform_samples_for_final_sampling: torch.Tensor,
+                                          target_probs: torch.Tensor, draft_probs: torch.Tensor | None = None,
+                                          threshold_single: float = 1.0, threshold_acc: float = 1.0,
+                                          deterministic: bool = True, *, backend: str | None = None) -> None:
     """Sampled verification of a draft tree against the target only (sgl-kernel's op).
 
     At node u one coin ``c = uniform_samples[b, u]`` serves all of u's children: they are
@@ -389,9 +396,11 @@ def _sampler_args(predicts, accept_index, accept_token_num, candidates, retrive_
     return dev, values
 
 
-def verify_tree_sampling(predicts, accept_index, accept_token_num, candidates, retrive_index,
-                         retrive_next_token, retrive_next_sibling, uniform_samples,
-                         uniform_samples_for_final_sampling, target_probs, draft_probs, *, backend=None):
+def verify_tree_sampling(predicts: torch.Tensor, accept_index: torch.Tensor, accept_token_num: torch.Tensor,
+                         candidates: torch.Tensor, retrive_index: torch.Tensor, retrive_next_token: torch.Tensor,
+                         retrive_next_sibling: torch.Tensor, uniform_samples: torch.Tensor,
+                         uniform_samples_for_final_sampling: torch.Tensor, target_probs: torch.Tensor,
+                         draft_probs: torch.Tensor, *, backend: str | None = None) -> None:
     """Lossless verification of a sampled draft tree that uses the draft's probabilities
     (recursive rejection sampling, Recursive Speculative Decoding, arXiv 2402.14160).
 
