@@ -1,6 +1,6 @@
-"""The public API of ``domino_ops`` is typed (PEP 484) and ships its ``py.typed`` marker
-(PEP 561), as flashinfer's: every parameter and return of each function in
-``domino_ops.__all__`` (and each public method of its public classes) is annotated, the
+"""The public APIs of ``domino_ops`` and ``domino`` are typed (PEP 484) and ship their
+``py.typed`` markers (PEP 561), as flashinfer's: every parameter and return of each
+function in each package's ``__all__`` (and each public method of its public classes) is annotated, the
 annotations resolve (``typing.get_type_hints``: a name used in an annotation must be
 importable in the function's module at run time, not only under ``TYPE_CHECKING``), and
 ``py.typed`` sits beside the installed ``domino_ops`` and ``domino``."""
@@ -8,6 +8,7 @@ importable in the function's module at run time, not only under ``TYPE_CHECKING`
 from __future__ import annotations
 
 import __future__
+import dataclasses
 import inspect
 import pathlib
 import types
@@ -59,15 +60,19 @@ def annotation_problems(fn: typing.Callable) -> list[str]:
     return problems
 
 
-PUBLIC = public_callables(domino_ops)
+PUBLIC = {f"{package.__name__}.{name}": fn
+          for package in (domino_ops, domino) for name, fn in public_callables(package).items()}
 
 
 def test_the_public_api_is_found():
     """Every function of ``__all__`` is checked (a guard against a check of nothing)."""
-    functions = {name for name in domino_ops.__all__ if inspect.isfunction(getattr(domino_ops, name))}
+    functions = {f"{package.__name__}.{name}" for package in (domino_ops, domino) for name in package.__all__
+                 if inspect.isfunction(getattr(package, name))}
     assert functions <= set(PUBLIC)
-    assert {"domino_head_rollout", "domino_head_expand", "verify_tree_sampling", "draft_tree",
-            "small_batch_linear_packed", "apply_rotary_pos_emb"} <= functions
+    assert {f"domino_ops.{name}" for name in ("domino_head_rollout", "domino_head_expand", "verify_tree_sampling",
+                                              "draft_tree", "small_batch_linear_packed", "apply_rotary_pos_emb")} <= functions
+    assert {"domino.load", "domino.load_default", "domino.DominoGenerator.generate",
+            "domino.DominoDraftModel.draft"} <= set(PUBLIC)
 
 
 @pytest.mark.parametrize("name", sorted(PUBLIC))
@@ -83,10 +88,14 @@ def test_annotations_are_postponed(name):
     assert code.co_flags & __future__.annotations.compiler_flag, PUBLIC[name].__module__
 
 
-@pytest.mark.parametrize("name", sorted(n for n in domino_ops.__all__ if inspect.isclass(getattr(domino_ops, n))))
+DATACLASSES = {f"{package.__name__}.{name}": getattr(package, name) for package in (domino_ops, domino)
+               for name in package.__all__ if dataclasses.is_dataclass(getattr(package, name))}
+
+
+@pytest.mark.parametrize("name", sorted(DATACLASSES))
 def test_public_class_annotations_resolve(name):
-    """The public classes' (dataclass) field annotations resolve too."""
-    cls = getattr(domino_ops, name)
+    """The public dataclasses' field annotations resolve too."""
+    cls = DATACLASSES[name]
     hints = typing.get_type_hints(cls)
     assert hints and set(hints) >= set(getattr(cls, "__dataclass_fields__", {}))
 

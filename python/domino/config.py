@@ -7,6 +7,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from transformers import PretrainedConfig
+
 
 def evenly_spaced_layer_ids(num_target_layers: int, n: int) -> list[int]:
     """DFlash's target layers: round(1 + i * (L - 4) / (n - 1)) for i in 0..n-1."""
@@ -56,7 +58,7 @@ class DominoConfig:
         return self.block_size if self.shift_label else self.block_size - 1
 
     @classmethod
-    def from_target(cls, target_config, *, num_hidden_layers: int = 1, num_feature_layers: int = 5,
+    def from_target(cls, target_config: PretrainedConfig, *, num_hidden_layers: int = 1, num_feature_layers: int = 5,
                     mask_token_id: int, block_size: int = 16, emb_dim: int = 64, gru_hidden_dim: int = 256,
                     pure_draft_prefix_len: int = 1, shift_label: bool = False,
                     projector_type: str | None = "domino") -> "DominoConfig":

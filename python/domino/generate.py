@@ -133,7 +133,7 @@ class DominoGenerator:
 
     # ---- prompts ----------------------------------------------------------------------
 
-    def encode(self, prompt) -> list[int]:
+    def encode(self, prompt: prompts.Prompt) -> list[int]:
         """Token ids of one prompt (see :mod:`domino.prompts`)."""
         return prompts.encode(self.tokenizer, prompt)
 
@@ -184,7 +184,7 @@ class DominoGenerator:
     # ---- generation -------------------------------------------------------------------
 
     @torch.inference_mode()
-    def generate(self, prompt, *, max_new_tokens: int = 256, temperature: float = 0.0, top_k: int = 0,
+    def generate(self, prompt: prompts.Prompts, *, max_new_tokens: int = 256, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, sampling: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_head: bool = True, num_drafts: int | None = None, stop: Sequence[str] = (),
                  generator: torch.Generator | None = None,
@@ -533,7 +533,7 @@ class DominoGenerator:
     # ---- the baseline -----------------------------------------------------------------
 
     @torch.inference_mode()
-    def generate_target_only(self, prompt, *, max_new_tokens: int = 256, temperature: float = 0.0,
+    def generate_target_only(self, prompt: prompts.Prompts, *, max_new_tokens: int = 256, temperature: float = 0.0,
                              top_k: int = 0, top_p: float = 1.0, **generate_kwargs) -> GenerationResult:
         """Plain decoding with the target's own HF ``generate`` (the baseline)."""
         seqs, batch, _ = self._encode_request(prompt, max_new_tokens)

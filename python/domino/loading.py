@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from domino.cache_dirs import write_directory
 from domino.config import default_drafter_config
@@ -122,9 +123,11 @@ def random_drafter(target, seed: int = 0) -> DominoDraftModel:
     return DominoDraftModel(default_drafter_config(target.config)).to(dtype=dtype).eval()
 
 
-def load(target, drafter=None, tokenizer=None, *, device=None, dtype=torch.float32,
-         quiet: bool = True, small_batch_linear: bool = False,
-         small_batch_attention: bool = False, datastore=None) -> DominoGenerator:
+def load(target: str | Path | PreTrainedModel, drafter: str | Path | DominoDraftModel | None = None,
+         tokenizer: PreTrainedTokenizerBase | None = None, *, device: torch.device | str | None = None,
+         dtype: torch.dtype = torch.float32, quiet: bool = True, small_batch_linear: bool = False,
+         small_batch_attention: bool = False,
+         datastore: TokenDatastore | str | Path | None = None) -> DominoGenerator:
     """A generator for ``target`` (path or HF model) and ``drafter`` (checkpoint path, a
     DominoDraftModel, or None for an untrained one). On the CPU, ``small_batch_linear=True``
     puts both models' linear layers on the batch-invariant kernel (see

@@ -228,7 +228,7 @@ class DominoDraftModel(nn.Module):
 
     # ---- the target's borrowed pieces -------------------------------------------------
 
-    def bind_target(self, target) -> "DominoDraftModel":
+    def bind_target(self, target: nn.Module) -> "DominoDraftModel":
         """Borrows the target's input embedding and LM head (frozen, never saved)."""
         self._target = (target.get_input_embeddings(), target.get_output_embeddings())
         return self
@@ -249,7 +249,7 @@ class DominoDraftModel(nn.Module):
 
     # ---- backbone ---------------------------------------------------------------------
 
-    def new_cache(self, batch_size: int, device, dtype) -> DraftContextCache:
+    def new_cache(self, batch_size: int, device: torch.device | str, dtype: torch.dtype) -> DraftContextCache:
         """An empty context cache for ``batch_size`` sequences (keys/values of ``dtype``
         on ``device``), to be filled by :meth:`extend_context`."""
         c = self.config
@@ -287,7 +287,7 @@ class DominoDraftModel(nn.Module):
 
     # ---- head -------------------------------------------------------------------------
 
-    def head_weights(self):
+    def head_weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """(gru_input, w_ih, w_hh, w1h, w1s, w2) in the drafter's dtype; gru_input is the
         target's embedding (cast once and cached if its dtype differs). With a draft
         vocabulary (:meth:`set_draft_vocab`) gru_input and w2 hold its K rows, in its order:
@@ -418,7 +418,7 @@ class DominoDraftModel(nn.Module):
             state = gru_cell(gi[:, t], hidden, state)
         return state
 
-    def block_input(self, anchor: torch.Tensor, anchor_pos: torch.Tensor):
+    def block_input(self, anchor: torch.Tensor, anchor_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Block tokens [anchor, MASK, ...] [b, B] and their positions [b, B]."""
         B = self.config.block_size
         block = torch.full((anchor.shape[0], B), self.config.mask_token_id, dtype=torch.int64, device=anchor.device)

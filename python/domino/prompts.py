@@ -8,9 +8,14 @@ or a batch of those (a list of them, or a 2-D tensor).
 from __future__ import annotations
 
 import numbers
-from typing import Sequence
+from typing import Sequence, Union
 
 import torch
+
+# One prompt: a string, chat messages, or token ids (a list of ints or a 1-D tensor).
+Prompt = Union[str, Sequence[dict], Sequence[int], torch.Tensor]
+# One prompt or a batch of them (a list of prompts, or a 2-D tensor of token ids).
+Prompts = Union[Prompt, Sequence[Prompt]]
 
 
 def is_batch(prompt) -> bool:
