@@ -3,6 +3,7 @@ build_tree_kernel_efficient -> verify_tree_greedy / verify_tree_sampling, agains
 reference written from the description (one node at a time, Python lists, explicit
 parent pointers); topk = 1 is the rollout's chain; sampled trees verify losslessly."""
 
+import dataclasses
 import warnings
 
 import pytest
@@ -278,3 +279,7 @@ def test_candidate_parents_and_reselection(topk, depth):
         assert torch.equal(again.candidates, pruned.candidates)
     with pytest.raises(ValueError, match="num_draft_tokens"):
         select_draft_nodes(full, total + 2)
+    # a tree built by hand without the candidates' scores cannot be re-selected
+    bare = dataclasses.replace(full, candidate_scores=None)
+    with pytest.raises(ValueError, match="candidate_scores"):
+        select_draft_nodes(bare, 2)

@@ -386,8 +386,8 @@ class DominoGenerator:
         # and so its sampled output under a seed, do not depend on earlier calls
         depth_acceptance = DepthAcceptance(self.drafter.config.num_drafts, self.drafter.calibration.depth_rates or 0.5)
         out_ids = [[t] for t in first]
-        accept = [[] for _ in range(b)]
-        verified = [[] for _ in range(b)]
+        accept: list[list[int]] = [[] for _ in range(b)]
+        verified: list[list[int]] = [[] for _ in range(b)]
         done = [False] * b
         for s in range(b):
             done[s], out_ids[s] = self._finished(out_ids[s], max_new_tokens, stop)
@@ -428,10 +428,10 @@ class DominoGenerator:
         return _Decoding(cache, mask, dcache, anchor, positions[:, -1] + 1), anchor.tolist()
 
     def _chain_round(self, st: _Decoding, sampling: RowSampling, use_head, live: list[int], costs: RoundCosts | None,
-                     num_drafts: int | None, depth_acceptance: DepthAcceptance) -> tuple[list[int], list[list[int]]]:
+                     num_drafts: int | None, depth_acceptance: DepthAcceptance) -> tuple[list[int], list[list[int]], int]:
         """One chain round: draft, verify, commit. Returns each sequence's kept length
         (anchor + accepted drafts), its new tokens (accepted drafts + one target token) and
-        the tokens the target verified (the anchor and the drafts)."""
+        how many tokens the target verified per sequence (the anchor and the drafts)."""
         b, dev = st.anchor.shape[0], st.anchor.device
         draft_tokens, draft_logits = self._draft_and_choose(st, live, use_head, sampling, costs, num_drafts,
                                                             depth_acceptance)

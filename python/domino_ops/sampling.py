@@ -152,9 +152,10 @@ def filtered_probs(logits: torch.Tensor, temperature: float | torch.Tensor = 0.0
     :func:`filtered_weights`."""
     b, V = logits.shape[0], logits.shape[-1]
     rows = logits[0].numel() // V if logits.dim() > 1 else 1
-    temperature, top_k, top_p = (x.reshape(b).repeat_interleave(rows) if isinstance(x, torch.Tensor) else x
-                                 for x in (temperature, top_k, top_p))
-    w = filtered_weights(logits.reshape(-1, V), temperature, top_k, top_p)
+    def per_row(x):  # a [b] tensor repeated over the middle axes; a number as it is
+        return x.reshape(b).repeat_interleave(rows) if isinstance(x, torch.Tensor) else x
+
+    w = filtered_weights(logits.reshape(-1, V), per_row(temperature), per_row(top_k), per_row(top_p))
     return (w / w.sum(dim=-1, keepdim=True)).float().reshape(logits.shape)
 
 

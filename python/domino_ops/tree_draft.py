@@ -180,6 +180,9 @@ def select_draft_nodes(tree: DraftTree, num_draft_tokens: int) -> DraftTree:
     Greedy trees only (a sampled tree is verified with every draw)."""
     if tree.draft_probs is not None:
         raise ValueError("select_draft_nodes: a sampled tree must keep every candidate")
+    if tree.candidate_scores is None or tree.candidate_tokens is None:
+        raise ValueError("select_draft_nodes: tree has no candidate_scores / candidate_tokens to select from "
+                         "(a DraftTree made by draft_tree has them)")
     total = tree.candidate_scores.shape[1]
     if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, int) or \
             not 2 <= num_draft_tokens <= total + 1:

@@ -126,7 +126,7 @@ def _no_alias(outputs: dict, inputs: dict) -> None:
         return None if t is None or t.numel() == 0 or t.device.type == "meta" else (t.data_ptr(), t.data_ptr() + t.nbytes)
 
     ins = [(name, span(t)) for name, t in inputs.items()]
-    seen = []
+    seen: list[tuple[str, tuple[int, int]]] = []
     for oname, o in outputs.items():
         a = span(o)
         if a is None:
