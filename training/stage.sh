@@ -21,11 +21,17 @@
 # recalibrate (benchmarks/calibration.py --write) and record it (README, training/README.md,
 # benchmarks/results/drafter_lineage.json).
 #
-# Where: a CPU with AVX512-BF16 or AMX (bf16 autocast, 1.4-1.9 s a step on 2 cores). On an
-# AVX2 CPU training runs in fp32: 4.6 s a step on the 2-core Zen 3 VM (2026-12-03), so 2000
-# steps take ~2.5 hours before the ~30-minute evaluation. Pause other jobs first
-# (kill -STOP): they share the two cores.
+# Where: any 2-core CPU fits a stage in a session. With AVX512-BF16 or AMX the trainer
+# autocasts to bf16 (1.4-1.9 s a step); on an AVX2 CPU it runs in fp32: ~2.4 s a step on the
+# 2-core Zen 3 VM with nothing else running (stage 30, 2026-12-03: 2000 steps in 97 minutes,
+# 2.9 s a step on average with a test-suite run and other work beside it; the 4.6 s
+# measured the session before had the data generators beside it). Stop or pause other jobs first (kill -STOP): they
+# share the two cores.
 set -euo pipefail
+# The whole body is one compound command, so bash reads all of it before running any: an
+# edit to this file during a 90-minute stage cannot shift what the running copy reads next
+# (stage 30 lost its measurement step that way).
+{
 N=${1:?usage: stage.sh N START END}
 START=${2:?usage: stage.sh N START END}
 END=${3:?usage: stage.sh N START END}
@@ -93,3 +99,5 @@ measure shipped &
 pids+=($!)
 wait_all "${pids[@]}"
 cat "$OUT/eval_stage$N.txt" "$OUT/eval_shipped.txt" | tee "$OUT/eval.txt"
+exit
+}
