@@ -18,7 +18,8 @@
 # all:   test, then a smaller bench, in ONE call sized for a 15-device-minute lease
 #        (a fresh machine takes 1-2 minutes to start and goes back 30 s after a call, so a
 #        second call rarely finds it warm): the GPU tests (240 s), the GPU rollout table at
-#        batch 1 and 32 in bf16 and the GPU tree-step table (200 s), bench_tree.py (60 s).
+#        batch 1 and 32 in bf16 and the GPU tree-step table (200 s), bench_tree.py (60 s);
+#        where the host has AVX-512, its packed-linear (AMX) and ISA tests (120 s).
 #        Each step's log lands in $OUT as it runs, so a step cut off still reports.
 # expand: after a change to the expand kernels: their GPU tests and CUDA-graph capture,
 #        the GPU tree-step table (and the batch-1 bf16 rollout rows), the profile. ~4 minutes.
@@ -96,6 +97,15 @@ all)
     tests/test_tree_speculative_sampling_target_only.py tests/test_small_batch_linear.py tests/test_bad_input.py \
     > "$OUT/tests_gpu.log" 2>&1
   tail -25 "$OUT/tests_gpu.log"
+  if [ "$AVX512" = yes ]; then
+    # the host's AVX-512/AMX CPU paths (packed small-batch linear: amx, avx512_bf16, avx2;
+    # the ISA builds), which no 2-core machine of this project can run
+    echo "== CPU packed-linear and ISA tests on the host (AVX-512/AMX)"
+    timeout 120 python3 -m pytest -q -p no:cacheprovider -n 8 -rfEs -k "not cuda and not triton" \
+      tests/test_small_batch_linear_packed.py tests/test_cpu_isa.py tests/test_small_batch_linear.py \
+      > "$OUT/tests_cpu_avx512.log" 2>&1
+    tail -8 "$OUT/tests_cpu_avx512.log"
+  fi
   echo "== bench_head.py: GPU rollout table (bf16, b = 1 and 32) and GPU tree-step table"
   timeout 180 python3 benchmarks/bench_head.py --shapes small paper --batches 1 32 --dtypes bf16 --repeats 3 \
     --no-rollout --tree-frontiers 4 16 64 --ops-batches > "$OUT/bench_head.txt" 2>&1
