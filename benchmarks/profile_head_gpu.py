@@ -45,7 +45,7 @@ def main() -> None:
     for backend in ("native", "triton"):
         print(f"\n== rollout step (k = 1, b = 1), {backend}")
         print(kernel_table(lambda: domino_ops.domino_head_rollout(base, hproj, state, gru_input, None, w_hh, w1s, w2,
-                                                                  write_node_logits=False, backend=backend)))
+                                                                  backend=backend)))
         for n in (1, 4, 16):
             node_state = (torch.randn(n, G) * 0.5).to(dev)
             zeros = torch.zeros(n, dtype=torch.long, device=dev)
