@@ -234,6 +234,21 @@ def test_permuting_the_frontier_permutes_the_outputs(temperature):
         torch.testing.assert_close(x[perm], y, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("backend", params(GPU))
+@pytest.mark.parametrize("case", GPU_CASES[:2], ids=range(2))
+def test_gpu_frontier_is_batch_invariant(case, backend):
+    """On the GPU kernels a node's outputs are the same bits whether it is expanded alone or
+    among 17 (two groups of 16 in the CUDA logits kernel): every dot product runs one fma
+    chain per (row, node) whatever the group or batch."""
+    inputs = head_rollout_inputs(*case, seed=12)
+    n, m = 17, min(2, case[2])
+    frontier = random_frontier(inputs, n, 13)
+    together = expand(inputs, *frontier, m, backend=backend)
+    alone = [expand(inputs, *(x[i:i + 1] for x in frontier), m, backend=backend) for i in range(n)]
+    for got, want in zip(together, zip(*alone)):
+        assert torch.equal(got, torch.cat(want))
+
+
 # --- sampling ---------------------------------------------------------------------------------
 
 def single_node_population(N, V=6, seed=0):
