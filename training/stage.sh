@@ -12,6 +12,8 @@
 #    (the shards holding the held-out prompts, every 540th, are left out): STEPS (default
 #    2000) steps of 16 sequences x 8 anchors, CE on the target's argmax, cosine with 2 %
 #    warm-up (training/long_run.sh; resumable: run this again after an interruption);
+#    TRAIN_ARGS adds training.train arguments (e.g. TRAIN_ARGS="--loss kl": distil the
+#    target's stored top-32 instead);
 # 3. measures the new drafter and the shipped one with benchmarks/eval_acceptance.py tau
 #    (greedy, block 16, chains, 128 new tokens; HumanEval's EVAL_PROMPTS prompts, default
 #    all 164, then CHAT_PROMPTS, default 64, held-out chat prompts), one thread each side by
@@ -79,7 +81,7 @@ EOF
 echo "[stage $N] training on $(wc -w <<< "$SHARDS") shards"
 STEPS=${STEPS:-2000}
 OUT=$OUT STEPS=$STEPS OMP_NUM_THREADS=2 training/long_run.sh --train-shards $SHARDS --warmup 0.02 \
-    --eval-every "$STEPS" --eval-convs 0 --eval-generator-prompts 0 --labels target_argmax &
+    --eval-every "$STEPS" --eval-convs 0 --eval-generator-prompts 0 --labels target_argmax ${TRAIN_ARGS:-} &
 wait_all $!
 
 echo "[stage $N] measuring stage $N and the shipped drafter"
