@@ -27,9 +27,6 @@
 #        (head_kernels.cuh): the head rollout's, expand's, tree-draft and CUDA-graph GPU
 #        tests; the GPU rollout table (bf16, b = 1, 16, 32) and tree-step table; the
 #        profile. ~5 minutes on a cold machine, one call.
-# quick: after a change to the head kernels (head_kernels.cuh) with ~5 device-minutes
-#        left: the CUDA head-rollout, expand, tree-draft and CUDA-graph tests, the paper
-#        rollout and tree-step tables and the profile (about 4 minutes of command, cold).
 # profile: the per-kernel split of a paper-shape rollout step and expand step (torch
 #        profiler), for the kernel that dominates.
 #
@@ -42,7 +39,7 @@
 # scikit-build-core, cmake and ninja; tests that need SmolLM2 or HumanEval are not run.
 # Record the device, the date and the numbers in benchmarks/README.md.
 set -uo pipefail
-PHASE=${1:?usage: gpu_session.sh build|test|bench|all|expand|head|quick|profile}
+PHASE=${1:?usage: gpu_session.sh build|test|bench|all|expand|head|profile}
 OUT=${OUT:-/tmp/gpu_session}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -142,22 +139,8 @@ head)
   timeout 60 python3 benchmarks/profile_head_gpu.py > "$OUT/profile.txt" 2>&1
   grep -E "^==|kernel" "$OUT/profile.txt" | cut -c1-70,180-215
   ;;
-quick)
-  echo "== head rollout, expand and CUDA-graph tests on the GPU (CUDA kernels)"
-  timeout 100 python3 -m pytest -q -p no:cacheprovider -n 8 -rfEs -k "cuda and not emulated_cuda and (head or expand or graph or draft or invariant)" \
-    tests/test_kernel_backends.py tests/test_domino_head_expand.py tests/test_cuda_graph.py tests/test_tree_draft.py \
-    > "$OUT/tests_quick.log" 2>&1
-  tail -6 "$OUT/tests_quick.log"
-  grep -E "bytes spill" "$OUT/build.log" | sort | uniq -c  # ptxas: one line per kernel
-  echo "== bench_head.py: paper rollout (bf16, b = 1 and 32) and the tree step on the GPU"
-  timeout 70 python3 benchmarks/bench_head.py --shapes paper --batches 1 32 --dtypes bf16 --repeats 3 \
-    --no-rollout --isas avx512 --tree-frontiers 4 16 --ops-batches > "$OUT/bench_head.txt" 2>&1
-  grep -v "^CPU\|cpu" "$OUT/bench_head.txt" | head -30
-  timeout 40 python3 benchmarks/profile_head_gpu.py > "$OUT/profile.txt" 2>&1
-  grep -E "^==|_kernel" "$OUT/profile.txt" | grep -v "at::native" | cut -c1-60,180-215
-  ;;
 profile)
   timeout 200 python3 benchmarks/profile_head_gpu.py 2>&1 | tee "$OUT/profile.txt" | tail -60
   ;;
-*) echo "unknown phase $PHASE (build|test|bench|all|expand|head|quick|profile)"; exit 2 ;;
+*) echo "unknown phase $PHASE (build|test|bench|all|expand|head|profile)"; exit 2 ;;
 esac
