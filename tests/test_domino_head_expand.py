@@ -272,8 +272,8 @@ def without_replacement_joint(q: torch.Tensor) -> torch.Tensor:
 
 # Nodes per distribution check (the GPU backends' small populations keep ALPHA = 1e-6; the
 # draws without replacement must still follow the exact joint law). The CUDA op takes at
-# most 65535 children (nodes x 2 here) per call: its GRU kernel's grid limit.
-POPULATION = {"native": 40_000, "reference": 4_000, "emulated_cuda": 150, "cuda": 32_000, "triton": 120}
+# most 65535 nodes per call (its grids' y axis), any number of children: 40,000 x 2 here.
+POPULATION = {"native": 40_000, "reference": 4_000, "emulated_cuda": 150, "cuda": 40_000, "triton": 120}
 
 
 @pytest.mark.parametrize("backend", params())
@@ -576,6 +576,19 @@ def test_direct_call_checks_indices_and_aliasing():
         op(*pos, 0.0, 0, 1.0, None, outs[0], outs[1], outs[2], pos[0].view(2 * 3, 20)[:4])
     with pytest.raises(RuntimeError, match="uniforms are required"):
         op(*pos, 1.0, 0, 1.0, None, *outs)
+
+
+def test_cuda_kernel_refuses_more_nodes_than_its_grid_takes():
+    """The CUDA kernels put the frontier's nodes on the grid's y axis, which CUDA caps at
+    65535 blocks: one node more is a ValueError naming node_state, raised before any launch
+    (the emulator holds launches to the same limit). Children are not limited by it (each
+    node's block loops over its children): the GPU population check runs 40,000 nodes x 2."""
+    n = 65536
+    pos, _ = op_args(args(node_state=torch.zeros(n, 5), node_seq=torch.zeros(n, dtype=torch.long),
+                          node_depth=torch.zeros(n, dtype=torch.long)))
+    outs = (torch.empty(n, 1, dtype=torch.long), torch.empty(n, 1), torch.empty(n, 1, 5), torch.empty(n, 20))
+    with pytest.raises(ValueError, match=r"domino_head_expand: node_state has 65536 rows; the CUDA kernel takes at most 65535"):
+        emulated_cuda_kernel("domino_head_expand")(*pos, 0.0, 0, 1.0, None, *outs)
 
 
 def test_opcheck():

@@ -10,6 +10,7 @@ from domino_ops import reference
 from kernel_cases import (HEAD_DTYPES, head_input_strategy, head_rollout_inputs, head_two_step_population,
                           weights_as_float64)
 from oracles import ARGMAX_MARGIN, head_rollout_oracle
+from kernel_backends import emulated_cuda_kernel
 from poisoned_calls import run_head_poisoned
 from stats import assert_matches_distribution
 
@@ -137,3 +138,13 @@ def test_generator_makes_sampling_reproducible():
     c = domino_ops.domino_head_rollout(*inputs, temperature=1.0, generator=torch.Generator().manual_seed(2))
     assert torch.equal(a[0], b[0])
     assert not torch.equal(a[0], c[0])
+
+
+def test_cuda_kernel_refuses_more_sequences_than_its_grid_takes():
+    """The CUDA rollout puts the sequences on the grid's y axis, which CUDA caps at 65535
+    blocks: one more is a ValueError naming base_logits, raised before any launch (the
+    emulator holds launches to the same limit)."""
+    inputs = head_rollout_inputs(65536, 1, 2, 1, 1, 1, torch.float32, torch.float32, True, seed=0)
+    with pytest.raises(ValueError, match=r"domino_head_rollout: base_logits has 65536 rows; the CUDA kernel takes at "
+                                         r"most 65535"):
+        run_head_poisoned(emulated_cuda_kernel("domino_head_rollout"), inputs)

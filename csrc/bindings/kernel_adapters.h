@@ -36,6 +36,13 @@ inline void check_grid_rows(int64_t b, const char* what) {
   TORCH_CHECK(b <= std::numeric_limits<int>::max(), what, ": batch ", b, " exceeds the grid limit");
 }
 
+// The head kernels (rollout and expand) put their rows (sequences, frontier nodes) on the
+// grid's y axis, which CUDA caps at 65535 blocks.
+inline void check_grid_y_rows(int64_t rows, const char* what, const char* arg) {
+  TORCH_CHECK_VALUE(rows <= 65535, what, ": ", arg, " has ", rows,
+                    " rows; the CUDA kernel takes at most 65535 per call (its grid's y dimension): split the call");
+}
+
 template <class Device>
 void verify_greedy(const at::Tensor& draft_tokens, const at::Tensor& target_logits, at::Tensor out_tokens,
                    at::Tensor num_accepted) {
@@ -153,7 +160,7 @@ void domino_head_rollout(at::Tensor base_logits, const at::Tensor& hproj, const 
                           tokens, logprobs, state_out);
   const SamplingParams sp = sampling.params();
   const int64_t b = base_logits.size(0), V = base_logits.size(2);
-  check_grid_rows(b, "domino_head_rollout");
+  check_grid_y_rows(b, "domino_head_rollout", "base_logits");
   HeadCall call = head_call(
       base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w2, b, sp, uniforms, tokens, logprobs, state_out,
       [&](int64_t r, int64_t G) { return head_rollout_workspace_floats(b, V, r, G, sp.may_filter()); },
@@ -179,9 +186,7 @@ void domino_head_expand(const at::Tensor& base_logits, const at::Tensor& hproj, 
   check_head_expand_args(base_logits, hproj, node_state, node_seq, node_depth, gru_input, w_ih, w_hh, w1s, w2,
                          sampling, uniforms, child_tokens, child_logprobs, child_state, node_logits);
   const int64_t n = node_state.size(0), m = child_tokens.size(1), V = base_logits.size(2);
-  check_grid_rows(n, "domino_head_expand");
-  TORCH_CHECK(n * m <= 65535, "domino_head_expand: ", n, " nodes x ", m,
-              " children exceed the GRU kernel's grid limit of 65535 children");
+  check_grid_y_rows(n, "domino_head_expand", "node_state");
   if (n == 0) return;
   const SamplingParams sp = sampling.params();
   HeadCall call = head_call(

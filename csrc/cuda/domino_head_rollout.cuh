@@ -47,7 +47,8 @@ constexpr int64_t kHeadMaxGruFloats = 10000;       // G + H floats per GRU block
 
 // Launches the 4k kernels of a k-step rollout on `stream`: no host synchronisation, no
 // allocation, launch shapes that depend only on the shapes, so the rollout can be
-// captured in a CUDA graph.
+// captured in a CUDA graph. Requires args.b <= 65535 (the sequences are the grids' y
+// dimension).
 cudaError_t launch_domino_head_rollout(const HeadRolloutArgs& args, cudaStream_t stream);
 
 }  // namespace domino::cuda
