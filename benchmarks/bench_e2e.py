@@ -11,9 +11,12 @@ times, on the same prompts:
 - plain HF greedy ``generate`` and HF prompt lookup (``prompt_lookup_num_tokens``);
 - Domino, a chain of the whole block every round (``num_drafts`` = block - 1);
 - Domino, a chain with the adaptive budget (``tree=None``);
+- Domino as ``generate`` runs by default (``tree="auto"``: at T = 0 each round a tree round
+  of :data:`domino.tree.DEFAULT_TREE` with the grafts below or an adaptive chain round,
+  whichever has measured faster, :mod:`domino.round_kind`);
 - Domino, a tree (``--tree``, default 3,4; its size chosen each round by the adaptive
-  budget unless given) with prompt-lookup chains and chains retrieved from the datastore
-  of the target's outputs grafted on (``generate``'s default at T = 0, :mod:`domino.lookup`,
+  budget unless given) every round, with prompt-lookup chains and chains retrieved from
+  the datastore of the target's outputs grafted on (:mod:`domino.lookup`,
   :mod:`domino.datastore`; ``--datastore``, default the shipped one), the same with prompt
   lookup only, the tree alone (head on), and the tree alone with the head off (children
   from the base marginals only: a block drafter's tree, without causal state).
@@ -122,7 +125,7 @@ def summarize(name: str, passes: list[dict]) -> dict:
 
 
 # bench_e2e --methods: the rows of the comparison table, in its order
-METHODS = ("plain", "lookup", "chain", "adaptive-chain", "default", "tree-lookup", "tree", "head-off")
+METHODS = ("plain", "lookup", "chain", "adaptive-chain", "default", "tree-all", "tree-lookup", "tree", "head-off")
 
 
 def methods(gen, args, tree):
@@ -143,7 +146,8 @@ def methods(gen, args, tree):
              "lookup": (f"HF prompt lookup ({args.prompt_lookup_tokens})", lookup),
              "chain": (f"Domino chain {n_block}", spec(num_drafts=n_block)),
              "adaptive-chain": ("Domino chain, adaptive", spec(tree=None)),
-             "default": (f"Domino tree {shape} + lookup + datastore", spec(tree=tree)),
+             "default": ("Domino default (auto: tree or chain)", spec()),
+             "tree-all": (f"Domino tree {shape} + lookup + datastore", spec(tree=tree)),
              "tree-lookup": (f"Domino tree {shape} + lookup", spec(tree=tree, datastore_tokens=0)),
              "tree": (f"Domino tree {shape}", spec(tree=tree, lookup_tokens=0, datastore_tokens=0)),
              "head-off": (f"tree {shape}, head off", spec(tree=tree, use_head=False, lookup_tokens=0,

@@ -445,9 +445,10 @@ def test_greedy_batch_with_per_request_seeds_is_fine():
 @pytest.mark.parametrize("kw,tree_rounds", [(dict(), True), (dict(temperature=0.8), False),
                                              (dict(num_drafts=3), False), (dict(tree=None), False)])
 def test_auto_drafts_the_default_tree_when_greedy_and_a_chain_otherwise(kw, tree_rounds):
-    """generate's default (tree="auto"): DEFAULT_TREE's rounds when every request is greedy,
-    chain rounds when one samples, when num_drafts is given, or with tree=None; greedy output
-    is the target's own either way."""
+    """generate's default (tree="auto"): DEFAULT_TREE's rounds (the first round is one; later
+    ones may be chains, by measured speed) when every request is greedy, chain rounds only
+    when one samples, when num_drafts is given, or with tree=None; greedy output is the
+    target's own either way."""
     gen = tiny_generator("qwen3")
     gen._costs[1] = RoundCosts(tuple([0.0] + [10.0 + 0.05 * t for t in range(1, 33)]),
                                tuple([0.0] + [0.05 * n for n in range(1, 16)]))  # no measuring
@@ -460,6 +461,42 @@ def test_auto_drafts_the_default_tree_when_greedy_and_a_chain_otherwise(kw, tree
     assert bool(shapes) == tree_rounds and all(s == domino.tree.DEFAULT_TREE for s in shapes)
     if "temperature" not in kw:
         assert res.token_ids == greedy_plain(gen, ps, 24)
+
+
+@pytest.mark.parametrize("fast", ["tree", "chain"])
+def test_auto_plays_the_round_kind_that_measures_faster(fast):
+    """Greedy "auto": each round a DEFAULT_TREE round or an adaptive chain round, by the
+    tokens per millisecond each kind has kept (rigged here: the other kind 'costs' 10x);
+    after the warm-up the faster kind takes most rounds, the output is the target's own
+    either way, and the chooser is kept for the next call at this batch size."""
+    gen = tiny_generator("qwen3")
+    gen._costs[1] = RoundCosts(tuple([0.0] + [10.0 + 0.05 * t for t in range(1, 33)]),
+                               tuple([0.0] + [0.05 * n for n in range(1, 16)]))  # no measuring
+    kinds, inside_tree = [], []  # the rounds played; a tree round that plans no drafts runs a chain round inside
+    tree_round, chain_round = gen._tree_round, gen._chain_round
+
+    def counted_tree_round(*a):
+        kinds.append("tree")
+        inside_tree.append(True)
+        try:
+            return tree_round(*a)
+        finally:
+            inside_tree.pop()
+
+    gen._tree_round = counted_tree_round
+    gen._chain_round = lambda *a: (inside_tree or kinds.append("chain")) and None or chain_round(*a)
+    chooser = gen._round_kinds.setdefault(1, domino.round_kind.RoundKindChooser(warmup=1, explore_every=4))
+    record = chooser.record
+    chooser.record = lambda kind, tokens, ms: record(kind, tokens, 1.0 if kind == fast else 10.0)
+    ps = prompts(1, seed=5)
+    res = gen.generate(ps, max_new_tokens=40)
+    assert res.token_ids == greedy_plain(gen, ps, 40)
+    assert kinds[:2] == ["tree", "chain"] and kinds[2:].count(fast) > 2 * kinds[2:].count(
+        next(k for k in ("tree", "chain") if k != fast))
+    first_call = len(kinds)
+    assert sum(chooser.rounds.values()) == first_call  # every round timed and recorded
+    assert gen.generate(ps, max_new_tokens=8).token_ids == greedy_plain(gen, ps, 8)
+    assert gen._round_kinds[1] is chooser and sum(chooser.rounds.values()) == len(kinds) > first_call
 
 
 def test_auto_falls_back_to_the_chain_where_a_tree_cannot_run():

@@ -21,8 +21,9 @@ are grafted onto it), step 2 runs the target once over its nodes
 with a tree attention mask, step 3 walks the tree (``verify_tree_greedy`` /
 ``verify_tree_sampling``), and step 4 first moves the accepted path's KV entries to the
 front of the round (:mod:`domino.tree`); the rest is the chain's commit step. By default
-(``tree="auto"``) greedy requests draft :data:`domino.tree.DEFAULT_TREE` and sampled ones a
-chain (see :meth:`DominoGenerator.generate`).
+(``tree="auto"``) greedy requests run :data:`domino.tree.DEFAULT_TREE` rounds or adaptive
+chain rounds, whichever has measured faster (:mod:`domino.round_kind`), and sampled ones
+chains (see :meth:`DominoGenerator.generate`).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from domino.budget import DepthAcceptance, RoundCosts
 from domino.datastore import DEFAULT_DATASTORE_TOKENS, TokenDatastore
 from domino.lookup import DEFAULT_LOOKUP_TOKENS, NgramIndex
 from domino.model import DominoDraftModel, DraftContextCache
+from domino.round_kind import RoundKindChooser
 from domino.sampling_params import RowSampling, SamplingParams
 from domino.target import bare_generation_config, cache_kwarg, sliding_window, special_token_ids, target_features
 from domino.tree import (DEFAULT_TREE, TreeShape, check_tree_attention, compact_tree_cache, depths_tried,
@@ -124,6 +126,9 @@ class DominoGenerator:
         self.tokenizer = tokenizer
         self.eos_ids, self.pad_id = special_token_ids(target, tokenizer)
         self._costs: dict[int, RoundCosts] = {}
+        # per batch size: which round kind "auto" plays (kept across calls: it measures
+        # this machine, and greedy output does not depend on it)
+        self._round_kinds: dict[int, RoundKindChooser] = {}
         self._cache_kw = cache_kwarg(self.target.forward)  # "cache" or "past_key_values"
 
     @property
@@ -210,10 +215,13 @@ class DominoGenerator:
         ``tree``: a :class:`domino.TreeShape` drafts and verifies a tree of tokens per round
         instead of a chain; None: the chain of ``num_drafts`` drafts. Sampled trees need
         one temperature/top_k/top_p for the whole batch and no per-request seed. "auto"
-        (the default, the fastest lossless choice measured): :data:`domino.tree.DEFAULT_TREE`
-        with the adaptive budget when every request is greedy, ``num_drafts`` is None and
-        the target's attention takes a tree mask; the chain otherwise (a sampled tree
-        verifies every draw, so it gets no budget).
+        (the default, the fastest lossless choice measured): when every request is greedy,
+        ``num_drafts`` is None and the target's attention takes a tree mask, each round is
+        a :data:`domino.tree.DEFAULT_TREE` round or an adaptive chain round, whichever has
+        kept more tokens per millisecond on this generator so far
+        (:mod:`domino.round_kind`: on a CPU whose verification forward is compute-bound the
+        chain can win); the chain otherwise (a sampled tree verifies every draw, so it gets
+        no budget).
 
         ``lookup_tokens``: greedy tree rounds also verify up to this many tokens copied from
         earlier in the prompt or output (prompt lookup, :mod:`domino.lookup`), grafted onto
@@ -235,7 +243,8 @@ class DominoGenerator:
             raise ValueError(f"prompt: this target attends to a sliding window ({window} positions), which HF "
                              "counts in cache slots; a batch leaves masked slots in the shared cache that would "
                              "shift it, so give one prompt per call")
-        if isinstance(tree, str) and tree == "auto":
+        auto = isinstance(tree, str) and tree == "auto"
+        if auto:
             tree = self._default_tree(params, num_drafts)
         if tree is not None:
             if not isinstance(tree, TreeShape):
@@ -265,9 +274,12 @@ class DominoGenerator:
         # (a sampled tree verifies every draw: no budget)
         adaptive = num_drafts is None if tree is None else tree.num_draft_tokens is None and not rows.any_sampled
         costs = self.round_costs(len(seqs)) if adaptive else None
+        # "auto" with a tree (greedy, adaptive): each round a tree or a chain, by measured speed
+        kinds = (self._round_kinds.setdefault(len(seqs), RoundKindChooser())
+                 if auto and tree is not None and costs is not None else None)
         t0 = time.perf_counter()
         token_ids, accept, verified = self._speculative(seqs, max_new_tokens, rows, use_head, stop, stream, tree,
-                                                        costs, num_drafts, lookup_tokens, datastore_tokens)
+                                                        costs, num_drafts, lookup_tokens, datastore_tokens, kinds)
         elapsed = time.perf_counter() - t0
         texts = [self._decode_until_stop(t, stop) for t in token_ids]
         total = sum(len(t) for t in token_ids)
@@ -375,7 +387,9 @@ class DominoGenerator:
 
     def _speculative(self, seqs, max_new_tokens, sampling: RowSampling, use_head, stop, stream, tree,
                      costs: RoundCosts | None, num_drafts: int | None, lookup_tokens: int = 0,
-                     datastore_tokens: int = 0):
+                     datastore_tokens: int = 0, kinds: RoundKindChooser | None = None):
+        """The rounds of one call: chain rounds (``tree`` None), tree rounds, or (``kinds``,
+        with a tree) each round's kind chosen by ``kinds`` from the measured speed of both."""
         b = len(seqs)
         state, first = self._prefill(seqs, sampling)
         # each sequence's tokens so far (prompt, output), indexed for prompt lookup; the
@@ -384,7 +398,11 @@ class DominoGenerator:
                    if lookup_tokens or datastore_tokens else None)
         # learnt within this call only, from the drafter's measured rates: a call's choices,
         # and so its sampled output under a seed, do not depend on earlier calls
-        depth_acceptance = DepthAcceptance(self.drafter.config.num_drafts, self.drafter.calibration.depth_rates or 0.5)
+        # one per round kind: a tree's accepted path is at least as long as its top chain's,
+        # so its counts would make chain rounds (under ``kinds``) draft more than they pay
+        depth_acceptance = {kind: DepthAcceptance(self.drafter.config.num_drafts,
+                                                  self.drafter.calibration.depth_rates or 0.5)
+                            for kind in ("tree", "chain")}
         out_ids = [[t] for t in first]
         accept: list[list[int]] = [[] for _ in range(b)]
         verified: list[list[int]] = [[] for _ in range(b)]
@@ -395,13 +413,17 @@ class DominoGenerator:
                 stream(s, list(out_ids[s]))
         while not all(done):
             live = [s for s in range(b) if not done[s]]
-            if tree is None:
+            kind = "chain" if tree is None else "tree" if kinds is None else kinds.choose()
+            started = kinds.now() if kinds is not None else 0.0
+            if kind == "chain":
                 kept_list, new_rows, verified_len = self._chain_round(state, sampling, use_head, live, costs,
-                                                                      num_drafts, depth_acceptance)
+                                                                      num_drafts, depth_acceptance[kind])
             else:
                 kept_list, new_rows, verified_len = self._tree_round(state, sampling, use_head, tree, live, costs,
-                                                                     depth_acceptance, lookups, lookup_tokens,
+                                                                     depth_acceptance[kind], lookups, lookup_tokens,
                                                                      datastore_tokens)
+            if kinds is not None:  # the round's host sync has run: its work is done
+                kinds.record(kind, sum(kept_list[s] for s in live), (kinds.now() - started) * 1e3)
             for s in range(b):
                 if done[s]:
                     continue

@@ -1,0 +1,74 @@
+"""domino.round_kind.RoundKindChooser: the warm-up plays both kinds, then the faster kind
+(tokens per millisecond, faded) with the slower one every ``explore_every``-th round, and
+a change in speed is followed."""
+
+import pytest
+
+from domino.round_kind import ROUND_KINDS, RoundKindChooser
+
+
+def play(chooser, rounds, ms_per_token):
+    """``rounds`` rounds, each kind costing ``ms_per_token[kind]`` ms per token (2 tokens a
+    round): the kinds played, in order."""
+    kinds = []
+    for _ in range(rounds):
+        kind = chooser.choose()
+        chooser.record(kind, 2, 2 * ms_per_token[kind])
+        kinds.append(kind)
+    return kinds
+
+
+def test_warmup_alternates_starting_with_the_tree():
+    assert play(RoundKindChooser(warmup=2), 4, {"tree": 1.0, "chain": 1.0}) == ["tree", "chain", "tree", "chain"]
+
+
+@pytest.mark.parametrize("fast", ROUND_KINDS)
+def test_the_faster_kind_is_played_and_the_other_looked_at_ever_more_rarely(fast):
+    """After the warm-up: 8 rounds of the leader, a look at the other kind, then 16, 32 (the
+    lead holding each time), then every 64th round at most."""
+    slow = next(k for k in ROUND_KINDS if k != fast)
+    chooser = RoundKindChooser(warmup=2, explore_every=8, max_explore_every=64)
+    kinds = play(chooser, 4 + 300, {fast: 1.0, slow: 3.0})[4:]
+    looks = [i for i, k in enumerate(kinds) if k == slow]
+    assert looks == [8, 25, 58, 123, 188, 253]
+    assert chooser.leader() == fast and chooser.rate(fast) == pytest.approx(1.0)
+
+
+def test_the_interval_starts_over_when_a_look_changes_the_lead():
+    """The tree leads; the chain gets 4x faster while unplayed: the first look at it takes
+    the lead, and the next look at the tree comes after explore_every rounds again."""
+    chooser = RoundKindChooser(warmup=1, explore_every=2, max_explore_every=16, memory=1.0)
+    play(chooser, 2 + 2 + 1 + 4 + 1, {"tree": 1.0, "chain": 2.0})  # looks after 2 and 4 tree rounds
+    assert chooser.leader() == "tree" and chooser.interval == 8
+    kinds = play(chooser, 9 + 3, {"tree": 1.0, "chain": 0.25})
+    assert kinds[:9] == ["tree"] * 8 + ["chain"] and chooser.leader() == "chain"
+    assert kinds[9:] == ["chain", "chain", "tree"] and chooser.interval == 4  # lead held by the chain: 2 -> 4
+
+
+def test_a_change_in_speed_is_followed():
+    """The chain leads, then slows to 4x the tree's cost: within a few exploration rounds
+    of the tree the lead changes."""
+    chooser = RoundKindChooser(warmup=1, explore_every=4, memory=4.0)
+    play(chooser, 20, {"tree": 2.0, "chain": 1.0})
+    assert chooser.leader() == "chain"
+    kinds = play(chooser, 40, {"tree": 2.0, "chain": 8.0})
+    assert chooser.leader() == "tree" and kinds[-8:].count("tree") >= 6
+
+
+def test_no_evidence_rates_zero_and_ties_go_to_the_tree():
+    chooser = RoundKindChooser()
+    assert chooser.rate("tree") == chooser.rate("chain") == 0.0 and chooser.leader() == "tree"
+
+
+@pytest.mark.parametrize("kw,msg", [(dict(warmup=0), "warmup"), (dict(warmup=1.5), "warmup"),
+                                    (dict(explore_every=0), "explore_every"), (dict(explore_every=True), "explore_every"),
+                                    (dict(explore_every=8, max_explore_every=4), "max_explore_every"),
+                                    (dict(memory=0.5), "memory"), (dict(memory=float("nan")), "memory")])
+def test_bad_arguments(kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        RoundKindChooser(**kw)
+
+
+def test_record_names_the_kind():
+    with pytest.raises(ValueError, match="kind must be one of"):
+        RoundKindChooser().record("beam", 1, 1.0)
