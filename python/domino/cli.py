@@ -31,7 +31,8 @@ def main(argv=None) -> int:
                        help="draft and verify this tree per round: TOPK children per node, DEPTH levels, NODES "
                             "verified nodes including the root (default: chosen each round from measured costs at "
                             "T = 0, every candidate at T > 0), e.g. --tree 3,4 or --tree 3,5,16. Default: the "
-                            "tree 3,4 at T = 0, a chain at T > 0 (the fastest lossless choice measured)")
+                            "tree 3,4 or an adaptive chain each round at T = 0, whichever measures faster on this "
+                            "machine, a chain at T > 0")
     shape.add_argument("--chain", action="store_true", help="draft a chain per round, also at T = 0")
     g.add_argument("--num-drafts", type=int, default=None,
                    help="chain: drafts verified per round (default: chosen each round from measured costs); "
