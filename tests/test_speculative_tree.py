@@ -499,6 +499,21 @@ def test_auto_plays_the_round_kind_that_measures_faster(fast):
     assert gen._round_kinds[1] is chooser and sum(chooser.rounds.values()) == len(kinds) > first_call
 
 
+@pytest.mark.parametrize("kind", ["qwen3", "llama"])
+def test_auto_switching_kinds_every_round_keeps_a_batch_exact(kind):
+    """A batch under "auto" with the kind switching every round (a look at the other kind
+    after every round of the leader): the caches a tree round leaves (compacted paths,
+    masked holes) serve the next chain round and back; the output is the target's own."""
+    gen = tiny_generator(kind)
+    gen._costs[3] = RoundCosts(tuple([0.0] + [10.0 + 0.05 * t for t in range(1, 33)]),
+                               tuple([0.0] + [0.05 * n for n in range(1, 16)]))  # no measuring
+    chooser = gen._round_kinds.setdefault(3, domino.round_kind.RoundKindChooser(warmup=1, explore_every=1,
+                                                                                max_explore_every=1))
+    ps = prompts(3, seed=11)
+    assert gen.generate(ps, max_new_tokens=30).token_ids == greedy_plain(gen, ps, 30)
+    assert min(chooser.rounds.values()) >= 3
+
+
 def test_auto_falls_back_to_the_chain_where_a_tree_cannot_run():
     """No tree mask in the target's attention, or a drafter block shorter than the default
     tree's depth: "auto" drafts chains (explicit trees raise there)."""
