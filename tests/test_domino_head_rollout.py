@@ -9,8 +9,8 @@ import domino_ops
 from domino_ops import reference
 from kernel_cases import (HEAD_DTYPES, head_input_strategy, head_rollout_inputs, head_two_step_population,
                           weights_as_float64)
-from oracles import ARGMAX_MARGIN, head_rollout_oracle
 from kernel_backends import emulated_cuda_kernel
+from oracles import ARGMAX_MARGIN, head_rollout_oracle
 from poisoned_calls import run_head_poisoned
 from stats import assert_matches_distribution
 

@@ -1,6 +1,6 @@
 """domino.round_kind.RoundKindChooser: the warm-up plays both kinds, then the faster kind
-(tokens per millisecond, faded) with the slower one every ``explore_every``-th round, and
-a change in speed is followed."""
+(tokens per millisecond, faded) with looks at the slower one at an interval that doubles
+while the lead holds and starts over when it changes, and a change in speed is followed."""
 
 import pytest
 

@@ -2,8 +2,7 @@
 
 import pytest
 
-from domino.budget import RoundCosts
-from engine_cases import prompts
+from engine_cases import cheap_verification, prompts
 from tiny_models import RiggedDrafts, tiny_generator
 
 
@@ -146,8 +145,7 @@ def test_adaptive_budget_follows_acceptance_and_stays_exact():
     The costs are rigged to a verification that grows slowly with its tokens, as on a GPU
     (measured ones follow the machine's load)."""
     gen = tiny_generator("qwen3")
-    gen._costs[1] = RoundCosts(tuple([0.0] + [10.0 + 0.05 * t for t in range(1, 33)]),
-                               tuple([0.0] + [0.05 * n for n in range(1, 16)]))
+    cheap_verification(gen, 1)
     ps = prompts(1, seed=7)
     plain = gen.generate_target_only(ps, max_new_tokens=120)
     rig = RiggedDrafts(gen, [p + t for p, t in zip(ps, plain.token_ids)])

@@ -450,8 +450,7 @@ def test_auto_drafts_the_default_tree_when_greedy_and_a_chain_otherwise(kw, tree
     when one samples, when num_drafts is given, or with tree=None; greedy output is the
     target's own either way."""
     gen = tiny_generator("qwen3")
-    gen._costs[1] = RoundCosts(tuple([0.0] + [10.0 + 0.05 * t for t in range(1, 33)]),
-                               tuple([0.0] + [0.05 * n for n in range(1, 16)]))  # no measuring
+    cheap_verification(gen, 1)
     shapes = []
     tree_round = gen._tree_round
     gen._tree_round = lambda st, sampling, use_head, shape, *a: shapes.append(shape) or tree_round(
@@ -470,8 +469,7 @@ def test_auto_plays_the_round_kind_that_measures_faster(fast):
     after the warm-up the faster kind takes most rounds, the output is the target's own
     either way, and the chooser is kept for the next call at this batch size."""
     gen = tiny_generator("qwen3")
-    gen._costs[1] = RoundCosts(tuple([0.0] + [10.0 + 0.05 * t for t in range(1, 33)]),
-                               tuple([0.0] + [0.05 * n for n in range(1, 16)]))  # no measuring
+    cheap_verification(gen, 1)
     kinds, inside_tree = [], []  # the rounds played; a tree round that plans no drafts runs a chain round inside
     tree_round, chain_round = gen._tree_round, gen._chain_round
 
@@ -483,8 +481,12 @@ def test_auto_plays_the_round_kind_that_measures_faster(fast):
         finally:
             inside_tree.pop()
 
-    gen._tree_round = counted_tree_round
-    gen._chain_round = lambda *a: (inside_tree or kinds.append("chain")) and None or chain_round(*a)
+    def counted_chain_round(*a):
+        if not inside_tree:
+            kinds.append("chain")
+        return chain_round(*a)
+
+    gen._tree_round, gen._chain_round = counted_tree_round, counted_chain_round
     chooser = gen._round_kinds.setdefault(1, domino.round_kind.RoundKindChooser(warmup=1, explore_every=4))
     record = chooser.record
     chooser.record = lambda kind, tokens, ms: record(kind, tokens, 1.0 if kind == fast else 10.0)
@@ -505,8 +507,7 @@ def test_auto_switching_kinds_every_round_keeps_a_batch_exact(kind):
     after every round of the leader): the caches a tree round leaves (compacted paths,
     masked holes) serve the next chain round and back; the output is the target's own."""
     gen = tiny_generator(kind)
-    gen._costs[3] = RoundCosts(tuple([0.0] + [10.0 + 0.05 * t for t in range(1, 33)]),
-                               tuple([0.0] + [0.05 * n for n in range(1, 16)]))  # no measuring
+    cheap_verification(gen, 3)
     chooser = gen._round_kinds.setdefault(3, domino.round_kind.RoundKindChooser(warmup=1, explore_every=1,
                                                                                 max_explore_every=1))
     ps = prompts(3, seed=11)

@@ -42,7 +42,7 @@ from domino.budget import DepthAcceptance, RoundCosts
 from domino.datastore import DEFAULT_DATASTORE_TOKENS, TokenDatastore
 from domino.lookup import DEFAULT_LOOKUP_TOKENS, NgramIndex
 from domino.model import DominoDraftModel, DraftContextCache
-from domino.round_kind import RoundKindChooser
+from domino.round_kind import ROUND_KINDS, RoundKindChooser
 from domino.sampling_params import RowSampling, SamplingParams
 from domino.target import bare_generation_config, cache_kwarg, sliding_window, special_token_ids, target_features
 from domino.tree import (DEFAULT_TREE, TreeShape, check_tree_attention, compact_tree_cache, depths_tried,
@@ -402,7 +402,7 @@ class DominoGenerator:
         # so its counts would make chain rounds (under ``kinds``) draft more than they pay
         depth_acceptance = {kind: DepthAcceptance(self.drafter.config.num_drafts,
                                                   self.drafter.calibration.depth_rates or 0.5)
-                            for kind in ("tree", "chain")}
+                            for kind in ROUND_KINDS}
         out_ids = [[t] for t in first]
         accept: list[list[int]] = [[] for _ in range(b)]
         verified: list[list[int]] = [[] for _ in range(b)]
