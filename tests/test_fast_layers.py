@@ -126,3 +126,105 @@ def test_fused_projections_give_the_separate_layers_bits(kind, dtype, monkeypatc
         assert ("_domino_fused_packed" in vars(attention)) == (kind == "llama")
     undo_fused_layers(model)
     assert "_domino_fused_packed" not in vars(mlp) and "_domino_fused_packed" not in vars(attention)
+
+
+# ---- a Domino drafter's own modules ---------------------------------------------------
+
+def _drafter_and_context(dtype, seed=0):
+    """A two-layer tiny drafter in ``dtype``, its linears on the small-batch kernel, with a
+    context of two left-padded sequences; (drafter, cache, anchor [2], anchor_pos [2])."""
+    tgt = cpu_target("qwen3", dtype)
+    d = use_small_batch_linear(tiny_drafter(tgt, num_hidden_layers=2).to(dtype).bind_target(tgt))
+    g = torch.Generator().manual_seed(seed)
+    valid = torch.ones(2, 11, dtype=torch.bool)
+    valid[1, :3] = False
+    pos = (valid.long().cumsum(-1) - 1).clamp(min=0)
+    cache = d.new_cache(2, "cpu", dtype)
+    with torch.no_grad():
+        d.extend_context(cache, torch.randn(2, 11, d.fc.in_features, generator=g).to(dtype), pos, valid)
+    return d, cache, torch.randint(0, 63, (2,), generator=g), pos[:, -1] + 1
+
+
+def test_switch_covers_the_drafters_modules_and_undoes():
+    from domino.model import DraftAttention, DraftMLP, RMSNorm
+
+    d, *_ = _drafter_and_context(torch.bfloat16)
+    state = {k: v.clone() for k, v in d.state_dict().items()}
+    use_fused_layers(d)
+    switched = [m for m in d.modules() if getattr(m, "_domino_fused_layer", False)]
+    kinds = [type(m) for m in switched]
+    # per layer: 4 norms (input, post-attention, q, k), the MLP, the attention; the context
+    # projection's norm and the final norm
+    assert kinds.count(RMSNorm) == 2 * 4 + 2 and kinds.count(DraftMLP) == 2 and kinds.count(DraftAttention) == 2
+    assert len(switched) == 2 * 6 + 2
+    assert all(torch.equal(v, d.state_dict()[k]) for k, v in state.items())
+    undo_fused_layers(d)
+    assert not uses_fused_layers(d) and all("forward" not in m.__dict__ for m in switched)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("rows", [None, slice(1, 4), slice(0, 8)])
+def test_fused_drafter_attention_gives_its_forwards_bits(dtype, rows):
+    """One q/k/v product and one rotary call compute exactly DraftAttention.forward's
+    bits (norms left unswitched in both), all query rows or some."""
+    from domino.model import DraftAttention
+
+    d, cache, anchor, anchor_pos = _drafter_and_context(dtype)
+    block, positions = d.block_input(anchor, anchor_pos)
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(2, block.shape[1], d.config.hidden_size, generator=g).to(dtype)
+    cos, sin = d.rotary(positions, dtype)
+    mask = torch.cat([cache.mask, cache.mask.new_ones(2, block.shape[1])], dim=1)[:, None, :]
+    for i, layer in enumerate(d.layers):
+        args = (x, cos, sin, cache.keys[i], cache.values[i], mask, rows)
+        with torch.no_grad():
+            fused = fast_layers._draft_attention_forward(layer.self_attn, *args)
+            plain = DraftAttention.forward(layer.self_attn, *args)
+        assert "_domino_fused_packed" in vars(layer.self_attn) or not runs_packed(layer.self_attn.q_proj, dtype)
+        assert fused.shape == (2, block.shape[1] if rows is None else rows.stop - rows.start, x.shape[-1])
+        assert torch.equal(fused, plain)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_switched_drafter_drafts_what_the_plain_one_drafts(dtype):
+    d, cache, anchor, anchor_pos = _drafter_and_context(dtype)
+    block, positions = d.block_input(anchor, anchor_pos)
+    with torch.no_grad():
+        plain_hidden, plain = d.backbone(cache, block, positions), d.draft(cache, anchor, anchor_pos)
+        use_fused_layers(d)
+        fused_hidden, fused = d.backbone(cache, block, positions), d.draft(cache, anchor, anchor_pos)
+    assert uses_fused_layers(d)
+    tol = 1e-5 if dtype == torch.float32 else 0.02  # bf16: the fused norm's rare one-ulp differences
+    assert (fused_hidden.float() - plain_hidden.float()).abs().max() <= tol * plain_hidden.float().abs().max()
+    assert torch.equal(fused.tokens, plain.tokens)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("fused", [False, True])
+def test_backbone_rows_are_those_rows_of_the_whole_block(dtype, fused):
+    """draft_block_hidden (the last layer past its attention on the n draft rows only)
+    gives those rows of the whole block's backbone bit for bit: the linears are
+    batch-invariant and everything after the attention is row-wise."""
+    d, cache, anchor, anchor_pos = _drafter_and_context(dtype)
+    if fused:
+        use_fused_layers(d)
+    block, positions = d.block_input(anchor, anchor_pos)
+    with torch.no_grad():
+        whole = d.backbone(cache, block, positions)
+        for n in range(1, d.config.num_drafts + 1):
+            rows = d.draft_block_hidden(cache, anchor, anchor_pos, n)
+            assert rows.shape == (2, n, d.config.hidden_size) and rows.is_contiguous()
+            assert torch.equal(rows, d.draft_hidden(whole, n))
+
+
+def test_switched_drafter_trains_through_its_own_forwards():
+    """Under autograd the switched drafter modules fall back to their own forwards."""
+    d, cache, anchor, anchor_pos = _drafter_and_context(torch.float32)
+    use_fused_layers(d)
+    block, positions = d.block_input(anchor, anchor_pos)
+    cache.keys = [k.detach() for k in cache.keys]
+    cache.values = [v.detach() for v in cache.values]
+    d.backbone(cache, block, positions).square().sum().backward()
+    layer = d.layers[0]
+    assert all(p.grad is not None for p in (layer.input_layernorm.weight, layer.self_attn.q_proj.weight,
+                                            layer.self_attn.q_norm.weight, layer.mlp.gate_proj.weight))

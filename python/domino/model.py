@@ -37,16 +37,17 @@ from domino.sampling_params import RowSampling
 
 class RMSNorm(nn.Module):
     """RMS normalization over the last dimension, computed in float32 and cast back to the
-    input's dtype before the weight multiplies it (as HF Llama/Qwen do)."""
+    input's dtype before the weight multiplies it (as HF Llama/Qwen do; the epsilon under
+    HF's attribute name, which :mod:`domino.fast_layers`' fused norm reads)."""
 
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
+        self.variance_epsilon = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
         return self.weight * x32.to(x.dtype)
 
 
@@ -92,29 +93,41 @@ class DraftAttention(nn.Module):
         v = self.v_proj(x).view(b, T, self.kvh, self.hd).transpose(1, 2)
         return apply_rope(k, cos, sin), v
 
-    def forward(self, x, cos, sin, ctx_k, ctx_v, attn_mask):
+    def forward(self, x, cos, sin, ctx_k, ctx_v, attn_mask, rows: slice | None = None):
         """Queries x [b, Q, H] attend to the context keys [b, kvh, Tc, hd] and to the
-        queries' own keys, wherever attn_mask [b, 1 or Q, Tc + Q] (bool) holds."""
+        queries' own keys, wherever attn_mask [b, 1 or Q, Tc + Q] (bool) holds. Returns
+        [b, Q, H], or only the query positions ``rows`` [b, len(rows), H] (the output
+        projection then runs on those rows alone)."""
         b, Q, _ = x.shape
         q = apply_rope(self.q_norm(self.q_proj(x).view(b, Q, self.nh, self.hd)).transpose(1, 2), cos, sin)
-        k, v = self.key_value(x, cos, sin)
+        return self.attend(q, *self.key_value(x, cos, sin), ctx_k, ctx_v, attn_mask, rows)
+
+    def attend(self, q, k, v, ctx_k, ctx_v, attn_mask, rows: slice | None = None) -> torch.Tensor:
+        """The rest of :meth:`forward` from the rotated queries [b, nh, Q, hd] and the
+        block's rotated keys and values [b, kvh, Q, hd]: attention over the context and the
+        block, then the output projection ([b, Q, H], or the rows ``rows``)."""
         k = torch.cat([ctx_k, k], dim=2)
         v = torch.cat([ctx_v, v], dim=2)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask[:, None], enable_gqa=self.nh != self.kvh)
-        return self.o_proj(out.transpose(1, 2).reshape(b, Q, self.nh * self.hd))
+        out = out.transpose(1, 2)
+        if rows is not None:
+            out = out[:, rows]
+        return self.o_proj(out.reshape(out.shape[0], out.shape[1], self.nh * self.hd))
 
 
 class DraftMLP(nn.Module):
-    """SwiGLU MLP: ``down(silu(gate(x)) * up(x))``."""
+    """SwiGLU MLP: ``down(silu(gate(x)) * up(x))`` (HF LlamaMLP's layout and forward, so
+    :mod:`domino.fast_layers` runs it on the fused kernels as it runs a target's)."""
 
     def __init__(self, c: DominoConfig):
         super().__init__()
         self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
         self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
         self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+        self.act_fn = nn.SiLU()
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
 
 
 class DraftLayer(nn.Module):
@@ -128,8 +141,12 @@ class DraftLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.mlp = DraftMLP(c)
 
-    def forward(self, x, cos, sin, ctx_k, ctx_v, attn_mask):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx_k, ctx_v, attn_mask)
+    def forward(self, x, cos, sin, ctx_k, ctx_v, attn_mask, rows: slice | None = None):
+        """x [b, Q, H] -> [b, Q, H], or the positions ``rows`` alone [b, len(rows), H]:
+        every position's keys and values still enter the attention, but the rest of the
+        layer (output projection, residuals, MLP) is row-wise and runs on those rows."""
+        attended = self.self_attn(self.input_layernorm(x), cos, sin, ctx_k, ctx_v, attn_mask, rows)
+        x = (x if rows is None else x[:, rows]) + attended
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -270,19 +287,25 @@ class DominoDraftModel(nn.Module):
         cache.mask = torch.cat([cache.mask, valid], dim=1)
 
     def backbone(self, cache: DraftContextCache, block_ids: torch.Tensor, positions: torch.Tensor,
-                 attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+                 attn_mask: torch.Tensor | None = None, rows: slice | None = None) -> torch.Tensor:
         """Final-normed hidden states [b, Q, H] of the block tokens [b, Q] at positions [b, Q].
 
         By default every query sees all real context and the whole block (one block per
         sequence, as in generation); training packs several blocks per sequence and passes
-        its own mask [b, Q, Tc + Q]."""
+        its own mask [b, Q, Tc + Q]. ``rows``: only these block positions' states
+        [b, len(rows), H]. All Q positions still run up to the last layer's attention (every
+        block position's keys and values enter it); from there on only ``rows`` are
+        computed, which in generation is the drafts' n rows of the 16: the same values for
+        them (bit for bit where the linears are batch-invariant, :mod:`domino.fast_linear`)
+        at less cost (the last layer's output projection and MLP are most of it)."""
         x = self.embed_tokens(block_ids).to(self.fc.weight.dtype)
         if attn_mask is None:
             b, Q = block_ids.shape
             attn_mask = torch.cat([cache.mask, cache.mask.new_ones(b, Q)], dim=1)[:, None, :]
         cos, sin = self.rotary(positions, x.dtype)
+        last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, cache.keys[i], cache.values[i], attn_mask)
+            x = layer(x, cos, sin, cache.keys[i], cache.values[i], attn_mask, rows if i == last else None)
         return self.norm(x)
 
     # ---- head -------------------------------------------------------------------------
@@ -425,15 +448,27 @@ class DominoDraftModel(nn.Module):
         block[:, 0] = anchor
         return block, anchor_pos[:, None] + torch.arange(B, device=anchor.device)
 
+    def draft_rows(self, n: int | None = None) -> slice:
+        """The block positions whose hidden states draft the first ``n`` (default all)
+        tokens: all B with shift_label, else the B - 1 after the anchor."""
+        first = 0 if self.config.shift_label else 1
+        return slice(first, self.config.block_size if n is None else first + n)
+
     def draft_hidden(self, h: torch.Tensor, n: int | None = None) -> torch.Tensor:
         """The hidden states [.., n, H] of the first ``n`` (default all) block positions that
-        draft tokens: all B with shift_label, else the B - 1 after the anchor. Contiguous: a
+        draft tokens (:meth:`draft_rows`). Contiguous: a
         strided 3D input sends ``nn.Linear`` (the LM head next) down a batched-matmul path
         2-2.6x slower than one matrix product (measured for [128, 15, 576] x [49152, 576] and
         [4, 15, 576] on this CPU), which had made the training step's LM head half its time."""
-        first = 0 if self.config.shift_label else 1
-        last = h.shape[-2] if n is None else first + n
-        return h[..., first:last, :].contiguous()
+        return h[..., self.draft_rows(n), :].contiguous()
+
+    def draft_block_hidden(self, cache: DraftContextCache, anchor: torch.Tensor, anchor_pos: torch.Tensor,
+                           n: int) -> torch.Tensor:
+        """The hidden states [b, n, H] that draft the first ``n`` tokens after ``anchor``
+        [b] at ``anchor_pos`` [b]: one backbone forward over the block
+        ``[anchor, MASK, ...]`` computing only those rows past the last attention."""
+        block, positions = self.block_input(anchor, anchor_pos)
+        return self.backbone(cache, block, positions, rows=self.draft_rows(n)).contiguous()
 
     def packed_draft_hidden(self, features: torch.Tensor, ctx_valid: torch.Tensor, block_tokens: torch.Tensor,
                             block_pos: torch.Tensor, attn_mask: torch.Tensor) -> torch.Tensor:
@@ -487,8 +522,7 @@ class DominoDraftModel(nn.Module):
         n = n_max if num_drafts is None else num_drafts
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= n_max:
             raise ValueError(f"num_drafts must be an int in [1, {n_max}], got {num_drafts!r}")
-        block, positions = self.block_input(anchor, anchor_pos)
-        h = self.draft_hidden(self.backbone(cache, block, positions), n)
+        h = self.draft_block_hidden(cache, anchor, anchor_pos, n)
         return self.choose_tokens(h, self.base_logits(h), anchor, use_head=use_head, sampling=sampling)
 
     @torch.no_grad()
@@ -570,8 +604,7 @@ class DominoDraftModel(nn.Module):
                 isinstance(x, torch.Tensor) for x in (sampling.temperature, sampling.top_k, sampling.top_p))):
             raise ValueError("sampling: tree drafting needs the same temperature, top_k and top_p for every "
                              "sequence of the batch and no per-request seeds")
-        block, positions = self.block_input(anchor, anchor_pos)
-        h = self.draft_hidden(self.backbone(cache, block, positions), depth)
+        h = self.draft_block_hidden(cache, anchor, anchor_pos, depth)
         base = self.base_logits(h)  # [b, depth, K]
         if use_head and self.config.has_head:
             E, w_ih, w_hh, w1h, w1s, w2 = self.head_weights()
