@@ -9,6 +9,8 @@ import torch
 
 from domino import budget
 from domino.budget import Calibration, DepthAcceptance, RoundCosts
+from domino.fast_layers import undo_fused_layers, use_fused_layers
+from domino.fast_linear import undo_small_batch_linear, use_small_batch_linear
 from tiny_models import tiny_generator
 
 
@@ -160,6 +162,13 @@ def test_round_costs_are_measured_once_and_cached_per_configuration(tmp_path, mo
     with monkeypatch.context() as m:
         m.setattr(budget, "kernels_fingerprint", lambda: "rebuilt")  # other kernels: another key
         assert budget.cost_key(gen, 2) != first.key
+    with monkeypatch.context() as m:
+        m.setattr(budget, "python_fingerprint", lambda: "edited")  # other Python sources: another key
+        assert budget.cost_key(gen, 2) != first.key
+    assert budget.cost_key(gen, 2) == first.key
+    use_fused_layers(use_small_batch_linear(gen.drafter))  # a drafter on other kernels: another key
+    assert budget.cost_key(gen, 2) != first.key
+    undo_fused_layers(undo_small_batch_linear(gen.drafter))
     assert budget.cost_key(gen, 2) == first.key
     gen.target.to(torch.bfloat16)  # another dtype: another key
     assert budget.cost_key(gen, 2) != first.key

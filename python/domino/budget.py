@@ -294,13 +294,32 @@ def kernels_fingerprint() -> str:
     return hashlib.sha256(Path(_C.__file__).read_bytes()).hexdigest()[:16]
 
 
+def python_fingerprint() -> str:
+    """A hash of the installed domino and domino_ops Python sources: the forwards and the
+    decode loop are Python too (a release that runs the drafter on other kernels changes
+    what drafting costs), so cached costs must not outlive them either."""
+    import domino_ops
+
+    import domino
+
+    h = hashlib.sha256()
+    for package in (domino, domino_ops):
+        root = Path(package.__file__).parent
+        for path in sorted(root.rglob("*.py")):
+            h.update(str(path.relative_to(root)).encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def cost_key(gen, batch_size: int) -> str:
     """What the costs depend on: the models' shapes and dtypes, the drafter's draft
     vocabulary, the device, the machine, torch's version and thread count, the compiled
-    kernels, whether the small-batch linear is on (and packed, and its forced path, and the
+    kernels and domino's Python sources, whether the small-batch linear is on (under the
+    target, and under the drafter with its fused layers; packed, and its forced path, and the
     packed product: AMX or vectors), the target's attention implementation, whether its
     forward is :mod:`domino.fast_forward`'s, the batch size."""
     from domino.fast_forward import uses_fast_forward
+    from domino.fast_layers import uses_fused_layers
     from domino.fast_linear import runs_packed, uses_small_batch_linear
 
     target = gen.target
@@ -316,7 +335,10 @@ def cost_key(gen, batch_size: int) -> str:
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "kernels": kernels_fingerprint(),
+        "python": python_fingerprint(),
         "small_batch_linear": uses_small_batch_linear(target),
+        "drafter_small_batch_linear": uses_small_batch_linear(gen.drafter),
+        "drafter_fused_layers": uses_fused_layers(gen.drafter),
         "small_batch_linear_packed": any(runs_packed(m, dt) for m in target.modules()
                                          for dt in (torch.bfloat16, torch.float32)),
         "small_batch_linear_isa": os.environ.get("DOMINO_SMALL_BATCH_LINEAR_ISA", ""),
