@@ -166,13 +166,38 @@ def test_round_costs_are_measured_once_and_cached_per_configuration(tmp_path, mo
         m.setattr(budget, "python_fingerprint", lambda: "edited")  # other Python sources: another key
         assert budget.cost_key(gen, 2) != first.key
     assert budget.cost_key(gen, 2) == first.key
-    use_fused_layers(use_small_batch_linear(gen.drafter))  # a drafter on other kernels: another key
-    assert budget.cost_key(gen, 2) != first.key
+    use_small_batch_linear(gen.drafter)  # a drafter on other kernels: another key, each switch
+    linear_key = budget.cost_key(gen, 2)
+    use_fused_layers(gen.drafter)
+    fused_key = budget.cost_key(gen, 2)
+    assert len({first.key, linear_key, fused_key}) == 3
     undo_fused_layers(undo_small_batch_linear(gen.drafter))
     assert budget.cost_key(gen, 2) == first.key
     gen.target.to(torch.bfloat16)  # another dtype: another key
     assert budget.cost_key(gen, 2) != first.key
     assert calls == [2, 3]
+
+
+def test_sources_fingerprint_follows_every_file_and_falls_back_to_the_version(tmp_path):
+    import types
+
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("x = 1\n")
+    (pkg / "sub" / "mod.py").write_text("y = 2\n")
+    module = types.ModuleType("pkg")
+    module.__file__ = str(pkg / "__init__.py")
+    before = budget.sources_fingerprint([module])
+    assert budget.sources_fingerprint([module]) == before
+    (pkg / "sub" / "mod.py").write_text("y = 3\n")  # a nested file edited: another hash
+    edited = budget.sources_fingerprint([module])
+    assert edited != before
+    # bytes moved from the end of one file to the start of the next: another hash
+    (pkg / "__init__.py").write_text("x = 1\ny")
+    (pkg / "sub" / "mod.py").write_text(" = 3\n")
+    assert budget.sources_fingerprint([module]) != edited
+    module.__file__ = None  # no folder of sources (a namespace or frozen package): the version
+    assert budget.sources_fingerprint([module]) == budget.sources_fingerprint([types.ModuleType("pkg")])
 
 
 def test_depth_rates_from_the_fit_seed_the_plan():

@@ -164,24 +164,32 @@ def test_switch_covers_the_drafters_modules_and_undoes():
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("rows", [None, slice(1, 4), slice(0, 8)])
-def test_fused_drafter_attention_gives_its_forwards_bits(dtype, rows):
+@pytest.mark.parametrize("per_query_mask", [False, True])
+def test_fused_drafter_attention_gives_its_forwards_bits(dtype, rows, per_query_mask):
     """One q/k/v product and one rotary call compute exactly DraftAttention.forward's
-    bits (norms left unswitched in both), all query rows or some."""
+    bits (norms left unswitched in both), all query rows or some, under generation's mask
+    [b, 1, Tc + Q] or a per-query one [b, Q, Tc + Q] as training passes."""
     from domino.model import DraftAttention
 
     d, cache, anchor, anchor_pos = _drafter_and_context(dtype)
+    if not runs_packed(d.layers[0].self_attn.q_proj, dtype):
+        pytest.skip(f"this CPU runs {dtype} linears unpacked: the fused product does not apply")
     block, positions = d.block_input(anchor, anchor_pos)
+    Q = block.shape[1]
     g = torch.Generator().manual_seed(4)
-    x = torch.randn(2, block.shape[1], d.config.hidden_size, generator=g).to(dtype)
+    x = torch.randn(2, Q, d.config.hidden_size, generator=g).to(dtype)
     cos, sin = d.rotary(positions, dtype)
-    mask = torch.cat([cache.mask, cache.mask.new_ones(2, block.shape[1])], dim=1)[:, None, :]
+    mask = torch.cat([cache.mask, cache.mask.new_ones(2, Q)], dim=1)[:, None, :]
+    if per_query_mask:
+        mask = mask.expand(2, Q, mask.shape[-1]) & (torch.rand(2, Q, mask.shape[-1], generator=g) < 0.7)
+        mask[..., -Q:] |= torch.eye(Q, dtype=torch.bool)  # each query sees itself
     for i, layer in enumerate(d.layers):
         args = (x, cos, sin, cache.keys[i], cache.values[i], mask, rows)
         with torch.no_grad():
             fused = fast_layers._draft_attention_forward(layer.self_attn, *args)
             plain = DraftAttention.forward(layer.self_attn, *args)
-        assert "_domino_fused_packed" in vars(layer.self_attn) or not runs_packed(layer.self_attn.q_proj, dtype)
-        assert fused.shape == (2, block.shape[1] if rows is None else rows.stop - rows.start, x.shape[-1])
+        assert "_domino_fused_packed" in vars(layer.self_attn)  # the fused path ran
+        assert fused.shape == (2, Q if rows is None else rows.stop - rows.start, x.shape[-1])
         assert torch.equal(fused, plain)
 
 

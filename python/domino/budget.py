@@ -294,20 +294,41 @@ def kernels_fingerprint() -> str:
     return hashlib.sha256(Path(_C.__file__).read_bytes()).hexdigest()[:16]
 
 
+@functools.lru_cache(maxsize=1)
 def python_fingerprint() -> str:
-    """A hash of the installed domino and domino_ops Python sources: the forwards and the
-    decode loop are Python too (a release that runs the drafter on other kernels changes
-    what drafting costs), so cached costs must not outlive them either."""
+    """A hash of the installed domino and domino_ops Python sources
+    (:func:`sources_fingerprint`): the forwards and the decode loop are Python too (a
+    release that runs the drafter on other kernels changes what drafting costs), so cached
+    costs must not outlive them either."""
     import domino_ops
 
     import domino
 
+    return sources_fingerprint((domino, domino_ops))
+
+
+def sources_fingerprint(packages) -> str:
+    """A hash of the ``.py`` files under each package's folder (names, lengths, bytes);
+    where a package's sources are not files in a folder, the installed domino-ops version
+    stands in for them."""
+    import importlib.metadata
+
     h = hashlib.sha256()
-    for package in (domino, domino_ops):
-        root = Path(package.__file__).parent
-        for path in sorted(root.rglob("*.py")):
-            h.update(str(path.relative_to(root)).encode())
-            h.update(path.read_bytes())
+    for package in packages:
+        where = getattr(package, "__file__", None)
+        root = Path(where).parent if where else None
+        paths = sorted(root.rglob("*.py")) if root is not None and root.is_dir() else []
+        if not paths:
+            try:
+                version = importlib.metadata.version("domino-ops")
+            except importlib.metadata.PackageNotFoundError:
+                version = "unknown"
+            h.update(f"{package.__name__} version {version}\n".encode())
+        for path in paths:
+            data = path.read_bytes()
+            # name and length before the bytes: no two trees hash alike by where one file ends
+            h.update(f"{path.relative_to(root)} {len(data)}\n".encode())
+            h.update(data)
     return h.hexdigest()[:16]
 
 

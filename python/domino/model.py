@@ -517,7 +517,9 @@ class DominoDraftModel(nn.Module):
         """Drafts ``num_drafts`` tokens (default ``config.num_drafts``, the most a block
         holds) after ``anchor`` [b] at positions ``anchor_pos`` [b]; ``sampling`` holds each
         sequence's sampling arguments (None: greedy). Fewer drafts cost fewer LM-head rows
-        and head steps; the first n drafts are the same whatever n (the head is causal)."""
+        and head steps; the first n drafts are the same whatever n (the head is causal; bit for bit
+        where the linears are batch-invariant, :mod:`domino.fast_linear`, as the engine runs them
+        on the CPU: the backbone's last layer computes only the n draft rows)."""
         n_max = self.config.num_drafts
         n = n_max if num_drafts is None else num_drafts
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= n_max:
