@@ -17,6 +17,17 @@ noticed: after ``explore_every`` rounds at first, the interval doubling (up to
 ``max_explore_every``) each time a look at the other kind leaves the lead where it was,
 so a machine where one kind is clearly faster soon spends almost no rounds on the other.
 
+The warm-up is 6 rounds of each kind, alternating, and a kind's first round is played but
+not measured: it runs on cold caches (in a new process the first tree round pages in the
+datastore's index and the tree kernels' buffers: 78-87 ms against ~31-35 for the next ones
+on the Zen 3 VM, forty-fifth session). With that round counted and 2 warm-up rounds each,
+the first call of a process (`make run`'s prompt, 128 tokens) ran 17-21 of its ~38 rounds
+as chains where later calls ran 0-1, 1.46-1.56 s against 1.34-1.41 s: the cold round, and
+then a round's tokens (1 to 10) varying more than the kinds' speeds differ, let the chain
+lead on one or two lucky rounds, and looks at the tree 8, 16, 32 rounds apart corrected it
+slowly. With both changes, 11-14 chain rounds (6 of them the warm-up) in three new
+processes (a wrapper script over ``generate``, indicative).
+
 Greedy only: timing decides the rounds, and a sampled request's output under a seed must
 not depend on timing (sampled requests never get "auto"'s tree anyway).
 """
@@ -34,7 +45,8 @@ class RoundKindChooser:
     """Picks "tree" or "chain" for each round from the tokens per millisecond each kind has
     given so far.
 
-    ``warmup``: rounds of each kind played first, alternating, the tree first.
+    ``warmup``: rounds of each kind played first, alternating, the tree first; each kind's
+    first round is not measured (cold caches), the rest of the warm-up is.
     ``explore_every``: after the warm-up, the kind that is behind is played once after this
     many rounds of the leader; the interval doubles, up to ``max_explore_every``, whenever
     such a round leaves the lead unchanged, and starts over when the lead changes.
@@ -42,7 +54,7 @@ class RoundKindChooser:
     played, so its rate follows its last ~``memory`` rounds. ``clock``: seconds, for
     :meth:`now` (the generator times rounds with it)."""
 
-    def __init__(self, warmup: int = 2, explore_every: int = 8, max_explore_every: int = 64, memory: float = 24.0,
+    def __init__(self, warmup: int = 6, explore_every: int = 8, max_explore_every: int = 64, memory: float = 24.0,
                  clock=time.perf_counter):
         if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 1:
             raise ValueError(f"warmup must be an int >= 1, got {warmup!r}")
@@ -90,6 +102,9 @@ class RoundKindChooser:
             raise ValueError(f"kind must be one of {ROUND_KINDS}, got {kind!r}")
         warm = sum(self.rounds.values()) >= 2 * self.warmup
         leader = self.leader()
+        if not self.rounds[kind]:  # cold caches: played, not measured (module docstring)
+            self.rounds[kind] = 1
+            return
         self.tokens[kind] = self.tokens[kind] * self.keep + tokens
         self.ms[kind] = self.ms[kind] * self.keep + max(ms, 1e-6)
         self.rounds[kind] += 1
