@@ -8,8 +8,8 @@ target's prefill it times what a round's drafting calls: the backbone over a 16-
 block with all 16 rows out and with the last layer past its attention on the 6 rows that
 draft 6 tokens (``draft_block_hidden``, what ``draft`` runs), a whole ``draft`` of 6 and
 of 15 tokens (backbone, base logits, head rollout), and ``extend_context`` by 3 accepted
-tokens. Checks first what differs; then rounds of each variant in turn (one untimed call of each after each switch, then 5 timed),
-medians.
+tokens. Checks first what differs; then rounds of each variant in turn (one untimed call
+of each after each switch, then 5 timed), medians.
 
     python benchmarks/drafter_backbone_ab.py [--rounds 10]
 """

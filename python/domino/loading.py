@@ -172,8 +172,8 @@ def load(target: str | Path | PreTrainedModel, drafter: str | Path | DominoDraft
 def use_cpu_kernels(model: torch.nn.Module, *, small_batch_linear: bool, small_batch_attention: bool):
     """Puts ``model``'s linear layers on the batch-invariant small-batch linear (and, with
     it, a HF model's or a Domino drafter's RMSNorms, SiLU gated MLPs and attention
-    projections on the fused kernels, :mod:`domino.fast_layers`) and (a HF target) its attention on the small-batch attention
-    kernel, each when asked and only when the model is on the CPU (the kernels are CPU
+    projections on the fused kernels, :mod:`domino.fast_layers`) and (a HF target) its
+    attention on the small-batch attention kernel, each when asked and only when the model is on the CPU (the kernels are CPU
     kernels); with both, a Llama target's forward becomes one loop over the kernels
     (:mod:`domino.fast_forward`, the same bits). In place, returns ``model``."""
     if next(model.parameters()).device.type == "cpu":
