@@ -55,6 +55,9 @@ def main() -> None:
         d.extend_context(cache, features[:, :upto], pos[:, :upto], mask[:, :upto])
         return cache
 
+    def context_copy(cache):  # a fresh copy to extend (its tensors are replaced, not written)
+        return type(cache)(list(cache.keys), list(cache.values), cache.mask)
+
     full = context(ids.shape[1])
     short = context(T)
     calls = {
@@ -65,9 +68,6 @@ def main() -> None:
         "extend_context by 3": lambda: d.extend_context(
             context_copy(short), features[:, T:], pos[:, T:], mask[:, T:]),
     }
-
-    def context_copy(cache):  # a fresh copy to extend (its tensors are replaced, not written)
-        return type(cache)(list(cache.keys), list(cache.values), cache.mask)
 
     variants = {"fused": lambda: use_fused_layers(d), "plain": lambda: undo_fused_layers(d)}
     print(f"CPU: {cpu.model()}, {torch.get_num_threads()} threads; bf16 drafter "

@@ -102,12 +102,11 @@ class RoundKindChooser:
             raise ValueError(f"kind must be one of {ROUND_KINDS}, got {kind!r}")
         warm = sum(self.rounds.values()) >= 2 * self.warmup
         leader = self.leader()
-        if not self.rounds[kind]:  # cold caches: played, not measured (module docstring)
-            self.rounds[kind] = 1
+        self.rounds[kind] += 1
+        if self.rounds[kind] == 1:  # cold caches: played, not measured (module docstring)
             return
         self.tokens[kind] = self.tokens[kind] * self.keep + tokens
         self.ms[kind] = self.ms[kind] * self.keep + max(ms, 1e-6)
-        self.rounds[kind] += 1
         if not warm:
             return
         if kind == leader:
