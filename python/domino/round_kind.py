@@ -19,14 +19,15 @@ so a machine where one kind is clearly faster soon spends almost no rounds on th
 
 The warm-up is 6 rounds of each kind, alternating, and a kind's first round is played but
 not measured: it runs on cold caches (in a new process the first tree round pages in the
-datastore's index and the tree kernels' buffers: 78-87 ms against ~31-35 for the next ones
-on the Zen 3 VM, forty-fifth session). With that round counted and 2 warm-up rounds each,
-the first call of a process (`make run`'s prompt, 128 tokens) ran 17-21 of its ~38 rounds
-as chains where later calls ran 0-1, 1.46-1.56 s against 1.34-1.41 s: the cold round, and
-then a round's tokens (1 to 10) varying more than the kinds' speeds differ, let the chain
-lead on one or two lucky rounds, and looks at the tree 8, 16, 32 rounds apart corrected it
-slowly. With both changes, 11-14 chain rounds (6 of them the warm-up) in three new
-processes (a wrapper script over ``generate``, indicative).
+datastore's index and the tree kernels' buffers: 84-87 ms against a median of 41-42 ms for
+the later ones on the Zen 3 VM, forty-fifth session, ``benchmarks/round_kind_first_call.py``).
+With that round counted and 2 warm-up rounds each, the first call of a process (``make
+run``'s prompt, 128 tokens) ran 17-21 of its ~38 rounds as chains where later calls ran 0-1,
+1.46-1.56 s against 1.34-1.41 s (an ad-hoc script before that benchmark existed): the cold
+round, and then a round's tokens (1 to 10) varying more than the kinds' speeds differ, let
+the chain lead on one or two lucky rounds, and looks at the tree 8, 16, 32 rounds apart
+corrected it slowly. With both changes the benchmark measures 12 chain rounds (6 of them
+the warm-up) in the first call of each of three new processes, 1 in later calls.
 
 Greedy only: timing decides the rounds, and a sampled request's output under a seed must
 not depend on timing (sampled requests never get "auto"'s tree anyway).
