@@ -253,9 +253,7 @@ void check_head_expand_args(const at::Tensor& base_logits, const at::Tensor& hpr
   TORCH_CHECK(!node_logits.has_value() || (node_logits->scalar_type() == at::kFloat && node_logits->size(0) == n &&
                                            node_logits->size(1) == V),
               "node_logits must be None or float32 of shape [", n, ", ", V, "]");
-  TORCH_CHECK(!sampling.row_temperature && !sampling.row_top_k && !sampling.row_top_p,
-              "domino_head_expand takes scalar sampling parameters");
-  check_sampling_args(sampling, n, dev);
+  check_sampling_args(sampling, b, dev);  // per-row parameters: one per sequence
   check_uniforms(uniforms, sampling, {n, m}, dev);
   if (dev.is_cpu() && n > 0) {  // the indices address base_logits and hproj rows
     TORCH_CHECK(values_in(node_seq, 0, b), "node_seq must hold sequence indices in [0, ", b, ")");
@@ -266,7 +264,9 @@ void check_head_expand_args(const at::Tensor& base_logits, const at::Tensor& hpr
                     {"child_state", &child_state}, {"node_logits", opt(node_logits)}},
                    {{"base_logits", &base_logits}, {"hproj", &hproj}, {"node_state", &node_state},
                     {"node_seq", &node_seq}, {"node_depth", &node_depth}, {"gru_input", &gru_input},
-                    {"w_ih", opt(w_ih)}, {"w_hh", &w_hh}, {"w1s", &w1s}, {"w2", &w2}, {"uniforms", u}});
+                    {"w_ih", opt(w_ih)}, {"w_hh", &w_hh}, {"w1s", &w1s}, {"w2", &w2}, {"uniforms", u},
+                    {"row_temperature", opt(sampling.row_temperature)}, {"row_top_k", opt(sampling.row_top_k)},
+                    {"row_top_p", opt(sampling.row_top_p)}});
 }
 
 void check_sample_args(const at::Tensor& logits, const SamplingArgs& sampling,

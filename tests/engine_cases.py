@@ -54,17 +54,23 @@ def check(gen, temperature, top_k, top_p, N=4000, num_drafts=3):
                        generator=torch.Generator().manual_seed(0), num_drafts=num_drafts)
     toks = np.array(res.token_ids)
     assert toks.shape == (N, 3)
+    assert_distributed_as_target(gen, toks, temperature, top_k, top_p)
+    return res
+
+
+def assert_distributed_as_target(gen, toks, temperature, top_k, top_p, label=""):
+    """The first three tokens after PROMPT, ``toks`` [N, 3], follow the target's filtered
+    distribution: token 1, the joint of tokens 1-2, and token 3's marginal."""
     p1 = exact_next(gen, [()], temperature, top_k, top_p)[0]
-    assert_matches_distribution(toks[:, 0], p1, what="token 1")
+    assert_matches_distribution(toks[:, 0], p1, what=f"{label}token 1")
     pairs = list(itertools.product(range(V), repeat=1))
     p2 = exact_next(gen, pairs, temperature, top_k, top_p)  # [V, V]
     joint12 = p1[:, None] * p2
-    assert_matches_distribution(toks[:, 0] * V + toks[:, 1], joint12.ravel(), what="tokens 1-2")
+    assert_matches_distribution(toks[:, 0] * V + toks[:, 1], joint12.ravel(), what=f"{label}tokens 1-2")
     triples = list(itertools.product(range(V), repeat=2))
     p3 = exact_next(gen, triples, temperature, top_k, top_p).reshape(V, V, V)
     marginal3 = (joint12[:, :, None] * p3).sum(axis=(0, 1))
-    assert_matches_distribution(toks[:, 2], marginal3, what="token 3")
-    return res
+    assert_matches_distribution(toks[:, 2], marginal3, what=f"{label}token 3")
 
 
 def count_grafts(monkeypatch) -> list[int]:

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import domino_ops
 from domino_ops import reference
 from domino_ops import triton as triton_ops
-from domino_ops.sampling import kernel_sampling_args
+from domino_ops.sampling import expand_uniforms, kernel_sampling_args, may_sample
 from kernel_backends import emulated_cuda_kernel
 from kernel_cases import head_input_strategy, head_rollout_inputs, weights_as_float64
 from packed_paths import PACKED_PATHS, packed_path
@@ -45,7 +45,8 @@ def _kernel(backend, op):
 def expand(inputs, node_state, node_seq, node_depth, m, backend="native", temperature=0.0, top_k=0, top_p=1.0,
            generator=None, w2_packed=None, w_hh_packed=None, write_node_logits=True):
     """domino_head_expand on ``backend``: the wrapper for the reference, else the op with
-    poisoned outputs passed in (and the uniforms the wrapper would draw); ``w2_packed`` and
+    poisoned outputs passed in (and the uniforms the wrapper would draw; sampling parameters
+    as [b] tensors go to the op as its row tensors); ``w2_packed`` and
     ``w_hh_packed`` (PackedLinearWeights) go to the op as their data; without
     ``write_node_logits`` the op gets None for node_logits (and None comes back)."""
     base, hproj, _, gru_input, w_ih, w_hh, w1s, w2 = inputs
@@ -55,8 +56,8 @@ def expand(inputs, node_state, node_seq, node_depth, m, backend="native", temper
                                              w1s, w2, num_children=m, generator=generator, backend=backend,
                                              write_node_logits=write_node_logits, **kw)
     n, V, G = node_state.shape[0], base.shape[2], node_state.shape[1]
-    T, top_k, top_p, _, _, _ = kernel_sampling_args(temperature, top_k, top_p, V)
-    u = domino_ops.draw_uniforms((n, m), "cpu", generator) if T > 0 else None
+    u = expand_uniforms(node_seq, m, generator) if may_sample(temperature) else None
+    T, top_k, top_p, *rows = kernel_sampling_args(temperature, top_k, top_p, V)
     outs = (torch.full((n, m), -7, dtype=torch.long), torch.full((n, m), float("nan")),
             torch.full((n, m, G), float("nan")), torch.full((n, V), float("nan")))
     dev = device_of(backend)
@@ -65,7 +66,8 @@ def expand(inputs, node_state, node_seq, node_depth, m, backend="native", temper
     dev_outs = [o.to(dev) for o in outs[:4 if write_node_logits else 3]] + ([] if write_node_logits else [None])
     _kernel(backend, "domino_head_expand")(*moved, T, top_k, top_p, u.to(dev) if u is not None else None, *dev_outs,
                                            None if w2_packed is None else w2_packed.data,
-                                           None if w_hh_packed is None else w_hh_packed.data)
+                                           None if w_hh_packed is None else w_hh_packed.data,
+                                           *[x.to(dev) if x is not None else None for x in rows])
     return tuple(o.cpu() if o is not None else None for o in dev_outs)
 
 
@@ -210,6 +212,98 @@ def assert_kernel_matches_reference(inputs, n, m, seed, backend):
     want = (1 - z_) * torch.tanh(i_n + r_ * hn) + z_ * S
     torch.testing.assert_close(child.reshape(-1, child.shape[-1]), want.float(), atol=1e-4, rtol=1e-4)
     return out
+
+
+# One sequence per request: greedy, top-k and top-p, plain temperature.
+SEQ_PARAMS = [(0.0, 0, 1.0), (0.9, 5, 0.8), (1.3, 0, 1.0)]
+
+
+def seq_params(rows=SEQ_PARAMS):
+    T, k, p = zip(*rows)
+    return dict(temperature=torch.tensor(T), top_k=torch.tensor(k), top_p=torch.tensor(p))
+
+
+@pytest.mark.parametrize("backend", params())
+@pytest.mark.parametrize("wdtype", [torch.float32, torch.bfloat16])
+def test_per_sequence_parameters_equal_each_sequence_alone(backend, wdtype):
+    """Temperature, top-k and top-p as [b] tensors, one per sequence, and one generator per
+    sequence: every node gets what a call over its sequence's nodes alone, with that
+    sequence's scalar parameters and generator, gives it (the greedy sequence's children
+    exactly a greedy call's, its log-probabilities up to rounding). A kernel that sampled
+    every node with one sequence's parameters, or drew a node's uniforms by its place in
+    the whole frontier, fails."""
+    inputs = head_rollout_inputs(3, 2, 300, 16, 8, 4, wdtype, torch.float32, False, seed=21)
+    node_state, node_seq, node_depth = random_frontier(inputs, 8, 22)
+    node_seq = torch.tensor([2, 0, 1, 1, 0, 2, 1, 2])  # every sequence, interleaved
+    gens = [torch.Generator().manual_seed(30 + s) for s in range(3)]
+    got = expand(inputs, node_state, node_seq, node_depth, 3, backend=backend, generator=gens, **seq_params())
+    for s, (T, top_k, top_p) in enumerate(SEQ_PARAMS):
+        nodes = torch.nonzero(node_seq == s)[:, 0]
+        want = expand(inputs, node_state[nodes], node_seq[nodes], node_depth[nodes], 3, backend=backend,
+                      temperature=T, top_k=top_k, top_p=top_p, generator=torch.Generator().manual_seed(30 + s))
+        assert torch.equal(got[0][nodes], want[0]), (s, got[0][nodes], want[0])
+        torch.testing.assert_close(got[1][nodes], want[1], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(got[2][nodes], want[2], atol=1e-6, rtol=1e-6)
+        # the kernels' logits rows are batch-invariant; the reference's float32 products are not
+        exact = backend != "reference"
+        torch.testing.assert_close(got[3][nodes], want[3], atol=0 if exact else 1e-5, rtol=0 if exact else 1e-5)
+
+
+@pytest.mark.parametrize("backend", params())
+@pytest.mark.parametrize("fill", [float("nan"), float("-inf")])
+@pytest.mark.parametrize("rows", [[(0.0, 0, 1.0), (0.8, 5, 1.0)], [(0.9, 0, 0.7), (0.0, 0, 1.0)]], ids=["greedy-first",
+                                                                                                     "sampled-first"])
+def test_per_sequence_parameters_with_extreme_rows(backend, fill, rows):
+    """Sequence 0's base logits all NaN or -inf, greedy or sampled, beside a normal sequence:
+    every child is a distinct token of the vocabulary, and each node gets what its sequence
+    alone gets (a greedy node of a -inf row: NaN log-probabilities, as log_softmax)."""
+    inputs = list(head_rollout_inputs(2, 2, 40, 8, 16, 8, torch.float32, torch.float32, True, seed=1))
+    inputs[0][0] = fill
+    node_state, _, node_depth = random_frontier(inputs, 6, 7)
+    node_seq = torch.tensor([0, 1, 0, 1, 1, 0])
+    got = expand(inputs, node_state, node_seq, node_depth, 3, backend=backend,
+                 generator=[torch.Generator().manual_seed(50 + s) for s in range(2)], **seq_params(rows))
+    assert bool(((got[0] >= 0) & (got[0] < 40)).all()), got[0]
+    assert all(len(set(r)) == 3 for r in got[0].tolist()), got[0]
+    for s, (T, top_k, top_p) in enumerate(rows):
+        nodes = torch.nonzero(node_seq == s)[:, 0]
+        want = expand(inputs, node_state[nodes], node_seq[nodes], node_depth[nodes], 3, backend=backend,
+                      temperature=T, top_k=top_k, top_p=top_p, generator=torch.Generator().manual_seed(50 + s))
+        assert torch.equal(got[0][nodes], want[0]), (s, got[0][nodes], want[0])
+        torch.testing.assert_close(got[1][nodes], want[1], atol=1e-5, rtol=1e-5, equal_nan=True)
+
+
+def test_per_sequence_parameters_match_the_float64_reference():
+    """The native kernel's per-sequence call against the float64 oracle on the same uniforms."""
+    inputs = head_rollout_inputs(3, 3, 200, 8, 16, 8, torch.float32, torch.float32, True, seed=23)
+    frontier = random_frontier(inputs, 11, 24)
+    u = torch.rand(11, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(25))
+    want = reference.domino_head_expand(*weights_as_float64(inputs)[:2], frontier[0], frontier[1], frontier[2],
+                                        *weights_as_float64(inputs)[3:], num_children=4, uniforms=u, **seq_params())
+    base, hproj, _, *weights = inputs
+    T, top_k, top_p, *rows = kernel_sampling_args(**seq_params(), vocab_size=200)
+    got = run_head_poisoned_expand(base, hproj, *frontier, *weights, T, top_k, top_p, u, 4, rows)
+    assert torch.equal(got[0], want[0])
+    torch.testing.assert_close(got[1], want[1], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got[2], want[2].float(), atol=1e-5, rtol=1e-5)
+
+
+def run_head_poisoned_expand(base, hproj, node_state, node_seq, node_depth, gru_input, w_ih, w_hh, w1s, w2, T, top_k,
+                             top_p, u, m, rows):
+    """The native op with poisoned outputs and the given uniforms and row tensors."""
+    n, V, G = node_state.shape[0], base.shape[2], node_state.shape[1]
+    outs = (torch.full((n, m), -7, dtype=torch.long), torch.full((n, m), float("nan")),
+            torch.full((n, m, G), float("nan")), torch.full((n, V), float("nan")))
+    torch.ops.domino_ops.domino_head_expand(base, hproj, node_state, node_seq, node_depth, gru_input, w_ih, w_hh, w1s,
+                                            w2, T, top_k, top_p, u, *outs, None, None, *rows)
+    return outs
+
+
+def test_per_sequence_generators_draw_each_sequences_uniforms_in_node_order():
+    seq = torch.tensor([1, 0, 1, 1])
+    u = expand_uniforms(seq, 2, [torch.Generator().manual_seed(5), torch.Generator().manual_seed(6)])
+    assert torch.equal(u[[1]], torch.rand(1, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(5)))
+    assert torch.equal(u[[0, 2, 3]], torch.rand(3, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(6)))
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
@@ -434,7 +528,9 @@ def args(**over):
     (dict(node_depth=torch.tensor([0, 1, 1])), ValueError, "node_depth must have shape"),
     (dict(node_state=torch.zeros(4, 6)), ValueError, "node_state must have shape"),
     (dict(node_seq=torch.tensor([0, 1, 1, 0], dtype=torch.int32)), TypeError, "node_seq"),
-    (dict(temperature=torch.ones(4)), TypeError, "temperature must be a Python number"),
+    (dict(temperature=torch.ones(4)), ValueError, r"temperature as a tensor must have shape \[2\] \(one value per row"),
+    (dict(top_k=torch.tensor([1, -1])), ValueError, "top_k must be >= 0 in every row"),
+    (dict(temperature=1.0, generator=[torch.Generator()] * 3), ValueError, r"one generator per row \(2\)"),
     (dict(top_p=0.0), ValueError, "top_p"),
 ])
 def test_wrapper_bad_input(over, exc, msg, backend):
@@ -576,6 +672,12 @@ def test_direct_call_checks_indices_and_aliasing():
         op(*pos, 0.0, 0, 1.0, None, outs[0], outs[1], outs[2], pos[0].view(2 * 3, 20)[:4])
     with pytest.raises(RuntimeError, match="uniforms are required"):
         op(*pos, 1.0, 0, 1.0, None, *outs)
+    u = torch.rand(4, outs[0].shape[1], dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="row_top_p must have shape \\[2\\]"):  # one per sequence, not per node
+        op(*pos, 1.0, 0, 1.0, u, *outs, None, None, None, None, torch.ones(4))
+    top_p = outs[1].view(-1)[:2].fill_(0.5)  # a row tensor aliasing an output
+    with pytest.raises(RuntimeError, match="must not share memory"):
+        op(*pos, 1.0, 0, 1.0, u, *outs, None, None, None, None, top_p)
 
 
 def test_cuda_kernel_refuses_more_nodes_than_its_grid_takes():

@@ -1,8 +1,12 @@
 """Tree speculation in the engine (``generate(..., tree=TreeShape(...))``): greedy output is
 the target's own greedy decoding, a topk = 1 tree is the chain, acceptance through a
-sibling keeps the caches right, sampled trees are distributed as the target, and the
+sibling keeps the caches right, sampled trees are distributed as the target (per request,
+in a batch mixing parameters and seeds), and the
 one-forward tree verification sees exactly what each path's own forward sees."""
 
+import dataclasses
+
+import numpy as np
 import pytest
 import torch
 
@@ -13,7 +17,8 @@ from domino.budget import RoundCosts
 from domino.fast_attention import use_small_batch_attention
 from domino.sampling_params import RowSampling
 from domino_ops.tree_draft import DraftTree, tree_size
-from engine_cases import V as SMALL_V, assert_mostly_multi_token, check, cheap_verification, prompts
+from engine_cases import PROMPT, V as SMALL_V, assert_distributed_as_target, assert_mostly_multi_token, check, \
+    cheap_verification, prompts
 from tiny_models import RiggedDrafts, tiny_generator
 from torch_threads import torch_threads
 
@@ -390,6 +395,84 @@ def test_biased_draft_probabilities_are_caught(monkeypatch):
         check(gen, 1.0, 0, 1.0, N=3000)
 
 
+# Three requests' parameters, a batch cycling through them: two sampled ones, one greedy.
+MIXED = [(1.0, 0, 1.0), (0.7, 4, 0.9), (0.0, 0, 1.0)]
+
+
+def _mixed_tree_batch(N):
+    gen = _with_tree(tiny_generator("qwen3", vocab=SMALL_V, block_size=4, seed=3), TreeShape(2, 2), True)
+    sampling = [domino.SamplingParams(*MIXED[i % len(MIXED)]) for i in range(N)]
+    res = gen.generate([PROMPT] * N, max_new_tokens=3, sampling=sampling, generator=torch.Generator().manual_seed(0))
+    return gen, np.array(res.token_ids), res
+
+
+def test_sampled_tree_with_per_request_parameters_matches_target():
+    """One sampled tree per round for a batch whose requests each keep their own temperature,
+    top-k and top-p: every request's tokens follow its own filtered target distribution,
+    and the greedy requests' are the target's greedy tokens."""
+    N = 4500
+    gen, toks, res = _mixed_tree_batch(N)
+    assert toks.shape == (N, 3)
+    for j, (temperature, top_k, top_p) in enumerate(MIXED[:2]):
+        assert_distributed_as_target(gen, toks[j::len(MIXED)], temperature, top_k, top_p, label=f"request kind {j}: ")
+    greedy = gen.generate_target_only(PROMPT, max_new_tokens=3).token_ids
+    assert all(row.tolist() == greedy for row in toks[2::len(MIXED)])
+    lens = [a for seq in res.acceptance_lengths for a in seq]
+    assert 1 in lens and max(lens) > 1
+
+
+def test_per_request_parameters_are_needed_for_the_target_distribution(monkeypatch):
+    """Negative control: the target's distribution filtered with the first request's
+    parameters for every row (what ignoring per-request parameters would do) fails the
+    test above for the requests that have other parameters."""
+    def first_rows_parameters(self):
+        def first(x):
+            return float(x[0]) if x.dtype.is_floating_point else int(x[0])
+        return {k: first(v) if isinstance(v, torch.Tensor) else v
+                for k, v in dict(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p).items()}
+
+    monkeypatch.setattr(RowSampling, "filter_kwargs", first_rows_parameters)
+    gen, toks, _ = _mixed_tree_batch(3000)
+    with pytest.raises(AssertionError, match="chi-square|zero probability"):
+        assert_distributed_as_target(gen, toks[1::len(MIXED)], *MIXED[1])
+
+
+def test_greedy_rows_of_a_sampled_tree_accept_a_sibling():
+    """verify_tree on a sampled tree whose second sequence is greedy: where the target's
+    argmax at the root is the root's second child, that row accepts it (rejection sampling
+    against the row's one-hot draft distributions would accept the top child or nothing),
+    while the sampled row is verified by rejection sampling."""
+    from kernel_cases import head_rollout_inputs
+
+    inputs = head_rollout_inputs(2, 2, 12, 4, 6, 4, torch.float32, torch.float32, True, seed=2)
+    sampling = RowSampling(torch.tensor([0.9, 0.0]), 0, 1.0, torch.Generator().manual_seed(1), True)
+    tree = domino_ops.draft_tree(*inputs, torch.tensor([1, 2]), topk=2, depth=2, **sampling.op_kwargs())
+    links = domino.tree.tree_links(tree, torch.tensor([5, 7]), 2, 2)
+    n = tree.candidates.shape[1]
+    logits = torch.randn(2, n, 12, generator=torch.Generator().manual_seed(3))
+    logits[1, 0, tree.candidates[1, 2]] = 30.0  # the greedy row's target picks the root's second child
+    tokens, path, num = domino.tree.verify_tree(tree, links, logits, sampling, 2)
+    assert int(num[1]) >= 1 and int(path[1, 1]) == 2 and int(tokens[1, 0]) == int(tree.candidates[1, 2])
+    assert int(tokens[1, int(num[1])]) == int(logits[1, int(path[1, int(num[1])])].argmax())
+
+
+def test_a_seeded_request_in_a_sampled_tree_gives_the_same_tokens_alone_and_in_a_batch():
+    """Sampled trees draw each request's randomness from its own seed (the drafting's
+    uniforms per sequence, the verification's per row): a seeded request's tokens do not
+    depend on the requests beside it."""
+    gen = tiny_generator("llama")
+    kw = dict(max_new_tokens=12, tree=TreeShape(2, 3))
+    seeded = domino.SamplingParams(temperature=0.9, top_k=20, seed=11)
+    alone = gen.generate(PROMPT, sampling=seeded, **kw).token_ids
+    batch = gen.generate([[7, 8, 9, 10, 11], PROMPT, [4, 4]],
+                         sampling=[domino.SamplingParams(temperature=1.2, seed=3), seeded, domino.SamplingParams()],
+                         generator=torch.Generator().manual_seed(1), **kw).token_ids
+    assert batch[1] == alone and len(alone) == 12
+    assert batch[2] == gen.generate([4, 4], max_new_tokens=12, tree=TreeShape(2, 3)).token_ids  # greedy, exact
+    other_seed = gen.generate(PROMPT, sampling=dataclasses.replace(seeded, seed=12), **kw).token_ids
+    assert other_seed != alone
+
+
 def test_sampled_tree_runs_with_one_generator_and_is_reproducible():
     gen = tiny_generator("llama")
     ps = prompts(2, seed=3)
@@ -417,9 +500,6 @@ def test_bad_tree_shapes(make, msg):
     (dict(tree=TreeShape(2, 8)), r"depth must be at most the drafter's num_drafts \(7\)"),
     (dict(tree=(2, 3)), "tree must be a domino.TreeShape"),
     (dict(tree=TreeShape(2, 3, 5), temperature=0.8), "num_draft_tokens must be None"),
-    (dict(tree=TreeShape(2, 3), sampling=[domino.SamplingParams(0.8), domino.SamplingParams(0.5)]),
-     "needs one temperature/top_k/top_p for every prompt"),
-    (dict(tree=TreeShape(2, 3), sampling=[domino.SamplingParams(0.8, seed=1)] * 2), "and no per-request seed"),
 ])
 def test_bad_tree_arguments(kw, msg):
     gen = tiny_generator("qwen3")

@@ -193,6 +193,37 @@ def test_sampled_tree_keeps_every_draw_and_carries_the_draft_distributions():
             torch.testing.assert_close(tree.draft_probs[b, u], want, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("backend", ["native", "reference"])
+def test_per_sequence_parameters_and_generators_draft_each_sequence_as_alone(backend):
+    """Temperature / top-k / top-p as one value per sequence and one generator per sequence:
+    each sequence's tree (candidates, scores, draft distributions) is the tree drafted for it
+    alone with its scalar parameters and its generator; the greedy one's draft distributions
+    are one-hot at each expanded node's best token."""
+    inputs = head_rollout_inputs(3, 3, 50, 8, 12, 4, torch.float32, torch.float32, True, seed=5)
+    rows = [(0.9, 10, 1.0), (0.0, 0, 1.0), (1.2, 0, 0.8)]
+    T, k, p = (torch.tensor(c) for c in zip(*rows))
+    roots = torch.tensor([3, 4, 5])
+    tree = draft_tree(*inputs, roots, topk=2, depth=3, temperature=T, top_k=k, top_p=p, backend=backend,
+                      generator=[torch.Generator().manual_seed(40 + s) for s in range(3)])
+    for s, (t, kk, pp) in enumerate(rows):
+        one = draft_tree(*(x[s:s + 1] for x in inputs[:3]), *inputs[3:], roots[s:s + 1], topk=2, depth=3,
+                         temperature=t, top_k=kk, top_p=pp, backend=backend,
+                         num_draft_tokens=tree.candidates.shape[1] if t == 0 else None,
+                         generator=torch.Generator().manual_seed(40 + s))
+        assert torch.equal(tree.candidates[s:s + 1], one.candidates), s
+        assert torch.equal(tree.parent_list[s:s + 1], one.parent_list), s
+        torch.testing.assert_close(tree.candidate_scores[s:s + 1], one.candidate_scores, rtol=1e-5, atol=1e-5)
+        if t > 0:
+            torch.testing.assert_close(tree.draft_probs[s:s + 1], one.draft_probs, rtol=1e-5, atol=1e-7)
+    greedy = tree.draft_probs[1]
+    expanded = greedy.sum(-1) > 0
+    assert bool(expanded.any()) and bool(((greedy[expanded] == 0) | (greedy[expanded] == 1)).all())
+    assert bool((greedy[expanded].sum(-1) == 1).all())
+    _, nxt, _ = build(tree, torch.zeros(3, dtype=torch.long), 2, 3)
+    for u in torch.nonzero(expanded)[:, 0].tolist():  # the one is at the node's first (best) child
+        assert int(greedy[u].argmax()) == int(tree.candidates[1, nxt[1, u]])
+
+
 def test_sampled_expand_select_build_verify_is_lossless():
     """Population of independent sequences: draft a sampled tree (topk 2, depth 3) with a
     head whose distributions differ from the target's, verify it with verify_tree_sampling:

@@ -177,12 +177,13 @@ void domino_head_expand(const at::Tensor& base_logits, const at::Tensor& hproj, 
                         const std::optional<at::Tensor>& uniforms, at::Tensor child_tokens, at::Tensor child_logprobs,
                         at::Tensor child_state, const std::optional<at::Tensor>& node_logits,
                         const std::optional<at::Tensor>& w2_packed,
-                        const std::optional<at::Tensor>& w_hh_packed) {
+                        const std::optional<at::Tensor>& w_hh_packed,
+                        const std::optional<at::Tensor>& row_temperature,
+                        const std::optional<at::Tensor>& row_top_k, const std::optional<at::Tensor>& row_top_p) {
   TORCH_CHECK(!w2_packed.has_value(), "w2_packed is a CPU layout (the CUDA kernel reads w2 as it is): pass None");
   TORCH_CHECK(!w_hh_packed.has_value(), "w_hh_packed is a CPU layout (the CUDA kernel reads w_hh as it is): pass None");
   const typename Device::Guard guard(base_logits.device());
-  const std::optional<at::Tensor> none;
-  const SamplingArgs sampling{temperature, top_k, top_p, none, none, none};
+  const SamplingArgs sampling{temperature, top_k, top_p, row_temperature, row_top_k, row_top_p};
   check_head_expand_args(base_logits, hproj, node_state, node_seq, node_depth, gru_input, w_ih, w_hh, w1s, w2,
                          sampling, uniforms, child_tokens, child_logprobs, child_state, node_logits);
   const int64_t n = node_state.size(0), m = child_tokens.size(1), V = base_logits.size(2);

@@ -58,12 +58,14 @@ inline constexpr const char* kTreeSpeculativeSamplingTargetOnly =
     "bool deterministic) -> ()";
 // One step of Domino tree drafting: the children of a frontier of nodes and their GRU states.
 // w2_packed, w_hh_packed (CPU only): w2 and w_hh in pack_small_batch_linear_weight's layout,
-// for its faster product.
+// for its faster product. row_temperature / row_top_k / row_top_p: [b], one per sequence
+// (base_logits' rows), node f reading those of node_seq[f].
 inline constexpr const char* kDominoHeadExpand =
     "domino_head_expand(Tensor base_logits, Tensor hproj, Tensor node_state, Tensor node_seq, Tensor node_depth, "
     "Tensor gru_input, Tensor? w_ih, Tensor w_hh, Tensor w1s, Tensor w2, float temperature, int top_k, "
     "float top_p, Tensor? uniforms, Tensor(a!) child_tokens, Tensor(b!) child_logprobs, Tensor(c!) child_state, "
-    "Tensor(d!)? node_logits, Tensor? w2_packed=None, Tensor? w_hh_packed=None) -> ()";
+    "Tensor(d!)? node_logits, Tensor? w2_packed=None, Tensor? w_hh_packed=None, Tensor? row_temperature=None, "
+    "Tensor? row_top_k=None, Tensor? row_top_p=None) -> ()";
 // Lossless tree verification with the draft's probabilities (recursive rejection sampling):
 // the tree sampler's layout, float64 uniforms as verify_sampling's, draft_probs required.
 inline constexpr const char* kVerifyTreeSampling =

@@ -170,13 +170,28 @@ void greedy_logprobs(const RunningLse& lse, const float* Lx, int64_t m, float* o
                                                                  : (Lx[c] - lse.max) - log_sum;
 }
 
-// m draws without replacement from the filtered distribution of L (row_sampler.h), then
-// the best remaining tokens once no mass is left.
+// A greedy node among sampled ones (its sequence's temperature 0 in a call with per-row
+// parameters): its m best tokens, as a greedy call gives them, with log_softmax(L) from one
+// pass over the row (as the rollout's greedy rows among sampled ones; the greedy call merges
+// per-chunk sums: the same value up to rounding). NaN for a row of -inf or holding NaN.
+void greedy_children_of_row(const Kernels& K, const float* L, int64_t V, int64_t m, SampleScratch& s,
+                            std::vector<int64_t>& idx, int64_t* tokens, float* logprobs) {
+  best_tokens(K, L, V, m, idx, tokens);
+  const float top = L[tokens[0]];  // the row's max (NaN first, as the greedy order)
+  s.resize(V);
+  const float log_sum = std::log(static_cast<float>(K.exp_weights(L, V, top, s.w.data())));
+  for (int64_t c = 0; c < m; ++c)
+    logprobs[c] = top == -std::numeric_limits<float>::infinity() ? std::numeric_limits<float>::quiet_NaN()
+                                                                  : (L[tokens[c]] - top) - log_sum;
+}
+
+// m draws without replacement from the filtered distribution of L (row_sampler.h) under
+// sequence seq's parameters, then the best remaining tokens once no mass is left.
 void sampled_children(const Kernels& K, const float* L, int64_t V, int64_t m, const SamplingParams& sp,
-                      const double* u, SampleScratch& s, std::vector<int64_t>& idx, int64_t* tokens,
+                      int64_t seq, const double* u, SampleScratch& s, std::vector<int64_t>& idx, int64_t* tokens,
                       float* logprobs) {
-  const double total = filtered_row_weights(K, L, V, sp.temperature_at(0), sp.top_k_at(0),
-                                            static_cast<float>(sp.top_p_at(0)), s);
+  const double total = filtered_row_weights(K, L, V, sp.temperature_at(seq), sp.top_k_at(seq),
+                                            static_cast<float>(sp.top_p_at(seq)), s);
   std::vector<double>& w = s.w;
   int64_t c = 0;
   for (; c < m; ++c) {
@@ -300,8 +315,10 @@ void expand(BL* base, const float* hproj, const float* S, const int64_t* seq, co
           for (int64_t c = 0; c < m; ++c) Lx[c] = L[f * V + tokens[f * m + c]];
         }
         greedy_logprobs(RunningLse::of_chunks(partial.data() + f, n_chunks, n), Lx.data(), m, logprobs + f * m);
+      } else if (sp.temperature_at(seq[f]) == 0.0f) {
+        greedy_children_of_row(K, L + f * V, V, m, scratch, idx, tokens + f * m, logprobs + f * m);
       } else {
-        sampled_children(K, L + f * V, V, m, sp, u + f * m, scratch, idx, tokens + f * m, logprobs + f * m);
+        sampled_children(K, L + f * V, V, m, sp, seq[f], u + f * m, scratch, idx, tokens + f * m, logprobs + f * m);
       }
     }
   });
@@ -342,9 +359,11 @@ void domino_head_expand_cpu(const at::Tensor& base_logits, const at::Tensor& hpr
                             at::Tensor child_logprobs, at::Tensor child_state,
                             const std::optional<at::Tensor>& node_logits,
                             const std::optional<at::Tensor>& w2_packed,
-                            const std::optional<at::Tensor>& w_hh_packed) {
-  const std::optional<at::Tensor> none;
-  const SamplingArgs sampling{temperature, top_k, top_p, none, none, none};
+                            const std::optional<at::Tensor>& w_hh_packed,
+                            const std::optional<at::Tensor>& row_temperature,
+                            const std::optional<at::Tensor>& row_top_k,
+                            const std::optional<at::Tensor>& row_top_p) {
+  const SamplingArgs sampling{temperature, top_k, top_p, row_temperature, row_top_k, row_top_p};
   check_head_expand_args(base_logits, hproj, node_state, node_seq, node_depth, gru_input, w_ih, w_hh, w1s, w2,
                          sampling, uniforms, child_tokens, child_logprobs, child_state, node_logits);
   if (w2_packed.has_value()) check_packed_head_weight(*w2_packed, w2, "w2_packed", "w2");

@@ -4,17 +4,24 @@
 // batch row s = frontier node s reading base-logit and hproj row (node_seq[s], node_depth[s]):
 //   head_input_kernel  (grid (r / warps, n)): a = silu(hproj[seq, depth] + w1s @ S)
 //   head_logits_kernel (grid = vocabulary tiles): L = base[seq, depth] + w2 @ a, written to
-//     node_logits, with the rollout's per-tile log-sum-exp partials; each w2 tile is loaded
+//     node_logits, with the rollout's per-tile log-sum-exp partials of L (for the greedy
+//     nodes; a sampled node draws from its row); each w2 tile is loaded
 //     once per group of 16 nodes, so a frontier of up to 16 nodes streams w2 once from HBM
 //     (and re-reads each tile from L1/L2 per further group), never once per node
-//   expand_chunk_best_kernel (grid (chunks, n), T = 0 only): each block the greedy-order
-//     best min(m, 8) of one kChooseChunk-long slice of a node's logits row, so the whole
-//     GPU scans the rows, not one block per node
+//   expand_chunk_best_kernel (grid (chunks, n), when some node may be greedy): each block
+//     the greedy-order best min(m, 8) of one kChooseChunk-long slice of a greedy node's
+//     logits row (a sampled node's blocks return at once), so the whole GPU scans the
+//     rows, not one block per node
 //   expand_choose_kernel (grid n, below): the node's m children
 //   head_gru_kernel    (grid (G / warps, n)): S_child = GRUCell(E[child], S), one block
 //     row per node: gh = w_hh @ S once per node, then gi and the new state per child.
 // The same kernels and arithmetic as the rollout, so a chain of one-child greedy steps
 // gives exactly the CUDA rollout's tokens, log-probabilities and states.
+//
+// Per-sequence parameters ([b] row tensors): node f reads its sequence node_seq[f]'s
+// temperature, top-k and top-p (the index clamped into [0, b)); a node of a sequence at
+// temperature 0 takes the T = 0 children below, exactly as a greedy call gives them (its
+// uniforms unread), the others the T > 0 ones.
 //
 // Children, T = 0: the node's best m tokens of its logits row in the greedy order (NaN
 // first, then descending, ties by index): the first 8 merged from the slices' candidates
@@ -29,10 +36,12 @@
 //
 // Bytes per step (the floor): w2 (V*r), w1s (r*G), w_hh (3G*G) and w_ih (3G*H) or n*m
 // table rows, plus n base-logit rows read and n logits rows of V floats written and read
-// back by the slice kernel (one pass for m <= 8, L2-resident at small n). At the paper shape in
+// back: a greedy node's by the slice kernel (one pass for m <= 8, L2-resident at small n), a
+// sampled node's by its choose block, with a float64 weight row written and scanned once per
+// draw (as in the scalar T > 0 call). At the paper shape in
 // bf16 a frontier of 16 nodes moves w2 (77.8 MB) once: ~25 us at 3.35 TB/s, as in a batch-16
 // rollout step; its 622 M FMAs (and a shared-memory read per 4) cost about as much. A node index out of
-// range is clamped (head_row), never an address.
+// range is clamped (head_row, node_sequence), never an address.
 #include "cuda/domino_head_expand.cuh"
 #include "cuda/head_kernels.cuh"
 
@@ -114,6 +123,19 @@ struct ChunkCandidates {
 
 __host__ __device__ inline int64_t choose_chunks(int64_t V) { return (V + kChooseChunk - 1) / kChooseChunk; }
 
+// Node f's sequence, whose sampling parameters it reads, clamped into range (as head_row).
+__device__ __forceinline__ int64_t node_sequence(const HeadRolloutArgs& args, int64_t f) {
+  const int64_t s = args.node_seq[f];
+  return s < 0 ? 0 : s >= args.seqs ? args.seqs - 1 : s;
+}
+
+// Whether node f takes the greedy children: every node of a call without sampling, and in
+// one with per-sequence parameters the nodes of sequences at temperature 0 (exactly what a
+// greedy call gives them, so the same slice candidates and tile partials).
+__device__ __forceinline__ bool greedy_node(const HeadRolloutArgs& args, int64_t f) {
+  return !args.sampling.may_sample() || args.sampling.temperature_at(node_sequence(args, f)) == 0.0f;
+}
+
 // Where the workspace's slice candidates start, in floats: past the rollout's workspace,
 // rounded up to 16 bytes (ArgMax holds an int64). The T > 0 weights follow them.
 inline int64_t candidates_offset(int64_t n, int64_t V, int64_t r, int64_t G) {
@@ -121,10 +143,14 @@ inline int64_t candidates_offset(int64_t n, int64_t V, int64_t r, int64_t G) {
 }
 
 // Block (chunk, node): the greedy-order best `per` of the node's logits in its slice.
+// Mixed: a call with per-sequence temperatures, whose sampled nodes' blocks return at once
+// (a separate instance: the check cost the greedy call's kernel 9 registers on sm_90).
+template <bool Mixed>
 __global__ void __launch_bounds__(kBlockThreads)
 expand_chunk_best_kernel(HeadRolloutArgs args, ChunkCandidates cand) {
   __shared__ RowScratch row_sh;
   const int64_t f = blockIdx.y, chunk = blockIdx.x, V = args.V;
+  if (Mixed && !greedy_node(args, f)) return;  // draws from its whole row (block-uniform: no barrier yet)
   const int64_t begin = chunk * kChooseChunk, len = min(V - begin, kChooseChunk);
   const float* L = args.node_logits + f * V + begin;
   best_of_one_pass([&](int64_t j) { return ArgMax{L[j], begin + j}; }, len, cand.per,
@@ -154,12 +180,13 @@ expand_choose_kernel(HeadRolloutArgs args, int tiles, double* weights, ChunkCand
   int64_t* tokens = args.tokens + f * m;
   float* logprobs = args.logprobs + f * m;
   int64_t c = 0;
-  if (args.sampling.may_sample()) {
+  if (!greedy_node(args, f)) {
+    const int64_t s = node_sequence(args, f);  // the node draws with its sequence's parameters
     double* w = weights + f * V;
     int64_t begin, end;
     thread_chunk(V, begin, end);
     const double total = filtered_row(
-        L, V, args.sampling.temperature_at(0), args.sampling.top_k_at(0), args.sampling.top_p_at(0), row_sh,
+        L, V, args.sampling.temperature_at(s), args.sampling.top_k_at(s), args.sampling.top_p_at(s), row_sh,
         [&] {
           for (int64_t j = threadIdx.x; j < V; j += blockDim.x) w[j] = 0.0;
           return 0.0;
@@ -232,8 +259,11 @@ cudaError_t launch_expand_typed(const HeadRolloutArgs& args, cudaStream_t stream
   if (err == cudaSuccess)
     err = DOMINO_LAUNCH(logits_kernel, dim3(static_cast<unsigned>(tiles)), block, 0, stream, args, int64_t{0},
                         tiles);
-  if (err == cudaSuccess && !args.sampling.may_sample())
-    err = DOMINO_LAUNCH(expand_chunk_best_kernel, dim3(static_cast<unsigned>(cand.chunks), n), block, 0, stream, args,
+  // the slice candidates whenever some node may be greedy: a greedy call, or per-sequence
+  // temperatures (may_sample() then: the mixed instance)
+  auto chunk_kernel = args.sampling.may_sample() ? expand_chunk_best_kernel<true> : expand_chunk_best_kernel<false>;
+  if (err == cudaSuccess && (!args.sampling.may_sample() || args.sampling.row_temperature != nullptr))
+    err = DOMINO_LAUNCH(chunk_kernel, dim3(static_cast<unsigned>(cand.chunks), n), block, 0, stream, args,
                         cand);
   if (err == cudaSuccess)
     err = DOMINO_LAUNCH(expand_choose_kernel, dim3(n), block, 0, stream, args, tiles, weights, cand);

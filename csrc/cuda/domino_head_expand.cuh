@@ -11,7 +11,7 @@ namespace domino::cuda {
 // to node_logits) and, when sampling, one float64 weight row per node [n, V].
 int64_t head_expand_workspace_floats(int64_t n, int64_t V, int64_t r, int64_t G, bool may_sample);
 
-// Launches the step's four kernels on `stream` (no host synchronisation, no allocation).
+// Launches the step's five kernels on `stream` (no host synchronisation, no allocation).
 // Requires args.b <= 65535 (the nodes are the grids' y dimension).
 cudaError_t launch_domino_head_expand(const HeadRolloutArgs& args, cudaStream_t stream);
 

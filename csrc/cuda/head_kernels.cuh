@@ -262,9 +262,10 @@ head_logits_kernel(HeadRolloutArgs args, int64_t step, int tiles) {
     __syncthreads();
     for (int g = warp; g < ng; g += warps) {
       const int64_t s = g0 + g;
-      const float temp = args.sampling.temperature_at(s);  // 0: greedy
-      // an expand step draws its children from the logit rows (no race)
-      const bool race = temp > 0.0f && !args.sampling.filters_at(s, V) && args.node_seq == nullptr;
+      // An expand step's row s is a node, not a sequence, and its partials serve only its
+      // greedy nodes (sampled ones draw from the logit rows, no race): partials of L itself.
+      const float temp = args.node_seq != nullptr ? 0.0f : args.sampling.temperature_at(s);  // 0: greedy
+      const bool race = temp > 0.0f && !args.sampling.filters_at(s, V);
       // the race's Philox key: the bits of the sequence's step uniform
       const uint64_t seed = race ? static_cast<uint64_t>(__double_as_longlong(args.uniforms[s * k + step])) : 0;
       Lse l = {-INFINITY, 0.0f, INT_MAX};

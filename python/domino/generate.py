@@ -213,8 +213,10 @@ class DominoGenerator:
         target's filtered distribution otherwise, per request.
 
         ``tree``: a :class:`domino.TreeShape` drafts and verifies a tree of tokens per round
-        instead of a chain; None: the chain of ``num_drafts`` drafts. Sampled trees need
-        one temperature/top_k/top_p for the whole batch and no per-request seed. "auto"
+        instead of a chain; None: the chain of ``num_drafts`` drafts. A batch with a sampled
+        request drafts sampled trees (every candidate verified, ``num_draft_tokens`` None),
+        each request with its own temperature/top_k/top_p and seed; its greedy requests
+        take the best tokens and are verified greedily. "auto"
         (the default, the fastest lossless choice measured): when every request is greedy,
         ``num_drafts`` is None and the target's attention takes a tree mask, each round is
         a :data:`domino.tree.DEFAULT_TREE` round or an adaptive chain round, whichever has

@@ -593,8 +593,10 @@ class DominoDraftModel(nn.Module):
         bit without a pure-draft prefix; with one, the prefix tokens' GRU steps are the expand
         kernel's float32 cell rather than ``nn.GRU`` in the drafter's dtype (equal to rounding).
 
-        ``sampling`` (None: greedy) must hold one temperature/top_k/top_p and at most one
-        generator for the whole batch when it samples (the tree ops take Python numbers).
+        ``sampling`` (None: greedy): each sequence's temperature/top_k/top_p and generator
+        (one for all, or one per sequence: per-request seeds); when some sequence samples,
+        the tree is a sampled one (every candidate a node, :func:`domino_ops.draft_tree`), a
+        greedy sequence's children its best tokens.
         Returns a :class:`domino_ops.DraftTree` (``draft_probs`` [b, N, V] float32 at T > 0).
         """
         n = self.config.num_drafts
@@ -602,10 +604,6 @@ class DominoDraftModel(nn.Module):
             raise ValueError(f"depth must be an int in [1, {n}] (the drafter's num_drafts), got {depth!r}")
         if sampling is None or not sampling.any_sampled:
             sampling = RowSampling(0.0, 0, 1.0, None, False)  # greedy rows' other arguments do not matter
-        elif (isinstance(sampling.generator, list) or any(
-                isinstance(x, torch.Tensor) for x in (sampling.temperature, sampling.top_k, sampling.top_p))):
-            raise ValueError("sampling: tree drafting needs the same temperature, top_k and top_p for every "
-                             "sequence of the batch and no per-request seeds")
         h = self.draft_block_hidden(cache, anchor, anchor_pos, depth)
         base = self.base_logits(h)  # [b, depth, K]
         if use_head and self.config.has_head:

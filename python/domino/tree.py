@@ -76,14 +76,12 @@ class TreeShape:
 
     def check(self, num_drafts: int, params: list[SamplingParams]) -> None:
         """Raises ValueError when this shape cannot serve a request: too deep for the
-        drafter's ``num_drafts``, or pruned / mixed sampling parameters at T > 0."""
+        drafter's ``num_drafts``, or pruned at T > 0 (a batch with a sampled request drafts
+        a sampled tree, every candidate a node; each request keeps its own temperature,
+        top_k, top_p and seed)."""
         if self.depth > num_drafts:
             raise ValueError(f"tree depth must be at most the drafter's num_drafts ({num_drafts}), got {self.depth}")
         sampled = any(domino_ops.sampling.may_sample(p.temperature) for p in params)
-        if sampled and any((p.temperature, p.top_k, p.top_p, p.seed) != (params[0].temperature, params[0].top_k,
-                                                                         params[0].top_p, None) for p in params):
-            raise ValueError("sampling: sampled tree speculation needs one temperature/top_k/top_p for every prompt "
-                             "of the batch and no per-request seed (use generator=)")
         if sampled and self.num_draft_tokens not in (None, self.max_nodes):
             raise ValueError(f"tree num_draft_tokens must be None (every candidate, {self.max_nodes}) at "
                              f"temperature > 0, got {self.num_draft_tokens}")
@@ -189,6 +187,19 @@ def verify_tree(tree: DraftTree, links: TreeLinks, logits: torch.Tensor, samplin
         domino_ops.verify_tree_sampling(*common, domino_ops.draw_uniforms((b, n), dev, sampling.generator),
                                         domino_ops.draw_uniforms((b,), dev, sampling.generator), target_probs,
                                         tree.draft_probs)
+        if isinstance(sampling.temperature, torch.Tensor):
+            # Greedy requests among sampled ones: rejection sampling against their one-hot
+            # draft distributions would accept a top child or nothing; matching the target's
+            # argmax (what it gives them too) also accepts a sibling. Their randomness is drawn
+            # above all the same, so a seeded request's stream does not depend on its batch.
+            greedy = domino_ops.sampling.effective_temperature(sampling.temperature) == 0
+            g_predicts, g_index, g_num = (torch.empty_like(predicts), torch.empty_like(accept_index),
+                                          torch.empty_like(accept_num))
+            domino_ops.verify_tree_greedy(g_predicts, g_index, g_num, *common[3:], logits.argmax(-1))
+            rows = greedy.repeat_interleave(n)
+            predicts = torch.where(rows, g_predicts, predicts)
+            accept_index = torch.where(greedy[:, None], g_index, accept_index)
+            accept_num = torch.where(greedy, g_num, accept_num)
     on_path = accept_index >= 0
     flat = accept_index.long().clamp(min=0)
     tokens = torch.where(on_path, predicts.long()[flat], -1)

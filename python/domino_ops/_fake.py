@@ -13,7 +13,8 @@ def _domino_head_rollout_fake(base_logits, hproj, state, gru_input, w_ih, w_hh, 
 @torch.library.register_fake("domino_ops::domino_head_expand")
 def _domino_head_expand_fake(base_logits, hproj, node_state, node_seq, node_depth, gru_input, w_ih, w_hh, w1s, w2,
                              temperature, top_k, top_p, uniforms, child_tokens, child_logprobs, child_state,
-                             node_logits, w2_packed=None, w_hh_packed=None):
+                             node_logits, w2_packed=None, w_hh_packed=None, row_temperature=None, row_top_k=None,
+                             row_top_p=None):
     return None
 
 

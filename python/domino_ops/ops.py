@@ -23,7 +23,7 @@ import torch
 from domino_ops import _checks, reference
 from domino_ops import triton as triton_ops
 from domino_ops.linear_packed import PANEL_COLS, PackedLinearWeight, small_batch_linear_packed_supported
-from domino_ops.sampling import draw_uniforms, kernel_sampling_args, may_sample
+from domino_ops.sampling import draw_uniforms, expand_uniforms, kernel_sampling_args, may_sample
 
 __all__ = ["domino_head_rollout", "domino_head_expand", "sample", "verify_greedy", "verify_sampling", "has_kernel", "select_backend"]
 
@@ -168,8 +168,10 @@ def domino_head_rollout(base_logits: torch.Tensor, hproj: torch.Tensor, state: t
 def domino_head_expand(base_logits: torch.Tensor, hproj: torch.Tensor, node_state: torch.Tensor,
                        node_seq: torch.Tensor, node_depth: torch.Tensor, gru_input: torch.Tensor,
                        w_ih: torch.Tensor | None, w_hh: torch.Tensor, w1s: torch.Tensor, w2: torch.Tensor, *,
-                       num_children: int, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-                       generator: torch.Generator | None = None, backend: str | None = None,
+                       num_children: int, temperature: float | torch.Tensor = 0.0, top_k: int | torch.Tensor = 0,
+                       top_p: float | torch.Tensor = 1.0,
+                       generator: torch.Generator | list[torch.Generator] | tuple[torch.Generator, ...] | None = None,
+                       backend: str | None = None,
                        w2_packed: PackedLinearWeight | None = None, w_hh_packed: PackedLinearWeight | None = None,
                        write_node_logits: bool = True,
                        out: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None
@@ -201,8 +203,17 @@ def domino_head_expand(base_logits: torch.Tensor, hproj: torch.Tensor, node_stat
         node_seq: [n] int64 in [0, b); node_depth: [n] int64 in [0, k).
         gru_input, w_ih, w_hh, w1s, w2: as :func:`domino_head_rollout`.
         num_children: int in [1, V], children per node.
-        temperature, top_k, top_p: Python numbers, as :func:`domino_head_rollout`.
-        generator: torch.Generator for the [n, num_children] float64 uniforms at T > 0.
+        temperature, top_k, top_p: as :func:`domino_head_rollout`: Python numbers, or [b]
+            tensors with one value per sequence (node f samples with those of its sequence
+            ``node_seq[f]``): a frontier can mix greedy and sampled requests, and a greedy
+            node among sampled ones gets exactly the children and (up to rounding) the
+            log-probabilities a greedy call gives it.
+        generator: torch.Generator for the [n, num_children] float64 uniforms consumed when
+            some node may sample (a temperature > 0, or temperature given as a tensor), or a
+            list of b of them, one per sequence (per-request seeds): sequence s's nodes draw
+            their uniforms from generator s, in frontier order, ``num_children`` per node (so a
+            sequence's draws do not depend on the other sequences of the frontier; the list
+            reads ``node_seq`` on the host, a device sync on a GPU).
         backend: "auto", "native", "triton" or "reference" (see the module docstring). The
             CUDA and Triton kernels sum the float64 sampling totals by parallel reduction (a
             draw can differ from the CPU kernel's only within rounding of a CDF step), and
@@ -358,11 +369,8 @@ def check_expand_args(base_logits, hproj, node_state, node_seq, node_depth, gru_
         raise TypeError(f"num_children must be an int, got {type(num_children).__name__}")
     if not 1 <= num_children <= V:
         raise ValueError(f"num_children must be in [1, {V}] (the vocabulary), got {num_children}")
-    for name, value in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p)):
-        if isinstance(value, torch.Tensor):
-            raise TypeError(f"{name} must be a Python number for domino_head_expand, got a tensor")
-    _checks.sampling_params(temperature, top_k, top_p)
-    _checks.generator(generator, dev)
+    _checks.sampling_params(temperature, top_k, top_p, rows=b, device=dev)
+    _checks.generator(generator, dev, rows=b)
     chosen = select_backend("domino_head_expand", dev, backend)
     check_packed_head_weight(w2_packed, w2, "w2_packed", "w2", chosen)
     check_packed_head_weight(w_hh_packed, w_hh, "w_hh_packed", "w_hh", chosen)
@@ -370,27 +378,31 @@ def check_expand_args(base_logits, hproj, node_state, node_seq, node_depth, gru_
 
 
 def run_expand(chosen, base_logits, hproj, node_state, node_seq, node_depth, gru_input, w_ih, w_hh, w1s, w2,
-               num_children, temperature, top_k, top_p, generator, w2_packed, w_hh_packed, out):
+               num_children, temperature, top_k, top_p, generator, w2_packed, w_hh_packed, out, uniforms=None):
     """:func:`domino_head_expand` on backend ``chosen``, its arguments already checked by
     :func:`check_expand_args` (or built from checked ones), into ``out`` (checked by
     :func:`check_expand_out`, or from :func:`expand_outputs`; its fourth None: no node
-    logits)."""
+    logits). ``uniforms``: None (drawn from ``generator`` by
+    :func:`domino_ops.sampling.expand_uniforms`), or
+    the [n, num_children] float64 uniforms it would draw, drawn by the caller (a tree
+    drafter that knows which nodes are whose without reading ``node_seq``)."""
+    if uniforms is None and may_sample(temperature):
+        uniforms = expand_uniforms(node_seq, num_children, generator)
     if chosen == "reference":
         got = reference.domino_head_expand(base_logits, hproj, node_state, node_seq, node_depth, gru_input, w_ih,
                                            w_hh, w1s, w2, num_children=num_children, temperature=temperature,
-                                           top_k=top_k, top_p=top_p, generator=generator)
+                                           top_k=top_k, top_p=top_p, uniforms=uniforms)
         for o, g in zip(out, got):
             if o is not None:
                 o.copy_(g)
         return tuple(out)
-    dev, (n, G), V = base_logits.device, node_state.shape, base_logits.shape[2]
-    T, top_k, top_p, _, _, _ = kernel_sampling_args(temperature, top_k, top_p, V)
-    uniforms = draw_uniforms((n, num_children), dev, generator) if may_sample(temperature) else None
+    T, top_k, top_p, row_T, row_k, row_p = kernel_sampling_args(temperature, top_k, top_p, base_logits.shape[2])
     tokens, logprobs, child_state, node_logits = out
     _kernel("domino_head_expand", chosen)(
         base_logits, hproj.contiguous(), node_state.contiguous(), node_seq.contiguous(), node_depth.contiguous(),
         gru_input, w_ih, w_hh, w1s, w2, T, top_k, top_p, uniforms, tokens, logprobs, child_state, node_logits,
-        None if w2_packed is None else w2_packed.data, None if w_hh_packed is None else w_hh_packed.data)
+        None if w2_packed is None else w2_packed.data, None if w_hh_packed is None else w_hh_packed.data,
+        row_T, row_k, row_p)
     return tokens, logprobs, child_state, node_logits
 
 

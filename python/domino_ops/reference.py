@@ -16,7 +16,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from domino_ops.sampling import draw_uniforms, effective_temperature, filtered_weights, may_sample, per_row
+from domino_ops.sampling import (draw_uniforms, effective_temperature, expand_uniforms, filtered_weights,
+                                 may_sample, per_row)
 
 __all__ = ["domino_head_rollout", "domino_head_expand", "sample", "verify_greedy", "verify_sampling", "sample_from_logits",
            "small_batch_linear", "small_batch_attention", "rms_norm", "silu_mul", "apply_rotary_pos_emb"]
@@ -122,10 +123,18 @@ def sampled_children(L: torch.Tensor, m: int, temperature, top_k, top_p, uniform
     return tokens, logprobs
 
 
+def _at_rows(x, rows: torch.Tensor):
+    """A parameter for the nodes selected by ``rows`` [n] bool: a per-node tensor's values
+    there, a Python number as it is."""
+    return x[rows] if isinstance(x, torch.Tensor) else x
+
+
 def domino_head_expand(base_logits, hproj, node_state, node_seq, node_depth, gru_input, w_ih, w_hh, w1s, w2, *,
-                       num_children, temperature=0.0, top_k=0, top_p=1.0, generator=None, a_dtype=None):
+                       num_children, temperature=0.0, top_k=0, top_p=1.0, generator=None, a_dtype=None,
+                       uniforms=None):
     """Reference of :func:`domino_ops.domino_head_expand` (see there for shapes);
-    ``a_dtype`` as :func:`domino_head_rollout`'s."""
+    ``a_dtype`` as :func:`domino_head_rollout`'s; ``uniforms`` [n, num_children] float64:
+    the draws to use instead of drawing them from ``generator``."""
     Fn = node_state.shape[0]
     acc = torch.float64 if w2.dtype == torch.float64 else torch.float32
     S = node_state.to(acc)
@@ -134,12 +143,24 @@ def domino_head_expand(base_logits, hproj, node_state, node_seq, node_depth, gru
     a = F.silu(hp + F.linear(S.to(w1s.dtype), w1s).to(acc))
     L = base_logits.reshape(-1, base_logits.shape[-1])[rows].to(acc) + F.linear(a.to(a_dtype or w2.dtype).to(w2.dtype),
                                                                                  w2).to(acc)
+    # greedy nodes (all at a scalar temperature 0; those of greedy sequences among sampled
+    # ones): the best tokens and their log-probabilities under softmax(L)
+    tokens = greedy_children(L, num_children)
+    logprobs = torch.log_softmax(L, dim=-1).gather(-1, tokens).float()
     if may_sample(temperature):
-        uniforms = draw_uniforms((Fn, num_children), base_logits.device, generator)
-        tokens, logprobs = sampled_children(L, num_children, temperature, top_k, top_p, uniforms)
-    else:
-        tokens = greedy_children(L, num_children)
-        logprobs = torch.log_softmax(L, dim=-1).gather(-1, tokens).float()
+        if uniforms is None:
+            uniforms = expand_uniforms(node_seq, num_children, generator)
+
+        def of_node(x):  # a [b] per-sequence parameter as one value per node
+            return x[node_seq] if isinstance(x, torch.Tensor) else x
+
+        T = of_node(temperature)
+        sampled = per_row(effective_temperature(T), Fn, torch.float64, L.device)[:, 0] > 0
+        if bool(sampled.any()):
+            s_tokens, s_logprobs = sampled_children(L[sampled], num_children, _at_rows(T, sampled),
+                                                    _at_rows(of_node(top_k), sampled),
+                                                    _at_rows(of_node(top_p), sampled), uniforms[sampled])
+            tokens[sampled], logprobs[sampled] = s_tokens.to(tokens.device), s_logprobs.to(logprobs.device)
     x = tokens.reshape(-1)
     gi = (gru_input[x] if w_ih is None else F.linear(gru_input[x], w_ih)).to(acc)
     gh = F.linear(S.to(w_hh.dtype), w_hh).to(acc).repeat_interleave(num_children, dim=0)

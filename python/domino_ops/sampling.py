@@ -19,7 +19,7 @@ import torch
 
 from domino_ops import _checks
 
-__all__ = ["draw_uniforms", "filtered_probs", "filtered_weights", "check_sampling_params", "per_row",
+__all__ = ["draw_uniforms", "expand_uniforms", "filtered_probs", "filtered_weights", "check_sampling_params", "per_row",
            "effective_temperature", "kernel_top_k", "kernel_top_p", "kernel_sampling_args", "may_sample",
            "GREEDY_BELOW", "MIN_TOP_P"]
 
@@ -34,6 +34,27 @@ def draw_uniforms(shape: Sequence[int], device: torch.device | str,
         rows = [torch.rand(tuple(shape[1:]), dtype=torch.float64, device=device, generator=g) for g in generator]
         return torch.stack(rows) if rows else torch.empty(shape, dtype=torch.float64, device=device)
     return torch.rand(shape, dtype=torch.float64, device=device, generator=generator)
+
+
+def expand_uniforms(node_seq: torch.Tensor, num_children: int,
+                    generator: torch.Generator | list[torch.Generator] | tuple[torch.Generator, ...] | None
+                    ) -> torch.Tensor:
+    """The [n, num_children] float64 uniforms :func:`domino_ops.domino_head_expand` consumes
+    when some node may sample, for a frontier of nodes whose sequences are ``node_seq`` [n]
+    int64: from one generator (or torch's default for None) in node order, or from a list
+    with one generator per sequence, sequence s's nodes drawing theirs from generator s in
+    node order (``node_seq`` is then read on the host)."""
+    n, dev = node_seq.shape[0], node_seq.device
+    if not isinstance(generator, (list, tuple)):
+        return draw_uniforms((n, num_children), dev, generator)
+    u = torch.empty(n, num_children, dtype=torch.float64, device=dev)
+    seq = node_seq.cpu().clamp(0, len(generator) - 1)  # as the GPU kernels clamp an unchecked index
+    for s, g in enumerate(generator):
+        nodes = torch.nonzero(seq == s)[:, 0]
+        if nodes.numel():
+            u[nodes.to(dev)] = torch.rand((nodes.numel(), num_children), dtype=torch.float64, device=dev,
+                                          generator=g)
+    return u
 
 
 # Below this temperature sampling is the argmax (its limit): logits / T would overflow.

@@ -22,7 +22,12 @@ Which candidates become tree nodes:
   draft, and :func:`domino_ops.verify_tree_sampling` is lossless only if a node's verified
   children are all of its draws (pruning a child by its own score would tilt the proposal).
   Choosing which nodes to expand next does not (a node's children are drawn after that
-  choice), so the frontier selection is the same at every temperature.
+  choice), so the frontier selection is the same at every temperature. A temperature given
+  as a [b] tensor (one per sequence, any values, zeros included) makes a sampled tree too:
+  its greedy sequences' children are their best tokens, their draft distributions one-hot.
+
+Sampling parameters given as tensors are validated once per call by reading them on the
+host (a device sync on a GPU); everything after that stays on the device.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ import torch.nn.functional as F
 
 from domino_ops.linear_packed import PackedLinearWeight
 from domino_ops.ops import check_expand_args, expand_outputs, run_expand
-from domino_ops.sampling import filtered_probs, may_sample
+from domino_ops.sampling import draw_uniforms, filtered_probs, may_sample
 
 __all__ = ["DraftTree", "candidate_parents", "draft_tree", "select_draft_nodes", "tree_size"]
 
@@ -70,8 +75,10 @@ class DraftTree:
 def draft_tree(base_logits: torch.Tensor, hproj: torch.Tensor, state: torch.Tensor, gru_input: torch.Tensor,
                w_ih: torch.Tensor | None, w_hh: torch.Tensor, w1s: torch.Tensor, w2: torch.Tensor,
                root_tokens: torch.Tensor, *, topk: int, depth: int, num_draft_tokens: Optional[int] = None,
-               plain_depths: int = 0, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-               generator: torch.Generator | None = None, backend: str | None = None,
+               plain_depths: int = 0, temperature: float | torch.Tensor = 0.0, top_k: int | torch.Tensor = 0,
+               top_p: float | torch.Tensor = 1.0,
+               generator: torch.Generator | list[torch.Generator] | tuple[torch.Generator, ...] | None = None,
+               backend: str | None = None,
                w2_packed: PackedLinearWeight | None = None,
                w_hh_packed: PackedLinearWeight | None = None) -> DraftTree:
     """Drafts a tree per sequence with the Domino head, in SGLang's EAGLE-2 layout.
@@ -86,7 +93,12 @@ def draft_tree(base_logits: torch.Tensor, hproj: torch.Tensor, state: torch.Tens
             temperature 0 only (default: every candidate). At temperature > 0 every
             candidate is a node (see the module docstring).
         temperature, top_k, top_p, generator, backend, w2_packed, w_hh_packed: as
-            :func:`domino_head_expand`.
+            :func:`domino_head_expand` (per-sequence [b] tensors, and one generator per
+            sequence, included: a batch can mix greedy and sampled requests, each with its
+            own seed; a sequence's draws then do not depend on the others'). A temperature
+            given as a tensor makes a sampled tree (every candidate a node, ``draft_probs``
+            set; a greedy sequence's children are its best tokens and its draft
+            distributions one-hot).
     Returns:
         a :class:`DraftTree`.
     """
@@ -100,8 +112,8 @@ def draft_tree(base_logits: torch.Tensor, hproj: torch.Tensor, state: torch.Tens
     total = tree_size(topk, depth)
     sampled = may_sample(temperature)
     if sampled and num_draft_tokens not in (None, total + 1):
-        raise ValueError(f"num_draft_tokens must be {total + 1} (every candidate) at temperature > 0, "
-                         f"got {num_draft_tokens}")
+        raise ValueError(f"num_draft_tokens must be {total + 1} (every candidate) at temperature > 0 or with "
+                         f"temperature given per sequence, got {num_draft_tokens}")
     if num_draft_tokens is None:
         num_draft_tokens = total + 1
     if not 2 <= num_draft_tokens <= total + 1:
@@ -130,8 +142,14 @@ def draft_tree(base_logits: torch.Tensor, hproj: torch.Tensor, state: torch.Tens
         hp, ws, w, wp = (*plain, None) if d < plain_depths else (hproj, w1s, w2, w2_packed)
         n, G = node_state.shape
         out = expand_outputs(n, topk, G, V, dev, write_node_logits=sampled)
+        # One generator per sequence: the frontier holds n / b nodes of each sequence, sequence
+        # by sequence, so row s of a [b, n / b * topk] draw (from generator s) is its nodes'
+        # uniforms in node order, what domino_head_expand would draw, without reading node_seq.
+        u = None
+        if sampled and isinstance(generator, (list, tuple)):
+            u = draw_uniforms((b, n // b * topk), dev, generator).view(n, topk)
         return run_expand(chosen, base_logits, hp, node_state, node_seq, torch.full_like(node_seq, d), gru_input,
-                          w_ih, w_hh, ws, w, topk, temperature, top_k, top_p, generator, wp, w_hh_packed, out)
+                          w_ih, w_hh, ws, w, topk, temperature, top_k, top_p, generator, wp, w_hh_packed, out, u)
 
     tokens, logprobs, child_state, logits = expand(state, seq, 0)
     scores, token_list, score_list = logprobs, [tokens], [logprobs]

@@ -70,23 +70,26 @@ def _specs():
 
 
 def _expand_specs(wt):
-    """domino_head_expand's kernels for one weight dtype (greedy and sampled children, both
-    GRU inputs)."""
+    """domino_head_expand's kernels for one weight dtype (greedy, sampled and per-node mixed
+    children, both GRU inputs)."""
     specs = [(f"_expand_input_kernel[{wt}]", expand._expand_input_kernel, {
         "hproj_ptr": "*fp32", "state_ptr": "*fp32", "seq_ptr": "*i64", "depth_ptr": "*i64", "w1s_ptr": f"*{wt}",
         "a_ptr": "*fp32", "seqs": "i32", "k": "i32", "r": "i32", "G": "i32", "BLOCK_C": head.BLOCK_C,
         "BLOCK_R": 32})]
-    for sampled in (False, True):
-        specs.append((f"_expand_logits_kernel[{wt},sampled={sampled}]", expand._expand_logits_kernel, {
+    for greedy in (True, False):  # tile partials when some node may be greedy
+        specs.append((f"_expand_logits_kernel[{wt},greedy={greedy}]", expand._expand_logits_kernel, {
             "base_ptr": f"*{wt}", "w2_ptr": f"*{wt}", "a_ptr": "*fp32", "seq_ptr": "*i64", "depth_ptr": "*i64",
             "partial_ptr": "*fp32", "logits_ptr": "*fp32", "n": "i32", "seqs": "i32", "k": "i32", "V": "i32",
-            "r": "i32", "tiles": "i32", "GREEDY": not sampled, "TILE": head.TILE_V, "BLOCK_R": 32}))
-        specs.append((f"_expand_children_kernel[{wt},sampled={sampled}]", expand._expand_children_kernel, {
+            "r": "i32", "tiles": "i32", "GREEDY": greedy, "TILE": head.TILE_V, "BLOCK_R": 32}))
+    # (greedy, sampled): whether some node may be greedy / may sample; both with a per-sequence temperature
+    for greedy, sampled in ((True, False), (False, True), (True, True)):
+        name = f"_expand_children_kernel[{wt},greedy={greedy},sampled={sampled}]"
+        specs.append((name, expand._expand_children_kernel, {
             "partial_ptr": "*fp32", "logits_ptr": "*fp32", "w_ptr": "*fp64", "uniforms_ptr": "*fp64",
-            "tokens_ptr": "*i64", "logprobs_ptr": "*fp32", "params_ptr": "*fp32", "top_k_ptr": "*i64",
-            "cand_val_ptr": "*fp32", "cand_idx_ptr": "*i64", "m": "i32", "V": "i32", "tiles": "i32", "n_cand": "i32",
-            "n_first": "i32",
-            "SAMPLED": sampled, "BLOCK_T": 1024, "BLOCK_V": BLOCK_V, "BLOCK_CAND": 512}))
+            "tokens_ptr": "*i64", "logprobs_ptr": "*fp32", "seq_ptr": "*i64", "temperature_ptr": "*fp32",
+            "top_k_ptr": "*i64", "top_p_ptr": "*fp32", "cand_val_ptr": "*fp32", "cand_idx_ptr": "*i64", "m": "i32",
+            "V": "i32", "seqs": "i32", "tiles": "i32", "n_cand": "i32", "n_first": "i32",
+            "GREEDY": greedy, "SAMPLED": sampled, "BLOCK_T": 1024, "BLOCK_V": BLOCK_V, "BLOCK_CAND": 512}))
     specs.append((f"_expand_chunk_best_kernel[{wt}]", expand._expand_chunk_best_kernel, {
         "logits_ptr": "*fp32", "cand_val_ptr": "*fp32", "cand_idx_ptr": "*i64", "V": "i32", "chunks": "i32",
         "PER": expand.ONE_PASS_CHILDREN, "CHUNK": expand.CHOOSE_CHUNK_GPU}))
