@@ -85,3 +85,37 @@ def test_mismatched_checkpoint_is_refused(tmp_path):
 def test_target_layer_ids_follow_dflash_rule():
     from domino.config import evenly_spaced_layer_ids
     assert evenly_spaced_layer_ids(36, 5) == [1, 9, 17, 25, 33]
+
+
+def test_a_drafter_pickled_before_the_hf_attribute_names_still_loads_and_runs(tmp_path):
+    """torch.save(drafter) from before its norms stored HF's `variance_epsilon` and its MLPs
+    an `act_fn`: torch.load gives a drafter whose forward is the same."""
+    import io
+    import pickle
+
+    from domino.model import DraftMLP, RMSNorm
+
+    target = tiny_target("qwen3")
+    drafter = tiny_drafter(target)
+    x = torch.randn(1, 3, drafter.config.hidden_size)
+    want = [drafter.layers[0].mlp(x), drafter.norm(x)]
+
+    class OldPickler(pickle.Pickler):  # writes the norms' and MLPs' state as the old classes held it
+        def reducer_override(self, obj):
+            if isinstance(obj, (RMSNorm, DraftMLP)):
+                state = dict(obj.__dict__)
+                state["_modules"] = dict(state["_modules"])
+                if isinstance(obj, RMSNorm):
+                    state["eps"] = state.pop("variance_epsilon")
+                else:
+                    del state["_modules"]["act_fn"]
+                return (type(obj).__new__, (type(obj),), state)
+            return NotImplemented
+
+    buf = io.BytesIO()
+    OldPickler(buf).dump(drafter)
+    buf.seek(0)
+    old = pickle.load(buf)
+    assert not hasattr(drafter.norm, "eps")  # the current class is not what was pickled
+    torch.testing.assert_close(old.layers[0].mlp(x), want[0], rtol=0, atol=0)
+    torch.testing.assert_close(old.norm(x), want[1], rtol=0, atol=0)

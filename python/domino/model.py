@@ -45,6 +45,12 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.variance_epsilon = eps
 
+    def __setstate__(self, state: dict) -> None:
+        # a module pickled (torch.save(model)) before the forty-fifth session holds `eps`
+        if "eps" in state and "variance_epsilon" not in state:
+            state["variance_epsilon"] = state.pop("eps")
+        super().__setstate__(state)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
@@ -125,6 +131,12 @@ class DraftMLP(nn.Module):
         self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
         self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
         self.act_fn = nn.SiLU()
+
+    def __setstate__(self, state: dict) -> None:
+        # a module pickled before the forty-fifth session has no act_fn (its forward called F.silu)
+        super().__setstate__(state)
+        if "act_fn" not in self._modules:
+            self.act_fn = nn.SiLU()
 
     def forward(self, x):
         return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
