@@ -306,3 +306,39 @@ def test_round_cost_timings_interleave_the_sizes_and_keep_each_fastest(monkeypat
     best = budget._min_ms({k: functools.partial(call, k) for k in durations_ms}, 3, before=before)
     assert order == ["before", 1, "before", 8] * 4
     assert best == pytest.approx({1: 4.0, 8: 7.0})
+
+
+def test_tree_tokens_are_what_best_tree_size_maximises():
+    scores = torch.log(torch.tensor([[0.9, 0.5, 0.3, 0.1], [0.8, 0.7, 0.2, 0.05]]))
+    paths = scores.exp()
+    tokens = budget.tree_tokens(paths, scores)
+    # N - 1 kept: each sequence's own best N - 1 by score, plus each sequence's bonus token
+    want = [2.0] + [2.0 + float(paths.sort(dim=1, descending=True).values[:, :k].sum()) for k in range(1, 5)]
+    assert tokens == pytest.approx(want)
+    mid = costs([10.0, 10.0, 10.5, 11.0, 20.0, 21.0, 22.0, 23.0], [1.0] * 4)
+    N = budget.best_tree_size(paths, scores, mid, 5.0, max_nodes=5)
+    assert N == max(range(2, 6), key=lambda n: tokens[n - 1] / (5.0 + mid.verify(n)))
+
+
+def test_graft_gain_multiplies_the_conditional_rates():
+    rates = [0.5, 0.8, 0.9]
+    assert budget.graft_gain([3], rates, 0) == 0.0
+    assert budget.graft_gain([3], rates, 2) == pytest.approx(0.5 + 0.5 * 0.8)
+    # each sequence gains up to its own new tokens; a length past the rates gains nothing more
+    assert budget.graft_gain([1, 3], rates, 5) == pytest.approx(0.5 + (0.5 + 0.4 + 0.36))
+
+
+def test_graft_length_follows_costs_and_rates():
+    rates = [0.5] + [0.9] * 9
+    flat = costs([10.0] * 32, [1.0] * 4)
+    assert budget.best_graft_length([10], rates, 2.0, 6, flat, 5.0) == 10  # verification is free: the whole chain
+    # every node costs what the tree's 6 nodes cost on average, for less than they gain each
+    steep = costs([100.0 * t for t in range(1, 33)], [1.0] * 4)
+    assert budget.best_graft_length([10], rates, 5.0, 6, steep, 5.0) == 0
+    # 2 ms a node against ~0.08 tokens/ms now: the chain's head pays, its tail (0.5 * 0.7^j) not
+    ramp = costs([20.0 + 2.0 * t for t in range(1, 33)], [1.0] * 4)
+    L = budget.best_graft_length([10], [0.5] + [0.7] * 9, 3.0, 6, ramp, 5.0)
+    assert 0 < L < 10
+    assert budget.best_graft_length([10], [0.05] * 10, 3.0, 6, ramp, 5.0) == 0  # a chain that is rarely right
+    assert budget.best_graft_length([], rates, 2.0, 6, ramp, 5.0) == 0
+    assert budget.best_graft_length([0, 0], rates, 2.0, 6, ramp, 5.0) == 0

@@ -174,3 +174,57 @@ def test_bad_lookup_tokens(bad):
     gen = tiny_generator("qwen3")
     with pytest.raises(ValueError, match="lookup_tokens must be an int >= 0"):
         gen.generate(prompts(1), max_new_tokens=4, lookup_tokens=bad)
+
+
+@pytest.mark.parametrize("prior,expect", [(0.99, "some"), (0.001, "none")])
+def test_the_budget_cuts_grafts_that_do_not_pay(prior, expect, monkeypatch):
+    """With the adaptive budget a graft is cut to the new tokens worth their verification:
+    with verification nearly free, a lookup believed right (the prior of a call's graft
+    acceptance) is grafted, one believed wrong is not; the output is the target's either way."""
+    import domino.generate
+
+    gen = tiny_generator("qwen3")
+    cheap_verification(gen, 1)
+    ps = prompts(1, seed=11)
+    monkeypatch.setitem(domino.generate.GRAFT_PRIOR, "lookup", prior)
+    proposed = []
+    real_propose = NgramIndex.propose
+    monkeypatch.setattr(NgramIndex, "propose", lambda self, n: proposed.append(real_propose(self, n)) or proposed[-1])
+    grafted = count_grafts(monkeypatch)
+    plain = gen.generate_target_only(ps, max_new_tokens=40).token_ids
+    assert gen.generate(ps, max_new_tokens=40, tree=TreeShape(2, 3), lookup_tokens=6,
+                        datastore_tokens=0).token_ids == plain
+    assert any(proposed), "the tiny model's repetitive output should have given lookup something to propose"
+    assert (sum(grafted) > 0) == (expect == "some"), grafted
+
+
+def test_graft_acceptance_counts_the_new_nodes_on_the_accepted_path(monkeypatch):
+    """The engine's per-source counts: a round whose target follows a grafted chain all the
+    way records every new token accepted (a lookup chain that is the target's own
+    continuation: rigged by proposing the target's greedy tokens)."""
+    import domino.generate
+    from domino.budget import DepthAcceptance
+
+    gen = tiny_generator("qwen3")
+    cheap_verification(gen, 1)
+    ps = prompts(1, seed=3)
+    plain = gen.generate_target_only(ps, max_new_tokens=30).token_ids[0]
+    prompt_len = len(ps[0])
+    # the lookup proposes exactly the target's next tokens
+    monkeypatch.setattr(NgramIndex, "propose",
+                        lambda self, n: plain[len(self.tokens) - prompt_len:len(self.tokens) - prompt_len + n])
+    updates = []
+
+    class Recording(DepthAcceptance):
+        def update(self, verified, accepted):
+            updates.append((len(self.tried), list(verified), list(accepted)))
+            super().update(verified, accepted)
+
+    monkeypatch.setattr(domino.generate, "DepthAcceptance", Recording)
+    spec = gen.generate(ps, max_new_tokens=30, tree=TreeShape(2, 3), lookup_tokens=4, datastore_tokens=0).token_ids
+    assert spec[0] == plain
+    lookup = [(v, a) for n, v, a in updates if n == 4 and v]
+    assert lookup, "the lookup should have offered new tokens"
+    # the whole chain is the target's: every new token offered is on the accepted path
+    # (within the drafter's depth limit, which graft_sizes applies before the count)
+    assert all(a == v for v, a in lookup), lookup

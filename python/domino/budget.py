@@ -41,7 +41,8 @@ import torch
 import domino_ops
 from domino_ops import cpu
 
-__all__ = ["Calibration", "DepthAcceptance", "RoundCosts", "best_draft_length", "best_tree_size", "best_verify_length",
+__all__ = ["Calibration", "DepthAcceptance", "RoundCosts", "best_draft_length", "best_graft_length", "best_tree_size",
+           "best_verify_length", "graft_gain", "tree_tokens",
            "cost_key", "expected_tokens", "measure_round_costs", "round_costs"]
 
 # Sizes timed by measure_round_costs; the others are interpolated linearly between them.
@@ -268,18 +269,53 @@ def best_draft_length(depth_rates: Sequence[float], costs: RoundCosts, live: int
     return max(range(n_max + 1), key=lambda n: exp[n] / costs.round_ms(n, n))
 
 
-def best_tree_size(path_probs: torch.Tensor, scores: torch.Tensor, costs: RoundCosts, draft_ms: float,
-                   max_nodes: int) -> int:
-    """The nodes N in 2..max_nodes (root included) of a greedy tree to verify this round,
-    maximising expected tokens per millisecond when the N - 1 best candidates by
-    cumulative draft log-probability ``scores`` [b, M] are kept (as EAGLE-2 selects them).
-    ``path_probs`` [b, M]: each candidate's probability of lying on the accepted path
-    (``domino.tree.path_acceptance``); a kept set closed under ancestors accepts, in
-    expectation, the sum of its members'. ``draft_ms``: the tree's drafting cost."""
+def tree_tokens(path_probs: torch.Tensor, scores: torch.Tensor) -> list[float]:
+    """Expected tokens a greedy tree round advances the b sequences, summed, when the
+    N - 1 best candidates by cumulative draft log-probability ``scores`` [b, M] are kept
+    (as EAGLE-2 selects them), for N = 1..M+1 (entry N - 1). ``path_probs`` [b, M]: each
+    candidate's probability of lying on the accepted path (``domino.tree.path_acceptance``);
+    a kept set closed under ancestors accepts, in expectation, the sum of its members', and
+    every sequence advances by the target's own token besides."""
     order = torch.argsort(scores, dim=1, descending=True)
     gain = path_probs.gather(1, order).sum(0).cumsum(0).tolist()  # [M]: N - 1 = 1..M kept
     b = path_probs.shape[0]
-    return max(range(2, max_nodes + 1), key=lambda N: (b + gain[N - 2]) / (draft_ms + costs.verify(N)))
+    return [float(b)] + [b + g for g in gain]
+
+
+def best_tree_size(path_probs: torch.Tensor, scores: torch.Tensor, costs: RoundCosts, draft_ms: float,
+                   max_nodes: int) -> int:
+    """The nodes N in 2..max_nodes (root included) of a greedy tree to verify this round,
+    maximising expected tokens per millisecond (:func:`tree_tokens`) when the N - 1 best
+    candidates are kept. ``draft_ms``: the tree's drafting cost."""
+    tokens = tree_tokens(path_probs, scores)
+    return max(range(2, max_nodes + 1), key=lambda N: tokens[N - 1] / (draft_ms + costs.verify(N)))
+
+
+def graft_gain(new_tokens: Sequence[int], rates: Sequence[float], length: int) -> float:
+    """Expected tokens that the first ``length`` new tokens of grafted chains add, summed
+    over the sequences: sequence s offers ``new_tokens[s]``; ``rates[j]`` is the probability
+    that the chain's new token j is accepted given the ones before it were (the first one's
+    includes the target reaching its attachment node)."""
+    reach, gain = 1.0, [0.0]
+    for r in rates[:length]:
+        reach *= r
+        gain.append(gain[-1] + reach)
+    return sum(gain[min(n, length, len(rates))] for n in new_tokens)
+
+
+def best_graft_length(new_tokens: Sequence[int], rates: Sequence[float], tokens: float, nodes: int,
+                      costs: RoundCosts, draft_ms: float) -> int:
+    """How many new tokens L of each sequence's grafted chain (prompt lookup, datastore) to
+    verify this round with a greedy tree of ``nodes`` nodes expected to advance ``tokens``
+    tokens: the L in 0..max(new_tokens) maximising expected tokens per millisecond, where
+    the L new tokens add :func:`graft_gain` and the round verifies ``nodes`` plus the most
+    any sequence adds (the forward is one for the batch). A chain's first tokens are likelier
+    right than its last (a copy drifts), and each node costs verification time, so on a CPU
+    where verifying one more token costs milliseconds only the chains' reliable heads pay.
+    ``draft_ms``: the tree's drafting cost, as :func:`best_tree_size` counts it."""
+    most = max(new_tokens, default=0)
+    return max(range(most + 1), key=lambda L: (tokens + graft_gain(new_tokens, rates, L)) /
+               (draft_ms + costs.verify(nodes + min(most, L))))
 
 
 # ---- costs -----------------------------------------------------------------------------

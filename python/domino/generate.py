@@ -46,8 +46,8 @@ from domino.round_kind import ROUND_KINDS, RoundKindChooser
 from domino.sampling_params import RowSampling, SamplingParams
 from domino.target import bare_generation_config, cache_kwarg, sliding_window, special_token_ids, target_features
 from domino.tree import (DEFAULT_TREE, TreeShape, check_tree_attention, compact_tree_cache, depths_tried,
-                         graft_chains, path_acceptance, tree_attention_mask, tree_attention_supported, tree_links,
-                         verify_tree)
+                         graft_chains, graft_sizes, path_acceptance, tree_attention_mask, tree_attention_supported,
+                         tree_links, verify_tree)
 from domino_ops.tree_draft import DraftTree, select_draft_nodes
 
 
@@ -82,6 +82,25 @@ class _Decoding:
     dcache: DraftContextCache  # the drafter's context
     anchor: torch.Tensor  # [b] int64: the last verified token (not in the caches yet)
     anchor_pos: torch.Tensor  # [b] int64: its position
+
+
+# The prior acceptance of a grafted chain's new tokens, per source and position (given the
+# ones before were accepted), before a call has seen its own (DepthAcceptance's 4
+# pseudo-rounds): a chain's first new token is a gamble, a copy that started right goes on
+# right. `python benchmarks/graft_acceptance.py` (12 HumanEval and 12 held-out chat prompts x
+# 128 tokens, full-length grafts; results/graft_acceptance_zen3_session46.txt): prompt
+# lookup 0.33 / 0.52 for the first, 0.82-1.00 after; the datastore 0.21 / 0.15, then 0.5-0.8.
+GRAFT_PRIOR = {"lookup": [0.4] + [0.9] * 9, "datastore": [0.2] + [0.6] * 5}
+
+
+@dataclass
+class _TreePlan:
+    """The adaptive budget's plan of a greedy tree round: the tokens it expects the round to
+    advance (summed over the live sequences; grafts add theirs) and the tree's drafting
+    milliseconds."""
+
+    tokens: float
+    draft_ms: float
 
 
 def check_drafter_fits(target, drafter: DominoDraftModel) -> None:
@@ -227,7 +246,9 @@ class DominoGenerator:
 
         ``lookup_tokens``: greedy tree rounds also verify up to this many tokens copied from
         earlier in the prompt or output (prompt lookup, :mod:`domino.lookup`), grafted onto
-        the draft tree; 0: the drafter's tree alone. Sampled requests and chains never use it.
+        the draft tree (with the adaptive budget, the new ones that pay for their
+        verification, :func:`domino.budget.best_graft_length`); 0: the drafter's tree alone.
+        Sampled requests and chains never use it.
         ``datastore_tokens``: likewise, up to this many tokens retrieved from the generator's
         datastore of the target's own outputs (:mod:`domino.datastore`; nothing without one).
         """
@@ -405,6 +426,9 @@ class DominoGenerator:
         depth_acceptance = {kind: DepthAcceptance(self.drafter.config.num_drafts,
                                                   self.drafter.calibration.depth_rates or 0.5)
                             for kind in ROUND_KINDS}
+        # per graft source, the acceptance of its chains' new tokens, position by position
+        graft_acceptance = {name: DepthAcceptance(max(most, 1), GRAFT_PRIOR[name])
+                            for name, most in (("lookup", lookup_tokens), ("datastore", datastore_tokens))}
         out_ids = [[t] for t in first]
         accept: list[list[int]] = [[] for _ in range(b)]
         verified: list[list[int]] = [[] for _ in range(b)]
@@ -423,7 +447,7 @@ class DominoGenerator:
             else:
                 kept_list, new_rows, verified_len = self._tree_round(state, sampling, use_head, tree, live, costs,
                                                                      depth_acceptance[kind], lookups, lookup_tokens,
-                                                                     datastore_tokens)
+                                                                     datastore_tokens, graft_acceptance)
             if kinds is not None:  # the round's host sync has run: its work is done
                 kinds.record(kind, sum(kept_list[s] for s in live), (kinds.now() - started) * 1e3)
             for s in range(b):
@@ -474,26 +498,60 @@ class DominoGenerator:
         return kept_list, [row[1:1 + k] for row, k in zip(host, kept_list)], n + 1
 
     def _draft_tree(self, st: _Decoding, sampling: RowSampling, use_head, shape: TreeShape, live: list[int],
-                    costs: RoundCosts | None) -> DraftTree:
+                    costs: RoundCosts | None) -> tuple[DraftTree, _TreePlan | None]:
         """This round's tree: ``shape.num_draft_tokens`` nodes, or at temperature 0 with
         ``costs`` (the adaptive budget) the number of nodes that maximises expected tokens
         per millisecond, given the drafter's calibrated confidence along every path, the
-        measured cost of verifying N tokens and this round's own drafting time."""
+        measured cost of verifying N tokens and this round's own drafting time; then also
+        the plan that chose it (None without the budget)."""
         t0 = time.perf_counter()
         tree = self.drafter.draft_tree(st.dcache, st.anchor, st.anchor_pos, topk=shape.topk, depth=shape.depth,
                                        num_draft_tokens=shape.num_draft_tokens, use_head=use_head, sampling=sampling)
         if costs is None or tree.draft_probs is not None:  # a fixed size, or sampled: every draw is verified
-            return tree
+            return tree, None
         draft_ms = (time.perf_counter() - t0) * 1e3
         paths = path_acceptance(tree, shape.topk, shape.depth, self.drafter.calibration)
         most = min(shape.max_nodes, len(costs.verify_ms) - 1)  # no larger than the measured verify sizes
         N = budget.best_tree_size(paths[live], tree.candidate_scores[live], costs, draft_ms, most)
-        return select_draft_nodes(tree, N)
+        tokens = budget.tree_tokens(paths[live], tree.candidate_scores[live])[N - 1]
+        return select_draft_nodes(tree, N), _TreePlan(tokens, draft_ms)
+
+    def _graft(self, tree: DraftTree, links, depth: int, live: list[int], costs: RoundCosts | None,
+               plan: _TreePlan | None, lookups: list[NgramIndex], sources: dict[str, int],
+               graft_acceptance: dict[str, DepthAcceptance]):
+        """Grafts each source's chain (``sources``: "lookup", "datastore" -> its most tokens)
+        onto the round's tree. With the budget's ``plan`` each source's chains are first cut
+        to the new-token count that maximises expected tokens per millisecond
+        (:func:`domino.budget.best_graft_length`, from that source's acceptance per new token
+        so far in this call). Returns the candidates, links, depth, and per source the
+        grafts made: (its name, its first node's index, each sequence's new nodes)."""
+        candidates, max_depth, made = tree.candidates, self.drafter.config.num_drafts, []
+        propose = {"lookup": lambda s, n: lookups[s].propose(n),
+                   "datastore": lambda s, n: self.datastore.propose(lookups[s].tokens, n)}
+        for name, most in sources.items():
+            if not most:
+                continue
+            chains = [propose[name](s, most) if s in live else [] for s in range(len(lookups))]
+            sizes = graft_sizes(candidates, links, chains, max_depth)
+            new = [n for _, n in sizes]
+            if plan is not None:
+                rates = graft_acceptance[name].rates()
+                live_new = [new[s] for s in live]
+                L = budget.best_graft_length(live_new, rates, plan.tokens, candidates.shape[1], costs, plan.draft_ms)
+                plan.tokens += budget.graft_gain(live_new, rates, L)
+                chains = [chain[:i + L] for chain, (i, _) in zip(chains, sizes)]
+                new = [min(n, L) for n in new]
+            first = candidates.shape[1]
+            candidates, links, grafted = graft_chains(candidates, links, chains, max_depth)
+            depth = max(depth, grafted)
+            made.append((name, first, new))
+        return candidates, links, depth, made
 
     def _tree_round(self, st: _Decoding, sampling: RowSampling, use_head, shape: TreeShape, live: list[int],
                     costs: RoundCosts | None, depth_acceptance: DepthAcceptance,
                     lookups: list[NgramIndex] | None = None, lookup_tokens: int = 0,
-                    datastore_tokens: int = 0) -> tuple[list[int], list[list[int]], int]:
+                    datastore_tokens: int = 0, graft_acceptance: dict[str, DepthAcceptance] | None = None
+                    ) -> tuple[list[int], list[list[int]], int]:
         """One tree round: draft a tree, verify all its nodes in one target forward, keep the
         accepted path in the caches. Returns what :meth:`_chain_round` does.
 
@@ -505,18 +563,13 @@ class DominoGenerator:
         reachable = shape.depth  # the plan reads the depths a tree of this shape has
         if costs is not None and budget.best_draft_length(depth_acceptance.rates()[:reachable], costs, len(live)) == 0:
             return self._chain_round(st, sampling, use_head, live, None, 0, depth_acceptance)
-        tree = self._draft_tree(st, sampling, use_head, shape, live, costs)
+        tree, plan = self._draft_tree(st, sampling, use_head, shape, live, costs)
         links = tree_links(tree, st.anchor_pos, shape.topk, shape.depth)
-        depth = shape.depth
+        depth, grafts = shape.depth, []
         if lookups is not None:  # greedy: the prompt-lookup and datastore chains grafted onto the trees
-            candidates, max_depth = tree.candidates, self.drafter.config.num_drafts
-            sources = [lambda s: lookups[s].propose(lookup_tokens),
-                       lambda s: self.datastore.propose(lookups[s].tokens, datastore_tokens)]
-            for propose, tokens in zip(sources, (lookup_tokens, datastore_tokens)):
-                if tokens:
-                    chains = [propose(s) if s in live else [] for s in range(len(lookups))]
-                    candidates, links, grafted = graft_chains(candidates, links, chains, max_depth)
-                    depth = max(depth, grafted)
+            candidates, links, depth, grafts = self._graft(
+                tree, links, depth, live, costs, plan, lookups,
+                {"lookup": lookup_tokens, "datastore": datastore_tokens}, graft_acceptance)
             tree = dataclasses.replace(tree, candidates=candidates)
         n = tree.candidates.shape[1]
         mask = tree_attention_mask(st.cache_mask, links.ancestors, self.target.dtype)
@@ -528,6 +581,11 @@ class DominoGenerator:
         host = torch.cat([kept[:, None], tried[:, None], path, tokens], dim=1).tolist()  # the one host sync
         kept_list = [row[0] for row in host]
         depth_acceptance.update([host[s][1] for s in live], [kept_list[s] - 1 for s in live])
+        for name, first, new in grafts:  # each source's new nodes on the accepted paths
+            offered = [s for s in live if new[s]]
+            graft_acceptance[name].update(
+                [new[s] for s in offered],
+                [sum(first <= u < first + new[s] for u in host[s][2:2 + kept_list[s]]) for s in offered])
         m = max(kept_list)
         # Nothing to move when every sequence's kept path already sits in the round's first
         # slots (the root alone, or the root and its first child): common at tau ~2, and the

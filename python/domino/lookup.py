@@ -32,8 +32,9 @@ __all__ = ["NgramIndex", "NGRAM_SIZES", "DEFAULT_LOOKUP_TOKENS"]
 # ahead: in bench_e2e.py's records the engine's tokens a round went from 2.48-2.49 / 2.24
 # (twelfth session, (3, 2)) to 2.53 / 2.35 (thirteenth, these sizes).
 NGRAM_SIZES = (12, 8, 6, 5, 4, 3, 2)
-# Tokens of the lookup chain grafted per greedy tree round (DominoGenerator.generate's
-# lookup_tokens): HF prompt lookup's usual 10. Longer chains can only add accepted tokens
+# Tokens of the lookup chain grafted per greedy tree round at most (DominoGenerator.generate's
+# lookup_tokens; with the adaptive budget each round grafts the part that pays,
+# domino.budget.best_graft_length): HF prompt lookup's usual 10. Longer chains can only add accepted tokens
 # (the replay's bound on HumanEval with n-grams (3, 2): 5 / 10 / 15 tokens 2.67 / 3.10 /
 # 3.26 a round, results/lookup_replay_zen4_session12.txt) but each
 # grafted node costs verification time; in one-off timings (not a benchmark of record)

@@ -254,6 +254,36 @@ def path_acceptance(tree: DraftTree, topk: int, depth: int, calibration) -> torc
     return path
 
 
+def _graft_points(cand, nxt, sib, depth_of, chains, max_depth) -> list[tuple[int, int, int]]:
+    """Per sequence (host lists of one tree's candidates, links and node depths): where its
+    chain leaves the tree, as (the last node it follows, how many of its tokens follow
+    existing nodes, how many new nodes it adds under the depth limit)."""
+    points = []
+    for s, chain in enumerate(chains):
+        node, i = 0, 0
+        while i < len(chain):
+            child = nxt[s][node]
+            while child != -1 and cand[s][child] != chain[i]:
+                child = sib[s][child]
+            if child == -1:
+                break
+            node, i = child, i + 1
+        points.append((node, i, min(len(chain) - i, max(0, max_depth - depth_of[s][node]))))
+    return points
+
+
+def graft_sizes(candidates: torch.Tensor, links: TreeLinks, chains: list[list[int]],
+                max_depth: int) -> list[tuple[int, int]]:
+    """Per sequence, what :func:`graft_chains` would do with its chain: (how many of its
+    tokens follow existing nodes, how many new nodes it adds). Cutting a chain to its first
+    ``followed + L`` tokens makes it add ``min(new, L)`` nodes."""
+    pos = links.positions.tolist()
+    depth_of = [[p - row[0] for p in row] for row in pos]
+    points = _graft_points(candidates.tolist(), links.next_token.tolist(), links.next_sibling.tolist(), depth_of,
+                           chains, max_depth)
+    return [(i, new) for _, i, new in points]
+
+
 def graft_chains(candidates: torch.Tensor, links: TreeLinks, chains: list[list[int]],
                  max_depth: int) -> tuple[torch.Tensor, TreeLinks, int]:
     """Grafts a chain of tokens onto each sequence's tree (b trees of N nodes): from the
@@ -271,17 +301,8 @@ def graft_chains(candidates: torch.Tensor, links: TreeLinks, chains: list[list[i
     cand, nxt, sib = candidates.tolist(), links.next_token.tolist(), links.next_sibling.tolist()
     pos = links.positions.tolist()
     depth_of = [[p - row[0] for p in row] for row in pos]
-    grafts = []  # per sequence: (attach node, new tokens)
-    for s, chain in enumerate(chains):
-        node, i = 0, 0
-        while i < len(chain):
-            child = nxt[s][node]
-            while child != -1 and cand[s][child] != chain[i]:
-                child = sib[s][child]
-            if child == -1:
-                break
-            node, i = child, i + 1
-        grafts.append((node, list(chain[i:i + max(0, max_depth - depth_of[s][node])])))
+    grafts = [(node, list(chain[i:i + new])) for chain, (node, i, new) in
+              zip(chains, _graft_points(cand, nxt, sib, depth_of, chains, max_depth))]
     E = max(len(new) for _, new in grafts)
     deepest = max(max(row) for row in depth_of)
     if E == 0:
