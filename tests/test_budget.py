@@ -322,23 +322,26 @@ def test_tree_tokens_are_what_best_tree_size_maximises():
 
 def test_graft_gain_multiplies_the_conditional_rates():
     rates = [0.5, 0.8, 0.9]
-    assert budget.graft_gain([3], rates, 0) == 0.0
-    assert budget.graft_gain([3], rates, 2) == pytest.approx(0.5 + 0.5 * 0.8)
-    # each sequence gains up to its own new tokens; a length past the rates gains nothing more
-    assert budget.graft_gain([1, 3], rates, 5) == pytest.approx(0.5 + (0.5 + 0.4 + 0.36))
+    assert budget.graft_gain([3], [rates], 0) == 0.0
+    assert budget.graft_gain([3], [rates], 2) == pytest.approx(0.5 + 0.5 * 0.8)
+    # each sequence gains up to its own new tokens, at its own rates; a length past the rates gains nothing more
+    assert budget.graft_gain([1, 3], [rates, rates], 5) == pytest.approx(0.5 + (0.5 + 0.4 + 0.36))
+    assert budget.graft_gain([2, 2], [rates, [0.1, 0.1]], 2) == pytest.approx((0.5 + 0.4) + (0.1 + 0.01))
 
 
 def test_graft_length_follows_costs_and_rates():
     rates = [0.5] + [0.9] * 9
     flat = costs([10.0] * 32, [1.0] * 4)
-    assert budget.best_graft_length([10], rates, 2.0, 6, flat, 5.0) == 10  # verification is free: the whole chain
+    assert budget.best_graft_length([10], [rates], 2.0, 6, flat, 5.0) == 10  # verification is free: the whole chain
     # every node costs what the tree's 6 nodes cost on average, for less than they gain each
     steep = costs([100.0 * t for t in range(1, 33)], [1.0] * 4)
-    assert budget.best_graft_length([10], rates, 5.0, 6, steep, 5.0) == 0
+    assert budget.best_graft_length([10], [rates], 5.0, 6, steep, 5.0) == 0
     # 2 ms a node against ~0.08 tokens/ms now: the chain's head pays, its tail (0.5 * 0.7^j) not
     ramp = costs([20.0 + 2.0 * t for t in range(1, 33)], [1.0] * 4)
-    L = budget.best_graft_length([10], [0.5] + [0.7] * 9, 3.0, 6, ramp, 5.0)
+    L = budget.best_graft_length([10], [[0.5] + [0.7] * 9], 3.0, 6, ramp, 5.0)
     assert 0 < L < 10
-    assert budget.best_graft_length([10], [0.05] * 10, 3.0, 6, ramp, 5.0) == 0  # a chain that is rarely right
-    assert budget.best_graft_length([], rates, 2.0, 6, ramp, 5.0) == 0
-    assert budget.best_graft_length([0, 0], rates, 2.0, 6, ramp, 5.0) == 0
+    assert budget.best_graft_length([10], [[0.05] * 10], 3.0, 6, ramp, 5.0) == 0  # a chain that is rarely right
+    # a likely chain beside an unlikely one in the batch: grafted, since the forward is shared
+    assert budget.best_graft_length([10, 10], [[0.9] * 10, [0.05] * 10], 3.0, 6, ramp, 5.0) > 0
+    assert budget.best_graft_length([], [], 2.0, 6, ramp, 5.0) == 0
+    assert budget.best_graft_length([0, 0], [rates, rates], 2.0, 6, ramp, 5.0) == 0

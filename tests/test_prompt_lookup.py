@@ -55,6 +55,12 @@ def test_ngram_index_proposal_has_teeth():
     # "4 5 1 2 3" occurred once (then 6), "2 3" most recently (then 7)
     longest = NgramIndex([4, 5, 1, 2, 3, 6, 0, 2, 3, 7, 4, 5, 1, 2, 3])
     assert max(NGRAM_SIZES) >= 5 and longest.propose(2) == [6, 0]
+    # propose_match also says how long the matched suffix was: 5 here (the 6-token suffix
+    # "7 4 5 1 2 3" never occurred before), 3 after "1 2 3" alone, 0 without a match
+    assert longest.propose_match(2) == ([6, 0], 5)
+    assert index.propose_match(2) == ([8, 1], 3)
+    assert NgramIndex([1, 2, 3]).propose_match(4) == ([], 0)
+    assert index.propose_match(0) == ([], 0)
 
 
 def reachable(nxt, sib, parents_out, node=0, depth=0, depths=None):
@@ -186,10 +192,12 @@ def test_the_budget_cuts_grafts_that_do_not_pay(prior, expect, monkeypatch):
     gen = tiny_generator("qwen3")
     cheap_verification(gen, 1)
     ps = prompts(1, seed=11)
-    monkeypatch.setitem(domino.generate.GRAFT_PRIOR, "lookup", prior)
+    for kind in ("lookup-long", "lookup-short"):
+        monkeypatch.setitem(domino.generate.GRAFT_PRIOR, kind, prior)
     proposed = []
-    real_propose = NgramIndex.propose
-    monkeypatch.setattr(NgramIndex, "propose", lambda self, n: proposed.append(real_propose(self, n)) or proposed[-1])
+    real_propose = NgramIndex.propose_match
+    monkeypatch.setattr(NgramIndex, "propose_match",
+                        lambda self, n: proposed.append(real_propose(self, n)[0]) or real_propose(self, n))
     grafted = count_grafts(monkeypatch)
     plain = gen.generate_target_only(ps, max_new_tokens=40).token_ids
     assert gen.generate(ps, max_new_tokens=40, tree=TreeShape(2, 3), lookup_tokens=6,
@@ -210,20 +218,26 @@ def test_graft_acceptance_counts_the_new_nodes_on_the_accepted_path(monkeypatch)
     ps = prompts(1, seed=3)
     plain = gen.generate_target_only(ps, max_new_tokens=30).token_ids[0]
     prompt_len = len(ps[0])
-    # the lookup proposes exactly the target's next tokens
-    monkeypatch.setattr(NgramIndex, "propose",
-                        lambda self, n: plain[len(self.tokens) - prompt_len:len(self.tokens) - prompt_len + n])
+    # the lookup proposes exactly the target's next tokens (as after a long match)
+    monkeypatch.setattr(NgramIndex, "propose_match",
+                        lambda self, n: (plain[len(self.tokens) - prompt_len:len(self.tokens) - prompt_len + n], 12))
     updates = []
 
     class Recording(DepthAcceptance):
         def update(self, verified, accepted):
-            updates.append((len(self.tried), list(verified), list(accepted)))
+            updates.append((getattr(self, "kind", None), list(verified), list(accepted)))
             super().update(verified, accepted)
 
-    monkeypatch.setattr(domino.generate, "DepthAcceptance", Recording)
+    def recording_counters(lookup_tokens, datastore_tokens):
+        counters = {kind: Recording(max(lookup_tokens, 1), 0.9) for kind in ("lookup-long", "lookup-short")}
+        for kind, c in counters.items():
+            c.kind = kind
+        return counters
+
+    monkeypatch.setattr(domino.generate, "new_graft_acceptance", recording_counters)
     spec = gen.generate(ps, max_new_tokens=30, tree=TreeShape(2, 3), lookup_tokens=4, datastore_tokens=0).token_ids
     assert spec[0] == plain
-    lookup = [(v, a) for n, v, a in updates if n == 4 and v]
+    lookup = [(v, a) for kind, v, a in updates if kind is not None and v]
     assert lookup, "the lookup should have offered new tokens"
     # the whole chain is the target's: every new token offered is on the accepted path
     # (within the drafter's depth limit, which graft_sizes applies before the count)

@@ -291,28 +291,31 @@ def best_tree_size(path_probs: torch.Tensor, scores: torch.Tensor, costs: RoundC
     return max(range(2, max_nodes + 1), key=lambda N: tokens[N - 1] / (draft_ms + costs.verify(N)))
 
 
-def graft_gain(new_tokens: Sequence[int], rates: Sequence[float], length: int) -> float:
+def graft_gain(new_tokens: Sequence[int], rates: Sequence[Sequence[float]], length: int) -> float:
     """Expected tokens that the first ``length`` new tokens of grafted chains add, summed
-    over the sequences: sequence s offers ``new_tokens[s]``; ``rates[j]`` is the probability
-    that the chain's new token j is accepted given the ones before it were (the first one's
-    includes the target reaching its attachment node)."""
-    reach, gain = 1.0, [0.0]
-    for r in rates[:length]:
-        reach *= r
-        gain.append(gain[-1] + reach)
-    return sum(gain[min(n, length, len(rates))] for n in new_tokens)
+    over the sequences: sequence s offers ``new_tokens[s]``, and ``rates[s][j]`` is the
+    probability that its chain's new token j is accepted given the ones before it were (the
+    first one's includes the target reaching the chain's attachment node)."""
+    total = 0.0
+    for n, r in zip(new_tokens, rates):
+        reach = 1.0
+        for rate in r[:min(n, length)]:
+            reach *= rate
+            total += reach
+    return total
 
 
-def best_graft_length(new_tokens: Sequence[int], rates: Sequence[float], tokens: float, nodes: int,
+def best_graft_length(new_tokens: Sequence[int], rates: Sequence[Sequence[float]], tokens: float, nodes: int,
                       costs: RoundCosts, draft_ms: float) -> int:
     """How many new tokens L of each sequence's grafted chain (prompt lookup, datastore) to
     verify this round with a greedy tree of ``nodes`` nodes expected to advance ``tokens``
     tokens: the L in 0..max(new_tokens) maximising expected tokens per millisecond, where
-    the L new tokens add :func:`graft_gain` and the round verifies ``nodes`` plus the most
-    any sequence adds (the forward is one for the batch). A chain's first tokens are likelier
-    right than its last (a copy drifts), and each node costs verification time, so on a CPU
-    where verifying one more token costs milliseconds only the chains' reliable heads pay.
-    ``draft_ms``: the tree's drafting cost, as :func:`best_tree_size` counts it."""
+    the L new tokens add :func:`graft_gain` (``rates``: one list per sequence) and the round
+    verifies ``nodes`` plus the most any sequence adds (the forward is one for the batch).
+    A chain's first tokens are the gamble (once right, a copy tends to go on right), and
+    each node costs verification time, so on a CPU where verifying one more token costs
+    milliseconds only the likely chains pay. ``draft_ms``: the tree's drafting cost, as
+    :func:`best_tree_size` counts it."""
     most = max(new_tokens, default=0)
     return max(range(most + 1), key=lambda L: (tokens + graft_gain(new_tokens, rates, L)) /
                (draft_ms + costs.verify(nodes + min(most, L))))

@@ -40,7 +40,7 @@ import domino_ops
 from domino import budget, prompts
 from domino.budget import DepthAcceptance, RoundCosts
 from domino.datastore import DEFAULT_DATASTORE_TOKENS, TokenDatastore
-from domino.lookup import DEFAULT_LOOKUP_TOKENS, NgramIndex
+from domino.lookup import DEFAULT_LOOKUP_TOKENS, LONG_MATCH, NgramIndex
 from domino.model import DominoDraftModel, DraftContextCache
 from domino.round_kind import ROUND_KINDS, RoundKindChooser
 from domino.sampling_params import RowSampling, SamplingParams
@@ -84,13 +84,25 @@ class _Decoding:
     anchor_pos: torch.Tensor  # [b] int64: its position
 
 
-# The prior acceptance of a grafted chain's new tokens, per source and position (given the
-# ones before were accepted), before a call has seen its own (DepthAcceptance's 4
-# pseudo-rounds): a chain's first new token is a gamble, a copy that started right goes on
-# right. `python benchmarks/graft_acceptance.py` (12 HumanEval and 12 held-out chat prompts x
-# 128 tokens, full-length grafts; results/graft_acceptance_zen3_session46.txt): prompt
-# lookup 0.33 / 0.52 for the first, 0.82-1.00 after; the datastore 0.21 / 0.15, then 0.5-0.8.
-GRAFT_PRIOR = {"lookup": [0.4] + [0.9] * 9, "datastore": [0.2] + [0.6] * 5}
+# The prior acceptance of a grafted chain's new tokens, per kind of graft and position
+# (given the ones before were accepted), before a call has seen its own (DepthAcceptance's 4
+# pseudo-rounds): a chain's first new token is the gamble, a copy that started right goes on
+# right, and a prompt-lookup chain after a long match (domino.lookup.LONG_MATCH tokens or
+# more) is a far better bet than after a 2- or 3-token one. `python
+# benchmarks/graft_acceptance.py` (12 HumanEval and 12 held-out chat prompts x 128 tokens,
+# full-length grafts; results/graft_acceptance_zen3_session46.txt), HumanEval / chat: after
+# a long match the first new token 0.67 / 0.85, then 0.80-1.00; after a short one 0.14 /
+# 0.35, then 0.50-1.00 (~0.75 where counts are many); a datastore chain 0.21 / 0.15, then
+# 0.50-0.83.
+GRAFT_PRIOR = {"lookup-long": [0.75] + [0.95] * 9, "lookup-short": [0.25] + [0.75] * 9,
+               "datastore": [0.2] + [0.6] * 5}
+
+
+def new_graft_acceptance(lookup_tokens: int, datastore_tokens: int) -> dict[str, DepthAcceptance]:
+    """A call's acceptance counts of grafted chains' new tokens, per kind of graft (the keys
+    of :data:`GRAFT_PRIOR`), for chains of at most ``lookup_tokens`` / ``datastore_tokens``."""
+    most = {"lookup-long": lookup_tokens, "lookup-short": lookup_tokens, "datastore": datastore_tokens}
+    return {kind: DepthAcceptance(max(most[kind], 1), prior) for kind, prior in GRAFT_PRIOR.items()}
 
 
 @dataclass
@@ -426,9 +438,8 @@ class DominoGenerator:
         depth_acceptance = {kind: DepthAcceptance(self.drafter.config.num_drafts,
                                                   self.drafter.calibration.depth_rates or 0.5)
                             for kind in ROUND_KINDS}
-        # per graft source, the acceptance of its chains' new tokens, position by position
-        graft_acceptance = {name: DepthAcceptance(max(most, 1), GRAFT_PRIOR[name])
-                            for name, most in (("lookup", lookup_tokens), ("datastore", datastore_tokens))}
+        # per kind of graft, the acceptance of its chains' new tokens, position by position
+        graft_acceptance = new_graft_acceptance(lookup_tokens, datastore_tokens)
         out_ids = [[t] for t in first]
         accept: list[list[int]] = [[] for _ in range(b)]
         verified: list[list[int]] = [[] for _ in range(b)]
@@ -522,21 +533,27 @@ class DominoGenerator:
         """Grafts each source's chain (``sources``: "lookup", "datastore" -> its most tokens)
         onto the round's tree. With the budget's ``plan`` each source's chains are first cut
         to the new-token count that maximises expected tokens per millisecond
-        (:func:`domino.budget.best_graft_length`, from that source's acceptance per new token
-        so far in this call). Returns the candidates, links, depth, and per source the
-        grafts made: (its name, its first node's index, each sequence's new nodes)."""
+        (:func:`domino.budget.best_graft_length`, from the acceptance per new token so far in
+        this call of each sequence's kind of graft: :data:`GRAFT_PRIOR`'s keys). Returns the
+        candidates, links, depth, and per source the grafts made: (each sequence's kind of
+        graft, the grafts' first node index, each sequence's new nodes)."""
         candidates, max_depth, made = tree.candidates, self.drafter.config.num_drafts, []
-        propose = {"lookup": lambda s, n: lookups[s].propose(n),
-                   "datastore": lambda s, n: self.datastore.propose(lookups[s].tokens, n)}
+        b = len(lookups)
+
+        def lookup(s, n):
+            chain, match = lookups[s].propose_match(n)
+            return chain, "lookup-long" if match >= LONG_MATCH else "lookup-short"
+
+        propose = {"lookup": lookup, "datastore": lambda s, n: (self.datastore.propose(lookups[s].tokens, n),
+                                                                "datastore")}
         for name, most in sources.items():
             if not most:
                 continue
-            chains = [propose[name](s, most) if s in live else [] for s in range(len(lookups))]
+            chains, kinds = map(list, zip(*[propose[name](s, most) if s in live else ([], name) for s in range(b)]))
             sizes = graft_sizes(candidates, links, chains, max_depth)
             new = [n for _, n in sizes]
             if plan is not None:
-                rates = graft_acceptance[name].rates()
-                live_new = [new[s] for s in live]
+                live_new, rates = [new[s] for s in live], [graft_acceptance[kinds[s]].rates() for s in live]
                 L = budget.best_graft_length(live_new, rates, plan.tokens, candidates.shape[1], costs, plan.draft_ms)
                 plan.tokens += budget.graft_gain(live_new, rates, L)
                 chains = [chain[:i + L] for chain, (i, _) in zip(chains, sizes)]
@@ -544,7 +561,7 @@ class DominoGenerator:
             first = candidates.shape[1]
             candidates, links, grafted = graft_chains(candidates, links, chains, max_depth)
             depth = max(depth, grafted)
-            made.append((name, first, new))
+            made.append((kinds, first, new))
         return candidates, links, depth, made
 
     def _tree_round(self, st: _Decoding, sampling: RowSampling, use_head, shape: TreeShape, live: list[int],
@@ -581,11 +598,12 @@ class DominoGenerator:
         host = torch.cat([kept[:, None], tried[:, None], path, tokens], dim=1).tolist()  # the one host sync
         kept_list = [row[0] for row in host]
         depth_acceptance.update([host[s][1] for s in live], [kept_list[s] - 1 for s in live])
-        for name, first, new in grafts:  # each source's new nodes on the accepted paths
-            offered = [s for s in live if new[s]]
-            graft_acceptance[name].update(
-                [new[s] for s in offered],
-                [sum(first <= u < first + new[s] for u in host[s][2:2 + kept_list[s]]) for s in offered])
+        for kinds, first, new in grafts:  # each graft's new nodes on the accepted paths, by kind of graft
+            for kind in set(kinds[s] for s in live if new[s]):
+                offered = [s for s in live if new[s] and kinds[s] == kind]
+                graft_acceptance[kind].update(
+                    [new[s] for s in offered],
+                    [sum(first <= u < first + new[s] for u in host[s][2:2 + kept_list[s]]) for s in offered])
         m = max(kept_list)
         # Nothing to move when every sequence's kept path already sits in the round's first
         # slots (the root alone, or the root and its first child): common at tau ~2, and the

@@ -18,7 +18,7 @@ bound: ``benchmarks/bench_e2e.py`` times the real thing).
 
 from __future__ import annotations
 
-__all__ = ["NgramIndex", "NGRAM_SIZES", "DEFAULT_LOOKUP_TOKENS"]
+__all__ = ["NgramIndex", "NGRAM_SIZES", "LONG_MATCH", "DEFAULT_LOOKUP_TOKENS"]
 
 # The suffix lengths tried, longest first (a 1-gram match proposes noise), as vLLM's n-gram
 # proposer tries its max down to its min: a longer match is likelier to continue as it
@@ -32,6 +32,11 @@ __all__ = ["NgramIndex", "NGRAM_SIZES", "DEFAULT_LOOKUP_TOKENS"]
 # ahead: in bench_e2e.py's records the engine's tokens a round went from 2.48-2.49 / 2.24
 # (twelfth session, (3, 2)) to 2.53 / 2.35 (thirteenth, these sizes).
 NGRAM_SIZES = (12, 8, 6, 5, 4, 3, 2)
+# From this suffix length on a lookup chain counts as a long match, whose acceptance the
+# graft budget tracks apart from the short matches' (domino.generate._graft): the first new
+# token of a chain after a 2- or 3-token match was right 12-55 % of the time, after 4 or more
+# 50-100 % (benchmarks/graft_acceptance.py, results/graft_acceptance_zen3_session46.txt).
+LONG_MATCH = 4
 # Tokens of the lookup chain grafted per greedy tree round at most (DominoGenerator.generate's
 # lookup_tokens; with the adaptive budget each round grafts the part that pays,
 # domino.budget.best_graft_length): HF prompt lookup's usual 10. Longer chains can only add accepted tokens
@@ -66,12 +71,17 @@ class NgramIndex:
     def propose(self, max_tokens: int) -> list[int]:
         """Up to ``max_tokens`` tokens that followed the latest earlier occurrence of the
         longest suffix n-gram found; [] when none occurred before."""
+        return self.propose_match(max_tokens)[0]
+
+    def propose_match(self, max_tokens: int) -> tuple[list[int], int]:
+        """:meth:`propose`'s tokens and the length n of the suffix n-gram they follow (0
+        when none occurred before): a longer match is likelier to go on as it did."""
         if max_tokens <= 0:
-            return []
+            return [], 0
         for n in self.sizes:
             if len(self.tokens) < n:
                 continue
             at = self._next.get((n, *self.tokens[-n:]))
             if at is not None:
-                return self.tokens[at:at + max_tokens]
-        return []
+                return self.tokens[at:at + max_tokens], n
+        return [], 0
