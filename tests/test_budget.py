@@ -310,11 +310,14 @@ def test_round_cost_timings_interleave_the_sizes_and_keep_each_fastest(monkeypat
 
 def test_tree_tokens_are_what_best_tree_size_maximises():
     scores = torch.log(torch.tensor([[0.9, 0.5, 0.3, 0.1], [0.8, 0.7, 0.2, 0.05]]))
-    paths = scores.exp()
+    paths = torch.tensor([[0.2, 0.6, 0.1, 0.4], [0.5, 0.1, 0.3, 0.2]])  # not in the scores' order
     tokens = budget.tree_tokens(paths, scores)
-    # N - 1 kept: each sequence's own best N - 1 by score, plus each sequence's bonus token
-    want = [2.0] + [2.0 + float(paths.sort(dim=1, descending=True).values[:, :k].sum()) for k in range(1, 5)]
+    # N - 1 kept: each sequence's best N - 1 by score (EAGLE-2's selection), their path
+    # probabilities summed, plus each sequence's bonus token
+    by_score = paths.gather(1, scores.argsort(dim=1, descending=True))
+    want = [2.0] + [2.0 + float(by_score[:, :k].sum()) for k in range(1, 5)]
     assert tokens == pytest.approx(want)
+    assert tokens[1] == pytest.approx(2.0 + 0.2 + 0.5)
     mid = costs([10.0, 10.0, 10.5, 11.0, 20.0, 21.0, 22.0, 23.0], [1.0] * 4)
     N = budget.best_tree_size(paths, scores, mid, 5.0, max_nodes=5)
     assert N == max(range(2, 6), key=lambda n: tokens[n - 1] / (5.0 + mid.verify(n)))
@@ -343,5 +346,8 @@ def test_graft_length_follows_costs_and_rates():
     assert budget.best_graft_length([10], [[0.05] * 10], 3.0, 6, ramp, 5.0) == 0  # a chain that is rarely right
     # a likely chain beside an unlikely one in the batch: grafted, since the forward is shared
     assert budget.best_graft_length([10, 10], [[0.9] * 10, [0.05] * 10], 3.0, 6, ramp, 5.0) > 0
+    # never past the measured verification sizes (32 here), where verify() is flat
+    assert budget.best_graft_length([10], [rates], 2.0, 28, flat, 5.0) == 4
+    assert budget.best_graft_length([10], [rates], 2.0, 40, flat, 5.0) == 0
     assert budget.best_graft_length([], [], 2.0, 6, ramp, 5.0) == 0
     assert budget.best_graft_length([0, 0], [rates, rates], 2.0, 6, ramp, 5.0) == 0

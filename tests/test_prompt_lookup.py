@@ -196,8 +196,13 @@ def test_the_budget_cuts_grafts_that_do_not_pay(prior, expect, monkeypatch):
         monkeypatch.setitem(domino.generate.GRAFT_PRIOR, kind, prior)
     proposed = []
     real_propose = NgramIndex.propose_match
-    monkeypatch.setattr(NgramIndex, "propose_match",
-                        lambda self, n: proposed.append(real_propose(self, n)[0]) or real_propose(self, n))
+
+    def recording(self, n):
+        got = real_propose(self, n)
+        proposed.append(got[0])
+        return got
+
+    monkeypatch.setattr(NgramIndex, "propose_match", recording)
     grafted = count_grafts(monkeypatch)
     plain = gen.generate_target_only(ps, max_new_tokens=40).token_ids
     assert gen.generate(ps, max_new_tokens=40, tree=TreeShape(2, 3), lookup_tokens=6,
@@ -206,39 +211,84 @@ def test_the_budget_cuts_grafts_that_do_not_pay(prior, expect, monkeypatch):
     assert (sum(grafted) > 0) == (expect == "some"), grafted
 
 
-def test_graft_acceptance_counts_the_new_nodes_on_the_accepted_path(monkeypatch):
-    """The engine's per-source counts: a round whose target follows a grafted chain all the
-    way records every new token accepted (a lookup chain that is the target's own
-    continuation: rigged by proposing the target's greedy tokens)."""
+def _recording_graft_counters(monkeypatch):
+    """Replaces the engine's per-kind graft counters by ones recording every update as
+    (kind, verified, accepted); returns the list they append to."""
     import domino.generate
     from domino.budget import DepthAcceptance
 
+    updates = []
+
+    class Recording(DepthAcceptance):
+        def update(self, verified, accepted):
+            updates.append((self.kind, list(verified), list(accepted)))
+            super().update(verified, accepted)
+
+    def recording_counters(lookup_tokens, datastore_tokens):
+        counters = {}
+        for kind, prior in domino.generate.GRAFT_PRIOR.items():
+            counters[kind] = Recording(max(lookup_tokens, datastore_tokens, 1), prior)
+            counters[kind].kind = kind
+        return counters
+
+    monkeypatch.setattr(domino.generate, "new_graft_acceptance", recording_counters)
+    return updates
+
+
+@pytest.mark.parametrize("wrong_at", [None, 0, 2])
+def test_graft_acceptance_counts_the_new_nodes_on_the_accepted_path(wrong_at, monkeypatch):
+    """The engine's per-kind counts: a lookup chain that is the target's own continuation
+    (rigged) is counted accepted up to its first wrong token (none, the first, the third),
+    under the kind of its match (12 tokens: a long match)."""
     gen = tiny_generator("qwen3")
     cheap_verification(gen, 1)
     ps = prompts(1, seed=3)
     plain = gen.generate_target_only(ps, max_new_tokens=30).token_ids[0]
     prompt_len = len(ps[0])
-    # the lookup proposes exactly the target's next tokens (as after a long match)
-    monkeypatch.setattr(NgramIndex, "propose_match",
-                        lambda self, n: (plain[len(self.tokens) - prompt_len:len(self.tokens) - prompt_len + n], 12))
-    updates = []
 
-    class Recording(DepthAcceptance):
-        def update(self, verified, accepted):
-            updates.append((getattr(self, "kind", None), list(verified), list(accepted)))
-            super().update(verified, accepted)
+    def rigged(self, n):  # the target's next tokens, one of them made wrong
+        at = len(self.tokens) - prompt_len
+        chain = list(plain[at:at + n])
+        if wrong_at is not None and wrong_at < len(chain):
+            chain[wrong_at] = (chain[wrong_at] + 1) % 64
+        return chain, 12
 
-    def recording_counters(lookup_tokens, datastore_tokens):
-        counters = {kind: Recording(max(lookup_tokens, 1), 0.9) for kind in ("lookup-long", "lookup-short")}
-        for kind, c in counters.items():
-            c.kind = kind
-        return counters
-
-    monkeypatch.setattr(domino.generate, "new_graft_acceptance", recording_counters)
+    monkeypatch.setattr(NgramIndex, "propose_match", rigged)
+    updates = _recording_graft_counters(monkeypatch)
     spec = gen.generate(ps, max_new_tokens=30, tree=TreeShape(2, 3), lookup_tokens=4, datastore_tokens=0).token_ids
     assert spec[0] == plain
-    lookup = [(v, a) for kind, v, a in updates if kind is not None and v]
-    assert lookup, "the lookup should have offered new tokens"
-    # the whole chain is the target's: every new token offered is on the accepted path
-    # (within the drafter's depth limit, which graft_sizes applies before the count)
-    assert all(a == v for v, a in lookup), lookup
+    offered = [(kind, v, a) for kind, v, a in updates if v and v[0]]
+    assert offered, "the lookup should have offered new tokens"
+    assert {kind for kind, _, _ in offered} == {"lookup-long"}
+    for _, (v,), (a,) in offered:
+        # the new tokens start where the chain leaves the drafter's tree: at most the first
+        # wrong token's place, and all of them when none is wrong
+        assert a <= v and (a == v if wrong_at is None else a <= wrong_at), (v, a)
+    if wrong_at is not None:
+        assert any(a < v for _, (v,), (a,) in offered)
+
+
+def test_a_kind_cut_to_nothing_still_fades_towards_its_prior(monkeypatch):
+    """A kind of graft the budget cuts away entirely is still updated each round it offers
+    something (0 verified): its evidence fades, so it gets grafted again later."""
+    import domino.generate
+
+    gen = tiny_generator("qwen3")
+    cheap_verification(gen, 1)
+    ps = prompts(1, seed=11)
+    for kind in ("lookup-long", "lookup-short"):
+        monkeypatch.setitem(domino.generate.GRAFT_PRIOR, kind, 0.001)  # believed wrong: always cut
+    updates = _recording_graft_counters(monkeypatch)
+    grafted = count_grafts(monkeypatch)
+    gen.generate(ps, max_new_tokens=40, tree=TreeShape(2, 3), lookup_tokens=6, datastore_tokens=0)
+    cut = [(kind, v) for kind, v, _ in updates if kind.startswith("lookup")]
+    assert cut and all(x == 0 for _, v in cut for x in v) and not any(grafted)
+
+
+def test_lookup_graft_kind_splits_at_the_long_match():
+    from domino.generate import lookup_graft_kind
+    from domino.lookup import LONG_MATCH
+
+    assert LONG_MATCH == 4
+    assert [lookup_graft_kind(n) for n in (2, 3, 4, 12)] == ["lookup-short", "lookup-short", "lookup-long",
+                                                            "lookup-long"]

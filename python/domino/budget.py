@@ -41,7 +41,8 @@ import torch
 import domino_ops
 from domino_ops import cpu
 
-__all__ = ["Calibration", "DepthAcceptance", "RoundCosts", "best_draft_length", "best_graft_length", "best_tree_size",
+__all__ = ["Calibration", "DepthAcceptance", "RoundCosts", "best_draft_length", "best_graft_length", "best_tree_nodes",
+           "best_tree_size",
            "best_verify_length", "graft_gain", "tree_tokens",
            "cost_key", "expected_tokens", "measure_round_costs", "round_costs"]
 
@@ -287,7 +288,11 @@ def best_tree_size(path_probs: torch.Tensor, scores: torch.Tensor, costs: RoundC
     """The nodes N in 2..max_nodes (root included) of a greedy tree to verify this round,
     maximising expected tokens per millisecond (:func:`tree_tokens`) when the N - 1 best
     candidates are kept. ``draft_ms``: the tree's drafting cost."""
-    tokens = tree_tokens(path_probs, scores)
+    return best_tree_nodes(tree_tokens(path_probs, scores), costs, draft_ms, max_nodes)
+
+
+def best_tree_nodes(tokens: Sequence[float], costs: RoundCosts, draft_ms: float, max_nodes: int) -> int:
+    """:func:`best_tree_size` from the expected tokens of each size (:func:`tree_tokens`)."""
     return max(range(2, max_nodes + 1), key=lambda N: tokens[N - 1] / (draft_ms + costs.verify(N)))
 
 
@@ -315,10 +320,11 @@ def best_graft_length(new_tokens: Sequence[int], rates: Sequence[Sequence[float]
     A chain's first tokens are the gamble (once right, a copy tends to go on right), and
     each node costs verification time, so on a CPU where verifying one more token costs
     milliseconds only the likely chains pay. ``draft_ms``: the tree's drafting cost, as
-    :func:`best_tree_size` counts it."""
-    most = max(new_tokens, default=0)
+    :func:`best_tree_size` counts it. No larger than the measured verification sizes
+    allow (``costs.verify`` is flat past them, which would make more nodes look free)."""
+    most = max(0, min(max(new_tokens, default=0), len(costs.verify_ms) - 1 - nodes))
     return max(range(most + 1), key=lambda L: (tokens + graft_gain(new_tokens, rates, L)) /
-               (draft_ms + costs.verify(nodes + min(most, L))))
+               (draft_ms + costs.verify(nodes + L)))
 
 
 # ---- costs -----------------------------------------------------------------------------

@@ -22,10 +22,11 @@ def main(argv=None) -> int:
     g.add_argument("--no-head", action="store_true", help="backbone-only drafting (the DFlash baseline)")
     g.add_argument("--seed", type=int, default=0, help="seed for sampling (temperature > 0)")
     g.add_argument("--lookup-tokens", type=int, default=DEFAULT_LOOKUP_TOKENS,
-                   help="prompt-lookup tokens grafted onto each greedy tree round (0: none)")
+                   help="prompt-lookup tokens grafted onto each greedy tree round at most (the adaptive budget "
+                        "grafts the part that pays; 0: none)")
     g.add_argument("--datastore-tokens", type=int, default=DEFAULT_DATASTORE_TOKENS,
                    help="tokens retrieved from the default target's datastore of its own outputs and grafted "
-                        "onto each greedy tree round (0: none; a --target has none)")
+                        "onto each greedy tree round at most (0: none; a --target has none)")
     shape = g.add_mutually_exclusive_group()
     shape.add_argument("--tree", metavar="TOPK,DEPTH[,NODES]",
                        help="draft and verify this tree per round: TOPK children per node, DEPTH levels, NODES "

@@ -53,8 +53,9 @@ MAX_MATCHES = 256
 # A chain goes on while at least this share of the occurrences still followed agree on the
 # next token (0.5: it follows at least as many of them as every other token together).
 MIN_SHARE = 0.5
-# Tokens of the datastore chain grafted per greedy tree round (DominoGenerator.generate's
-# datastore_tokens). Each grafted node costs verification time (~0.6 ms at ~10 nodes on
+# Tokens of the datastore chain grafted per greedy tree round at most (DominoGenerator.generate's
+# datastore_tokens; with the adaptive budget each round grafts the part that pays,
+# domino.budget.best_graft_length). Each grafted node costs verification time (~0.6 ms at ~10 nodes on
 # the Zen 4 VM) and a retrieved chain's later tokens are rarely right: 6 and 10 ran within
 # noise of each other in the same ad-hoc A/B (HumanEval 1.60x / 1.62x, chat 1.50x /
 # 1.45x), 6 verifying ~1 node less a round.

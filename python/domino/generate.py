@@ -45,9 +45,9 @@ from domino.model import DominoDraftModel, DraftContextCache
 from domino.round_kind import ROUND_KINDS, RoundKindChooser
 from domino.sampling_params import RowSampling, SamplingParams
 from domino.target import bare_generation_config, cache_kwarg, sliding_window, special_token_ids, target_features
-from domino.tree import (DEFAULT_TREE, TreeShape, check_tree_attention, compact_tree_cache, depths_tried,
-                         graft_chains, graft_sizes, path_acceptance, tree_attention_mask, tree_attention_supported,
-                         tree_links, verify_tree)
+from domino.tree import (DEFAULT_TREE, TreeLinks, TreeShape, check_tree_attention, compact_tree_cache,
+                         depths_tried, graft_chains, graft_sizes, path_acceptance, tree_attention_mask,
+                         tree_attention_supported, tree_links, verify_tree)
 from domino_ops.tree_draft import DraftTree, select_draft_nodes
 
 
@@ -96,6 +96,12 @@ class _Decoding:
 # 0.50-0.83.
 GRAFT_PRIOR = {"lookup-long": [0.75] + [0.95] * 9, "lookup-short": [0.25] + [0.75] * 9,
                "datastore": [0.2] + [0.6] * 5}
+
+
+def lookup_graft_kind(match: int) -> str:
+    """The kind of graft (a :data:`GRAFT_PRIOR` key) of a prompt-lookup chain that follows a
+    suffix match of ``match`` tokens."""
+    return "lookup-long" if match >= LONG_MATCH else "lookup-short"
 
 
 def new_graft_acceptance(lookup_tokens: int, datastore_tokens: int) -> dict[str, DepthAcceptance]:
@@ -523,37 +529,43 @@ class DominoGenerator:
         draft_ms = (time.perf_counter() - t0) * 1e3
         paths = path_acceptance(tree, shape.topk, shape.depth, self.drafter.calibration)
         most = min(shape.max_nodes, len(costs.verify_ms) - 1)  # no larger than the measured verify sizes
-        N = budget.best_tree_size(paths[live], tree.candidate_scores[live], costs, draft_ms, most)
-        tokens = budget.tree_tokens(paths[live], tree.candidate_scores[live])[N - 1]
-        return select_draft_nodes(tree, N), _TreePlan(tokens, draft_ms)
+        tokens = budget.tree_tokens(paths[live], tree.candidate_scores[live])
+        N = budget.best_tree_nodes(tokens, costs, draft_ms, most)
+        return select_draft_nodes(tree, N), _TreePlan(tokens[N - 1], draft_ms)
 
-    def _graft(self, tree: DraftTree, links, depth: int, live: list[int], costs: RoundCosts | None,
+    def _graft(self, tree: DraftTree, links: TreeLinks, depth: int, live: list[int], costs: RoundCosts | None,
                plan: _TreePlan | None, lookups: list[NgramIndex], sources: dict[str, int],
-               graft_acceptance: dict[str, DepthAcceptance]):
+               graft_acceptance: dict[str, DepthAcceptance]) -> tuple[torch.Tensor, TreeLinks, int, list]:
         """Grafts each source's chain (``sources``: "lookup", "datastore" -> its most tokens)
         onto the round's tree. With the budget's ``plan`` each source's chains are first cut
         to the new-token count that maximises expected tokens per millisecond
         (:func:`domino.budget.best_graft_length`, from the acceptance per new token so far in
-        this call of each sequence's kind of graft: :data:`GRAFT_PRIOR`'s keys). Returns the
-        candidates, links, depth, and per source the grafts made: (each sequence's kind of
-        graft, the grafts' first node index, each sequence's new nodes)."""
+        this call of each sequence's kind of graft: :data:`GRAFT_PRIOR`'s keys; the tree's
+        size is chosen before, and a datastore chain that extends the lookup's new nodes is
+        scored at the datastore's rates). Returns the candidates, links, depth, and per
+        source the grafts offered: (each sequence's kind of graft, None where it proposed
+        nothing new, the grafts' first node index, each sequence's new nodes after the cut,
+        0 where cut away)."""
         candidates, max_depth, made = tree.candidates, self.drafter.config.num_drafts, []
-        b = len(lookups)
 
-        def lookup(s, n):
-            chain, match = lookups[s].propose_match(n)
-            return chain, "lookup-long" if match >= LONG_MATCH else "lookup-short"
+        def propose(name: str, s: int, most: int) -> tuple[list[int], str]:
+            if name == "datastore":
+                return self.datastore.propose(lookups[s].tokens, most), "datastore"
+            chain, match = lookups[s].propose_match(most)
+            return chain, lookup_graft_kind(match)
 
-        propose = {"lookup": lookup, "datastore": lambda s, n: (self.datastore.propose(lookups[s].tokens, n),
-                                                                "datastore")}
         for name, most in sources.items():
             if not most:
                 continue
-            chains, kinds = map(list, zip(*[propose[name](s, most) if s in live else ([], name) for s in range(b)]))
+            chains, graft_kinds = [[] for _ in lookups], [None for _ in lookups]
+            for s in live:
+                chains[s], graft_kinds[s] = propose(name, s, most)
             sizes = graft_sizes(candidates, links, chains, max_depth)
             new = [n for _, n in sizes]
+            graft_kinds = [g if n else None for g, n in zip(graft_kinds, new)]  # offered nothing new: no evidence
             if plan is not None:
-                live_new, rates = [new[s] for s in live], [graft_acceptance[kinds[s]].rates() for s in live]
+                live_new = [new[s] for s in live]
+                rates = [graft_acceptance[graft_kinds[s]].rates() if graft_kinds[s] else [] for s in live]
                 L = budget.best_graft_length(live_new, rates, plan.tokens, candidates.shape[1], costs, plan.draft_ms)
                 plan.tokens += budget.graft_gain(live_new, rates, L)
                 chains = [chain[:i + L] for chain, (i, _) in zip(chains, sizes)]
@@ -561,7 +573,7 @@ class DominoGenerator:
             first = candidates.shape[1]
             candidates, links, grafted = graft_chains(candidates, links, chains, max_depth)
             depth = max(depth, grafted)
-            made.append((kinds, first, new))
+            made.append((graft_kinds, first, new))
         return candidates, links, depth, made
 
     def _tree_round(self, st: _Decoding, sampling: RowSampling, use_head, shape: TreeShape, live: list[int],
@@ -577,6 +589,8 @@ class DominoGenerator:
         calibration, then counted along each tree's accepted path, which a tree makes at
         least as long as its top chain, up to the tree's depth) says no draft is worth its
         cost, the round is a plain decoding step. The plan reads only earlier rounds, never this round's drafts."""
+        if graft_acceptance is None:  # a round on its own: no counts from earlier rounds
+            graft_acceptance = new_graft_acceptance(lookup_tokens, datastore_tokens)
         reachable = shape.depth  # the plan reads the depths a tree of this shape has
         if costs is not None and budget.best_draft_length(depth_acceptance.rates()[:reachable], costs, len(live)) == 0:
             return self._chain_round(st, sampling, use_head, live, None, 0, depth_acceptance)
@@ -598,10 +612,12 @@ class DominoGenerator:
         host = torch.cat([kept[:, None], tried[:, None], path, tokens], dim=1).tolist()  # the one host sync
         kept_list = [row[0] for row in host]
         depth_acceptance.update([host[s][1] for s in live], [kept_list[s] - 1 for s in live])
-        for kinds, first, new in grafts:  # each graft's new nodes on the accepted paths, by kind of graft
-            for kind in set(kinds[s] for s in live if new[s]):
-                offered = [s for s in live if new[s] and kinds[s] == kind]
-                graft_acceptance[kind].update(
+        for graft_kinds, first, new in grafts:  # each graft's new nodes on the accepted paths, by kind of graft
+            # a kind the budget cut to nothing is updated too (0 verified): its evidence fades
+            # towards the prior, so a kind cut away in a bad stretch gets grafted again later
+            for gkind in set(graft_kinds[s] for s in live) - {None}:
+                offered = [s for s in live if graft_kinds[s] == gkind]
+                graft_acceptance[gkind].update(
                     [new[s] for s in offered],
                     [sum(first <= u < first + new[s] for u in host[s][2:2 + kept_list[s]]) for s in offered])
         m = max(kept_list)

@@ -33,9 +33,11 @@ __all__ = ["NgramIndex", "NGRAM_SIZES", "LONG_MATCH", "DEFAULT_LOOKUP_TOKENS"]
 # (twelfth session, (3, 2)) to 2.53 / 2.35 (thirteenth, these sizes).
 NGRAM_SIZES = (12, 8, 6, 5, 4, 3, 2)
 # From this suffix length on a lookup chain counts as a long match, whose acceptance the
-# graft budget tracks apart from the short matches' (domino.generate._graft): the first new
-# token of a chain after a 2- or 3-token match was right 12-55 % of the time, after 4 or more
-# 50-100 % (benchmarks/graft_acceptance.py, results/graft_acceptance_zen3_session46.txt).
+# graft budget tracks apart from the short matches' (domino.generate.lookup_graft_kind): the
+# first new token of a chain after a 2- or 3-token match was right 14 % / 35 % of the time
+# (HumanEval / chat), after 4 or more 67 % / 85 % (benchmarks/graft_acceptance.py,
+# results/graft_acceptance_zen3_session46.txt; an ad-hoc split by exact length had 12-27 %
+# after 2 tokens, 25-55 % after 3, 50-100 % from 4 on).
 LONG_MATCH = 4
 # Tokens of the lookup chain grafted per greedy tree round at most (DominoGenerator.generate's
 # lookup_tokens; with the adaptive budget each round grafts the part that pays,
