@@ -268,9 +268,9 @@ def test_graft_acceptance_counts_the_new_nodes_on_the_accepted_path(wrong_at, mo
         assert any(a < v for _, (v,), (a,) in offered)
 
 
-def test_a_kind_cut_to_nothing_still_fades_towards_its_prior(monkeypatch):
-    """A kind of graft the budget cuts away entirely is still updated each round it offers
-    something (0 verified): its evidence fades, so it gets grafted again later."""
+def test_a_kind_cut_to_nothing_gathers_no_evidence(monkeypatch):
+    """A kind of graft the budget cuts away entirely is neither grafted nor counted: its
+    counts stay as they were (re-grafting it as its evidence faded measured slower)."""
     import domino.generate
 
     gen = tiny_generator("qwen3")
@@ -281,8 +281,8 @@ def test_a_kind_cut_to_nothing_still_fades_towards_its_prior(monkeypatch):
     updates = _recording_graft_counters(monkeypatch)
     grafted = count_grafts(monkeypatch)
     gen.generate(ps, max_new_tokens=40, tree=TreeShape(2, 3), lookup_tokens=6, datastore_tokens=0)
-    cut = [(kind, v) for kind, v, _ in updates if kind.startswith("lookup")]
-    assert cut and all(x == 0 for _, v in cut for x in v) and not any(grafted)
+    assert grafted and not any(grafted)  # rounds that grafted, all cut to nothing
+    assert not [u for u in updates if u[0].startswith("lookup")]
 
 
 def test_lookup_graft_kind_splits_at_the_long_match():
