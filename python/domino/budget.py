@@ -42,9 +42,8 @@ import domino_ops
 from domino_ops import cpu
 
 __all__ = ["Calibration", "DepthAcceptance", "RoundCosts", "best_draft_length", "best_graft_length", "best_tree_nodes",
-           "best_tree_size",
-           "best_verify_length", "graft_gain", "tree_tokens",
-           "cost_key", "expected_tokens", "measure_round_costs", "round_costs"]
+           "best_tree_size", "best_verify_length", "cost_key", "expected_tokens", "graft_gain", "measure_round_costs",
+           "round_costs", "tree_tokens"]
 
 # Sizes timed by measure_round_costs; the others are interpolated linearly between them.
 _TIMED_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)

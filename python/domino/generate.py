@@ -543,9 +543,9 @@ class DominoGenerator:
         this call of each sequence's kind of graft: :data:`GRAFT_PRIOR`'s keys; the tree's
         size is chosen before, and a datastore chain that extends the lookup's new nodes is
         scored at the datastore's rates). Returns the candidates, links, depth, and per
-        source the grafts offered: (each sequence's kind of graft, None where it proposed
-        nothing new, the grafts' first node index, each sequence's new nodes after the cut,
-        0 where cut away)."""
+        source the grafts offered: (each sequence's kind of graft, None for a sequence not
+        live, the grafts' first node index, each sequence's new nodes after the cut, 0 where
+        it proposed nothing new or the cut took them all)."""
         candidates, max_depth, made = tree.candidates, self.drafter.config.num_drafts, []
 
         def propose(name: str, s: int, most: int) -> tuple[list[int], str]:
@@ -562,10 +562,9 @@ class DominoGenerator:
                 chains[s], graft_kinds[s] = propose(name, s, most)
             sizes = graft_sizes(candidates, links, chains, max_depth)
             new = [n for _, n in sizes]
-            graft_kinds = [g if n else None for g, n in zip(graft_kinds, new)]  # offered nothing new: no evidence
             if plan is not None:
                 live_new = [new[s] for s in live]
-                rates = [graft_acceptance[graft_kinds[s]].rates() if graft_kinds[s] else [] for s in live]
+                rates = [graft_acceptance[graft_kinds[s]].rates() for s in live]
                 L = budget.best_graft_length(live_new, rates, plan.tokens, candidates.shape[1], costs, plan.draft_ms)
                 plan.tokens += budget.graft_gain(live_new, rates, L)
                 chains = [chain[:i + L] for chain, (i, _) in zip(chains, sizes)]
@@ -618,7 +617,7 @@ class DominoGenerator:
             # update with 0 verified) re-grafted chains that mostly failed: on the Zen 3 VM the
             # default ran 1.02x and the tree 1.00x the adaptive chain, against 1.07x and 1.05x
             # without (results/e2e_graft_fading_zen3_session46.txt).
-            for gkind in set(graft_kinds[s] for s in live if new[s]) - {None}:
+            for gkind in {graft_kinds[s] for s in live if new[s]}:
                 offered = [s for s in live if graft_kinds[s] == gkind and new[s]]
                 graft_acceptance[gkind].update(
                     [new[s] for s in offered],

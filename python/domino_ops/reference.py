@@ -123,12 +123,6 @@ def sampled_children(L: torch.Tensor, m: int, temperature, top_k, top_p, uniform
     return tokens, logprobs
 
 
-def _at_rows(x, rows: torch.Tensor):
-    """A parameter for the nodes selected by ``rows`` [n] bool: a per-node tensor's values
-    there, a Python number as it is."""
-    return x[rows] if isinstance(x, torch.Tensor) else x
-
-
 def domino_head_expand(base_logits, hproj, node_state, node_seq, node_depth, gru_input, w_ih, w_hh, w1s, w2, *,
                        num_children, temperature=0.0, top_k=0, top_p=1.0, generator=None, a_dtype=None,
                        uniforms=None):
@@ -151,15 +145,15 @@ def domino_head_expand(base_logits, hproj, node_state, node_seq, node_depth, gru
         if uniforms is None:
             uniforms = expand_uniforms(node_seq, num_children, generator)
 
-        def of_node(x):  # a [b] per-sequence parameter as one value per node
-            return x[node_seq] if isinstance(x, torch.Tensor) else x
-
-        T = of_node(temperature)
+        T = temperature[node_seq] if isinstance(temperature, torch.Tensor) else temperature
         sampled = per_row(effective_temperature(T), Fn, torch.float64, L.device)[:, 0] > 0
+
+        def at_sampled(x):  # a [b] per-sequence parameter for the sampled nodes; a number as it is
+            return x[node_seq][sampled] if isinstance(x, torch.Tensor) else x
+
         if bool(sampled.any()):
-            s_tokens, s_logprobs = sampled_children(L[sampled], num_children, _at_rows(T, sampled),
-                                                    _at_rows(of_node(top_k), sampled),
-                                                    _at_rows(of_node(top_p), sampled), uniforms[sampled])
+            s_tokens, s_logprobs = sampled_children(L[sampled], num_children, at_sampled(temperature),
+                                                    at_sampled(top_k), at_sampled(top_p), uniforms[sampled])
             tokens[sampled], logprobs[sampled] = s_tokens.to(tokens.device), s_logprobs.to(logprobs.device)
     x = tokens.reshape(-1)
     gi = (gru_input[x] if w_ih is None else F.linear(gru_input[x], w_ih)).to(acc)

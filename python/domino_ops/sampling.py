@@ -52,8 +52,7 @@ def expand_uniforms(node_seq: torch.Tensor, num_children: int,
     for s, g in enumerate(generator):
         nodes = torch.nonzero(seq == s)[:, 0]
         if nodes.numel():
-            u[nodes.to(dev)] = torch.rand((nodes.numel(), num_children), dtype=torch.float64, device=dev,
-                                          generator=g)
+            u[nodes.to(dev)] = draw_uniforms((nodes.numel(), num_children), dev, g)
     return u
 
 
