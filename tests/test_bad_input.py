@@ -49,6 +49,11 @@ HEAD_CASES = [
     (dict(temperature=-0.1), ValueError, "temperature must be finite and >= 0"),
     (dict(temperature=float("nan")), ValueError, "temperature must be finite and >= 0"),
     (dict(temperature=float("inf")), ValueError, "temperature must be finite and >= 0"),
+    # past float32's largest value the kernels' float32 temperature would be inf: every token tied
+    (dict(temperature=1e39), ValueError, r"temperature must be finite and >= 0 \(finite in float32"),
+    (dict(temperature=10 ** 400), ValueError, "temperature must be finite and >= 0"),
+    (dict(temperature=torch.tensor([1.0, 1e39], dtype=torch.float64)), ValueError,
+     r"temperature must be finite and >= 0 in every row \(finite in float32\)"),
     (dict(top_p=0.0), ValueError, r"top_p must be in \(0, 1\]"),
     (dict(top_p=1.5), ValueError, r"top_p must be in \(0, 1\]"),
     (dict(top_k=-1), ValueError, "top_k must be >= 0"),
@@ -68,6 +73,81 @@ def test_head_rollout_bad_input(over, exc, msg):
 def test_head_rollout_mixed_devices():
     with pytest.raises(ValueError, match="w2 is on"):
         call_head(w2=torch.randn(50, 4, device="cuda"))
+
+
+@pytest.mark.parametrize("backend", ["native", "reference"])
+def test_head_rollout_refuses_base_logits_sharing_memory(backend):
+    """base_logits (written with write_logits) over another argument's memory: one rule
+    and one exception for every backend (the reference overwrote w2 while reading it)."""
+    args = head()
+    w2 = torch.randn(100, 4)  # w2 [50, 4] and base_logits [2, 3, 50] over one buffer
+    args["w2"] = w2[:50]
+    args["base_logits"] = w2.view(-1)[100:400].view(2, 3, 50)
+    for write in (True, False):
+        with pytest.raises(ValueError, match="base_logits must not share memory with w2"):
+            domino_ops.domino_head_rollout(*args.values(), write_logits=write, backend=backend)
+
+
+@pytest.mark.parametrize("backend", ["native", "reference"])
+def test_head_rollout_refuses_to_overwrite_a_protected_tensor(backend):
+    """write_logits=True overwrites base_logits in place: a tensor autograd tracks, or an
+    inference tensor outside inference mode, is refused by name (the native kernel wrote
+    over both, the reference raised autograd's own error)."""
+    args = head()
+    args["base_logits"] = torch.randn(2, 3, 50, requires_grad=True)
+    with pytest.raises(ValueError, match="base_logits is overwritten in place, but requires grad"):
+        domino_ops.domino_head_rollout(*args.values(), write_logits=True, backend=backend)
+    with torch.inference_mode():
+        args["base_logits"] = torch.randn(2, 3, 50)
+    with pytest.raises(ValueError, match="base_logits is overwritten in place, but is an inference tensor"):
+        domino_ops.domino_head_rollout(*args.values(), write_logits=True, backend=backend)
+    with torch.inference_mode():  # inside it, as the engine calls it: fine
+        domino_ops.domino_head_rollout(*args.values(), write_logits=True, backend=backend)
+    args["base_logits"] = torch.randn(2, 3, 50, requires_grad=True)  # read only: fine
+    domino_ops.domino_head_rollout(*args.values(), backend=backend)
+
+
+FILTERED_PROBS_CASES = [
+    (dict(temperature=float("nan")), ValueError, "temperature must be finite and >= 0"),
+    (dict(temperature=-1.0), ValueError, "temperature must be finite and >= 0"),
+    (dict(top_k=-3), ValueError, "top_k must be >= 0"),
+    (dict(top_k=2.5), TypeError, "top_k must be an int"),
+    (dict(top_p=0.0), ValueError, r"top_p must be in \(0, 1\]"),
+    (dict(top_p=2.0), ValueError, r"top_p must be in \(0, 1\]"),
+    (dict(top_p=torch.tensor([0.5, 0.5, 0.5])), ValueError, r"top_p as a tensor must have shape \[2\]"),
+    (dict(logits=torch.randn(2, 5, dtype=torch.float64)), TypeError, "logits must be float32 or bfloat16"),
+    (dict(logits=torch.randn(2, 5).long()), TypeError, "logits must be float32 or bfloat16"),
+    (dict(logits=torch.randn(5)), ValueError, "logits must have 2 dimensions"),
+    (dict(logits=torch.randn(2, 0)), ValueError, "logits must not be empty"),
+    (dict(logits=torch.randn(0, 5)), ValueError, "logits must not be empty"),
+]
+
+
+@pytest.mark.parametrize("over,exc,msg", FILTERED_PROBS_CASES)
+def test_filtered_probs_bad_input(over, exc, msg):
+    """filtered_probs (the p and q verify_sampling takes) validates as the sampling ops do:
+    it used to turn a NaN temperature into NaN probabilities and a negative one into the
+    argmax, and to ignore a negative top_k or a top_p past 1."""
+    kw = dict(logits=torch.randn(2, 5))
+    kw.update(over)
+    with pytest.raises(exc, match=msg):
+        domino_ops.filtered_probs(kw.pop("logits"), **kw)
+
+
+def test_uniforms_need_one_generator_per_row():
+    """A generator list of the wrong length is refused (it used to return uninitialised
+    memory for an empty list, and fewer rows than asked for a short one), and
+    expand_uniforms refuses a node of a sequence the list has no generator for (it used to
+    clamp it to the last one)."""
+    gens = [torch.Generator().manual_seed(i) for i in range(2)]
+    for shape, g in [((4,), []), ((4,), gens), ((1, 3), gens)]:
+        with pytest.raises(ValueError, match="generator as a list must have one generator per row"):
+            domino_ops.draw_uniforms(shape, "cpu", g)
+    with pytest.raises(ValueError, match=r"node_seq must hold values in \[0, 2\)"):
+        domino_ops.sampling.expand_uniforms(torch.tensor([0, 1, 5]), 2, gens)
+    with pytest.raises(ValueError, match=r"node_seq must hold values in \[0, 0\)"):
+        domino_ops.sampling.expand_uniforms(torch.tensor([0]), 2, [])
+    assert domino_ops.sampling.expand_uniforms(torch.tensor([1, 0, 1]), 2, gens).shape == (3, 2)
 
 
 def test_mixed_devices_meta():

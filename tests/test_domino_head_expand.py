@@ -560,6 +560,9 @@ def packed_args(**over):
      r"w_hh_packed must be w_hh \[15, 5\] packed"),
     (dict(w_hh_packed=domino_ops.pack_small_batch_linear_weight(torch.ones(15, 5))), ValueError,
      r"w_hh_packed is not pack_small_batch_linear_weight\(w_hh\)"),
+    # float32 panels (pack_small_batch_linear_weight(w2, dtype=float32)) for a bf16 w2
+    (dict(w2_packed=domino_ops.pack_small_batch_linear_weight(torch.ones(20, 4), dtype=torch.float32)), ValueError,
+     r"w2_packed must hold bfloat16 panels on cpu \(pack_small_batch_linear_weight\(w2\), its default dtype\)"),
 ])
 def test_wrapper_rejects_a_wrong_w2_packed(over, exc, msg):
     with pytest.raises(exc, match=msg):
@@ -781,3 +784,26 @@ def test_wrapper_rejects_node_logits_that_disagree_with_write_node_logits(write,
 def test_wrapper_rejects_a_wrong_out(out, exc, msg):
     with pytest.raises(exc, match=msg):
         domino_ops.domino_head_expand(**args(), out=out)
+
+
+@pytest.mark.parametrize("backend", params(("native", "reference", "triton")))
+def test_wrapper_rejects_outputs_that_share_memory(backend):
+    """out's tensors sharing memory with each other or with an input: the result would
+    depend on the order a backend writes in (the reference copied its results over each
+    other, the Triton kernel read its own node logits back), so every backend refuses them
+    by name, before anything runs."""
+    buf = torch.empty(4 * 2 * 5 + 4 * 20)  # the child states and the node logits over one buffer
+    out = (torch.empty(4, 2, dtype=torch.long), torch.empty(4, 2), buf[:40].view(4, 2, 5), buf[:80].view(4, 20))
+    with pytest.raises(ValueError, match="out's child_state must not share memory with out's node_logits"):
+        domino_ops.domino_head_expand(**args(), backend=backend, out=out)
+    a = args()
+    node_state = torch.zeros(4 * 20)  # node logits written over the states they are computed from
+    a["node_state"] = node_state[:20].view(4, 5)
+    out = (torch.empty(4, 2, dtype=torch.long), torch.empty(4, 2), torch.empty(4, 2, 5), node_state.view(4, 20))
+    with pytest.raises(ValueError, match="out's node_logits must not share memory with node_state"):
+        domino_ops.domino_head_expand(**a, backend=backend, out=out)
+    a = args()
+    out = (torch.empty(4, 2, dtype=torch.long), a["w2"].view(-1)[:8].view(4, 2), torch.empty(4, 2, 5),
+           torch.empty(4, 20))
+    with pytest.raises(ValueError, match="out's child_logprobs must not share memory with w2"):
+        domino_ops.domino_head_expand(**a, backend=backend, out=out)

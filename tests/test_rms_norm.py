@@ -100,6 +100,8 @@ def test_extreme_values_stay_in_their_row():
     (lambda: (torch.ones(2, 4), torch.ones(4, dtype=torch.bfloat16)), TypeError, "weight must be float32"),
     (lambda: (torch.ones(2, 4), torch.ones(4), -1.0), ValueError, "eps must be a finite number"),
     (lambda: (torch.ones(2, 4), torch.ones(4), float("nan")), ValueError, "eps must be a finite number"),
+    (lambda: (torch.ones(2, 4), torch.ones(4), 10 ** 400), ValueError, "eps must be a finite number"),
+    (lambda: (torch.ones(2, 4), torch.ones(4), None), TypeError, "eps must be a number"),
     (lambda: (torch.ones(2, 0), torch.ones(0)), ValueError, "input must not be empty"),
 ])
 def test_bad_input_names_the_argument(args, err, msg):

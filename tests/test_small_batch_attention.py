@@ -193,17 +193,31 @@ def test_a_padded_static_cache_gives_the_bits_of_its_written_keys(dtype, kind, M
                 assert torch.equal(big[b:b + 1], alone), (isa, b)
 
 
-def test_no_visible_key_gives_zeros_and_nan_propagates():
+@pytest.mark.parametrize("backend", ["native", "reference"])
+def test_no_visible_key_gives_zeros_and_nan_propagates(backend):
+    """A row with no visible key gives zeros; a NaN score gives NaN, not zeros, in the
+    kernel and in the reference (which once took a NaN row maximum for "no key")."""
+    def run(q, k, v, mask=None):
+        if backend == "reference":
+            return domino_ops.small_batch_attention(q, k, v, mask, backend=backend)
+        out = torch.full(q.shape, 12345.0)  # poisoned with a finite value: a NaN must be written
+        op(q, k, v, mask, 1.0 / math.sqrt(q.shape[-1]), out)
+        return out
+
     q, k, v = make(1, 2, 1, 2, 5, 8, torch.float32, 0)
     mask = torch.ones(1, 2, 2, 5, dtype=torch.bool)
     mask[:, 0, 1] = False
-    out = run_op(q, k, v, mask)
+    out = run(q, k, v, mask)
     assert torch.equal(out[:, 0, 1], torch.zeros(1, 8)) and torch.isfinite(out[:, 1]).all()
     k[0, 0, 0, 0] = float("nan")
-    assert torch.isnan(run_op(q, k, v)).all()  # every row sees key 0
+    assert torch.isnan(run(q, k, v)).all()  # every row sees key 0
     q, k, v = make(1, 2, 1, 3, 3, 8, torch.float32, 1)
     k[0, 0, 0, 0] = float("nan")
-    assert torch.isnan(run_op(q, k, v)).all()  # row 0's only key is NaN: NaN, not zeros
+    assert torch.isnan(run(q, k, v)).all()  # row 0's only key is NaN: NaN, not zeros
+    q, k, v = make(1, 1, 1, 1, 2, 4, torch.float32, 2)
+    float_mask = torch.zeros(1, 1, 1, 2)
+    float_mask[..., 1] = float("nan")  # a NaN added to a visible score
+    assert torch.isnan(run(q, k, v, float_mask)).all()
 
 
 def test_wrapper_returns_hf_layout_and_backends_agree():
@@ -230,6 +244,9 @@ def test_wrapper_returns_hf_layout_and_backends_agree():
     (dict(mask=torch.ones(1, 1, 3, 4, dtype=torch.bool)), ValueError, "mask must have shape"),
     (dict(mask=torch.ones(1, 1, 3, 5, dtype=torch.int32)), TypeError, "mask must be bool"),
     (dict(scale=float("nan")), ValueError, "scale must be a finite number"),
+    (dict(scale=10 ** 400), ValueError, "scale must be a finite number"),
+    (dict(scale=1e39), ValueError, r"scale must be a finite number \(finite in float32\)"),
+    (dict(scale="1"), TypeError, "scale must be a number"),
     (dict(backend="triton"), ValueError, "backend must be one of"),
 ])
 def test_bad_input_names_the_argument(args, err, msg):

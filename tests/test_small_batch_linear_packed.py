@@ -237,8 +237,36 @@ def test_a_bad_path_is_refused_by_name(value, msg, monkeypatch):
     with pytest.raises(ValueError, match=msg):
         domino_ops.small_batch_linear_packed_path()
     x, w, _ = make(2, 5, 8, False, 0)
-    with pytest.raises(RuntimeError, match=msg):
+    with pytest.raises(ValueError, match=msg):
         run_op(x, domino_ops.pack_small_batch_linear_weight(w), None, torch.float32)
+
+
+@pytest.mark.parametrize("make_args,exc,msg", [
+    (lambda p: (p.data, 97, 9), ValueError, r"data must have shape \[3, 5, 48, 2\] to hold a packed \[97, 9\]"),
+    (lambda p: (p.data, 50, 8), ValueError, r"data must have shape \[2, 4, 48, 2\]"),
+    (lambda p: (p.data.float(), 50, 9), ValueError, r"data must have shape \[2, 9, 48, 1\]"),
+    (lambda p: (p.data, 50.0, 9), TypeError, "out_features must be an int"),
+    (lambda p: (p.data, 50, 0), ValueError, "in_features must be >= 1"),
+    (lambda p: (None, 50, 9), TypeError, "data must be a torch.Tensor"),
+    (lambda p: (p.data[0], 50, 9), ValueError, "data must have 4 dimensions"),
+    (lambda p: (p.data.transpose(0, 1).contiguous().transpose(0, 1), 50, 9), ValueError, "data must be contiguous"),
+])
+def test_a_hand_made_packed_weight_is_checked(make_args, exc, msg):
+    """A PackedLinearWeight built by hand whose data does not match its sizes is refused
+    at construction (the reference used to read the panels by the sizes given: a wrong
+    shape, a truncated weight)."""
+    packed = domino_ops.pack_small_batch_linear_weight(torch.randn(50, 9))
+    with pytest.raises(exc, match=msg):
+        domino_ops.PackedLinearWeight(*make_args(packed))
+
+
+def test_reference_is_not_differentiable():
+    """Both backends of both linears return a tensor autograd does not track ("Not
+    differentiable", as documented), even for a weight that requires grad."""
+    x, w = torch.randn(3, 9), torch.randn(5, 9, requires_grad=True)
+    assert not domino_ops.small_batch_linear(x, w, backend="reference").requires_grad
+    packed = domino_ops.pack_small_batch_linear_weight(w)
+    assert not domino_ops.small_batch_linear_packed(x.bfloat16(), packed, backend="reference").requires_grad
 
 
 @needs_cpu

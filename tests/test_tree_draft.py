@@ -283,6 +283,33 @@ def test_bad_input(kw, msg):
         draft_tree(*inputs, torch.zeros(1, dtype=torch.long), **kw)
 
 
+@pytest.mark.parametrize("roots,over,exc,msg", [
+    (torch.tensor([-7]), {}, ValueError, r"root_tokens must hold token ids, values in \[0, "),
+    (torch.tensor([3.9]), {}, TypeError, "root_tokens must be int64"),
+    (torch.tensor([1, 2]), {}, ValueError, r"root_tokens must have shape \[1\]"),
+    ([1], {}, TypeError, "root_tokens must be a torch.Tensor"),
+    (torch.tensor([1]), dict(topk=21), ValueError, r"topk must be an int in \[1, 20\] \(the vocabulary\)"),
+    (torch.tensor([1]), dict(num_draft_tokens=3.0), TypeError, "num_draft_tokens must be an int or None"),
+    (torch.tensor([1]), dict(base_logits=None), TypeError, "base_logits must be a torch.Tensor"),
+    (torch.tensor([1]), dict(base_logits=torch.randn(4, 20)), ValueError, "base_logits must have 3 dimensions"),
+])
+def test_bad_roots_and_sizes_name_the_argument(roots, over, exc, msg):
+    """root_tokens is copied into the candidates as it is, so it is checked (dtype, shape,
+    no negative id; ids past V stay allowed: a draft vocabulary's tree roots at a target
+    id); topk beyond the vocabulary and a non-int num_draft_tokens are named as draft_tree's
+    own arguments."""
+    inputs = list(head_rollout_inputs(1, 4, 20, 4, 5, 3, torch.float32, torch.float32, True, seed=0))
+    if "base_logits" in over:
+        inputs[0] = over.pop("base_logits")
+    kw = dict(topk=2, depth=2)
+    kw.update(over)
+    with pytest.raises(exc, match=msg):
+        draft_tree(*inputs, roots, **kw)
+    # a root id beyond the (draft) vocabulary is fine: it is the target's
+    assert draft_tree(*head_rollout_inputs(1, 4, 20, 4, 5, 3, torch.float32, torch.float32, True, seed=0),
+                      torch.tensor([49151]), topk=2, depth=2).candidates[0, 0] == 49151
+
+
 @pytest.mark.parametrize("topk,depth", [(1, 3), (2, 1), (2, 4), (3, 3)])
 def test_candidate_parents_and_reselection(topk, depth):
     """candidate_parents follows parent_list (each child's cumulative score is its parent's

@@ -44,7 +44,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("_force_cpu_isa",
         [](const std::string& name) { value_errors([&] { domino::cpu::force_isa(name); return 0; }); },
         "Tests and benchmarks: run the CPU kernels as build `name` ('' to restore)");
-  m.def("small_batch_linear_isa", &domino::cpu::small_batch_linear_isa,
+  m.def("small_batch_linear_isa",
+        [] { return value_errors([] { return std::string(domino::cpu::small_batch_linear_isa()); }); },
         "The instruction-set path (avx512, avx2, generic) small_batch_linear takes now");
   m.def("small_batch_linear_packed_supported", &domino::cpu::small_batch_linear_packed_supported,
         "Whether this CPU runs small_batch_linear_packed on bf16 panels (AVX2 and FMA, or AVX512-BF16, -BW and -VL)");

@@ -495,8 +495,8 @@ Isa current_isa() {
   else if (want == "avx512") isa = Isa::kAvx512;
   else if (want == "avx2") isa = Isa::kAvx2;
   else if (want == "generic") isa = Isa::kGeneric;
-  else TORCH_CHECK(false, "DOMINO_SMALL_BATCH_LINEAR_ISA must be avx512_bf16, avx512, avx2 or generic, got '", want, "'");
-  TORCH_CHECK(static_cast<int>(isa) <= static_cast<int>(best), "DOMINO_SMALL_BATCH_LINEAR_ISA=", want,
+  else TORCH_CHECK_VALUE(false, "DOMINO_SMALL_BATCH_LINEAR_ISA must be avx512_bf16, avx512, avx2 or generic, got '", want, "'");
+  TORCH_CHECK_VALUE(static_cast<int>(isa) <= static_cast<int>(best), "DOMINO_SMALL_BATCH_LINEAR_ISA=", want,
               " but this CPU (or build) supports at most ", isa_name(best));
   return isa;
 }

@@ -306,17 +306,17 @@ Path bf16_path() {
   const char* env = forced_path();
   if (env == nullptr) return amx ? Path::kAmx : cpu_has_avx512_bf16() ? Path::kAvx512Bf16 : Path::kAvx2;
   if (std::strcmp(env, "avx2") == 0) {
-    TORCH_CHECK(packed_avx2_available(), "DOMINO_SMALL_BATCH_LINEAR_PACKED_PATH=avx2 but this CPU has no AVX2 and FMA");
+    TORCH_CHECK_VALUE(packed_avx2_available(), "DOMINO_SMALL_BATCH_LINEAR_PACKED_PATH=avx2 but this CPU has no AVX2 and FMA");
     return Path::kAvx2;
   }
   if (std::strcmp(env, "avx512_bf16") == 0) {
-    TORCH_CHECK(cpu_has_avx512_bf16(),
+    TORCH_CHECK_VALUE(cpu_has_avx512_bf16(),
                 "DOMINO_SMALL_BATCH_LINEAR_PACKED_PATH=avx512_bf16 but this CPU has no AVX512-BF16 (with AVX512-BW/VL)");
     return Path::kAvx512Bf16;
   }
-  TORCH_CHECK(std::strcmp(env, "amx") == 0,
+  TORCH_CHECK_VALUE(std::strcmp(env, "amx") == 0,
               "DOMINO_SMALL_BATCH_LINEAR_PACKED_PATH must be auto, amx, avx512_bf16 or avx2, got '", env, "'");
-  TORCH_CHECK(amx, "DOMINO_SMALL_BATCH_LINEAR_PACKED_PATH=amx but this CPU has no AMX-BF16 (with AVX512-BW/VL), "
+  TORCH_CHECK_VALUE(amx, "DOMINO_SMALL_BATCH_LINEAR_PACKED_PATH=amx but this CPU has no AMX-BF16 (with AVX512-BW/VL), "
               "or the OS refused this process the AMX tile state (arch_prctl ARCH_REQ_XCOMP_PERM)");
   return Path::kAmx;
 }

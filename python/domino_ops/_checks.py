@@ -7,11 +7,13 @@ cannot read out of bounds.
 
 from __future__ import annotations
 
+import numbers
 from typing import Iterable
 
 import torch
 
 FLOAT_OR_BF16 = (torch.float32, torch.bfloat16)
+FLOAT32_MAX = torch.finfo(torch.float32).max
 
 
 def tensor(name: str, t, *, ndim: int, dtypes: Iterable[torch.dtype], device=None,
@@ -48,16 +50,20 @@ def sampling_params(temperature, top_k, top_p, rows: int | None = None, device=N
     _param("temperature", temperature, rows, device, integer=False)
     _param("top_k", top_k, rows, device, integer=True)
     _param("top_p", top_p, rows, device, integer=False)
-    if not isinstance(temperature, torch.Tensor) and not 0.0 <= temperature < float("inf"):  # also rejects NaN
-        raise ValueError(f"temperature must be finite and >= 0, got {temperature}")
+    # the kernels divide in float32: a temperature past its largest value would be inf there
+    # (every token tied), so "finite" means finite in float32
+    if not isinstance(temperature, torch.Tensor) and not 0.0 <= temperature <= FLOAT32_MAX:  # also rejects NaN
+        raise ValueError(f"temperature must be finite and >= 0 (finite in float32: <= {FLOAT32_MAX:.4g}), "
+                         f"got {temperature!r:.60}")
     if not isinstance(top_k, torch.Tensor) and top_k < 0:
         raise ValueError(f"top_k must be >= 0 (0 disables it), got {top_k}")
     if not isinstance(top_p, torch.Tensor) and not 0.0 < top_p <= 1.0:
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
     if _capturing(device):
         return
-    if isinstance(temperature, torch.Tensor) and not bool(((temperature >= 0) & temperature.isfinite()).all()):
-        raise ValueError(f"temperature must be finite and >= 0 in every row, got {temperature.tolist()}")
+    if isinstance(temperature, torch.Tensor) and not bool(((temperature >= 0) & (temperature <= FLOAT32_MAX)).all()):
+        raise ValueError(f"temperature must be finite and >= 0 in every row (finite in float32), "
+                         f"got {temperature.tolist()}")
     if isinstance(top_k, torch.Tensor) and bool((top_k < 0).any()):
         raise ValueError(f"top_k must be >= 0 in every row (0 disables it), got {top_k.tolist()}")
     if isinstance(top_p, torch.Tensor) and not bool(((top_p > 0) & (top_p <= 1)).all()):
@@ -82,6 +88,47 @@ def _param(name, value, rows, device, integer: bool) -> None:
             raise TypeError(f"{name} must be an int or a [b] integer tensor, got {type(value).__name__}")
     elif not isinstance(value, (int, float)) or isinstance(value, bool):
         raise TypeError(f"{name} must be a number or a [b] tensor, got {type(value).__name__}")
+
+
+def number(name: str, value, *, lo: float | None = None, lo_open: bool = False) -> float:
+    """``value`` (a real Python or NumPy number, not a bool) as a float, finite in float32
+    and at least ``lo`` (above it when ``lo_open``): TypeError for another type, ValueError
+    for the range."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    try:
+        v = float(value)
+    except OverflowError:  # an int beyond float64
+        v = float("inf")
+    below = lo is not None and (v <= lo if lo_open else v < lo)
+    if not -FLOAT32_MAX <= v <= FLOAT32_MAX or below:
+        bound = "" if lo is None else f" {'>' if lo_open else '>='} {lo}"
+        raise ValueError(f"{name} must be a finite number{bound} (finite in float32), got {value!r:.60}")
+    return v
+
+
+def _extent(t: torch.Tensor) -> tuple[int, int]:
+    """The byte addresses [start, end) a strided tensor's elements span."""
+    start = t.data_ptr()
+    return start, start + (sum((s - 1) * st for s, st in zip(t.shape, t.stride())) + 1) * t.element_size()
+
+
+def no_overlap(outputs: Iterable[tuple[str, torch.Tensor | None]],
+               inputs: Iterable[tuple[str, torch.Tensor | None]]) -> None:
+    """Raises ValueError "<output> must not share memory with <other>" when an output's
+    byte span meets an input's or another output's (None entries are skipped): whatever the
+    backend, the result would depend on the order its kernel reads and writes in. Spans, not
+    elements: an output interleaved with another tensor's elements is refused too, as the
+    C++ kernels' check refuses it."""
+    def spans(named):
+        return [(name, _extent(t)) for name, t in named
+                if t is not None and t.numel() and t.device.type != "meta"]
+
+    outs, ins = spans(outputs), spans(inputs)
+    for i, (name, (a0, a1)) in enumerate(outs):
+        for other, (b0, b1) in outs[i + 1:] + ins:
+            if a0 < b1 and b0 < a1:
+                raise ValueError(f"{name} must not share memory with {other}")
 
 
 def _capturing(device) -> bool:

@@ -43,7 +43,7 @@ def small_batch_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mas
             reads kv head ``h // (Hq // Hkv)``).
         mask: None, or [B or 1, Hq or 1, M, N]: bool (False hides a key) or float32 /
             bfloat16 added to the scores (-inf hides a key).
-        scale: the scores' factor (default ``1 / sqrt(D)``).
+        scale: the scores' factor, a number finite in float32 (default ``1 / sqrt(D)``).
         backend: "auto" (default) or "native": the C++ kernel on the CPU; "reference": the
             PyTorch reference. On other devices "auto" runs the reference and "native" raises.
     Returns:
@@ -69,8 +69,8 @@ def small_batch_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mas
             raise ValueError(f"mask must have shape [{B} or 1, {Hq} or 1, {M}, {N}], got {list(mask.shape)}")
     if scale is None:
         scale = 1.0 / math.sqrt(D)
-    elif not isinstance(scale, (int, float)) or isinstance(scale, bool) or not math.isfinite(scale):
-        raise ValueError(f"scale must be a finite number, got {scale!r}")
+    else:
+        scale = _checks.number("scale", scale)
     if _checks.cpu_kernel_backend("small_batch_attention", backend, dev) == "reference":
         return reference.small_batch_attention(q, k, v, mask, float(scale))
     out = torch.empty(B, M, Hq, D, dtype=q.dtype).transpose(1, 2)

@@ -22,7 +22,8 @@ _BACKENDS = ("auto", "native", "reference")
 
 def small_batch_linear_isa() -> str:
     """The instruction-set path the CPU kernel takes now: "avx512_bf16", "avx512", "avx2" or
-    "generic" (the best the CPU has, or a lower one forced by ``DOMINO_SMALL_BATCH_LINEAR_ISA``).
+    "generic" (the best the CPU has, or a lower one forced by ``DOMINO_SMALL_BATCH_LINEAR_ISA``;
+    ValueError for a bad value of it, here and from the op).
     "avx512_bf16" multiplies bf16 pairs (VDPBF16PS) when x and the weight are both bf16 and
     runs the "avx512" path for any other dtypes."""
     from domino_ops import _C

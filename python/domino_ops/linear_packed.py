@@ -63,6 +63,23 @@ class PackedLinearWeight:
     out_features: int
     in_features: int
 
+    def __post_init__(self):
+        # a hand-made pairing of data and sizes is checked once here: the kernels and the
+        # reference trust the sizes to read the panels
+        for name in ("out_features", "in_features"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+            if v < 1:
+                raise ValueError(f"{name} must be >= 1, got {v}")
+        data = _checks.tensor("data", self.data, ndim=4, dtypes=_checks.FLOAT_OR_BF16, contiguous=True)
+        group = 2 if data.dtype == torch.bfloat16 else 1
+        expected = (-(-self.out_features // PANEL_COLS), -(-self.in_features // group), PANEL_COLS, group)
+        if tuple(data.shape) != expected:
+            raise ValueError(f"data must have shape {list(expected)} to hold a packed [{self.out_features}, "
+                             f"{self.in_features}] {str(data.dtype).replace('torch.', '')} weight, "
+                             f"got {list(data.shape)}")
+
 
 def small_batch_linear_packed_supported(dtype: torch.dtype = torch.bfloat16) -> bool:
     """Whether this CPU runs :func:`small_batch_linear_packed` on panels of ``dtype``
@@ -147,6 +164,8 @@ def small_batch_linear_packed(x: torch.Tensor, weight: PackedLinearWeight, bias:
         raise TypeError(f"x must be {name} (the packed weight's dtype), got {str(x.dtype).replace('torch.', '')}")
     if x.device.type != "cpu":
         raise ValueError(f"x must be on the CPU, got {x.device}")
+    if weight.data.device.type != "cpu":
+        raise ValueError(f"weight's data must be on the CPU, got {weight.data.device}")
     if x.shape[-1] != K:
         raise ValueError(f"x must have shape [..., {K}] to match the packed weight [{N}, {K}], got {list(x.shape)}")
     out_dtype = x.dtype if out_dtype is None else out_dtype

@@ -111,8 +111,10 @@ def domino_head_rollout(base_logits: torch.Tensor, hproj: torch.Tensor, state: t
     ``S = GRUCell(E[token], S)`` (torch.nn.GRUCell gate order, no biases).
 
     Args:
-        base_logits: [b, k, V] float32 or bfloat16, contiguous. Overwritten with the final
-            logits L when ``write_logits``.
+        base_logits: [b, k, V] float32 or bfloat16, contiguous, sharing no memory with the
+            other arguments. Overwritten with the final logits L when ``write_logits`` (so
+            then not a tensor that requires grad, nor an inference tensor outside
+            ``torch.inference_mode()``).
         hproj: [b, k, r] float32 or bfloat16, ``W1[:, :H] @ h_i`` for each position.
         state: [b, G] float32, the GRU state after the tokens already fixed.
         gru_input: the token embedding [V, H] (then ``w_ih`` [3G, H] is required) or the
@@ -148,6 +150,12 @@ def domino_head_rollout(base_logits: torch.Tensor, hproj: torch.Tensor, state: t
     _checks.generator(generator, dev, rows=b)
     if not isinstance(write_logits, bool):
         raise TypeError(f"write_logits must be a bool, got {type(write_logits).__name__}")
+    if write_logits:
+        _check_writable("base_logits", base_logits)
+    # one rule for every backend (the native kernels' own): base_logits, which a kernel may
+    # write, shares no memory with the other arguments
+    _checks.no_overlap([("base_logits", base_logits)], _rollout_inputs(hproj, state, gru_input, w_ih, w_hh, w1s, w2,
+                                                                      temperature, top_k, top_p))
 
     chosen = select_backend("domino_head_rollout", dev, backend)
     if chosen == "reference":
@@ -163,6 +171,25 @@ def domino_head_rollout(base_logits: torch.Tensor, hproj: torch.Tensor, state: t
         base_logits, hproj.contiguous(), state.contiguous(), gru_input, w_ih, w_hh, w1s, w2,
         T, top_k, top_p, uniforms, write_logits, tokens, logprobs, state_out, row_T, row_k, row_p)
     return tokens, logprobs, state_out
+
+
+def _check_writable(name: str, t: torch.Tensor) -> None:
+    """A tensor an op overwrites in place: not one autograd tracks, not an inference tensor
+    outside inference mode (both of which PyTorch itself refuses to update in place)."""
+    if t.requires_grad:
+        raise ValueError(f"{name} is overwritten in place, but requires grad: pass a detached tensor")
+    if t.is_inference() and not torch.is_inference_mode_enabled():
+        raise ValueError(f"{name} is overwritten in place, but is an inference tensor used outside "
+                         "torch.inference_mode(): call the op inside it, or pass a clone")
+
+
+def _rollout_inputs(hproj, state, gru_input, w_ih, w_hh, w1s, w2, temperature, top_k, top_p) -> list:
+    """The named tensors :func:`domino_head_rollout` and :func:`domino_head_expand` read
+    besides their per-position inputs (None where absent or a number)."""
+    maybe = lambda t: t if isinstance(t, torch.Tensor) else None  # noqa: E731
+    return [("hproj", hproj), ("state", state), ("gru_input", gru_input), ("w_ih", w_ih), ("w_hh", w_hh),
+            ("w1s", w1s), ("w2", w2), ("temperature", maybe(temperature)), ("top_k", maybe(top_k)),
+            ("top_p", maybe(top_p))]
 
 
 def domino_head_expand(base_logits: torch.Tensor, hproj: torch.Tensor, node_state: torch.Tensor,
@@ -257,6 +284,13 @@ def domino_head_expand(base_logits: torch.Tensor, hproj: torch.Tensor, node_stat
     if out is not None:
         check_expand_out(out, node_state.shape[0], num_children, node_state.shape[1], base_logits.shape[2],
                          base_logits.device, write_node_logits)
+        inputs = _rollout_inputs(hproj, node_state, gru_input, w_ih, w_hh, w1s, w2, temperature, top_k, top_p)
+        inputs[1] = ("node_state", node_state)
+        _checks.no_overlap(zip(("out's child_tokens", "out's child_logprobs", "out's child_state", "out's node_logits"),
+                               out),
+                           [("base_logits", base_logits), ("node_seq", node_seq), ("node_depth", node_depth),
+                            ("w2_packed", None if w2_packed is None else w2_packed.data),
+                            ("w_hh_packed", None if w_hh_packed is None else w_hh_packed.data)] + inputs)
     else:
         out = expand_outputs(node_state.shape[0], num_children, node_state.shape[1], base_logits.shape[2],
                              base_logits.device, write_node_logits)
@@ -328,6 +362,10 @@ def check_packed_head_weight(packed, weight: torch.Tensor, name: str, weight_nam
                          f"backend on {weight.device}")
     if weight.dtype != torch.bfloat16:
         raise ValueError(f"{name} needs a bfloat16 {weight_name}, got {str(weight.dtype).replace('torch.', '')}")
+    if packed.data.dtype != torch.bfloat16 or packed.data.device != weight.device:
+        raise ValueError(f"{name} must hold bfloat16 panels on {weight.device} "
+                         f"(pack_small_batch_linear_weight({weight_name}), its default dtype), got "
+                         f"{str(packed.data.dtype).replace('torch.', '')} on {packed.data.device}")
     N, K = weight.shape
     if (packed.out_features, packed.in_features) != (N, K):
         raise ValueError(f"{name} must be {weight_name} [{N}, {K}] packed, got a packed [{packed.out_features}, "

@@ -226,9 +226,11 @@ def verify_sampling(draft_tokens, draft_probs, target_probs, *, generator=None):
     return _pad_after(out, num_accepted), num_accepted
 
 
+@torch.no_grad()
 def small_batch_linear(x, weight, bias=None):
     """Reference of :func:`domino_ops.small_batch_linear`: ``x @ weight.T + bias`` with
-    fp32 accumulation (float64 when any operand is float64, the exact oracle), in x's dtype."""
+    fp32 accumulation (float64 when any operand is float64, the exact oracle), in x's dtype;
+    not differentiable, as the kernel."""
     acc = torch.float64 if torch.float64 in (x.dtype, weight.dtype) else torch.float32
     b = None if bias is None else bias.to(acc)
     return F.linear(x.to(acc), weight.to(acc), b).to(x.dtype)
@@ -264,7 +266,7 @@ def small_batch_attention(q, k, v, mask=None, scale=None):
             visible = visible & (mask != float("-inf"))
     s = s.masked_fill(~visible, float("-inf"))
     m = s.amax(-1, keepdim=True)
-    empty = ~(m > float("-inf"))
+    empty = m == float("-inf")  # no visible key (a NaN score is not "empty": it propagates, as in the kernel)
     p = torch.exp(s - m.masked_fill(empty, 0.0))
     out = (p @ vv) / p.sum(-1, keepdim=True).masked_fill(empty, 1.0)
     return out.masked_fill(empty, 0.0).to(q.dtype)

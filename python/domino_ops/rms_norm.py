@@ -10,7 +10,6 @@ runs the reference.
 
 from __future__ import annotations
 
-import math
 
 import torch
 
@@ -31,7 +30,7 @@ def rms_norm(input: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
     Args:
         input: [..., n] float32 or bfloat16 (made contiguous if it is not).
         weight: [n], input's dtype and device.
-        eps: finite, >= 0 (HF's ``variance_epsilon``).
+        eps: a number >= 0, finite in float32 (HF's ``variance_epsilon``).
         backend: "auto" (default) or "native": the C++ kernel on the CPU; "reference": the
             PyTorch reference. On other devices "auto" runs the reference and "native" raises.
     Returns:
@@ -43,8 +42,7 @@ def rms_norm(input: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
     n = input.shape[-1]
     weight = _checks.tensor("weight", weight, ndim=1, dtypes=(input.dtype,), device=input.device)
     _checks.shape("weight", weight, (n,))
-    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not math.isfinite(eps) or eps < 0:
-        raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
+    eps = _checks.number("eps", eps, lo=0.0)
     if _checks.cpu_kernel_backend("rms_norm", backend, input.device) == "reference":
         return reference.rms_norm(input, weight, float(eps))
     input = input.contiguous()

@@ -31,6 +31,9 @@ def draw_uniforms(shape: Sequence[int], device: torch.device | str,
     torch.Generator (or torch's default for None), or from a list of ``shape[0]``
     generators, row i drawing its ``shape[1:]`` uniforms from generator i (per-request seeds)."""
     if isinstance(generator, (list, tuple)):
+        if not shape or len(generator) != shape[0]:
+            raise ValueError(f"generator as a list must have one generator per row (shape[0] of {tuple(shape)}), "
+                             f"got {len(generator)}")
         rows = [torch.rand(tuple(shape[1:]), dtype=torch.float64, device=device, generator=g) for g in generator]
         return torch.stack(rows) if rows else torch.empty(shape, dtype=torch.float64, device=device)
     return torch.rand(shape, dtype=torch.float64, device=device, generator=generator)
@@ -43,12 +46,14 @@ def expand_uniforms(node_seq: torch.Tensor, num_children: int,
     when some node may sample, for a frontier of nodes whose sequences are ``node_seq`` [n]
     int64: from one generator (or torch's default for None) in node order, or from a list
     with one generator per sequence, sequence s's nodes drawing theirs from generator s in
-    node order (``node_seq`` is then read on the host)."""
+    node order (``node_seq`` is then read on the host, and must hold values in
+    ``[0, len(generator))``)."""
     n, dev = node_seq.shape[0], node_seq.device
     if not isinstance(generator, (list, tuple)):
         return draw_uniforms((n, num_children), dev, generator)
+    seq = node_seq.cpu()
+    _checks.in_range("node_seq", seq, 0, len(generator), "hold values")
     u = torch.empty(n, num_children, dtype=torch.float64, device=dev)
-    seq = node_seq.cpu().clamp(0, len(generator) - 1)  # as the GPU kernels clamp an unchecked index
     for s, g in enumerate(generator):
         nodes = torch.nonzero(seq == s)[:, 0]
         if nodes.numel():
@@ -170,7 +175,10 @@ def filtered_probs(logits: torch.Tensor, temperature: float | torch.Tensor = 0.0
     repeated over the middle axes); temperature 0 gives the one-hot argmax, so greedy and
     sampled requests can share one verification. Rules for extreme values: see
     :func:`filtered_weights`."""
+    _checks.tensor("logits", logits, ndim=max(2, logits.dim() if isinstance(logits, torch.Tensor) else 2),
+                   dtypes=_checks.FLOAT_OR_BF16)
     b, V = logits.shape[0], logits.shape[-1]
+    _checks.sampling_params(temperature, top_k, top_p, rows=b, device=logits.device)
     rows = logits[0].numel() // V if logits.dim() > 1 else 1
     def per_row(x):  # a [b] tensor repeated over the middle axes; a number as it is
         return x.reshape(b).repeat_interleave(rows) if isinstance(x, torch.Tensor) else x

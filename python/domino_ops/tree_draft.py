@@ -38,6 +38,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from domino_ops import _checks
 from domino_ops.linear_packed import PackedLinearWeight
 from domino_ops.ops import check_expand_args, expand_outputs, run_expand
 from domino_ops.sampling import draw_uniforms, filtered_probs, may_sample
@@ -86,7 +87,9 @@ def draft_tree(base_logits: torch.Tensor, hproj: torch.Tensor, state: torch.Tens
     Args:
         base_logits [b, k, V], hproj [b, k, r], state [b, G], gru_input, w_ih, w_hh, w1s,
             w2: as :func:`domino_ops.domino_head_rollout` (state: the GRU state at the root).
-        root_tokens: [b] int64, each sequence's last verified token (node 0).
+        root_tokens: [b] int64 >= 0, each sequence's last verified token (node 0; copied
+            into ``candidates`` as it is, so it may be an id of a larger vocabulary than V,
+            the target's when V is a draft vocabulary).
         topk: children per expanded node and frontier size, >= 1.
         depth: expansion steps, in [1, k]; candidates at step s sit at block position s.
         num_draft_tokens: tree nodes N including the root, in [2, 1 + tree_size]; at
@@ -102,9 +105,13 @@ def draft_tree(base_logits: torch.Tensor, hproj: torch.Tensor, state: torch.Tens
     Returns:
         a :class:`DraftTree`.
     """
-    b, k, V = base_logits.shape
-    if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
-        raise ValueError(f"topk must be an int >= 1, got {topk!r}")
+    b, k, V = _checks.tensor("base_logits", base_logits, ndim=3, dtypes=_checks.FLOAT_OR_BF16).shape
+    root_tokens = _checks.tensor("root_tokens", root_tokens, ndim=1, dtypes=(torch.int64,),
+                                 device=base_logits.device)
+    _checks.shape("root_tokens", root_tokens, (b,))
+    _checks.in_range("root_tokens", root_tokens, 0, 2 ** 63 - 1, "hold token ids, values")
+    if isinstance(topk, bool) or not isinstance(topk, int) or not 1 <= topk <= V:
+        raise ValueError(f"topk must be an int in [1, {V}] (the vocabulary), got {topk!r}")
     if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= k:
         raise ValueError(f"depth must be an int in [1, {k}] (the block's positions), got {depth!r}")
     if isinstance(plain_depths, bool) or not isinstance(plain_depths, int) or plain_depths < 0:
@@ -116,6 +123,8 @@ def draft_tree(base_logits: torch.Tensor, hproj: torch.Tensor, state: torch.Tens
                          f"temperature given per sequence, got {num_draft_tokens}")
     if num_draft_tokens is None:
         num_draft_tokens = total + 1
+    if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, int):
+        raise TypeError(f"num_draft_tokens must be an int or None, got {type(num_draft_tokens).__name__}")
     if not 2 <= num_draft_tokens <= total + 1:
         raise ValueError(f"num_draft_tokens must be in [2, {total + 1}] for topk={topk}, depth={depth}, "
                          f"got {num_draft_tokens}")
