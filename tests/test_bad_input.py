@@ -283,3 +283,13 @@ def test_in_range_names_the_argument_and_the_values_found(numel):
     t[numel // 2] = -3
     with pytest.raises(ValueError, match=r"ids must be in \[0, 5\), got values in \[-3, 4\]"):
         _checks.in_range("ids", t, 0, 5)
+
+
+@pytest.mark.parametrize("kw,msg", [
+    (dict(rows=-1), "rows must be None or an int >= 0"),
+    (dict(rows=2.5), "rows must be None or an int >= 0"),
+    (dict(rows=2, device="bogus"), "device must be a torch.device or a device string"),
+])
+def test_check_sampling_params_checks_rows_and_device(kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        domino_ops.check_sampling_params(1.0, 0, 1.0, **kw)

@@ -47,6 +47,13 @@ def sampling_params(temperature, top_k, top_p, rows: int | None = None, device=N
     """temperature >= 0, integer top_k >= 0, top_p in (0, 1]: each a Python number or, when
     ``rows`` is given, a [rows] tensor on ``device`` (one value per row). Tensor values are
     checked on the host, except while a CUDA graph is being captured (no sync there)."""
+    if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 0):
+        raise ValueError(f"rows must be None or an int >= 0, got {rows!r}")
+    if device is not None and not isinstance(device, torch.device):
+        try:
+            device = torch.device(device)
+        except (RuntimeError, TypeError) as e:
+            raise ValueError(f"device must be a torch.device or a device string, got {device!r}") from e
     _param("temperature", temperature, rows, device, integer=False)
     _param("top_k", top_k, rows, device, integer=True)
     _param("top_p", top_p, rows, device, integer=False)
