@@ -36,6 +36,15 @@ def tiny_target(kind: str = "qwen3", vocab: int = 64, seed: int = 0):
         model = LlamaForCausalLM(LlamaConfig(**common))
     with torch.no_grad():  # sharper logits than the default init, so greedy paths are stable
         model.lm_head.weight.mul_(8.0)
+        # HF initialises every RMSNorm weight to 1 and every bias to 0, which would hide a
+        # kernel or fast path that ignores a norm's weight or drops a bias: random ones,
+        # from a generator of their own (the other weights stay the seed's)
+        g = torch.Generator().manual_seed(1000 + seed)
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=g))
+            elif name.endswith(".bias"):
+                p.copy_(0.3 * torch.randn(p.shape, generator=g))
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
     return model.eval()
