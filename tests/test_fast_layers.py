@@ -165,11 +165,13 @@ def test_switch_covers_the_drafters_modules_and_undoes():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("rows", [None, slice(1, 4), slice(0, 8)])
 @pytest.mark.parametrize("per_query_mask", [False, True])
-def test_fused_drafter_attention_gives_its_forwards_bits(dtype, rows, per_query_mask):
-    """One q/k/v product and one rotary call compute exactly DraftAttention.forward's
-    bits (norms left unswitched in both), all query rows or some, under generation's mask
-    [b, 1, Tc + Q] or a per-query one [b, Q, Tc + Q] as training passes."""
-    from domino.model import DraftAttention
+def test_fused_drafter_attention_matches_its_forward(dtype, rows, per_query_mask):
+    """One q/k/v product and one rotary call compute exactly the bits of the module's own
+    projections and rotation, and the attention on small_batch_attention is
+    DraftAttention.forward's (SDPA's) up to rounding: all query rows or some, under
+    generation's mask [b, 1, Tc + Q] or a per-query one [b, Q, Tc + Q] as training passes
+    (norms left unswitched in all)."""
+    from domino.model import DraftAttention, apply_rope
 
     d, cache, anchor, anchor_pos = _drafter_and_context(dtype)
     if not runs_packed(d.layers[0].self_attn.q_proj, dtype):
@@ -184,13 +186,46 @@ def test_fused_drafter_attention_gives_its_forwards_bits(dtype, rows, per_query_
         mask = mask.expand(2, Q, mask.shape[-1]) & (torch.rand(2, Q, mask.shape[-1], generator=g) < 0.7)
         mask[..., -Q:] |= torch.eye(Q, dtype=torch.bool)  # each query sees itself
     for i, layer in enumerate(d.layers):
+        mod = layer.self_attn
         args = (x, cos, sin, cache.keys[i], cache.values[i], mask, rows)
         with torch.no_grad():
-            fused = fast_layers._draft_attention_forward(layer.self_attn, *args)
-            plain = DraftAttention.forward(layer.self_attn, *args)
-        assert "_domino_fused_packed" in vars(layer.self_attn)  # the fused path ran
+            fused = fast_layers._draft_attention_forward(mod, *args)
+            q = apply_rope(mod.q_norm(mod.q_proj(x).view(2, Q, mod.nh, mod.hd)).transpose(1, 2), cos, sin)
+            own = fast_layers._draft_attend(mod, q, *mod.key_value(x, cos, sin), *args[3:])
+            plain = DraftAttention.forward(mod, *args)
+        assert "_domino_fused_packed" in vars(mod)  # the fused path ran
         assert fused.shape == (2, Q if rows is None else rows.stop - rows.start, x.shape[-1])
-        assert torch.equal(fused, plain)
+        assert torch.equal(fused, own)
+        tol = dict(atol=2e-2, rtol=2e-2) if dtype == torch.bfloat16 else dict(atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(fused, plain, **tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_fused_drafter_attention_ignores_hidden_context(dtype):
+    """A sequence's block attends to its visible context alone: the same bits whatever
+    hidden keys (left padding, the masked holes of earlier rounds) sit among them, and
+    whatever rows are asked for; SDPA's blocked CPU kernels gave different bits here."""
+    d, cache, anchor, anchor_pos = _drafter_and_context(dtype)
+    block, positions = d.block_input(anchor, anchor_pos)
+    Q = block.shape[1]
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(1, Q, d.config.hidden_size, generator=g).to(dtype)
+    cos, sin = d.rotary(positions[:1], dtype)
+    mod = d.layers[0].self_attn
+    ctx_k, ctx_v = cache.keys[0][:1], cache.values[0][:1]
+    mask = torch.ones(1, 1, ctx_k.shape[2] + Q, dtype=torch.bool)
+    # the same context with 7 hidden keys of garbage spread among it
+    where = torch.zeros(ctx_k.shape[2] + 7, dtype=torch.bool)
+    where[torch.randperm(len(where), generator=g)[:7]] = True
+    holes_k = torch.randn(1, mod.kvh, len(where), mod.hd, generator=g).to(dtype)
+    holes_v = torch.randn(1, mod.kvh, len(where), mod.hd, generator=g).to(dtype)
+    holes_k[:, :, ~where], holes_v[:, :, ~where] = ctx_k, ctx_v
+    holes_mask = torch.cat([~where, torch.ones(Q, dtype=torch.bool)])[None, None]
+    with torch.no_grad():
+        want = fast_layers._draft_attention_forward(mod, x, cos, sin, ctx_k, ctx_v, mask)
+        got = fast_layers._draft_attention_forward(mod, x, cos, sin, holes_k, holes_v, holes_mask)
+        some = fast_layers._draft_attention_forward(mod, x, cos, sin, holes_k, holes_v, holes_mask, slice(2, 5))
+    assert torch.equal(got, want) and torch.equal(some, want[:, 2:5])
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

@@ -42,8 +42,9 @@ import sys
 
 import torch
 
+import domino_ops
 from domino.fast_linear import cpu_kernel_applies, fused_packed_linear, undo_fused_packed_linear
-from domino.model import DraftAttention, DraftMLP, RMSNorm
+from domino.model import DraftAttention, DraftMLP, RMSNorm, apply_rope
 
 __all__ = ["use_fused_layers", "undo_fused_layers", "uses_fused_layers", "NORM_CLASSES", "MLP_CLASSES",
            "ATTENTION_CLASSES"]
@@ -127,12 +128,14 @@ def _draft_attention_forward(mod: DraftAttention, x: torch.Tensor, cos: torch.Te
                              rows: slice | None = None) -> torch.Tensor:
     """:meth:`domino.model.DraftAttention.forward` with the q, k and v projections as one
     product and both rotations as one ``domino_ops.apply_rotary_pos_emb`` call (the
-    drafter's ``apply_rope`` is HF's rotation, the same bits); its own forward where the
-    product does not apply. x [b, Q, H]; cos, sin [b, 1, Q, hd]."""
+    drafter's ``apply_rope`` is HF's rotation, the same bits; its own projections where the
+    product does not apply) and the attention on ``small_batch_attention`` (:func:`_draft_attend`).
+    x [b, Q, H]; cos, sin [b, 1, Q, hd]."""
     qkv = fused_packed_linear(mod, (mod.q_proj, mod.k_proj, mod.v_proj), x)
-    if qkv is None or cos.dtype is not qkv.dtype or sin.dtype is not qkv.dtype:
-        return DraftAttention.forward(mod, x, cos, sin, ctx_k, ctx_v, attn_mask, rows)
     b, Q, _ = x.shape
+    if qkv is None or cos.dtype is not qkv.dtype or sin.dtype is not qkv.dtype:  # its own projections
+        q = apply_rope(mod.q_norm(mod.q_proj(x).view(b, Q, mod.nh, mod.hd)).transpose(1, 2), cos, sin)
+        return _draft_attend(mod, q, *mod.key_value(x, cos, sin), ctx_k, ctx_v, attn_mask, rows)
     q, k, v = qkv.split((mod.nh * mod.hd, mod.kvh * mod.hd, mod.kvh * mod.hd), dim=-1)
     q = mod.q_norm(q.reshape(b, Q, mod.nh, mod.hd)).transpose(1, 2)
     k = mod.k_norm(k.reshape(b, Q, mod.kvh, mod.hd)).transpose(1, 2)
@@ -141,7 +144,33 @@ def _draft_attention_forward(mod: DraftAttention, x: torch.Tensor, cos: torch.Te
     rotated_k = torch.empty(k.shape, dtype=k.dtype)
     # cos/sin [b, 1, Q, hd] -> the op's [b, Q, hd] (a strided view is fine)
     torch.ops.domino_ops.apply_rotary_pos_emb.default(q, k, cos[:, 0], sin[:, 0], rotated_q, rotated_k)
-    return mod.attend(rotated_q, rotated_k, v, ctx_k, ctx_v, attn_mask, rows)
+    return _draft_attend(mod, rotated_q, rotated_k, v, ctx_k, ctx_v, attn_mask, rows)
+
+
+def _draft_attend(mod: DraftAttention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx_k: torch.Tensor,
+                  ctx_v: torch.Tensor, attn_mask: torch.Tensor, rows: slice | None) -> torch.Tensor:
+    """:meth:`domino.model.DraftAttention.attend` on ``domino_ops.small_batch_attention``
+    (a CPU kernel; the same math as SDPA up to rounding), so that a sequence's drafts do not
+    depend on the other sequences of its batch: SDPA's CPU kernels block the keys by
+    position, so a sequence's left padding and the masked holes of earlier rounds changed
+    its draft's bits, and a seeded sampled request drew different tokens alone and in a
+    batch. The kernel computes each query row from its visible keys alone, in key order.
+
+    Its causal rule (row m of M sees keys j <= N - M + m) would hide later block positions
+    from a block row, which sees the whole block: M - 1 keys hidden by the mask are appended
+    (never read), so every real key is at or before each row's own position. Only the
+    ``rows`` asked for are queried."""
+    if not cpu_kernel_applies(q, k, v, ctx_k, ctx_v):  # autograd, another device or dtype: SDPA
+        return mod.attend(q, k, v, ctx_k, ctx_v, attn_mask, rows)
+    if rows is not None:
+        q = q[:, :, rows]
+    b, M = q.shape[0], q.shape[2]
+    pad = k.new_zeros(b, k.shape[1], M - 1, k.shape[3])
+    keys, values = torch.cat([ctx_k, k, pad], dim=2), torch.cat([ctx_v, v, pad], dim=2)
+    mask = attn_mask if attn_mask.shape[1] == 1 else attn_mask[:, rows if rows is not None else slice(None)]
+    mask = torch.cat([mask, mask.new_zeros(b, mask.shape[1], M - 1)], dim=2)[:, None].expand(b, 1, M, -1)
+    out = domino_ops.small_batch_attention(q, keys, values, mask)  # [b, nh, M, hd], stored [b, M, nh, hd]
+    return mod.o_proj(out.transpose(1, 2).reshape(b, M, mod.nh * mod.hd))
 
 
 @functools.cache

@@ -432,6 +432,15 @@ class DominoDraftModel(nn.Module):
             return domino_ops.small_batch_linear(h.to(W.dtype), W).float()
         return F.linear(h.to(W.dtype), W).float()
 
+    def _head_linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """``x @ w.T`` in x's dtype for the head's small products (hproj, the GRU's input and
+        state products): on ``domino_ops.small_batch_linear`` where the drafter's linears run
+        it (CPU), so a sequence's drafts do not depend on its batch, as the rest of the drafter;
+        else ``F.linear``."""
+        if x.device.type == "cpu" and uses_small_batch_linear(self.lm_head):
+            return domino_ops.small_batch_linear(x, w.contiguous())
+        return F.linear(x, w)
+
     def _to_target_ids(self, tokens: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary indices -> target token ids (identity without a draft vocabulary)."""
         return tokens if self.draft_vocab is None else self.draft_vocab[tokens]
@@ -444,12 +453,12 @@ class DominoDraftModel(nn.Module):
         needs no ``w_hh`` product (the GRU has no biases): one small product and a few
         elementwise ops, where calling ``nn.GRU`` cost ~0.1 ms warm and ~0.3 ms in a round (cold)."""
         w_ih, w_hh = self.prefix_gru.weight_ih_l0, self.prefix_gru.weight_hh_l0
-        gi = F.linear(self.embed_tokens(tokens).to(w_ih.dtype), w_ih).float()  # [b, n, 3G]
+        gi = self._head_linear(self.embed_tokens(tokens).to(w_ih.dtype), w_ih).float()  # [b, n, 3G]
         state = gi.new_zeros(gi.shape[0], w_hh.shape[1])
         hidden = torch.zeros_like(gi[:, 0])  # w_hh @ 0 at the first step
         for t in range(tokens.shape[1]):
             if t:
-                hidden = F.linear(state.to(w_hh.dtype), w_hh).float()
+                hidden = self._head_linear(state.to(w_hh.dtype), w_hh).float()
             state = gru_cell(gi[:, t], hidden, state)
         return state
 
@@ -569,7 +578,7 @@ class DominoDraftModel(nn.Module):
         if P < n:
             E, w_ih, w_hh, w1h, w1s, w2 = self.head_weights()
             state = self.gru_state(torch.cat([anchor[:, None], self._to_target_ids(prefix)], dim=1))
-            hproj = (h[:, P:].to(w1h.dtype) @ w1h.T).float()
+            hproj = self._head_linear(h[:, P:].to(w1h.dtype), w1h).float()
             rest = logits[:, P:].contiguous()
             drafted, logprobs, _ = domino_ops.domino_head_rollout(
                 rest, hproj, state, E, w_ih, w_hh, w1s, w2, write_logits=sampling.any_sampled, **sampling.op_kwargs())
@@ -620,7 +629,7 @@ class DominoDraftModel(nn.Module):
         base = self.base_logits(h)  # [b, depth, K]
         if use_head and self.config.has_head:
             E, w_ih, w_hh, w1h, w1s, w2 = self.head_weights()
-            hproj = (h.to(w1h.dtype) @ w1h.T).float()
+            hproj = self._head_linear(h.to(w1h.dtype), w1h).float()
             head = (hproj, self.gru_state(anchor[:, None]), E, w_ih, w_hh, w1s, w2)
             plain = min(self.config.pure_draft_prefix_len, depth)
             packs = {"w2_packed": self._packed_head_weight("w2", w2, self.embed_proj[2].weight),

@@ -1,0 +1,56 @@
+"""On the embedded default (real SmolLM2 weights, bf16, the CPU kernels) a seeded sampled
+request gives the same tokens alone and in a batch, as the README promises: the target's
+forward and the drafter's (linears, norms, attention, the head's products) compute each
+sequence from its own rows alone, whatever its left padding or the masked holes earlier
+rounds left in its caches. The tiny test models could not show this: the drafter's SDPA
+attention, not padding-invariant, drew different tokens only at real sizes."""
+
+import pytest
+import torch
+
+import domino
+from domino import SamplingParams
+from domino.fast_linear import uses_small_batch_linear
+from domino.tree import TreeShape
+
+OTHER = "Write a python function that checks whether a number is prime."  # a longer neighbour: left padding
+PROMPT = "Tell me a joke."
+
+
+@pytest.fixture(scope="module")
+def gen():
+    g = domino.load_default()
+    if not uses_small_batch_linear(g.drafter):
+        pytest.skip("the drafter does not run the batch-invariant CPU kernels here")
+    return g
+
+
+@pytest.mark.parametrize("kw", [dict(tree=None, num_drafts=8), dict(tree=TreeShape(3, 4))], ids=["chain", "tree"])
+def test_a_seeded_request_is_the_same_alone_and_in_a_batch(gen, kw):
+    for seed in (1, 3):  # seed 1 differed at token 3 (chain) and seed 3 at token 1 with SDPA
+        sp = SamplingParams(temperature=1.0, seed=seed)
+        alone = gen.generate(PROMPT, max_new_tokens=16, sampling=sp, **kw)
+        batch = gen.generate([OTHER, PROMPT], max_new_tokens=16, sampling=[SamplingParams(), sp], **kw)
+        assert alone.token_ids == batch.token_ids[1], seed
+        assert any(a > 1 for a in alone.acceptance_lengths)  # drafts were accepted: the drafter's bits mattered
+
+
+def test_the_drafters_block_is_the_same_alone_and_padded(gen):
+    """One level down: the draft hidden states and the head's state of a sequence are bit
+    for bit the same alone and left-padded in a batch."""
+    d = gen.drafter
+    ids = [gen.encode(PROMPT), gen.encode(OTHER)]
+    outs = []
+    for batch in ([ids[0]], ids):
+        seqs, mask = gen._left_pad(batch)
+        positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+        with torch.inference_mode():
+            cache = domino.generate.DynamicCache()
+            _, features = gen._target_forward(seqs, mask, positions, cache, last_logits_only=True)
+            dcache = d.new_cache(len(batch), gen.device, d.fc.weight.dtype)
+            d.extend_context(dcache, features, positions, mask)
+            anchor = torch.tensor([5] * len(batch))
+            h = d.draft_block_hidden(dcache, anchor, positions[:, -1] + 1, 8)
+            outs.append((h[0], d.gru_state(anchor[:, None])[0], features[0, -1]))
+    for alone, padded in zip(*outs):
+        assert torch.equal(alone, padded)
