@@ -1,6 +1,7 @@
 """Statistical checks shared by the sampling tests."""
 
 import numpy as np
+import torch
 from scipy import stats
 
 # A correct sampler fails a check with probability ALPHA; the sample sizes below make a
@@ -35,3 +36,17 @@ def assert_matches_distribution(samples, probs, *, what="samples"):
     assert p_value > ALPHA, (
         f"{what}: chi-square p = {p_value:.2e} (n = {n}); observed {np.round(obs / n, 4).tolist()} "
         f"vs expected {np.round(exp / n, 4).tolist()}")
+
+
+def first_token_resampled_from_target(draft, q, p, u_accept, u_resample):
+    """Negative control of the verify_sampling distribution tests: the first output token of
+    a plausibly wrong verifier that, rejecting the first draft, draws from the target p
+    itself instead of the residual max(0, p - q) (so tokens the draft favours come out too
+    often). CPU tensors: draft [N, k] int64, q [N, k, V], p [N, k+1, V], u_accept [N, k] and
+    u_resample [N] float64, used as the kernels use them; returns numpy int64 [N]."""
+    x = draft[:, 0]
+    px = p[:, 0].double().gather(-1, x[:, None])[:, 0]
+    qx = q[:, 0].double().gather(-1, x[:, None])[:, 0]
+    cdf = p[:, 0].double().cumsum(-1)
+    redo = torch.searchsorted(cdf, (u_resample * cdf[:, -1])[:, None], right=True)[:, 0].clamp(max=p.shape[-1] - 1)
+    return torch.where(u_accept[:, 0] * qx < px, x, redo).numpy()

@@ -8,7 +8,7 @@ import domino_ops
 from domino_ops import select_backend
 from kernel_backends import TRITON
 from kernel_cases import head_rollout_inputs, verify_sampling_population
-from stats import assert_matches_distribution
+from stats import assert_matches_distribution, first_token_resampled_from_target
 
 DEV = TRITON.device
 pytestmark = pytest.mark.skipif(TRITON.skip_reason is not None, reason=str(TRITON.skip_reason))
@@ -42,11 +42,20 @@ def test_auto_prefers_native_then_triton_then_reference(monkeypatch):
 
 def test_verify_sampling_with_backend_triton_is_distributed_as_target():
     """Through the public wrapper (its own uniforms from the generator): the first output
-    token is distributed as the target p."""
-    draft, q, p, target = verify_sampling_population(V=5, N=800)  # the kernel itself: test_kernel_backends
+    token is distributed as the target p. Negative control: a verifier that resamples a
+    rejected draft from p itself instead of the residual max(0, p - q), given the uniforms
+    the wrapper drew, must fail the same check (at this N it would pass with probability
+    ~5e-9; at the former N = 800, ~1e-4)."""
+    N = 1200
+    draft, q, p, target = verify_sampling_population(V=5, N=N)  # the kernel itself: test_kernel_backends
     out, _ = domino_ops.verify_sampling(draft.to(DEV), q.to(DEV), p.to(DEV),
                                         generator=torch.Generator(DEV).manual_seed(1), backend="triton")
     assert_matches_distribution(out[:, 0].cpu().numpy(), target, what="first token")
+    g = torch.Generator(DEV).manual_seed(1)  # the wrapper's draws: u_accept [N, 1], then u_resample [N]
+    ua, ur = domino_ops.draw_uniforms((N, 1), DEV, g).cpu(), domino_ops.draw_uniforms((N,), DEV, g).cpu()
+    with pytest.raises(AssertionError, match="chi-square"):
+        assert_matches_distribution(first_token_resampled_from_target(draft, q, p, ua, ur), target,
+                                    what="first token resampled from p")
 
 
 TREE_OPS = ("build_tree_kernel_efficient", "verify_tree_greedy", "tree_speculative_sampling_target_only",

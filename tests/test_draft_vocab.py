@@ -172,7 +172,8 @@ def test_head_rows_follow_in_place_weight_updates():
     assert torch.equal(d.head_weights()[0], d.embed_tokens.weight[SUBSET])
 
 
-@pytest.mark.skipif(not domino_ops.small_batch_linear_packed_supported(), reason="this CPU has no AVX512-BF16")
+@pytest.mark.skipif(not domino_ops.small_batch_linear_packed_supported(),
+                    reason="no packed bf16 kernel runs on this CPU (it needs AVX2 and FMA, or AVX512-BF16)")
 def test_packed_w2_follows_the_draft_vocabulary_and_in_place_updates():
     """The packed w2 the tree expand reads (bf16 drafter, AVX512-BF16 CPU) is always
     w2's packing: after another draft vocabulary of the same size and the same first and

@@ -10,6 +10,7 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+import domino_ops
 from domino_ops import reference
 from kernel_backends import EMULATED_CUDA, backend_params
 from kernel_cases import (head_input_strategy, head_rollout_inputs, head_two_step_population,
@@ -17,7 +18,7 @@ from kernel_cases import (head_input_strategy, head_rollout_inputs, head_two_ste
                           weights_as_float64)
 from oracles import ARGMAX_MARGIN, head_rollout_oracle
 from poisoned_calls import run_head_poisoned, run_sample_poisoned, run_verify_poisoned
-from stats import assert_matches_distribution
+from stats import assert_matches_distribution, first_token_resampled_from_target
 
 DTYPES = [torch.float32, torch.bfloat16]  # the logits dtypes the kernels take
 # Each example launches hundreds of emulated blocks or interpreted programs: few examples.
@@ -110,12 +111,18 @@ def test_verify_sampling_matches_reference_given_uniforms(backend, b, k, V):
 
 @pytest.mark.parametrize("backend", backend_params())
 def test_verify_sampling_is_distributed_as_target(backend):
-    """Drafts from q, verified against p: the first output token is distributed as p."""
+    """Drafts from q, verified against p: the first output token is distributed as p.
+    Negative control: a verifier that resamples a rejected draft from p itself instead of
+    the residual max(0, p - q), on the same population and uniforms, must fail the same
+    check (at N = 1200, the smallest population here, it would pass with probability ~5e-9)."""
     dev = backend.device
     draft, q, p, target = verify_sampling_population(V=5, N=backend.target_population)
     ua, ur = uniforms(draft.shape, 1, dev), uniforms(draft.shape[:1], 2, dev)
     out, _ = run_verify_poisoned(backend.kernel("verify_sampling"), draft.to(dev), q.to(dev), p.to(dev), ua, ur)
     assert_matches_distribution(out[:, 0].cpu().numpy(), target, what="first token")
+    wrong = first_token_resampled_from_target(draft, q, p, ua.cpu(), ur.cpu())
+    with pytest.raises(AssertionError, match="chi-square"):
+        assert_matches_distribution(wrong, target, what="first token resampled from p")
 
 
 # ---- domino_head_rollout ----------------------------------------------------------------
@@ -180,13 +187,24 @@ def test_head_rollout_filtered_sampling_matches_reference_given_uniforms(backend
 def test_head_rollout_exponential_race_joint_distribution(backend, V, N, wdtype):
     """Plain temperature sampling uses the fused exponential race (Philox keyed by the
     uniforms' bits): N identical sequences, the joint law of (x0, x1) must be
-    p(x0) * p(x1 | x0), and each logprob exactly that of the drawn token (which pins the
-    temperature)."""
-    temperature = 1.3
+    p(x0) * p(x1 | x0), and each logprob that of the drawn token under p.
+
+    The logprob check pins only the temperature the kernel reports log-probabilities at; the
+    temperature it samples at rests on the joint check. At T = 2 a race that ignores the
+    temperature is far off: N pairs drawn at T = 1 (the native kernel's inverse CDF, the law
+    a T = 1 race has) must fail the same check (negative control; at the emulated and
+    interpreted backends' N = 400 such a race passes with probability ~4e-7 at V = 4,
+    ~2e-10 at V = 5). A temperature off by tens of percent (1.6 for 2) would need thousands
+    of sequences, too slow for the emulated and interpreted backends (~0.05-0.1 s a
+    sequence): at N = 400 they do not resolve it; the CUDA backend's N = 20000 does."""
+    temperature = 2.0
     inputs, joint, p0 = head_two_step_population(V, N, wdtype, temperature)
     tokens, logprobs, _, _ = run_head(backend, inputs, temperature=temperature, u=uniforms((N, 2), 5))
     assert_matches_distribution((tokens[:, 0] * V + tokens[:, 1]).numpy(), joint, what="(x0, x1)")
     np.testing.assert_allclose(logprobs[:, 0].numpy(), np.log(p0[tokens[:, 0].numpy()]), rtol=1e-3, atol=1e-3)
+    wrong, _, _ = domino_ops.domino_head_rollout(*inputs, temperature=1.0, generator=torch.Generator().manual_seed(6))
+    with pytest.raises(AssertionError, match="chi-square"):
+        assert_matches_distribution((wrong[:, 0] * V + wrong[:, 1]).numpy(), joint, what="(x0, x1) drawn at T = 1")
 
 
 @pytest.mark.parametrize("wdtype", [torch.float32, torch.bfloat16])

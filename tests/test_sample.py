@@ -58,12 +58,16 @@ def test_statistical_check_rejects_a_wrong_distribution():
 
 @pytest.mark.parametrize("temperature,top_k,top_p", CASES)
 def test_sampling_same_uniforms_as_reference(temperature, top_k, top_p):
+    """Same uniforms: the reference's token in every row (the kernel's float64 weights and
+    totals differ from the reference's only by rounding, its vectorised exp and summation
+    order, which could move a draw only for a uniform within ~1e-13 of a CDF or nucleus
+    boundary: none of these does)."""
     logits = torch.randn(257, 1001, generator=torch.Generator().manual_seed(8)) * 3
     got = domino_ops.sample(logits, temperature=temperature, top_k=top_k, top_p=top_p,
                             generator=torch.Generator().manual_seed(1))
     want = reference.sample(logits, temperature=temperature, top_k=top_k, top_p=top_p,
                             generator=torch.Generator().manual_seed(1))
-    assert (got == want).float().mean() >= 0.99
+    assert torch.equal(got, want)
 
 
 def test_filtered_tokens_are_never_drawn():

@@ -87,13 +87,15 @@ def test_kernel_matches_reference_with_same_uniforms(b, k, V):
     draft = torch.multinomial(q.reshape(-1, V), 1, generator=g).reshape(b, k)
     out = torch.full((b, k + 1), POISON_TOKEN, dtype=torch.int64)
     acc = torch.full((b,), POISON_TOKEN, dtype=torch.int64)
-    ua = torch.rand(b, k, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
-    ur = torch.rand(b, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
-    torch.ops.domino_ops.verify_sampling(draft, q, p, ua, ur, out, acc)
+    # the uniforms the reference draws from a generator seeded 7: [b, k] accept, then [b] resample
     gen = torch.Generator().manual_seed(7)
-    w_out, w_acc = domino_ops.verify_sampling(draft, q, p, generator=gen)
+    ua = torch.rand(b, k, dtype=torch.float64, generator=gen)
+    ur = torch.rand(b, dtype=torch.float64, generator=gen)
+    torch.ops.domino_ops.verify_sampling(draft, q, p, ua, ur, out, acc)
     r_out, r_acc = reference.verify_sampling(draft, q, p, generator=torch.Generator().manual_seed(7))
-    assert torch.equal(w_acc, r_acc) and torch.equal(w_out, r_out)
+    assert torch.equal(acc, r_acc) and torch.equal(out, r_out)  # the direct call, poisoned outputs
+    w_out, w_acc = domino_ops.verify_sampling(draft, q, p, generator=torch.Generator().manual_seed(7))
+    assert torch.equal(w_acc, r_acc) and torch.equal(w_out, r_out)  # the wrapper
     for s in range(b):
         m = int(acc[s])
         assert out[s, :m].tolist() == draft[s, :m].tolist()

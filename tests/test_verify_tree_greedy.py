@@ -19,8 +19,7 @@ from tree_cases import NOT_A_TREE, NOT_A_TREE_MESSAGE, chain_tree, links, oracle
 @pytest.mark.parametrize("backend", params())
 def test_sglang_case(backend):
     candidates, retrive_index, next_token, next_sibling, logits = sgl_eagle_case()
-    predicts, accept_index, accept_num = verify_outputs(12, 2, 4)
-    predicts.fill_(-1)  # as sgl-kernel's test: off-path slots stay -1 either way
+    predicts, accept_index, accept_num = verify_outputs(12, 2, 4)  # poisoned with -7: the off-path -1s must be written
     tree_op(backend, "verify_tree_greedy")(predicts, accept_index, accept_num, candidates, retrive_index, next_token,
                                            next_sibling, logits.argmax(-1))
     assert predicts.tolist() == [3, -1, -1, 4, 5, 18, 11, -1, -1, -1, 12, 18]
