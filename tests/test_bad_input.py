@@ -293,3 +293,19 @@ def test_in_range_names_the_argument_and_the_values_found(numel):
 def test_check_sampling_params_checks_rows_and_device(kw, msg):
     with pytest.raises(ValueError, match=msg):
         domino_ops.check_sampling_params(1.0, 0, 1.0, **kw)
+
+
+def test_numpy_scalars_are_numbers():
+    """NumPy scalars pass as the Python numbers they are (they were refused as sampling
+    parameters while accepted elsewhere); a NumPy bool does not pass as a number."""
+    import numpy as np
+
+    x = torch.randn(3, 9)
+    want = domino_ops.sample(x, temperature=0.7, top_k=4, top_p=0.9, generator=torch.Generator().manual_seed(2))
+    got = domino_ops.sample(x, temperature=np.float32(0.7), top_k=np.int64(4), top_p=np.float64(0.9),
+                            generator=torch.Generator().manual_seed(2))
+    assert torch.equal(got, want)
+    with pytest.raises(TypeError, match="temperature must be a number"):
+        domino_ops.sample(x, temperature=np.bool_(True))
+    with pytest.raises(TypeError, match="top_k must be an int"):
+        domino_ops.sample(x, temperature=1.0, top_k=np.float64(2.0))

@@ -61,6 +61,19 @@ def test_streamed_text_skips_eos_and_joins_split_characters(capsys):
     assert out == "añ 你好" and "\ufffd" not in out
 
 
+def test_streamed_text_prints_what_precedes_a_split_character_and_the_rest_at_the_end(capsys):
+    """Every round ending inside a character: each round still prints its complete text
+    (the printer once held back all of it, and lost whatever the last round added when the
+    output itself ended inside a character); finish() prints the incomplete rest."""
+    printer = cli.TextPrinter(ByteTokenizer())
+    data = "ab🌟c🌟".encode()
+    for ids in (list(data[:3]), list(data[3:8]), list(data[8:10])):  # each ends inside a star
+        printer(0, ids)
+    assert capsys.readouterr().out == "ab🌟c"
+    printer.finish()
+    assert capsys.readouterr().out == "\ufffd"  # the output ended inside the last star
+
+
 class FakeGenerator:
     """Records the calls the CLI makes; Domino's runs report 30 tok/s, the target's 20, and
     Domino's output differs from the target's when ``differ``."""
@@ -96,3 +109,21 @@ def test_compare_times_both_sides_alike(monkeypatch, capsys, differ):
                           ("domino", "hi", False)]
     assert "median of 2 alternating runs each: Domino 30.0 tok/s, target alone 20.0 tok/s; speedup 1.50x" in err
     assert status == (1 if differ else 0) and ("DIFFER" in err) == differ
+
+
+def test_an_error_only_the_loaded_models_can_find_is_a_usage_error(monkeypatch, capsys):
+    """A request the loaded models refuse (here: a drafter too shallow for --num-drafts)
+    ends as argparse's usage error naming the problem, not a traceback."""
+    import domino
+
+    fake = FakeGenerator()
+
+    def refuse(prompt, stream=None, **kw):
+        raise ValueError("num_drafts must be in [0, 15] (the drafter's block), got 20")
+
+    fake.generate = refuse
+    monkeypatch.setattr(domino, "load_default", lambda quiet=False: fake)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["generate", "hi", "--num-drafts", "20"])
+    assert exit_info.value.code == 2
+    assert "error: num_drafts must be in [0, 15]" in capsys.readouterr().err

@@ -41,6 +41,14 @@ def test_bad_requests_raise_naming_the_argument(gen, method, prompt, kwargs, err
         getattr(gen, method)(prompt, **kwargs)
 
 
+@pytest.mark.parametrize("name,value", [("stop", ["x"]), ("sampling", None), ("generator", None), ("stream", None)])
+def test_the_baseline_names_the_arguments_it_does_not_take(gen, name, value):
+    """generate's own arguments given to generate_target_only: a TypeError naming them, not
+    HF's "model_kwargs are not used" from deep inside its generate."""
+    with pytest.raises(TypeError, match=f"generate_target_only takes no {name}="):
+        gen.generate_target_only([3, 4, 5], max_new_tokens=2, **{name: value})
+
+
 def test_valid_requests_still_run(gen):
     res = gen.generate([[3, 4, 5], [6, 7]], max_new_tokens=5, stop=["9"])
     assert len(res.token_ids) == 2

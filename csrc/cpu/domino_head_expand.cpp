@@ -345,7 +345,7 @@ void check_packed_head_weight(const at::Tensor& packed, const at::Tensor& w, con
   TORCH_CHECK(w.scalar_type() == at::kBFloat16, name, " needs a bfloat16 ", weight, ", got ", w.scalar_type());
   check_packed_weight(packed, name, w.size(0), w.size(1));
   TORCH_CHECK(small_batch_linear_packed_supported(),
-              name, " needs a CPU with AVX512-BF16 (and AVX512-BW/VL); this one has none: pass None");
+              name, " needs a CPU with AVX2 and FMA, or AVX512-BF16 (and AVX512-BW/VL); this one has neither: pass None");
 }
 
 }  // namespace

@@ -69,10 +69,15 @@ def main(argv=None) -> int:
     drafts = f"tree {args.tree}" if args.tree else "chain" if args.chain or args.num_drafts is not None else "auto"
     print(f"[domino] generating (head {'off' if args.no_head else 'on'}, T={args.temperature}, {drafts})",
           file=sys.stderr)
-    gen.generate("warm-up", max_new_tokens=4)  # first-call overheads out of the timing
-    res = gen.generate(args.prompt, use_head=not args.no_head, tree=tree, num_drafts=args.num_drafts,
-                       generator=torch.Generator().manual_seed(args.seed), lookup_tokens=args.lookup_tokens,
-                       datastore_tokens=args.datastore_tokens, stream=TextPrinter(gen.tokenizer), **kw)
+    printer = TextPrinter(gen.tokenizer)
+    try:  # what only the loaded models can check (the drafter's depth, the context window)
+        gen.generate("warm-up", max_new_tokens=4)  # first-call overheads out of the timing
+        res = gen.generate(args.prompt, use_head=not args.no_head, tree=tree, num_drafts=args.num_drafts,
+                           generator=torch.Generator().manual_seed(args.seed), lookup_tokens=args.lookup_tokens,
+                           datastore_tokens=args.datastore_tokens, stream=printer, **kw)
+    except (ValueError, TypeError) as e:
+        parser.error(str(e))
+    printer.finish()
     print()
     print(f"[domino] {len(res.token_ids)} tokens, {res.tokens_per_second:.1f} tok/s, "
           f"mean acceptance length {res.mean_acceptance_length:.2f} over {len(res.acceptance_lengths)} rounds",
@@ -110,7 +115,8 @@ def _compare(gen, args, tree, kw, streamed_ids: list[int]) -> int:
 class TextPrinter:
     """A ``stream`` callback that prints one sequence's text as it grows: the text of all
     tokens so far, special tokens (EOS) skipped, less what is already printed, holding back
-    a trailing incomplete character (a multi-byte character split across rounds)."""
+    a trailing incomplete character (a multi-byte character split across rounds) until a
+    later round completes it or :meth:`finish` prints what is left."""
 
     def __init__(self, tokenizer, out=None):
         self.tokenizer, self.out = tokenizer, out or sys.stdout
@@ -119,11 +125,16 @@ class TextPrinter:
 
     def __call__(self, i: int, new_ids: list[int]) -> None:
         self.ids += new_ids
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        if text.endswith("\ufffd"):
-            return
-        print(text[self.printed:], end="", flush=True, file=self.out)
-        self.printed = max(self.printed, len(text))
+        self._print(self.tokenizer.decode(self.ids, skip_special_tokens=True).rstrip("\ufffd"))
+
+    def finish(self) -> None:
+        """Prints the rest, an incomplete last character included (the output ended there)."""
+        self._print(self.tokenizer.decode(self.ids, skip_special_tokens=True))
+
+    def _print(self, text: str) -> None:
+        if len(text) > self.printed:
+            print(text[self.printed:], end="", flush=True, file=self.out)
+            self.printed = len(text)
 
 
 def _check_request(parser, args, tree) -> None:

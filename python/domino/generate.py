@@ -57,7 +57,11 @@ class GenerationResult:
 
     text: str | list[str]
     token_ids: list[int] | list[list[int]]
-    acceptance_lengths: list[int] | list[list[int]]  # tokens advanced per verification round
+    # tokens each verification round advanced the sequence (accepted drafts + the target's
+    # own), the last round's counted in full even where max_new_tokens, EOS or a stop string
+    # cut the output inside it: what the round achieved, so len(token_ids) can be less than
+    # 1 + sum (the first token comes from the prefill)
+    acceptance_lengths: list[int] | list[list[int]]
     tokens_per_second: float
     elapsed_s: float = 0.0
     # tokens the target verified per round (the anchor and the drafts or tree nodes), per
@@ -653,7 +657,13 @@ class DominoGenerator:
     @torch.inference_mode()
     def generate_target_only(self, prompt: prompts.Prompts, *, max_new_tokens: int = 256, temperature: float = 0.0,
                              top_k: int = 0, top_p: float = 1.0, **generate_kwargs) -> GenerationResult:
-        """Plain decoding with the target's own HF ``generate`` (the baseline)."""
+        """Plain decoding with the target's own HF ``generate`` (the baseline); other keyword
+        arguments go to HF's ``generate`` (e.g. ``prompt_lookup_num_tokens``). It takes no
+        ``stop``, ``sampling``, ``generator`` or ``stream`` (:meth:`generate`'s own): HF's
+        ``stop_strings`` (with ``tokenizer=``) and ``torch.manual_seed`` are its ways."""
+        for name in ("stop", "sampling", "generator", "stream"):
+            if name in generate_kwargs:
+                raise TypeError(f"generate_target_only takes no {name}= (generate's own; see its docstring)")
         seqs, batch, _ = self._encode_request(prompt, max_new_tokens)
         domino_ops.check_sampling_params(temperature, top_k, top_p)
         ids, mask = self._left_pad(seqs)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numbers
 from typing import Iterable
 
+import numpy as np
 import torch
 
 FLOAT_OR_BF16 = (torch.float32, torch.bfloat16)
@@ -90,10 +91,11 @@ def _param(name, value, rows, device, integer: bool) -> None:
         if device is not None and value.device != torch.device(device):
             raise ValueError(f"{name} is on {value.device} but the op runs on {device}")
         return
+    # Python's numbers or NumPy's scalars (numbers.Integral / Real), not bools
     if integer:
-        if not isinstance(value, int) or isinstance(value, bool):
+        if not isinstance(value, numbers.Integral) or isinstance(value, (bool, np.bool_)):
             raise TypeError(f"{name} must be an int or a [b] integer tensor, got {type(value).__name__}")
-    elif not isinstance(value, (int, float)) or isinstance(value, bool):
+    elif not isinstance(value, numbers.Real) or isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be a number or a [b] tensor, got {type(value).__name__}")
 
 
