@@ -50,27 +50,39 @@ def exact_next(gen, prefixes, temperature, top_k, top_p):
 
 
 def check(gen, temperature, top_k, top_p, N=4000, num_drafts=3):
-    res = gen.generate([PROMPT] * N, max_new_tokens=3, temperature=temperature, top_k=top_k, top_p=top_p,
+    """N sequences of 5 tokens after PROMPT follow the target's filtered distribution
+    (:func:`assert_distributed_as_target`). The first token is the prefill's, so with 3
+    tokens a second round would run only after a first round that accepted nothing: tokens
+    4 and 5 are those of rounds after accepted drafts, and of the target's own token after
+    a fully accepted chain or tree path."""
+    res = gen.generate([PROMPT] * N, max_new_tokens=5, temperature=temperature, top_k=top_k, top_p=top_p,
                        generator=torch.Generator().manual_seed(0), num_drafts=num_drafts)
     toks = np.array(res.token_ids)
-    assert toks.shape == (N, 3)
+    assert toks.shape == (N, 5)
     assert_distributed_as_target(gen, toks, temperature, top_k, top_p)
     return res
 
 
 def assert_distributed_as_target(gen, toks, temperature, top_k, top_p, label=""):
-    """The first three tokens after PROMPT, ``toks`` [N, 3], follow the target's filtered
-    distribution: token 1, the joint of tokens 1-2, and token 3's marginal."""
+    """The first tokens after PROMPT, ``toks`` [N, 3 or 5], follow the target's filtered
+    distribution: token 1, the joint of tokens 1-2, token 3's marginal and, given 5 tokens,
+    token 4's marginal and the joint of tokens 4-5."""
     p1 = exact_next(gen, [()], temperature, top_k, top_p)[0]
     assert_matches_distribution(toks[:, 0], p1, what=f"{label}token 1")
-    pairs = list(itertools.product(range(V), repeat=1))
-    p2 = exact_next(gen, pairs, temperature, top_k, top_p)  # [V, V]
-    joint12 = p1[:, None] * p2
-    assert_matches_distribution(toks[:, 0] * V + toks[:, 1], joint12.ravel(), what=f"{label}tokens 1-2")
-    triples = list(itertools.product(range(V), repeat=2))
-    p3 = exact_next(gen, triples, temperature, top_k, top_p).reshape(V, V, V)
-    marginal3 = (joint12[:, :, None] * p3).sum(axis=(0, 1))
-    assert_matches_distribution(toks[:, 2], marginal3, what=f"{label}token 3")
+    joint = p1  # the joint distribution of the tokens so far, [V] * t
+    for t in range(1, toks.shape[1]):
+        prefixes = list(itertools.product(range(V), repeat=t))
+        following = exact_next(gen, prefixes, temperature, top_k, top_p).reshape((V,) * (t + 1))
+        joint = joint[..., None] * following
+        if t == 1:
+            assert_matches_distribution(toks[:, 0] * V + toks[:, 1], joint.ravel(), what=f"{label}tokens 1-2")
+        elif t == 2:
+            assert_matches_distribution(toks[:, 2], joint.sum(axis=(0, 1)), what=f"{label}token 3")
+        elif t == 3:
+            assert_matches_distribution(toks[:, 3], joint.sum(axis=(0, 1, 2)), what=f"{label}token 4")
+        elif t == 4:
+            assert_matches_distribution(toks[:, 3] * V + toks[:, 4], joint.sum(axis=(0, 1, 2)).ravel(),
+                                        what=f"{label}tokens 4-5")
 
 
 def count_grafts(monkeypatch) -> list[int]:

@@ -140,7 +140,7 @@ def test_generation_with_a_subset_is_the_targets_greedy(kind, tree):
 
 def test_sampled_generation_with_a_subset_is_the_targets_distribution():
     """Draft probabilities are zero outside the subset; rejection sampling still gives
-    exactly the target's distribution (tokens 1, 1-2 and 3; stats.assert_matches_distribution)."""
+    exactly the target's distribution (engine_cases.check: tokens 1, 1-2, 3, 4 and 4-5)."""
     gen = tiny_generator("qwen3", vocab=SMALL_V, block_size=4, seed=3)
     gen.drafter.set_draft_vocab(torch.tensor([0, 2, 3, 6]))
     res = check(gen, 1.0, 0, 1.0)

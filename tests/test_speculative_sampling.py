@@ -38,6 +38,28 @@ def test_a_biased_verifier_is_caught(monkeypatch):
         check(gen, 1.0, 0, 1.0)
 
 
+def test_a_wrong_token_after_a_fully_accepted_chain_is_caught(monkeypatch):
+    """Negative control of the tokens after the first round: the target's token after a
+    fully accepted chain drawn from the target's distribution at the round's first position
+    instead of after the last draft. With 3 drafts that token is the 5th (the prefill gives
+    the 1st), so a check of the first 3 tokens passes it."""
+    verify = domino.generate.domino_ops.verify_sampling
+
+    def wrong_bonus_row(draft_tokens, draft_probs, target_probs, generator=None):
+        out, accepted = verify(draft_tokens, draft_probs, target_probs, generator=generator)
+        k = draft_tokens.shape[1]
+        full = accepted == k
+        if k and bool(full.any()):
+            out = out.clone()
+            out[full, k] = torch.multinomial(target_probs[full, 0], 1, generator=generator)[:, 0]
+        return out, accepted
+
+    monkeypatch.setattr(domino.generate.domino_ops, "verify_sampling", wrong_bonus_row)
+    gen = tiny_generator("qwen3", vocab=V, block_size=4, seed=3)
+    with pytest.raises(AssertionError, match="tokens 4-5: (chi-square|drew tokens of zero probability)"):
+        check(gen, 1.0, 0, 1.0)
+
+
 def test_adaptive_budget_sampling_matches_target(monkeypatch):
     """The default budget (drafts planned from costs, a verify length from the drafter's
     confidence by a stopping rule) keeps the output distributed as the target's. The costs

@@ -341,7 +341,7 @@ def test_stop_conditions_and_streaming():
     target's token (4 tokens), so the EOS, the stop string and the token limit each fall
     inside a round, where the tokens accepted past them must be dropped."""
     gen = tiny_generator("qwen3")
-    p = prompts(1, seed=2)[0]
+    p = prompts(1, seed=5)[0]  # its plain[4:6] occurs first there, as the cuts below need
     shape = every_node(2, 3)
     plain = greedy_plain(gen, p, 30)
     rig = RiggedTree(gen, [p + plain])
@@ -372,12 +372,23 @@ def _with_tree(gen, shape, use_head):
     return gen
 
 
+def _sampled_tree_generator(use_head):
+    """The tiny target (V = 8) with a drafter whose distributions are peaked (its final
+    norm's weight doubled), as a trained drafter's are: then drawing a node's children
+    without replacement matters (the second child's draft probability is renormalised by
+    the first's), and the tests below catch a verifier that forgets it (with the random
+    drafter's flat distributions no check saw it, p > 1e-3, even at N = 15000)."""
+    gen = tiny_generator("qwen3", vocab=SMALL_V, block_size=4, seed=3)
+    with torch.no_grad():
+        gen.drafter.norm.weight.mul_(2.0)
+    return _with_tree(gen, TreeShape(2, 2), use_head)
+
+
 @pytest.mark.parametrize("temperature,top_k,top_p,use_head", [(1.0, 0, 1.0, True), (0.7, 4, 0.9, False)])
 def test_sampled_tree_matches_target(temperature, top_k, top_p, use_head):
-    gen = _with_tree(tiny_generator("qwen3", vocab=SMALL_V, block_size=4, seed=3), TreeShape(2, 2), use_head)
-    res = check(gen, temperature, top_k, top_p, N=3000)
+    res = check(_sampled_tree_generator(use_head), temperature, top_k, top_p, N=3000)
     lens = [a for seq in res.acceptance_lengths for a in seq]
-    assert 1 in lens and max(lens) > 1
+    assert 1 in lens and 2 in lens and max(lens) > 2  # rejected, partly and fully accepted paths
 
 
 def test_biased_draft_probabilities_are_caught(monkeypatch):
@@ -390,9 +401,21 @@ def test_biased_draft_probabilities_are_caught(monkeypatch):
         return verify(*args[:-1], q)
 
     monkeypatch.setattr(domino.tree.domino_ops, "verify_tree_sampling", uniform_q)
-    gen = _with_tree(tiny_generator("qwen3", vocab=SMALL_V, block_size=4, seed=3), TreeShape(2, 2), True)
     with pytest.raises(AssertionError, match="chi-square|zero probability"):
-        check(gen, 1.0, 0, 1.0, N=3000)
+        check(_sampled_tree_generator(True), 1.0, 0, 1.0, N=3000)
+
+
+def test_forgetting_that_siblings_are_drawn_without_replacement_is_caught(monkeypatch):
+    """Negative control: a verifier that tests a node's second child against the draft
+    distribution with the rejected first child still in it (the reference verifier without
+    its draft update, reference_tree.next_draft) over-accepts second children and fails the
+    same test at the same N."""
+    from domino_ops import reference_tree
+
+    monkeypatch.setattr(reference_tree, "next_draft", lambda q, x: (q, reference_tree._total(q)))
+    monkeypatch.setattr(domino.tree.domino_ops, "verify_tree_sampling", reference_tree.verify_tree_sampling)
+    with pytest.raises(AssertionError, match="chi-square|zero probability"):
+        check(_sampled_tree_generator(True), 1.0, 0, 1.0, N=3000)
 
 
 # Three requests' parameters, a batch cycling through them: two sampled ones, one greedy.

@@ -228,7 +228,8 @@ def test_sampled_expand_select_build_verify_is_lossless():
     """Population of independent sequences: draft a sampled tree (topk 2, depth 3) with a
     head whose distributions differ from the target's, verify it with verify_tree_sampling:
     the first two emitted tokens follow the target jointly (a sequence that emitted only
-    one continues with a draw from the target, as its next round would be)."""
+    one continues with a draw from the target, as its next round would be); verified with
+    draft distributions other than those the children were drawn from, they do not."""
     N, V, depth = 20_000, 6, 3
     g = torch.Generator().manual_seed(11)
     base = (torch.randn(1, depth, V, generator=g) * 1.5).expand(N, depth, V).contiguous()
@@ -255,20 +256,32 @@ def test_sampled_expand_select_build_verify_is_lossless():
             path.insert(0, tok.gather(1, node[:, None])[:, 0])
             node = parent.gather(1, (node - 1).clamp(min=0)[:, None])[:, 0]
         target_probs[:, u] = after[level][tuple(path)]
-    predicts = torch.full((N * n,), -5, dtype=torch.int32)
-    accept_index = torch.full((N, depth + 1), -5, dtype=torch.int32)
-    accept_num = torch.full((N,), -5, dtype=torch.int32)
-    domino_ops.verify_tree_sampling(predicts, accept_index, accept_num, tree.candidates, ridx, nxt, sib,
-                                    torch.rand(N, n, dtype=torch.float64, generator=g),
-                                    torch.rand(N, dtype=torch.float64, generator=g), target_probs, tree.draft_probs)
-    first = predicts[accept_index[:, 0].long()].long()  # the root's slot holds the first emitted token
-    emitted_two = accept_num > 0
-    second = torch.where(emitted_two, predicts[accept_index[:, 1].clamp(min=0).long()].long(),
-                         torch.multinomial(after[1][first], 1, generator=g)[:, 0])
-    assert 0.2 < float(emitted_two.float().mean()) < 0.95
-    assert float((accept_num > 1).float().mean()) > 0.05  # depth-2 nodes' rows take part
+    coins, final = torch.rand(N, n, dtype=torch.float64, generator=g), torch.rand(N, dtype=torch.float64, generator=g)
+
+    def first_two(draft_probs):
+        """The first two emitted tokens, verified against ``draft_probs``: [N] ids first * V + second."""
+        predicts = torch.full((N * n,), -5, dtype=torch.int32)
+        accept_index = torch.full((N, depth + 1), -5, dtype=torch.int32)
+        accept_num = torch.full((N,), -5, dtype=torch.int32)
+        domino_ops.verify_tree_sampling(predicts, accept_index, accept_num, tree.candidates, ridx, nxt, sib, coins,
+                                        final, target_probs, draft_probs)
+        first = predicts[accept_index[:, 0].long()].long()  # the root's slot holds the first emitted token
+        emitted_two = accept_num > 0
+        second = torch.where(emitted_two, predicts[accept_index[:, 1].clamp(min=0).long()].long(),
+                             torch.multinomial(after[1][first], 1, generator=g)[:, 0])
+        assert 0.2 < float(emitted_two.float().mean()) < 0.95
+        assert float((accept_num > 1).float().mean()) > 0.05  # depth-2 nodes' rows take part
+        return (first * V + second).numpy()
+
     joint = (p_root[:, None] * after[1]).double().flatten().numpy()
-    assert_matches_distribution((first * V + second).numpy(), joint, what="first two tokens")
+    assert_matches_distribution(first_two(tree.draft_probs), joint, what="first two tokens")
+    # Negative control, at the same N: a sampler that drew the children at temperature 1
+    # but reports their distributions at temperature 0.9 (q ** (1 / 0.9), renormalised)
+    q = tree.draft_probs
+    wrong = torch.where(q > 0, q.clamp(min=1e-30) ** (1 / 0.9), 0.0)
+    wrong = (wrong / wrong.sum(-1, keepdim=True).clamp(min=1e-30)).contiguous()
+    with pytest.raises(AssertionError, match="chi-square"):
+        assert_matches_distribution(first_two(wrong), joint, what="first two tokens")
 
 
 @pytest.mark.parametrize("kw,msg", [
