@@ -162,12 +162,12 @@ def _draft_attend(mod: DraftAttention, q: torch.Tensor, k: torch.Tensor, v: torc
     ``rows`` asked for are queried."""
     if not cpu_kernel_applies(q, k, v, ctx_k, ctx_v):  # autograd, another device or dtype: SDPA
         return mod.attend(q, k, v, ctx_k, ctx_v, attn_mask, rows)
-    if rows is not None:
-        q = q[:, :, rows]
+    rows = slice(None) if rows is None else rows
+    q = q[:, :, rows]
     b, M = q.shape[0], q.shape[2]
     pad = k.new_zeros(b, k.shape[1], M - 1, k.shape[3])
     keys, values = torch.cat([ctx_k, k, pad], dim=2), torch.cat([ctx_v, v, pad], dim=2)
-    mask = attn_mask if attn_mask.shape[1] == 1 else attn_mask[:, rows if rows is not None else slice(None)]
+    mask = attn_mask if attn_mask.shape[1] == 1 else attn_mask[:, rows]
     mask = torch.cat([mask, mask.new_zeros(b, mask.shape[1], M - 1)], dim=2)[:, None].expand(b, 1, M, -1)
     out = domino_ops.small_batch_attention(q, keys, values, mask)  # [b, nh, M, hd], stored [b, M, nh, hd]
     return mod.o_proj(out.transpose(1, 2).reshape(b, M, mod.nh * mod.hd))

@@ -154,8 +154,8 @@ def domino_head_rollout(base_logits: torch.Tensor, hproj: torch.Tensor, state: t
         _check_writable("base_logits", base_logits)
     # one rule for every backend (the native kernels' own): base_logits, which a kernel may
     # write, shares no memory with the other arguments
-    _checks.no_overlap([("base_logits", base_logits)], _rollout_inputs(hproj, state, gru_input, w_ih, w_hh, w1s, w2,
-                                                                      temperature, top_k, top_p))
+    _checks.no_overlap([("base_logits", base_logits)], _head_inputs("state", hproj, state, gru_input, w_ih, w_hh, w1s,
+                                                                    w2, temperature, top_k, top_p))
 
     chosen = select_backend("domino_head_rollout", dev, backend)
     if chosen == "reference":
@@ -183,11 +183,12 @@ def _check_writable(name: str, t: torch.Tensor) -> None:
                          "torch.inference_mode(): call the op inside it, or pass a clone")
 
 
-def _rollout_inputs(hproj, state, gru_input, w_ih, w_hh, w1s, w2, temperature, top_k, top_p) -> list:
+def _head_inputs(state_name: str, hproj, state, gru_input, w_ih, w_hh, w1s, w2, temperature, top_k, top_p) -> list:
     """The named tensors :func:`domino_head_rollout` and :func:`domino_head_expand` read
-    besides their per-position inputs (None where absent or a number)."""
+    besides their per-position inputs (None where absent or a number); the GRU state is
+    named ``state_name`` (rollout: state, expand: node_state)."""
     maybe = lambda t: t if isinstance(t, torch.Tensor) else None  # noqa: E731
-    return [("hproj", hproj), ("state", state), ("gru_input", gru_input), ("w_ih", w_ih), ("w_hh", w_hh),
+    return [("hproj", hproj), (state_name, state), ("gru_input", gru_input), ("w_ih", w_ih), ("w_hh", w_hh),
             ("w1s", w1s), ("w2", w2), ("temperature", maybe(temperature)), ("top_k", maybe(top_k)),
             ("top_p", maybe(top_p))]
 
@@ -284,8 +285,8 @@ def domino_head_expand(base_logits: torch.Tensor, hproj: torch.Tensor, node_stat
     if out is not None:
         check_expand_out(out, node_state.shape[0], num_children, node_state.shape[1], base_logits.shape[2],
                          base_logits.device, write_node_logits)
-        inputs = _rollout_inputs(hproj, node_state, gru_input, w_ih, w_hh, w1s, w2, temperature, top_k, top_p)
-        inputs[1] = ("node_state", node_state)
+        inputs = _head_inputs("node_state", hproj, node_state, gru_input, w_ih, w_hh, w1s, w2, temperature, top_k,
+                              top_p)
         _checks.no_overlap(zip(("out's child_tokens", "out's child_logprobs", "out's child_state", "out's node_logits"),
                                out),
                            [("base_logits", base_logits), ("node_seq", node_seq), ("node_depth", node_depth),
