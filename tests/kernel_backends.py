@@ -46,21 +46,20 @@ class KernelBackend:
     race_cases: list  # (V, N, weight dtype) cases of the head's exponential-race test
 
 
-# The emulator runs one OS thread per CUDA thread, so shapes are small; vocabularies above
-# 64 span several of the emulated logits kernel's tiles (64 rows); ranks above 64 span
-# several of its a-chunks (test_emulated_cuda_head_rollout_takes_a_rank_of_any_size).
+# Compiled for the emulator the kernels run 64-thread blocks, so small shapes span several
+# tiles: vocabularies above 64 several of the logits kernel's tiles (64 rows), ranks above
+# 64 several of its a-chunks (test_emulated_cuda_head_rollout_takes_a_rank_of_any_size).
+# Its populations are the CUDA backend's or a fifth of them (~0.6 ms a head sequence).
 EMULATED_CUDA = KernelBackend(
     id="emulated_cuda", device="cpu", kernel=emulated_cuda_kernel, skip_reason=None,
     verify_greedy_sizes=dict(b=[1, 2, 33], k=[1, 3, 7], V=[1, 17, 300]),
     sample_vocab=[1, 2, 17, 300],
     verify_sampling_shapes=[(1, 1, 5), (4, 5, 300), (3, 2, 17)],
-    target_population=1500,
+    target_population=4000,
     head_sizes=dict(b=[1, 2, 9, 33],  # 33: three groups of 16 accumulators, the last partial
                     k=[1, 3], V=[1, 17, 257, 700], r=[1, 3, 16, 33], G=[1, 5, 16], H=[1, 8]),
-    # emulated blocks cost ~0.05-0.1 s per sequence, hence the modest N: at the race test's
-    # T = 2 it catches a race that ignores the temperature (T = 1) with near certainty, not
-    # a temperature off by tens of percent (see that test)
-    race_cases=[(4, 400, BF16)],
+    # N 4000 resolves a race at a temperature off by 20 % (see that test)
+    race_cases=[(5, 4000, BF16), (5, 4000, F32)],
 )
 
 def cuda_kernel(op):
@@ -106,8 +105,8 @@ TRITON = KernelBackend(
                     H=[1, 8]),
     # one dtype, N 400: ~30-60 s interpreted (both dtypes at 800 took 147 s of the 10-minute
     # suite); the float32 weight path is covered by the greedy and filtered-sampling tests.
-    # The N that would resolve a temperature off by tens of percent (thousands) is out of
-    # reach here; see the race test for what N 400 does catch
+    # The N that would resolve a temperature off by 20 % (thousands) is out of reach here;
+    # see the race test for what N 400 does catch
     race_cases=[(5, 400, BF16)],
 )
 

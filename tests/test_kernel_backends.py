@@ -192,19 +192,22 @@ def test_head_rollout_exponential_race_joint_distribution(backend, V, N, wdtype)
     The logprob check pins only the temperature the kernel reports log-probabilities at; the
     temperature it samples at rests on the joint check. At T = 2 a race that ignores the
     temperature is far off: N pairs drawn at T = 1 (the native kernel's inverse CDF, the law
-    a T = 1 race has) must fail the same check (negative control; at the emulated and
-    interpreted backends' N = 400 such a race passes with probability ~4e-7 at V = 4,
-    ~2e-10 at V = 5). A temperature off by tens of percent (1.6 for 2) would need thousands
-    of sequences, too slow for the emulated and interpreted backends (~0.05-0.1 s a
-    sequence): at N = 400 they do not resolve it; the CUDA backend's N = 20000 does."""
+    a T = 1 race has) must fail the same check (negative control; at the interpreted
+    backend's N = 400 such a race passes with probability ~2e-10). A temperature off by
+    20 % (1.6 for 2) needs thousands of sequences: at N >= 4000 (the emulated and CUDA
+    backends) pairs drawn at T = 1.6 must fail too (at N = 4000 they pass with probability
+    ~2e-10); the interpreted backend (~0.05 s a sequence) does not resolve it."""
     temperature = 2.0
     inputs, joint, p0 = head_two_step_population(V, N, wdtype, temperature)
     tokens, logprobs, _, _ = run_head(backend, inputs, temperature=temperature, u=uniforms((N, 2), 5))
     assert_matches_distribution((tokens[:, 0] * V + tokens[:, 1]).numpy(), joint, what="(x0, x1)")
     np.testing.assert_allclose(logprobs[:, 0].numpy(), np.log(p0[tokens[:, 0].numpy()]), rtol=1e-3, atol=1e-3)
-    wrong, _, _ = domino_ops.domino_head_rollout(*inputs, temperature=1.0, generator=torch.Generator().manual_seed(6))
-    with pytest.raises(AssertionError, match="chi-square"):
-        assert_matches_distribution((wrong[:, 0] * V + wrong[:, 1]).numpy(), joint, what="(x0, x1) drawn at T = 1")
+    for wrong_temperature in (1.0, 1.6) if N >= 4000 else (1.0,):
+        wrong, _, _ = domino_ops.domino_head_rollout(*inputs, temperature=wrong_temperature,
+                                                     generator=torch.Generator().manual_seed(6))
+        with pytest.raises(AssertionError, match="chi-square"):
+            assert_matches_distribution((wrong[:, 0] * V + wrong[:, 1]).numpy(), joint,
+                                        what=f"(x0, x1) drawn at T = {wrong_temperature}")
 
 
 @pytest.mark.parametrize("wdtype", [torch.float32, torch.bfloat16])

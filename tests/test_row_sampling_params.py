@@ -68,8 +68,8 @@ def test_sample_rows_are_distributed_as_their_own_parameters(backend):
     """Frequency test: rows of one batch alternate between two parameter sets; each set's
     tokens follow the exact filtered distribution of that set (negative control below)."""
     dev = device_of(backend)
-    # Interpreted and emulated kernels cost ~0.1 s a row: 160 rows. The swap below is caught
-    # by a zero-probability token alone (set 1 keeps 3 of the 6), so it needs few rows; the
+    # The GPU backends get 160 rows (interpreted kernels cost ~0.1 s a row). The swap below is
+    # caught by a zero-probability token alone (set 1 keeps 3 of the 6), so it needs few rows; the
     # exact law of one parameter set is each backend's own sampling test.
     V, N = 6, 160 if backend is not None else 20000
     row = torch.randn(V, generator=torch.Generator().manual_seed(3)) * 1.5

@@ -1,5 +1,6 @@
 """The host SIMT emulator (csrc/simt/) itself: barriers, shuffles, votes, atomics, shared
-memory and launch limits behave as on a GPU, and a missing __syncthreads is caught."""
+memory and launch limits behave as on a GPU, a missing __syncthreads is caught, and threads
+stopped at barriers the others never reach raise an error."""
 
 import math
 import os
@@ -23,11 +24,17 @@ def test_correct_reduction_passes(blocks, threads):
 
 
 def test_missing_syncthreads_gives_a_wrong_result():
-    """Threads are real OS threads: without the barriers, the tree reduction reads partner
-    slots before they are written (poisoned NaN) or after they change."""
+    """Without the barriers the first thread runs the whole tree reduction before its
+    partners have written their slots (poisoned NaN), every time."""
     x = [1.0] * 512
-    results = [domino_simt.block_sum(x, 1, 256, False) for _ in range(20)]
-    assert any(r != 512.0 for r in results), results
+    assert math.isnan(domino_simt.block_sum(x, 1, 256, False))
+
+
+def test_threads_stopped_at_different_barriers_raise_instead_of_hanging():
+    with pytest.raises(RuntimeError,
+                       match=r"deadlock in block \(0, 0, 0\): 32 threads wait at barriers that cannot complete"):
+        domino_simt.divergent_barriers()
+    assert domino_simt.block_sum([1.0] * 64, 2, 64, True) == 64.0  # the next launch runs
 
 
 def _build_tsan(tmp_path):

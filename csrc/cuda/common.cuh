@@ -11,8 +11,8 @@ namespace domino::cuda {
 constexpr int kWarp = 32;
 
 // Threads per block of every kernel here. Kernels read blockDim.x and work for any whole
-// number of warps up to this; under the emulator, where each CUDA thread is an OS thread,
-// blocks of two warps keep the tests fast while still exercising cross-warp reductions.
+// number of warps up to this; under the emulator, blocks of two warps let the tests' small
+// shapes span several tiles while still exercising cross-warp reductions.
 #ifdef DOMINO_SIMT
 constexpr int kBlockThreads = 64;
 #else

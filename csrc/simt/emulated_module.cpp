@@ -3,7 +3,7 @@
 // torch.ops.domino_simt.<op>: the CUDA kernels of csrc/cuda/ compiled as host C++
 // (emulated_kernels.cpp) and run by the SIMT emulator on CPU tensors, with the same
 // schemas and the same tensor adapters (bindings/kernel_adapters.h) as the real CUDA ops.
-// Slow by design (one OS thread per CUDA thread). The functions below run the emulator's
+// Not a performance path (one fiber per CUDA thread). The functions below run the emulator's
 // self-test kernels.
 //
 // pybind11 and ATen come first: the kernel headers bring in simt.h's macros.
@@ -34,12 +34,13 @@ namespace st = domino::simt_selftest;
 
 PYBIND11_MODULE(domino_simt, m) {
   m.doc() = "Host SIMT emulation of domino_ops' CUDA kernels (test infrastructure only)";
-  // Release the GIL: the emulator's OS threads never touch Python.
+  // Release the GIL: the emulated threads never touch Python.
   m.def("block_sum", &st::block_sum, py::arg("x"), py::arg("blocks"), py::arg("threads"), py::arg("sync"),
         py::call_guard<py::gil_scoped_release>());
   m.def("warp_ops", &st::warp_ops, py::arg("threads"), py::call_guard<py::gil_scoped_release>());
   m.def("atomics", &st::atomics, py::arg("blocks"), py::arg("threads"), py::call_guard<py::gil_scoped_release>());
   m.def("read_unwritten_shared", &st::read_unwritten_shared, py::arg("blocks"),
         py::call_guard<py::gil_scoped_release>());
+  m.def("divergent_barriers", &st::divergent_barriers, py::call_guard<py::gil_scoped_release>());
   m.def("launch_status", &st::launch_status, py::arg("blocks"), py::arg("threads"), py::arg("smem"));
 }

@@ -1,5 +1,6 @@
 // TEST INFRASTRUCTURE: small CUDA kernels that test the SIMT emulator itself (reductions,
-// a deliberately missing __syncthreads, shuffles, votes, atomics, launch limits). Run from
+// a deliberately missing __syncthreads, divergent barriers, shuffles, votes, atomics,
+// launch limits). Run from
 // tests/test_simt_emulator.py through the domino_simt module, and from a ThreadSanitizer
 // build of tsan_main.cpp.
 #pragma once
@@ -91,6 +92,20 @@ inline std::vector<float> read_unwritten_shared(int blocks) {
   std::vector<float> out(blocks, 0.0f);
   DOMINO_LAUNCH(read_unwritten_shared_kernel, dim3(blocks), dim3(32), 64, nullptr, out.data());
   return out;
+}
+
+// Thread 0 waits in a shuffle for its warp while the others wait at __syncthreads for
+// thread 0: neither barrier can complete (undefined behaviour on a GPU, where it may hang).
+__global__ void divergent_barriers_kernel(int* out) {
+  if (threadIdx.x == 0)
+    out[0] = __shfl_sync(0xffffffffu, 1, 0);
+  else
+    __syncthreads();
+}
+
+inline void divergent_barriers() {
+  int out = 0;
+  DOMINO_LAUNCH(divergent_barriers_kernel, dim3(1), dim3(32), 0, nullptr, &out);
 }
 
 // An empty kernel launched with the given shape; returns the launch error code.

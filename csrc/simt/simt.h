@@ -4,11 +4,11 @@
 // It lets the kernels in csrc/cuda/ be compiled as ordinary host C++ (include
 // cuda/portable.cuh with DOMINO_SIMT defined) and executed on a machine without a GPU:
 //
-//   - every block runs with one OS thread per CUDA thread; blocks of the grid run one
-//     after another, so a `__shared__` variable (a function-local static here) is private
-//     to the running block;
-//   - __syncthreads() is a real barrier over the block's live threads (a thread that
-//     returns leaves the barrier, as an exited thread does on the GPU);
+//   - every CUDA thread of a block is a fiber on the launching OS thread (simt.cpp), run
+//     from barrier to barrier; blocks of the grid run one after another, so a `__shared__`
+//     variable (a function-local static here) is private to the running block;
+//   - __syncthreads() is a barrier over the block's live threads (a thread that returns
+//     leaves the barrier, as an exited thread does on the GPU);
 //   - warp shuffles and votes exchange values through one slot per lane, fenced by a
 //     barrier over the warp's live lanes, with the CUDA semantics for out-of-range
 //     sources (the caller keeps its own value) and for width < 32;
@@ -19,10 +19,14 @@
 //     block so a kernel that reads what it never wrote sees garbage.
 //
 // Limits: all live lanes of a warp must reach a shuffle or vote together (the kernels
-// here only use full-warp masks), and a block must not depend on another block running
-// concurrently (no grid-wide barriers). Races are real races between OS threads, so a
-// missing barrier shows up as a wrong result or, deterministically, as a ThreadSanitizer
-// report (tests/test_simt_emulator.py builds a TSan binary for that).
+// here only use full-warp masks), a block must not depend on another block running
+// concurrently (no grid-wide barriers), and a thread must not spin on a value another
+// thread of its block writes without a barrier between them (it would never yield).
+// Threads of a block stopped at barriers the others never reach raise an error, not a
+// hang. A missing barrier shows up as a wrong result (the scheduler alternates the
+// threads' order between barriers, so a thread reads its partners' slots before they are
+// written) or, deterministically, as a ThreadSanitizer report (tests/test_simt_emulator.py
+// builds a TSan binary for that).
 #pragma once
 
 #include <atomic>
