@@ -110,13 +110,14 @@ def _seed():
     torch.manual_seed(0)
 
 
-# The files that take longest (a quiet 2-core AVX2 VM, 2026-12-02), run first: pytest-xdist
+# The files that take longest (a quiet 2-core AVX2 VM, 2026-12-05), run first: pytest-xdist
 # hands each worker whole files in collection order, and a long file started last would
 # leave the other worker idle at the end. Within a file the order is unchanged; a file not
 # named here keeps its place after these.
-LONGEST_FILES_FIRST = ["test_smollm2.py", "test_kernel_backends.py", "test_triton_aot.py", "test_training.py",
-                       "test_domino_head_expand.py", "test_cuda_resources.py", "test_row_sampling_params.py",
-                       "test_cpu_isa.py", "test_verify_tree_sampling.py", "test_speculative_tree.py"]
+LONGEST_FILES_FIRST = ["test_kernel_backends.py", "test_smollm2.py", "test_training.py", "test_cpu_isa.py",
+                       "test_speculative_tree.py", "test_cuda_resources.py", "test_domino_head_expand.py",
+                       "test_triton_aot.py", "test_batch_invariance.py", "test_speculative_sampling.py",
+                       "test_fuzz_extreme_values.py"]
 
 
 def pytest_collection_modifyitems(items):
