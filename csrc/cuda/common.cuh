@@ -13,7 +13,7 @@ constexpr int kWarp = 32;
 // Threads per block of every kernel here. Kernels read blockDim.x and work for any whole
 // number of warps up to this; under the emulator, blocks of two warps let the tests' small
 // shapes span several tiles while still exercising cross-warp reductions.
-#ifdef DOMINO_SIMT
+#if defined(DOMINO_SIMT) && !defined(DOMINO_SIMT_GPU_SHAPES)
 constexpr int kBlockThreads = 64;
 #else
 constexpr int kBlockThreads = 256;

@@ -57,7 +57,7 @@ constexpr int kLoadsInFlight = 4;
 // Logits per slice of a row in the T = 0 child search (expand_chunk_best_kernel): at the
 // paper's V = 151936, 38 blocks per node, each thread 16 loads. Under the emulator a slice
 // is one load per thread, so the tests' small rows span several slices.
-#ifdef DOMINO_SIMT
+#if defined(DOMINO_SIMT) && !defined(DOMINO_SIMT_GPU_SHAPES)
 constexpr int64_t kChooseChunk = kBlockThreads;
 #else
 constexpr int64_t kChooseChunk = 4096;

@@ -18,7 +18,7 @@ constexpr int kGroup = 16;  // sequences (nodes) per pass over a w2 tile: accumu
 // (row, sequence) dot product still runs over c in ascending order, chunk after chunk).
 // Under the emulator a chunk is 64 columns: bf16's 4 in-flight loads (32 columns) fit
 // in it twice, and the tests' large ranks span many chunks.
-#ifdef DOMINO_SIMT
+#if defined(DOMINO_SIMT) && !defined(DOMINO_SIMT_GPU_SHAPES)
 constexpr int kRankChunk = 64;
 #else
 constexpr int kRankChunk = 256;
