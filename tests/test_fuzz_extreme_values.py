@@ -1,8 +1,9 @@
 """The hostile-value fuzz suite (tests/fuzz_extreme_values.py) on every backend, each in a
 process of its own so that a crash fails one test, not the run; at least half of each op's
-examples must reach the op's answer, not a refusal (fuzz_extreme_values.MIN_CHECKED). The
-processes start together (one thread each) and each test waits for its own;
-DOMINO_FUZZ_EXAMPLES sets the examples per op (a soak: thousands, by hand)."""
+examples that are not hostile must reach the op's answer, not a refusal
+(fuzz_extreme_values.MIN_CHECKED). The processes start together (one thread each) and each
+test waits for its own; DOMINO_FUZZ_EXAMPLES sets the examples per op (a soak: thousands,
+by hand)."""
 
 import os
 import subprocess
@@ -41,5 +42,5 @@ def test_hostile_values_get_a_clear_error_or_the_documented_answer(fuzz_runs, ba
     assert code == 0 and out.rstrip().endswith("fuzz ok"), (
         f"{backend}: exit code {code} (negative: killed by signal {-code})\n{out[-6000:]}")
     # each op's count of the examples that reached its answer's checks (the script asserts
-    # that they are at least half: a refused call passes)
-    assert out.count("examples returned and were checked") == 5, out[-3000:]
+    # that they are at least half of the ordinary ones: a refused call passes)
+    assert out.count("returned and were checked") == 5, out[-3000:]
