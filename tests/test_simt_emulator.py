@@ -30,6 +30,20 @@ def test_missing_syncthreads_gives_a_wrong_result():
     assert math.isnan(domino_simt.block_sum(x, 1, 256, False))
 
 
+@pytest.mark.parametrize("offset", [1, -1], ids=["reads_higher", "reads_lower"])
+def test_a_missing_barrier_is_caught_whichever_neighbour_a_thread_reads(offset):
+    """Threads run between barriers in ascending order in even blocks and descending in odd
+    ones, so in a grid of two blocks a thread reads its neighbour's slot before the
+    neighbour writes it, whether that neighbour is above or below it."""
+    T = 64
+    x = np.arange(2 * T, dtype=np.float32)
+    want = np.concatenate([np.roll(x[:T], -offset), np.roll(x[T:], -offset)])
+    np.testing.assert_array_equal(domino_simt.rotate(x.tolist(), 2, offset, True), want)
+    racy = np.array(domino_simt.rotate(x.tolist(), 2, offset, False))
+    # in one of the blocks every thread but the one whose read wraps around reads too early
+    assert max(np.isnan(racy[:T]).sum(), np.isnan(racy[T:]).sum()) >= T - 1, racy
+
+
 def test_threads_stopped_at_different_barriers_raise_instead_of_hanging():
     with pytest.raises(RuntimeError,
                        match=r"deadlock in block \(0, 0, 0\): 32 threads wait at barriers that cannot complete"):

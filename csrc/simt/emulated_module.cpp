@@ -37,6 +37,8 @@ PYBIND11_MODULE(domino_simt, m) {
   // Release the GIL: the emulated threads never touch Python.
   m.def("block_sum", &st::block_sum, py::arg("x"), py::arg("blocks"), py::arg("threads"), py::arg("sync"),
         py::call_guard<py::gil_scoped_release>());
+  m.def("rotate", &st::rotate, py::arg("x"), py::arg("blocks"), py::arg("offset"), py::arg("sync"),
+        py::call_guard<py::gil_scoped_release>());
   m.def("warp_ops", &st::warp_ops, py::arg("threads"), py::call_guard<py::gil_scoped_release>());
   m.def("atomics", &st::atomics, py::arg("blocks"), py::arg("threads"), py::call_guard<py::gil_scoped_release>());
   m.def("read_unwritten_shared", &st::read_unwritten_shared, py::arg("blocks"),

@@ -39,6 +39,30 @@ inline float block_sum(const std::vector<float>& x, int blocks, int threads, boo
   return out;
 }
 
+// Each block rotates its slice of x through shared memory: out[t] = x[(t + offset) mod T]
+// within the block; with kSync false the barrier between the writes and the reads is
+// missing, and a thread reads its neighbour's slot, lower or higher, maybe unwritten (NaN).
+template <bool kSync>
+__global__ void rotate_kernel(const float* x, int offset, float* out) {
+  DOMINO_DYNAMIC_SHARED(float, buf);
+  const int T = static_cast<int>(blockDim.x), t = static_cast<int>(threadIdx.x);
+  const int base = static_cast<int>(blockIdx.x) * T;
+  buf[t] = x[base + t];
+  if (kSync) __syncthreads();
+  out[base + t] = buf[((t + offset) % T + T) % T];
+}
+
+inline std::vector<float> rotate(const std::vector<float>& x, int blocks, int offset, bool sync) {
+  const int threads = static_cast<int>(x.size()) / blocks;
+  std::vector<float> out(x.size(), 0.0f);
+  const size_t smem = threads * sizeof(float);
+  if (sync)
+    DOMINO_LAUNCH(rotate_kernel<true>, dim3(blocks), dim3(threads), smem, nullptr, x.data(), offset, out.data());
+  else
+    DOMINO_LAUNCH(rotate_kernel<false>, dim3(blocks), dim3(threads), smem, nullptr, x.data(), offset, out.data());
+  return out;
+}
+
 // Per thread (8 values): shfl_down 1, shfl_up 3, shfl_xor 5, shfl from lane 7, shfl_down 2
 // with width 16, ballot(lane % 3 == 0), any(lane == 31), all(lane < 40).
 __global__ void warp_ops_kernel(int* out) {

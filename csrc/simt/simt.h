@@ -24,9 +24,9 @@
 // thread of its block writes without a barrier between them (it would never yield).
 // Threads of a block stopped at barriers the others never reach raise an error, not a
 // hang. A missing barrier shows up as a wrong result (the scheduler alternates the
-// threads' order between barriers, so a thread reads its partners' slots before they are
-// written) or, deterministically, as a ThreadSanitizer report (tests/test_simt_emulator.py
-// builds a TSan binary for that).
+// threads' order between barriers and between even and odd blocks, so a thread reads its
+// partners' slots before they are written) or, deterministically, as a ThreadSanitizer
+// report (tests/test_simt_emulator.py builds a TSan binary for that).
 #pragma once
 
 #include <atomic>
