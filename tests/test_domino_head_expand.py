@@ -4,7 +4,8 @@ exactly that backend's own rollout chain; each kernel's children are the best to
 own logits, which match the reference's; permuting the frontier permutes the outputs;
 sampled children are draws without replacement (the joint of the first two against the
 exact law, with a with-replacement negative control); bad input. The GPU backends run
-emulated or interpreted here: fixed small cases and populations, outputs poisoned."""
+emulated or interpreted here: fixed small cases, populations by backend (POPULATION),
+outputs poisoned."""
 
 import pytest
 import torch

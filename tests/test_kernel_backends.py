@@ -21,7 +21,7 @@ from poisoned_calls import run_head_poisoned, run_sample_poisoned, run_verify_po
 from stats import assert_matches_distribution, first_token_resampled_from_target
 
 DTYPES = [torch.float32, torch.bfloat16]  # the logits dtypes the kernels take
-# Each example launches hundreds of emulated blocks or interpreted programs: few examples.
+# Each example launches hundreds of interpreted Triton programs: few examples.
 # Hypothesis settings hold per test function, not per backend parameter, so both backends
 # run the larger of the two former suites' counts (emulated CUDA 12, Triton 10).
 KERNEL_EXAMPLES = settings(max_examples=12)
