@@ -171,7 +171,7 @@ def test_fused_drafter_attention_matches_its_forward(dtype, rows, per_query_mask
     DraftAttention.forward's (SDPA's) up to rounding: all query rows or some, under
     generation's mask [b, 1, Tc + Q] or a per-query one [b, Q, Tc + Q] as training passes
     (norms left unswitched in all)."""
-    from domino.model import DraftAttention, apply_rope
+    from domino.model import DraftAttention
 
     d, cache, anchor, anchor_pos = _drafter_and_context(dtype)
     if not runs_packed(d.layers[0].self_attn.q_proj, dtype):
@@ -190,8 +190,7 @@ def test_fused_drafter_attention_matches_its_forward(dtype, rows, per_query_mask
         args = (x, cos, sin, cache.keys[i], cache.values[i], mask, rows)
         with torch.no_grad():
             fused = fast_layers._draft_attention_forward(mod, *args)
-            q = apply_rope(mod.q_norm(mod.q_proj(x).view(2, Q, mod.nh, mod.hd)).transpose(1, 2), cos, sin)
-            own = fast_layers._draft_attend(mod, q, *mod.key_value(x, cos, sin), *args[3:])
+            own = fast_layers._draft_attend(mod, mod.query(x, cos, sin), *mod.key_value(x, cos, sin), *args[3:])
             plain = DraftAttention.forward(mod, *args)
         assert "_domino_fused_packed" in vars(mod)  # the fused path ran
         assert fused.shape == (2, Q if rows is None else rows.stop - rows.start, x.shape[-1])

@@ -44,7 +44,7 @@ import torch
 
 import domino_ops
 from domino.fast_linear import cpu_kernel_applies, fused_packed_linear, undo_fused_packed_linear
-from domino.model import DraftAttention, DraftMLP, RMSNorm, apply_rope
+from domino.model import DraftAttention, DraftMLP, RMSNorm
 
 __all__ = ["use_fused_layers", "undo_fused_layers", "uses_fused_layers", "NORM_CLASSES", "MLP_CLASSES",
            "ATTENTION_CLASSES"]
@@ -134,8 +134,7 @@ def _draft_attention_forward(mod: DraftAttention, x: torch.Tensor, cos: torch.Te
     qkv = fused_packed_linear(mod, (mod.q_proj, mod.k_proj, mod.v_proj), x)
     b, Q, _ = x.shape
     if qkv is None or cos.dtype is not qkv.dtype or sin.dtype is not qkv.dtype:  # its own projections
-        q = apply_rope(mod.q_norm(mod.q_proj(x).view(b, Q, mod.nh, mod.hd)).transpose(1, 2), cos, sin)
-        return _draft_attend(mod, q, *mod.key_value(x, cos, sin), ctx_k, ctx_v, attn_mask, rows)
+        return _draft_attend(mod, mod.query(x, cos, sin), *mod.key_value(x, cos, sin), ctx_k, ctx_v, attn_mask, rows)
     q, k, v = qkv.split((mod.nh * mod.hd, mod.kvh * mod.hd, mod.kvh * mod.hd), dim=-1)
     q = mod.q_norm(q.reshape(b, Q, mod.nh, mod.hd)).transpose(1, 2)
     k = mod.k_norm(k.reshape(b, Q, mod.kvh, mod.hd)).transpose(1, 2)

@@ -92,6 +92,11 @@ class DraftAttention(nn.Module):
         self.q_norm = RMSNorm(self.hd, c.rms_norm_eps)
         self.k_norm = RMSNorm(self.hd, c.rms_norm_eps)
 
+    def query(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Rotated queries [b, nh, T, hd] of hidden states x [b, T, H]."""
+        b, T, _ = x.shape
+        return apply_rope(self.q_norm(self.q_proj(x).view(b, T, self.nh, self.hd)).transpose(1, 2), cos, sin)
+
     def key_value(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """Rotated keys and values [b, kvh, T, hd] of hidden states x [b, T, H]."""
         b, T, _ = x.shape
@@ -104,9 +109,7 @@ class DraftAttention(nn.Module):
         queries' own keys, wherever attn_mask [b, 1 or Q, Tc + Q] (bool) holds. Returns
         [b, Q, H], or only the query positions ``rows`` [b, len(rows), H] (the output
         projection then runs on those rows alone)."""
-        b, Q, _ = x.shape
-        q = apply_rope(self.q_norm(self.q_proj(x).view(b, Q, self.nh, self.hd)).transpose(1, 2), cos, sin)
-        return self.attend(q, *self.key_value(x, cos, sin), ctx_k, ctx_v, attn_mask, rows)
+        return self.attend(self.query(x, cos, sin), *self.key_value(x, cos, sin), ctx_k, ctx_v, attn_mask, rows)
 
     def attend(self, q, k, v, ctx_k, ctx_v, attn_mask, rows: slice | None = None) -> torch.Tensor:
         """The rest of :meth:`forward` from the rotated queries [b, nh, Q, hd] and the
