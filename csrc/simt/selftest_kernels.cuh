@@ -1,8 +1,7 @@
 // TEST INFRASTRUCTURE: small CUDA kernels that test the SIMT emulator itself (reductions,
-// a deliberately missing __syncthreads, divergent barriers, shuffles, votes, atomics,
-// launch limits). Run from
-// tests/test_simt_emulator.py through the domino_simt module, and from a ThreadSanitizer
-// build of tsan_main.cpp.
+// deliberately missing __syncthreads, divergent barriers, shuffles, votes, atomics, launch
+// limits). Run from tests/test_simt_emulator.py through the domino_simt module, and from a
+// ThreadSanitizer build of tsan_main.cpp.
 #pragma once
 
 #include <vector>
