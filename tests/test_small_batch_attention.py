@@ -97,6 +97,32 @@ def test_a_row_alone_equals_the_row_among_others(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("N,M", [(65, 6), (300, 1), (1100, 16)])
+def test_long_caches_across_key_chunks(dtype, N, M):
+    """The kernel scores and sums a long cache chunk by chunk of keys (64 at head dim 64):
+    caches of one chunk and a key, several, and many, with a mask whose holes and padding
+    straddle chunk boundaries, agree with the float64 oracle, and each row gives the bits
+    of a one-row call over exactly its visible keys (so chunk boundaries, which fall
+    elsewhere in the packed call, change no bit), on every CPU build."""
+    B, Hq, Hkv, D = 1, 9, 3, 64
+    q, k, v = make(B, Hq, Hkv, M, N, D, dtype, N + M, scale=2.0)
+    g = torch.Generator().manual_seed(N)
+    visible = torch.rand(B, 1, M, N, generator=g) > 0.25
+    visible[..., :N // 3] &= torch.rand(N // 3, generator=g) > 0.8  # a long, sparse stretch
+    visible &= torch.ones(M, N, dtype=torch.bool).tril(N - M)
+    visible[..., -M:] |= torch.eye(M, dtype=torch.bool)  # every row sees its own key
+    k[:, :, ~visible.any(dim=(0, 1, 2))] = float("nan")  # never read
+    for isa in domino_ops.cpu.supported_isas():
+        with domino_ops.cpu.forced_isa(isa):
+            big = run_op(q, k, v, visible)
+            assert_close_to_float64(big, q, k, v, visible)
+            for m in sorted({0, M // 2, M - 1}):
+                idx = visible[0, 0, m].nonzero().flatten()
+                alone = run_op(q[:, :, m:m + 1].contiguous(), k[:, :, idx].contiguous(), v[:, :, idx].contiguous())
+                assert torch.equal(big[:, :, m:m + 1], alone), (isa, m)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("hidden", ["bool", "-inf", "lowest"])
 def test_hidden_keys_change_no_bit(dtype, hidden):
     """A row's visible keys, wherever the hidden ones sit between them (left padding, holes,

@@ -37,6 +37,8 @@ struct ArgMax {
 
 // attend_block's key classes over the rows of a block.
 constexpr uint8_t kKeyHidden = 0, kKeyVisible = 1, kKeyMixed = 2;
+// attend_block's chunk of transposed keys, in floats (16 KB: L1, with the chunk's values).
+constexpr int64_t kAttendChunkFloats = 4096;
 
 // Entry points of one instruction-set build. Layouts: "x" holds nb activation vectors of
 // `cols` floats, `x_stride` apart; y[j * y_stride + row] is the dot product of weight row
@@ -98,25 +100,24 @@ struct Kernels {
   void (*silu_mul_bf16)(const uint16_t* gate, const uint16_t* up, int64_t n, uint16_t* out);
 
   // Attention of a block of nq query rows against the keys [0, n) of one kv head
-  // (small_batch_attention.cpp). transpose_keys: kt[d * ldk + j] = k[j * k_stride + d] as
-  // float for j < n, 0 for n <= j < ldk (ldk a multiple of `lanes`, >= n). attend_block:
-  // q is nq rows of D floats (widened by the caller); vis [nq][n] says which keys each row
-  // sees (1) and hides (0); key_class[j] is kKeyVisible (every row sees j), kKeyHidden (no
-  // row does) or kKeyMixed; bias, when given, [nq][n] added to the visible scores; scores is
-  // nq * ldk floats of scratch; out[r] is row r's D outputs. For each row:
-  // out = sum_j p_j v_j / sum_j p_j over its visible keys in order, p_j = exp(s_j - max s),
-  // s_j = scale * (q . k_j) + bias_j, the dot product one FMA chain over d per key (keys
-  // in vector lanes), max and sums in key order, exp elementwise. Which rows share the
-  // block, where hidden keys sit, which thread runs it: none of it changes a bit. A row
-  // with no visible key, or every score -inf, gets zeros.
-  void (*transpose_keys_f32)(const float* k, int64_t k_stride, int64_t n, int64_t D, float* kt, int64_t ldk);
-  void (*transpose_keys_bf16)(const uint16_t* k, int64_t k_stride, int64_t n, int64_t D, float* kt, int64_t ldk);
-  void (*attend_block_f32)(const float* q, int64_t nq, int64_t D, const float* kt, int64_t ldk, const float* v,
+  // (small_batch_attention.cpp). q is nq rows of D floats (widened by the caller); k and v
+  // the kv head's first key and value rows, k_stride / v_stride elements apart; vis
+  // [nq][n] says which keys each row sees (1) and hides (0); key_class[j] is kKeyVisible
+  // (every row sees j), kKeyHidden (no row does) or kKeyMixed; bias, when given, [nq][n]
+  // added to the visible scores. Scratch: scores nq * round_up(n, lanes) floats, kt
+  // max(kAttendChunkFloats, lanes * round_up(D, lanes)) floats, acc nq * (round_up(D, lanes) + 2) floats;
+  // out[r] is row r's D outputs. For each row: out = sum_j p_j v_j / sum_j p_j over its
+  // visible keys in order, p_j = exp(s_j - max s), s_j = scale * (q . k_j) + bias_j, the dot
+  // product one FMA chain over d per key (keys in vector lanes), max and sums in key order,
+  // exp elementwise. Which rows share the block, where hidden keys sit, which thread runs
+  // it: none of it changes a bit. A row with no visible key, or every score -inf, gets zeros.
+  void (*attend_block_f32)(const float* q, int64_t nq, int64_t D, const float* k, int64_t k_stride, const float* v,
                            int64_t v_stride, const uint8_t* vis, const uint8_t* key_class, const float* bias,
-                           int64_t n, float scale, float* scores, float* const* out);
-  void (*attend_block_bf16)(const float* q, int64_t nq, int64_t D, const float* kt, int64_t ldk,
+                           int64_t n, float scale, float* scores, float* kt, float* acc, float* const* out);
+  void (*attend_block_bf16)(const float* q, int64_t nq, int64_t D, const uint16_t* k, int64_t k_stride,
                             const uint16_t* v, int64_t v_stride, const uint8_t* vis, const uint8_t* key_class,
-                            const float* bias, int64_t n, float scale, float* scores, uint16_t* const* out);
+                            const float* bias, int64_t n, float scale, float* scores, float* kt, float* acc,
+                            uint16_t* const* out);
 };
 
 // The active table (see the top of this file). Throws c10::ValueError for an invalid

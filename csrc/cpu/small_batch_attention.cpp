@@ -12,13 +12,15 @@
 // Bytes it must move: per (sequence, kv head) the key and value rows its query rows may
 // see, 2 * N * D elements at most (keys that the mask hides from every row of a block,
 // before its first visible key or after its last, are never read), read once for a task
-// of up to 4 query positions times the Hq / Hkv query heads of that kv head (they stay in
-// L1/L2 between tasks); q and out once. Work
-// ~4 * n * D flops and n exponentials per query row, plus one transposition of the keys per
-// (sequence, kv head) and thread. A decode step of SmolLM2-135M (9 heads of 64, 3 kv
-// heads, a few hundred cached tokens, 30 layers) is ~10 M flops: the cost is the call
+// of up to 4 query positions times the Hq / Hkv query heads of that kv head: attend_block
+// walks them in chunks of 64 keys (at D = 64) that stay in L1 while every row of the task
+// uses them; q and out once. Work ~4 * n * D flops and n exponentials per query row, plus
+// one transposition of the keys per task. A decode step of SmolLM2-135M (9 heads of 64,
+// 3 kv heads, a few hundred cached tokens, 30 layers) is ~10 M flops: the cost is the call
 // itself, which is why this exists next to SDPA (its CPU kernels pay a setup per call and,
 // for one query row, run a general blocked path). A 16-row verification is FMA-bound.
+// Long caches: with the keys transposed whole into a buffer of D * N floats (the version
+// before the chunks) a decode step over 2,000 keys ran ~2x slower (benchmarks/README.md).
 //
 // Batch invariance, by construction: each query row's visible keys are those the mask
 // lets it see at positions up to its own; the instruction-set build's attend_block
@@ -139,7 +141,8 @@ void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, cons
   constexpr int64_t kRows = 4;
   const int64_t rows_per_task = std::min<int64_t>(kRows, M), chunks = (M + rows_per_task - 1) / rows_per_task;
   const int64_t tasks = B * Hkv * chunks;
-  const int64_t ldk = (N + K.lanes - 1) / K.lanes * K.lanes;  // the longest row of transposed keys
+  const int64_t lds = (N + K.lanes - 1) / K.lanes * K.lanes;  // the longest row of scores
+  const int64_t lda = (D + K.lanes - 1) / K.lanes * K.lanes;
   // Below ~256K multiply-adds per thread's share a fork costs more than it saves (a decode
   // step's 3 tasks run on the calling thread).
   const int64_t grain =
@@ -150,30 +153,22 @@ void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, cons
   const int64_t ks0 = k.stride(0), ks1 = k.stride(1), ks2 = k.stride(2);
   const int64_t vs0 = v.stride(0), vs1 = v.stride(1), vs2 = v.stride(2);
   const int64_t os0 = out.stride(0), os1 = out.stride(1), os2 = out.stride(2);
-  // A thread keeps the transposed keys of the (call, sequence, kv head) it last served:
-  // consecutive tasks of a thread's share mostly belong to the same kv head.
-  static std::atomic<uint64_t> calls{0};
-  const uint64_t call = ++calls;
   at::parallel_for(0, tasks, grain, [&](int64_t t0, int64_t t1) {
     // per-thread scratch, looked up once per chunk of tasks (each thread_local access is a
     // TLS lookup)
-    thread_local std::vector<float> kt_buf, q_buf, bias_buf, scores_buf;
+    thread_local std::vector<float> kt_buf, q_buf, bias_buf, scores_buf, acc_buf;
     thread_local std::vector<uint8_t> vis_buf, class_buf;
     thread_local std::vector<T*> out_buf;
-    thread_local uint64_t kt_call = 0;
-    // kt holds keys [kt_lo, kt_end) of kt_head, in rows of kt_ld floats (whole vectors)
-    thread_local int64_t kt_head = -1, kt_lo = 0, kt_end = 0, kt_ld = 0;
     const int64_t nq_max = rows_per_task * group;
-    kt_buf.resize(D * ldk);
+    kt_buf.resize(std::max<int64_t>(kAttendChunkFloats, K.lanes * lda));
     q_buf.resize(nq_max * D);
-    scores_buf.resize(nq_max * ldk);
+    scores_buf.resize(nq_max * lds);
+    acc_buf.resize(nq_max * (lda + 2));
     vis_buf.resize(nq_max * N);
     bias_buf.resize(mp && !std::is_same_v<MaskT, bool> ? nq_max * N : 0);
     class_buf.resize(2 * N);
     out_buf.resize(nq_max);
-    float* kt = kt_buf.data();
     float* q_rows = q_buf.data();
-    float* scores = scores_buf.data();
     uint8_t* vis = vis_buf.data();
     uint8_t* key_class = class_buf.data();
     float* bias = bias_buf.data();
@@ -244,29 +239,17 @@ void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, cons
           for (int64_t i = 0; i < nq; ++i) std::memmove(bias + i * nv, bias + i * n + lo, nv * sizeof(float));
         std::memmove(key_class, key_class + lo, nv);
       }
-      // Keys transposed once per (call, sequence, kv head) and thread, from lo: to the
-      // block's hi when the call is one block per kv head (a decode step), else to N (the
-      // blocks of a verification share them).
-      if (kt_call != call || kt_head != b * Hkv + g || kt_lo != lo || kt_end < hi) {
-        const int64_t end = chunks == 1 ? hi : N;
-        // rows as long as the keys transposed (not ldk): the transposition writes whole rows
-        const int64_t ld = (end - lo + K.lanes - 1) / K.lanes * K.lanes;
-        const T* kr = kp + b * ks0 + g * ks1 + lo * ks2;
-        if constexpr (std::is_same_v<T, float>) K.transpose_keys_f32(kr, ks2, end - lo, D, kt, ld);
-        else K.transpose_keys_bf16(reinterpret_cast<const uint16_t*>(kr), ks2, end - lo, D, kt, ld);
-        kt_call = call;
-        kt_head = b * Hkv + g;
-        kt_lo = lo;
-        kt_end = end;
-        kt_ld = ld;
-      }
       const float* bp = any_bias ? bias : nullptr;  // all zeros: no bias, same bits
+      const T* kr = kp + b * ks0 + g * ks1 + lo * ks2;
       const T* vr = vp + b * vs0 + g * vs1 + lo * vs2;
       if constexpr (std::is_same_v<T, float>) {
-        K.attend_block_f32(q_rows, nq, D, kt, kt_ld, vr, vs2, vis, key_class, bp, nv, sc, scores, outs);
+        K.attend_block_f32(q_rows, nq, D, kr, ks2, vr, vs2, vis, key_class, bp, nv, sc, scores_buf.data(),
+                           kt_buf.data(), acc_buf.data(), outs);
       } else {
-        K.attend_block_bf16(q_rows, nq, D, kt, kt_ld, reinterpret_cast<const uint16_t*>(vr), vs2, vis, key_class, bp,
-                            nv, sc, scores, reinterpret_cast<uint16_t* const*>(outs));
+        K.attend_block_bf16(q_rows, nq, D, reinterpret_cast<const uint16_t*>(kr), ks2,
+                            reinterpret_cast<const uint16_t*>(vr), vs2, vis, key_class, bp, nv, sc,
+                            scores_buf.data(), kt_buf.data(), acc_buf.data(),
+                            reinterpret_cast<uint16_t* const*>(outs));
       }
     }
   });

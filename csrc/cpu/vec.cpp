@@ -579,12 +579,14 @@ DOMINO_INLINE void score_tile(const float* q, int64_t D, const float* kt, int64_
 template <int NQ>
 constexpr int kScoreVectors = kAcc / NQ < 1 ? 1 : kAcc / NQ;
 
+// Scores of NQ rows against the nk keys (a multiple of L) of kt, rows lds apart in s.
 template <int NQ>
-void score_rows(const float* q, int64_t D, const float* kt, int64_t ldk, int64_t nk, float scale, float* s) {
+void score_rows(const float* q, int64_t D, const float* kt, int64_t ldk, int64_t nk, float scale, float* s,
+                int64_t lds) {
   constexpr int KB = kScoreVectors<NQ>;
   int64_t j = 0;
-  for (; j + KB * L <= nk; j += KB * L) score_tile<NQ, KB>(q, D, kt + j, ldk, scale, s + j, ldk);
-  for (; j < nk; j += L) score_tile<NQ, 1>(q, D, kt + j, ldk, scale, s + j, ldk);
+  for (; j + KB * L <= nk; j += KB * L) score_tile<NQ, KB>(q, D, kt + j, ldk, scale, s + j, lds);
+  for (; j < nk; j += L) score_tile<NQ, 1>(q, D, kt + j, ldk, scale, s + j, lds);
 }
 
 // Row r's weights over keys [0, n): a hidden key (vis 0) counts as -inf, bias added to the
@@ -622,24 +624,27 @@ DOMINO_INLINE float softmax_weights(float* s, const uint8_t* vis, const float* b
   return m;
 }
 
-// Columns [d0, d0 + NB * L) of the value pass of NQ rows (the last vector may be cut at
-// D): out_r = sum over the keys j row r sees of p_rj v_j, in key order, times inv_r. A key
-// no row of the block sees is skipped, one every row sees is added to every row, one some
-// rows see is added to those: each row's sum is that of its own visible keys in order (a
-// hidden key's value, NaN or not, is never read into a row). The block count is a
-// compile-time constant so the NQ x NB accumulators stay in registers.
+// Columns [d0, d0 + NB * L) of the value pass of NQ rows over keys [0, n) of a chunk (the
+// last vector may be cut at D): acc_r += p_rj v_j for the keys j row r sees, in key order,
+// the NQ x NB partial sums loaded from and stored back to acc (rows lda apart: exact, so a
+// chain cut at chunk boundaries is the same chain). A key no row of the block sees is
+// skipped, one every row sees is added to every row, one some rows see is added to those:
+// each row's sum is that of its own visible keys in order (a hidden key's value, NaN or
+// not, is never read into a row). The block count is a compile-time constant so the
+// accumulators stay in registers across the chunk's keys. (Widening a chunk's bf16 values
+// into an L1 buffer once, instead of at every row block, measured no faster.)
 template <int NQ>
 constexpr int64_t kValueVectors = kAcc / NQ < 1 ? 1 : (kAcc / NQ > 4 ? 4 : kAcc / NQ);
 
 template <int NQ, int64_t NB, typename T>
-DOMINO_INLINE void value_block(const T* v, int64_t vs, const uint8_t* vis, const uint8_t* key_class, int64_t n,
-                               int64_t D, int64_t d0, const float* p, int64_t ldp, const float* inv,
-                               const bool* empty, T* const* out) {
+DOMINO_INLINE void value_block(const T* v, int64_t vs, const uint8_t* vis, int64_t ldv, const uint8_t* key_class,
+                               int64_t n, int64_t D, int64_t d0, const float* p, int64_t ldp, float* acc_rows,
+                               int64_t lda) {
   vf acc[NQ][NB];
   DOMINO_UNROLL
   for (int r = 0; r < NQ; ++r)
     DOMINO_UNROLL
-    for (int64_t b = 0; b < NB; ++b) acc[r][b] = splat(0.0f);
+    for (int64_t b = 0; b < NB; ++b) acc[r][b] = loadu(acc_rows + r * lda + d0 + b * L);
   const bool whole = d0 + NB * L <= D;
   for (int64_t j = 0; j < n; ++j) {
     const uint8_t c = key_class[j];
@@ -658,7 +663,7 @@ DOMINO_INLINE void value_block(const T* v, int64_t vs, const uint8_t* vis, const
     } else {
       DOMINO_UNROLL
       for (int r = 0; r < NQ; ++r) {
-        if (!vis[r * n + j]) continue;
+        if (!vis[r * ldv + j]) continue;
         const vf pr = broadcast(p + r * ldp + j);
         DOMINO_UNROLL
         for (int64_t b = 0; b < NB; ++b) acc[r][b] += pr * vv[b];
@@ -668,21 +673,17 @@ DOMINO_INLINE void value_block(const T* v, int64_t vs, const uint8_t* vis, const
   DOMINO_UNROLL
   for (int r = 0; r < NQ; ++r)
     DOMINO_UNROLL
-    for (int64_t b = 0; b < NB; ++b) {
-      const int64_t c = d0 + b * L;
-      const vf o = empty[r] ? splat(0.0f) : acc[r][b] * inv[r];
-      if (c + L <= D) storeu(out[r] + c, o);
-      else store_partial(out[r] + c, D - c, o);
-    }
+    for (int64_t b = 0; b < NB; ++b) storeu(acc_rows + r * lda + d0 + b * L, acc[r][b]);
 }
 
 template <int NQ, typename T>
-void value_rows(const T* v, int64_t vs, const uint8_t* vis, const uint8_t* key_class, int64_t n, int64_t D,
-                const float* p, int64_t ldp, const float* inv, const bool* empty, T* const* out) {
+void value_rows(const T* v, int64_t vs, const uint8_t* vis, int64_t ldv, const uint8_t* key_class, int64_t n,
+                int64_t D, const float* p, int64_t ldp, float* acc_rows, int64_t lda) {
   constexpr int64_t NB = kValueVectors<NQ>;
   int64_t d0 = 0;
-  for (; d0 + NB * L <= D; d0 += NB * L) value_block<NQ, NB>(v, vs, vis, key_class, n, D, d0, p, ldp, inv, empty, out);
-  for (; d0 < D; d0 += L) value_block<NQ, 1>(v, vs, vis, key_class, n, D, d0, p, ldp, inv, empty, out);
+  for (; d0 + NB * L <= D; d0 += NB * L)
+    value_block<NQ, NB>(v, vs, vis, ldv, key_class, n, D, d0, p, ldp, acc_rows, lda);
+  for (; d0 < D; d0 += L) value_block<NQ, 1>(v, vs, vis, ldv, key_class, n, D, d0, p, ldp, acc_rows, lda);
 }
 
 // Row blocks of up to 4 (then the remainder): the blocking shares loads, never arithmetic.
@@ -698,50 +699,82 @@ DOMINO_INLINE void for_row_blocks(int64_t nq, F&& f) {
   }
 }
 
+// Keys per chunk of the score and value passes: a multiple of L with the chunk's
+// transposed keys (D x C floats) within kAttendChunkFloats, so they stay in L1 while every
+// row of the block scores them, as the chunk's values do while every row and column block
+// sums them. Whole passes over the keys (the version before) transposed all of a long
+// cache into a buffer of D x n floats (512 KB for 2048 keys of 64) that every row block
+// then read back from L2/L3, and read the values once per row block and column block
+// from there: at 2048 cached keys 4x slower than the arithmetic.
+DOMINO_INLINE int64_t chunk_keys(int64_t lda) {
+  const int64_t c = kAttendChunkFloats / (lda > 0 ? lda : 1) / L * L;
+  return c < L ? L : c;
+}
+
 template <typename T>
-void attend_block(const float* q, int64_t nq, int64_t D, const float* kt, int64_t ldk, const T* v, int64_t vs,
+void attend_block(const float* q, int64_t nq, int64_t D, const T* k, int64_t ks, const T* v, int64_t vs,
                   const uint8_t* vis, const uint8_t* key_class, const float* bias, int64_t n, float scale,
-                  float* scores, T* const* out) {
-  const int64_t nk = (n + L - 1) / L * L;  // scored keys: n rounded up to whole vectors (<= ldk)
-  for_row_blocks(nq, [&](auto nq_block, int64_t r) {
-    constexpr int NQ = decltype(nq_block)::value;
-    score_rows<NQ>(q + r * D, D, kt, ldk, nk, scale, scores + r * ldk);
-  });
+                  float* scores, float* kt, float* acc, T* const* out) {
+  const int64_t lds = (n + L - 1) / L * L;  // scores rows: n rounded up to whole vectors
+  const int64_t lda = (D + L - 1) / L * L;
+  const int64_t C = chunk_keys(lda);  // D x C floats fit kt
+  // Scores, chunk by chunk: the chunk's keys transposed (exact) into kt, then every row
+  // block's scores of them.
+  for (int64_t j0 = 0; j0 < n; j0 += C) {
+    const int64_t nc = n - j0 < C ? n - j0 : C, ldc = (nc + L - 1) / L * L;
+    transpose_keys(k + j0 * ks, ks, nc, D, kt, ldc);
+    for_row_blocks(nq, [&](auto nq_block, int64_t r) {
+      constexpr int NQ = decltype(nq_block)::value;
+      score_rows<NQ>(q + r * D, D, kt, ldc, ldc, scale, scores + r * lds + j0, lds);
+    });
+  }
   // Weights row by row, then the rows' sums interleaved (NQ independent dependency chains;
   // each row's own sum runs key by key in key order, a hidden key's exact 0 adding nothing).
-  float inv[4];
-  bool empty[4];
+  // Row r's final factor 1 / sum and whether it saw no key: factor[2 r], factor[2 r + 1].
+  float* factor = acc + nq * lda;
   for_row_blocks(nq, [&](auto nq_block, int64_t r0) {
     constexpr int NQ = decltype(nq_block)::value;
     float sum[NQ];
     for (int r = 0; r < NQ; ++r) {
       const int64_t row = r0 + r;
-      const float m = softmax_weights(scores + row * ldk, vis + row * n, bias ? bias + row * n : nullptr, n);
-      empty[r] = m == -kInf;
+      const float m = softmax_weights(scores + row * lds, vis + row * n, bias ? bias + row * n : nullptr, n);
+      factor[2 * row + 1] = m == -kInf ? 1.0f : 0.0f;
       sum[r] = 0.0f;
     }
     for (int64_t j = 0; j < n; ++j)
-      for (int r = 0; r < NQ; ++r) sum[r] += scores[(r0 + r) * ldk + j];
-    for (int r = 0; r < NQ; ++r) inv[r] = 1.0f / sum[r];
-    value_rows<NQ>(v, vs, vis + r0 * n, key_class, n, D, scores + r0 * ldk, ldk, inv, empty, out + r0);
+      for (int r = 0; r < NQ; ++r) sum[r] += scores[(r0 + r) * lds + j];
+    for (int r = 0; r < NQ; ++r) factor[2 * (r0 + r)] = 1.0f / sum[r];
   });
+  // Values, chunk by chunk: each chunk read from memory once, then from L1 by every row
+  // block and column block, their partial sums kept in acc between chunks.
+  std::memset(acc, 0, sizeof(float) * nq * lda);
+  for (int64_t j0 = 0; j0 < n; j0 += C) {
+    const int64_t nc = n - j0 < C ? n - j0 : C;
+    for_row_blocks(nq, [&](auto nq_block, int64_t r0) {
+      constexpr int NQ = decltype(nq_block)::value;
+      value_rows<NQ>(v + j0 * vs, vs, vis + r0 * n + j0, n, key_class + j0, nc, D, scores + r0 * lds + j0, lds,
+                     acc + r0 * lda, lda);
+    });
+  }
+  for (int64_t r = 0; r < nq; ++r) {
+    const bool none = factor[2 * r + 1] != 0.0f;
+    for (int64_t c = 0; c < D; c += L) {
+      const vf o = none ? splat(0.0f) : loadu(acc + r * lda + c) * factor[2 * r];
+      if (c + L <= D) storeu(out[r] + c, o);
+      else store_partial(out[r] + c, D - c, o);
+    }
+  }
 }
 
-void transpose_keys_f32(const float* k, int64_t ks, int64_t n, int64_t D, float* kt, int64_t ldk) {
-  transpose_keys(k, ks, n, D, kt, ldk);
-}
-void transpose_keys_bf16(const uint16_t* k, int64_t ks, int64_t n, int64_t D, float* kt, int64_t ldk) {
-  transpose_keys(k, ks, n, D, kt, ldk);
-}
-void attend_block_f32(const float* q, int64_t nq, int64_t D, const float* kt, int64_t ldk, const float* v,
+void attend_block_f32(const float* q, int64_t nq, int64_t D, const float* k, int64_t ks, const float* v,
                       int64_t vs, const uint8_t* vis, const uint8_t* key_class, const float* bias, int64_t n,
-                      float scale, float* scores, float* const* out) {
-  attend_block(q, nq, D, kt, ldk, v, vs, vis, key_class, bias, n, scale, scores, out);
+                      float scale, float* scores, float* kt, float* acc, float* const* out) {
+  attend_block(q, nq, D, k, ks, v, vs, vis, key_class, bias, n, scale, scores, kt, acc, out);
 }
-void attend_block_bf16(const float* q, int64_t nq, int64_t D, const float* kt, int64_t ldk, const uint16_t* v,
+void attend_block_bf16(const float* q, int64_t nq, int64_t D, const uint16_t* k, int64_t ks, const uint16_t* v,
                        int64_t vs, const uint8_t* vis, const uint8_t* key_class, const float* bias, int64_t n,
-                       float scale, float* scores, uint16_t* const* out) {
-  attend_block(q, nq, D, kt, ldk, v, vs, vis, key_class, bias, n, scale, scores, out);
+                       float scale, float* scores, float* kt, float* acc, uint16_t* const* out) {
+  attend_block(q, nq, D, k, ks, v, vs, vis, key_class, bias, n, scale, scores, kt, acc, out);
 }
 
 }  // namespace
@@ -769,8 +802,6 @@ const Kernels kKernels = {
     .rms_norm_bf16 = &rms_norm_bf16,
     .silu_mul_f32 = &silu_mul_f32,
     .silu_mul_bf16 = &silu_mul_bf16,
-    .transpose_keys_f32 = &transpose_keys_f32,
-    .transpose_keys_bf16 = &transpose_keys_bf16,
     .attend_block_f32 = &attend_block_f32,
     .attend_block_bf16 = &attend_block_bf16,
 };
