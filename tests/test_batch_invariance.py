@@ -11,6 +11,7 @@ import torch
 import domino
 from domino import SamplingParams
 from domino.fast_linear import uses_small_batch_linear
+from domino.kv_cache import GrowingCache
 from domino.tree import TreeShape
 
 OTHER = "Write a python function that checks whether a number is prime."  # a longer neighbour: left padding
@@ -46,7 +47,7 @@ def test_the_drafters_block_is_the_same_alone_and_padded(gen):
         seqs, mask = gen._left_pad(batch)
         positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
         with torch.inference_mode():
-            cache = domino.generate.DynamicCache()
+            cache = GrowingCache()  # as the engine's prefill
             _, features = gen._target_forward(seqs, mask, positions, cache, last_logits_only=True)
             dcache = d.new_cache(len(batch), gen.device, d.fc.weight.dtype)
             d.extend_context(dcache, features, positions, mask)

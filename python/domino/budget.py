@@ -457,7 +457,7 @@ def measure_round_costs(gen, batch_size: int = 1, context: int = 128, repeats: i
     the sizes in ``_TIMED_SIZES`` up to the drafter's block, interpolated in between; the
     fastest of ``repeats`` per size (the sizes timed in interleaved rounds), made
     non-decreasing in size."""
-    from transformers import DynamicCache
+    from domino.kv_cache import GrowingCache
 
     dev = gen.device
     vocab = gen.target.config.get_text_config().vocab_size
@@ -465,7 +465,7 @@ def measure_round_costs(gen, batch_size: int = 1, context: int = 128, repeats: i
     ids = torch.randint(0, vocab, (batch_size, context), generator=g).to(dev)
     mask = torch.ones(batch_size, context, dtype=torch.bool, device=dev)
     positions = torch.arange(context, device=dev).expand(batch_size, context)
-    cache = DynamicCache()
+    cache = GrowingCache()  # as generation's
     _, features = gen._target_forward(ids, mask, positions, cache, last_logits_only=True)
     dcache = gen.drafter.new_cache(batch_size, dev, gen.drafter.fc.weight.dtype)
     gen.drafter.extend_context(dcache, features, positions, mask)

@@ -344,6 +344,8 @@ def fast_forward(model, input_ids=None, attention_mask=None, position_ids=None, 
     from transformers import DynamicCache, StaticCache
     from transformers.modeling_outputs import CausalLMOutputWithPast
 
+    from domino.kv_cache import GrowingCache
+
     def hf_forward():
         return type(model).forward(model, input_ids=input_ids, attention_mask=attention_mask,
                                    position_ids=position_ids, cache=cache, inputs_embeds=inputs_embeds, labels=labels,
@@ -355,7 +357,7 @@ def fast_forward(model, input_ids=None, attention_mask=None, position_ids=None, 
     hidden = kwargs.get("output_hidden_states", config.output_hidden_states)  # an explicit None: none, as HF
     return_dict = kwargs.get("return_dict", getattr(config, "return_dict", True))
     plan = None
-    if ((makes_cache or type(kv) in (DynamicCache, StaticCache)) and inputs_embeds is None and labels is None
+    if ((makes_cache or type(kv) in (DynamicCache, GrowingCache, StaticCache)) and inputs_embeds is None and labels is None
             and isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 and input_ids.shape[1]
             and input_ids.is_cpu and isinstance(hidden, bool) and type(logits_to_keep) is int and logits_to_keep >= 0
             and not kwargs.get("output_attentions") and not isinstance(attention_mask, dict)

@@ -34,12 +34,12 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
-from transformers import DynamicCache
 
 import domino_ops
 from domino import budget, prompts
 from domino.budget import DepthAcceptance, RoundCosts
 from domino.datastore import DEFAULT_DATASTORE_TOKENS, TokenDatastore
+from domino.kv_cache import GrowingCache
 from domino.lookup import DEFAULT_LOOKUP_TOKENS, LONG_MATCH, NgramIndex
 from domino.model import DominoDraftModel, DraftContextCache
 from domino.round_kind import ROUND_KINDS, RoundKindChooser
@@ -81,7 +81,7 @@ class GenerationResult:
 class _Decoding:
     """What carries over from round to round, for a batch of b sequences."""
 
-    cache: DynamicCache  # the target's KV cache, with holes
+    cache: GrowingCache  # the target's KV cache, with holes
     cache_mask: torch.Tensor  # [b, T] bool: which cache slots are real tokens
     dcache: DraftContextCache  # the drafter's context
     anchor: torch.Tensor  # [b] int64: the last verified token (not in the caches yet)
@@ -489,7 +489,7 @@ class DominoGenerator:
         b = len(seqs)
         ids, mask = self._left_pad(seqs)
         positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache()
+        cache = GrowingCache()
         logits, features = self._target_forward(ids, mask, positions, cache, last_logits_only=True)
         anchor = domino_ops.sample(logits[:, -1], **sampling.op_kwargs())
         dcache = self.drafter.new_cache(b, self.device, self.drafter.fc.weight.dtype)
@@ -657,7 +657,9 @@ class DominoGenerator:
     @torch.inference_mode()
     def generate_target_only(self, prompt: prompts.Prompts, *, max_new_tokens: int = 256, temperature: float = 0.0,
                              top_k: int = 0, top_p: float = 1.0, **generate_kwargs) -> GenerationResult:
-        """Plain decoding with the target's own HF ``generate`` (the baseline); other keyword
+        """Plain decoding with the target's own HF ``generate`` (the baseline), on the KV cache
+        speculation uses (:class:`domino.kv_cache.GrowingCache`, unless ``cache`` /
+        ``past_key_values`` is given); other keyword
         arguments go to HF's ``generate`` (e.g. ``prompt_lookup_num_tokens``). It takes no
         ``stop``, ``sampling``, ``generator`` or ``stream`` (:meth:`generate`'s own): HF's
         ``stop_strings`` (with ``tokenizer=``) and ``torch.manual_seed`` are its ways."""
@@ -674,6 +676,8 @@ class DominoGenerator:
             kw.update(temperature=temperature, top_k=top_k or None, top_p=top_p)
         else:
             kw.update(temperature=None, top_k=None, top_p=None)
+        if not {"cache", "past_key_values"} & generate_kwargs.keys():
+            kw[self._cache_kw] = GrowingCache()  # like for like with speculation
         kw.update(generate_kwargs)
         with bare_generation_config(self.target):  # the target's own distribution, as speculation
             t0 = time.perf_counter()

@@ -25,6 +25,7 @@ import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 import domino_ops
+from domino.kv_cache import GrowingLayer
 from domino_ops.tree_draft import DraftTree, candidate_parents, tree_size
 from domino.sampling_params import RowSampling, SamplingParams
 from domino.target import sliding_window
@@ -226,7 +227,7 @@ def compact_tree_cache(cache: DynamicCache, path: torch.Tensor, num_nodes: int) 
     m = path.shape[1]
     index = {}  # one gather index per (start, kv heads, head dim): built once, not 60 times (~0.2 ms)
     for layer in cache.layers:
-        if type(layer) is not DynamicLayer:  # a sliding-window or static layer cannot be compacted this way
+        if type(layer) not in (DynamicLayer, GrowingLayer):  # a sliding-window or static layer cannot be compacted so
             raise NotImplementedError(f"tree speculation needs a DynamicCache of full-attention layers, "
                                       f"got {type(layer).__name__}")
         start = layer.keys.shape[2] - num_nodes

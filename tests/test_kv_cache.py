@@ -1,0 +1,154 @@
+"""domino.kv_cache.GrowingCache: the bits of HF's DynamicCache (logits and cache contents)
+through prefills, decoding, verifications, crops and regrowth, updates written in place,
+and every DynamicCache operation that replaces a layer's tensors still working."""
+
+import copy
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from domino import kv_cache
+from domino.kv_cache import GrowingCache, GrowingLayer
+from domino.target import cache_kwarg
+from domino.tree import compact_tree_cache
+from tiny_models import cpu_target
+
+
+def assert_same_contents(a, b):
+    assert len(a.layers) == len(b.layers)
+    for la, lb in zip(a.layers, b.layers):
+        assert torch.equal(la.keys, lb.keys) and torch.equal(la.values, lb.values)
+
+
+@pytest.mark.parametrize("attn", [None, "small_batch"])
+@pytest.mark.parametrize("headroom", [1, kv_cache.MIN_HEADROOM])
+def test_same_bits_as_dynamic_cache(monkeypatch, attn, headroom):
+    """A left-padded batch: prefill, one-token steps, verifications of 1-9 tokens cropped
+    back to a random kept length, into both caches side by side: the same logits and cache
+    contents at every step, with a headroom of one position (storage regrown again and
+    again) and with the default."""
+    monkeypatch.setattr(kv_cache, "MIN_HEADROOM", headroom)
+    model = cpu_target("llama", torch.float32, attn=attn)
+    kv = cache_kwarg(model.forward)
+    g = torch.Generator().manual_seed(0)
+    b, P = 2, 11
+    ids = torch.randint(0, 64, (b, P), generator=g)
+    mask = torch.ones(b, P, dtype=torch.long)
+    mask[1, :4] = 0  # the second prompt is left-padded
+    caches = [DynamicCache(), GrowingCache()]
+    with torch.inference_mode():
+        outs = [model(input_ids=ids, attention_mask=mask, **{kv: c}, use_cache=True).logits for c in caches]
+        assert torch.equal(*outs)
+        regrown = 0
+        for step in range(12):
+            k = int(torch.randint(1, 10, (), generator=g)) if step % 3 else 1
+            block = torch.randint(0, 64, (b, k), generator=g)
+            mask = torch.cat([mask, torch.ones(b, k, dtype=torch.long)], 1)
+            store = caches[1].layers[0]._key_store
+            outs = [model(input_ids=block, attention_mask=mask, **{kv: c}, use_cache=True).logits for c in caches]
+            assert torch.equal(*outs), step
+            assert_same_contents(*caches)
+            regrown += caches[1].layers[0]._key_store is not store
+            drop = int(torch.randint(0, k, (), generator=g))  # the rejected drafts
+            if drop:
+                for c in caches:
+                    c.crop(-drop)
+                mask = mask[:, :-drop]
+            assert_same_contents(*caches)
+        assert all(type(layer) is GrowingLayer for layer in caches[1].layers)
+    if headroom == 1:
+        assert regrown >= 2  # the regrowth path ran (capacity doubles: 12 -> 24 -> 48 positions)
+    else:
+        assert regrown == 0  # the prefill's storage held every later position
+
+
+def test_updates_write_in_place():
+    """Within the storage's capacity an update allocates nothing: the keys and values are
+    views of the same storage before and after, and a crop only shortens them."""
+    layer = GrowingLayer()
+    k0, v0 = torch.randn(1, 2, 5, 4), torch.randn(1, 2, 5, 4)
+    keys, values = layer.update(k0, v0)
+    store = layer._key_store
+    assert store.shape[2] >= 5 + kv_cache.MIN_HEADROOM and keys.data_ptr() == store.data_ptr()
+    k1, v1 = torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4)
+    keys, values = layer.update(k1, v1)
+    assert layer._key_store is store and keys.data_ptr() == store.data_ptr()
+    assert torch.equal(keys, torch.cat([k0, k1], 2)) and torch.equal(values, torch.cat([v0, v1], 2))
+    layer.crop(-2)
+    assert layer.get_seq_length() == 6 and layer.keys.data_ptr() == store.data_ptr()
+    keys, _ = layer.update(k1[:, :, :1], v1[:, :, :1])
+    assert layer._key_store is store
+    assert torch.equal(keys, torch.cat([k0, k1[:, :, :1], k1[:, :, :1]], 2))
+
+
+def test_operations_that_replace_the_tensors_keep_working():
+    """Batch selection, beam reordering and repetition replace a layer's tensors with new
+    ones: the next update adopts them (copies them into new storage) and appends after them,
+    as a DynamicLayer would."""
+    torch.manual_seed(0)
+    dyn, grow = DynamicCache(), GrowingCache()
+    first = [(torch.randn(3, 2, 4, 8), torch.randn(3, 2, 4, 8)) for _ in range(2)]
+    for i, (k, v) in enumerate(first):
+        dyn.update(k, v, i)
+        grow.update(k, v, i)
+    for op in (lambda c: c.batch_select_indices(torch.tensor([2, 0])),
+               lambda c: c.reorder_cache(torch.tensor([1, 0])),
+               lambda c: c.batch_repeat_interleave(2)):
+        op(dyn)
+        op(grow)
+        b = dyn.layers[0].keys.shape[0]
+        for i in range(2):
+            k, v = torch.randn(b, 2, 3, 8), torch.randn(b, 2, 3, 8)
+            dyn.update(k, v, i)
+            grow.update(k, v, i)
+        assert_same_contents(dyn, grow)
+    grow.reset()
+    assert grow.get_seq_length() == 0 and grow.layers[0]._key_store is None
+
+
+def test_tree_compaction_matches_dynamic_cache():
+    """compact_tree_cache writes through a GrowingLayer's views: the same contents as in a
+    DynamicCache after compaction and the crop that follows it."""
+    torch.manual_seed(1)
+    dyn, grow = DynamicCache(), GrowingCache()
+    for i in range(3):
+        k, v = torch.randn(2, 2, 13, 4), torch.randn(2, 2, 13, 4)
+        dyn.update(k, v, i)
+        grow.update(k, v, i)
+    path = torch.tensor([[0, 2, 5], [0, 1, 0]])  # node indices of the last 6 slots, per sequence
+    for c in (dyn, grow):
+        compact_tree_cache(c, path, 6)
+        c.crop(-3)
+    assert_same_contents(dyn, grow)
+    assert grow.layers[0].keys.data_ptr() == grow.layers[0]._key_store.data_ptr()
+
+
+def test_engine_and_baseline_decode_into_a_growing_cache():
+    """The engine's prefill and the plain-decoding baseline use the growing cache, and the
+    baseline's output is unchanged by it (the same tokens as with HF's own cache)."""
+    from tiny_models import tiny_generator
+
+    gen = tiny_generator("llama")
+    seen = []
+    original = gen._target_forward
+
+    def spy(ids, mask, positions, cache, *a, **kw):
+        seen.append(type(cache))
+        return original(ids, mask, positions, cache, *a, **kw)
+
+    gen._target_forward = spy
+    spec = gen.generate([1, 2, 3, 4, 5], max_new_tokens=12)
+    assert seen and all(t is GrowingCache for t in seen)
+    seen.clear()
+    forward = gen.target.forward
+
+    def forward_spy(*a, **kw):
+        seen.append(type(kw.get(gen._cache_kw)))
+        return forward(*a, **kw)
+
+    gen.target.forward = forward_spy
+    plain = gen.generate_target_only([1, 2, 3, 4, 5], max_new_tokens=12)
+    assert seen and all(t is GrowingCache for t in seen)
+    hf_cache = gen.generate_target_only([1, 2, 3, 4, 5], max_new_tokens=12, **{gen._cache_kw: DynamicCache()})
+    assert plain.token_ids == hf_cache.token_ids == spec.token_ids
