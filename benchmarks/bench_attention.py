@@ -4,11 +4,12 @@ Two tables, median of ``--repeats`` after a warm-up:
 
 1. the op alone at SmolLM2-135M's attention shape (9 query heads, 3 kv heads, head dim
    64) for a decode step (1 query row) and verifications (4, 16 rows) over caches of
-   100-600 tokens: ``domino_ops`` (the dispatcher op, as the HF attention function calls
+   100-2000 tokens: ``domino_ops`` (the dispatcher op, as the HF attention function calls
    it) against ``F.scaled_dot_product_attention`` with ``enable_gqa`` and the causal mask
    HF passes;
 2. what a user gets: one forward of SmolLM2-135M-Instruct (small-batch linear on, as the
-   engine runs it) over 1, 4 and 16 new tokens after a 150-token prompt, with HF's sdpa
+   engine runs it) over 1, 4 and 16 new tokens after a prompt of 150 and of 2000 tokens
+   (``--prompts``; each forward on a fresh copy of the prompt's cache), with HF's sdpa
    attention and with ``domino.fast_attention``.
 
     python benchmarks/bench_attention.py [--repeats 200] [--skip-model]
@@ -33,7 +34,7 @@ def op_table(repeats: int) -> list[str]:
     op = torch.ops.domino_ops.small_batch_attention.default
     lines = [f"{'dtype':8} | {'rows':>4} | {'cache':>5} | {'SDPA us':>8} | {'domino us':>9} | speedup"]
     for dtype in (torch.float32, torch.bfloat16):
-        for N in (100, 300, 600):
+        for N in (100, 300, 600, 2000):
             for M in (1, 4, 16):
                 g = torch.Generator().manual_seed(0)
                 q = torch.randn(1, M, 9, 64, generator=g).to(dtype).transpose(1, 2)  # HF's layout
@@ -49,7 +50,7 @@ def op_table(repeats: int) -> list[str]:
     return lines
 
 
-def model_table(repeats: int) -> list[str]:
+def model_table(repeats: int, prompt_lengths: list[int]) -> list[str]:
     from transformers import AutoModelForCausalLM, DynamicCache
 
     from domino.fast_attention import undo_small_batch_attention, use_small_batch_attention
@@ -57,28 +58,29 @@ def model_table(repeats: int) -> list[str]:
     from domino.loading import smollm2_dir
     from domino.target import cache_kwarg
 
-    lines = [f"{'dtype':8} | {'tokens':>6} | {'sdpa ms':>8} | {'domino ms':>9} | speedup"]
+    lines = [f"{'dtype':8} | {'prompt':>6} | {'tokens':>6} | {'sdpa ms':>8} | {'domino ms':>9} | speedup"]
     for dtype in (torch.float32, torch.bfloat16):
         model = use_small_batch_linear(AutoModelForCausalLM.from_pretrained(smollm2_dir(quiet=True), dtype=dtype).eval())
-        prompt = torch.randint(100, 5000, (1, 150), generator=torch.Generator().manual_seed(0))
         kv = cache_kwarg(model.forward)  # "cache" or "past_key_values" (the transformers version's)
-        with torch.inference_mode():
-            cache = DynamicCache()
-            model(input_ids=prompt, **{kv: cache}, use_cache=True)
-            for k in (1, 4, 16):
-                ids = torch.randint(100, 5000, (1, k), generator=torch.Generator().manual_seed(k))
-                ms = {}
-                for impl in ("sdpa", "domino"):
-                    (use_small_batch_attention if impl == "domino" else undo_small_batch_attention)(model)
-                    times = []
-                    for r in range(repeats + 2):  # a fresh copy of the cache each time; 2 warm-ups
-                        c = copy.deepcopy(cache)
-                        t0 = time.perf_counter()
-                        model(input_ids=ids, **{kv: c}, use_cache=True)
-                        times.append(time.perf_counter() - t0)
-                    ms[impl] = statistics.median(times[2:]) * 1e3
-                lines.append(f"{str(dtype).replace('torch.', ''):8} | {k:6} | {ms['sdpa']:8.2f} | {ms['domino']:9.2f} | "
-                             f"{ms['sdpa'] / ms['domino']:6.2f}x")
+        for T in prompt_lengths:
+            prompt = torch.randint(100, 5000, (1, T), generator=torch.Generator().manual_seed(0))
+            with torch.inference_mode():
+                cache = DynamicCache()
+                model(input_ids=prompt, **{kv: cache}, use_cache=True)
+                for k in (1, 4, 16):
+                    ids = torch.randint(100, 5000, (1, k), generator=torch.Generator().manual_seed(k))
+                    ms = {}
+                    for impl in ("sdpa", "domino"):
+                        (use_small_batch_attention if impl == "domino" else undo_small_batch_attention)(model)
+                        times = []
+                        for r in range(repeats + 2):  # a fresh copy of the cache each time; 2 warm-ups
+                            c = copy.deepcopy(cache)
+                            t0 = time.perf_counter()
+                            model(input_ids=ids, **{kv: c}, use_cache=True)
+                            times.append(time.perf_counter() - t0)
+                        ms[impl] = statistics.median(times[2:]) * 1e3
+                    lines.append(f"{str(dtype).replace('torch.', ''):8} | {T:6} | {k:6} | {ms['sdpa']:8.2f} | "
+                                 f"{ms['domino']:9.2f} | {ms['sdpa'] / ms['domino']:6.2f}x")
         undo_small_batch_attention(model)
     return lines
 
@@ -88,6 +90,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=200, help="timed calls of the op (the model: repeats / 10)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--skip-model", action="store_true", help="the op table only")
+    p.add_argument("--prompts", type=int, nargs="+", default=[150, 2000], help="the model table's prompt lengths")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -100,8 +103,8 @@ def main() -> None:
     print("\nthe op alone: 9 query heads, 3 kv heads, head dim 64")
     print("\n".join(op_table(args.repeats)))
     if not args.skip_model:
-        print("\nSmolLM2-135M-Instruct, one forward after a 150-token prompt, small-batch linear on")
-        print("\n".join(model_table(max(3, args.repeats // 10))))
+        print("\nSmolLM2-135M-Instruct, one forward after a prompt, small-batch linear on")
+        print("\n".join(model_table(max(3, args.repeats // 10), args.prompts)))
 
 
 if __name__ == "__main__":

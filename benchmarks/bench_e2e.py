@@ -35,6 +35,8 @@ the adaptive budget are measured (or read from the disk cache) before any timing
 
     python benchmarks/bench_e2e.py --num-prompts 8 --max-new-tokens 96 [--repeats 3] [--out FILE]
     python benchmarks/bench_e2e.py --chat        # held-out chat prompts instead of HumanEval
+    python benchmarks/bench_e2e.py --module-context 6000   # each function at the end of a long
+                                                 # module (~1,900 tokens of context)
     python benchmarks/bench_e2e.py --sweep       # acceptance vs tokens verified: chain vs tree,
                                                  # head on vs off (PNG in results/)
 """
@@ -55,7 +57,7 @@ import domino_ops
 from domino.fast_forward import uses_fast_forward
 from domino.loading import DEFAULT_DATASTORE, DEFAULT_DRAFTER_DIR, smollm2_dir
 from domino_ops import cpu
-from eval_acceptance import chat_prompts, humaneval_prompts
+from eval_acceptance import chat_prompts, humaneval_prompts, humaneval_prompts_in_a_module
 from timing import copy_bandwidth_gbs
 
 RESULTS = Path(__file__).parent / "results"
@@ -164,7 +166,12 @@ def load(config: str, drafter, datastore=DEFAULT_DATASTORE):
 
 
 def cmd_compare(args) -> None:
-    prompts = chat_prompts(args.num_prompts) if args.chat else humaneval_prompts(args.num_prompts, args.offset)
+    if args.chat:
+        prompts = chat_prompts(args.num_prompts)
+    elif args.module_context:
+        prompts = humaneval_prompts_in_a_module(args.num_prompts, args.offset, args.module_context)
+    else:
+        prompts = humaneval_prompts(args.num_prompts, args.offset)
     topk, depth, nodes = args.tree
     tree = domino.TreeShape(topk, depth, nodes or None)
     torch.set_grad_enabled(False)
@@ -197,7 +204,10 @@ def cmd_compare(args) -> None:
     datastore_tokens = int((gen.datastore.tokens >= 0).sum()) if gen.datastore is not None else 0
     plains = {r["config"]: r for r in rows if r["name"] == "plain HF greedy"}
     fastest = max(plains.values(), key=lambda r: r["tps"])
-    head = (f"\n{'HumanEval prompts %d..%d' % (args.offset, args.offset + len(prompts) - 1) if not args.chat else 'held-out chat prompts (%d)' % len(prompts)}, "
+    what = ('held-out chat prompts (%d)' % len(prompts) if args.chat else
+            'HumanEval prompts %d..%d' % (args.offset, args.offset + len(prompts) - 1)
+            + (' after a module of %d characters' % args.module_context if args.module_context else ''))
+    head = (f"\n{what}, "
             f"greedy, max_new_tokens={args.max_new_tokens}, median of {args.repeats}; {cpu.model()} "
             f"(head kernels {cpu.isa()}, small_batch_linear {domino_ops.small_batch_linear_isa()}, packed product "
             f"{domino_ops.small_batch_linear_packed_path() if domino_ops.small_batch_linear_packed_supported() else 'none'}), "
@@ -301,6 +311,9 @@ def main() -> None:
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS),
                         help="the rows timed (plain greedy always: the speedups are against it)")
     parser.add_argument("--chat", action="store_true", help="held-out chat prompts instead of HumanEval")
+    parser.add_argument("--module-context", type=int, default=0, metavar="CHARS",
+                        help="each HumanEval function asked for at the end of a module of CHARS characters of "
+                             "other problems' solved functions (6000: ~1,900 tokens of context)")
     parser.add_argument("--sweep", action="store_true", help="acceptance vs tokens verified (plot)")
     args = parser.parse_args()
     print(f"[bench_e2e] {platform.node()} {cpu.model()}", flush=True)

