@@ -105,7 +105,7 @@ struct Kernels {
   // [nq][n] says which keys each row sees (1) and hides (0); key_class[j] is kKeyVisible
   // (every row sees j), kKeyHidden (no row does) or kKeyMixed; bias, when given, [nq][n]
   // added to the visible scores. Scratch: scores nq * round_up(n, lanes) floats, kt
-  // max(kAttendChunkFloats, lanes * round_up(D, lanes)) floats, acc nq * (round_up(D, lanes) + 2) floats;
+  // max(kAttendChunkFloats, lanes * round_up(D, lanes)) floats, acc nq * (round_up(D, lanes) + 1) floats;
   // out[r] is row r's D outputs. For each row: out = sum_j p_j v_j / sum_j p_j over its
   // visible keys in order, p_j = exp(s_j - max s), s_j = scale * (q . k_j) + bias_j, the dot
   // product one FMA chain over d per key (keys in vector lanes), max and sums in key order,

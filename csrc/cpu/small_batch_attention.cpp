@@ -163,7 +163,7 @@ void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, cons
     kt_buf.resize(std::max<int64_t>(kAttendChunkFloats, K.lanes * lda));
     q_buf.resize(nq_max * D);
     scores_buf.resize(nq_max * lds);
-    acc_buf.resize(nq_max * (lda + 2));
+    acc_buf.resize(nq_max * (lda + 1));
     vis_buf.resize(nq_max * N);
     bias_buf.resize(mp && !std::is_same_v<MaskT, bool> ? nq_max * N : 0);
     class_buf.resize(2 * N);

@@ -730,20 +730,21 @@ void attend_block(const float* q, int64_t nq, int64_t D, const T* k, int64_t ks,
   }
   // Weights row by row, then the rows' sums interleaved (NQ independent dependency chains;
   // each row's own sum runs key by key in key order, a hidden key's exact 0 adding nothing).
-  // Row r's final factor 1 / sum and whether it saw no key: factor[2 r], factor[2 r + 1].
+  // Row r's final factor: 1 / sum, or 0 for a row that sees no key (one that sees a key has
+  // sum >= its max's weight exp(0) = 1, so a factor of 0 means none; NaN stays NaN).
   float* factor = acc + nq * lda;
   for_row_blocks(nq, [&](auto nq_block, int64_t r0) {
     constexpr int NQ = decltype(nq_block)::value;
     float sum[NQ];
+    bool empty[NQ];
     for (int r = 0; r < NQ; ++r) {
       const int64_t row = r0 + r;
-      const float m = softmax_weights(scores + row * lds, vis + row * n, bias ? bias + row * n : nullptr, n);
-      factor[2 * row + 1] = m == -kInf ? 1.0f : 0.0f;
+      empty[r] = softmax_weights(scores + row * lds, vis + row * n, bias ? bias + row * n : nullptr, n) == -kInf;
       sum[r] = 0.0f;
     }
     for (int64_t j = 0; j < n; ++j)
       for (int r = 0; r < NQ; ++r) sum[r] += scores[(r0 + r) * lds + j];
-    for (int r = 0; r < NQ; ++r) factor[2 * (r0 + r)] = 1.0f / sum[r];
+    for (int r = 0; r < NQ; ++r) factor[r0 + r] = empty[r] ? 0.0f : 1.0f / sum[r];
   });
   // Values, chunk by chunk: each chunk read from memory once, then from L1 by every row
   // block and column block, their partial sums kept in acc between chunks.
@@ -757,9 +758,9 @@ void attend_block(const float* q, int64_t nq, int64_t D, const T* k, int64_t ks,
     });
   }
   for (int64_t r = 0; r < nq; ++r) {
-    const bool none = factor[2 * r + 1] != 0.0f;
+    const bool none = factor[r] == 0.0f;
     for (int64_t c = 0; c < D; c += L) {
-      const vf o = none ? splat(0.0f) : loadu(acc + r * lda + c) * factor[2 * r];
+      const vf o = none ? splat(0.0f) : loadu(acc + r * lda + c) * factor[r];
       if (c + L <= D) storeu(out[r] + c, o);
       else store_partial(out[r] + c, D - c, o);
     }

@@ -36,9 +36,9 @@ class GrowingLayer(DynamicLayer):
     _key_store: torch.Tensor | None = None
     _value_store: torch.Tensor | None = None
 
-    def _owns(self, keys: torch.Tensor, values: torch.Tensor, store_k: torch.Tensor | None,
-              store_v: torch.Tensor | None) -> bool:
+    def _owns_tensors(self) -> bool:
         """Whether ``keys`` / ``values`` are still the leading views of this layer's storage."""
+        keys, values, store_k, store_v = self.keys, self.values, self._key_store, self._value_store
         return (store_k is not None and keys.dim() == 4 and keys.data_ptr() == store_k.data_ptr()
                 and values.data_ptr() == store_v.data_ptr() and keys.stride() == store_k.stride()
                 and values.stride() == store_v.stride() and keys.shape[:2] == store_k.shape[:2]
@@ -51,7 +51,7 @@ class GrowingLayer(DynamicLayer):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         held = self.keys.numel() > 0
-        if held and not self._owns(self.keys, self.values, self._key_store, self._value_store):
+        if held and not self._owns_tensors():
             self._key_store = self._value_store = None  # replaced by another method: adopted below
         T = self.keys.shape[-2] if held else 0
         need = T + key_states.shape[-2]
