@@ -20,7 +20,7 @@
 // itself, which is why this exists next to SDPA (its CPU kernels pay a setup per call and,
 // for one query row, run a general blocked path). A 16-row verification is FMA-bound.
 // Long caches: with the keys transposed whole into a buffer of D * N floats (the version
-// before the chunks) a decode step over 2,000 keys ran ~2x slower (benchmarks/README.md).
+// before the chunks) a decode call over 2,000 keys ran ~1.4x slower (benchmarks/README.md).
 //
 // Batch invariance, by construction: each query row's visible keys are those the mask
 // lets it see at positions up to its own; the instruction-set build's attend_block

@@ -4,8 +4,9 @@ positions into storage with spare room, instead of concatenating.
 HF's ``DynamicLayer.update`` is ``torch.cat([keys, new])``: every forward copies the whole
 cache of every layer into a fresh allocation (and, above glibc's mmap threshold, maps and
 faults in new pages and unmaps the old). For SmolLM2-135M at 2,000 cached tokens that is
-46 MB a forward, which the torch profiler put at 5-15 ms of a 40-50 ms forward on the Zen 3
-VM: more than the attention. A :class:`GrowingLayer` keeps its keys and values as views
+46 MB a forward (an ad-hoc torch-profiler run put ``aten::cat`` at 5-15 ms of a 40-50 ms
+forward on the Zen 3 VM; ``benchmarks/kv_cache_ab.py`` measures the forward 1.05-1.08x faster
+with this cache). A :class:`GrowingLayer` keeps its keys and values as views
 ``[b, h, :T]`` of storage ``[b, h, capacity]``: an update writes its positions in place
 (the storage doubles when full, so the copying is amortised to a few per generation) and a
 crop shortens the views. The views' bits are the concatenation's, and every reader
