@@ -38,18 +38,26 @@ def shared_target(kind, dtype):
 
 
 class FastPathSpy:
-    """Counts the layers the fast path computed (its packed products), so a test knows it
-    compared the fast path and not HF's forward with itself."""
+    """Counts the layers the fast path computed (its packed products: in Python, or 4 a
+    layer in one ``domino_ops.decoder_layers`` call, counted in ``one_calls``), so a test
+    knows it compared the fast path and not HF's forward with itself."""
 
     def __init__(self, monkeypatch):
         self.products = 0
-        product = fast_forward._product
+        self.one_calls = 0
+        product, one_call = fast_forward._product, fast_forward._layers_in_one_call
 
         def counting(*args):
             self.products += 1
             return product(*args)
 
+        def counting_call(plan, *args):
+            self.one_calls += 1
+            self.products += 4 * len(plan.layers)
+            return one_call(plan, *args)
+
         monkeypatch.setattr(fast_forward, "_product", counting)
+        monkeypatch.setattr(fast_forward, "_layers_in_one_call", counting_call)
 
 
 def hf_forward(model, **kw):
@@ -67,12 +75,17 @@ def assert_same_outputs(a, b, cache_a, cache_b):
         assert torch.equal(la.keys, lb.keys) and torch.equal(la.values, lb.values)
 
 
-def prefilled(model, prompts: torch.Tensor, mask: torch.Tensor, static_len: int = 0):
+def prefilled(model, prompts: torch.Tensor, mask: torch.Tensor, static_len: int = 0, growing: bool = False):
     """A cache holding ``prompts`` [b, P] (real where ``mask``), computed by HF's forward:
-    a DynamicCache, or a StaticCache of ``static_len`` slots."""
+    a DynamicCache, a StaticCache of ``static_len`` slots, or with ``growing`` a
+    domino.kv_cache.GrowingCache (the engine's: the fast path then runs its layers as one
+    ``domino_ops.decoder_layers`` call)."""
     from transformers import DynamicCache, StaticCache
 
-    cache = StaticCache(config=model.config, max_cache_len=static_len) if static_len else DynamicCache()
+    from domino.kv_cache import GrowingCache
+
+    cache = (StaticCache(config=model.config, max_cache_len=static_len) if static_len
+             else GrowingCache() if growing else DynamicCache())
     positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
     with torch.inference_mode():
         hf_forward(model, input_ids=prompts, attention_mask=mask.long(), position_ids=positions, cache=cache,
@@ -126,21 +139,23 @@ def test_switched_only_where_every_layer_runs_the_kernels(dtype):
 @given(data=st.data())
 def test_bit_identical_to_the_switched_hf_forward(kind, dtype, data):
     """Random batches (left-padded prompts of random lengths), blocks of 1-17 tokens after
-    them, every logits_to_keep, with or without hidden states, into a DynamicCache or a
-    StaticCache: the logits, every hidden state and the updated cache are HF's bits."""
+    them, every logits_to_keep, with or without hidden states, into a DynamicCache, a
+    StaticCache or a GrowingCache (whose layers run as one ``domino_ops.decoder_layers``
+    call): the logits, every hidden state and the updated cache are HF's bits."""
     model = shared_target(kind, dtype)
     b = data.draw(st.integers(1, 3), label="batch")
     lengths = data.draw(st.lists(st.integers(1, 12), min_size=b, max_size=b), label="prompt lengths")
     k = data.draw(st.integers(1, 17), label="block")
     keep = data.draw(st.sampled_from([0, 1, k, k + 3]), label="logits_to_keep")
     hidden = data.draw(st.booleans(), label="output_hidden_states")
-    static = data.draw(st.booleans(), label="StaticCache (the data generator's)")
+    cache_kind = data.draw(st.sampled_from(["dynamic", "static", "growing"]), label="cache")
+    static = cache_kind == "static"  # the data generator's
     seed = data.draw(st.integers(0, 2 ** 31 - 1), label="seed")
     g = torch.Generator().manual_seed(seed)
     P = max(lengths)
     prompts = torch.randint(1, 64, (b, P), generator=g)
     mask = torch.arange(P)[None, :] >= (P - torch.tensor(lengths))[:, None]  # left padding
-    cache_hf = prefilled(model, prompts, mask, static_len=P + k + 3 if static else 0)
+    cache_hf = prefilled(model, prompts, mask, static_len=P + k + 3 if static else 0, growing=cache_kind == "growing")
     cache_fast = copy.deepcopy(cache_hf)
     block = torch.randint(1, 64, (b, k), generator=g)
     full = torch.cat([mask, torch.ones(b, k, dtype=torch.bool)], 1)
@@ -151,7 +166,8 @@ def test_bit_identical_to_the_switched_hf_forward(kind, dtype, data):
         spy = FastPathSpy(mp)
         ours = model(cache=cache_fast, **kw)
         theirs = hf_forward(model, cache=cache_hf, **kw)
-    assert spy.products == 4 * 4 + 1, (spy.products, static, b, k)  # 4 layers of q/k/v, o, gate/up, down; the LM head
+    assert spy.products == 4 * 4 + 1, (spy.products, cache_kind, b, k)  # 4 layers of q/k/v, o, gate/up, down; the LM head
+    assert spy.one_calls == (cache_kind == "growing")
     assert ours.logits.shape == (b, keep if 0 < keep <= k else k, 64)
     assert_same_outputs(ours, theirs, cache_fast, cache_hf)
 
@@ -159,13 +175,15 @@ def test_bit_identical_to_the_switched_hf_forward(kind, dtype, data):
 @needs_packed
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype", PACKED)
-def test_tree_mask_bit_identical(kind, dtype, monkeypatch):
+@pytest.mark.parametrize("growing", [False, True])
+def test_tree_mask_bit_identical(kind, dtype, growing, monkeypatch):
     """A 4D additive mask (the engine's tree rounds: each node sees the cache, its
-    ancestors and itself) is taken as HF takes it."""
+    ancestors and itself) is taken as HF takes it, by the layers one kernel at a time (a
+    DynamicCache) and in one ``decoder_layers`` call (a GrowingCache)."""
     model = shared_target(kind, dtype)
     g = torch.Generator().manual_seed(5)
     prompts = torch.randint(1, 64, (1, 9), generator=g)
-    cache_hf = prefilled(model, prompts, torch.ones(1, 9, dtype=torch.bool))
+    cache_hf = prefilled(model, prompts, torch.ones(1, 9, dtype=torch.bool), growing=growing)
     cache_fast = copy.deepcopy(cache_hf)
     parents = [-1, 0, 0, 1, 1, 2, 3, 5]  # a small tree
     n = len(parents)
@@ -184,7 +202,7 @@ def test_tree_mask_bit_identical(kind, dtype, monkeypatch):
     with torch.inference_mode():
         ours = model(cache=cache_fast, **kw)
         theirs = hf_forward(model, cache=cache_hf, **kw)
-    assert spy.products == 17
+    assert spy.products == 17 and spy.one_calls == growing
     assert_same_outputs(ours, theirs, cache_fast, cache_hf)
 
 

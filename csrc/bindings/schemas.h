@@ -39,6 +39,13 @@ inline constexpr const char* kRmsNorm = "rms_norm(Tensor input, Tensor weight, f
 inline constexpr const char* kSiluMul = "silu_mul(Tensor gate, Tensor up, Tensor(a!) out) -> ()";
 inline constexpr const char* kApplyRotaryPosEmb =
     "apply_rotary_pos_emb(Tensor q, Tensor k, Tensor cos, Tensor sin, Tensor(a!) q_out, Tensor(b!) k_out) -> ()";
+// A causal LM's decoder layers in one call over those kernels (cpu/decoder_layers.cpp):
+// domino.fast_forward's loop in C++. weights: 12 per layer (None where a layer has none),
+// eps: 3 per layer, scale: 1 per layer, heads: [Hq, Hkv, head dim, intermediate]; the new
+// keys and values are written into the stores at past .. past + T - 1.
+inline constexpr const char* kDecoderLayers =
+    "decoder_layers(Tensor x, Tensor cos, Tensor sin, Tensor? mask, Tensor?[] weights, int[] heads, float[] eps, "
+    "float[] scale, Tensor(a!)[] key_stores, Tensor(b!)[] value_stores, int past, bool keep_hidden) -> Tensor[]";
 
 // The sgl-kernel-compatible tree ops (csrc/tree_ops.h): sgl-kernel's signatures, with
 // draft_probs optional (newer sgl-kernel releases dropped it).

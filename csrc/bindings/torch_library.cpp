@@ -13,4 +13,5 @@ TORCH_LIBRARY(domino_ops, m) {
   m.def(domino::schemas::kRmsNorm);
   m.def(domino::schemas::kSiluMul);
   m.def(domino::schemas::kApplyRotaryPosEmb);
+  m.def(domino::schemas::kDecoderLayers);
 }

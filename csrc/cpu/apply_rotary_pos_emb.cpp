@@ -30,6 +30,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "cpu/layer_kernels.h"
 #include "ops.h"
 
 namespace domino::cpu {

@@ -23,6 +23,7 @@
 
 #include "cpu/dense_checks.h"
 #include "cpu/isa.h"
+#include "cpu/layer_kernels.h"
 #include "ops.h"
 
 namespace domino::cpu {

@@ -50,6 +50,7 @@
 #include <vector>
 
 #include "cpu/isa.h"
+#include "cpu/layer_kernels.h"
 #include "ops.h"
 
 namespace domino::cpu {

@@ -74,6 +74,7 @@
 #include "cpu/packed_panels.h"
 #include "cpu/small_batch_linear_packed_amx.h"
 #include "cpu/small_batch_linear_packed_avx2.h"
+#include "cpu/layer_kernels.h"
 #include "ops.h"
 
 namespace domino::cpu {

@@ -130,6 +130,11 @@ class _Plan:
     heads: tuple  # (query heads, kv heads, head dim)
     create_causal_mask: object  # the model's module's, as HF's forward calls it
     returns_cache: bool  # whether the body returns the cache with use_cache False
+    # the layers as domino_ops.decoder_layers takes them (:func:`_flat_layers`)
+    flat_weights: list
+    flat_heads: list
+    flat_eps: list
+    flat_scales: list
     # What the plan was made from, compared at every call (:func:`_plan_is_current`):
     # Each as columns (dicts, keys, expected values), so that the check runs in C (map):
     modules: tuple  # (parents' _modules dicts, names, modules): every module it reads or stands in for
@@ -137,6 +142,19 @@ class _Plan:
     params: tuple  # (modules' _parameters dicts, names, tensors): every tensor read
     versions: tuple  # (the tensors that count versions (not inference tensors), their versions)
     addresses: list  # the tensors' data pointers
+
+
+def _flat_layers(layers: tuple, heads: tuple) -> tuple[list, list, list, list]:
+    """The layers' weights, heads, eps and scales as ``domino_ops.decoder_layers`` takes
+    them (csrc/cpu/decoder_layers.cpp): 12 tensors or None per layer, [Hq, Hkv, head dim,
+    intermediate], 3 eps per layer, a scale per layer."""
+    weights, eps = [], []
+    for layer in layers:
+        weights += [layer.input_norm, layer.qkv.data, layer.qkv.bias, layer.o.data, layer.o.bias, layer.post_norm,
+                    layer.gate_up.data, layer.gate_up.bias, layer.down.data, layer.down.bias, layer.q_norm,
+                    layer.k_norm]
+        eps += [layer.input_eps, layer.post_eps, layer.qk_eps]
+    return weights, [*heads, layers[0].gate_up.n // 2], eps, [layer.scaling for layer in layers]
 
 
 @functools.cache
@@ -247,7 +265,7 @@ def _build_plan(model: torch.nn.Module) -> _Plan | None:
     hf = sys.modules[type(inner).__module__]
     versioned = tuple(t for _, _, t in params if not t.is_inference())  # an inference tensor counts none
     return _Plan(embed.weight, tuple(layers), norm.weight, float(norm.variance_epsilon), head, heads,
-                 hf.create_causal_mask, body[1], tuple(zip(*modules)), tuple(zip(*switches)),
+                 hf.create_causal_mask, body[1], *_flat_layers(tuple(layers), heads), tuple(zip(*modules)), tuple(zip(*switches)),
                  tuple(zip(*params)), (versioned, [t._version for t in versioned]),
                  [t.data_ptr() for _, _, t in params])
 
@@ -319,6 +337,61 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     return out
 
 
+def _layers_one_by_one(plan: _Plan, kv, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask, hidden: bool):
+    """The decoder layers over the embedded tokens x [b, T, H], one kernel call at a time
+    (any cache HF's layers update): the last layer's output and, with ``hidden``, the
+    hidden states (x, then each layer's output), else None. The reference of
+    ``domino_ops.decoder_layers`` (:func:`_layers_in_one_call`)."""
+    b, T, H = x.shape
+    n_q, n_kv, d = plan.heads
+    rotary = torch.ops.domino_ops.apply_rotary_pos_emb.default
+    silu_mul = torch.ops.domino_ops.silu_mul.default
+    rows = b * T
+    states = [x] if hidden else None
+    for i, layer in enumerate(plan.layers):
+        # attention: norm, q/k/v as one product, rotary, cache, attention, o_proj, residual
+        h = _rms_norm(x, layer.input_norm, layer.input_eps)
+        qkv = _product(h.view(rows, H), layer.qkv)
+        q, k, v = qkv.view(b, T, n_q + 2 * n_kv, d).split((n_q, n_kv, n_kv), dim=2)
+        if layer.q_norm is not None:  # Qwen3: each head's q and k normalised over d
+            q = _rms_norm(q.contiguous(), layer.q_norm, layer.qk_eps)
+            k = _rms_norm(k.contiguous(), layer.k_norm, layer.qk_eps)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        q_rot = torch.empty(b, n_q, T, d, dtype=x.dtype)
+        k_rot = torch.empty(b, n_kv, T, d, dtype=x.dtype)
+        rotary(q, k, cos, sin, q_rot, k_rot)
+        keys, values = kv.update(k_rot, v, i)
+        module = layer.attention
+        attended, _ = small_batch_attention_forward(module, q_rot, keys, values, mask, scaling=layer.scaling,
+                                                    dropout=module.attention_dropout if module.training else 0.0)
+        x = x + _product(attended.view(rows, n_q * d), layer.o).view(b, T, H)
+        # MLP: norm, gate/up as one product, SiLU(gate) * up, down_proj, residual
+        h = _rms_norm(x, layer.post_norm, layer.post_eps)
+        gate, up = _product(h.view(rows, H), layer.gate_up).split(layer.gate_up.n // 2, dim=1)
+        act = torch.empty_like(gate, memory_format=torch.contiguous_format)
+        silu_mul(gate.contiguous(), up.contiguous(), act)
+        x = x + _product(act, layer.down).view(b, T, H)
+        if hidden:
+            states.append(x)
+    return x, states
+
+
+def _layers_in_one_call(plan: _Plan, kv, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask, hidden: bool):
+    """:func:`_layers_one_by_one` as one ``domino_ops.decoder_layers`` call (the same
+    kernels in the same order in C++: the same bits, without the Python around ~450
+    kernel calls a SmolLM2 forward), writing the new keys and values straight into a
+    :class:`domino.kv_cache.GrowingCache`'s storage."""
+    b, T, _ = x.shape
+    n_q, n_kv, d = plan.heads
+    num_layers = len(plan.layers)
+    key_stores, value_stores, past = kv.reserve(num_layers, x.new_empty(b, n_kv, T, d))
+    outputs = torch.ops.domino_ops.decoder_layers.default(
+        x, cos, sin, mask, plan.flat_weights, plan.flat_heads, plan.flat_eps, plan.flat_scales, key_stores,
+        value_stores, past, hidden)
+    kv.hold(num_layers, past + T)
+    return outputs[-1], ([x, *outputs] if hidden else None)
+
+
 def fast_forward(model, input_ids=None, attention_mask=None, position_ids=None, cache=None, inputs_embeds=None,
                  labels=None, use_cache=None, logits_to_keep=0, **kwargs):
     """``LlamaForCausalLM.forward`` (and Qwen2's, Qwen3's; transformers 5.24), computed as
@@ -385,35 +458,10 @@ def fast_forward(model, input_ids=None, attention_mask=None, position_ids=None, 
     use_cache = config.use_cache if use_cache is None else use_cache
     mask = plan.create_causal_mask(config=config, inputs_embeds=x, attention_mask=attention_mask, cache=kv,
                                    position_ids=position_ids)
-    rotary = torch.ops.domino_ops.apply_rotary_pos_emb.default
-    silu_mul = torch.ops.domino_ops.silu_mul.default
-    rows = b * T
-    states = [x] if hidden else None
-    for i, layer in enumerate(plan.layers):
-        # attention: norm, q/k/v as one product, rotary, cache, attention, o_proj, residual
-        h = _rms_norm(x, layer.input_norm, layer.input_eps)
-        qkv = _product(h.view(rows, H), layer.qkv)
-        q, k, v = qkv.view(b, T, n_q + 2 * n_kv, d).split((n_q, n_kv, n_kv), dim=2)
-        if layer.q_norm is not None:  # Qwen3: each head's q and k normalised over d
-            q = _rms_norm(q.contiguous(), layer.q_norm, layer.qk_eps)
-            k = _rms_norm(k.contiguous(), layer.k_norm, layer.qk_eps)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        q_rot = torch.empty(b, n_q, T, d, dtype=x.dtype)
-        k_rot = torch.empty(b, n_kv, T, d, dtype=x.dtype)
-        rotary(q, k, cos, sin, q_rot, k_rot)
-        keys, values = kv.update(k_rot, v, i)
-        module = layer.attention
-        attended, _ = small_batch_attention_forward(module, q_rot, keys, values, mask, scaling=layer.scaling,
-                                                    dropout=module.attention_dropout if module.training else 0.0)
-        x = x + _product(attended.view(rows, n_q * d), layer.o).view(b, T, H)
-        # MLP: norm, gate/up as one product, SiLU(gate) * up, down_proj, residual
-        h = _rms_norm(x, layer.post_norm, layer.post_eps)
-        gate, up = _product(h.view(rows, H), layer.gate_up).split(layer.gate_up.n // 2, dim=1)
-        act = torch.empty_like(gate, memory_format=torch.contiguous_format)
-        silu_mul(gate.contiguous(), up.contiguous(), act)
-        x = x + _product(act, layer.down).view(b, T, H)
-        if hidden:
-            states.append(x)
+    if type(kv) is GrowingCache and not kv.offloading and (mask is not None or T == 1 or not kv.get_seq_length()):
+        x, states = _layers_in_one_call(plan, kv, x, cos, sin, mask, hidden)
+    else:
+        x, states = _layers_one_by_one(plan, kv, x, cos, sin, mask, hidden)
     x = _rms_norm(x, plan.norm, plan.norm_eps)
     if hidden and getattr(config, "tie_last_hidden_states", True):
         states[-1] = x  # HF's last hidden state is the normed one (unless the config says otherwise)

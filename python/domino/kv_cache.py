@@ -45,10 +45,10 @@ class GrowingLayer(DynamicLayer):
                 and values.stride() == store_v.stride() and keys.shape[:2] == store_k.shape[:2]
                 and keys.shape[3] == store_k.shape[3])
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Appends key_states / value_states [b, h, n, d] after the T positions held;
-        returns the keys and values [b, h, T + n, d] (views of the storage)."""
+    def _make_room(self, key_states: torch.Tensor, value_states: torch.Tensor) -> int:
+        """Storage for key_states / value_states' n new positions [b, h, n, d] after the T
+        held (the held ones copied into new storage when it grows); returns T. Reads only
+        their shapes, dtypes and device."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         held = self.keys.numel() > 0
@@ -67,10 +67,22 @@ class GrowingLayer(DynamicLayer):
                 new_k[:, :, :T].copy_(self.keys)
                 new_v[:, :, :T].copy_(self.values)
             self._key_store, self._value_store = new_k, new_v
+        return T
+
+    def _hold(self, length: int) -> None:
+        """Keys and values become the storage's first ``length`` positions."""
+        self.keys = self._key_store[:, :, :length]
+        self.values = self._value_store[:, :, :length]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Appends key_states / value_states [b, h, n, d] after the T positions held;
+        returns the keys and values [b, h, T + n, d] (views of the storage)."""
+        T = self._make_room(key_states, value_states)
+        need = T + key_states.shape[-2]
         self._key_store[:, :, T:need].copy_(key_states)
         self._value_store[:, :, T:need].copy_(value_states)
-        self.keys = self._key_store[:, :, :need]
-        self.values = self._value_store[:, :, :need]
+        self._hold(need)
         return self.keys, self.values
 
     def reset(self) -> None:
@@ -86,3 +98,25 @@ class GrowingCache(DynamicCache):
 
     def __init__(self) -> None:
         Cache.__init__(self, layer_class_to_replicate=GrowingLayer)
+
+    def reserve(self, num_layers: int, new_states: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor], int]:
+        """Storage for ``new_states``' n new positions ([b, h, n, d]: only its shape, dtype
+        and device are read) in each of the first ``num_layers`` layers (created as
+        :meth:`update` creates them), for a writer that fills them itself
+        (``domino_ops.decoder_layers``): returns the key and value storages [b, h,
+        capacity, d] and the positions every layer holds, T; the writer puts the new
+        positions at T .. T + n - 1, then :meth:`hold` makes them the layers' contents.
+        Raises ValueError where the layers hold different lengths."""
+        while len(self.layers) < num_layers:
+            self.layers.append(self.layer_class_to_replicate())
+        held = [layer._make_room(new_states, new_states) for layer in self.layers[:num_layers]]
+        if len(set(held)) != 1:
+            raise ValueError(f"reserve needs layers of one length, got lengths {sorted(set(held))}")
+        layers = self.layers[:num_layers]
+        return [layer._key_store for layer in layers], [layer._value_store for layer in layers], held[0]
+
+    def hold(self, num_layers: int, length: int) -> None:
+        """The first ``num_layers`` layers' keys and values become the first ``length``
+        positions of their storage (after :meth:`reserve` and the writer)."""
+        for layer in self.layers[:num_layers]:
+            layer._hold(length)

@@ -1,0 +1,154 @@
+// CPU op decoder_layers: a HF Llama / Qwen2 / Qwen3 causal LM's decoder layers, all of
+// them, in one call: the loop of domino.fast_forward (python/domino/fast_forward.py, its
+// reference) run in C++ over the same kernels in the same order, so every output is bit
+// for bit the Python loop's.
+//
+//   x [b, T, H] (the embedded tokens), cos / sin [b or 1, T, d] (the model's rotary
+//   table), mask None or [b or 1, 1 or Hq, T, >= past + T] (bool or additive float, as
+//   small_batch_attention takes it); per layer l, weights[12 l .. 12 l + 11] = input norm,
+//   packed q/k/v (one product), its bias, packed o_proj, its bias, post-attention norm,
+//   packed gate/up (one product), its bias, packed down_proj, its bias, q_norm, k_norm
+//   (None where the layer has none; the q/k norms are Qwen3's), eps[3 l ..] = the two
+//   norms' eps and the q/k norms', scale[l] the attention's; heads = [Hq, Hkv, d,
+//   intermediate]; key_stores / value_stores [b, Hkv, capacity >= past + T, d], one per
+//   layer, holding past positions: the layer writes its T new keys and values at past ..
+//   past + T - 1 (the caller's cache then views the first past + T). Returns each layer's
+//   output [b, T, H] with keep_hidden (the hidden states), else the last one alone.
+//
+// Why it exists: a decode step of SmolLM2-135M (30 layers) is ~16 ms on a 2-core Zen 3,
+// and the Python loop around its ~450 kernel calls (module-free as it already is) cost
+// ~4-5 ms of it: a 30-layer model with 64-wide layers, whose kernels take microseconds,
+// ran its 1-token forward in ~5.4 ms (benchmarks/decoder_layers_ab.py measures both).
+// Here a layer's glue is a few tensor allocations and views.
+//
+// Bytes it must move: what its kernels move (each kernel's header): per layer the packed
+// weights once (~7 MB bf16 for SmolLM2-135M; a decode step is bound by reading them) and
+// the layer's cache rows the queries may see; the glue moves the [b, T, *] activations,
+// a few KB a layer at decode. Limits: those of its kernels; b * T rows at most as the
+// products take.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <optional>
+#include <vector>
+
+#include "cpu/layer_kernels.h"
+
+namespace domino::cpu {
+namespace {
+
+// The weights of one layer in the flat list: see the header comment.
+constexpr int64_t kWeightsPerLayer = 12;
+enum Weight : int64_t {
+  kInputNorm, kQkv, kQkvBias, kO, kOBias, kPostNorm, kGateUp, kGateUpBias, kDown, kDownBias, kQNorm, kKNorm
+};
+
+struct LayerWeights {
+  std::vector<std::optional<at::Tensor>> w;
+  const at::Tensor& operator[](Weight i) const { return *w[i]; }
+  const std::optional<at::Tensor>& opt(Weight i) const { return w[i]; }
+};
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  at::Tensor out = at::empty_like(x);
+  rms_norm_cpu(x, weight, eps, out);
+  return out;
+}
+
+// x [rows, K] (contiguous) times a packed weight of N outputs: [rows, N].
+at::Tensor product(const at::Tensor& x, const at::Tensor& packed, int64_t N, const std::optional<at::Tensor>& bias) {
+  at::Tensor out = at::empty({x.size(0), N}, x.options());
+  small_batch_linear_packed_cpu(x, packed, N, bias, out);
+  return out;
+}
+
+}  // namespace
+
+std::vector<at::Tensor> decoder_layers_cpu(const at::Tensor& x_in, const at::Tensor& cos, const at::Tensor& sin,
+                                           const std::optional<at::Tensor>& mask,
+                                           const c10::List<std::optional<at::Tensor>>& weights, at::IntArrayRef heads,
+                                           at::ArrayRef<double> eps, at::ArrayRef<double> scale,
+                                           at::TensorList key_stores, at::TensorList value_stores, int64_t past,
+                                           bool keep_hidden) {
+  TORCH_CHECK(x_in.device().is_cpu() && x_in.dim() == 3 && x_in.is_contiguous(),
+              "x must be a contiguous CPU tensor [batch, positions, hidden], got ", x_in.sizes());
+  TORCH_CHECK(heads.size() == 4, "heads must be [query heads, kv heads, head dim, intermediate], got ", heads);
+  const int64_t n_q = heads[0], n_kv = heads[1], d = heads[2], inter = heads[3];
+  TORCH_CHECK(n_q > 0 && n_kv > 0 && d > 0 && inter > 0 && n_q % n_kv == 0,
+              "heads must be positive with query heads a multiple of kv heads, got ", heads);
+  const int64_t L = static_cast<int64_t>(key_stores.size());
+  TORCH_CHECK(L > 0, "key_stores must hold one tensor per layer, got none");
+  TORCH_CHECK(static_cast<int64_t>(value_stores.size()) == L, "value_stores must hold ", L,
+              " tensors (one per layer, as key_stores), got ", value_stores.size());
+  TORCH_CHECK(static_cast<int64_t>(weights.size()) == kWeightsPerLayer * L, "weights must hold ",
+              kWeightsPerLayer, " entries per layer (", kWeightsPerLayer * L, "), got ", weights.size());
+  TORCH_CHECK(static_cast<int64_t>(eps.size()) == 3 * L, "eps must hold 3 per layer (", 3 * L, "), got ", eps.size());
+  TORCH_CHECK(static_cast<int64_t>(scale.size()) == L, "scale must hold one per layer (", L, "), got ", scale.size());
+  const int64_t b = x_in.size(0), T = x_in.size(1), H = x_in.size(2), rows = b * T;
+  TORCH_CHECK(past >= 0, "past must be >= 0, got ", past);
+  for (int64_t l = 0; l < L; ++l) {
+    for (const auto& [store, name] : {std::pair{&key_stores[l], "key_stores"}, std::pair{&value_stores[l], "value_stores"}}) {
+      TORCH_CHECK(store->device().is_cpu() && store->scalar_type() == x_in.scalar_type() && store->dim() == 4 &&
+                      store->size(0) == b && store->size(1) == n_kv && store->size(3) == d &&
+                      store->size(2) >= past + T && store->stride(3) == 1,
+                  name, "[", l, "] must be a CPU tensor [", b, ", ", n_kv, ", >= ", past + T, ", ", d, "] of x's dtype ",
+                  x_in.scalar_type(), " (contiguous in its last dimension), got ", store->scalar_type(), " ",
+                  store->sizes());
+    }
+    for (Weight i : {kInputNorm, kQkv, kO, kPostNorm, kGateUp, kDown}) {
+      TORCH_CHECK(weights.get(kWeightsPerLayer * l + i).has_value(), "weights[", kWeightsPerLayer * l + i,
+                  "] (layer ", l, ") must be a tensor, got None");
+    }
+    TORCH_CHECK(weights.get(kWeightsPerLayer * l + kQNorm).has_value() ==
+                    weights.get(kWeightsPerLayer * l + kKNorm).has_value(),
+                "layer ", l, ": q_norm and k_norm must both be given or both be None");
+  }
+  const int64_t qkv_n = (n_q + 2 * n_kv) * d;
+  std::optional<at::Tensor> layer_mask;
+  if (mask.has_value()) {
+    TORCH_CHECK(mask->dim() == 4 && mask->size(3) >= past + T, "mask must be [batch, heads, ", T, ", >= ", past + T,
+                "], got ", mask->sizes());
+    layer_mask = mask->narrow(3, 0, past + T);
+  }
+  std::vector<at::Tensor> outputs;
+  outputs.reserve(keep_hidden ? L : 1);
+  at::Tensor x = x_in;
+  LayerWeights lw{std::vector<std::optional<at::Tensor>>(kWeightsPerLayer)};
+  for (int64_t l = 0; l < L; ++l) {
+    for (int64_t i = 0; i < kWeightsPerLayer; ++i) lw.w[i] = weights.get(kWeightsPerLayer * l + i);
+    // attention: norm, q/k/v as one product, rotary, cache, attention, o_proj, residual
+    at::Tensor h = rms_norm(x, lw[kInputNorm], eps[3 * l]);
+    at::Tensor qkv = product(h.view({rows, H}), lw[kQkv], qkv_n, lw.opt(kQkvBias));
+    auto parts = qkv.view({b, T, n_q + 2 * n_kv, d}).split_with_sizes({n_q, n_kv, n_kv}, 2);
+    at::Tensor q = parts[0], k = parts[1], v = parts[2];
+    if (lw.opt(kQNorm).has_value()) {  // Qwen3: each head's q and k normalised over d
+      q = rms_norm(q.contiguous(), lw[kQNorm], eps[3 * l + 2]);
+      k = rms_norm(k.contiguous(), lw[kKNorm], eps[3 * l + 2]);
+    }
+    q = q.transpose(1, 2);
+    k = k.transpose(1, 2);
+    v = v.transpose(1, 2);
+    at::Tensor q_rot = at::empty({b, n_q, T, d}, x.options());
+    at::Tensor k_rot = at::empty({b, n_kv, T, d}, x.options());
+    apply_rotary_pos_emb_cpu(q, k, cos, sin, q_rot, k_rot);
+    key_stores[l].narrow(2, past, T).copy_(k_rot);
+    value_stores[l].narrow(2, past, T).copy_(v);
+    at::Tensor attended = at::empty({b, T, n_q, d}, x.options());
+    small_batch_attention_cpu(q_rot, key_stores[l].narrow(2, 0, past + T), value_stores[l].narrow(2, 0, past + T),
+                              layer_mask, scale[l], attended.transpose(1, 2));
+    x = at::add(x, product(attended.view({rows, n_q * d}), lw[kO], H, lw.opt(kOBias)).view({b, T, H}));
+    // MLP: norm, gate/up as one product, SiLU(gate) * up, down_proj, residual
+    h = rms_norm(x, lw[kPostNorm], eps[3 * l + 1]);
+    auto gate_up = product(h.view({rows, H}), lw[kGateUp], 2 * inter, lw.opt(kGateUpBias)).split(inter, 1);
+    at::Tensor act = at::empty({rows, inter}, x.options());
+    silu_mul_cpu(gate_up[0].contiguous(), gate_up[1].contiguous(), act);
+    x = at::add(x, product(act, lw[kDown], H, lw.opt(kDownBias)).view({b, T, H}));
+    if (keep_hidden || l == L - 1) outputs.push_back(x);
+  }
+  return outputs;
+}
+
+}  // namespace domino::cpu
+
+// The CPU implementation of the op's schema (bindings/schemas.h).
+TORCH_LIBRARY_IMPL(domino_ops, CPU, m) { m.impl("decoder_layers", &domino::cpu::decoder_layers_cpu); }
