@@ -31,7 +31,7 @@ from domino.loading import DEFAULT_DRAFTER_DIR, smollm2_dir, use_cpu_kernels
 from domino_ops import cpu
 from timing import copy_bandwidth_gbs
 
-PATHS = {"python loop": ff._layers_one_by_one, "one call": ff._layers_in_one_call}
+PATHS = {"python loop": ff._decoder_layers_in_python, "one call": ff._decoder_layers_in_one_call}
 
 
 def narrow_model() -> torch.nn.Module:
@@ -48,7 +48,7 @@ def compare(name: str, model, prompts: list[int], tokens: list[int], repeats: in
         ids = torch.randint(0, vocab, (1, T), generator=g)
         caches = {path: GrowingCache() for path in PATHS}
         for path, c in caches.items():
-            with mock.patch.object(ff, "_layers_in_one_call", PATHS[path]):
+            with mock.patch.object(ff, "_decoder_layers_in_one_call", PATHS[path]):
                 model(input_ids=ids, use_cache=True, logits_to_keep=1, past_key_values=c)
         for k in tokens:
             block = torch.randint(0, vocab, (1, k), generator=g)
@@ -56,7 +56,7 @@ def compare(name: str, model, prompts: list[int], tokens: list[int], repeats: in
             times, outs = {p: [] for p in PATHS}, {}
             for _ in range(repeats + 2):
                 for path, c in caches.items():
-                    with mock.patch.object(ff, "_layers_in_one_call", PATHS[path]):
+                    with mock.patch.object(ff, "_decoder_layers_in_one_call", PATHS[path]):
                         t0 = time.perf_counter()
                         outs[path] = model(input_ids=block, position_ids=pos, use_cache=True, past_key_values=c,
                                            output_hidden_states=True)

@@ -1,6 +1,6 @@
 """domino_ops.decoder_layers (csrc/cpu/decoder_layers.cpp): a causal LM's decoder layers in
 one C++ call over the CPU kernels, bit for bit its reference, domino.fast_forward's loop
-one kernel at a time (``_layers_one_by_one``), on random model shapes; writing the new
+one kernel at a time (``_decoder_layers_in_python``), on random model shapes; writing the new
 keys and values into the cache's storage and nothing past them; bad arguments named."""
 
 import copy
@@ -143,7 +143,7 @@ def test_writes_the_new_positions_and_nothing_past_them(kind, monkeypatch):
             layer._value_store[:, :, 7:] = float("nan")
         block = torch.randint(1, 32, (2, 4), generator=g)
         ours = model(input_ids=block, past_key_values=cache, use_cache=True, output_hidden_states=True)
-        monkeypatch.setattr(fast_forward, "_layers_in_one_call", fast_forward._layers_one_by_one)
+        monkeypatch.setattr(fast_forward, "_decoder_layers_in_one_call", fast_forward._decoder_layers_in_python)
         theirs = model(input_ids=block, past_key_values=reference, use_cache=True, output_hidden_states=True)
     assert_same_outputs(ours, theirs, cache, reference)
     for layer in cache.layers:

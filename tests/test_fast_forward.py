@@ -45,7 +45,7 @@ class FastPathSpy:
     def __init__(self, monkeypatch):
         self.products = 0
         self.one_calls = 0
-        product, one_call = fast_forward._product, fast_forward._layers_in_one_call
+        product, one_call = fast_forward._product, fast_forward._decoder_layers_in_one_call
 
         def counting(*args):
             self.products += 1
@@ -57,7 +57,7 @@ class FastPathSpy:
             return one_call(plan, *args)
 
         monkeypatch.setattr(fast_forward, "_product", counting)
-        monkeypatch.setattr(fast_forward, "_layers_in_one_call", counting_call)
+        monkeypatch.setattr(fast_forward, "_decoder_layers_in_one_call", counting_call)
 
 
 def hf_forward(model, **kw):
