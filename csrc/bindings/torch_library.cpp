@@ -14,4 +14,5 @@ TORCH_LIBRARY(domino_ops, m) {
   m.def(domino::schemas::kSiluMul);
   m.def(domino::schemas::kApplyRotaryPosEmb);
   m.def(domino::schemas::kDecoderLayers);
+  m.def(domino::schemas::kDraftLayers);
 }

@@ -35,34 +35,27 @@
 #include "cpu/layer_kernels.h"
 
 namespace domino::cpu {
-namespace {
 
-// The weights of one layer in the flat list: see the header comment.
-constexpr int64_t kWeightsPerLayer = 12;
-enum Weight : int64_t {
-  kInputNorm, kQkv, kQkvBias, kO, kOBias, kPostNorm, kGateUp, kGateUpBias, kDown, kDownBias, kQNorm, kKNorm
-};
+namespace layer {
 
-struct LayerWeights {
-  std::vector<std::optional<at::Tensor>> w;
-  const at::Tensor& operator[](Weight i) const { return *w[i]; }
-  const std::optional<at::Tensor>& opt(Weight i) const { return w[i]; }
-};
-
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  at::Tensor out = at::empty_like(x);
-  rms_norm_cpu(x, weight, eps, out);
-  return out;
+void check_layer_lists(const c10::List<std::optional<at::Tensor>>& weights, at::ArrayRef<double> eps, int64_t L) {
+  TORCH_CHECK(static_cast<int64_t>(weights.size()) == kWeightsPerLayer * L, "weights must hold ",
+              kWeightsPerLayer, " entries per layer (", kWeightsPerLayer * L, "), got ", weights.size());
+  TORCH_CHECK(static_cast<int64_t>(eps.size()) == 3 * L, "eps must hold 3 per layer (", 3 * L, "), got ", eps.size());
+  for (int64_t l = 0; l < L; ++l) {
+    for (Weight i : {kInputNorm, kQkv, kO, kPostNorm, kGateUp, kDown}) {
+      TORCH_CHECK(weights.get(kWeightsPerLayer * l + i).has_value(), "weights[", kWeightsPerLayer * l + i,
+                  "] (layer ", l, ") must be a tensor, got None");
+    }
+    TORCH_CHECK(weights.get(kWeightsPerLayer * l + kQNorm).has_value() ==
+                    weights.get(kWeightsPerLayer * l + kKNorm).has_value(),
+                "layer ", l, ": q_norm and k_norm must both be given or both be None");
+  }
 }
 
-// x [rows, K] (contiguous) times a packed weight of N outputs: [rows, N].
-at::Tensor product(const at::Tensor& x, const at::Tensor& packed, int64_t N, const std::optional<at::Tensor>& bias) {
-  at::Tensor out = at::empty({x.size(0), N}, x.options());
-  small_batch_linear_packed_cpu(x, packed, N, bias, out);
-  return out;
-}
+}  // namespace layer
 
-}  // namespace
+using namespace layer;
 
 std::vector<at::Tensor> decoder_layers_cpu(const at::Tensor& x_in, const at::Tensor& cos, const at::Tensor& sin,
                                            const std::optional<at::Tensor>& mask,
@@ -80,9 +73,7 @@ std::vector<at::Tensor> decoder_layers_cpu(const at::Tensor& x_in, const at::Ten
   TORCH_CHECK(L > 0, "key_stores must hold one tensor per layer, got none");
   TORCH_CHECK(static_cast<int64_t>(value_stores.size()) == L, "value_stores must hold ", L,
               " tensors (one per layer, as key_stores), got ", value_stores.size());
-  TORCH_CHECK(static_cast<int64_t>(weights.size()) == kWeightsPerLayer * L, "weights must hold ",
-              kWeightsPerLayer, " entries per layer (", kWeightsPerLayer * L, "), got ", weights.size());
-  TORCH_CHECK(static_cast<int64_t>(eps.size()) == 3 * L, "eps must hold 3 per layer (", 3 * L, "), got ", eps.size());
+  check_layer_lists(weights, eps, L);
   TORCH_CHECK(static_cast<int64_t>(scale.size()) == L, "scale must hold one per layer (", L, "), got ", scale.size());
   const int64_t b = x_in.size(0), T = x_in.size(1), H = x_in.size(2), rows = b * T;
   TORCH_CHECK(past >= 0, "past must be >= 0, got ", past);
@@ -95,13 +86,6 @@ std::vector<at::Tensor> decoder_layers_cpu(const at::Tensor& x_in, const at::Ten
                   x_in.scalar_type(), " (contiguous in its last dimension), got ", store->scalar_type(), " ",
                   store->sizes());
     }
-    for (Weight i : {kInputNorm, kQkv, kO, kPostNorm, kGateUp, kDown}) {
-      TORCH_CHECK(weights.get(kWeightsPerLayer * l + i).has_value(), "weights[", kWeightsPerLayer * l + i,
-                  "] (layer ", l, ") must be a tensor, got None");
-    }
-    TORCH_CHECK(weights.get(kWeightsPerLayer * l + kQNorm).has_value() ==
-                    weights.get(kWeightsPerLayer * l + kKNorm).has_value(),
-                "layer ", l, ": q_norm and k_norm must both be given or both be None");
   }
   const int64_t qkv_n = (n_q + 2 * n_kv) * d;
   std::optional<at::Tensor> layer_mask;
@@ -113,17 +97,17 @@ std::vector<at::Tensor> decoder_layers_cpu(const at::Tensor& x_in, const at::Ten
   std::vector<at::Tensor> outputs;
   outputs.reserve(keep_hidden ? L : 1);
   at::Tensor x = x_in;
-  LayerWeights lw{std::vector<std::optional<at::Tensor>>(kWeightsPerLayer)};
+  std::vector<std::optional<at::Tensor>> lw(kWeightsPerLayer);
   for (int64_t l = 0; l < L; ++l) {
-    for (int64_t i = 0; i < kWeightsPerLayer; ++i) lw.w[i] = weights.get(kWeightsPerLayer * l + i);
+    for (int64_t i = 0; i < kWeightsPerLayer; ++i) lw[i] = weights.get(kWeightsPerLayer * l + i);
     // attention: norm, q/k/v as one product, rotary, cache, attention, o_proj, residual
-    at::Tensor h = rms_norm(x, lw[kInputNorm], eps[3 * l]);
-    at::Tensor qkv = product(h.view({rows, H}), lw[kQkv], qkv_n, lw.opt(kQkvBias));
+    at::Tensor h = rms_norm(x, *lw[kInputNorm], eps[3 * l]);
+    at::Tensor qkv = product(h.view({rows, H}), *lw[kQkv], qkv_n, lw[kQkvBias]);
     auto parts = qkv.view({b, T, n_q + 2 * n_kv, d}).split_with_sizes({n_q, n_kv, n_kv}, 2);
     at::Tensor q = parts[0], k = parts[1], v = parts[2];
-    if (lw.opt(kQNorm).has_value()) {  // Qwen3: each head's q and k normalised over d
-      q = rms_norm(q.contiguous(), lw[kQNorm], eps[3 * l + 2]);
-      k = rms_norm(k.contiguous(), lw[kKNorm], eps[3 * l + 2]);
+    if (lw[kQNorm].has_value()) {  // Qwen3: each head's q and k normalised over d
+      q = rms_norm(q.contiguous(), *lw[kQNorm], eps[3 * l + 2]);
+      k = rms_norm(k.contiguous(), *lw[kKNorm], eps[3 * l + 2]);
     }
     q = q.transpose(1, 2);
     k = k.transpose(1, 2);
@@ -136,13 +120,11 @@ std::vector<at::Tensor> decoder_layers_cpu(const at::Tensor& x_in, const at::Ten
     at::Tensor attended = at::empty({b, T, n_q, d}, x.options());
     small_batch_attention_cpu(q_rot, key_stores[l].narrow(2, 0, past + T), value_stores[l].narrow(2, 0, past + T),
                               layer_mask, scale[l], attended.transpose(1, 2));
-    x = at::add(x, product(attended.view({rows, n_q * d}), lw[kO], H, lw.opt(kOBias)).view({b, T, H}));
+    x = at::add(x, product(attended.view({rows, n_q * d}), *lw[kO], H, lw[kOBias]).view({b, T, H}));
     // MLP: norm, gate/up as one product, SiLU(gate) * up, down_proj, residual
-    h = rms_norm(x, lw[kPostNorm], eps[3 * l + 1]);
-    auto gate_up = product(h.view({rows, H}), lw[kGateUp], 2 * inter, lw.opt(kGateUpBias)).split(inter, 1);
-    at::Tensor act = at::empty({rows, inter}, x.options());
-    silu_mul_cpu(gate_up[0].contiguous(), gate_up[1].contiguous(), act);
-    x = at::add(x, product(act, lw[kDown], H, lw.opt(kDownBias)).view({b, T, H}));
+    h = rms_norm(x, *lw[kPostNorm], eps[3 * l + 1]);
+    at::Tensor act = silu_mul(product(h.view({rows, H}), *lw[kGateUp], 2 * inter, lw[kGateUpBias]), inter);
+    x = at::add(x, product(act, *lw[kDown], H, lw[kDownBias]).view({b, T, H}));
     if (keep_hidden || l == L - 1) outputs.push_back(x);
   }
   return outputs;

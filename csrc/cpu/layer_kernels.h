@@ -18,4 +18,40 @@ void silu_mul_cpu(const at::Tensor& gate, const at::Tensor& up, at::Tensor out);
 void apply_rotary_pos_emb_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
                               at::Tensor q_out, at::Tensor k_out);
 
+// What decoder_layers.cpp and draft_layers.cpp call them through: new outputs.
+namespace layer {
+
+// The weights of one layer in those ops' flat lists (bindings/schemas.h): 12 a layer.
+constexpr int64_t kWeightsPerLayer = 12;
+enum Weight : int64_t {
+  kInputNorm, kQkv, kQkvBias, kO, kOBias, kPostNorm, kGateUp, kGateUpBias, kDown, kDownBias, kQNorm, kKNorm
+};
+
+inline at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  at::Tensor out = at::empty_like(x);
+  rms_norm_cpu(x, weight, eps, out);
+  return out;
+}
+
+// x [rows, K] (contiguous) times a packed weight of N outputs: [rows, N].
+inline at::Tensor product(const at::Tensor& x, const at::Tensor& packed, int64_t N,
+                          const std::optional<at::Tensor>& bias) {
+  at::Tensor out = at::empty({x.size(0), N}, x.options());
+  small_batch_linear_packed_cpu(x, packed, N, bias, out);
+  return out;
+}
+
+// SiLU(gate) * up of a [rows, 2 I] gate/up product: [rows, I].
+inline at::Tensor silu_mul(const at::Tensor& gate_up, int64_t inter) {
+  auto halves = gate_up.split(inter, 1);
+  at::Tensor act = at::empty({gate_up.size(0), inter}, gate_up.options());
+  silu_mul_cpu(halves[0].contiguous(), halves[1].contiguous(), act);
+  return act;
+}
+
+// Checks the flat lists' lengths and that each layer's required weights are given.
+void check_layer_lists(const c10::List<std::optional<at::Tensor>>& weights, at::ArrayRef<double> eps, int64_t L);
+
+}  // namespace layer
+
 }  // namespace domino::cpu

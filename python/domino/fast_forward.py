@@ -69,7 +69,7 @@ from torch.nn.modules.module import _global_forward_hooks, _global_forward_pre_h
 
 from domino.fast_attention import small_batch_attention_forward, uses_small_batch_attention
 from domino.fast_layers import ATTENTION_SOURCE_SHA1, _FLAG as _FUSED_LAYER_FLAG
-from domino.fast_linear import _PACKS, fused_packed_weight, packed_weight, runs_packed
+from domino.fast_linear import _PACKS, PackedProduct, packed_product
 
 __all__ = ["use_fast_forward", "undo_fast_forward", "uses_fast_forward", "fast_forward", "SOURCE_SHA1"]
 
@@ -103,24 +103,15 @@ _HANDLED_KWARGS = frozenset(("return_dict", "output_hidden_states", "output_atte
 
 
 @dataclass(frozen=True)
-class _Linear:
-    """One packed product: the packed weight's data, its N, its bias (or None)."""
-
-    data: torch.Tensor
-    n: int
-    bias: torch.Tensor | None
-
-
-@dataclass(frozen=True)
 class _Layer:
     input_norm: torch.Tensor
     input_eps: float
-    qkv: _Linear
-    o: _Linear
+    qkv: PackedProduct
+    o: PackedProduct
     post_norm: torch.Tensor
     post_eps: float
-    gate_up: _Linear
-    down: _Linear
+    gate_up: PackedProduct
+    down: PackedProduct
     attention: torch.nn.Module  # for the attention function's checks (training, is_causal)
     scaling: float
     q_norm: torch.Tensor | None  # Qwen3: the per-head RMSNorms of q and k before the rotary embedding
@@ -134,7 +125,7 @@ class _Plan:
     layers: tuple
     norm: torch.Tensor
     norm_eps: float
-    lm_head: _Linear
+    lm_head: PackedProduct
     heads: tuple  # (query heads, kv heads, head dim)
     create_causal_mask: object  # the model's module's, as HF's forward calls it
     returns_cache: bool  # whether the body returns the cache with use_cache False
@@ -174,18 +165,6 @@ def _mirrors_hf(cls: type) -> bool:
     except (OSError, TypeError):
         return False
     return want is not None and hashlib.sha1(source.encode()).hexdigest() == want
-
-
-def _linear(owner: torch.nn.Module, layers: tuple, dtype: torch.dtype) -> _Linear | None:
-    if len(layers) == 1:
-        m = layers[0]
-        if (not runs_packed(m, dtype) or m.weight.dtype is not dtype or not m.weight.is_contiguous()
-                or (m.bias is not None and m.bias.dtype is not dtype)):
-            return None  # where the switched layer itself would not run the packed product
-        p = packed_weight(m)
-        return _Linear(p.data, p.out_features, None if m.bias is None else m.bias.contiguous())
-    fused = fused_packed_weight(owner, layers, dtype)
-    return None if fused is None else _Linear(fused[0].data, fused[0].out_features, fused[1])
 
 
 def _build_plan(model: torch.nn.Module) -> _Plan | None:
@@ -231,9 +210,9 @@ def _build_plan(model: torch.nn.Module) -> _Plan | None:
                 and (not qwen3 or all(usable_norm(n) for n in qk_norms))
                 and getattr(attn, "sliding_window", None) is None and attn.layer_idx == i):
             return None
-        qkv = _linear(attn, (attn.q_proj, attn.k_proj, attn.v_proj), dtype)
-        gate_up = _linear(mlp, (mlp.gate_proj, mlp.up_proj), dtype)
-        o, down = _linear(attn, (attn.o_proj,), dtype), _linear(mlp, (mlp.down_proj,), dtype)
+        qkv = packed_product(attn, (attn.q_proj, attn.k_proj, attn.v_proj), dtype)
+        gate_up = packed_product(mlp, (mlp.gate_proj, mlp.up_proj), dtype)
+        o, down = packed_product(attn, (attn.o_proj,), dtype), packed_product(mlp, (mlp.down_proj,), dtype)
         if None in (qkv, gate_up, o, down):
             return None
         d = attn.head_dim
@@ -262,7 +241,7 @@ def _build_plan(model: torch.nn.Module) -> _Plan | None:
             for name in names:
                 mod = read(parent, name, "weight", "bias")
                 switches.append((mod.__dict__, _PACKS, mod.__dict__.get(_PACKS)))
-    head = _linear(model, (lm_head,), dtype)
+    head = packed_product(model, (lm_head,), dtype)
     if head is None or not layers or not usable_norm(norm):
         return None
     read(inner, "embed_tokens", "weight")
@@ -332,7 +311,7 @@ def _current_plan(model: torch.nn.Module) -> _Plan | None:
     return plan
 
 
-def _product(x: torch.Tensor, w: _Linear) -> torch.Tensor:
+def _product(x: torch.Tensor, w: PackedProduct) -> torch.Tensor:
     """x [rows, K] (contiguous) times the packed weight: [rows, N]."""
     out = torch.empty(x.shape[0], w.n, dtype=x.dtype)
     torch.ops.domino_ops.small_batch_linear_packed.default(x, w.data, w.n, w.bias, out)

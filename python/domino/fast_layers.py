@@ -43,11 +43,11 @@ import sys
 import torch
 
 import domino_ops
-from domino.fast_linear import cpu_kernel_applies, fused_packed_linear, undo_fused_packed_linear
+from domino.fast_linear import cpu_kernel_applies, fused_packed_linear, packed_product, undo_fused_packed_linear
 from domino.model import DraftAttention, DraftMLP, RMSNorm
 
-__all__ = ["use_fused_layers", "undo_fused_layers", "uses_fused_layers", "NORM_CLASSES", "MLP_CLASSES",
-           "ATTENTION_CLASSES"]
+__all__ = ["use_fused_layers", "undo_fused_layers", "uses_fused_layers", "draft_layer_weights", "NORM_CLASSES",
+           "MLP_CLASSES", "ATTENTION_CLASSES"]
 
 # HF classes whose forward is exactly LlamaRMSNorm's / LlamaMLP's (checked against the
 # installed transformers in tests/test_fast_layers.py).
@@ -170,6 +170,39 @@ def _draft_attend(mod: DraftAttention, q: torch.Tensor, k: torch.Tensor, v: torc
     mask = torch.cat([mask, mask.new_zeros(b, mask.shape[1], M - 1)], dim=2)[:, None].expand(b, 1, M, -1)
     out = domino_ops.small_batch_attention(q, keys, values, mask)  # [b, nh, M, hd], stored [b, M, nh, hd]
     return mod.o_proj(out.transpose(1, 2).reshape(b, M, mod.nh * mod.hd))
+
+
+def draft_layer_weights(layers, dtype: torch.dtype) -> tuple[list, list, list] | None:
+    """A drafter's backbone layers (:class:`domino.model.DraftLayer` s) as
+    ``domino_ops.draft_layers`` takes them, for inputs of ``dtype``: 12 weights (None where a
+    layer has none) and 3 eps a layer, and [query heads, kv heads, head dim, intermediate];
+    None where the op would not compute what the layers' forwards compute: a module not on
+    the fused forwards here, a linear not on the packed product, a norm's weight in
+    another dtype, q and k normalised with different eps. Looked up at every call (the
+    packed copies are cached on the modules, made again when a weight changes)."""
+    weights, eps, inter = [], [], None
+    for layer in layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        norms = (layer.input_layernorm, layer.post_attention_layernorm, attn.q_norm, attn.k_norm)
+        if not (all(getattr(m, _FLAG, False) for m in (attn, mlp, *norms))
+                and all(n.weight.dtype is dtype and n.weight.is_contiguous() for n in norms)
+                and attn.q_norm.variance_epsilon == attn.k_norm.variance_epsilon):
+            return None
+        products = (packed_product(attn, (attn.q_proj, attn.k_proj, attn.v_proj), dtype),
+                    packed_product(attn, (attn.o_proj,), dtype),
+                    packed_product(mlp, (mlp.gate_proj, mlp.up_proj), dtype),
+                    packed_product(mlp, (mlp.down_proj,), dtype))
+        if None in products or inter not in (None, mlp.gate_proj.out_features):
+            return None
+        qkv, o, gate_up, down = products
+        inter = mlp.gate_proj.out_features
+        weights += [layer.input_layernorm.weight, qkv.data, qkv.bias, o.data, o.bias,
+                    layer.post_attention_layernorm.weight, gate_up.data, gate_up.bias, down.data, down.bias,
+                    attn.q_norm.weight, attn.k_norm.weight]
+        eps += [float(layer.input_layernorm.variance_epsilon), float(layer.post_attention_layernorm.variance_epsilon),
+                float(attn.q_norm.variance_epsilon)]
+    attn = layers[0].self_attn
+    return weights, [attn.nh, attn.kvh, attn.hd, inter], eps
 
 
 @functools.cache

@@ -42,11 +42,13 @@ switched weights (a plain attribute: the parameters and ``state_dict`` are uncha
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 __all__ = ["use_small_batch_linear", "undo_small_batch_linear", "uses_small_batch_linear", "packed_weight",
+           "PackedProduct", "packed_product",
            "runs_packed", "fused_packed_weight", "fused_packed_linear"]
 
 _FLAG = "_domino_small_batch_linear"
@@ -268,3 +270,29 @@ def undo_small_batch_linear(model: torch.nn.Module) -> torch.nn.Module:
 def uses_small_batch_linear(model: torch.nn.Module) -> bool:
     """Whether any ``nn.Linear`` of ``model`` is switched to the kernel."""
     return any(getattr(mod, _FLAG, False) for mod in model.modules())
+
+
+@dataclass(frozen=True)
+class PackedProduct:
+    """One packed product, as ``domino_ops.small_batch_linear_packed`` takes it: the packed
+    weight's data, its out features N, its bias (or None)."""
+
+    data: torch.Tensor
+    n: int
+    bias: torch.Tensor | None
+
+
+def packed_product(owner: torch.nn.Module, layers: tuple, dtype: torch.dtype) -> PackedProduct | None:
+    """The packed product that computes ``layers`` (one switched layer, or several that
+    read the same input, fused: :func:`fused_packed_weight`, kept on ``owner``) for inputs of
+    ``dtype``, exactly as their switched forwards compute them; None where a layer would
+    not run the packed product itself."""
+    if len(layers) == 1:
+        m = layers[0]
+        if (not runs_packed(m, dtype) or m.weight.dtype is not dtype or not m.weight.is_contiguous()
+                or (m.bias is not None and m.bias.dtype is not dtype)):
+            return None  # where the switched layer itself would not run the packed product
+        p = packed_weight(m)
+        return PackedProduct(p.data, p.out_features, None if m.bias is None else m.bias.contiguous())
+    fused = fused_packed_weight(owner, layers, dtype)
+    return None if fused is None else PackedProduct(fused[0].data, fused[0].out_features, fused[1])

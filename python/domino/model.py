@@ -31,7 +31,7 @@ import domino_ops
 from domino_ops.reference import gru_cell
 from domino.budget import Calibration
 from domino.config import DominoConfig
-from domino.fast_linear import runs_packed, uses_small_batch_linear
+from domino.fast_linear import cpu_kernel_applies, runs_packed, uses_small_batch_linear
 from domino.sampling_params import RowSampling
 
 
@@ -318,10 +318,28 @@ class DominoDraftModel(nn.Module):
             b, Q = block_ids.shape
             attn_mask = torch.cat([cache.mask, cache.mask.new_ones(b, Q)], dim=1)[:, None, :]
         cos, sin = self.rotary(positions, x.dtype)
+        fused = self._fused_layer_weights(x, attn_mask, rows)
+        if fused is not None:  # the layers' fused forwards in one C++ call: the same bits
+            start, stop, _ = (rows or slice(None)).indices(x.shape[1])
+            x = torch.ops.domino_ops.draft_layers.default(x, cos[:, 0], sin[:, 0], attn_mask, cache.keys, cache.values,
+                                                          *fused, start, stop)
+            return self.norm(x)
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, cache.keys[i], cache.values[i], attn_mask, rows if i == last else None)
         return self.norm(x)
+
+    def _fused_layer_weights(self, x: torch.Tensor, attn_mask: torch.Tensor, rows: slice | None):
+        """:func:`domino.fast_layers.draft_layer_weights` where the layers may run as one
+        ``domino_ops.draft_layers`` call (csrc/cpu/draft_layers.cpp): their fused forwards
+        would run on the CPU kernels (no autograd graph, no autocast: ``cpu_kernel_applies``),
+        the mask is bool, ``rows`` contiguous, cos and sin in x's dtype; else None."""
+        from domino.fast_layers import draft_layer_weights
+
+        if (attn_mask.dtype != torch.bool or (rows is not None and rows.step not in (None, 1))
+                or not cpu_kernel_applies(x, self.fc.weight)):
+            return None
+        return draft_layer_weights(self.layers, x.dtype)
 
     # ---- head -------------------------------------------------------------------------
 

@@ -1,0 +1,112 @@
+// CPU op draft_layers: a Domino drafter's backbone layers (domino.model.DraftLayer, on the
+// fused kernels of domino.fast_layers) in one call: each layer's Python forward
+// (_draft_attention_forward, _draft_attend, _mlp_forward: the reference) run in C++ over
+// the same kernels in the same order, so every output is bit for bit the Python layers'.
+//
+//   x [b, Q, H] (the embedded block), cos / sin [b or 1, Q, d] (the drafter's rotary
+//   table), mask [b, 1 or Q, Tc + Q] bool (which context slots and block positions each
+//   block position sees), ctx_keys / ctx_values one per layer [b, Hkv, Tc, d] (the
+//   context cache); weights / eps / heads as decoder_layers takes them (12 weights and 3
+//   eps a layer; the q/k norms required: the drafter normalises q and k per head); the
+//   last layer computes the block positions row_start .. row_stop - 1 past its attention
+//   (every position's keys and values still enter it). Returns the last layer's output
+//   [b, row_stop - row_start, H] (before the drafter's final norm).
+//
+// The attention, as _draft_attend runs it: the rows' queries against [context keys, the
+// block's keys, M - 1 zero keys], the zero keys hidden (so every real key is at or before
+// each row's own position under the kernel's bottom-right causal rule).
+//
+// Why it exists: a 4-token draft of the shipped SmolLM2 drafter (2 layers) ran 4.7 ms, 3.3 of
+// it kernels; the backbone 3.0 ms against 2.1 (benchmarks/drafter_backbone_ab.py).
+//
+// Bytes it must move: what its kernels move (their headers): per layer the packed weights
+// once (~8 MB bf16 for the shipped drafter) and the context cache's keys and values; the
+// glue concatenates the context cache with the block's keys and values per layer (2 x b x
+// Hkv x (Tc + Q + M - 1) x d elements), as the Python layers do.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <optional>
+
+#include "cpu/layer_kernels.h"
+
+namespace domino::cpu {
+
+using namespace layer;
+
+at::Tensor draft_layers_cpu(const at::Tensor& x_in, const at::Tensor& cos, const at::Tensor& sin,
+                            const at::Tensor& mask, at::TensorList ctx_keys, at::TensorList ctx_values,
+                            const c10::List<std::optional<at::Tensor>>& weights, at::IntArrayRef heads,
+                            at::ArrayRef<double> eps, int64_t row_start, int64_t row_stop) {
+  TORCH_CHECK(x_in.device().is_cpu() && x_in.dim() == 3 && x_in.is_contiguous(),
+              "x must be a contiguous CPU tensor [batch, positions, hidden], got ", x_in.sizes());
+  TORCH_CHECK(heads.size() == 4, "heads must be [query heads, kv heads, head dim, intermediate], got ", heads);
+  const int64_t n_q = heads[0], n_kv = heads[1], d = heads[2], inter = heads[3];
+  TORCH_CHECK(n_q > 0 && n_kv > 0 && d > 0 && inter > 0 && n_q % n_kv == 0,
+              "heads must be positive with query heads a multiple of kv heads, got ", heads);
+  const int64_t L = static_cast<int64_t>(ctx_keys.size());
+  TORCH_CHECK(L > 0, "ctx_keys must hold one tensor per layer, got none");
+  TORCH_CHECK(static_cast<int64_t>(ctx_values.size()) == L, "ctx_values must hold ", L,
+              " tensors (one per layer, as ctx_keys), got ", ctx_values.size());
+  check_layer_lists(weights, eps, L);
+  const int64_t b = x_in.size(0), Q = x_in.size(1), H = x_in.size(2);
+  TORCH_CHECK(0 <= row_start && row_start < row_stop && row_stop <= Q, "row_start and row_stop must satisfy 0 <= ",
+              "row_start < row_stop <= ", Q, " (the block's positions), got ", row_start, " and ", row_stop);
+  const int64_t Tc = ctx_keys[0].dim() == 4 ? ctx_keys[0].size(2) : -1;
+  for (int64_t l = 0; l < L; ++l) {
+    for (const auto& [t, name] : {std::pair{&ctx_keys[l], "ctx_keys"}, std::pair{&ctx_values[l], "ctx_values"}}) {
+      TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == x_in.scalar_type() && t->dim() == 4 &&
+                      t->size(0) == b && t->size(1) == n_kv && t->size(2) == Tc && t->size(3) == d,
+                  name, "[", l, "] must be a CPU tensor [", b, ", ", n_kv, ", ", Tc, " (ctx_keys[0]'s), ", d,
+                  "] of x's dtype ", x_in.scalar_type(), ", got ", t->scalar_type(), " ", t->sizes());
+    }
+    TORCH_CHECK(weights.get(kWeightsPerLayer * l + kQNorm).has_value(), "layer ", l,
+                ": the drafter's q_norm and k_norm must be given");
+  }
+  TORCH_CHECK(mask.device().is_cpu() && mask.scalar_type() == at::kBool && mask.dim() == 3 && mask.size(0) == b &&
+                  (mask.size(1) == 1 || mask.size(1) == Q) && mask.size(2) == Tc + Q,
+              "mask must be a CPU bool tensor [", b, ", 1 or ", Q, ", ", Tc + Q, "], got ", mask.scalar_type(), " ",
+              mask.sizes());
+  const int64_t qkv_n = (n_q + 2 * n_kv) * d;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  at::Tensor x = x_in;
+  std::vector<std::optional<at::Tensor>> lw(kWeightsPerLayer);
+  for (int64_t l = 0; l < L; ++l) {
+    for (int64_t i = 0; i < kWeightsPerLayer; ++i) lw[i] = weights.get(kWeightsPerLayer * l + i);
+    const bool last = l == L - 1;
+    const int64_t r0 = last ? row_start : 0, M = last ? row_stop - row_start : Q;
+    // attention: norm, q/k/v as one product, q/k norms per head, rotary, attention, o_proj, residual
+    at::Tensor h = rms_norm(x, *lw[kInputNorm], eps[3 * l]);
+    auto parts = product(h.view({b * Q, H}), *lw[kQkv], qkv_n, lw[kQkvBias])
+                     .view({b, Q, qkv_n})
+                     .split_with_sizes({n_q * d, n_kv * d, n_kv * d}, 2);
+    at::Tensor q = rms_norm(parts[0].reshape({b, Q, n_q, d}).contiguous(), *lw[kQNorm], eps[3 * l + 2]).transpose(1, 2);
+    at::Tensor k = rms_norm(parts[1].reshape({b, Q, n_kv, d}).contiguous(), *lw[kKNorm], eps[3 * l + 2]).transpose(1, 2);
+    at::Tensor v = parts[2].reshape({b, Q, n_kv, d}).transpose(1, 2);
+    at::Tensor q_rot = at::empty({b, n_q, Q, d}, x.options());
+    at::Tensor k_rot = at::empty({b, n_kv, Q, d}, x.options());
+    apply_rotary_pos_emb_cpu(q, k, cos, sin, q_rot, k_rot);
+    at::Tensor pad = at::zeros({b, n_kv, M - 1, d}, x.options());
+    at::Tensor keys = at::cat({ctx_keys[l], k_rot, pad}, 2);
+    at::Tensor values = at::cat({ctx_values[l], v, pad}, 2);
+    at::Tensor row_mask = mask.size(1) == 1 ? mask : mask.narrow(1, r0, M);
+    row_mask = at::cat({row_mask, at::zeros({b, row_mask.size(1), M - 1}, row_mask.options())}, 2)
+                   .unsqueeze(1)
+                   .expand({b, 1, M, Tc + Q + M - 1});
+    at::Tensor attended = at::empty({b, M, n_q, d}, x.options());
+    small_batch_attention_cpu(q_rot.narrow(2, r0, M), keys, values, row_mask, scale, attended.transpose(1, 2));
+    at::Tensor o = product(attended.view({b * M, n_q * d}), *lw[kO], H, lw[kOBias]).view({b, M, H});
+    x = at::add(last ? x.narrow(1, r0, M) : x, o);
+    // MLP: norm, gate/up as one product, SiLU(gate) * up, down_proj, residual
+    h = rms_norm(x, *lw[kPostNorm], eps[3 * l + 1]);
+    at::Tensor act = silu_mul(product(h.view({b * M, H}), *lw[kGateUp], 2 * inter, lw[kGateUpBias]), inter);
+    x = at::add(x, product(act, *lw[kDown], H, lw[kDownBias]).view({b, M, H}));
+  }
+  return x;
+}
+
+}  // namespace domino::cpu
+
+// The CPU implementation of the op's schema (bindings/schemas.h).
+TORCH_LIBRARY_IMPL(domino_ops, CPU, m) { m.impl("draft_layers", &domino::cpu::draft_layers_cpu); }

@@ -1,0 +1,169 @@
+"""domino_ops.draft_layers (csrc/cpu/draft_layers.cpp): a Domino drafter's backbone layers in
+one C++ call, bit for bit its reference, the layers' fused Python forwards
+(domino.fast_layers), on random drafter shapes, contexts with hidden slots, row ranges and
+per-query masks; taken only where those forwards would run the kernels; bad arguments named."""
+
+from unittest import mock
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from domino.fast_layers import use_fused_layers
+from domino.fast_linear import runs_packed, use_small_batch_linear
+from domino.model import DominoDraftModel
+from tiny_models import cpu_target, tiny_drafter
+
+PACKED = [dt for dt in (torch.bfloat16, torch.float32)
+          if runs_packed(use_small_batch_linear(torch.nn.Linear(4, 4).to(dt)), dt)]
+needs_packed = pytest.mark.skipif(not PACKED, reason="this CPU runs no packed linear kernel")
+
+
+def fused_drafter(dtype, *, layers: int, seed: int, **over) -> DominoDraftModel:
+    """A tiny drafter on the small-batch linear and the fused layers (as use_cpu_kernels
+    sets it up), its norm weights random and each norm its own eps (q's and k's one), so
+    that a weight or eps read for another shows."""
+    tgt = cpu_target("qwen3", dtype)
+    d = tiny_drafter(tgt, num_hidden_layers=layers, seed=seed, **over)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in d.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=g))
+    for layer in d.layers:
+        layer.input_layernorm.variance_epsilon = float(torch.empty(1).uniform_(1e-3, 0.5, generator=g))
+        layer.post_attention_layernorm.variance_epsilon = float(torch.empty(1).uniform_(1e-3, 0.5, generator=g))
+        eps = float(torch.empty(1).uniform_(1e-3, 0.5, generator=g))
+        layer.self_attn.q_norm.variance_epsilon = layer.self_attn.k_norm.variance_epsilon = eps
+    d = d.to(dtype).bind_target(tgt)
+    return use_fused_layers(use_small_batch_linear(d))
+
+
+def context(d, b: int, T: int, seed: int):
+    """A context cache of T slots per sequence, some hidden (left padding, holes)."""
+    g = torch.Generator().manual_seed(seed)
+    valid = torch.rand(b, T, generator=g) < 0.8
+    pos = (valid.long().cumsum(-1) - 1).clamp(min=0)
+    cache = d.new_cache(b, "cpu", d.fc.weight.dtype)
+    with torch.inference_mode():
+        d.extend_context(cache, torch.randn(b, T, d.fc.in_features, generator=g).to(d.fc.weight.dtype), pos, valid)
+    anchor_pos = pos[:, -1] + 1 if T else torch.zeros(b, dtype=torch.long)
+    return cache, torch.randint(0, 63, (b,), generator=g), anchor_pos
+
+
+def both_paths(d, fn):
+    """fn() through the one call and through the layers' Python forwards."""
+    with torch.inference_mode():
+        ours = fn()
+        with mock.patch.object(DominoDraftModel, "_fused_layer_weights", lambda *a: None):
+            theirs = fn()
+    return ours, theirs
+
+
+@needs_packed
+@pytest.mark.parametrize("dtype", PACKED)
+@settings(max_examples=25, deadline=None)
+@given(data=st.data())
+def test_bit_identical_to_the_layers_on_random_drafters(dtype, data):
+    """Random drafters (1-3 layers, block 3-16) and contexts (0-40 slots, some hidden,
+    1-3 sequences), every range of draft rows, generation's mask and a per-query one."""
+    layers = data.draw(st.integers(1, 3), label="layers")
+    block = data.draw(st.integers(3, 16), label="block")
+    d = fused_drafter(dtype, layers=layers, seed=data.draw(st.integers(0, 999), label="seed"), block_size=block)
+    b = data.draw(st.integers(1, 3), label="batch")
+    T = data.draw(st.integers(0, 40), label="context")
+    cache, anchor, anchor_pos = context(d, b, T, data.draw(st.integers(0, 999), label="context seed"))
+    start = data.draw(st.integers(0, block - 1), label="first row")
+    rows = data.draw(st.sampled_from([None, slice(start, data.draw(st.integers(start + 1, block), label="end"))]),
+                     label="rows")
+    block_ids, positions = d.block_input(anchor, anchor_pos)
+    mask = torch.cat([cache.mask, cache.mask.new_ones(b, block)], dim=1)[:, None, :]
+    if data.draw(st.booleans(), label="per-query mask (training's)"):
+        g = torch.Generator().manual_seed(T)
+        mask = mask.expand(b, block, T + block) & (torch.rand(b, block, T + block, generator=g) < 0.7)
+        mask[..., T:] |= torch.eye(block, dtype=torch.bool)
+    calls = []
+    op = torch.ops.domino_ops.draft_layers.default
+
+    def counting(*args):
+        calls.append(args)
+        return op(*args)
+
+    with mock.patch.object(torch.ops.domino_ops.draft_layers, "default", counting):
+        ours, theirs = both_paths(d, lambda: d.backbone(cache, block_ids, positions, mask, rows))
+    assert len(calls) == 1  # the one call ran (and the reference did not)
+    assert ours.shape == theirs.shape == (b, block if rows is None else rows.stop - rows.start, d.config.hidden_size)
+    assert torch.equal(ours, theirs)
+
+
+@needs_packed
+def test_drafts_are_the_layers_drafts():
+    """Chains and trees drafted through the one call are the Python layers' (greedy)."""
+    d = fused_drafter(PACKED[0], layers=2, seed=3)
+    cache, anchor, anchor_pos = context(d, 2, 13, 4)
+    for fn in (lambda: d.draft(cache, anchor, anchor_pos, num_drafts=5).tokens,
+               lambda: d.draft_tree(cache, anchor, anchor_pos, topk=2, depth=3).candidates):
+        ours, theirs = both_paths(d, fn)
+        assert torch.equal(ours, theirs)
+
+
+@needs_packed
+def test_not_taken_where_the_layers_would_not_run_the_kernels():
+    """Autograd (training), a float mask, an unswitched module: the Python layers run."""
+    d = fused_drafter(PACKED[0], layers=2, seed=5)
+    cache, anchor, anchor_pos = context(d, 1, 6, 6)
+    block_ids, positions = d.block_input(anchor, anchor_pos)
+    x = d.embed_tokens(block_ids).to(d.fc.weight.dtype)
+    mask = torch.cat([cache.mask, cache.mask.new_ones(1, block_ids.shape[1])], dim=1)[:, None, :]
+    with torch.inference_mode():
+        assert d._fused_layer_weights(x, mask, None) is not None
+        assert d._fused_layer_weights(x, mask.float(), None) is None
+        assert d._fused_layer_weights(x, mask, slice(0, 8, 2)) is None
+    assert d._fused_layer_weights(x, mask, None) is None  # grad mode on and the weights require grad
+    del d.layers[1].mlp.forward  # one module back on its own forward
+    del d.layers[1].mlp._domino_fused_layer
+    with torch.inference_mode():
+        assert d._fused_layer_weights(x, mask, None) is None
+
+
+def op_args(d, T: int = 5):
+    cache, anchor, anchor_pos = context(d, 1, T, 7)
+    block_ids, positions = d.block_input(anchor, anchor_pos)
+    with torch.inference_mode():
+        x = d.embed_tokens(block_ids).to(d.fc.weight.dtype)
+        cos, sin = d.rotary(positions, x.dtype)
+        mask = torch.cat([cache.mask, cache.mask.new_ones(1, block_ids.shape[1])], dim=1)[:, None, :]
+        weights, heads, eps = d._fused_layer_weights(x, mask, None)
+    return [x, cos[:, 0], sin[:, 0], mask, list(cache.keys), list(cache.values), list(weights), list(heads),
+            list(eps), 1, 5]
+
+
+BAD_ARGUMENTS = {
+    "x must be a contiguous CPU tensor": lambda a: a.__setitem__(0, a[0][0]),
+    "ctx_values must hold": lambda a: a.__setitem__(5, a[5][:1]),
+    r"ctx_keys\[1\] must be a CPU tensor": lambda a: a[4].__setitem__(1, a[4][1][:, :, :2]),
+    "weights must hold 12 entries per layer": lambda a: a.__setitem__(6, a[6][:-1]),
+    "q_norm and k_norm must be given": lambda a: (a[6].__setitem__(10, None), a[6].__setitem__(11, None)),
+    "eps must hold 3 per layer": lambda a: a.__setitem__(8, a[8][:-1]),
+    "row_start and row_stop": lambda a: a.__setitem__(10, 99),
+    "mask must be a CPU bool tensor": lambda a: a.__setitem__(3, a[3].float()),
+    "heads must be": lambda a: a.__setitem__(7, a[7][:3]),
+}
+
+
+@needs_packed
+def test_the_op_runs_valid_arguments():
+    args = op_args(fused_drafter(PACKED[0], layers=2, seed=8))
+    with torch.inference_mode():
+        out = torch.ops.domino_ops.draft_layers.default(*args)
+    assert out.shape == (1, 4, args[0].shape[-1]) and torch.isfinite(out.float()).all()
+
+
+@needs_packed
+@pytest.mark.parametrize("message", sorted(BAD_ARGUMENTS))
+def test_bad_arguments_are_named(message):
+    args = op_args(fused_drafter(PACKED[0], layers=2, seed=8))
+    BAD_ARGUMENTS[message](args)
+    with pytest.raises(RuntimeError, match=message), torch.inference_mode():
+        torch.ops.domino_ops.draft_layers.default(*args)
