@@ -8,8 +8,10 @@ target's prefill it times what a round's drafting calls: the backbone over a 16-
 block with all 16 rows out and with the last layer past its attention on the 6 rows that
 draft 6 tokens (``draft_block_hidden``, what ``draft`` runs), a whole ``draft`` of 6 and
 of 15 tokens (backbone, base logits, head rollout), and ``extend_context`` by 3 accepted
-tokens. Checks first what differs; then rounds of each variant in turn (one untimed call
-of each after each switch, then 5 timed), medians.
+tokens. Since the fiftieth session "one call" is what the engine runs: the fused layers as
+one ``domino_ops.draft_layers`` call (csrc/cpu/draft_layers.cpp, the same bits as "fused",
+their Python forwards). Checks first what differs; then rounds of each variant in turn
+(one untimed call of each after each switch, then 5 timed), medians.
 
     python benchmarks/drafter_backbone_ab.py [--rounds 10]
 """
@@ -69,21 +71,32 @@ def main() -> None:
             context_copy(short), features[:, T:], pos[:, T:], mask[:, T:]),
     }
 
-    variants = {"fused": lambda: use_fused_layers(d), "plain": lambda: undo_fused_layers(d)}
+    def switch_to(fused: bool, one_call: bool):
+        def switch():
+            use_fused_layers(d) if fused else undo_fused_layers(d)
+            if one_call:
+                d.__dict__.pop("_fused_layer_weights", None)
+            else:  # the layers' own (Python) forwards
+                d.__dict__["_fused_layer_weights"] = lambda *a: None
+        return switch
+
+    variants = {"one call": switch_to(True, True), "fused": switch_to(True, False), "plain": switch_to(False, False)}
     print(f"CPU: {cpu.model()}, {torch.get_num_threads()} threads; bf16 drafter "
           f"({len(d.layers)} layers, hidden {d.config.hidden_size}), context {ids.shape[1]} tokens; "
           f"load average {os.getloadavg()[0]:.1f}")
     outputs, rows_same = {}, True
     for name, switch in variants.items():
         switch()
-        assert uses_fused_layers(d) == (name == "fused")
+        assert uses_fused_layers(d) == (name != "plain")
         outputs[name] = [calls["backbone, all 16 rows"](), calls["draft 15 tokens"]()]
         rows_same &= torch.equal(calls["backbone, 6 draft rows"](), d.draft_hidden(outputs[name][0], 6))
     hidden_diff = (outputs["fused"][0].float() - outputs["plain"][0].float()).abs().max().item()
     print(f"fused against plain: backbone max abs difference {hidden_diff:.4g} (the fused RMSNorm sums squares in "
           f"its own order: an element can land one bf16 ulp away), 15 drafted tokens identical: "
           f"{torch.equal(outputs['fused'][1], outputs['plain'][1])}; the 6 draft rows alone bit-identical to "
-          f"those rows of all 16 (both variants): {rows_same}")
+          f"those rows of all 16 (every variant): {rows_same}; one call against fused: backbone bit-identical "
+          f"{torch.equal(outputs['one call'][0], outputs['fused'][0])}, 15 drafted tokens identical "
+          f"{torch.equal(outputs['one call'][1], outputs['fused'][1])}")
     times = {(name, call): [] for name in variants for call in calls}
     for _ in range(args.rounds):
         for name, switch in variants.items():
@@ -94,14 +107,14 @@ def main() -> None:
                     t = time.perf_counter()
                     fn()
                     times[(name, call)].append(time.perf_counter() - t)
-    use_fused_layers(d)
+    variants["one call"]()
     med = {key: statistics.median(v) * 1e3 for key, v in times.items()}
     print(f"\nmedian of {5 * args.rounds} calls, ms\n")
-    print("| call | plain | fused | fused / plain |")
-    print("|---|---|---|---|")
+    print("| call | plain | fused | one call | fused / plain | one call / fused |")
+    print("|---|---|---|---|---|---|")
     for call in calls:
-        print(f"| {call} | {med[('plain', call)]:.2f} | {med[('fused', call)]:.2f} | "
-              f"{med[('fused', call)] / med[('plain', call)]:.3f} |")
+        plain, fused, one = (med[(name, call)] for name in ("plain", "fused", "one call"))
+        print(f"| {call} | {plain:.2f} | {fused:.2f} | {one:.2f} | {fused / plain:.3f} | {one / fused:.3f} |")
 
 
 if __name__ == "__main__":

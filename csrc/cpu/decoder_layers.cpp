@@ -38,7 +38,18 @@ namespace domino::cpu {
 
 namespace layer {
 
-void check_layer_lists(const c10::List<std::optional<at::Tensor>>& weights, at::ArrayRef<double> eps, int64_t L) {
+int64_t check_layer_args(const at::Tensor& x, at::IntArrayRef heads, at::TensorList keys, at::TensorList values,
+                         const char* keys_name, const char* values_name,
+                         const c10::List<std::optional<at::Tensor>>& weights, at::ArrayRef<double> eps) {
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 3 && x.is_contiguous(),
+              "x must be a contiguous CPU tensor [batch, positions, hidden], got ", x.sizes());
+  TORCH_CHECK(heads.size() == 4, "heads must be [query heads, kv heads, head dim, intermediate], got ", heads);
+  TORCH_CHECK(heads[0] > 0 && heads[1] > 0 && heads[2] > 0 && heads[3] > 0 && heads[0] % heads[1] == 0,
+              "heads must be positive with query heads a multiple of kv heads, got ", heads);
+  const int64_t L = static_cast<int64_t>(keys.size());
+  TORCH_CHECK(L > 0, keys_name, " must hold one tensor per layer, got none");
+  TORCH_CHECK(static_cast<int64_t>(values.size()) == L, values_name, " must hold ", L, " tensors (one per layer, as ",
+              keys_name, "), got ", values.size());
   TORCH_CHECK(static_cast<int64_t>(weights.size()) == kWeightsPerLayer * L, "weights must hold ",
               kWeightsPerLayer, " entries per layer (", kWeightsPerLayer * L, "), got ", weights.size());
   TORCH_CHECK(static_cast<int64_t>(eps.size()) == 3 * L, "eps must hold 3 per layer (", 3 * L, "), got ", eps.size());
@@ -51,6 +62,7 @@ void check_layer_lists(const c10::List<std::optional<at::Tensor>>& weights, at::
                     weights.get(kWeightsPerLayer * l + kKNorm).has_value(),
                 "layer ", l, ": q_norm and k_norm must both be given or both be None");
   }
+  return L;
 }
 
 }  // namespace layer
@@ -63,17 +75,9 @@ std::vector<at::Tensor> decoder_layers_cpu(const at::Tensor& x_in, const at::Ten
                                            at::ArrayRef<double> eps, at::ArrayRef<double> scale,
                                            at::TensorList key_stores, at::TensorList value_stores, int64_t past,
                                            bool keep_hidden) {
-  TORCH_CHECK(x_in.device().is_cpu() && x_in.dim() == 3 && x_in.is_contiguous(),
-              "x must be a contiguous CPU tensor [batch, positions, hidden], got ", x_in.sizes());
-  TORCH_CHECK(heads.size() == 4, "heads must be [query heads, kv heads, head dim, intermediate], got ", heads);
+  const int64_t L =
+      check_layer_args(x_in, heads, key_stores, value_stores, "key_stores", "value_stores", weights, eps);
   const int64_t n_q = heads[0], n_kv = heads[1], d = heads[2], inter = heads[3];
-  TORCH_CHECK(n_q > 0 && n_kv > 0 && d > 0 && inter > 0 && n_q % n_kv == 0,
-              "heads must be positive with query heads a multiple of kv heads, got ", heads);
-  const int64_t L = static_cast<int64_t>(key_stores.size());
-  TORCH_CHECK(L > 0, "key_stores must hold one tensor per layer, got none");
-  TORCH_CHECK(static_cast<int64_t>(value_stores.size()) == L, "value_stores must hold ", L,
-              " tensors (one per layer, as key_stores), got ", value_stores.size());
-  check_layer_lists(weights, eps, L);
   TORCH_CHECK(static_cast<int64_t>(scale.size()) == L, "scale must hold one per layer (", L, "), got ", scale.size());
   const int64_t b = x_in.size(0), T = x_in.size(1), H = x_in.size(2), rows = b * T;
   TORCH_CHECK(past >= 0, "past must be >= 0, got ", past);

@@ -39,17 +39,8 @@ at::Tensor draft_layers_cpu(const at::Tensor& x_in, const at::Tensor& cos, const
                             const at::Tensor& mask, at::TensorList ctx_keys, at::TensorList ctx_values,
                             const c10::List<std::optional<at::Tensor>>& weights, at::IntArrayRef heads,
                             at::ArrayRef<double> eps, int64_t row_start, int64_t row_stop) {
-  TORCH_CHECK(x_in.device().is_cpu() && x_in.dim() == 3 && x_in.is_contiguous(),
-              "x must be a contiguous CPU tensor [batch, positions, hidden], got ", x_in.sizes());
-  TORCH_CHECK(heads.size() == 4, "heads must be [query heads, kv heads, head dim, intermediate], got ", heads);
+  const int64_t L = check_layer_args(x_in, heads, ctx_keys, ctx_values, "ctx_keys", "ctx_values", weights, eps);
   const int64_t n_q = heads[0], n_kv = heads[1], d = heads[2], inter = heads[3];
-  TORCH_CHECK(n_q > 0 && n_kv > 0 && d > 0 && inter > 0 && n_q % n_kv == 0,
-              "heads must be positive with query heads a multiple of kv heads, got ", heads);
-  const int64_t L = static_cast<int64_t>(ctx_keys.size());
-  TORCH_CHECK(L > 0, "ctx_keys must hold one tensor per layer, got none");
-  TORCH_CHECK(static_cast<int64_t>(ctx_values.size()) == L, "ctx_values must hold ", L,
-              " tensors (one per layer, as ctx_keys), got ", ctx_values.size());
-  check_layer_lists(weights, eps, L);
   const int64_t b = x_in.size(0), Q = x_in.size(1), H = x_in.size(2);
   TORCH_CHECK(0 <= row_start && row_start < row_stop && row_stop <= Q, "row_start and row_stop must satisfy 0 <= ",
               "row_start < row_stop <= ", Q, " (the block's positions), got ", row_start, " and ", row_stop);

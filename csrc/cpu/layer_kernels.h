@@ -49,8 +49,13 @@ inline at::Tensor silu_mul(const at::Tensor& gate_up, int64_t inter) {
   return act;
 }
 
-// Checks the flat lists' lengths and that each layer's required weights are given.
-void check_layer_lists(const c10::List<std::optional<at::Tensor>>& weights, at::ArrayRef<double> eps, int64_t L);
+// The checks both ops share: x [batch, positions, hidden] contiguous on the CPU; heads
+// [Hq, Hkv, head dim, intermediate]; one key and one value tensor a layer (the lists named
+// keys_name / values_name); weights and eps of that many layers, each layer's required
+// weights given. Returns the number of layers.
+int64_t check_layer_args(const at::Tensor& x, at::IntArrayRef heads, at::TensorList keys, at::TensorList values,
+                         const char* keys_name, const char* values_name,
+                         const c10::List<std::optional<at::Tensor>>& weights, at::ArrayRef<double> eps);
 
 }  // namespace layer
 

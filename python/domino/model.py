@@ -312,7 +312,9 @@ class DominoDraftModel(nn.Module):
         block position's keys and values enter it); from there on only ``rows`` are
         computed, which in generation is the drafts' n rows of the 16: the same values for
         them (bit for bit where the linears are batch-invariant, :mod:`domino.fast_linear`)
-        at less cost (the last layer's output projection and MLP are most of it)."""
+        at less cost (the last layer's output projection and MLP are most of it). On the
+        CPU kernels the layers run as one ``domino_ops.draft_layers`` call where it applies
+        (:meth:`_fused_layer_weights`; the same bits as the layers' fused forwards)."""
         x = self.embed_tokens(block_ids).to(self.fc.weight.dtype)
         if attn_mask is None:
             b, Q = block_ids.shape
