@@ -85,12 +85,12 @@ FAST_FORWARD_APPLIES = {}  # dtype -> whether the "engine" variant ran domino.fa
 
 def forward_times(model, cache_len: int, repeats: int, ks=KS) -> dict:
     """{(variant, k): [seconds]} for each variant of VARIANTS, alternating per repeat."""
-    from transformers import DynamicCache
+    from domino.kv_cache import GrowingCache
 
     g = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
     prompt = torch.randint(0, vocab, (1, cache_len), generator=g)
-    cache = DynamicCache()
+    cache = GrowingCache()  # the engine's cache (the engine's forward runs its layers as one decoder_layers call)
     times = {}
     kv = cache_kwarg(model.forward)  # "cache" or "past_key_values" (the transformers version's)
     use_small_batch_linear(model)  # once: switching packs the weights (where the CPU packs their dtype)

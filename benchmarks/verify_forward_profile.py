@@ -9,7 +9,11 @@ per forward of each op at k = 1 and at the largest k, side by side with their di
 and the rate of the linear layers' multiply-adds (all nn.Linear layers, the LM head
 included, at every position) against the per-core peaks in ``benchmarks/README.md``
 (``benchmarks/peak_multiply_adds.cpp``). The profiled forwards run after the timed ones;
-the profiler's own overhead makes their sum differ from the wall time.
+the profiler's own overhead makes their sum differ from the wall time. The cache is a
+``DynamicCache``, so the forward runs its layers one kernel call at a time and each op is
+seen; the engine's ``GrowingCache`` runs them as one ``domino_ops.decoder_layers`` call
+(the same kernels, without ~4-5 ms of Python around them on the Zen 3 VM: compare
+``bench_linear.py``'s engine column, on that cache).
 
 Issue 15's goal is a 16-token forward <= 1.3x a one-token one. On a CPU where the 16-token
 linears are compute-bound, their multiply-adds at the peak set a floor under that ratio:
