@@ -167,3 +167,34 @@ def test_bad_arguments_are_named(message):
     BAD_ARGUMENTS[message](args)
     with pytest.raises(RuntimeError, match=message), torch.inference_mode():
         torch.ops.domino_ops.draft_layers.default(*args)
+
+
+@needs_packed
+def test_changed_weights_and_switches_are_read_again():
+    """The looked-up weights are kept on the layers: a weight changed in place, a module
+    replaced, an eps changed or a switch undone is seen at the next call (the one call
+    still equals the layers, or the layers run)."""
+    d = fused_drafter(PACKED[0], layers=2, seed=9)
+    cache, anchor, anchor_pos = context(d, 1, 9, 10)
+    block_ids, positions = d.block_input(anchor, anchor_pos)
+
+    def check():
+        ours, theirs = both_paths(d, lambda: d.backbone(cache, block_ids, positions))
+        assert torch.equal(ours, theirs)
+        return ours
+
+    first = check()
+    with torch.no_grad():
+        d.layers[1].self_attn.o_proj.weight.mul_(1.5)
+    assert not torch.equal(check(), first)
+    down = d.layers[0].mlp.down_proj
+    d.layers[0].mlp.down_proj = use_small_batch_linear(torch.nn.Linear(down.in_features, down.out_features,
+                                                                       bias=False).to(down.weight.dtype))
+    check()
+    d.layers[0].post_attention_layernorm.variance_epsilon *= 3
+    check()
+    del d.layers[0].input_layernorm.forward, d.layers[0].input_layernorm._domino_fused_layer
+    x = d.embed_tokens(block_ids).to(d.fc.weight.dtype)
+    mask = torch.cat([cache.mask, cache.mask.new_ones(1, block_ids.shape[1])], dim=1)[:, None, :]
+    with torch.inference_mode():
+        assert d._fused_layer_weights(x, mask, None) is None
