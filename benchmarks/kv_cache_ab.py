@@ -3,7 +3,9 @@ engine calls it (SmolLM2-135M-Instruct, bf16, the CPU kernels: ``domino.load``'s
 configuration), side by side in one run: after a prompt of each length, forwards over 1
 token (a decode step) and 6 tokens (a verification), each cropped back after, the two
 caches alternating; median of ``--repeats`` after 2 warm-ups, and whether the logits agree
-bit for bit.
+bit for bit. Both caches run the target's layers one kernel call at a time (into a
+GrowingCache the engine runs them as one ``domino_ops.decoder_layers`` call, which
+``decoder_layers_ab.py`` measures): this compares the caches alone.
 
     python benchmarks/kv_cache_ab.py [--prompts 150 1000 2000] [--repeats 15]
 """
@@ -18,6 +20,7 @@ import torch
 from transformers import DynamicCache
 
 import domino
+from domino import fast_forward
 from domino.kv_cache import GrowingCache
 from domino.loading import DEFAULT_DRAFTER_DIR, smollm2_dir
 from domino.target import cache_kwarg
@@ -31,6 +34,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=15)
     args = p.parse_args()
     torch.set_grad_enabled(False)
+    fast_forward._decoder_layers_in_one_call = fast_forward._decoder_layers_in_python  # the caches alone
     gen = domino.load(smollm2_dir(), DEFAULT_DRAFTER_DIR, dtype=torch.bfloat16, small_batch_linear=True,
                       small_batch_attention=True)
     model, kv = gen.target, cache_kwarg(gen.target.forward)
