@@ -120,7 +120,13 @@ def test_not_taken_where_the_layers_would_not_run_the_kernels():
         assert d._fused_layer_weights(x, mask, None) is not None
         assert d._fused_layer_weights(x, mask.float(), None) is None
         assert d._fused_layer_weights(x, mask, slice(0, 8, 2)) is None
-    assert d._fused_layer_weights(x, mask, None) is None  # grad mode on and the weights require grad
+    xd = x.detach()
+    assert d._fused_layer_weights(xd, mask, None) is None  # grad mode on and the layers' weights require grad
+    d.fc.requires_grad_(False)  # a frozen context projection: the layers still train
+    assert d._fused_layer_weights(xd, mask, None) is None
+    d.layers.requires_grad_(False)
+    assert d._fused_layer_weights(x, mask, None) is None  # x itself needs a graph (the embedding trains)
+    assert d._fused_layer_weights(xd, mask, None) is not None  # nothing needs one
     del d.layers[1].mlp.forward  # one module back on its own forward
     del d.layers[1].mlp._domino_fused_layer
     with torch.inference_mode():

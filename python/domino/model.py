@@ -339,7 +339,9 @@ class DominoDraftModel(nn.Module):
         from domino.fast_layers import draft_layer_weights
 
         if (attn_mask.dtype != torch.bool or (rows is not None and rows.step not in (None, 1))
-                or not cpu_kernel_applies(x, self.fc.weight)):
+                or not cpu_kernel_applies(x)
+                # autograd needs a graph through any layer that trains (the op records none)
+                or (torch.is_grad_enabled() and any(p.requires_grad for p in self.layers.parameters()))):
             return None
         return draft_layer_weights(self.layers, x.dtype)
 
