@@ -101,9 +101,8 @@ std::vector<at::Tensor> decoder_layers_cpu(const at::Tensor& x_in, const at::Ten
   std::vector<at::Tensor> outputs;
   outputs.reserve(keep_hidden ? L : 1);
   at::Tensor x = x_in;
-  std::vector<std::optional<at::Tensor>> lw(kWeightsPerLayer);
   for (int64_t l = 0; l < L; ++l) {
-    for (int64_t i = 0; i < kWeightsPerLayer; ++i) lw[i] = weights.get(kWeightsPerLayer * l + i);
+    const auto lw = layer_weights(weights, l);
     // attention: norm, q/k/v as one product, rotary, cache, attention, o_proj, residual
     at::Tensor h = rms_norm(x, *lw[kInputNorm], eps[3 * l]);
     at::Tensor qkv = product(h.view({rows, H}), *lw[kQkv], qkv_n, lw[kQkvBias]);
@@ -125,10 +124,7 @@ std::vector<at::Tensor> decoder_layers_cpu(const at::Tensor& x_in, const at::Ten
     small_batch_attention_cpu(q_rot, key_stores[l].narrow(2, 0, past + T), value_stores[l].narrow(2, 0, past + T),
                               layer_mask, scale[l], attended.transpose(1, 2));
     x = at::add(x, product(attended.view({rows, n_q * d}), *lw[kO], H, lw[kOBias]).view({b, T, H}));
-    // MLP: norm, gate/up as one product, SiLU(gate) * up, down_proj, residual
-    h = rms_norm(x, *lw[kPostNorm], eps[3 * l + 1]);
-    at::Tensor act = silu_mul(product(h.view({rows, H}), *lw[kGateUp], 2 * inter, lw[kGateUpBias]), inter);
-    x = at::add(x, product(act, *lw[kDown], H, lw[kDownBias]).view({b, T, H}));
+    x = mlp_residual(x, lw, eps[3 * l + 1], inter);
     if (keep_hidden || l == L - 1) outputs.push_back(x);
   }
   return outputs;

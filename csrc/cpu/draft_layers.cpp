@@ -62,9 +62,8 @@ at::Tensor draft_layers_cpu(const at::Tensor& x_in, const at::Tensor& cos, const
   const int64_t qkv_n = (n_q + 2 * n_kv) * d;
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
   at::Tensor x = x_in;
-  std::vector<std::optional<at::Tensor>> lw(kWeightsPerLayer);
   for (int64_t l = 0; l < L; ++l) {
-    for (int64_t i = 0; i < kWeightsPerLayer; ++i) lw[i] = weights.get(kWeightsPerLayer * l + i);
+    const auto lw = layer_weights(weights, l);
     const bool last = l == L - 1;
     const int64_t r0 = last ? row_start : 0, M = last ? row_stop - row_start : Q;
     // attention: norm, q/k/v as one product, q/k norms per head, rotary, attention, o_proj, residual
@@ -89,10 +88,7 @@ at::Tensor draft_layers_cpu(const at::Tensor& x_in, const at::Tensor& cos, const
     small_batch_attention_cpu(q_rot.narrow(2, r0, M), keys, values, row_mask, scale, attended.transpose(1, 2));
     at::Tensor o = product(attended.view({b * M, n_q * d}), *lw[kO], H, lw[kOBias]).view({b, M, H});
     x = at::add(last ? x.narrow(1, r0, M) : x, o);
-    // MLP: norm, gate/up as one product, SiLU(gate) * up, down_proj, residual
-    h = rms_norm(x, *lw[kPostNorm], eps[3 * l + 1]);
-    at::Tensor act = silu_mul(product(h.view({b * M, H}), *lw[kGateUp], 2 * inter, lw[kGateUpBias]), inter);
-    x = at::add(x, product(act, *lw[kDown], H, lw[kDownBias]).view({b, M, H}));
+    x = mlp_residual(x, lw, eps[3 * l + 1], inter);
   }
   return x;
 }

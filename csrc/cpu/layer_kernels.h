@@ -1,11 +1,12 @@
 // The CPU kernels of a decoder layer's ops, as csrc/cpu/<op>.cpp define them (each also
-// registered there as torch.ops.domino_ops.<op>): declared here for decoder_layers.cpp,
-// which calls them directly instead of through the dispatcher.
+// registered there as torch.ops.domino_ops.<op>): declared here for decoder_layers.cpp and
+// draft_layers.cpp, which call them directly instead of through the dispatcher.
 #pragma once
 
 #include <ATen/ATen.h>
 
 #include <optional>
+#include <vector>
 
 namespace domino::cpu {
 
@@ -47,6 +48,24 @@ inline at::Tensor silu_mul(const at::Tensor& gate_up, int64_t inter) {
   at::Tensor act = at::empty({gate_up.size(0), inter}, gate_up.options());
   silu_mul_cpu(halves[0].contiguous(), halves[1].contiguous(), act);
   return act;
+}
+
+// Layer l's 12 entries of the flat weight list.
+inline std::vector<std::optional<at::Tensor>> layer_weights(const c10::List<std::optional<at::Tensor>>& weights,
+                                                            int64_t l) {
+  std::vector<std::optional<at::Tensor>> lw(kWeightsPerLayer);
+  for (int64_t i = 0; i < kWeightsPerLayer; ++i) lw[i] = weights.get(kWeightsPerLayer * l + i);
+  return lw;
+}
+
+// A layer's second half on x [b, M, H] (contiguous): x + down(SiLU(gate) * up) of the
+// post-attention norm of x, gate and up as one product.
+inline at::Tensor mlp_residual(const at::Tensor& x, const std::vector<std::optional<at::Tensor>>& lw, double eps,
+                               int64_t inter) {
+  const int64_t b = x.size(0), M = x.size(1), H = x.size(2);
+  at::Tensor h = rms_norm(x, *lw[kPostNorm], eps);
+  at::Tensor act = silu_mul(product(h.view({b * M, H}), *lw[kGateUp], 2 * inter, lw[kGateUpBias]), inter);
+  return at::add(x, product(act, *lw[kDown], H, lw[kDownBias]).view({b, M, H}));
 }
 
 // The checks both ops share: x [batch, positions, hidden] contiguous on the CPU; heads
