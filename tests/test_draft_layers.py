@@ -177,9 +177,8 @@ def test_bad_arguments_are_named(message):
 
 @needs_packed
 def test_changed_weights_and_switches_are_read_again():
-    """The looked-up weights are kept on the layers: a weight changed in place, a module
-    replaced, an eps changed or a switch undone is seen at the next call (the one call
-    still equals the layers, or the layers run)."""
+    """A weight changed in place, a module replaced, an eps changed or a switch undone is
+    seen at the next call (the one call still equals the layers, or the layers run)."""
     d = fused_drafter(PACKED[0], layers=2, seed=9)
     cache, anchor, anchor_pos = context(d, 1, 9, 10)
     block_ids, positions = d.block_input(anchor, anchor_pos)

@@ -47,7 +47,7 @@ import sys
 import torch
 
 import domino_ops
-from domino.fast_linear import _PACKS, cpu_kernel_applies, fused_packed_linear, packed_product, undo_fused_packed_linear
+from domino.fast_linear import cpu_kernel_applies, fused_packed_linear, packed_product, undo_fused_packed_linear
 from domino.model import DraftAttention, DraftMLP, RMSNorm
 
 __all__ = ["use_fused_layers", "undo_fused_layers", "uses_fused_layers", "draft_layer_weights", "NORM_CLASSES",
@@ -176,45 +176,16 @@ def _draft_attend(mod: DraftAttention, q: torch.Tensor, k: torch.Tensor, v: torc
     return mod.o_proj(out.transpose(1, 2).reshape(b, M, mod.nh * mod.hd))
 
 
-_DRAFT_LAYERS = "_domino_draft_layers"  # on a drafter's ModuleList: (key, its parameters, the lookup)
-
-
-def _draft_layers_key(layers, dtype: torch.dtype) -> tuple:
-    """What :func:`draft_layer_weights`' answer is made from, cheap to compare: each module's
-    identity and switches, each norm's eps, each parameter's identity, version and address."""
-    key = [dtype]
-    for layer in layers:
-        attn, mlp = layer.self_attn, layer.mlp
-        for m in (layer, attn, mlp, layer.input_layernorm, layer.post_attention_layernorm, attn.q_norm, attn.k_norm,
-                  attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj):
-            key += [id(m), m.__dict__.get(_FLAG), m.__dict__.get(_PACKS), getattr(m, "variance_epsilon", None)]
-            for p in m._parameters.values():
-                if p is not None:
-                    key += [id(p), None if p.is_inference() else p._version, p.data_ptr()]
-    return tuple(key)
-
-
 def draft_layer_weights(layers, dtype: torch.dtype) -> tuple[list, list, list] | None:
-    """A drafter's backbone layers (:class:`domino.model.DraftLayer` s, their ModuleList) as
+    """A drafter's backbone layers (:class:`domino.model.DraftLayer` s) as
     ``domino_ops.draft_layers`` takes them, for inputs of ``dtype``: 12 weights (None where a
     layer has none) and 3 eps a layer, and [query heads, kv heads, head dim, intermediate];
     None where the op would not compute what the layers' forwards compute: a module not on
     the fused forwards here, a linear not on the packed product, a norm's weight in
-    another dtype, q and k normalised with different eps. Kept on ``layers`` and looked up
-    again when anything it was made from changed (a module, a switch, an eps, a parameter
-    replaced, changed in place or moved; ~170 us to make for the shipped drafter, ~15 to
-    check)."""
-    key = _draft_layers_key(layers, dtype)
-    cached = layers.__dict__.get(_DRAFT_LAYERS)
-    if cached is not None and cached[0] == key:
-        return cached[2]
-    found = _lookup_draft_layer_weights(layers, dtype)
-    # the parameters are kept alive with the key, so no other tensor can take their ids
-    layers.__dict__[_DRAFT_LAYERS] = (key, list(layers.parameters()), found)
-    return found
-
-
-def _lookup_draft_layer_weights(layers, dtype: torch.dtype) -> tuple[list, list, list] | None:
+    another dtype, q and k normalised with different eps. Looked up at every call (~170 us
+    for the shipped drafter: the packed copies' checks, which the layers' own forwards run
+    too), so a changed module, switch, eps or weight is seen at once.
+    """
     weights, eps, inter = [], [], None
     for layer in layers:
         attn, mlp = layer.self_attn, layer.mlp
