@@ -1,5 +1,7 @@
-"""End-to-end greedy decoding, every method in one run, side by side, every output checked
-identical to plain greedy decoding.
+"""End-to-end decoding, every method in one run, side by side: greedy, every output checked
+identical to plain greedy decoding, or sampled (``--temperature``, ``--top-k``, ``--top-p``:
+outputs not comparable token by token; that speculative sampling draws from the target's
+distribution is the test suite's to show, tests/test_speculative_sampling.py).
 
 For each model configuration (``--configs``: fp32 with PyTorch's linears, fp32 and bf16
 with the batch-invariant ``small_batch_linear`` under both models (and, with it, a HF
@@ -8,7 +10,8 @@ and bf16 with those and the target's attention on ``small_batch_attention``
 (``domino.fast_attention``); the same kernels serve both sides of each comparison) it
 times, on the same prompts:
 
-- plain HF greedy ``generate`` and HF prompt lookup (``prompt_lookup_num_tokens``);
+- plain HF ``generate`` (greedy, or sampling at the same parameters) and HF prompt lookup
+  (``prompt_lookup_num_tokens``);
 - Domino, a chain of the whole block every round (``num_drafts`` = block - 1);
 - Domino, a chain with the adaptive budget (``tree=None``);
 - Domino as ``generate`` runs by default (``tree="auto"``: at T = 0 each round a tree round
@@ -35,6 +38,8 @@ the adaptive budget are measured (or read from the disk cache) before any timing
 
     python benchmarks/bench_e2e.py --num-prompts 8 --max-new-tokens 96 [--repeats 3] [--out FILE]
     python benchmarks/bench_e2e.py --chat        # held-out chat prompts instead of HumanEval
+    python benchmarks/bench_e2e.py --temperature 0.7 --methods adaptive-chain   # sampled (at T > 0
+                                                 # the default's rounds are adaptive chains too)
     python benchmarks/bench_e2e.py --module-context 6000   # each function at the end of a long
                                                  # module (~1,900 tokens of context)
     python benchmarks/bench_e2e.py --sweep       # acceptance vs tokens verified: chain vs tree,
@@ -130,21 +135,36 @@ def summarize(name: str, passes: list[dict]) -> dict:
 METHODS = ("plain", "lookup", "chain", "adaptive-chain", "default", "tree-all", "tree-lookup", "tree", "head-off")
 
 
+def plain_name(args) -> str:
+    """The baseline row's name: plain HF decoding, greedy or sampled."""
+    return "plain HF greedy" if args.temperature == 0 else "plain HF sampling"
+
+
+def sampling_kwargs(args) -> dict:
+    """The sampling parameters every method decodes with (greedy at temperature 0)."""
+    return dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+
+
 def methods(gen, args, tree):
     M = args.max_new_tokens
     n_block = gen.drafter.config.num_drafts
     shape = f"{tree.topk},{tree.depth}," + (str(tree.num_draft_tokens) if tree.num_draft_tokens else "adaptive")
+    sampling = sampling_kwargs(args)
 
     def plain(p, m):
-        return gen.generate_target_only(p, max_new_tokens=m or M)
+        torch.manual_seed(0)  # HF generate's sampling draws from torch's default generator
+        return gen.generate_target_only(p, max_new_tokens=m or M, **sampling)
 
     def lookup(p, m):
-        return gen.generate_target_only(p, max_new_tokens=m or M, prompt_lookup_num_tokens=args.prompt_lookup_tokens)
+        torch.manual_seed(0)
+        return gen.generate_target_only(p, max_new_tokens=m or M, prompt_lookup_num_tokens=args.prompt_lookup_tokens,
+                                        **sampling)
 
     def spec(**kw):
-        return lambda p, m: gen.generate(p, max_new_tokens=m or M, **kw)
+        return lambda p, m: gen.generate(p, max_new_tokens=m or M, generator=torch.Generator().manual_seed(0),
+                                         **sampling, **kw)
 
-    every = {"plain": ("plain HF greedy", plain),
+    every = {"plain": (plain_name(args), plain),
              "lookup": (f"HF prompt lookup ({args.prompt_lookup_tokens})", lookup),
              "chain": (f"Domino chain {n_block}", spec(num_drafts=n_block)),
              "adaptive-chain": ("Domino chain, adaptive", spec(tree=None)),
@@ -198,22 +218,25 @@ def cmd_compare(args) -> None:
                 print(f"  {config:11} pass {rep + 1}/{args.repeats} {name:46} {passes[name][-1]['tps']:6.1f} tok/s",
                       flush=True)
         for name, _ in ms:
-            ratios = [a["tps"] / b["tps"] for a, b in zip(passes[name], passes["plain HF greedy"])]
+            ratios = [a["tps"] / b["tps"] for a, b in zip(passes[name], passes[plain_name(args)])]
             rows.append({**summarize(name, passes[name]), "config": config, "pass_ratio": statistics.median(ratios)})
     copy_after = copy_bandwidth_gbs()
     datastore_tokens = int((gen.datastore.tokens >= 0).sum()) if gen.datastore is not None else 0
-    plains = {r["config"]: r for r in rows if r["name"] == "plain HF greedy"}
+    plains = {r["config"]: r for r in rows if r["name"] == plain_name(args)}
     fastest = max(plains.values(), key=lambda r: r["tps"])
     what = ('held-out chat prompts (%d)' % len(prompts) if args.chat else
             'HumanEval prompts %d..%d' % (args.offset, args.offset + len(prompts) - 1)
             + (' after a module of %d characters' % args.module_context if args.module_context else ''))
     head = (f"\n{what}, "
-            f"greedy, max_new_tokens={args.max_new_tokens}, median of {args.repeats}; {cpu.model()} "
+            + ("greedy" if args.temperature == 0 else
+               f"sampled at temperature {args.temperature}, top_k {args.top_k}, top_p {args.top_p} (outputs not "
+               "comparable token by token: 'identical' is n/a)")
+            + f", max_new_tokens={args.max_new_tokens}, median of {args.repeats}; {cpu.model()} "
             f"(head kernels {cpu.isa()}, small_batch_linear {domino_ops.small_batch_linear_isa()}, packed product "
             f"{domino_ops.small_batch_linear_packed_path() if domino_ops.small_batch_linear_packed_supported() else 'none'}), "
             f"{torch.get_num_threads()} threads, torch {torch.__version__}; speedup vs the fastest plain "
             f"decoding ({fastest['config']}, {fastest['tps']:.1f} tok/s); per pass: the median of each pass's "
-            f"ratio to plain greedy in the same configuration; copy bandwidth {copy_before:.1f} GB/s before the "
+            f"ratio to plain decoding in the same configuration; copy bandwidth {copy_before:.1f} GB/s before the "
             f"runs, {copy_after:.1f} after; datastore {args.datastore.name} ({datastore_tokens} tokens); "
             f"target forward domino.fast_forward in: {', '.join(fast) or 'none'}")
     lines = [head, f"{'config':11} | {'method':46} | {'tok/s':>6} | {'speedup':>7} | {'per pass':>8} | {'tau':>5} | "
@@ -221,12 +244,13 @@ def cmd_compare(args) -> None:
              "-" * 149]
     for r in rows:
         same = r["outputs"] == plains[r["config"]]["outputs"]  # vs plain greedy in the same configuration
+        identical = "n/a" if args.temperature else "yes" if same else "NO"
         spec = not r["name"].startswith(("HF prompt lookup", "plain"))
         lines.append(f"{r['config']:11} | {r['name']:46} | {r['tps']:6.1f} | {r['tps'] / fastest['tps']:6.2f}x | "
                      f"{r['pass_ratio']:7.2f}x | "
                      + (f"{r['tau']:5.2f} | {r['verified']:8.2f} | {r['draft_ms']:8.1f} | {r['target_ms']:9.1f} | "
                         f"{r['other_ms']:8.1f}" if spec else f"{'':5} | {'':8} | {'':8} | {'':9} | {'':8}")
-                     + f" | {'yes' if same else 'NO'}")
+                     + f" | {identical}")
     text = "\n".join(lines)
     print(text)
     if args.out != "-":
@@ -314,6 +338,10 @@ def main() -> None:
     parser.add_argument("--module-context", type=int, default=0, metavar="CHARS",
                         help="each HumanEval function asked for at the end of a module of CHARS characters of "
                              "other problems' solved functions (6000: ~1,900 tokens of context)")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="sample every method at this temperature (0: greedy, outputs checked identical)")
+    parser.add_argument("--top-k", type=int, default=0, help="with --temperature: top-k (0: off)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="with --temperature: top-p (1: off)")
     parser.add_argument("--sweep", action="store_true", help="acceptance vs tokens verified (plot)")
     args = parser.parse_args()
     print(f"[bench_e2e] {platform.node()} {cpu.model()}", flush=True)

@@ -11,8 +11,9 @@ speedup over eager PyTorch.
   plus the paper's Figure 1 split: one head step vs one LM-head matmul of the same size.
 - On the CPU (always): the C++ CPU kernel, once per instruction-set build this CPU runs
   (``avx512``, ``avx2``, ``sse2``: see domino_ops.cpu; each column names its build), vs
-  eager PyTorch, then ``sample``, ``verify_greedy`` and ``verify_sampling`` over a
-  151936-token vocabulary at batch 1 and 32 the same way (bytes = the rows they must read),
+  eager PyTorch, then ``sample``, ``filtered_probs``, ``verify_greedy`` and ``verify_sampling``
+  over a 151936-token vocabulary at batch 1 and 32 the same way (bytes = the rows they must
+  read, and filtered_probs' probabilities written),
   one Domino tree step (``domino_head_expand``) for frontiers of 4-64 nodes against one
   batch-1 chain step (with w2 packed too, on a CPU that runs the packed kernel: AVX512-BF16 or AVX2), with the floor of that
   ratio there (the w2 product alone through ``small_batch_linear_packed``,
@@ -156,6 +157,12 @@ def ops_cases(V: int, batches, k: int = 4):
                        x, temperature=1.0, generator=torch.Generator().manual_seed(1), **kw),
                    lambda x=logits, kw=kw: reference.sample(
                        x, temperature=1.0, generator=torch.Generator().manual_seed(1), **kw), b * V * 4)
+        for dname, dtype in DTYPES.items():  # the law sample draws from, written out (read the row, write probs)
+            logits = (torch.randn(b, V, generator=gen) * 3).to(dtype)
+            for label, kw in (("T=.7", {}), ("p=.9", {"top_p": 0.9})):  # both at T = 0.7
+                yield (f"filtered_probs {label:5} {b:>2} {dname:4}",
+                       lambda x=logits, kw=kw: domino_ops.filtered_probs(x, 0.7, **kw),
+                       lambda x=logits, kw=kw: reference.filtered_probs(x, 0.7, **kw), b * V * (dtype.itemsize + 4))
         for dname, dtype in DTYPES.items():  # every draft accepted: k + 1 rows per sequence
             target = (torch.randn(b, k + 1, V, generator=gen) * 3).to(dtype)
             draft = target[:, :k].float().argmax(-1)
@@ -173,7 +180,7 @@ def ops_cases(V: int, batches, k: int = 4):
 
 
 def ops_table(args, copy_bw: float) -> None:
-    """sample / verify_greedy / verify_sampling over a full vocabulary, per build, vs eager."""
+    """sample / filtered_probs / verify_greedy / verify_sampling over a full vocabulary, per build, vs eager."""
     V = SHAPES["paper"][3]
     repeats = max(args.repeats, 11)
     print(f"row ops, V = {V}; median of {repeats} after warm-up; bytes = the logits / probability rows the op "

@@ -287,6 +287,20 @@ void check_sample_args(const at::Tensor& logits, const SamplingArgs& sampling,
                     {"row_top_k", opt(sampling.row_top_k)}, {"row_top_p", opt(sampling.row_top_p)}});
 }
 
+void check_filtered_probs_args(const at::Tensor& logits, const SamplingArgs& sampling, const at::Tensor& probs) {
+  const at::Device dev = logits.device();
+  check_tensor(logits, "logits", 2, dev);
+  check_tensor(probs, "probs", 2, dev);
+  TORCH_CHECK(is_float_or_bf16(logits), "logits must be float32 or bfloat16");
+  TORCH_CHECK(logits.size(0) > 0 && logits.size(1) > 0, "logits must be non-empty, got shape ", logits.sizes());
+  check_sampling_args(sampling, logits.size(0), dev);
+  TORCH_CHECK(probs.scalar_type() == at::kFloat && probs.sizes() == logits.sizes(),
+              "probs must be float32 of shape ", logits.sizes(), ", got ", probs.scalar_type(), " ", probs.sizes());
+  check_no_overlap({{"probs", &probs}},
+                   {{"logits", &logits}, {"row_temperature", opt(sampling.row_temperature)},
+                    {"row_top_k", opt(sampling.row_top_k)}, {"row_top_p", opt(sampling.row_top_p)}});
+}
+
 namespace {
 void check_verify_outputs(int64_t b, int64_t k, const at::Tensor& out_tokens,
                           const at::Tensor& num_accepted, const at::Device& dev) {

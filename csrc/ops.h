@@ -49,6 +49,7 @@ void check_head_expand_args(const at::Tensor& base_logits, const at::Tensor& hpr
                             const std::optional<at::Tensor>& node_logits);
 void check_sample_args(const at::Tensor& logits, const SamplingArgs& sampling,
                        const std::optional<at::Tensor>& uniforms, const at::Tensor& tokens);
+void check_filtered_probs_args(const at::Tensor& logits, const SamplingArgs& sampling, const at::Tensor& probs);
 void check_verify_greedy_args(const at::Tensor& draft_tokens, const at::Tensor& target_logits,
                               const at::Tensor& out_tokens, const at::Tensor& num_accepted);
 void check_verify_sampling_args(const at::Tensor& draft_tokens, const at::Tensor& draft_probs,

@@ -96,6 +96,56 @@ def test_sample_signed_zeros_tie(backend, row, top_k, top_p):
     assert torch.equal(tokens, expected)
 
 
+# ---- filtered_probs -------------------------------------------------------------------
+
+def run_filtered_probs(backend, logits, temperature, top_k, top_p, **rows):
+    """The backend's filtered_probs with its output pre-filled with NaN: CPU probabilities."""
+    probs = torch.full(logits.shape, float("nan"), device=backend.device)
+    backend.kernel("filtered_probs")(logits, temperature, top_k, top_p, probs, **rows)
+    return probs.cpu()
+
+
+@pytest.mark.parametrize("backend", backend_params())
+@KERNEL_EXAMPLES
+@given(data=st.data(), b=st.sampled_from([1, 3]), dtype=st.sampled_from(DTYPES),
+       temperature=st.sampled_from([0.0, 0.5, 1.0, 1.7]), top_k=st.sampled_from([0, 1, 3, 50]),
+       top_p=st.sampled_from([1.0, 0.9, 0.3]), ties=st.booleans(), per_row=st.booleans(),
+       seed=st.integers(0, 2**31 - 1))
+def test_filtered_probs_matches_reference(backend, data, b, dtype, temperature, top_k, top_p, ties, per_row, seed):
+    """The law `sample` draws from, written out: the argmax's one-hot exactly; sampled rows
+    equal to the reference up to rounding (float32 tempering, float64 weights summed in
+    another order), with the same support. Per-row parameters mix greedy and sampled rows."""
+    V = data.draw(st.sampled_from(backend.sample_vocab), label="V")
+    logits = sample_case(b, V, dtype, ties, seed)
+    rows, T, k, p = {}, temperature, top_k, top_p
+    if per_row:
+        g = torch.Generator().manual_seed(seed)
+        T = torch.tensor([temperature, 0.0, 0.8])[:b]
+        k = torch.randint(0, 5, (b,), generator=g)
+        p = torch.tensor([top_p, 1.0, 0.5])[:b]
+        rows = dict(row_temperature=T.to(backend.device), row_top_k=k.to(backend.device),
+                    row_top_p=p.to(backend.device))
+    got = run_filtered_probs(backend, logits.to(backend.device), temperature, top_k, top_p, **rows)
+    want = reference.filtered_probs(logits, T, k, p)
+    assert not torch.isnan(got).any()
+    torch.testing.assert_close(got, want, rtol=2e-5, atol=1e-37)
+
+
+@pytest.mark.parametrize("backend", backend_params())
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_filtered_probs_extreme_rows(backend, dtype):
+    """NaN as -inf, no finite mass -> token 0, +inf entries sharing the mass, the argmax
+    limit taking the first NaN: exactly the reference's (every value here is 0, 1/2 or 1)."""
+    inf, nan = float("inf"), float("nan")
+    x = torch.tensor([[-inf, -inf, -inf, -inf], [0.0, inf, 1.0, inf], [nan, nan, nan, nan], [-inf, 2.0, -inf, nan],
+                      [1.0, nan, 3.0, 2.0]]).to(dtype)
+    for T, k, p in [(1.0, 0, 1.0), (0.7, 2, 1.0), (1.3, 0, 0.5), (0.0, 3, 0.2)]:
+        got = run_filtered_probs(backend, x.to(backend.device), T, k, p)
+        want = reference.filtered_probs(x, T, k, p)
+        rows = slice(None) if T == 0.0 else slice(0, 4)  # the last row's finite values: up to rounding
+        assert torch.equal(got[rows], want[rows]), (T, k, p)
+
+
 # ---- verify_sampling ------------------------------------------------------------------
 
 @pytest.mark.parametrize("backend,b,k,V", backend_params("verify_sampling_shapes"))

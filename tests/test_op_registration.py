@@ -24,6 +24,7 @@ OPCHECK_CASES = {
     "domino_head_rollout_sampled": lambda: head_op_args(0.7),
     "sample": lambda: (torch.randn(3, 20), 0.8, 5, 0.9, torch.rand(3, dtype=torch.float64),
                        torch.empty(3, dtype=torch.int64)),
+    "filtered_probs": lambda: (torch.randn(3, 20), 0.8, 5, 0.9, torch.empty(3, 20)),
     "verify_greedy": lambda: (torch.randint(0, 20, (3, 4)), torch.randn(3, 5, 20), torch.empty(3, 5, dtype=torch.int64),
                               torch.empty(3, dtype=torch.int64)),
     "verify_sampling": lambda: (torch.randint(0, 20, (3, 4)), torch.softmax(torch.randn(3, 4, 20), -1),
@@ -60,7 +61,7 @@ def test_torch_compile_traces_the_ops():
     assert torch.equal(eager[0], compiled[0]) and torch.equal(eager[1], compiled[1])
 
 
-KERNEL_OPS = ["domino_head_rollout", "domino_head_expand", "sample", "verify_greedy", "verify_sampling",
+KERNEL_OPS = ["domino_head_rollout", "domino_head_expand", "sample", "filtered_probs", "verify_greedy", "verify_sampling",
               "build_tree_kernel_efficient", "verify_tree_greedy", "tree_speculative_sampling_target_only",
               "verify_tree_sampling"]
 

@@ -1,5 +1,5 @@
 // Tensors -> the plain launchers in csrc/cuda/, written once as the dispatcher kernels of
-// the ops (the five Domino ops and the four tree ops) over a
+// the ops (the six Domino ops and the four tree ops) over a
 // `Device` policy, and registered for both builds of those launchers:
 // the real CUDA ops (bindings/cuda_impls.cpp: a CUDAGuard and torch's current stream) and
 // their emulated twins (simt/emulated_module.cpp, test infrastructure: no guard, no
@@ -19,6 +19,7 @@
 #include "cuda/build_tree_kernel_efficient.cuh"
 #include "cuda/domino_head_expand.cuh"
 #include "cuda/domino_head_rollout.cuh"
+#include "cuda/filtered_probs.cuh"
 #include "cuda/sample.cuh"
 #include "cuda/tree_speculative_sampling_target_only.cuh"
 #include "cuda/verify_tree_greedy.cuh"
@@ -41,6 +42,19 @@ inline void check_grid_rows(int64_t b, const char* what) {
 inline void check_grid_y_rows(int64_t rows, const char* what, const char* arg) {
   TORCH_CHECK_VALUE(rows <= 65535, what, ": ", arg, " has ", rows,
                     " rows; the CUDA kernel takes at most 65535 per call (its grid's y dimension): split the call");
+}
+
+template <class Device>
+void filtered_probs(const at::Tensor& logits, double temperature, int64_t top_k, double top_p, at::Tensor probs,
+                    const std::optional<at::Tensor>& row_temperature, const std::optional<at::Tensor>& row_top_k,
+                    const std::optional<at::Tensor>& row_top_p) {
+  const typename Device::Guard guard(logits.device());
+  const SamplingArgs sampling{temperature, top_k, top_p, row_temperature, row_top_k, row_top_p};
+  check_filtered_probs_args(logits, sampling, probs);
+  check_grid_rows(logits.size(0), "filtered_probs");
+  check_launch(launch_filtered_probs(logits.data_ptr(), logits.scalar_type() == at::kBFloat16, logits.size(0),
+                                     logits.size(1), sampling.params(), probs.data_ptr<float>(), Device::stream()),
+               "filtered_probs");
 }
 
 template <class Device>
@@ -364,6 +378,7 @@ void impl_ops(torch::Library& m) {
   m.impl("domino_head_rollout", &domino_head_rollout<Device>);
   m.impl("domino_head_expand", &domino_head_expand<Device>);
   m.impl("sample", &sample<Device>);
+  m.impl("filtered_probs", &filtered_probs<Device>);
   m.impl("verify_greedy", &verify_greedy<Device>);
   m.impl("verify_sampling", &verify_sampling<Device>);
   m.impl("build_tree_kernel_efficient", &build_tree_kernel_efficient<Device>);

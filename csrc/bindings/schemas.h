@@ -19,6 +19,12 @@ inline constexpr const char* kDominoHeadRollout =
 inline constexpr const char* kSample =
     "sample(Tensor logits, float temperature, int top_k, float top_p, Tensor? uniforms, "
     "Tensor(a!) tokens, Tensor? row_temperature=None, Tensor? row_top_k=None, Tensor? row_top_p=None) -> ()";
+// The distribution `sample` draws from, softmax(filter(logits / temperature)) per row, as
+// float32 probabilities (the p / q that verify_sampling takes); temperature 0: the argmax's
+// one-hot.
+inline constexpr const char* kFilteredProbs =
+    "filtered_probs(Tensor logits, float temperature, int top_k, float top_p, Tensor(a!) probs, "
+    "Tensor? row_temperature=None, Tensor? row_top_k=None, Tensor? row_top_p=None) -> ()";
 inline constexpr const char* kVerifyGreedy =
     "verify_greedy(Tensor draft_tokens, Tensor target_logits, Tensor(a!) out_tokens, "
     "Tensor(b!) num_accepted) -> ()";
@@ -87,12 +93,13 @@ inline constexpr const char* kVerifyTreeSampling =
     "Tensor uniform_samples, Tensor uniform_samples_for_final_sampling, Tensor target_probs, "
     "Tensor draft_probs) -> ()";
 
-// Defines the kernel ops (the five Domino ops and the four tree ops) in a library:
+// Defines the kernel ops (the six Domino ops and the four tree ops) in a library:
 //   TORCH_LIBRARY(ns, m) { domino::schemas::define_ops(m); }
 inline void define_ops(torch::Library& m) {
   m.def(kDominoHeadRollout);
   m.def(kDominoHeadExpand);
   m.def(kSample);
+  m.def(kFilteredProbs);
   m.def(kVerifyGreedy);
   m.def(kVerifySampling);
   m.def(kBuildTreeKernelEfficient);

@@ -4,6 +4,7 @@
 #include "cuda/build_tree_kernel_efficient.cu"
 #include "cuda/domino_head_expand.cu"
 #include "cuda/domino_head_rollout.cu"
+#include "cuda/filtered_probs.cu"
 #include "cuda/sample.cu"
 #include "cuda/verify_greedy.cu"
 #include "cuda/verify_sampling.cu"

@@ -7,6 +7,8 @@ dispatcher op ``torch.ops.domino_ops.<name>`` with caller-provided outputs):
 - :func:`domino_head_expand`: one step of Domino tree drafting, the children of a
   frontier of tree nodes, each with its own GRU state.
 - :func:`sample`: temperature / top-k / top-p sampling of a row of logits.
+- :func:`filtered_probs`: the distribution :func:`sample` draws from, as float32
+  probabilities (the ``p`` / ``q`` that the verification ops take).
 - :func:`verify_greedy`: greedy verification of a draft block.
 - :func:`verify_sampling`: lossless rejection-sampling verification.
 - :func:`small_batch_linear`: ``x @ weight.T + bias`` for a few rows on the CPU, weights
@@ -36,8 +38,8 @@ probabilities, and :func:`draft_tree` (:mod:`domino_ops.tree_draft`), Domino tre
 in SGLang's EAGLE-2 layout (expand with :func:`domino_head_expand`, select the frontier,
 emit what :func:`build_tree_kernel_efficient` consumes).
 
-Runtime sampling helpers (:func:`filtered_probs`, :func:`draw_uniforms`,
-:func:`check_sampling_params`) live in :mod:`domino_ops.sampling`.
+Runtime sampling helpers (:func:`draw_uniforms`, :func:`check_sampling_params`) live in
+:mod:`domino_ops.sampling`.
 
 Every op takes ``backend=`` ("auto", "native", "triton", "reference"; the CPU-only ops
 :func:`small_batch_linear`, :func:`small_batch_linear_packed`, :func:`small_batch_attention`,
@@ -57,8 +59,9 @@ if _C.torch_version != torch.__version__:
 
 from domino_ops import _fake, reference, sampling  # noqa: E402,F401
 from domino_ops.ops import (  # noqa: E402
-    domino_head_expand, domino_head_rollout, has_kernel, sample, select_backend, verify_greedy, verify_sampling)
-from domino_ops.sampling import check_sampling_params, draw_uniforms, filtered_probs  # noqa: E402
+    domino_head_expand, domino_head_rollout, filtered_probs, has_kernel, sample, select_backend, verify_greedy,
+    verify_sampling)
+from domino_ops.sampling import check_sampling_params, draw_uniforms  # noqa: E402
 from domino_ops import reference_tree, tree_ops  # noqa: E402,F401
 from domino_ops.tree_ops import (  # noqa: E402
     build_tree_kernel_efficient, tree_speculative_sampling_target_only, verify_tree_greedy, verify_tree_sampling)

@@ -23,6 +23,12 @@ def _sample_fake(logits, temperature, top_k, top_p, uniforms, tokens):
     return None
 
 
+@torch.library.register_fake("domino_ops::filtered_probs")
+def _filtered_probs_fake(logits, temperature, top_k, top_p, probs, row_temperature=None, row_top_k=None,
+                         row_top_p=None):
+    return None
+
+
 @torch.library.register_fake("domino_ops::verify_greedy")
 def _verify_greedy_fake(draft_tokens, target_logits, out_tokens, num_accepted):
     return None

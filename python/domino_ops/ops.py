@@ -25,7 +25,7 @@ from domino_ops import triton as triton_ops
 from domino_ops.linear_packed import PANEL_COLS, PackedLinearWeight, small_batch_linear_packed_supported
 from domino_ops.sampling import draw_uniforms, expand_uniforms, kernel_sampling_args, may_sample
 
-__all__ = ["domino_head_rollout", "domino_head_expand", "sample", "verify_greedy", "verify_sampling", "has_kernel", "select_backend"]
+__all__ = ["domino_head_rollout", "domino_head_expand", "sample", "filtered_probs", "verify_greedy", "verify_sampling", "has_kernel", "select_backend"]
 
 BACKENDS = ("auto", "native", "triton", "reference")
 
@@ -476,6 +476,43 @@ def sample(logits: torch.Tensor, *, temperature: float | torch.Tensor = 0.0, top
     tokens = torch.empty(b, dtype=torch.int64, device=logits.device)
     _kernel("sample", chosen)(logits.contiguous(), T, top_k, top_p, uniforms, tokens, row_T, row_k, row_p)
     return tokens
+
+
+def filtered_probs(logits: torch.Tensor, temperature: float | torch.Tensor = 0.0, top_k: int | torch.Tensor = 0,
+                   top_p: float | torch.Tensor = 1.0, *, backend: str | None = None) -> torch.Tensor:
+    """The distribution :func:`sample` draws from, ``softmax(filter(logits / temperature))``,
+    as probabilities: the ``p`` / ``q`` that :func:`verify_sampling` and the tree samplers
+    take.
+
+    Args:
+        logits: [b, ..., V] float32 or bfloat16 (at least 2 dimensions).
+        temperature, top_k, top_p: as :func:`sample`'s; each a Python number or a [b]
+            tensor on the logits' device, one value per leading row b, repeated over the
+            middle axes. Temperature 0 (or below 1e-20) gives the argmax's one-hot
+            (torch.argmax: the first NaN wins), so greedy and sampled requests can share one
+            verification. The extreme-value rules are :func:`domino_ops.sampling.filtered_weights`'.
+        backend: "auto", "native", "triton" or "reference" (see the module docstring).
+    Returns:
+        float32 probabilities of the logits' shape, each row summing to 1 (up to rounding).
+    """
+    logits = _checks.tensor("logits", logits, ndim=max(2, logits.dim() if isinstance(logits, torch.Tensor) else 2),
+                            dtypes=_checks.FLOAT_OR_BF16)
+    b, V = logits.shape[0], logits.shape[-1]
+    _checks.sampling_params(temperature, top_k, top_p, rows=b, device=logits.device)
+    chosen = select_backend("filtered_probs", logits.device, backend)
+    if chosen == "reference":
+        return reference.filtered_probs(logits, temperature, top_k, top_p)
+    rows = logits[0].numel() // V
+
+    def each_row(x):  # a [b] tensor repeated over the middle axes; a number as it is
+        return x.reshape(b).repeat_interleave(rows) if isinstance(x, torch.Tensor) and rows > 1 else x
+
+    flat = logits.reshape(b * rows, V).contiguous()
+    probs = torch.empty(flat.shape, dtype=torch.float32, device=logits.device)
+    T, top_k, top_p, row_T, row_k, row_p = kernel_sampling_args(each_row(temperature), each_row(top_k),
+                                                                each_row(top_p), V)
+    _kernel("filtered_probs", chosen)(flat, T, top_k, top_p, probs, row_T, row_k, row_p)
+    return probs.view(logits.shape)
 
 
 def _draft_tokens(draft_tokens, dev, vocab_size):

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from domino_ops.sampling import (draw_uniforms, effective_temperature, expand_uniforms, filtered_weights,
                                  may_sample, per_row)
 
-__all__ = ["domino_head_rollout", "domino_head_expand", "sample", "verify_greedy", "verify_sampling", "sample_from_logits",
+__all__ = ["domino_head_rollout", "domino_head_expand", "sample", "filtered_probs", "verify_greedy", "verify_sampling", "sample_from_logits",
            "small_batch_linear", "small_batch_attention", "rms_norm", "silu_mul", "apply_rotary_pos_emb"]
 
 
@@ -29,7 +29,7 @@ def sample_from_logits(logits: torch.Tensor, temperature, top_k, top_p,
     parameter a Python number or a [b] tensor (a row at temperature 0 takes the argmax).
 
     The token is the first index whose CDF under the filtered distribution (see
-    :func:`domino_ops.sampling.filtered_probs`) exceeds u * total. Returns (tokens [b] int64, logprobs [b]
+    :func:`filtered_probs`) exceeds u * total. Returns (tokens [b] int64, logprobs [b]
     float32), the log-probability under the filtered distribution.
     """
     V = logits.shape[-1]
@@ -42,6 +42,22 @@ def sample_from_logits(logits: torch.Tensor, temperature, top_k, top_p,
     tokens = torch.minimum(tokens, last_positive).squeeze(-1)
     logprobs = (torch.log(w.gather(-1, tokens.unsqueeze(-1))) - torch.log(total)).squeeze(-1)
     return tokens, logprobs.float()
+
+
+def filtered_probs(logits: torch.Tensor, temperature=0.0, top_k=0, top_p=1.0) -> torch.Tensor:
+    """Reference of :func:`domino_ops.filtered_probs`: ``softmax(filter(logits /
+    temperature))`` over the last axis of ``logits`` [b, ..., V] as float32 of the same
+    shape, from :func:`domino_ops.sampling.filtered_weights` (float64) over their float64
+    total; each parameter a Python number or a [b] tensor (one value per leading row,
+    repeated over the middle axes)."""
+    b, V = logits.shape[0], logits.shape[-1]
+    rows = logits[0].numel() // V if logits.dim() > 1 else 1
+
+    def each_row(x):  # a [b] tensor repeated over the middle axes; a number as it is
+        return x.reshape(b).repeat_interleave(rows) if isinstance(x, torch.Tensor) else x
+
+    w = filtered_weights(logits.reshape(-1, V), each_row(temperature), each_row(top_k), each_row(top_p))
+    return (w / w.sum(dim=-1, keepdim=True)).float().reshape(logits.shape)
 
 
 def gru_cell(gi: torch.Tensor, gh: torch.Tensor, S: torch.Tensor) -> torch.Tensor:

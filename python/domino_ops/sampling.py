@@ -2,9 +2,10 @@
 
 - :func:`draw_uniforms`: the uniforms a sampling op consumes, in the order and shapes the
   wrappers (and the references) draw them, so equal generator states give equal choices;
-- :func:`filtered_probs`: the distribution the sampling ops draw from,
-  ``softmax(filter(logits / temperature))``, i.e. the ``p`` / ``q`` that
-  :func:`domino_ops.verify_sampling` expects;
+- :func:`filtered_weights`: the unnormalised float64 weights of the distribution the
+  sampling ops draw from, ``softmax(filter(logits / temperature))`` (the references' and
+  the test oracle's rules; the op that returns it normalised, the ``p`` / ``q`` that
+  :func:`domino_ops.verify_sampling` expects, is :func:`domino_ops.filtered_probs`);
 - :func:`check_sampling_params`: the validation every sampling-aware op applies to
   ``temperature``, ``top_k`` and ``top_p``, for engines that validate up front.
 
@@ -19,7 +20,7 @@ import torch
 
 from domino_ops import _checks
 
-__all__ = ["draw_uniforms", "expand_uniforms", "filtered_probs", "filtered_weights", "check_sampling_params", "per_row",
+__all__ = ["draw_uniforms", "expand_uniforms", "filtered_weights", "check_sampling_params", "per_row",
            "effective_temperature", "kernel_top_k", "kernel_top_p", "kernel_sampling_args", "may_sample",
            "GREEDY_BELOW", "MIN_TOP_P"]
 
@@ -164,27 +165,6 @@ def filtered_weights(logits: torch.Tensor, temperature, top_k, top_p) -> torch.T
         drop_sorted[:, 0] = False  # the top token always survives
         w = w.masked_fill(torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted), 0.0)
     return w
-
-
-def filtered_probs(logits: torch.Tensor, temperature: float | torch.Tensor = 0.0, top_k: int | torch.Tensor = 0,
-                   top_p: float | torch.Tensor = 1.0) -> torch.Tensor:
-    """The distribution the sampling ops draw from, ``softmax(filter(logits / temperature))``
-    over the last axis of ``logits`` [b, ..., V] (float32 or bfloat16), returned as float32
-    of the same shape: the ``p`` / ``q`` that :func:`domino_ops.verify_sampling` expects.
-    Each parameter is a Python number or a [b] tensor (one value per leading row b,
-    repeated over the middle axes); temperature 0 gives the one-hot argmax, so greedy and
-    sampled requests can share one verification. Rules for extreme values: see
-    :func:`filtered_weights`."""
-    _checks.tensor("logits", logits, ndim=max(2, logits.dim() if isinstance(logits, torch.Tensor) else 2),
-                   dtypes=_checks.FLOAT_OR_BF16)
-    b, V = logits.shape[0], logits.shape[-1]
-    _checks.sampling_params(temperature, top_k, top_p, rows=b, device=logits.device)
-    rows = logits[0].numel() // V if logits.dim() > 1 else 1
-    def per_row(x):  # a [b] tensor repeated over the middle axes; a number as it is
-        return x.reshape(b).repeat_interleave(rows) if isinstance(x, torch.Tensor) else x
-
-    w = filtered_weights(logits.reshape(-1, V), per_row(temperature), per_row(top_k), per_row(top_p))
-    return (w / w.sum(dim=-1, keepdim=True)).float().reshape(logits.shape)
 
 
 def check_sampling_params(temperature: float | torch.Tensor, top_k: int | torch.Tensor, top_p: float | torch.Tensor,

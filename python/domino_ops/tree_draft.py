@@ -40,8 +40,8 @@ import torch.nn.functional as F
 
 from domino_ops import _checks
 from domino_ops.linear_packed import PackedLinearWeight
-from domino_ops.ops import check_expand_args, expand_outputs, run_expand
-from domino_ops.sampling import draw_uniforms, filtered_probs, may_sample
+from domino_ops.ops import check_expand_args, expand_outputs, filtered_probs, run_expand
+from domino_ops.sampling import draw_uniforms, may_sample
 
 __all__ = ["DraftTree", "candidate_parents", "draft_tree", "select_draft_nodes", "tree_size"]
 

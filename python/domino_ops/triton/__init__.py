@@ -18,7 +18,7 @@ import os
 
 import torch
 
-OPS = ("domino_head_rollout", "domino_head_expand", "sample", "verify_greedy", "verify_sampling",
+OPS = ("domino_head_rollout", "domino_head_expand", "sample", "filtered_probs", "verify_greedy", "verify_sampling",
        "build_tree_kernel_efficient", "verify_tree_greedy", "tree_speculative_sampling_target_only",
        "verify_tree_sampling")
 

@@ -23,7 +23,7 @@ from triton.compiler import ASTSource, compile as triton_compile
 
 from domino_ops.triton import domino_head_expand as expand
 from domino_ops.triton import domino_head_rollout as head
-from domino_ops.triton import (build_tree_kernel_efficient, sample, tree_speculative_sampling_target_only,
+from domino_ops.triton import (build_tree_kernel_efficient, filtered_probs, sample, tree_speculative_sampling_target_only,
                                verify_greedy, verify_sampling, verify_tree_greedy, verify_tree_sampling)
 from domino_ops.triton.row_sampler import BLOCK_V
 
@@ -59,6 +59,9 @@ def _specs():
                 "logits_ptr": f"*{wt}", "uniforms_ptr": "*fp64", "tokens_ptr": "*i64", "temperature_ptr": "*fp32",
                 "top_k_ptr": "*i64", "top_p_ptr": "*fp32", "V": "i32", "MAY_SAMPLE": may_sample,
                 "BLOCK": BLOCK_V}))
+            specs.append((f"_filtered_probs_kernel[{wt},may_sample={may_sample}]", filtered_probs._filtered_probs_kernel, {
+                "logits_ptr": f"*{wt}", "probs_ptr": "*fp32", "temperature_ptr": "*fp32", "top_k_ptr": "*i64",
+                "top_p_ptr": "*fp32", "V": "i32", "MAY_SAMPLE": may_sample, "BLOCK": BLOCK_V}))
         specs.append((f"_verify_greedy_kernel[{wt}]", verify_greedy._verify_greedy_kernel, {
             "draft_ptr": "*i64", "logits_ptr": f"*{wt}", "out_ptr": "*i64", "accepted_ptr": "*i64", "k": "i32",
             "V": "i32", "BLOCK": BLOCK_V}))
