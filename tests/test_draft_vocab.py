@@ -240,3 +240,27 @@ def test_draft_vocab_script_writes_into_a_checkpoint(tmp_path):
     assert loaded.draft_vocab.tolist() == [4, 9]
     for k, v in d.state_dict().items():
         assert torch.equal(loaded.state_dict()[k], v.to(torch.bfloat16)), k
+
+
+@pytest.mark.parametrize("use_head", [True, False])
+@pytest.mark.parametrize("subset", [False, True])
+def test_sampled_drafts_keep_the_distributions_they_were_drawn_from(use_head, subset):
+    """At T > 0 a chain draft keeps each position's filtered distribution (verification's
+    q, not computed again): the filtered_probs of the logits it was drawn from, over the
+    whole vocabulary 0 outside a draft vocabulary, prefixes included; greedy keeps none."""
+    gen = tiny_generator("qwen3")
+    if subset:
+        gen.drafter.set_draft_vocab(SUBSET)
+    d = gen.drafter
+    sampling = RowSampling(torch.tensor([0.7, 1.3, 0.0]), torch.tensor([0, 5, 0]), torch.tensor([0.9, 1.0, 1.0]),
+                           torch.Generator().manual_seed(3), True)
+    st, _ = gen._prefill(prompts(3, seed=4), GREEDY)
+    chain = d.draft(st.dcache, st.anchor, st.anchor_pos, use_head=use_head, sampling=sampling)
+    want = domino_ops.filtered_probs(chain.logits, **sampling.filter_kwargs())
+    assert chain.probs.shape == want.shape
+    torch.testing.assert_close(chain.probs, want, rtol=2e-5, atol=1e-30)
+    torch.testing.assert_close(chain.confidence, want.amax(-1), rtol=2e-5, atol=1e-30)
+    first = chain.prefix(2)
+    assert torch.equal(first.probs, chain.probs[:, :2])
+    greedy = d.draft(st.dcache, st.anchor, st.anchor_pos, use_head=use_head)
+    assert greedy.vocab_probs is None and greedy.probs is None

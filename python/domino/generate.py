@@ -41,7 +41,7 @@ from domino.budget import DepthAcceptance, RoundCosts
 from domino.datastore import DEFAULT_DATASTORE_TOKENS, TokenDatastore
 from domino.kv_cache import GrowingCache
 from domino.lookup import DEFAULT_LOOKUP_TOKENS, LONG_MATCH, NgramIndex
-from domino.model import DominoDraftModel, DraftContextCache
+from domino.model import DominoDraftModel, Draft, DraftContextCache
 from domino.round_kind import ROUND_KINDS, RoundKindChooser
 from domino.sampling_params import RowSampling, SamplingParams
 from domino.target import bare_generation_config, cache_kwarg, sliding_window, special_token_ids, target_features
@@ -397,28 +397,29 @@ class DominoGenerator:
 
     def _draft_and_choose(self, st: _Decoding, live, use_head, sampling, costs, num_drafts,
                           depth_acceptance: DepthAcceptance):
-        """This round's drafts [b, k] and the logits they were chosen from [b, k, V] (None
-        at temperature 0: greedy verification compares tokens only): n drafted and the
+        """This round's drafts [b, k] and, when some sequence samples, their :class:`Draft`
+        (what they were drawn from; None at temperature 0: greedy verification compares
+        tokens only): n drafted and the
         first k of them kept for verification, fixed (``num_drafts``) or chosen from
         ``costs`` (n planned from the acceptance per depth so far in this call, then k from
         the calibrated confidence of the live sequences' drafts)."""
         n = num_drafts if costs is None else budget.best_draft_length(depth_acceptance.rates(), costs, len(live))
         if n == 0:  # a plain decoding step: nothing is worth drafting
             V, b = self.drafter.config.vocab_size, st.anchor.shape[0]
-            return st.anchor.new_empty(b, 0), torch.empty(b, 0, V, device=st.anchor.device)
+            return st.anchor.new_empty(b, 0), None
         draft = self.drafter.draft(st.dcache, st.anchor, st.anchor_pos, use_head=use_head, sampling=sampling,
                                    num_drafts=n)
         k = n
         if costs is not None:
             accept_probs = self.drafter.calibration(draft.confidence[live])
             k = budget.best_verify_length(accept_probs, costs, n)
-        return draft.tokens[:, :k], draft.prefix(k).logits if sampling.any_sampled else None
+        return draft.tokens[:, :k], draft.prefix(k) if sampling.any_sampled else None
 
     @staticmethod
-    def _verify_chain(draft_tokens, draft_logits, logits, sampling: RowSampling):
-        """Verified tokens [b, k+1] and accepted drafts [b] for drafts [b, k] (chosen from
-        draft_logits [b, k, V]; None is fine at temperature 0) against the target's logits
-        [b, k+1, V]: greedy matching, or
+    def _verify_chain(draft_tokens, draft: Draft | None, logits, sampling: RowSampling):
+        """Verified tokens [b, k+1] and accepted drafts [b] for drafts [b, k] (``draft``:
+        their :class:`Draft`, whose kept distributions, or else logits, give q; None is fine
+        at temperature 0) against the target's logits [b, k+1, V]: greedy matching, or
         rejection sampling against the drafter's distribution; k = 0 is a plain step."""
         if draft_tokens.shape[1] == 0:
             token = domino_ops.sample(logits[:, 0], **sampling.op_kwargs())
@@ -427,7 +428,9 @@ class DominoGenerator:
             return domino_ops.verify_greedy(draft_tokens, logits)
         # greedy rows of a mixed batch have one-hot p and q: rejection sampling is exact matching
         p = domino_ops.filtered_probs(logits, **sampling.filter_kwargs())
-        q = domino_ops.filtered_probs(draft_logits, **sampling.filter_kwargs())
+        q = draft.probs
+        if q is None:  # a drafter that kept no distributions: from its logits
+            q = domino_ops.filtered_probs(draft.logits, **sampling.filter_kwargs())
         return domino_ops.verify_sampling(draft_tokens, q, p, generator=sampling.generator)
 
     def _speculative(self, seqs, max_new_tokens, sampling: RowSampling, use_head, stop, stream, tree,
@@ -502,14 +505,14 @@ class DominoGenerator:
         (anchor + accepted drafts), its new tokens (accepted drafts + one target token) and
         how many tokens the target verified per sequence (the anchor and the drafts)."""
         b, dev = st.anchor.shape[0], st.anchor.device
-        draft_tokens, draft_logits = self._draft_and_choose(st, live, use_head, sampling, costs, num_drafts,
+        draft_tokens, draft = self._draft_and_choose(st, live, use_head, sampling, costs, num_drafts,
                                                             depth_acceptance)
         n = draft_tokens.shape[1]
         block = torch.cat([st.anchor[:, None], draft_tokens], dim=1)
         block_pos = st.anchor_pos[:, None] + torch.arange(n + 1, device=dev)
         logits, features = self._target_forward(block, torch.cat([st.cache_mask, st.cache_mask.new_ones(b, n + 1)], 1),
                                                 block_pos, st.cache)
-        verified, num_acc = self._verify_chain(draft_tokens, draft_logits, logits, sampling)
+        verified, num_acc = self._verify_chain(draft_tokens, draft, logits, sampling)
         kept = num_acc + 1  # anchor + accepted drafts enter the context
         host = torch.cat([kept[:, None], verified], dim=1).tolist()  # the one host sync of the round
         kept_list = [row[0] for row in host]

@@ -212,11 +212,15 @@ class Draft:
     confidence: torch.Tensor
     draft_vocab: torch.Tensor | None = None  # [K] int64: the target id of each draft-vocabulary index
     vocab_size: int | None = None  # V, the target's vocabulary (with a draft vocabulary)
+    # [b, n, K] float32 when some sequence samples: the filtered distribution each token was
+    # drawn from (domino_ops.filtered_probs of vocab_logits), kept from the confidence that
+    # needed it, so verification does not compute it again; None otherwise
+    vocab_probs: torch.Tensor | None = None
 
     def prefix(self, k: int) -> "Draft":
         """The first k drafts of every sequence."""
         return Draft(self.tokens[:, :k], self.vocab_logits[:, :k], self.confidence[:, :k], self.draft_vocab,
-                     self.vocab_size)
+                     self.vocab_size, None if self.vocab_probs is None else self.vocab_probs[:, :k])
 
     @property
     def logits(self) -> torch.Tensor:
@@ -225,6 +229,15 @@ class Draft:
         [b, n, V] fill costs ~0.5 ms a round on the CPU), so greedy verification, which
         compares tokens only, never pays for it."""
         return to_full_vocab(self.vocab_logits, self.draft_vocab, self.vocab_size, float("-inf"))
+
+    @property
+    def probs(self) -> torch.Tensor | None:
+        """[b, n, V] float32 over the target's whole vocabulary, 0 outside the draft
+        vocabulary: ``vocab_probs`` as rejection sampling takes them (the q of
+        :func:`domino_ops.verify_sampling`); None where they were not kept."""
+        if self.vocab_probs is None:
+            return None
+        return to_full_vocab(self.vocab_probs, self.draft_vocab, self.vocab_size, 0.0)
 
 
 class DominoDraftModel(nn.Module):
@@ -590,13 +603,16 @@ class DominoDraftModel(nn.Module):
         def sample_rows(rows):  # [b, m, V] -> [b, m]
             return domino_ops.sample(rows.reshape(-1, V), **sampling.repeat_rows(rows.shape[1]).op_kwargs()).view(b, -1)
 
+        kept_probs = []  # at T > 0 the distributions the tokens were drawn from, kept for verification
+
         def confidence(rows):  # [b, m, V] -> [b, m]: the top probability of each row's distribution
             if sampling.any_sampled:
-                return domino_ops.filtered_probs(rows, **sampling.filter_kwargs()).amax(-1)
+                kept_probs.append(domino_ops.filtered_probs(rows, **sampling.filter_kwargs()))
+                return kept_probs[-1].amax(-1)
             return torch.softmax(rows, dim=-1).amax(-1)
 
         if not (use_head and c.has_head):
-            return self._draft(sample_rows(logits), logits, confidence(logits))
+            return self._draft(sample_rows(logits), logits, confidence(logits), kept_probs)
         P = min(c.pure_draft_prefix_len, n)
         prefix = sample_rows(logits[:, :P]) if P > 0 else anchor.new_empty(b, 0)
         tokens, confidences = [prefix], [confidence(logits[:, :P])]
@@ -613,11 +629,15 @@ class DominoDraftModel(nn.Module):
                 confidences.append(confidence(rest))
             else:  # the argmax's own log-probability, from the kernel
                 confidences.append(logprobs.exp())
-        return self._draft(torch.cat(tokens, dim=1), logits, torch.cat(confidences, dim=1))
+        return self._draft(torch.cat(tokens, dim=1), logits, torch.cat(confidences, dim=1), kept_probs)
 
-    def _draft(self, tokens: torch.Tensor, logits: torch.Tensor, confidence: torch.Tensor) -> Draft:
-        """A :class:`Draft` from draft-vocabulary tokens [b, n] and logits [b, n, K]."""
-        return Draft(self._to_target_ids(tokens), logits, confidence, self.draft_vocab, self.config.vocab_size)
+    def _draft(self, tokens: torch.Tensor, logits: torch.Tensor, confidence: torch.Tensor,
+               probs: list[torch.Tensor]) -> Draft:
+        """A :class:`Draft` from draft-vocabulary tokens [b, n], logits [b, n, K] and, when
+        sampled, the distributions its positions were drawn from ([b, m_i, K] pieces in
+        position order; empty when greedy)."""
+        return Draft(self._to_target_ids(tokens), logits, confidence, self.draft_vocab, self.config.vocab_size,
+                     torch.cat(probs, dim=1) if probs else None)
 
     @torch.no_grad()
     def draft_tree(self, cache: DraftContextCache, anchor: torch.Tensor, anchor_pos: torch.Tensor, *, topk: int,
