@@ -12,6 +12,10 @@ times, on the same prompts:
 
 - plain HF ``generate`` (greedy, or sampling at the same parameters) and HF prompt lookup
   (``prompt_lookup_num_tokens``);
+- plain decoding by the engine's own loop (``--methods plain-loop``:
+  ``DominoGenerator.generate_plain``, one forward and one ``domino_ops.sample`` per token),
+  as fast as HF's greedy ``generate`` but faster sampled, where HF's logits warpers cost
+  (its top-p sorts the vocabulary every token);
 - Domino, a chain of the whole block every round (``num_drafts`` = block - 1);
 - Domino, a chain with the adaptive budget (``tree=None``);
 - Domino as ``generate`` runs by default (``tree="auto"``: at T = 0 each round a tree round
@@ -24,8 +28,9 @@ times, on the same prompts:
   lookup only, the tree alone (head on), and the tree alone with the head off (children
   from the base marginals only: a block drafter's tree, without causal state).
 
-Speedups are against the fastest plain decoding of all configurations, PyTorch's own
-bf16 included (``--plain-configs``: configurations timed for plain greedy decoding only).
+Speedups are against the fastest plain decoding of all configurations and plain methods,
+PyTorch's own bf16 included (``--plain-configs``: configurations timed for plain decoding
+only).
 Per method it reports tokens/s (total new tokens / total time of a pass over the prompts,
 the median of ``--repeats`` passes; the methods alternate within each pass, so the
 machine's drift hits them alike; one warm-up generation per method excluded), the
@@ -132,7 +137,10 @@ def summarize(name: str, passes: list[dict]) -> dict:
 
 
 # bench_e2e --methods: the rows of the comparison table, in its order
-METHODS = ("plain", "lookup", "chain", "adaptive-chain", "default", "tree-all", "tree-lookup", "tree", "head-off")
+METHODS = ("plain", "plain-loop", "lookup", "chain", "adaptive-chain", "default", "tree-all", "tree-lookup", "tree", "head-off")
+
+
+PLAIN_LOOP = "plain engine loop (domino_ops.sample)"
 
 
 def plain_name(args) -> str:
@@ -155,6 +163,9 @@ def methods(gen, args, tree):
         torch.manual_seed(0)  # HF generate's sampling draws from torch's default generator
         return gen.generate_target_only(p, max_new_tokens=m or M, **sampling)
 
+    def plain_loop(p, m):
+        return gen.generate_plain(p, max_new_tokens=m or M, generator=torch.Generator().manual_seed(0), **sampling)
+
     def lookup(p, m):
         torch.manual_seed(0)
         return gen.generate_target_only(p, max_new_tokens=m or M, prompt_lookup_num_tokens=args.prompt_lookup_tokens,
@@ -165,6 +176,7 @@ def methods(gen, args, tree):
                                          **sampling, **kw)
 
     every = {"plain": (plain_name(args), plain),
+             "plain-loop": (PLAIN_LOOP, plain_loop),
              "lookup": (f"HF prompt lookup ({args.prompt_lookup_tokens})", lookup),
              "chain": (f"Domino chain {n_block}", spec(num_drafts=n_block)),
              "adaptive-chain": ("Domino chain, adaptive", spec(tree=None)),
@@ -207,7 +219,8 @@ def cmd_compare(args) -> None:
         if uses_fast_forward(gen.target):
             fast.append(config)
         gen.round_costs(1)  # the adaptive budget's costs: measured (or read) before any timing
-        ms = methods(gen, args, tree)[:1 if config in plain_only else None]
+        ms = [(name, fn) for name, fn in methods(gen, args, tree)
+              if config not in plain_only or name in (plain_name(args), PLAIN_LOOP)]
         for _, fn in ms:
             fn(prompts[0], 8)  # warm-up, untimed
         # the methods alternate within every repeat, so the machine's drift hits them alike
@@ -217,13 +230,16 @@ def cmd_compare(args) -> None:
                 passes[name].append(one_pass(fn, prompts, gen))
                 print(f"  {config:11} pass {rep + 1}/{args.repeats} {name:46} {passes[name][-1]['tps']:6.1f} tok/s",
                       flush=True)
+        # each pass's ratio to the faster plain method of this configuration
+        base = max((n for n in passes if n in (plain_name(args), PLAIN_LOOP)),
+                   key=lambda n: statistics.median(p["tps"] for p in passes[n]))
         for name, _ in ms:
-            ratios = [a["tps"] / b["tps"] for a, b in zip(passes[name], passes[plain_name(args)])]
+            ratios = [a["tps"] / b["tps"] for a, b in zip(passes[name], passes[base])]
             rows.append({**summarize(name, passes[name]), "config": config, "pass_ratio": statistics.median(ratios)})
     copy_after = copy_bandwidth_gbs()
     datastore_tokens = int((gen.datastore.tokens >= 0).sum()) if gen.datastore is not None else 0
     plains = {r["config"]: r for r in rows if r["name"] == plain_name(args)}
-    fastest = max(plains.values(), key=lambda r: r["tps"])
+    fastest = max((r for r in rows if r["name"] in (plain_name(args), PLAIN_LOOP)), key=lambda r: r["tps"])
     what = ('held-out chat prompts (%d)' % len(prompts) if args.chat else
             'HumanEval prompts %d..%d' % (args.offset, args.offset + len(prompts) - 1)
             + (' after a module of %d characters' % args.module_context if args.module_context else ''))
@@ -235,8 +251,9 @@ def cmd_compare(args) -> None:
             f"(head kernels {cpu.isa()}, small_batch_linear {domino_ops.small_batch_linear_isa()}, packed product "
             f"{domino_ops.small_batch_linear_packed_path() if domino_ops.small_batch_linear_packed_supported() else 'none'}), "
             f"{torch.get_num_threads()} threads, torch {torch.__version__}; speedup vs the fastest plain "
-            f"decoding ({fastest['config']}, {fastest['tps']:.1f} tok/s); per pass: the median of each pass's "
-            f"ratio to plain decoding in the same configuration; copy bandwidth {copy_before:.1f} GB/s before the "
+            f"decoding ({fastest['config']} {fastest['name']}, {fastest['tps']:.1f} tok/s); per pass: the median of "
+            f"each pass's "
+            f"ratio to the faster plain method in the same configuration; copy bandwidth {copy_before:.1f} GB/s before the "
             f"runs, {copy_after:.1f} after; datastore {args.datastore.name} ({datastore_tokens} tokens); "
             f"target forward domino.fast_forward in: {', '.join(fast) or 'none'}")
     lines = [head, f"{'config':11} | {'method':46} | {'tok/s':>6} | {'speedup':>7} | {'per pass':>8} | {'tau':>5} | "
@@ -333,7 +350,7 @@ def main() -> None:
                         help="the tree's shape; NODES 0: chosen each round by the adaptive budget")
     parser.add_argument("--prompt-lookup-tokens", type=int, default=10, help="HF prompt lookup's tokens per step")
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS),
-                        help="the rows timed (plain greedy always: the speedups are against it)")
+                        help="the rows timed (plain HF decoding always; the speedups are against the fastest plain row)")
     parser.add_argument("--chat", action="store_true", help="held-out chat prompts instead of HumanEval")
     parser.add_argument("--module-context", type=int, default=0, metavar="CHARS",
                         help="each HumanEval function asked for at the end of a module of CHARS characters of "

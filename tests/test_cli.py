@@ -78,8 +78,8 @@ class FakeGenerator:
     """Records the calls the CLI makes; Domino's runs report 30 tok/s, the target's 20, and
     Domino's output differs from the target's when ``differ``."""
 
-    def __init__(self, differ=False):
-        self.calls, self.differ, self.tokenizer = [], differ, ByteTokenizer()
+    def __init__(self, differ=False, loop_tps=15.0):
+        self.calls, self.differ, self.tokenizer, self.loop_tps = [], differ, ByteTokenizer(), loop_tps
 
     def generate(self, prompt, stream=None, **kw):
         self.calls.append(("domino", prompt, stream is not None))
@@ -93,21 +93,28 @@ class FakeGenerator:
         self.calls.append(("target", prompt, False))
         return SimpleNamespace(token_ids=[104, 105], tokens_per_second=20.0)
 
+    def generate_plain(self, prompt, **kw):
+        self.calls.append(("loop", prompt, False))
+        return SimpleNamespace(token_ids=[104, 105], tokens_per_second=self.loop_tps)
 
-@pytest.mark.parametrize("differ", [False, True])
-def test_compare_times_both_sides_alike(monkeypatch, capsys, differ):
-    """--compare warms both sides up, then alternates timed runs with streaming off and
-    reports the medians' ratio; a greedy output that differs from the target's fails."""
+
+@pytest.mark.parametrize("differ,loop_tps", [(False, 15.0), (True, 15.0), (False, 24.0)])
+def test_compare_times_both_sides_alike(monkeypatch, capsys, differ, loop_tps):
+    """--compare warms every side up, then alternates timed runs with streaming off and
+    reports the medians' ratio against the faster way to run the target alone (HF
+    generate or the engine's loop); a greedy output that differs from the target's fails."""
     import domino
 
-    fake = FakeGenerator(differ)
+    fake = FakeGenerator(differ, loop_tps)
     monkeypatch.setattr(domino, "load_default", lambda quiet=False: fake)
     status = cli.main(["generate", "hi", "--compare", "--repeats", "2", "--max-new-tokens", "3"])
     err = capsys.readouterr().err
+    timed = [("target", "hi", False), ("loop", "hi", False), ("domino", "hi", False)]
     assert fake.calls == [("domino", "warm-up", False), ("domino", "hi", True), ("target", "warm-up", False),
-                          ("target", "hi", False), ("domino", "hi", False), ("target", "hi", False),
-                          ("domino", "hi", False)]
-    assert "median of 2 alternating runs each: Domino 30.0 tok/s, target alone 20.0 tok/s; speedup 1.50x" in err
+                          ("loop", "warm-up", False), *timed, *timed]
+    base = max(20.0, loop_tps)
+    assert (f"median of 2 alternating runs each: Domino 30.0 tok/s, target alone {base:.1f} tok/s (HF generate "
+            f"20.0, engine loop {loop_tps:.1f}); speedup {30.0 / base:.2f}x") in err
     assert status == (1 if differ else 0) and ("DIFFER" in err) == differ
 
 

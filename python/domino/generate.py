@@ -278,11 +278,7 @@ class DominoGenerator:
         params = self._sampling_params(len(seqs), temperature, top_k, top_p, sampling)
         if not isinstance(use_head, bool):
             raise TypeError(f"use_head must be a bool, got {type(use_head).__name__}")
-        if stream is not None and not callable(stream):
-            raise TypeError(f"stream must be a callable(i, new_ids) or None, got {type(stream).__name__}")
-        if generator is not None and not isinstance(generator, torch.Generator):
-            raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__} "
-                            "(per-request randomness: sampling=[SamplingParams(..., seed=...), ...])")
+        self._check_stream_and_generator(stream, generator)
         window = sliding_window(self.target.config)
         if window is not None and len(seqs) > 1:
             raise ValueError(f"prompt: this target attends to a sliding window ({window} positions), which HF "
@@ -325,7 +321,19 @@ class DominoGenerator:
         t0 = time.perf_counter()
         token_ids, accept, verified = self._speculative(seqs, max_new_tokens, rows, use_head, stop, stream, tree,
                                                         costs, num_drafts, lookup_tokens, datastore_tokens, kinds)
-        elapsed = time.perf_counter() - t0
+        return self._result(token_ids, accept, verified, time.perf_counter() - t0, batch, stop)
+
+    @staticmethod
+    def _check_stream_and_generator(stream, generator) -> None:
+        if stream is not None and not callable(stream):
+            raise TypeError(f"stream must be a callable(i, new_ids) or None, got {type(stream).__name__}")
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__} "
+                            "(per-request randomness: sampling=[SamplingParams(..., seed=...), ...])")
+
+    def _result(self, token_ids: list[list[int]], accept: list[list[int]], verified: list[list[int]],
+                elapsed: float, batch: bool, stop: Sequence[str]) -> GenerationResult:
+        """A call's GenerationResult: per-sequence lists for a batch, else the one sequence's."""
         texts = [self._decode_until_stop(t, stop) for t in token_ids]
         total = sum(len(t) for t in token_ids)
         res = GenerationResult(texts, token_ids, accept, total / elapsed, elapsed, verified)
@@ -655,7 +663,54 @@ class DominoGenerator:
         st.anchor = next_anchor
         st.anchor_pos = st.anchor_pos + kept
 
-    # ---- the baseline -----------------------------------------------------------------
+    # ---- the baselines ----------------------------------------------------------------
+
+    @torch.inference_mode()
+    def generate_plain(self, prompt: prompts.Prompts, *, max_new_tokens: int = 256, temperature: float = 0.0,
+                       top_k: int = 0, top_p: float = 1.0,
+                       sampling: SamplingParams | Sequence[SamplingParams] | None = None, stop: Sequence[str] = (),
+                       generator: torch.Generator | None = None,
+                       stream: Callable[[int, list[int]], None] | None = None) -> GenerationResult:
+        """Plain decoding by the engine's own loop: the target alone, one forward and one
+        :func:`domino_ops.sample` per token, on the KV cache and kernels speculation uses.
+        Takes :meth:`generate`'s request arguments (prompts, sampling, seeds, ``stop``,
+        ``stream``) and returns its result, one round per token. Greedy, it decodes what
+        :meth:`generate_target_only` does; sampled, it draws from the same filtered
+        distribution with the C++ sampler, which HF ``generate``'s logits warpers (a sort of
+        the vocabulary for top-p) make the faster plain decoding on a CPU: the baseline a
+        sampled speedup is measured against."""
+        seqs, batch, stop = self._encode_request(prompt, max_new_tokens, stop)
+        params = self._sampling_params(len(seqs), temperature, top_k, top_p, sampling)
+        self._check_stream_and_generator(stream, generator)
+        rows = RowSampling.from_params(params, self.device, generator)
+        t0 = time.perf_counter()
+        token_ids = self._plain_decoding(seqs, max_new_tokens, rows, stop, stream)
+        ones = [[1] * len(t) for t in token_ids]
+        return self._result(token_ids, ones, ones, time.perf_counter() - t0, batch, stop)
+
+    def _plain_decoding(self, seqs, max_new_tokens: int, sampling: RowSampling, stop: list[str],
+                        stream) -> list[list[int]]:
+        """Each sequence's tokens, one target forward and one sample per token until every
+        sequence is done (finished ones ride along, as in HF's batched ``generate``)."""
+        b = len(seqs)
+        ids, mask = self._left_pad(seqs)
+        positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+        cache = GrowingCache()
+        out_ids: list[list[int]] = [[] for _ in range(b)]
+        done = [False] * b
+        while not all(done):
+            logits = self.target(input_ids=ids, attention_mask=mask.long(), position_ids=positions, use_cache=True,
+                                 logits_to_keep=1, **{self._cache_kw: cache}).logits
+            token = domino_ops.sample(logits[:, -1], **sampling.op_kwargs())
+            for s, t in enumerate(token.tolist()):
+                if not done[s]:
+                    before = len(out_ids[s])
+                    done[s], out_ids[s] = self._finished(out_ids[s] + [t], max_new_tokens, stop)
+                    if stream and len(out_ids[s]) > before:
+                        stream(s, out_ids[s][before:])
+            ids, positions = token[:, None], positions[:, -1:] + 1
+            mask = torch.cat([mask, mask.new_ones(b, 1)], dim=1)
+        return out_ids
 
     @torch.inference_mode()
     def generate_target_only(self, prompt: prompts.Prompts, *, max_new_tokens: int = 256, temperature: float = 0.0,
