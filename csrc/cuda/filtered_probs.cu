@@ -5,10 +5,11 @@
 //
 // Bytes: V logits read per row (2 or 4 B each) and V float32 probabilities written (4 B):
 // 0.6 MB a row at V = 151936 in bf16, a ~0.2 us floor at 3.35 TB/s. The max pass reads from
-// HBM, the weight passes (two without top-k / top-p: the total, then the write) from L2;
-// each thread walks its own contiguous chunk of the row in index order (top-p keeps tied
-// tokens by index), so the stores are not coalesced across a warp: L2 write bandwidth and
-// the block reductions, not HBM, limit a row; top-k / top-p add ~32 passes each.
+// HBM, the weight passes (two without top-k / top-p: the total, then the write) from L2,
+// the threads on interleaved tokens (coalesced stores); with top-p each thread walks its
+// own contiguous chunk in index order (tied tokens are kept by index), so those stores are
+// not coalesced across a warp. L2 bandwidth and the block reductions, not HBM, limit a
+// row; top-k / top-p add ~32 passes each.
 #include "cuda/filtered_probs.cuh"
 #include "cuda/row_sampler.cuh"
 
@@ -35,14 +36,23 @@ filtered_probs_kernel(const T* __restrict__ logits, int64_t V, SamplingParams sa
       row, V, temperature, sampling.top_k_at(s), sampling.top_p_at(s), sh,
       [&] { one_hot(out, V, 0); },  // no mass: all of it on token 0, as the reference
       [&](const auto& weight, long long ties_before) {
-        int64_t begin, end;
-        thread_chunk(V, begin, end);
-        double chunk = 0.0;
+        // Without top-p a token's weight does not depend on the tied tokens before it, so
+        // the threads take interleaved tokens and a warp's stores are coalesced; with top-p
+        // each walks its own chunk in index order, counting ties (uncoalesced stores).
+        const bool by_chunk = sampling.top_p_at(s) < 1.0;
+        int64_t begin, end, step;
+        if (by_chunk) {
+          thread_chunk(V, begin, end);
+          step = 1;
+        } else {
+          begin = threadIdx.x, end = V, step = blockDim.x;
+        }
+        double part = 0.0;
         long long rank = ties_before;
-        for (int64_t j = begin; j < end; ++j) chunk += weight(j, rank);
-        const double total = block_sum(chunk, sh.dsum);
+        for (int64_t j = begin; j < end; j += step) part += weight(j, rank);
+        const double total = block_sum(part, sh.dsum);
         rank = ties_before;
-        for (int64_t j = begin; j < end; ++j) out[j] = static_cast<float>(weight(j, rank) / total);
+        for (int64_t j = begin; j < end; j += step) out[j] = static_cast<float>(weight(j, rank) / total);
       });
 }
 
