@@ -262,5 +262,9 @@ def test_sampled_drafts_keep_the_distributions_they_were_drawn_from(use_head, su
     torch.testing.assert_close(chain.confidence, want.amax(-1), rtol=2e-5, atol=1e-30)
     first = chain.prefix(2)
     assert torch.equal(first.probs, chain.probs[:, :2])
+    # every drawn token has mass under the distribution kept for it; the greedy row's is
+    # the one-hot of its token
+    assert (chain.probs.gather(-1, chain.tokens[..., None]) > 0).all()
+    assert torch.equal(chain.probs[2], torch.nn.functional.one_hot(chain.tokens[2], chain.probs.shape[-1]).float())
     greedy = d.draft(st.dcache, st.anchor, st.anchor_pos, use_head=use_head)
     assert greedy.vocab_probs is None and greedy.probs is None

@@ -156,7 +156,9 @@ def test_direct_call_rejects_an_output_that_aliases_the_logits():
 
 @pytest.mark.parametrize("backend", ["native", "reference"])
 def test_the_wrapper_takes_any_leading_shape_and_backend(backend):
+    """Each backend's rows against the numpy oracle, whatever the leading axes."""
     x = logits_case((2, 3, 4, 50), torch.bfloat16, True, 5)
     got = domino_ops.filtered_probs(x, 0.9, 7, 0.8, backend=backend)
     assert got.shape == x.shape and got.dtype == torch.float32
-    assert_same_law(got, reference.filtered_probs(x, 0.9, 7, 0.8))
+    for row, p in zip(x.float().reshape(-1, 50).numpy(), got.reshape(-1, 50).double().numpy()):
+        np.testing.assert_allclose(p, oracle_probs(row, 0.9, 7, 0.8), rtol=2e-5, atol=1e-37)

@@ -84,3 +84,12 @@ def test_bad_arguments_are_refused_as_generate_refuses_them():
         gen.generate_plain([1, 2, 3], max_new_tokens=0)
     with pytest.raises(ValueError, match="give either sampling= or temperature"):
         gen.generate_plain([1, 2, 3], temperature=0.5, sampling=SamplingParams(0.5))
+
+
+def test_a_float16_target_decodes():
+    """Logits of a float16 target go to the sampler as float32 (it takes float32 or bf16)."""
+    gen = tiny_generator("llama")
+    gen.target.half()
+    p = prompts(1, seed=3)[0]
+    assert gen.generate_plain(p, max_new_tokens=8).token_ids == gen.generate_target_only(p, max_new_tokens=8).token_ids
+    assert len(gen.generate_plain(p, max_new_tokens=8, temperature=0.8).token_ids) == 8

@@ -60,6 +60,13 @@ def test_a_wrong_token_after_a_fully_accepted_chain_is_caught(monkeypatch):
         check(gen, 1.0, 0, 1.0)
 
 
+def test_a_drafter_without_a_pure_draft_prefix_samples_as_the_target():
+    """pure_draft_prefix_len = 0: every draft from the head, none from the base logits alone
+    (sampled drafting used to ask for the confidence of an empty prefix and fail)."""
+    gen = tiny_generator("qwen3", vocab=V, block_size=4, seed=3, pure_draft_prefix_len=0)
+    check(gen, 0.9, 0, 1.0)
+
+
 def test_adaptive_budget_sampling_matches_target(monkeypatch):
     """The default budget (drafts planned from costs, a verify length from the drafter's
     confidence by a stopping rule) keeps the output distributed as the target's. The costs

@@ -701,7 +701,9 @@ class DominoGenerator:
         while not all(done):
             logits = self.target(input_ids=ids, attention_mask=mask.long(), position_ids=positions, use_cache=True,
                                  logits_to_keep=1, **{self._cache_kw: cache}).logits
-            token = domino_ops.sample(logits[:, -1], **sampling.op_kwargs())
+            # float32, as generate's target logits (the sampler takes float32 or bf16; a
+            # float16 target's are neither)
+            token = domino_ops.sample(logits[:, -1].float(), **sampling.op_kwargs())
             for s, t in enumerate(token.tolist()):
                 if not done[s]:
                     before = len(out_ids[s])

@@ -615,7 +615,7 @@ class DominoDraftModel(nn.Module):
             return self._draft(sample_rows(logits), logits, confidence(logits), kept_probs)
         P = min(c.pure_draft_prefix_len, n)
         prefix = sample_rows(logits[:, :P]) if P > 0 else anchor.new_empty(b, 0)
-        tokens, confidences = [prefix], [confidence(logits[:, :P])]
+        tokens, confidences = [prefix], [confidence(logits[:, :P])] if P > 0 else []
         if P < n:
             E, w_ih, w_hh, w1h, w1s, w2 = self.head_weights()
             state = self.gru_state(torch.cat([anchor[:, None], self._to_target_ids(prefix)], dim=1))
