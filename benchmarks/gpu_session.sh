@@ -76,7 +76,7 @@ test)
   if [ "$AVX512" = yes ]; then
     echo "== CPU kernel tests under the avx512 build"
     DOMINO_CPU_ISA=avx512 timeout 150 python3 -m pytest -q -p no:cacheprovider -n 8 -rfE -k "not emulated_cuda" \
-      tests/test_cpu_isa.py tests/test_domino_head_rollout.py tests/test_sample.py tests/test_verify_greedy.py \
+      tests/test_cpu_isa.py tests/test_domino_head_rollout.py tests/test_sample.py tests/test_filtered_probs.py tests/test_verify_greedy.py \
       tests/test_verify_sampling.py tests/test_small_batch_linear.py 2>&1 | tee "$OUT/tests_avx512.log" | tail -15
   fi
   ;;

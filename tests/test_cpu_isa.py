@@ -222,6 +222,19 @@ def test_sampling_matches_reference_at_vocabulary_scale(isa, temperature, top_k,
     assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("temperature,top_k,top_p", [(0.0, 0, 1.0), (0.7, 0, 1.0), (1.2, 50, 1.0), (1.0, 40, 0.5)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_filtered_probs_matches_reference_at_vocabulary_scale(isa, temperature, top_k, top_p, dtype):
+    """Each build's tempering and float64 exponentials write the reference's law over a
+    151936-token vocabulary (up to their rounding); the argmax's one-hot exactly."""
+    logits = (torch.randn(5, 151936, generator=torch.Generator().manual_seed(6)) * 3).to(dtype)
+    got = domino_ops.filtered_probs(logits, temperature, top_k, top_p)
+    want = reference.filtered_probs(logits, temperature, top_k, top_p)
+    if temperature == 0.0:
+        assert torch.equal(got, want)
+    torch.testing.assert_close(got, want, rtol=2e-5, atol=1e-37)
+
+
 def test_verify_sampling_matches_reference_at_vocabulary_scale(isa):
     g = torch.Generator().manual_seed(4)
     b, k, V = 4, 3, 151936
