@@ -43,6 +43,7 @@ the adaptive budget are measured (or read from the disk cache) before any timing
 
     python benchmarks/bench_e2e.py --num-prompts 8 --max-new-tokens 96 [--repeats 3] [--out FILE]
     python benchmarks/bench_e2e.py --chat        # held-out chat prompts instead of HumanEval
+    python benchmarks/bench_e2e.py --batch-size 4 --methods plain-loop adaptive-chain default   # batches
     python benchmarks/bench_e2e.py --temperature 0.7 --methods adaptive-chain   # sampled (at T > 0
                                                  # the default's rounds are adaptive chains too)
     python benchmarks/bench_e2e.py --module-context 6000   # each function at the end of a long
@@ -105,33 +106,44 @@ class RoundTimer:
             delattr(owner, name)  # the instance attribute shadowed the class's method
 
 
-def one_pass(fn, prompts, gen) -> dict:
-    """Generates every prompt once with ``fn``: tokens/s (total tokens / total time), the
-    outputs, acceptance and verified lengths per round, and the round-cost breakdown."""
+def one_pass(fn, requests, gen) -> dict:
+    """Generates every request once with ``fn`` (a request: one prompt, or a list of prompts
+    decoded as one batch): tokens/s (total tokens / total time), each sequence's output, the
+    acceptance and verified lengths of each sequence's rounds, the number of rounds (a
+    batch's rounds once) and the round-cost breakdown."""
     timer = RoundTimer(gen)
     try:
-        tokens, outs, acc, ver, t0 = 0, [], [], [], time.perf_counter()
-        for p in prompts:
-            res = fn(p, None)
-            outs.append(res.token_ids)
-            tokens += len(res.token_ids)
-            acc.extend(res.acceptance_lengths)
-            ver.extend(res.verified_lengths or [1] * len(res.token_ids))
+        tokens, outs, acc, ver, rounds, t0 = 0, [], [], [], 0, time.perf_counter()
+        for request in requests:
+            res = fn(request, None)
+            batch = isinstance(request, list) and isinstance(request[0], (str, list))
+            ids, accepts = (res.token_ids, res.acceptance_lengths) if batch else ([res.token_ids], [res.acceptance_lengths])
+            verified = (res.verified_lengths if batch else [res.verified_lengths]) if res.verified_lengths else [
+                [1] * len(a) for a in accepts]
+            outs.extend(ids)
+            tokens += sum(len(t) for t in ids)
+            for a, v in zip(accepts, verified):
+                acc.extend(a)
+                ver.extend(v)
+            rounds += max(len(a) for a in accepts)
         elapsed = time.perf_counter() - t0
     finally:
         timer.remove()
-    return dict(tps=tokens / elapsed, outputs=outs, accepts=acc, verified=ver, ms=dict(timer.ms), elapsed=elapsed)
+    return dict(tps=tokens / elapsed, outputs=outs, accepts=acc, verified=ver, rounds=rounds, ms=dict(timer.ms),
+                elapsed=elapsed)
 
 
 def summarize(name: str, passes: list[dict]) -> dict:
     """One method's row: the median tokens/s over its passes; acceptance, verified tokens
     and the per-round breakdown over all passes; the outputs of the last."""
     accepts = [a for p in passes for a in p["accepts"]]
-    rounds = max(len(accepts), 1)
+    rounds = max(sum(p["rounds"] for p in passes), 1)  # a batch's rounds counted once
     ms = {k: sum(p["ms"].get(k, 0.0) for p in passes) for k in ("draft", "target", "prefill")}
     total_ms = sum(p["elapsed"] for p in passes) * 1e3
     return dict(name=name, tps=statistics.median(p["tps"] for p in passes), outputs=passes[-1]["outputs"],
-                tau=sum(accepts) / rounds, verified=sum(v for p in passes for v in p["verified"]) / rounds,
+                # per sequence and round (a batch's round counts once per sequence)
+                tau=sum(accepts) / max(len(accepts), 1),
+                verified=sum(v for p in passes for v in p["verified"]) / max(len(accepts), 1),
                 rounds=rounds, draft_ms=ms["draft"] / rounds, target_ms=ms["target"] / rounds,
                 other_ms=(total_ms - ms["draft"] - ms["target"] - ms["prefill"]) / rounds)
 
@@ -204,6 +216,9 @@ def cmd_compare(args) -> None:
         prompts = humaneval_prompts_in_a_module(args.num_prompts, args.offset, args.module_context)
     else:
         prompts = humaneval_prompts(args.num_prompts, args.offset)
+    num_prompts = len(prompts)
+    if args.batch_size > 1:  # each request a batch of that many prompts (the last may be smaller)
+        prompts = [prompts[i:i + args.batch_size] for i in range(0, len(prompts), args.batch_size)]
     topk, depth, nodes = args.tree
     tree = domino.TreeShape(topk, depth, nodes or None)
     torch.set_grad_enabled(False)
@@ -218,7 +233,8 @@ def cmd_compare(args) -> None:
         gen = load(config, args.drafter, args.datastore)
         if uses_fast_forward(gen.target):
             fast.append(config)
-        gen.round_costs(1)  # the adaptive budget's costs: measured (or read) before any timing
+        for size in {len(p) if args.batch_size > 1 else 1 for p in prompts}:
+            gen.round_costs(size)  # the adaptive budget's costs: measured (or read) before any timing
         ms = [(name, fn) for name, fn in methods(gen, args, tree)
               if config not in plain_only or name in (plain_name(args), PLAIN_LOOP)]
         for _, fn in ms:
@@ -240,9 +256,10 @@ def cmd_compare(args) -> None:
     datastore_tokens = int((gen.datastore.tokens >= 0).sum()) if gen.datastore is not None else 0
     plains = {r["config"]: r for r in rows if r["name"] == plain_name(args)}
     fastest = max((r for r in rows if r["name"] in (plain_name(args), PLAIN_LOOP)), key=lambda r: r["tps"])
-    what = ('held-out chat prompts (%d)' % len(prompts) if args.chat else
-            'HumanEval prompts %d..%d' % (args.offset, args.offset + len(prompts) - 1)
+    what = ('held-out chat prompts (%d)' % num_prompts if args.chat else
+            'HumanEval prompts %d..%d' % (args.offset, args.offset + num_prompts - 1)
             + (' after a module of %d characters' % args.module_context if args.module_context else ''))
+    what += f" in batches of {args.batch_size}" if args.batch_size > 1 else ""
     head = (f"\n{what}, "
             + ("greedy" if args.temperature == 0 else
                f"sampled at temperature {args.temperature}, top_k {args.top_k}, top_p {args.top_p} (outputs not "
@@ -355,6 +372,8 @@ def main() -> None:
     parser.add_argument("--module-context", type=int, default=0, metavar="CHARS",
                         help="each HumanEval function asked for at the end of a module of CHARS characters of "
                              "other problems' solved functions (6000: ~1,900 tokens of context)")
+    parser.add_argument("--batch-size", type=int, default=1,
+                        help="prompts decoded together as one batch request (tok/s counts every sequence's tokens)")
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="sample every method at this temperature (0: greedy, outputs checked identical)")
     parser.add_argument("--top-k", type=int, default=0, help="with --temperature: top-k (0: off)")
