@@ -175,3 +175,46 @@ def test_num_drafts_is_validated():
     zero = gen.generate([1, 2, 3], max_new_tokens=6, num_drafts=0)  # plain decoding through the engine
     assert zero.token_ids == gen.generate_target_only([1, 2, 3], max_new_tokens=6).token_ids
     assert set(zero.acceptance_lengths) == {1}
+
+
+def test_plain_steps_queue_the_drafters_context_and_it_is_the_same_when_it_drafts():
+    """Rounds that draft nothing queue their tokens for the drafter's context, which takes
+    them in one call before the next draft: the same context bit for bit (keys, values,
+    mask) as one call a round, so the same drafts."""
+    import torch
+
+    from domino.budget import DepthAcceptance
+    from domino.sampling_params import RowSampling
+
+    from domino.loading import use_cpu_kernels
+
+    greedy = RowSampling(0.0, 0, 1.0, None, False)
+    gen = tiny_generator("qwen3")
+    # the engine's CPU configuration: the drafter's products and norms batch-invariant (on
+    # PyTorch's own linears a 5-row product may round unlike five 1-row ones: the context
+    # then differs in its last bits, and verification keeps the output exact regardless)
+    use_cpu_kernels(gen.drafter, small_batch_linear=True, small_batch_attention=False)
+    ps = prompts(3, seed=6)
+
+    def rounds(eager: bool):
+        st, _ = gen._prefill(ps, greedy)
+        acceptance = DepthAcceptance(gen.drafter.config.num_drafts, 0.5)
+        for n in (0, 0, 0, 2, 0, 0, 3, 0):
+            gen._chain_round(st, greedy, True, [0, 1, 2], None, n, acceptance)
+            if eager:
+                gen._drafter_context(st)
+            assert eager or (len(st.pending_context) > 0)
+        return st
+
+    with torch.inference_mode():
+        lazy, eager = rounds(False), rounds(True)
+    assert len(lazy.pending_context) == 2 and not eager.pending_context  # the n = 3 round and the plain step after it
+    with torch.inference_mode():
+        ctx_lazy, ctx_eager = gen._drafter_context(lazy), gen._drafter_context(eager)
+    assert torch.equal(ctx_lazy.mask, ctx_eager.mask) and ctx_lazy.mask.shape[1] > lazy.cache_mask.shape[1] - 8
+    for a, b in zip(ctx_lazy.keys + ctx_lazy.values, ctx_eager.keys + ctx_eager.values):
+        assert torch.equal(a, b)
+    with torch.inference_mode():
+        d_lazy = gen.drafter.draft(ctx_lazy, lazy.anchor, lazy.anchor_pos)
+        d_eager = gen.drafter.draft(ctx_eager, eager.anchor, eager.anchor_pos)
+    assert torch.equal(d_lazy.tokens, d_eager.tokens) and torch.equal(d_lazy.vocab_logits, d_eager.vocab_logits)
