@@ -416,11 +416,9 @@ class DominoGenerator:
         the calibrated confidence of the live sequences' drafts)."""
         n = num_drafts if costs is None else budget.best_draft_length(depth_acceptance.rates(), costs, len(live))
         if n == 0:  # a plain decoding step: nothing is worth drafting
-            V, b = self.drafter.config.vocab_size, st.anchor.shape[0]
-            return st.anchor.new_empty(b, 0), None
+            return st.anchor.new_empty(st.anchor.shape[0], 0), None
         draft = self.drafter.draft(self._drafter_context(st), st.anchor, st.anchor_pos, use_head=use_head,
-                                   sampling=sampling,
-                                   num_drafts=n)
+                                   sampling=sampling, num_drafts=n)
         k = n
         if costs is not None:
             accept_probs = self.drafter.calibration(draft.confidence[live])
@@ -430,9 +428,9 @@ class DominoGenerator:
     @staticmethod
     def _verify_chain(draft_tokens, draft: Draft | None, logits, sampling: RowSampling):
         """Verified tokens [b, k+1] and accepted drafts [b] for drafts [b, k] (``draft``:
-        their :class:`Draft`, whose kept distributions, or else logits, give q; None is fine
-        at temperature 0) against the target's logits [b, k+1, V]: greedy matching, or
-        rejection sampling against the drafter's distribution; k = 0 is a plain step."""
+        their :class:`Draft`, whose kept distributions are q; None is fine at temperature 0)
+        against the target's logits [b, k+1, V]: greedy matching, or rejection sampling
+        against the drafter's distribution; k = 0 is a plain step."""
         if draft_tokens.shape[1] == 0:
             token = domino_ops.sample(logits[:, 0], **sampling.op_kwargs())
             return token[:, None], torch.zeros_like(token)
@@ -440,10 +438,7 @@ class DominoGenerator:
             return domino_ops.verify_greedy(draft_tokens, logits)
         # greedy rows of a mixed batch have one-hot p and q: rejection sampling is exact matching
         p = domino_ops.filtered_probs(logits, **sampling.filter_kwargs())
-        q = draft.probs
-        if q is None:  # a drafter that kept no distributions: from its logits
-            q = domino_ops.filtered_probs(draft.logits, **sampling.filter_kwargs())
-        return domino_ops.verify_sampling(draft_tokens, q, p, generator=sampling.generator)
+        return domino_ops.verify_sampling(draft_tokens, draft.probs, p, generator=sampling.generator)
 
     def _speculative(self, seqs, max_new_tokens, sampling: RowSampling, use_head, stop, stream, tree,
                      costs: RoundCosts | None, num_drafts: int | None, lookup_tokens: int = 0,
@@ -518,7 +513,7 @@ class DominoGenerator:
         how many tokens the target verified per sequence (the anchor and the drafts)."""
         b, dev = st.anchor.shape[0], st.anchor.device
         draft_tokens, draft = self._draft_and_choose(st, live, use_head, sampling, costs, num_drafts,
-                                                            depth_acceptance)
+                                                     depth_acceptance)
         n = draft_tokens.shape[1]
         block = torch.cat([st.anchor[:, None], draft_tokens], dim=1)
         block_pos = st.anchor_pos[:, None] + torch.arange(n + 1, device=dev)
@@ -542,8 +537,8 @@ class DominoGenerator:
         the plan that chose it (None without the budget)."""
         t0 = time.perf_counter()
         tree = self.drafter.draft_tree(self._drafter_context(st), st.anchor, st.anchor_pos, topk=shape.topk,
-                                       depth=shape.depth,
-                                       num_draft_tokens=shape.num_draft_tokens, use_head=use_head, sampling=sampling)
+                                       depth=shape.depth, num_draft_tokens=shape.num_draft_tokens, use_head=use_head,
+                                       sampling=sampling)
         if costs is None or tree.draft_probs is not None:  # a fixed size, or sampled: every draw is verified
             return tree, None
         draft_ms = (time.perf_counter() - t0) * 1e3

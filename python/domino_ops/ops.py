@@ -23,7 +23,7 @@ import torch
 from domino_ops import _checks, reference
 from domino_ops import triton as triton_ops
 from domino_ops.linear_packed import PANEL_COLS, PackedLinearWeight, small_batch_linear_packed_supported
-from domino_ops.sampling import draw_uniforms, expand_uniforms, kernel_sampling_args, may_sample
+from domino_ops.sampling import draw_uniforms, expand_uniforms, kernel_sampling_args, may_sample, repeat_over_rows
 
 __all__ = ["domino_head_rollout", "domino_head_expand", "sample", "filtered_probs", "verify_greedy", "verify_sampling", "has_kernel", "select_backend"]
 
@@ -503,14 +503,10 @@ def filtered_probs(logits: torch.Tensor, temperature: float | torch.Tensor = 0.0
     if chosen == "reference":
         return reference.filtered_probs(logits, temperature, top_k, top_p)
     rows = logits[0].numel() // V
-
-    def each_row(x):  # a [b] tensor repeated over the middle axes; a number as it is
-        return x.reshape(b).repeat_interleave(rows) if isinstance(x, torch.Tensor) and rows > 1 else x
-
     flat = logits.reshape(b * rows, V).contiguous()
     probs = torch.empty(flat.shape, dtype=torch.float32, device=logits.device)
-    T, top_k, top_p, row_T, row_k, row_p = kernel_sampling_args(each_row(temperature), each_row(top_k),
-                                                                each_row(top_p), V)
+    T, top_k, top_p, row_T, row_k, row_p = kernel_sampling_args(
+        *(repeat_over_rows(x, b, rows) for x in (temperature, top_k, top_p)), V)
     _kernel("filtered_probs", chosen)(flat, T, top_k, top_p, probs, row_T, row_k, row_p)
     return probs.view(logits.shape)
 

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from domino_ops.sampling import (draw_uniforms, effective_temperature, expand_uniforms, filtered_weights,
-                                 may_sample, per_row)
+                                 may_sample, per_row, repeat_over_rows)
 
 __all__ = ["domino_head_rollout", "domino_head_expand", "sample", "filtered_probs", "verify_greedy", "verify_sampling", "sample_from_logits",
            "small_batch_linear", "small_batch_attention", "rms_norm", "silu_mul", "apply_rotary_pos_emb"]
@@ -52,11 +52,7 @@ def filtered_probs(logits: torch.Tensor, temperature=0.0, top_k=0, top_p=1.0) ->
     repeated over the middle axes)."""
     b, V = logits.shape[0], logits.shape[-1]
     rows = logits[0].numel() // V if logits.dim() > 1 else 1
-
-    def each_row(x):  # a [b] tensor repeated over the middle axes; a number as it is
-        return x.reshape(b).repeat_interleave(rows) if isinstance(x, torch.Tensor) else x
-
-    w = filtered_weights(logits.reshape(-1, V), each_row(temperature), each_row(top_k), each_row(top_p))
+    w = filtered_weights(logits.reshape(-1, V), *(repeat_over_rows(x, b, rows) for x in (temperature, top_k, top_p)))
     return (w / w.sum(dim=-1, keepdim=True)).float().reshape(logits.shape)
 
 

@@ -20,7 +20,7 @@ import torch
 
 from domino_ops import _checks
 
-__all__ = ["draw_uniforms", "expand_uniforms", "filtered_weights", "check_sampling_params", "per_row",
+__all__ = ["draw_uniforms", "expand_uniforms", "filtered_weights", "check_sampling_params", "per_row", "repeat_over_rows",
            "effective_temperature", "kernel_top_k", "kernel_top_p", "kernel_sampling_args", "may_sample",
            "GREEDY_BELOW", "MIN_TOP_P"]
 
@@ -109,6 +109,13 @@ def kernel_sampling_args(temperature, top_k, top_p, vocab_size: int) -> tuple:
             kernel_top_k(top_k.long(), vocab_size).contiguous() if isinstance(top_k, torch.Tensor) else None,
             kernel_top_p(top_p.float()).contiguous() if isinstance(top_p, torch.Tensor) else None)
     return scalars + rows
+
+
+def repeat_over_rows(value, b: int, rows: int):
+    """A sampling parameter of ``b`` leading rows as one value per row of ``b * rows``
+    flattened rows (``rows`` per leading row, e.g. a [b, k, V] tensor's middle axis): a
+    [b] tensor repeated ``rows`` times each, a Python number as it is."""
+    return value.reshape(b).repeat_interleave(rows) if isinstance(value, torch.Tensor) and rows > 1 else value
 
 
 def per_row(value, n: int, dtype: torch.dtype, device) -> torch.Tensor:

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from domino_ops.triton.row_params import row_params
-from domino_ops.triton.row_sampler import BLOCK_V, argmax_row, filter_row, final_weights
+from domino_ops.triton.row_sampler import BLOCK_V, argmax_row, filter_row, filtered_total, final_weights
 
 
 @triton.jit
@@ -28,13 +28,7 @@ def _one_hot(out_ptr, V, hot, BLOCK: tl.constexpr):
 def _filtered_row_probs(row, out, V, temperature, top_k, top_p, BLOCK: tl.constexpr):
     """Writes the filtered law of row[0:V] at temperature > 0 as probabilities out[0:V]."""
     xmax, no_mass, kth, cut, n_tie = filter_row(row, V, temperature, top_k, top_p, BLOCK)
-    total = tl.full([], 0.0, tl.float64)
-    tie_carry = tl.full([], 0, tl.int64)
-    for start in range(0, V, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        w, ties = final_weights(row, offs, V, temperature, xmax, kth, cut, n_tie, tie_carry)
-        total += tl.sum(w, 0)
-        tie_carry += ties
+    total = filtered_total(row, V, temperature, xmax, kth, cut, n_tie, BLOCK)
     tie_carry = tl.full([], 0, tl.int64)
     for start in range(0, V, BLOCK):
         offs = start + tl.arange(0, BLOCK)

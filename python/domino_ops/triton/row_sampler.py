@@ -178,6 +178,20 @@ def final_weights(row_ptr, offs, V, temperature, xmax, kth, cut, n_tie, tie_carr
 
 
 @triton.jit
+def filtered_total(row_ptr, V, temperature, xmax, kth, cut, n_tie, BLOCK: tl.constexpr):
+    """The float64 total of the weights of the law filter_row describes, chunk by chunk in
+    index order (the tie ranks carried across chunks)."""
+    total = tl.full([], 0.0, tl.float64)
+    tie_carry = tl.full([], 0, tl.int64)
+    for start in range(0, V, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        w, ties = final_weights(row_ptr, offs, V, temperature, xmax, kth, cut, n_tie, tie_carry)
+        total += tl.sum(w, 0)
+        tie_carry += ties
+    return total
+
+
+@triton.jit
 def sample_row(row_ptr, V, temperature, top_k, top_p, u, BLOCK: tl.constexpr):
     """Samples row[0:V] at temperature > 0 with top-k (0 = off) and top-p (1 = off) by
     inverse CDF at the uniform u. Returns (token, logprob under the filtered law); a row
@@ -185,13 +199,7 @@ def sample_row(row_ptr, V, temperature, top_k, top_p, u, BLOCK: tl.constexpr):
     xmax, no_mass, kth, cut, n_tie = filter_row(row_ptr, V, temperature, top_k, top_p, BLOCK)
     zmax = tl.full([], 0.0, tl.float32)
     # inverse CDF in index order: the first j with cumsum(w)[j] > u * total
-    total = tl.full([], 0.0, tl.float64)
-    tie_carry = tl.full([], 0, tl.int64)
-    for start in range(0, V, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        w, ties = _final_weights(row_ptr, offs, V, temperature, xmax, zmax, kth, cut, n_tie, tie_carry)
-        total += tl.sum(w, 0)
-        tie_carry += ties
+    total = filtered_total(row_ptr, V, temperature, xmax, kth, cut, n_tie, BLOCK)
     target = u * total
     carry = tl.full([], 0.0, tl.float64)
     tie_carry = tl.full([], 0, tl.int64)
