@@ -1,31 +1,80 @@
-"""The verification budget's two policy choices, side by side in one run against plain
-decoding (all greedy, chain rounds (``tree=None``), every output token-identical to plain
-decoding):
+"""The verification budget's policy choices, each undone on its own, side by side in one run
+against plain decoding (greedy, every output token-identical to plain decoding):
 
-- how drafting is timed for the cost model (``domino.budget.measure_round_costs``):
-  ``cold``, each drafting right after a target forward, as in a round (what the library
-  does), or ``warm``, back to back (what it did before 2026-11-24);
-- whether the per-depth acceptance evidence fades (``DepthAcceptance(memory=32)``, what
-  the library does: a stretch where drafting stopped paying is forgotten after ~32
-  rounds) or is kept for the whole request (``keep``).
+- ``default``: what the library does;
+- ``no margin``: drafting planned wherever it is expected to beat a plain step at all,
+  instead of by ``domino.budget.DRAFT_MARGIN`` (the library before 2026-12-05);
+- ``drafting alone``: the cost model's drafting timed without the drafter's context
+  extension and the calibration a drafting round also runs
+  (``domino.budget.measure_round_costs`` before 2026-12-05), with no margin: the library
+  before 2026-12-05 as a whole;
+- ``warm``: drafting timed back to back instead of right after a target forward, as a round
+  runs it (the library before 2026-11-24);
+- ``keep``: the per-depth acceptance evidence kept for the whole request instead of fading
+  (``DepthAcceptance(memory=32)``: a stretch where drafting stopped paying is forgotten
+  after ~32 rounds).
 
-Prompts: HumanEval, held-out ShareGPT chat, and `make run`'s prompt (three times). Default
-configuration (``domino.load_default``: bf16, small-batch linear and attention). Tokens/s
-is total tokens over total time per method and pass, the median of ``--repeats`` passes;
-methods alternate per prompt; one warm-up generation excluded.
+Every variant's cost tables are measured in this run, one after another, so a slow moment
+of the machine cannot favour one variant's table (a 2-core VM's tables swing by ~10 % from
+minute to minute); the verification times are the default's for all, so the variants differ
+only in what they change. Plain decoding is the engine's own loop
+(``DominoGenerator.generate_plain``).
 
-    python benchmarks/bench_budget.py [--num-prompts 12] [--max-new-tokens 96] [--repeats 3]
+Prompts: HumanEval, held-out ShareGPT chat, and `make run`'s prompt (three times), each a
+request of ``--batch-size`` prompts. Default configuration (``domino.load_default``: bf16,
+small-batch linear and attention), rounds as ``generate`` runs them by default (``--chain``:
+chain rounds only). Tokens/s is total tokens over total time per method and pass, the
+median of ``--repeats`` passes; methods alternate per request; one warm-up generation
+excluded.
+
+    python benchmarks/bench_budget.py [--num-prompts 12] [--max-new-tokens 96] [--repeats 2] [--batch-size 4]
+        [--variants default "no margin"] [--prompts humaneval chat make-run]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+VARIANTS = ("default", "no margin", "drafting alone", "warm", "keep")
+PROMPT_SETS = ("humaneval", "chat", "make-run")
+
+
+def variant_costs(gen, batch_size: int) -> dict:
+    """Each variant's round costs, all with the default's verification times."""
+    from domino import budget
+
+    default = budget.measure_round_costs(gen, batch_size)
+    timed = budget._min_ms
+    budget._min_ms = lambda fns, repeats, before=None: timed(fns, repeats)  # back to back
+    try:
+        warm = budget.measure_round_costs(gen, batch_size)
+    finally:
+        budget._min_ms = timed
+    drafter = gen.drafter
+    extend, calibration = drafter.extend_context, drafter.calibration
+    prompt_context = []
+
+    def prompt_only(*args):  # the measurement's first call fills the prompt's context; no later one
+        if not prompt_context:
+            prompt_context.append(True)
+            extend(*args)
+
+    drafter.extend_context, drafter.calibration = prompt_only, lambda confidence: confidence
+    try:
+        alone = budget.measure_round_costs(gen, batch_size)
+    finally:
+        del drafter.extend_context, drafter.calibration  # the instance attributes shadowed the class's
+        drafter.calibration = calibration
+    return {"default": default, "no margin": default, "keep": default,
+            "drafting alone": dataclasses.replace(default, draft_ms=alone.draft_ms),
+            "warm": dataclasses.replace(default, draft_ms=warm.draft_ms)}
 
 
 def main() -> None:
@@ -38,54 +87,79 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--num-prompts", type=int, default=12)
     p.add_argument("--max-new-tokens", type=int, default=96)
-    p.add_argument("--repeats", type=int, default=3, help="passes over the prompts (median)")
+    p.add_argument("--repeats", type=int, default=2, help="passes over the prompts (median)")
+    p.add_argument("--batch-size", type=int, default=1, help="prompts decoded together as one request")
+    p.add_argument("--chain", action="store_true", help="chain rounds only (tree=None)")
+    p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    p.add_argument("--prompts", nargs="+", choices=PROMPT_SETS, default=list(PROMPT_SETS))
     args = p.parse_args()
 
     gen = load_default()
-    cold = budget.measure_round_costs(gen, 1)
-    timed = budget._min_ms
-    budget._min_ms = lambda fns, repeats, before=None: timed(fns, repeats)  # drafting timed back to back
-    warm = budget.measure_round_costs(gen, 1)
-    budget._min_ms = timed
+    b = args.batch_size
+    costs = variant_costs(gen, b)
     defaults = DepthAcceptance.__init__.__defaults__  # (prior, prior_weight, memory)
-    variants = {"warm/keep": (warm, float("inf")), "cold/keep": (cold, float("inf")),
-                "warm/forget": (warm, defaults[2]), "cold/forget (default)": (cold, defaults[2])}
-    print(f"{cpu.model()}; SmolLM2-135M-Instruct + the shipped drafter, bf16, small-batch linear + attention; "
-          f"{args.max_new_tokens} new tokens per prompt")
-    for name, c in (("cold", cold), ("warm", warm)):
+    plan = budget.best_draft_length
+    settings = {name: (costs[name], float("inf") if name == "keep" else defaults[2],
+                       0.0 if name in ("no margin", "drafting alone") else budget.DRAFT_MARGIN)
+                for name in args.variants}
+    print(f"{cpu.model()} ({cpu.isa()}); SmolLM2-135M-Instruct + the shipped drafter, bf16, small-batch linear + "
+          f"attention; {args.max_new_tokens} new tokens per prompt, requests of {b}, "
+          f"{'chain rounds' if args.chain else 'rounds as generate runs them'}")
+    for name in dict.fromkeys(("default", *args.variants)):
+        c = costs[name]
         print(f"  {name} costs: draft ms n=1..5 {[round(x, 1) for x in c.draft_ms[1:6]]}, "
               f"verify ms t=1..5 {[round(x, 1) for x in c.verify_ms[1:6]]}")
     make_run = [[{"role": "user", "content": "Write a Python function that checks whether a number is prime."}]]
-    print("prompts    | " + " | ".join(["plain", *variants]))
-    for label, prompts in (("HumanEval", humaneval_prompts(args.num_prompts)), ("chat", chat_prompts(args.num_prompts)),
-                           ("make run", make_run * 3)):
-        passes = {m: [] for m in ["plain", *variants]}
-        accepted = {m: [] for m in variants}
-        gen.generate(prompts[0], max_new_tokens=8)  # warm-up
-        gen.generate_target_only(prompts[0], max_new_tokens=8)
+    sets = {"humaneval": ("HumanEval", lambda: humaneval_prompts(args.num_prompts)),
+            "chat": ("chat", lambda: chat_prompts(args.num_prompts)), "make-run": ("make run", lambda: make_run * 3)}
+    rounds = {"tree": None} if args.chain else {}
+    print("prompts    | " + " | ".join(["plain loop", *settings]))
+    for key in args.prompts:
+        label, load = sets[key]
+        prompts = load()
+        requests = [prompts[i:i + b] if b > 1 else prompts[i] for i in range(0, len(prompts), b)]
+        passes = {m: [] for m in ["plain", *settings]}
+        accepted = {m: [] for m in settings}
+        outputs = {m: [] for m in passes}  # the last pass's, every sequence
+        gen.generate(requests[0], max_new_tokens=8, **rounds)  # warm-up
+        gen.generate_plain(requests[0], max_new_tokens=8)
         try:
             for _ in range(args.repeats):
                 totals = {m: [0, 0.0] for m in passes}
-                for prompt in prompts:
+                outputs = {m: [] for m in passes}
+                for request in requests:
                     for m in totals:
-                        t0 = time.perf_counter()
                         if m == "plain":
-                            out = gen.generate_target_only(prompt, max_new_tokens=args.max_new_tokens)
+                            t0 = time.perf_counter()
+                            out = gen.generate_plain(request, max_new_tokens=args.max_new_tokens)
                         else:
-                            gen._costs[1], memory = variants[m]
+                            gen._costs[b], memory, margin = settings[m]
                             DepthAcceptance.__init__.__defaults__ = (*defaults[:2], memory)
-                            out = gen.generate(prompt, max_new_tokens=args.max_new_tokens, tree=None)
-                            accepted[m] += out.acceptance_lengths
-                        totals[m][0] += len(out.token_ids)
-                        totals[m][1] += time.perf_counter() - t0
+                            budget.best_draft_length = (lambda rates, c, live=1, margin=margin:
+                                                        plan(rates, c, live, margin))
+                            t0 = time.perf_counter()
+                            out = gen.generate(request, max_new_tokens=args.max_new_tokens, **rounds)
+                        seconds = time.perf_counter() - t0
+                        ids = out.token_ids if b > 1 else [out.token_ids]
+                        if m != "plain":
+                            lengths = out.acceptance_lengths if b > 1 else [out.acceptance_lengths]
+                            accepted[m] += [a for seq in lengths for a in seq]
+                        outputs[m] += ids
+                        totals[m][0] += sum(map(len, ids))
+                        totals[m][1] += seconds
                 for m, (n, sec) in totals.items():
                     passes[m].append(n / sec)
         finally:
             DepthAcceptance.__init__.__defaults__ = defaults
+            budget.best_draft_length = plan
+            gen._costs.pop(b, None)
         tps = {m: statistics.median(v) for m, v in passes.items()}
         cells = [f"{tps['plain']:.1f} tok/s"] + [
-            f"{tps[m]:.1f} ({tps[m] / tps['plain']:.2f}x, tau {sum(accepted[m]) / len(accepted[m]):.2f})" for m in variants]
-        print(f"{label:10} | " + " | ".join(cells), flush=True)
+            f"{tps[m]:.1f} ({tps[m] / tps['plain']:.3f}x, tau {sum(accepted[m]) / len(accepted[m]):.2f})"
+            for m in settings]
+        differ = [m for m in settings if outputs[m] != outputs["plain"]]
+        print(f"{label:10} | " + " | ".join(cells) + f" | identical: {'no: ' + ', '.join(differ) if differ else 'yes'}",
+              flush=True)
 
 
 if __name__ == "__main__":

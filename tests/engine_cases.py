@@ -19,12 +19,15 @@ def prompts(n, seed=0, vocab=64):
 
 def cheap_verification(gen, batch_size: int) -> None:
     """Rigs ``gen``'s round costs for ``batch_size`` (no measuring): verifying more tokens
-    and drafting cost almost nothing, so the adaptive budget drafts and verifies several
-    tokens every round even with a tiny random drafter, whose measured costs would make
-    most rounds plain one-token steps (and a test of multi-token verification vacuous)."""
+    and drafting cost almost nothing, and a plain step (one token verified) twice a
+    verification of more, so the adaptive budget drafts and verifies several tokens every
+    round even with a tiny random drafter, whose measured costs and low acceptance would make
+    most rounds plain one-token steps (and a test of multi-token verification vacuous): a
+    drafting round is expected to beat a plain step by far more than the plan's margin
+    (``domino.budget.DRAFT_MARGIN``) whatever the acceptance."""
     from domino.budget import RoundCosts
 
-    gen._costs[batch_size] = RoundCosts(tuple([0.0] + [10.0 + 0.05 * t for t in range(1, 33)]),
+    gen._costs[batch_size] = RoundCosts(tuple([0.0, 20.0] + [10.0 + 0.05 * t for t in range(2, 33)]),
                                         tuple([0.0] + [0.05 * n for n in range(1, 16)]))
 
 

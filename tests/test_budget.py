@@ -75,6 +75,54 @@ def test_draft_length_grows_with_acceptance():
     assert 0 < mid < 8
 
 
+def test_draft_length_drafts_only_past_a_margin_over_a_plain_step():
+    """A plain step: 1 token in 10 ms. One draft verified: 1 + a tokens in 12 ms. Drafting is
+    chosen only when its expected tokens per millisecond beat the plain step's by more than
+    the margin (the plan's estimate is biased upwards when it acts: budget.DRAFT_MARGIN)."""
+    c = costs([10.0, 10.0], [2.0])
+    five_percent, twenty_percent = 0.26, 0.44  # (1 + a) / 12 against 1 / 10
+    assert budget.best_draft_length([five_percent], c, margin=0.0) == 1
+    assert budget.best_draft_length([five_percent], c, margin=0.1) == 0
+    assert budget.best_draft_length([twenty_percent], c, margin=0.1) == 1
+    assert budget.best_draft_length([twenty_percent], c, margin=0.25) == 0
+    assert 0.0 < budget.DRAFT_MARGIN < 0.25
+    assert budget.best_draft_length([five_percent], c) == 0 and budget.best_draft_length([twenty_percent], c) == 1
+    # the margin decides only whether to draft, not how many: among n > 0 the fastest
+    c = costs([10.0, 10.0, 10.0, 13.0], [1.0, 1.0, 1.0])
+    assert budget.best_draft_length([0.9, 0.9, 0.1], c) == budget.best_draft_length([0.9, 0.9, 0.1], c, margin=0.0) == 2
+
+
+def test_measured_drafting_includes_the_context_extension_and_calibration(monkeypatch):
+    """Every timed drafting (warm-up included) extends the drafter's context first and
+    calibrates its confidences after, as a drafting round does, and leaves the context as it
+    found it: each size is timed over the same context."""
+    gen = tiny_generator("qwen3")
+    events, lengths = [], []
+    extend, draft, calibrate = gen.drafter.extend_context, gen.drafter.draft, gen.drafter.calibration
+
+    def counting_extend(cache, *a):
+        events.append("extend")
+        return extend(cache, *a)
+
+    def counting_draft(cache, *a, **kw):
+        events.append("draft")
+        lengths.append(cache.length)
+        return draft(cache, *a, **kw)
+
+    def counting_calibration(confidence):
+        events.append("calibrate")
+        return calibrate(confidence)
+
+    monkeypatch.setattr(gen.drafter, "extend_context", counting_extend)
+    monkeypatch.setattr(gen.drafter, "draft", counting_draft)
+    monkeypatch.setattr(gen.drafter, "calibration", counting_calibration)
+    budget.measure_round_costs(gen, 2, context=16, repeats=2)
+    drafts = events.count("draft")
+    assert drafts > 0 and events[0] == "extend"  # the prompt's context
+    assert events[1:] == ["extend", "draft", "calibrate"] * drafts
+    assert set(lengths) == {16 + budget._KEPT_PER_ROUND}
+
+
 def test_depth_acceptance_counts_only_reached_depths():
     d = DepthAcceptance(4, prior=0.5, prior_weight=2.0)
     d.update([4, 4, 2], [4, 1, 0])  # all accepted; first accepted then rejected; first rejected

@@ -47,6 +47,9 @@ __all__ = ["Calibration", "DepthAcceptance", "RoundCosts", "best_draft_length", 
 
 # Sizes timed by measure_round_costs; the others are interpolated linearly between them.
 _TIMED_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+# Tokens a timed drafting round adds to the drafter's context first: about what a round keeps
+# (tau ~2-3 on the shipped drafter).
+_KEPT_PER_ROUND = 2
 
 
 @dataclass(frozen=True)
@@ -57,7 +60,8 @@ class RoundCosts:
     entry 0 unused; up to 32 or the drafter's block, for trees), with a KV cache, as a
     verification round runs it.
     ``draft_ms[n]``: drafting n tokens per sequence (n = 0 .. len-1; 0 costs nothing):
-    the backbone, base logits at n positions and the head over them.
+    the drafter's context extension by the tokens kept since its last draft, the backbone,
+    base logits at n positions, the head over them and the calibration of their confidences.
     """
 
     verify_ms: tuple[float, ...]
@@ -260,13 +264,31 @@ def best_verify_length(accept_probs: torch.Tensor, costs: RoundCosts, n: int) ->
     return k
 
 
-def best_draft_length(depth_rates: Sequence[float], costs: RoundCosts, live: int = 1) -> int:
+# How much faster than a plain step a drafting round must be expected to run before the plan
+# drafts at all. The plan drafts when its running acceptance estimate is high, so at the
+# moments it acts the estimate is biased upwards (a winner's curse): on the Zen 3 VM, batches
+# of 4, the depth-1 rate it planned with averaged 0.773 where those rounds realized 0.675, at
+# a break-even near 0.67, and it ran at 0.96-0.97x plain decoding where never drafting is
+# 1.00x (benchmarks/budget_replay.py, which replays plans offline from measured acceptance;
+# measured end to end, benchmarks/bench_budget.py: 0.93-0.97x against 0.96-1.01x). Where
+# drafting pays, the expected gain is far above the margin and the plan barely changes:
+# replayed, batch 1 1.45x either way, batch 2 1.26-1.28x either way on HumanEval and 1.13x
+# against 1.14x on chat. The cost tables' own noise on a shared VM (~10 % from minute to
+# minute) is a second reason not to act on a small expected edge.
+DRAFT_MARGIN = 0.1
+
+
+def best_draft_length(depth_rates: Sequence[float], costs: RoundCosts, live: int = 1,
+                      margin: float = DRAFT_MARGIN) -> int:
     """The number of tokens n to draft (0 .. max) maximising expected tokens per
-    millisecond if all n are verified, from per-depth acceptance rates."""
+    millisecond if all n are verified, from per-depth acceptance rates; 0 unless that beats
+    a plain step's by the fraction ``margin`` (:data:`DRAFT_MARGIN`)."""
     n_max = min(costs.max_drafts, len(depth_rates))
     rates = torch.tensor(list(depth_rates[:n_max]), dtype=torch.float32).expand(live, n_max)
     exp = expected_tokens(rates).tolist()
-    return max(range(n_max + 1), key=lambda n: exp[n] / costs.round_ms(n, n))
+    speed = [exp[n] / costs.round_ms(n, n) for n in range(n_max + 1)]
+    n = max(range(n_max + 1), key=speed.__getitem__)
+    return n if speed[n] > speed[0] * (1.0 + margin) else 0
 
 
 def tree_tokens(path_probs: torch.Tensor, scores: torch.Tensor) -> list[float]:
@@ -413,8 +435,8 @@ def cost_key(gen, batch_size: int) -> str:
         "fast_forward": uses_fast_forward(target),
         "batch_size": batch_size,
         "cpu_isa": os.environ.get("DOMINO_CPU_ISA", ""),
-        "measurement": 4,  # how measure_round_costs times (2: drafting after a target forward; 3: suffix-min
-        # envelope; 4: the sizes interleaved)
+        "measurement": 5,  # how measure_round_costs times (2: drafting after a target forward; 3: suffix-min
+        # envelope; 4: the sizes interleaved; 5: drafting with its context extension and calibration)
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
 
@@ -453,7 +475,8 @@ def _nondecreasing(values: tuple[float, ...]) -> tuple[float, ...]:
 def measure_round_costs(gen, batch_size: int = 1, context: int = 128, repeats: int = 5) -> RoundCosts:
     """Times a target verification forward over t tokens and a drafting of n tokens, as a
     round runs them (KV cache of ``context`` tokens, cropped back after each forward; each
-    drafting right after a target forward), at
+    drafting right after a target forward, with the drafter's context extension before it
+    and the calibration of its confidences after), at
     the sizes in ``_TIMED_SIZES`` up to the drafter's block, interpolated in between; the
     fastest of ``repeats`` per size (the sizes timed in interleaved rounds), made
     non-decreasing in size."""
@@ -483,8 +506,19 @@ def measure_round_costs(gen, batch_size: int = 1, context: int = 128, repeats: i
                             context + torch.arange(t, device=dev).expand(batch_size, t), cache)
         cache.crop(-t)
 
+    kept = slice(context - _KEPT_PER_ROUND, context)
+
     def draft(n):
-        gen.drafter.draft(dcache, anchor, anchor_pos, num_drafts=n)
+        # A drafting round first extends the drafter's context by what the rounds since the
+        # last draft kept (DominoGenerator._drafter_context), then drafts, then maps the
+        # confidences to acceptance probabilities for the verify length: all of it is the
+        # price of drafting, which a plain step does not pay. (Timing the drafter's forward
+        # alone left ~1-2 ms a drafting round out of the table on the Zen 3 VM.)
+        saved = (list(dcache.keys), list(dcache.values), dcache.mask)
+        gen.drafter.extend_context(dcache, features[:, kept], positions[:, kept], mask[:, kept])
+        d = gen.drafter.draft(dcache, anchor, anchor_pos, num_drafts=n)
+        expected_tokens(gen.drafter.calibration(d.confidence)).tolist()
+        dcache.keys, dcache.values, dcache.mask = saved
 
     verify_pts = _min_ms({t: functools.partial(verify, t) for t in sizes}, repeats)
     # Drafting follows a target forward in every round, which leaves the drafter's weights
