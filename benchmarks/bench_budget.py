@@ -12,7 +12,10 @@ against plain decoding (greedy, every output token-identical to plain decoding):
   runs it (the library before 2026-11-24);
 - ``keep``: the per-depth acceptance evidence kept for the whole request instead of fading
   (``DepthAcceptance(memory=32)``: a stretch where drafting stopped paying is forgotten
-  after ~32 rounds).
+  after ~32 rounds);
+- ``one context``: the costs measured at a 128-position cache only, for every round,
+  instead of at 128 and 1,024 positions and read at each round's own cache length (the
+  library before 2026-12-05).
 
 Every variant's cost tables are measured in this run, one after another, so a slow moment
 of the machine cannot favour one variant's table (a 2-core VM's tables swing by ~10 % from
@@ -20,12 +23,14 @@ minute to minute); the verification times are the default's for all, so the vari
 only in what they change. Plain decoding is the engine's own loop
 (``DominoGenerator.generate_plain``).
 
-Prompts: HumanEval, held-out ShareGPT chat, and `make run`'s prompt (three times), each a
-request of ``--batch-size`` prompts. Default configuration (``domino.load_default``: bf16,
+Prompts: HumanEval, held-out ShareGPT chat, `make run`'s prompt (three times), and
+(``--prompts module``) HumanEval functions at the end of a long module (~1,900 tokens), each
+a request of ``--batch-size`` prompts. Default configuration (``domino.load_default``: bf16,
 small-batch linear and attention), rounds as ``generate`` runs them by default (``--chain``:
-chain rounds only). Tokens/s is total tokens over total time per method and pass, the
-median of ``--repeats`` passes; methods alternate per request; one warm-up generation
-excluded.
+chain rounds only). Tokens/s is decoding's: the tokens after each request's first
+over the time after it (the prompt's prefill, which every method shares, excluded), total
+per method and pass, the median of ``--repeats`` passes; methods alternate per request; one
+warm-up generation excluded.
 
     python benchmarks/bench_budget.py [--num-prompts 12] [--max-new-tokens 96] [--repeats 2] [--batch-size 4]
         [--variants default "no margin"] [--prompts humaneval chat make-run]
@@ -42,8 +47,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-VARIANTS = ("default", "no margin", "drafting alone", "warm", "keep")
-PROMPT_SETS = ("humaneval", "chat", "make-run")
+VARIANTS = ("default", "no margin", "drafting alone", "warm", "keep", "one context")
+PROMPT_SETS = ("humaneval", "chat", "make-run", "module")
 
 
 def variant_costs(gen, batch_size: int) -> dict:
@@ -73,12 +78,14 @@ def variant_costs(gen, batch_size: int) -> dict:
         del drafter.extend_context, drafter.calibration  # the instance attributes shadowed the class's
         drafter.calibration = calibration
     return {"default": default, "no margin": default, "keep": default,
-            "drafting alone": dataclasses.replace(default, draft_ms=alone.draft_ms),
-            "warm": dataclasses.replace(default, draft_ms=warm.draft_ms)}
+            "one context": budget.RoundCosts(default.verify_ms, default.draft_ms, batch_size, default.key,
+                                             default.context),
+            "drafting alone": dataclasses.replace(default, draft_ms=alone.draft_ms, draft_ms_long=alone.draft_ms_long),
+            "warm": dataclasses.replace(default, draft_ms=warm.draft_ms, draft_ms_long=warm.draft_ms_long)}
 
 
 def main() -> None:
-    from eval_acceptance import chat_prompts, humaneval_prompts
+    from eval_acceptance import chat_prompts, humaneval_prompts, humaneval_prompts_in_a_module
 
     from domino import budget, load_default
     from domino.budget import DepthAcceptance
@@ -107,11 +114,15 @@ def main() -> None:
           f"{'chain rounds' if args.chain else 'rounds as generate runs them'}")
     for name in dict.fromkeys(("default", *args.variants)):
         c = costs[name]
-        print(f"  {name} costs: draft ms n=1..5 {[round(x, 1) for x in c.draft_ms[1:6]]}, "
-              f"verify ms t=1..5 {[round(x, 1) for x in c.verify_ms[1:6]]}")
+        for context, draft, verify in ((c.context, c.draft_ms, c.verify_ms),
+                                       (c.long_context, c.draft_ms_long, c.verify_ms_long)):
+            if draft:
+                print(f"  {name} costs at {context} cached: draft ms n=1..5 {[round(x, 1) for x in draft[1:6]]}, "
+                      f"verify ms t=1..5 {[round(x, 1) for x in verify[1:6]]}")
     make_run = [[{"role": "user", "content": "Write a Python function that checks whether a number is prime."}]]
     sets = {"humaneval": ("HumanEval", lambda: humaneval_prompts(args.num_prompts)),
-            "chat": ("chat", lambda: chat_prompts(args.num_prompts)), "make-run": ("make run", lambda: make_run * 3)}
+            "chat": ("chat", lambda: chat_prompts(args.num_prompts)), "make-run": ("make run", lambda: make_run * 3),
+            "module": ("module", lambda: humaneval_prompts_in_a_module(args.num_prompts))}
     rounds = {"tree": None} if args.chain else {}
     print("prompts    | " + " | ".join(["plain loop", *settings]))
     for key in args.prompts:
@@ -129,23 +140,27 @@ def main() -> None:
                 outputs = {m: [] for m in passes}
                 for request in requests:
                     for m in totals:
+                        first = []  # when the first token (the prefill's) reached the caller
+
+                        def stream(i, new_ids, first=first):
+                            if not first:
+                                first.append(time.perf_counter())
+
                         if m == "plain":
-                            t0 = time.perf_counter()
-                            out = gen.generate_plain(request, max_new_tokens=args.max_new_tokens)
+                            out = gen.generate_plain(request, max_new_tokens=args.max_new_tokens, stream=stream)
                         else:
                             gen._costs[b], memory, margin = settings[m]
                             DepthAcceptance.__init__.__defaults__ = (*defaults[:2], memory)
                             budget.best_draft_length = (lambda rates, c, live=1, margin=margin:
                                                         plan(rates, c, live, margin))
-                            t0 = time.perf_counter()
-                            out = gen.generate(request, max_new_tokens=args.max_new_tokens, **rounds)
-                        seconds = time.perf_counter() - t0
+                            out = gen.generate(request, max_new_tokens=args.max_new_tokens, stream=stream, **rounds)
+                        seconds = time.perf_counter() - first[0]
                         ids = out.token_ids if b > 1 else [out.token_ids]
                         if m != "plain":
                             lengths = out.acceptance_lengths if b > 1 else [out.acceptance_lengths]
                             accepted[m] += [a for seq in lengths for a in seq]
                         outputs[m] += ids
-                        totals[m][0] += sum(map(len, ids))
+                        totals[m][0] += sum(map(len, ids)) - len(ids)  # each sequence's first: the prefill's
                         totals[m][1] += seconds
                 for m, (n, sec) in totals.items():
                     passes[m].append(n / sec)

@@ -52,6 +52,7 @@ class Trace:
 
     accepted: list[int]
     confidence: torch.Tensor  # [M, n_max] float32
+    prompt_len: int = 0
 
     def __len__(self) -> int:
         return len(self.accepted)
@@ -78,7 +79,7 @@ def trace(gen, prompt_ids: list[int], max_new_tokens: int) -> Trace:
         accepted.append(int(match.cumprod(0).sum()))
         confidence.append(draft.confidence[0].float())
         gen.drafter.extend_context(dcache, features[:, t:t + 1], positions[:, t:t + 1], mask[:, t:t + 1])
-    return Trace(accepted, torch.stack(confidence))
+    return Trace(accepted, torch.stack(confidence), P)
 
 
 # ---- policies: each plans a round's draft count n, then may cut it to k after drafting ----
@@ -87,10 +88,10 @@ def trace(gen, prompt_ids: list[int], max_new_tokens: int) -> Trace:
 class Plain:
     """Plain decoding: nothing drafted, one token a round."""
 
-    def plan(self, live: int) -> int:
+    def plan(self, live: int, costs: budget.RoundCosts) -> int:
         return 0
 
-    def verify_length(self, confidence: torch.Tensor, n: int) -> int:
+    def verify_length(self, confidence: torch.Tensor, n: int, costs: budget.RoundCosts) -> int:
         return n
 
     def update(self, verified: list[int], accepted: list[int]) -> None:
@@ -103,23 +104,23 @@ class Fixed(Plain):
     def __init__(self, n: int):
         self.n = n
 
-    def plan(self, live: int) -> int:
+    def plan(self, live: int, costs: budget.RoundCosts) -> int:
         return self.n
 
 
 class Library(Plain):
     """The library's chain-round plan, as ``DominoGenerator._draft_and_choose`` calls it."""
 
-    def __init__(self, gen, costs: budget.RoundCosts, margin: float = budget.DRAFT_MARGIN):
-        self.gen, self.costs, self.margin = gen, costs, margin
+    def __init__(self, gen, margin: float = budget.DRAFT_MARGIN):
+        self.gen, self.margin = gen, margin
         self.acceptance = budget.DepthAcceptance(gen.drafter.config.num_drafts,
                                                  gen.drafter.calibration.depth_rates or 0.5)
 
-    def plan(self, live: int) -> int:
-        return budget.best_draft_length(self.acceptance.rates(), self.costs, live, self.margin)
+    def plan(self, live: int, costs: budget.RoundCosts) -> int:
+        return budget.best_draft_length(self.acceptance.rates(), costs, live, self.margin)
 
-    def verify_length(self, confidence: torch.Tensor, n: int) -> int:
-        return budget.best_verify_length(self.gen.drafter.calibration(confidence), self.costs, n)
+    def verify_length(self, confidence: torch.Tensor, n: int, costs: budget.RoundCosts) -> int:
+        return budget.best_verify_length(self.gen.drafter.calibration(confidence), costs, n)
 
     def update(self, verified: list[int], accepted: list[int]) -> None:
         self.acceptance.update(verified, accepted)
@@ -139,17 +140,19 @@ def replay(traces: list[Trace], policy, costs: budget.RoundCosts, overhead_ms: f
         if not live:
             return tokens, ms, rounds
         rounds += 1
+        costs_now = costs.at(max(tr.prompt_len for tr in traces) + max(pos))
         if oracle:
             def gain(k):
-                return sum(min(traces[s].accepted[pos[s]], k) + 1 for s in live) / costs.round_ms(k, k)
+                return sum(min(traces[s].accepted[pos[s]], k) + 1 for s in live) / costs_now.round_ms(k, k)
             n = k = max(range(n_max + 1), key=gain)
         else:
-            n = policy.plan(len(live))
-            k = policy.verify_length(torch.stack([traces[s].confidence[pos[s]] for s in live]), n) if n else 0
+            n = policy.plan(len(live), costs_now)
+            k = policy.verify_length(torch.stack([traces[s].confidence[pos[s]] for s in live]), n,
+                                     costs_now) if n else 0
         acc = [min(traces[s].accepted[pos[s]], k) for s in live]
         if not oracle:
             policy.update([k] * len(live), acc)
-        ms += costs.round_ms(n, k) + (overhead_ms if n else 0.0)
+        ms += costs_now.round_ms(n, k) + (overhead_ms if n else 0.0)
         for s, a in zip(live, acc):
             step = min(a + 1, len(traces[s]) - pos[s])
             pos[s] += step
@@ -178,7 +181,7 @@ def main() -> None:
     seqs = [gen._encode_request(pr, args.max_new_tokens)[0][0] for pr in prompts]
     kept = torch.load(args.traces) if args.traces is not None and args.traces.exists() else None
     if kept is not None and kept["prompts"] == seqs and kept["max_new_tokens"] == args.max_new_tokens:
-        traces = [Trace(a, c) for a, c in kept["traces"]]
+        traces = [Trace(a, c, len(p)) for (a, c), p in zip(kept["traces"], seqs)]
     else:
         traces = [trace(gen, s, args.max_new_tokens) for s in seqs]
         if args.traces is not None:
@@ -193,7 +196,7 @@ def main() -> None:
         batches = [traces[i:i + b] for i in range(0, len(traces), b)]
         # a fresh policy per request: each generate call starts its own plan
         makers = ({f"library, margin {m:g}" + (" (its own)" if m == budget.DRAFT_MARGIN else ""):
-                   lambda m=m: Library(gen, costs, m) for m in sorted({budget.DRAFT_MARGIN, *args.margins})}
+                   lambda m=m: Library(gen, m) for m in sorted({budget.DRAFT_MARGIN, *args.margins})}
                   | {f"fixed n={n}": lambda n=n: Fixed(n) for n in (1, 2, 3, 5)})
         plain_tokens, plain_ms, _ = (sum(x) for x in zip(*(replay(bt, Plain(), costs, 0.0) for bt in batches)))
         plain_speed = plain_tokens / plain_ms * 1e3

@@ -95,7 +95,7 @@ def test_draft_length_drafts_only_past_a_margin_over_a_plain_step():
 def test_measured_drafting_includes_the_context_extension_and_calibration(monkeypatch):
     """Every timed drafting (warm-up included) extends the drafter's context first and
     calibrates its confidences after, as a drafting round does, and leaves the context as it
-    found it: each size is timed over the same context."""
+    found it: each size is timed over the same context, at each of the two cache lengths."""
     gen = tiny_generator("qwen3")
     events, lengths = [], []
     extend, draft, calibrate = gen.drafter.extend_context, gen.drafter.draft, gen.drafter.calibration
@@ -116,11 +116,51 @@ def test_measured_drafting_includes_the_context_extension_and_calibration(monkey
     monkeypatch.setattr(gen.drafter, "extend_context", counting_extend)
     monkeypatch.setattr(gen.drafter, "draft", counting_draft)
     monkeypatch.setattr(gen.drafter, "calibration", counting_calibration)
-    budget.measure_round_costs(gen, 2, context=16, repeats=2)
+    costs = budget.measure_round_costs(gen, 2, contexts=(16, 40), repeats=2)
     drafts = events.count("draft")
-    assert drafts > 0 and events[0] == "extend"  # the prompt's context
-    assert events[1:] == ["extend", "draft", "calibrate"] * drafts
-    assert set(lengths) == {16 + budget._KEPT_PER_ROUND}
+    assert drafts > 0 and events[:2] == ["extend", "extend"]  # each context's prompt
+    assert events[2:] == ["extend", "draft", "calibrate"] * drafts
+    assert sorted(set(lengths)) == [16 + budget._KEPT_PER_ROUND, 40 + budget._KEPT_PER_ROUND]
+    assert (costs.context, costs.long_context) == (16, 40)
+    assert len(costs.verify_ms_long) == len(costs.verify_ms) and len(costs.draft_ms_long) == len(costs.draft_ms)
+    with pytest.raises(ValueError, match="contexts"):
+        budget.measure_round_costs(gen, 1, contexts=(64, 16))
+
+
+def test_costs_follow_the_cache_length_linearly():
+    short = costs([10.0, 12.0, 14.0], [2.0, 3.0])
+    c = RoundCosts(short.verify_ms, short.draft_ms, 1, "k", 100, 1100, (0.0, 20.0, 30.0, 44.0), (0.0, 4.0, 7.0))
+    assert c.at(100).verify_ms == short.verify_ms and c.at(100).draft_ms == short.draft_ms
+    assert c.at(1100).verify_ms == c.verify_ms_long and c.at(1100).draft_ms == c.draft_ms_long
+    assert c.at(600).verify_ms == pytest.approx((0.0, 15.0, 21.0, 29.0))
+    assert c.at(600).draft_ms == pytest.approx((0.0, 3.0, 5.0))
+    assert c.at(2100).verify_ms == pytest.approx((0.0, 30.0, 48.0, 74.0))  # beyond: the same line
+    assert c.at(0).verify_ms == short.verify_ms and c.at(0).draft_ms == short.draft_ms  # below: the shorter's
+    assert c.at(600).round_ms(1, 1) == pytest.approx(3.0 + 21.0)
+    assert short.at(5000) is short  # one context measured: the same costs at every length
+    assert RoundCosts.from_json(c.to_json()) == c
+    assert RoundCosts.from_json(short.to_json()) == short
+    d = json.loads(c.to_json())
+    for bad in ({"verify_ms_long": [1.0]}, {"verify_ms_long": [1.0, "x", 2.0, 3.0]},
+                {"draft_ms_long": [0.0, 1.0]}, {"long_context": 50}, {"context": -1}, {"long_context": True},
+                {"draft_ms_long": [0.0, 1.0, 7.0]}):  # below the short context's 2.0
+        with pytest.raises(ValueError, match="round costs"):
+            RoundCosts.from_json(json.dumps({**d, **bad}))
+
+
+def test_generation_plans_with_the_costs_at_its_cache_length():
+    """Costs under which drafting pays at a short cache and not at a long one: a short prompt's
+    rounds draft, a long prompt's are plain steps (the costs read at each round's own cache
+    length, not the measurement's)."""
+    gen = tiny_generator("qwen3")
+    cheap = (0.0, 20.0) + tuple(10.0 + 0.05 * t for t in range(2, 33))
+    dear = (0.0, 20.0) + tuple(1000.0 * t for t in range(2, 33))
+    gen._costs[1] = RoundCosts(cheap, (0.0,) + (0.05,) * 15, 1, "", 10, 300, dear, (0.0,) + (1000.0,) * 15)
+    ids = torch.randint(1, 64, (400,), generator=torch.Generator().manual_seed(0)).tolist()
+    short = gen.generate(ids[:8], max_new_tokens=12, tree=None)
+    long = gen.generate(ids, max_new_tokens=12, tree=None)
+    assert max(short.verified_lengths) > 1
+    assert set(long.verified_lengths) == {1}
 
 
 def test_depth_acceptance_counts_only_reached_depths():
@@ -185,7 +225,7 @@ def fast_counted_measurements(monkeypatch) -> list[int]:
 
     def counting(g, batch_size=1, **kw):
         calls.append(batch_size)
-        return real(g, batch_size, context=16, repeats=1)
+        return real(g, batch_size, contexts=(16, 48), repeats=1)
 
     monkeypatch.setattr(budget, "measure_round_costs", counting)
     return calls

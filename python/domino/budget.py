@@ -47,6 +47,12 @@ __all__ = ["Calibration", "DepthAcceptance", "RoundCosts", "best_draft_length", 
 
 # Sizes timed by measure_round_costs; the others are interpolated linearly between them.
 _TIMED_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+# The cache lengths the round costs are measured at: a round's costs are interpolated
+# linearly between them by its own cache length (attention reads every cached position, so
+# verifying t tokens grows costlier with the context, and faster the larger t is: on the Zen
+# 3 VM a 9-token verification cost 1.66x a 1-token one at 128 cached positions and 2.24x at
+# 2,048; measured at 128 alone, the plan verified too much on long prompts).
+_CONTEXTS = (128, 1024)
 # Tokens a timed drafting round adds to the drafter's context first: about what a round keeps
 # (tau ~2-3 on the shipped drafter).
 _KEPT_PER_ROUND = 2
@@ -62,12 +68,46 @@ class RoundCosts:
     ``draft_ms[n]``: drafting n tokens per sequence (n = 0 .. len-1; 0 costs nothing):
     the drafter's context extension by the tokens kept since its last draft, the backbone,
     base logits at n positions, the head over them and the calibration of their confidences.
+    Both with ``context`` positions cached (0: not recorded). ``verify_ms_long`` and
+    ``draft_ms_long``, when measured, are the same at ``long_context`` positions: :meth:`at`
+    interpolates a round's costs between the two by its own cache length.
     """
 
     verify_ms: tuple[float, ...]
     draft_ms: tuple[float, ...]
     batch_size: int = 1
     key: str = ""
+    context: int = 0
+    long_context: int = 0
+    verify_ms_long: tuple[float, ...] = ()
+    draft_ms_long: tuple[float, ...] = ()
+
+    def __post_init__(self):
+        if self.verify_ms_long or self.draft_ms_long:
+            if (len(self.verify_ms_long), len(self.draft_ms_long)) != (len(self.verify_ms), len(self.draft_ms)):
+                raise ValueError("round costs: the long-context tables must have the short ones' sizes")
+            if not 0 < self.context < self.long_context:
+                raise ValueError(f"round costs: context ({self.context}) and long_context ({self.long_context}) "
+                                 "must be two cache lengths, the shorter first")
+            if any(b < a for a, b in zip(self.verify_ms + self.draft_ms, self.verify_ms_long + self.draft_ms_long)):
+                raise ValueError("round costs: a longer context never costs less, but a long-context entry is "
+                                 "below its short-context one")
+
+    def at(self, context: int) -> "RoundCosts":
+        """These costs for a round with ``context`` positions cached per sequence: linear in
+        the cache length through the two measured, and beyond the longer on the same line
+        (attention's work is linear in it); below the shorter, the shorter's (a steep
+        measured slope must not extrapolate a cheap round to nothing); themselves when one
+        context was measured."""
+        if not self.verify_ms_long:
+            return self
+        w = max(context - self.context, 0) / (self.long_context - self.context)
+
+        def mix(short, long):
+            return tuple(a + w * (b - a) for a, b in zip(short, long))
+
+        return RoundCosts(mix(self.verify_ms, self.verify_ms_long), mix(self.draft_ms, self.draft_ms_long),
+                          self.batch_size, self.key, context)
 
     @property
     def max_drafts(self) -> int:
@@ -95,16 +135,22 @@ class RoundCosts:
         if not isinstance(d, dict):
             raise ValueError(f"round costs must be a JSON object, got {type(d).__name__}")
         lists = []
-        for name in ("verify_ms", "draft_ms"):
-            v = d.get(name)
+        for name in ("verify_ms", "draft_ms", "verify_ms_long", "draft_ms_long"):
+            v = d.get(name, [])
+            if name.endswith("_long") and v == []:  # one context measured
+                lists.append(())
+                continue
             if (not isinstance(v, list) or len(v) < 2 or not all(
                     isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x < float("inf") for x in v)):
                 raise ValueError(f"round costs: {name} must be a list of at least 2 finite non-negative numbers")
             lists.append(tuple(float(x) for x in v))
         batch_size, key = d.get("batch_size", 1), d.get("key", "")
+        context, long_context = d.get("context", 0), d.get("long_context", 0)
         if not isinstance(batch_size, int) or not isinstance(key, str):
             raise ValueError("round costs: batch_size must be an int and key a string")
-        return cls(lists[0], lists[1], batch_size, key)
+        if not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in (context, long_context)):
+            raise ValueError("round costs: context and long_context must be ints >= 0")
+        return cls(lists[0], lists[1], batch_size, key, context, long_context, lists[2], lists[3])
 
 
 def interpolate(points: dict[int, float], n_max: int) -> tuple[float, ...]:
@@ -435,8 +481,9 @@ def cost_key(gen, batch_size: int) -> str:
         "fast_forward": uses_fast_forward(target),
         "batch_size": batch_size,
         "cpu_isa": os.environ.get("DOMINO_CPU_ISA", ""),
-        "measurement": 5,  # how measure_round_costs times (2: drafting after a target forward; 3: suffix-min
-        # envelope; 4: the sizes interleaved; 5: drafting with its context extension and calibration)
+        "measurement": 6,  # how measure_round_costs times (2: drafting after a target forward; 3: suffix-min
+        # envelope; 4: the sizes interleaved; 5: drafting with its context extension and calibration;
+        # 6: at two cache lengths)
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
 
@@ -471,64 +518,106 @@ def _nondecreasing(values: tuple[float, ...]) -> tuple[float, ...]:
     return tuple(reversed(list(accumulate(reversed(values), min))))
 
 
-@torch.inference_mode()
-def measure_round_costs(gen, batch_size: int = 1, context: int = 128, repeats: int = 5) -> RoundCosts:
-    """Times a target verification forward over t tokens and a drafting of n tokens, as a
-    round runs them (KV cache of ``context`` tokens, cropped back after each forward; each
-    drafting right after a target forward, with the drafter's context extension before it
-    and the calibration of its confidences after), at
-    the sizes in ``_TIMED_SIZES`` up to the drafter's block, interpolated in between; the
-    fastest of ``repeats`` per size (the sizes timed in interleaved rounds), made
-    non-decreasing in size."""
-    from domino.kv_cache import GrowingCache
+class _RoundSetup:
+    """A target KV cache and a drafter context of ``context`` positions per sequence, with a
+    verification and a drafting to time over them as a round runs them. The first
+    ``prefill`` positions are a real prompt's (random tokens); the rest repeat their keys,
+    values and features (what they hold does not change what a forward costs, and a real
+    prefill of a long context would cost seconds)."""
 
-    dev = gen.device
-    vocab = gen.target.config.get_text_config().vocab_size
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, vocab, (batch_size, context), generator=g).to(dev)
-    mask = torch.ones(batch_size, context, dtype=torch.bool, device=dev)
-    positions = torch.arange(context, device=dev).expand(batch_size, context)
-    cache = GrowingCache()  # as generation's
-    _, features = gen._target_forward(ids, mask, positions, cache, last_logits_only=True)
-    dcache = gen.drafter.new_cache(batch_size, dev, gen.drafter.fc.weight.dtype)
-    gen.drafter.extend_context(dcache, features, positions, mask)
-    n_max = gen.drafter.config.num_drafts
-    t_max = max(n_max + 1, _TIMED_SIZES[-1])  # trees verify more tokens than a chain
-    sizes = [t for t in _TIMED_SIZES if t <= t_max]
-    anchor = ids[:, -1]
-    anchor_pos = torch.full((batch_size,), context, device=dev)
+    def __init__(self, gen, batch_size: int, context: int, prefill: int, t_max: int, g: torch.Generator):
+        from domino.kv_cache import GrowingCache
 
-    new = torch.randint(0, vocab, (batch_size, t_max), generator=g).to(dev)
+        self.gen, self.b, self.context = gen, batch_size, context
+        dev = self.dev = gen.device
+        vocab = gen.target.config.get_text_config().vocab_size
+        prefill = min(prefill, context)
+        ids = torch.randint(0, vocab, (batch_size, prefill), generator=g).to(dev)
+        positions = torch.arange(context, device=dev).expand(batch_size, context)
+        mask = torch.ones(batch_size, context, dtype=torch.bool, device=dev)
+        self.cache = GrowingCache()  # as generation's
+        _, features = gen._target_forward(ids, mask[:, :prefill], positions[:, :prefill], self.cache,
+                                          last_logits_only=True)
+        reps = -(-context // prefill)
+        for i, layer in enumerate(self.cache.layers):  # the rest of the context: the prompt's again
+            keys, values = layer.keys, layer.values
+            if context > prefill:
+                self.cache.update(keys.repeat(1, 1, reps - 1, 1)[:, :, :context - prefill],
+                                  values.repeat(1, 1, reps - 1, 1)[:, :, :context - prefill], i)
+        self.features = features.repeat(1, reps, 1)[:, :context]
+        self.positions, self.mask = positions, mask
+        self.dcache = gen.drafter.new_cache(batch_size, dev, gen.drafter.fc.weight.dtype)
+        gen.drafter.extend_context(self.dcache, self.features, positions, mask)
+        self.anchor = ids[:, -1]
+        self.anchor_pos = torch.full((batch_size,), context, device=dev)
+        self.new = torch.randint(0, vocab, (batch_size, t_max), generator=g).to(dev)
 
-    def verify(t):
-        block = new[:, :t]
-        gen._target_forward(block, torch.ones(batch_size, context + t, dtype=torch.bool, device=dev),
-                            context + torch.arange(t, device=dev).expand(batch_size, t), cache)
-        cache.crop(-t)
+    def verify(self, t: int) -> None:
+        """A target forward over t new tokens per sequence, cropped back after."""
+        b, c, dev = self.b, self.context, self.dev
+        self.gen._target_forward(self.new[:, :t], torch.ones(b, c + t, dtype=torch.bool, device=dev),
+                                 c + torch.arange(t, device=dev).expand(b, t), self.cache)
+        self.cache.crop(-t)
 
-    kept = slice(context - _KEPT_PER_ROUND, context)
-
-    def draft(n):
-        # A drafting round first extends the drafter's context by what the rounds since the
-        # last draft kept (DominoGenerator._drafter_context), then drafts, then maps the
-        # confidences to acceptance probabilities for the verify length: all of it is the
-        # price of drafting, which a plain step does not pay. (Timing the drafter's forward
-        # alone left ~1-2 ms a drafting round out of the table on the Zen 3 VM.)
+    def draft(self, n: int) -> None:
+        """A drafting round's work, the context left as it was: a drafting round first extends
+        the drafter's context by what the rounds since the last draft kept
+        (DominoGenerator._drafter_context), then drafts, then maps the confidences to
+        acceptance probabilities for the verify length; all of it is the price of drafting,
+        which a plain step does not pay. (Timing the drafter's forward alone left ~1-2 ms a
+        drafting round out of the table on the Zen 3 VM.)"""
+        dcache, drafter = self.dcache, self.gen.drafter
+        kept = slice(self.context - _KEPT_PER_ROUND, self.context)
         saved = (list(dcache.keys), list(dcache.values), dcache.mask)
-        gen.drafter.extend_context(dcache, features[:, kept], positions[:, kept], mask[:, kept])
-        d = gen.drafter.draft(dcache, anchor, anchor_pos, num_drafts=n)
-        expected_tokens(gen.drafter.calibration(d.confidence)).tolist()
+        drafter.extend_context(dcache, self.features[:, kept], self.positions[:, kept], self.mask[:, kept])
+        d = drafter.draft(dcache, self.anchor, self.anchor_pos, num_drafts=n)
+        expected_tokens(drafter.calibration(d.confidence)).tolist()
         dcache.keys, dcache.values, dcache.mask = saved
 
-    verify_pts = _min_ms({t: functools.partial(verify, t) for t in sizes}, repeats)
+
+@torch.inference_mode()
+def measure_round_costs(gen, batch_size: int = 1, contexts: tuple[int, int] = _CONTEXTS,
+                        repeats: int = 5) -> RoundCosts:
+    """Times a target verification forward over t tokens and a drafting of n tokens, as a
+    round runs them (a KV cache of each of ``contexts`` positions, cropped back after each
+    forward; each drafting right after a target forward, with the drafter's context
+    extension before it and the calibration of its confidences after), at the sizes in
+    ``_TIMED_SIZES`` up to the drafter's block, interpolated in between; the fastest of
+    ``repeats`` per size (every size at both contexts timed in interleaved rounds), made
+    non-decreasing in size. The longer context is cut to what the target's positions
+    allow; where that leaves none longer than the first, the costs hold one context."""
+    short, long = contexts
+    if not 0 < short < long:
+        raise ValueError(f"contexts must be two cache lengths, the shorter first, got {contexts!r}")
+    n_max = gen.drafter.config.num_drafts
+    t_max = max(n_max + 1, _TIMED_SIZES[-1])  # trees verify more tokens than a chain
+    most = getattr(gen.target.config.get_text_config(), "max_position_embeddings", None)
+    if most is not None:
+        long = min(long, most - t_max - _KEPT_PER_ROUND)
+    g = torch.Generator().manual_seed(0)
+    setups = {c: _RoundSetup(gen, batch_size, c, short, t_max, g) for c in ((short, long) if long > short else
+                                                                           (short,))}
+    sizes = [t for t in _TIMED_SIZES if t <= t_max]
+    verify_pts = _min_ms({(c, t): functools.partial(s.verify, t) for c, s in setups.items() for t in sizes}, repeats)
     # Drafting follows a target forward in every round, which leaves the drafter's weights
     # out of the caches: timed back to back instead, drafting measured ~60 % of what it
     # costs in generation (SmolLM2, bf16, Zen 5 VM: 2.3 ms vs 3.9 ms a round), so the
     # budget drafted where it did not pay.
-    draft_pts = _min_ms({n: functools.partial(draft, n) for n in sizes if n <= n_max}, repeats,
-                        before=lambda: verify(1))
-    return RoundCosts(_nondecreasing(interpolate(verify_pts, t_max)),
-                      _nondecreasing(interpolate(draft_pts, n_max)), batch_size, cost_key(gen, batch_size))
+    draft_pts = _min_ms({(c, n): functools.partial(s.draft, n) for c, s in setups.items() for n in sizes
+                         if n <= n_max}, repeats, before=functools.partial(setups[short].verify, 1))
+
+    def tables(c):
+        verify = _nondecreasing(interpolate({t: ms for (cc, t), ms in verify_pts.items() if cc == c}, t_max))
+        draft = _nondecreasing(interpolate({n: ms for (cc, n), ms in draft_pts.items() if cc == c}, n_max))
+        return verify, draft
+
+    verify, draft = tables(short)
+    key = cost_key(gen, batch_size)
+    if len(setups) == 1:
+        return RoundCosts(verify, draft, batch_size, key, short)
+    # more context never costs less: a long-context size timed below the short one was disturbed
+    verify_long, draft_long = (tuple(map(max, a, b)) for a, b in zip(tables(long), (verify, draft)))
+    return RoundCosts(verify, draft, batch_size, key, short, long, verify_long, draft_long)
 
 
 def cost_cache_dir() -> Path:

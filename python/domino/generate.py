@@ -472,11 +472,13 @@ class DominoGenerator:
             live = [s for s in range(b) if not done[s]]
             kind = "chain" if tree is None else "tree" if kinds is None else kinds.choose()
             started = kinds.now() if kinds is not None else 0.0
+            # the costs at this round's cache length: attention reads every cached position
+            now = costs.at(state.cache_mask.shape[1]) if costs is not None else None
             if kind == "chain":
-                kept_list, new_rows, verified_len = self._chain_round(state, sampling, use_head, live, costs,
+                kept_list, new_rows, verified_len = self._chain_round(state, sampling, use_head, live, now,
                                                                       num_drafts, depth_acceptance[kind])
             else:
-                kept_list, new_rows, verified_len = self._tree_round(state, sampling, use_head, tree, live, costs,
+                kept_list, new_rows, verified_len = self._tree_round(state, sampling, use_head, tree, live, now,
                                                                      depth_acceptance[kind], lookups, lookup_tokens,
                                                                      datastore_tokens, graft_acceptance)
             if kinds is not None:  # the round's host sync has run: its work is done
