@@ -7,7 +7,8 @@ round picks the size that maximises expected tokens over expected cost:
 
 - before drafting, n from the acceptance rate seen so far at each depth (a running mean,
   :class:`DepthAcceptance`), because drafting n positions costs LM-head rows and head
-  steps for every one of them;
+  steps for every one of them; none unless drafting is expected to beat a plain step by
+  :data:`DRAFT_MARGIN`;
 - after drafting, k from the drafter's own confidence in each drafted token, mapped to a
   probability of acceptance by :class:`Calibration` (the drafter's softmax is not a
   calibrated acceptance probability: it is fitted on measured rounds, see
@@ -18,8 +19,9 @@ accepted), the expected tokens of a round are ``1 + sum_j prod_{i<=j} a_i``; a b
 one target forward, so the batch's choice maximises the sum over its live sequences.
 
 The costs (:class:`RoundCosts`) are measured once per target, drafter, dtype, device,
-machine and thread count by :func:`measure_round_costs` and cached on disk as JSON
-(:func:`round_costs`): a different machine, model or dtype gets a fresh measurement.
+machine and thread count by :func:`measure_round_costs`, at two cache lengths, and cached on
+disk as JSON (:func:`round_costs`): a different machine, model or dtype gets a fresh
+measurement. Each round reads them at its own cache length (:meth:`RoundCosts.at`).
 """
 
 from __future__ import annotations
