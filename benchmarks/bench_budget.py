@@ -131,13 +131,12 @@ def main() -> None:
         requests = [prompts[i:i + b] if b > 1 else prompts[i] for i in range(0, len(prompts), b)]
         passes = {m: [] for m in ["plain", *settings]}
         accepted = {m: [] for m in settings}
-        outputs = {m: [] for m in passes}  # the last pass's, every sequence
         gen.generate(requests[0], max_new_tokens=8, **rounds)  # warm-up
         gen.generate_plain(requests[0], max_new_tokens=8)
         try:
             for _ in range(args.repeats):
                 totals = {m: [0, 0.0] for m in passes}
-                outputs = {m: [] for m in passes}
+                outputs = {m: [] for m in passes}  # this pass's, every sequence: the last one's are compared
                 for request in requests:
                     for m in totals:
                         first = []  # when the first token (the prefill's) reached the caller

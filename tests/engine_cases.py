@@ -44,6 +44,25 @@ V = 8
 PROMPT = [3, 5, 2, 6]
 
 
+def assert_stops_like_the_target(gen, decode) -> None:
+    """``decode(prompt, **kwargs)`` (``gen``'s generate or generate_plain, greedy) streams
+    the target's own greedy tokens and ends where the target does: at an EOS id (the 10th
+    plain token made one), and at the token that completes a stop string on the decoded
+    text, which the text leaves out."""
+    p = prompts(1, seed=2)[0]
+    plain = gen.generate_target_only(p, max_new_tokens=30).token_ids
+    streamed = []
+    res = decode(p, max_new_tokens=30, stream=lambda i, ids: streamed.extend(ids))
+    assert streamed == res.token_ids == plain
+    gen.eos_ids = [plain[9]]
+    assert decode(p, max_new_tokens=30).token_ids == plain[: plain.index(plain[9]) + 1]
+    gen.eos_ids = []
+    stop = " ".join(str(t) for t in plain[4:6])
+    first = next(k for k in range(1, 31) if stop in " ".join(str(t) for t in plain[:k]))
+    res = decode(p, max_new_tokens=30, stop=[stop])
+    assert res.token_ids == plain[:first] and stop not in res.text
+
+
 @torch.no_grad()
 def exact_next(gen, prefixes, temperature, top_k, top_p):
     """The target's filtered next-token distribution after each prefix (full forward)."""

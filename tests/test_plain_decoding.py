@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from domino import SamplingParams
-from engine_cases import PROMPT, V, assert_distributed_as_target, prompts
+from engine_cases import PROMPT, V, assert_distributed_as_target, assert_stops_like_the_target, prompts
 from tiny_models import tiny_generator
 
 
@@ -26,18 +26,7 @@ def test_greedy_is_the_targets_greedy_decoding(kind, batch):
 
 def test_stops_eos_and_streaming_cut_where_the_target_stops():
     gen = tiny_generator("qwen3")
-    p = prompts(1, seed=2)[0]
-    plain = gen.generate_target_only(p, max_new_tokens=30).token_ids
-    streamed = []
-    res = gen.generate_plain(p, max_new_tokens=30, stream=lambda i, ids: streamed.extend(ids))
-    assert streamed == res.token_ids == plain
-    gen.eos_ids = [plain[9]]
-    assert gen.generate_plain(p, max_new_tokens=30).token_ids == plain[: plain.index(plain[9]) + 1]
-    gen.eos_ids = []
-    stop = " ".join(str(t) for t in plain[4:6])
-    first = next(k for k in range(1, 31) if stop in " ".join(str(t) for t in plain[:k]))
-    res = gen.generate_plain(p, max_new_tokens=30, stop=[stop])
-    assert res.token_ids == plain[:first] and stop not in res.text
+    assert_stops_like_the_target(gen, gen.generate_plain)
 
 
 @pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 4, 0.9)])

@@ -2,7 +2,7 @@
 
 import pytest
 
-from engine_cases import assert_mostly_multi_token, cheap_verification, prompts
+from engine_cases import assert_mostly_multi_token, assert_stops_like_the_target, cheap_verification, prompts
 from tiny_models import RiggedDrafts, tiny_generator
 
 
@@ -80,20 +80,7 @@ def test_shift_label_drafter_and_no_pure_prefix():
 
 def test_stop_conditions_and_streaming():
     gen = tiny_generator("qwen3")
-    p = prompts(1, seed=2)[0]
-    plain = gen.generate_target_only(p, max_new_tokens=30).token_ids
-    streamed = []
-    res = gen.generate(p, max_new_tokens=30, stream=lambda i, ids: streamed.extend(ids))
-    assert streamed == res.token_ids == plain
-    # EOS: make the 10th plain token an end-of-sequence id
-    gen.eos_ids = [plain[9]]
-    first = plain.index(plain[9])
-    assert gen.generate(p, max_new_tokens=30).token_ids == plain[: first + 1]
-    gen.eos_ids = []
-    # stop string on the decoded text
-    stop = " ".join(str(t) for t in plain[4:6])
-    res = gen.generate(p, max_new_tokens=30, stop=[stop])
-    assert stop not in res.text and len(res.token_ids) < 30
+    assert_stops_like_the_target(gen, gen.generate)
 
 
 def test_a_round_past_the_limit_eos_or_stop_string_is_cut_where_one_token_steps_stop():

@@ -541,11 +541,10 @@ class _RoundSetup:
         _, features = gen._target_forward(ids, mask[:, :prefill], positions[:, :prefill], self.cache,
                                           last_logits_only=True)
         reps = -(-context // prefill)
-        for i, layer in enumerate(self.cache.layers):  # the rest of the context: the prompt's again
-            keys, values = layer.keys, layer.values
-            if context > prefill:
-                self.cache.update(keys.repeat(1, 1, reps - 1, 1)[:, :, :context - prefill],
-                                  values.repeat(1, 1, reps - 1, 1)[:, :, :context - prefill], i)
+        if context > prefill:  # the rest of the context: the prompt's keys and values again
+            for i, layer in enumerate(self.cache.layers):
+                self.cache.update(layer.keys.repeat(1, 1, reps - 1, 1)[:, :, :context - prefill],
+                                  layer.values.repeat(1, 1, reps - 1, 1)[:, :, :context - prefill], i)
         self.features = features.repeat(1, reps, 1)[:, :context]
         self.positions, self.mask = positions, mask
         self.dcache = gen.drafter.new_cache(batch_size, dev, gen.drafter.fc.weight.dtype)
@@ -597,8 +596,8 @@ def measure_round_costs(gen, batch_size: int = 1, contexts: tuple[int, int] = _C
     if most is not None:
         long = min(long, most - t_max - _KEPT_PER_ROUND)
     g = torch.Generator().manual_seed(0)
-    setups = {c: _RoundSetup(gen, batch_size, c, short, t_max, g) for c in ((short, long) if long > short else
-                                                                           (short,))}
+    lengths = (short, long) if long > short else (short,)
+    setups = {c: _RoundSetup(gen, batch_size, c, short, t_max, g) for c in lengths}
     sizes = [t for t in _TIMED_SIZES if t <= t_max]
     verify_pts = _min_ms({(c, t): functools.partial(s.verify, t) for c, s in setups.items() for t in sizes}, repeats)
     # Drafting follows a target forward in every round, which leaves the drafter's weights
