@@ -15,7 +15,13 @@ against plain decoding (greedy, every output token-identical to plain decoding):
   after ~32 rounds);
 - ``one context``: the costs measured at a 128-position cache only, for every round,
   instead of at 128 and 1,024 positions and read at each round's own cache length (the
-  library before 2026-12-05).
+  library before 2026-12-05);
+- ``chain counts alone``: under ``tree="auto"``, the chain rounds' acceptance counted from
+  chain rounds only, not also from each tree round's top chain
+  (:func:`domino.tree.top_chain_counts`; the library before the fifty-third session).
+
+Each variant has its own round-kind chooser (:mod:`domino.round_kind`), so that one
+variant's rounds do not move another's choice between trees and chains.
 
 Every variant's cost tables are measured in this run, one after another, so a slow moment
 of the machine cannot favour one variant's table (a 2-core VM's tables swing by ~10 % from
@@ -47,7 +53,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-VARIANTS = ("default", "no margin", "drafting alone", "warm", "keep", "one context")
+VARIANTS = ("default", "no margin", "drafting alone", "warm", "keep", "one context", "chain counts alone")
 PROMPT_SETS = ("humaneval", "chat", "make-run", "module")
 
 
@@ -77,7 +83,7 @@ def variant_costs(gen, batch_size: int) -> dict:
     finally:
         del drafter.extend_context, drafter.calibration  # the instance attributes shadowed the class's
         drafter.calibration = calibration
-    return {"default": default, "no margin": default, "keep": default,
+    return {"default": default, "no margin": default, "keep": default, "chain counts alone": default,
             "one context": budget.RoundCosts(default.verify_ms, default.draft_ms, batch_size, default.key,
                                              default.context),
             "drafting alone": dataclasses.replace(default, draft_ms=alone.draft_ms, draft_ms_long=alone.draft_ms_long),
@@ -89,6 +95,7 @@ def main() -> None:
 
     from domino import budget, load_default
     from domino.budget import DepthAcceptance
+    from domino.round_kind import RoundKindChooser
     from domino_ops import cpu
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -124,6 +131,12 @@ def main() -> None:
             "chat": ("chat", lambda: chat_prompts(args.num_prompts)), "make-run": ("make run", lambda: make_run * 3),
             "module": ("module", lambda: humaneval_prompts_in_a_module(args.num_prompts))}
     rounds = {"tree": None} if args.chain else {}
+    choosers = {m: RoundKindChooser() for m in settings}
+    tree_round = gen._tree_round
+
+    def tree_round_blind_chains(*a):  # the round's top chain not counted in the chain rounds' acceptance
+        return tree_round(*a[:11], None)
+
     print("prompts    | " + " | ".join(["plain loop", *settings]))
     for key in args.prompts:
         label, load = sets[key]
@@ -149,6 +162,8 @@ def main() -> None:
                             out = gen.generate_plain(request, max_new_tokens=args.max_new_tokens, stream=stream)
                         else:
                             gen._costs[b], memory, margin = settings[m]
+                            gen._round_kinds[b] = choosers[m]
+                            gen._tree_round = tree_round_blind_chains if m == "chain counts alone" else tree_round
                             DepthAcceptance.__init__.__defaults__ = (*defaults[:2], memory)
                             budget.best_draft_length = (lambda rates, c, live=1, margin=margin:
                                                         plan(rates, c, live, margin))
@@ -167,6 +182,7 @@ def main() -> None:
             DepthAcceptance.__init__.__defaults__ = defaults
             budget.best_draft_length = plan
             gen._costs.pop(b, None)
+            gen._tree_round = tree_round
         tps = {m: statistics.median(v) for m, v in passes.items()}
         cells = [f"{tps['plain']:.1f} tok/s"] + [
             f"{tps[m]:.1f} ({tps[m] / tps['plain']:.3f}x, tau {sum(accepted[m]) / len(accepted[m]):.2f})"

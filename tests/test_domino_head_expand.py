@@ -246,8 +246,9 @@ def test_per_sequence_parameters_equal_each_sequence_alone(backend, wdtype):
         torch.testing.assert_close(got[1][nodes], want[1], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(got[2][nodes], want[2], atol=1e-6, rtol=1e-6)
         # the kernels' logits rows are batch-invariant; the reference's float32 products are not
+        # (PyTorch's blocking changes with the rows: 3e-5 relative apart on an AVX-512/AMX Xeon)
         exact = backend != "reference"
-        torch.testing.assert_close(got[3][nodes], want[3], atol=0 if exact else 1e-5, rtol=0 if exact else 1e-5)
+        torch.testing.assert_close(got[3][nodes], want[3], atol=0 if exact else 1e-4, rtol=0 if exact else 1e-4)
 
 
 @pytest.mark.parametrize("backend", params())

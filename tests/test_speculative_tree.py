@@ -307,6 +307,126 @@ def test_depths_tried_stop_at_the_cut_trees_leaves():
     assert tried.tolist() == [1, 1, 2, 2]
 
 
+def test_top_chain_counts_by_hand():
+    """topk 2, depth 2: flat candidates 0, 1 (the root's children c = 0, 1), then 2 + 2j + c
+    under frontier slot j. The top chain is the c = 0 child at every depth; a depth counts
+    as tried only where the verified tree held the top chain's node there; grafted nodes
+    (past the drafted ones) are on no drafter chain."""
+    from types import SimpleNamespace
+
+    def counts(selected, next_token, path, num_acc):
+        links = SimpleNamespace(next_token=torch.tensor([next_token]))
+        tried, acc = domino.tree.top_chain_counts(torch.tensor([selected]), links, torch.tensor([path]),
+                                                  torch.tensor([num_acc]), 2)
+        return tried.item(), acc.item()
+
+    # nodes 1..4 = flat 0, 1, 2, 3: root -> {1 (c0), 2 (c1)}, 1 -> {3 (c0), 4 (c1)}; 5: a graft under 3
+    full, grafted = [1, 3, -1, -1, -1], [1, 3, -1, 5, -1, -1]
+    assert counts([0, 1, 2, 3], full, [0, 1, 3], 2) == (2, 2)  # the top chain accepted to the leaf
+    assert counts([0, 1, 2, 3], full, [0, 1, 4], 2) == (2, 1)  # the tree went on through a sibling
+    assert counts([0, 1, 2, 3], full, [0, 1, 0], 1) == (2, 1)  # node 1 kept, its top child 3 rejected
+    assert counts([0, 1, 2, 3], full, [0, 2, 0], 1) == (1, 0)  # a sibling at depth 1: the chain failed there
+    assert counts([0, 1, 2, 3], full, [0, 0, 0], 0) == (1, 0)  # nothing accepted
+    assert counts([0, 1, 2, 3], grafted, [0, 1, 3, 5], 3) == (2, 2)  # the graft node says nothing
+    # the root's top child cut (nodes 1..3 = flat 1, 4, 5: c1, then its children): no evidence
+    assert counts([1, 4, 5], [1, 2, -1, -1], [0, 1, 2], 2) == (0, 0)
+
+
+@pytest.mark.parametrize("use_head,batch", [(True, 1), (False, 3), (True, 3)])
+def test_top_chain_counts_are_what_the_chain_would_have_done(use_head, batch, monkeypatch):
+    """In real tree rounds (DEFAULT_TREE's shape, cut by the budget, prompt-lookup grafts
+    on), the top chain's counts agree with the chain the drafter drafts from the same state,
+    checked against the target's own greedy continuation: the accepted count is the chain's
+    where the tree tried one more depth, and at most the chain's where it did not."""
+    gen = tiny_generator("qwen3", vocab=SMALL_V)  # a small vocabulary: the random drafter is right at times
+    cheap_verification(gen, batch)
+    tree_round, top_chain_counts = gen._tree_round, domino.generate.top_chain_counts
+    pending, seen = [], []
+
+    def spying_tree_round(st, sampling, use_head_, shape, live, *a):
+        chain = gen.drafter.draft(gen._drafter_context(st), st.anchor, st.anchor_pos, use_head=use_head_).tokens
+        pending.append((chain.tolist(), st.anchor_pos.tolist(), live))
+        try:
+            return tree_round(st, sampling, use_head_, shape, live, *a)
+        finally:
+            pending.clear()
+
+    def spying_counts(*a):
+        tried, acc = top_chain_counts(*a)
+        seen.append((*pending[0], tried.tolist(), acc.tolist()))
+        return tried, acc
+
+    gen._tree_round = spying_tree_round
+    monkeypatch.setattr(domino.generate, "top_chain_counts", spying_counts)
+    rows, evidence = 0, {"accepted": 0, "rejected": 0}
+    n = 64
+    for seed in (21, 22, 23):
+        ps = prompts(batch, seed=seed, vocab=SMALL_V)
+        full = [p + t for p, t in zip(ps, greedy_plain(gen, ps, n + 8))]  # the target's own continuation
+        seen.clear()
+        res = gen.generate(ps, max_new_tokens=n, use_head=use_head, tree=TreeShape(3, 4))
+        assert res.token_ids == [t[len(p):len(p) + n] for p, t in zip(ps, full)]
+        for chain, anchor_pos, live, tried, acc in seen:
+            for s in live:
+                truth = 0
+                while truth < 4 and chain[s][truth] == full[s][anchor_pos[s] + 1 + truth]:
+                    truth += 1
+                assert acc[s] <= tried[s] <= 4 and acc[s] <= truth
+                if tried[s] > acc[s]:
+                    assert acc[s] == truth, (chain[s][:4], full[s][anchor_pos[s] + 1:anchor_pos[s] + 5], tried[s])
+                evidence["accepted"] += acc[s]
+                evidence["rejected"] += tried[s] > acc[s]
+                rows += 1
+    # not vacuous (the tiny random drafter's top chain is seldom right; the hand test has more)
+    assert rows >= 30 and evidence["accepted"] >= 1 and evidence["rejected"] >= 30, evidence
+
+
+def test_tree_rounds_count_their_top_chain_in_the_chains_acceptance(monkeypatch):
+    """Under "auto", a tree round's top-chain counts go into the chain rounds' acceptance
+    (else, where the prior plans no chain drafts, chain rounds would stay plain steps and
+    the chooser would weigh trees against plain steps), and only there."""
+    gen = tiny_generator("qwen3")
+    cheap_verification(gen, 2)
+    made = []
+
+    class Recorded(domino.budget.DepthAcceptance):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            self.calls = []
+            made.append(self)
+
+        def update(self, verified, accepted):
+            self.calls.append((list(verified), list(accepted)))
+            super().update(verified, accepted)
+
+    monkeypatch.setattr(domino.generate, "DepthAcceptance", Recorded)
+    top_chain_counts, counted = domino.generate.top_chain_counts, []
+
+    def spying_counts(*a):
+        tried, acc = top_chain_counts(*a)
+        counted.append((tried.tolist(), acc.tolist()))
+        return tried, acc
+
+    monkeypatch.setattr(domino.generate, "top_chain_counts", spying_counts)
+    chooser = gen._round_kinds.setdefault(2, domino.round_kind.RoundKindChooser(warmup=1))
+    chooser.choose = lambda: "tree"
+    ps = prompts(2, seed=4)
+    res = gen.generate(ps, max_new_tokens=24)
+    assert res.token_ids == greedy_plain(gen, ps, 24)
+    tree_kind, chain_kind = made[:2]  # _speculative makes one per round kind, in ROUND_KINDS order
+    assert domino.round_kind.ROUND_KINDS == ("tree", "chain")
+    assert len(counted) == len(tree_kind.calls) > 3
+    expected = []  # the live rows' counts: a finished sequence drops out
+    for r, (tried, acc) in enumerate(counted):
+        live = [s for s in range(2) if r < len(res.verified_lengths[s])]
+        expected.append(([tried[s] for s in live], [acc[s] for s in live]))
+    assert chain_kind.calls == expected
+    # an explicit tree has no chain rounds to inform
+    made.clear()
+    gen.generate(ps, max_new_tokens=8, tree=domino.tree.DEFAULT_TREE)
+    assert made[1].calls == []
+
+
 def _costs(verify_one: float, verify_more: float, draft: float) -> RoundCosts:
     """Rigged round costs: a forward over one token, over 2..32 tokens, drafting 1..15."""
     return RoundCosts((0.0, verify_one) + (verify_more,) * 31, (0.0,) + (draft,) * 15)

@@ -46,7 +46,7 @@ from domino.round_kind import ROUND_KINDS, RoundKindChooser
 from domino.sampling_params import RowSampling, SamplingParams
 from domino.target import bare_generation_config, cache_kwarg, sliding_window, special_token_ids, target_features
 from domino.tree import (DEFAULT_TREE, TreeLinks, TreeShape, check_tree_attention, compact_tree_cache,
-                         depths_tried, graft_chains, graft_sizes, path_acceptance, tree_attention_mask,
+                         depths_tried, graft_chains, graft_sizes, path_acceptance, top_chain_counts, tree_attention_mask,
                          tree_attention_supported, tree_links, verify_tree)
 from domino_ops.tree_draft import DraftTree, select_draft_nodes
 
@@ -454,7 +454,10 @@ class DominoGenerator:
         # learnt within this call only, from the drafter's measured rates: a call's choices,
         # and so its sampled output under a seed, do not depend on earlier calls
         # one per round kind: a tree's accepted path is at least as long as its top chain's,
-        # so its counts would make chain rounds (under ``kinds``) draft more than they pay
+        # so its counts would make chain rounds (under ``kinds``) draft more than they pay;
+        # but a tree round also counts its top chain (the chain's draft) in the chain's, or
+        # where the prior alone plans no chain drafts (batch 2 on the Zen 3 VM) every chain
+        # round is a plain step, nothing counts, and ``kinds`` weighs trees against plain steps
         depth_acceptance = {kind: DepthAcceptance(self.drafter.config.num_drafts,
                                                   self.drafter.calibration.depth_rates or 0.5)
                             for kind in ROUND_KINDS}
@@ -478,9 +481,9 @@ class DominoGenerator:
                 kept_list, new_rows, verified_len = self._chain_round(state, sampling, use_head, live, now,
                                                                       num_drafts, depth_acceptance[kind])
             else:
-                kept_list, new_rows, verified_len = self._tree_round(state, sampling, use_head, tree, live, now,
-                                                                     depth_acceptance[kind], lookups, lookup_tokens,
-                                                                     datastore_tokens, graft_acceptance)
+                kept_list, new_rows, verified_len = self._tree_round(
+                    state, sampling, use_head, tree, live, now, depth_acceptance[kind], lookups, lookup_tokens,
+                    datastore_tokens, graft_acceptance, depth_acceptance["chain"] if kinds is not None else None)
             if kinds is not None:  # the round's host sync has run: its work is done
                 kinds.record(kind, sum(kept_list[s] for s in live), (kinds.now() - started) * 1e3)
             for s in range(b):
@@ -595,8 +598,8 @@ class DominoGenerator:
     def _tree_round(self, st: _Decoding, sampling: RowSampling, use_head, shape: TreeShape, live: list[int],
                     costs: RoundCosts | None, depth_acceptance: DepthAcceptance,
                     lookups: list[NgramIndex] | None = None, lookup_tokens: int = 0,
-                    datastore_tokens: int = 0, graft_acceptance: dict[str, DepthAcceptance] | None = None
-                    ) -> tuple[list[int], list[list[int]], int]:
+                    datastore_tokens: int = 0, graft_acceptance: dict[str, DepthAcceptance] | None = None,
+                    chain_acceptance: DepthAcceptance | None = None) -> tuple[list[int], list[list[int]], int]:
         """One tree round: draft a tree, verify all its nodes in one target forward, keep the
         accepted path in the caches. Returns what :meth:`_chain_round` does.
 
@@ -604,7 +607,9 @@ class DominoGenerator:
         as a chain round is: where the acceptance per depth so far (seeded by the
         calibration, then counted along each tree's accepted path, which a tree makes at
         least as long as its top chain, up to the tree's depth) says no draft is worth its
-        cost, the round is a plain decoding step. The plan reads only earlier rounds, never this round's drafts."""
+        cost, the round is a plain decoding step. The plan reads only earlier rounds, never this round's drafts.
+        ``chain_acceptance``: the chain rounds' counts, given how this round's top chain (the
+        chain's draft) fared (:func:`domino.tree.top_chain_counts`)."""
         if graft_acceptance is None:  # a round on its own: no counts from earlier rounds
             graft_acceptance = new_graft_acceptance(lookup_tokens, datastore_tokens)
         reachable = shape.depth  # the plan reads the depths a tree of this shape has
@@ -624,10 +629,14 @@ class DominoGenerator:
         tokens, path, num_acc = verify_tree(tree, links, logits, sampling, depth)
         kept = num_acc + 1  # the root (anchor) + accepted drafts enter the context
         tried = depths_tried(links, path, num_acc)
+        chain_tried, chain_acc = top_chain_counts(tree.selected_index, links, path, num_acc, shape.topk)
         P = path.shape[1]
-        host = torch.cat([kept[:, None], tried[:, None], path, tokens], dim=1).tolist()  # the one host sync
+        host = torch.cat([torch.stack([kept, tried, chain_tried, chain_acc], dim=1), path, tokens],
+                         dim=1).tolist()  # the one host sync: 4 counts, the path, the tokens
         kept_list = [row[0] for row in host]
         depth_acceptance.update([host[s][1] for s in live], [kept_list[s] - 1 for s in live])
+        if chain_acceptance is not None:
+            chain_acceptance.update([host[s][2] for s in live], [host[s][3] for s in live])
         for graft_kinds, first, new in grafts:  # each graft's new nodes on the accepted paths, by kind of graft
             # Only grafts that were verified count: a kind the budget cut to nothing keeps its
             # evidence until the call ends. Letting it fade back to the prior instead (an
@@ -638,16 +647,16 @@ class DominoGenerator:
                 offered = [s for s in live if graft_kinds[s] == gkind and new[s]]
                 graft_acceptance[gkind].update(
                     [new[s] for s in offered],
-                    [sum(first <= u < first + new[s] for u in host[s][2:2 + kept_list[s]]) for s in offered])
+                    [sum(first <= u < first + new[s] for u in host[s][4:4 + kept_list[s]]) for s in offered])
         m = max(kept_list)
         # Nothing to move when every sequence's kept path already sits in the round's first
         # slots (the root alone, or the root and its first child): common at tau ~2, and the
         # move is 2 ops per layer (~0.6 ms a round for SmolLM2's 30 layers).
-        if any(row[2:2 + k] != list(range(k)) for row, k in zip(host, kept_list)):
+        if any(row[4:4 + k] != list(range(k)) for row, k in zip(host, kept_list)):
             compact_tree_cache(st.cache, path[:, :m], n)
         path_features = features.gather(1, path[:, :m, None].expand(-1, -1, features.shape[2]))
         self._commit(st, kept, n, path_features, tokens.gather(1, num_acc[:, None])[:, 0])
-        return kept_list, [row[2 + P:2 + P + k] for row, k in zip(host, kept_list)], n
+        return kept_list, [row[4 + P:4 + P + k] for row, k in zip(host, kept_list)], n
 
     def _commit(self, st: _Decoding, kept: torch.Tensor, round_len: int, features: torch.Tensor,
                 next_anchor: torch.Tensor) -> None:

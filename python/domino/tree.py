@@ -218,6 +218,34 @@ def depths_tried(links: TreeLinks, path: torch.Tensor, num_accepted: torch.Tenso
     return num_accepted + (links.next_token.gather(1, last)[:, 0] >= 0).long()
 
 
+def top_chain_counts(selected_index: torch.Tensor, links: TreeLinks, path: torch.Tensor,
+                     num_accepted: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """How the chain a chain round would have drafted from the same state fared in this tree
+    round, as :class:`domino.budget.DepthAcceptance` counts it: (tried [b], accepted [b])
+    int64.
+
+    That chain is the tree's top chain: from the root, each node's best child, child 0 of
+    its expansion (a flat candidate index ``= 0 mod topk``; :mod:`domino_ops.tree_draft`),
+    which is the token a chain round drafts after the same tokens. ``accepted``: the
+    leading nodes of the accepted path (``path`` [b, P], ``num_accepted`` [b] as
+    :func:`verify_tree` returns them) on the top chain. ``tried``: one more where the top
+    chain's next node was in the verified tree, for the target then rejected it; where the
+    tree did not hold it (cut, below the last depth, or not expanded) the round says nothing
+    of that depth. ``selected_index`` [b, n0 - 1]: the drafted tree's candidates (nodes
+    1..n0-1); nodes from n0 on in ``links`` are grafted and on no drafter chain."""
+    b, n = links.next_token.shape
+    n0 = selected_index.shape[1] + 1
+    top = torch.zeros(b, n, dtype=torch.bool, device=path.device)
+    top[:, 0] = True
+    top[:, 1:n0] = selected_index % topk == 0
+    on_path = torch.arange(path.shape[1], device=path.device)[None, :] <= num_accepted[:, None]
+    leading = (top.gather(1, path) & on_path)[:, 1:].long().cumprod(1)
+    accepted = leading.sum(1)
+    child = links.next_token.gather(1, path.gather(1, accepted[:, None]))[:, 0]  # the first child: the lowest c
+    held = (child >= 0) & top.gather(1, child.clamp(min=0)[:, None])[:, 0]
+    return accepted + held.long(), accepted
+
+
 def compact_tree_cache(cache: DynamicCache, path: torch.Tensor, num_nodes: int) -> None:
     """Moves each sequence's accepted nodes' keys/values (``path`` [b, m] int64, node
     indices in path order, m <= num_nodes) to the first m slots of the round, the last
