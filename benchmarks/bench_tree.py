@@ -9,7 +9,9 @@ reference (``backend="reference"``). The trees are real EAGLE drafts: random sco
 N-1 best candidates, built by the op itself. With a CUDA device a second table times the
 CUDA kernel (``torch.ops.domino_ops.<op>`` on CUDA tensors) and the Triton kernel
 (``domino_ops.triton.kernel(op)``) on the same inputs, each call followed by a device
-synchronize (so a time includes the launch); without one it says they were skipped.
+synchronize (so a time includes the launch); without one it says they were skipped. A third
+table times the greedy verification's target tokens: ``torch.argmax`` against
+``domino.tree.target_argmax``, which the engine uses.
 
     python benchmarks/bench_tree.py                 # full table
     python benchmarks/bench_tree.py --quick         # fewer repeats
@@ -147,7 +149,25 @@ def main():
         wrap = median_us(lambda: getattr(domino_ops, op)(*a, backend="native"), repeats)
         ref = median_us(lambda: getattr(domino_ops, op)(*a, backend="reference"), ref_repeats, 1)
         row(op, bs, n, label, raw, wrap, ref)
+    argmax_table(repeats)
     gpu_table(all_cases, repeats)
+
+
+def argmax_table(repeats: int) -> None:
+    """The greedy tree verification's target tokens, one per node: torch.argmax against
+    ``domino.tree.target_argmax`` (domino_ops.sample at temperature 0) on the logits a tree
+    round has, SmolLM2's 49,152-token vocabulary."""
+    from domino.tree import target_argmax
+
+    V = 49152
+    print(f"\ngreedy tree verification's target tokens, [bs, N, {V}] logits: microseconds (median)")
+    print(f"{'dtype':<10} {'bs':>3} {'N':>3} {'torch.argmax':>13} {'target_argmax':>14} {'speedup':>8}")
+    for dtype in (torch.float32, torch.bfloat16):
+        for bs, n in ((1, 11), (1, 24), (4, 11)):
+            logits = torch.randn(bs, n, V).to(dtype)
+            torch_us = median_us(lambda: logits.argmax(-1), repeats)
+            ours = median_us(lambda: target_argmax(logits), repeats)
+            print(f"{str(dtype)[6:]:<10} {bs:>3} {n:>3} {torch_us:>13.1f} {ours:>14.1f} {torch_us / ours:>7.1f}x")
 
 
 if __name__ == "__main__":

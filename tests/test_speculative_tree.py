@@ -307,6 +307,20 @@ def test_depths_tried_stop_at_the_cut_trees_leaves():
     assert tried.tolist() == [1, 1, 2, 2]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_target_argmax_is_torch_argmax(dtype):
+    """The greedy verification's target tokens: torch.argmax's choice at every node, ties by
+    index and the first NaN, over vocabularies on and off the kernels' vector widths."""
+    g = torch.Generator().manual_seed(3)
+    for b, n, V in [(1, 1, 1), (1, 11, 49152), (3, 5, 37), (2, 16, 1000)]:
+        logits = torch.randint(-3, 4, (b, n, V), generator=g).to(dtype)  # few values: many ties
+        logits[0, -1, V // 2] = float("nan")
+        logits[-1, 0, :] = float("-inf")
+        got = domino.tree.target_argmax(logits)
+        assert got.shape == (b, n) and got.dtype == torch.int64
+        assert torch.equal(got, logits.argmax(-1)), (b, n, V)
+
+
 def test_top_chain_counts_by_hand():
     """topk 2, depth 2: flat candidates 0, 1 (the root's children c = 0, 1), then 2 + 2j + c
     under frontier slot j. The top chain is the c = 0 child at every depth; a depth counts

@@ -166,6 +166,16 @@ def tree_attention_mask(cache_mask: torch.Tensor, ancestors: torch.Tensor, dtype
     return torch.where(allowed, zero, torch.finfo(dtype).min)[:, None]
 
 
+def target_argmax(logits: torch.Tensor) -> torch.Tensor:
+    """[b, N] int64: the target's greedy token at every node, from ``logits`` [b, N, V]
+    float32 or bfloat16. :func:`domino_ops.sample` at temperature 0 picks what
+    ``torch.argmax`` does (the first NaN, ties by index), ~10x faster on a CPU: 35 against
+    400 us for 11 rows of SmolLM2's 49,152 logits on the AMX Xeon VM (fifty-third session),
+    ~2 % of a tree round."""
+    b, n, V = logits.shape
+    return domino_ops.sample(logits.reshape(b * n, V), temperature=0.0).view(b, n)
+
+
 def verify_tree(tree: DraftTree, links: TreeLinks, logits: torch.Tensor, sampling: RowSampling, depth: int):
     """Verifies the tree against the target's ``logits`` [b, N, V] float32 at its nodes:
     greedily when the tree was drafted greedily (``tree.draft_probs`` is None), else by
@@ -182,7 +192,7 @@ def verify_tree(tree: DraftTree, links: TreeLinks, logits: torch.Tensor, samplin
     common = (predicts, accept_index, accept_num, tree.candidates, links.retrive_index, links.next_token,
               links.next_sibling)
     if tree.draft_probs is None:
-        domino_ops.verify_tree_greedy(*common, logits.argmax(-1))
+        domino_ops.verify_tree_greedy(*common, target_argmax(logits))
     else:
         target_probs = domino_ops.filtered_probs(logits, **sampling.filter_kwargs()).contiguous()
         domino_ops.verify_tree_sampling(*common, domino_ops.draw_uniforms((b, n), dev, sampling.generator),
@@ -196,7 +206,7 @@ def verify_tree(tree: DraftTree, links: TreeLinks, logits: torch.Tensor, samplin
             greedy = domino_ops.sampling.effective_temperature(sampling.temperature) == 0
             g_predicts, g_index, g_num = (torch.empty_like(predicts), torch.empty_like(accept_index),
                                           torch.empty_like(accept_num))
-            domino_ops.verify_tree_greedy(g_predicts, g_index, g_num, *common[3:], logits.argmax(-1))
+            domino_ops.verify_tree_greedy(g_predicts, g_index, g_num, *common[3:], target_argmax(logits))
             rows = greedy.repeat_interleave(n)
             predicts = torch.where(rows, g_predicts, predicts)
             accept_index = torch.where(greedy[:, None], g_index, accept_index)
