@@ -144,6 +144,7 @@ def main() -> None:
         requests = [prompts[i:i + b] if b > 1 else prompts[i] for i in range(0, len(prompts), b)]
         passes = {m: [] for m in ["plain", *settings]}
         accepted = {m: [] for m in settings}
+        gen._round_kinds.pop(b, None)  # the warm-up gets a chooser of its own, not the last variant's
         gen.generate(requests[0], max_new_tokens=8, **rounds)  # warm-up
         gen.generate_plain(requests[0], max_new_tokens=8)
         try:

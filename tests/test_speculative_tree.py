@@ -322,38 +322,73 @@ def test_target_argmax_is_torch_argmax(dtype):
 
 
 def test_top_chain_counts_by_hand():
-    """topk 2, depth 2: flat candidates 0, 1 (the root's children c = 0, 1), then 2 + 2j + c
-    under frontier slot j. The top chain is the c = 0 child at every depth; a depth counts
-    as tried only where the verified tree held the top chain's node there; grafted nodes
-    (past the drafted ones) are on no drafter chain."""
-    from types import SimpleNamespace
+    """topk 2: flat candidates 0, 1 (the root's children c = 0, 1), then 2 + 4(s-1) + 2j + c
+    under step s's frontier slot j. The top chain is the c = 0 child at every depth. The
+    depth after the last accepted top node counts where the tree verified its top child
+    (rejected), or drafted it and cut it (accepted iff its token is the target's there), and
+    not where that node was never expanded; grafted nodes are on no drafter chain."""
+    flat_tokens = [10, 11, 20, 21, 30, 31, 40, 41, 50, 51]  # by flat index (depth 3 needs all ten)
 
-    def counts(selected, next_token, path, num_acc):
-        links = SimpleNamespace(next_token=torch.tensor([next_token]))
-        tried, acc = domino.tree.top_chain_counts(torch.tensor([selected]), links, torch.tensor([path]),
-                                                  torch.tensor([num_acc]), 2)
-        return tried.item(), acc.item()
+    def counts(selected, next_token, path, tokens, num_acc, parent_list=(-1, 0, 1), depth=2, with_tokens=True):
+        rows = lambda x: torch.tensor(x if isinstance(x[0], (list, tuple)) else [x])  # noqa: E731
+        selected, next_token, path, tokens = rows(selected), rows(next_token), rows(path), rows(tokens)
+        b = selected.shape[0]
+        tree = DraftTree(torch.tensor([list(parent_list)] * b), selected, torch.zeros_like(next_token), None, None,
+                         torch.tensor([flat_tokens[:2 + 4 * (depth - 1)]] * b) if with_tokens else None)
+        from types import SimpleNamespace
+
+        tried, acc = domino.tree.top_chain_counts(tree, SimpleNamespace(next_token=next_token), path, tokens,
+                                                  torch.tensor(num_acc if isinstance(num_acc, list) else [num_acc]),
+                                                  2, depth)
+        out = list(zip(tried.tolist(), acc.tolist()))
+        return out if b > 1 else out[0]
 
     # nodes 1..4 = flat 0, 1, 2, 3: root -> {1 (c0), 2 (c1)}, 1 -> {3 (c0), 4 (c1)}; 5: a graft under 3
-    full, grafted = [1, 3, -1, -1, -1], [1, 3, -1, 5, -1, -1]
-    assert counts([0, 1, 2, 3], full, [0, 1, 3], 2) == (2, 2)  # the top chain accepted to the leaf
-    assert counts([0, 1, 2, 3], full, [0, 1, 4], 2) == (2, 1)  # the tree went on through a sibling
-    assert counts([0, 1, 2, 3], full, [0, 1, 0], 1) == (2, 1)  # node 1 kept, its top child 3 rejected
-    assert counts([0, 1, 2, 3], full, [0, 2, 0], 1) == (1, 0)  # a sibling at depth 1: the chain failed there
-    assert counts([0, 1, 2, 3], full, [0, 0, 0], 0) == (1, 0)  # nothing accepted
-    assert counts([0, 1, 2, 3], grafted, [0, 1, 3, 5], 3) == (2, 2)  # the graft node says nothing
-    # the root's top child cut (nodes 1..3 = flat 1, 4, 5: c1, then its children): no evidence
-    assert counts([1, 4, 5], [1, 2, -1, -1], [0, 1, 2], 2) == (0, 0)
+    sel, full = [0, 1, 2, 3], [1, 3, -1, -1, -1]
+    assert counts(sel, full, [0, 1, 3], [10, 20, 99], 2) == (2, 2)  # the top chain accepted to the last depth
+    assert counts(sel, full, [0, 1, 4], [10, 21, 99], 2) == (2, 1)  # on through a sibling: the top child rejected
+    assert counts(sel, full, [0, 1, 0], [10, 55, -1], 1) == (2, 1)  # node 1 kept, its top child 3 rejected
+    assert counts(sel, full, [0, 2, 0], [11, 99, -1], 1) == (1, 0)  # a sibling at depth 1: the chain failed there
+    assert counts(sel, full, [0, 0, 0], [55, -1, -1], 0) == (1, 0)  # nothing accepted
+    assert counts([sel, sel], [full, full], [[0, 1, 3], [0, 1, 4]], [[10, 20, 99], [10, 21, 99]],
+                  [2, 2]) == [(2, 2), (2, 1)]  # a batch: each row its own
+    assert counts(sel, [1, 3, -1, 5, -1, -1], [0, 1, 3, 5], [10, 20, 77, 88], 3) == (2, 2)  # the graft says nothing
+    # node 1's top child (flat 2, token 20) cut, its sibling flat 3 kept as node 3
+    cut = [0, 1, 3], [1, 3, -1, -1]
+    assert counts(*cut, [0, 1, 3], [10, 21, 99], 2) == (2, 1)  # the target's 21 is not the cut 20: rejected
+    assert counts(*cut, [0, 1, 0], [10, 20, -1], 1) == (2, 2)  # the target's 20 is the cut top child's: accepted
+    assert counts(*cut, [0, 1, 0], [10, 20, -1], 1, with_tokens=False) == (1, 1)  # no candidate tokens: no word
+    # the root's top child (flat 0, token 10) cut; nodes 1..3 = flat 1, 4, 5
+    assert counts([1, 4, 5], [1, 2, -1, -1], [0, 1, 2], [11, 30, 99], 2) == (1, 0)
+    assert counts([1, 4, 5], [1, 2, -1, -1], [0, 0, 0], [10, -1, -1], 0) == (1, 1)
+    # depth 3, step 2's frontier = flat 4, 5 (under flat 1): node 2 = flat 2 (under flat 0) was never expanded
+    assert counts([0, 2], [1, 2, -1], [0, 1, 2], [10, 20, 99], 2, parent_list=(-1, 0, 1, 4, 5), depth=3) == (2, 2)
+    # step 2's frontier holds flat 2 in slot j: its children are flat 6 + 2j + c (tokens 40 + 10j + c); the
+    # top one cut, its sibling kept as node 3
+    for j, frontier in ((0, (2, 5)), (1, (5, 2))):
+        kw = dict(parent_list=(-1, 0, 1, *frontier), depth=3)
+        sel, links = [0, 2, 7 + 2 * j], [1, 2, 3, -1]
+        assert counts(sel, links, [0, 1, 2, 3], [10, 20, 41 + 10 * j, 99], 3, **kw) == (3, 2), j
+        assert counts(sel, links, [0, 1, 2, 0], [10, 20, 40 + 10 * j, -1], 2, **kw) == (3, 3), j
+
+
+def _auto_rounds_all_trees(gen, batch: int) -> None:
+    """Under "auto", every round of ``gen`` at ``batch`` a tree round."""
+    chooser = gen._round_kinds.setdefault(batch, domino.round_kind.RoundKindChooser())
+    chooser.choose = lambda: "tree"
 
 
 @pytest.mark.parametrize("use_head,batch", [(True, 1), (False, 3), (True, 3)])
 def test_top_chain_counts_are_what_the_chain_would_have_done(use_head, batch, monkeypatch):
-    """In real tree rounds (DEFAULT_TREE's shape, cut by the budget, prompt-lookup grafts
-    on), the top chain's counts agree with the chain the drafter drafts from the same state,
-    checked against the target's own greedy continuation: the accepted count is the chain's
-    where the tree tried one more depth, and at most the chain's where it did not."""
+    """In real tree rounds under "auto" (DEFAULT_TREE, cut by the budget, prompt-lookup
+    grafts on), the top chain's counts agree with the chain the drafter drafts from the same
+    state, checked against the target's own greedy continuation: the accepted count is the
+    chain's where one more depth was tried, and at most the chain's where it was not."""
     gen = tiny_generator("qwen3", vocab=SMALL_V)  # a small vocabulary: the random drafter is right at times
-    cheap_verification(gen, batch)
+    # verifying costs 1 ms a token more, a plain step twice a small verification: trees are drafted and cut
+    gen._costs[batch] = RoundCosts(tuple([0.0, 20.0] + [8.0 + t for t in range(2, 33)]),
+                                   tuple([0.0] + [0.05 * n for n in range(1, 16)]))
+    _auto_rounds_all_trees(gen, batch)
     tree_round, top_chain_counts = gen._tree_round, domino.generate.top_chain_counts
     pending, seen = [], []
 
@@ -365,22 +400,23 @@ def test_top_chain_counts_are_what_the_chain_would_have_done(use_head, batch, mo
         finally:
             pending.clear()
 
-    def spying_counts(*a):
-        tried, acc = top_chain_counts(*a)
-        seen.append((*pending[0], tried.tolist(), acc.tolist()))
+    def spying_counts(tree, *a):
+        tried, acc = top_chain_counts(tree, *a)
+        seen.append((*pending[0], tried.tolist(), acc.tolist(), tree.candidates.shape[1]))
         return tried, acc
 
     gen._tree_round = spying_tree_round
     monkeypatch.setattr(domino.generate, "top_chain_counts", spying_counts)
-    rows, evidence = 0, {"accepted": 0, "rejected": 0}
+    rows, cut_trees, evidence = 0, 0, {"accepted": 0, "rejected": 0}
     n = 64
     for seed in (21, 22, 23):
         ps = prompts(batch, seed=seed, vocab=SMALL_V)
         full = [p + t for p, t in zip(ps, greedy_plain(gen, ps, n + 8))]  # the target's own continuation
         seen.clear()
-        res = gen.generate(ps, max_new_tokens=n, use_head=use_head, tree=TreeShape(3, 4))
+        res = gen.generate(ps, max_new_tokens=n, use_head=use_head)
         assert res.token_ids == [t[len(p):len(p) + n] for p, t in zip(ps, full)]
-        for chain, anchor_pos, live, tried, acc in seen:
+        for chain, anchor_pos, live, tried, acc, nodes in seen:
+            cut_trees += nodes < 1 + tree_size(3, 4)
             for s in live:
                 truth = 0
                 while truth < 4 and chain[s][truth] == full[s][anchor_pos[s] + 1 + truth]:
@@ -392,13 +428,15 @@ def test_top_chain_counts_are_what_the_chain_would_have_done(use_head, batch, mo
                 evidence["rejected"] += tried[s] > acc[s]
                 rows += 1
     # not vacuous (the tiny random drafter's top chain is seldom right; the hand test has more)
-    assert rows >= 30 and evidence["accepted"] >= 1 and evidence["rejected"] >= 30, evidence
+    assert rows >= 30 and cut_trees >= 10 and evidence["accepted"] >= 1 and evidence["rejected"] >= 30, (
+        rows, cut_trees, evidence)
 
 
 def test_tree_rounds_count_their_top_chain_in_the_chains_acceptance(monkeypatch):
     """Under "auto", a tree round's top-chain counts go into the chain rounds' acceptance
     (else, where the prior plans no chain drafts, chain rounds would stay plain steps and
-    the chooser would weigh trees against plain steps), and only there."""
+    the chooser would weigh trees against plain steps), and only there; a tree round the
+    budget makes a plain step lets the chain's evidence fade as the tree's."""
     gen = tiny_generator("qwen3")
     cheap_verification(gen, 2)
     made = []
@@ -422,21 +460,27 @@ def test_tree_rounds_count_their_top_chain_in_the_chains_acceptance(monkeypatch)
         return tried, acc
 
     monkeypatch.setattr(domino.generate, "top_chain_counts", spying_counts)
-    chooser = gen._round_kinds.setdefault(2, domino.round_kind.RoundKindChooser(warmup=1))
-    chooser.choose = lambda: "tree"
+    _auto_rounds_all_trees(gen, 2)
     ps = prompts(2, seed=4)
     res = gen.generate(ps, max_new_tokens=24)
     assert res.token_ids == greedy_plain(gen, ps, 24)
     tree_kind, chain_kind = made[:2]  # _speculative makes one per round kind, in ROUND_KINDS order
     assert domino.round_kind.ROUND_KINDS == ("tree", "chain")
-    assert len(counted) == len(tree_kind.calls) > 3
+    assert len(counted) == len(tree_kind.calls) > 3  # every round a drafted tree
     expected = []  # the live rows' counts: a finished sequence drops out
     for r, (tried, acc) in enumerate(counted):
         live = [s for s in range(2) if r < len(res.verified_lengths[s])]
         expected.append(([tried[s] for s in live], [acc[s] for s in live]))
     assert chain_kind.calls == expected
+    # nothing pays: every tree round a plain step, and the chain's counts fade with the tree's
+    made.clear()
+    gen._costs[2] = _costs(10.0, 100.0, 50.0)
+    res = gen.generate(ps, max_new_tokens=8)
+    assert max(v for row in res.verified_lengths for v in row) == 1 and made[0].calls
+    assert made[1].calls == [([0] * len(v), [0] * len(v)) for v, _ in made[0].calls]
     # an explicit tree has no chain rounds to inform
     made.clear()
+    cheap_verification(gen, 2)
     gen.generate(ps, max_new_tokens=8, tree=domino.tree.DEFAULT_TREE)
     assert made[1].calls == []
 

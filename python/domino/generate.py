@@ -614,6 +614,8 @@ class DominoGenerator:
             graft_acceptance = new_graft_acceptance(lookup_tokens, datastore_tokens)
         reachable = shape.depth  # the plan reads the depths a tree of this shape has
         if costs is not None and budget.best_draft_length(depth_acceptance.rates()[:reachable], costs, len(live)) == 0:
+            if chain_acceptance is not None:  # a round that drafted nothing: the evidence fades, as for the tree's
+                chain_acceptance.update([0] * len(live), [0] * len(live))
             return self._chain_round(st, sampling, use_head, live, None, 0, depth_acceptance)
         tree, plan = self._draft_tree(st, sampling, use_head, shape, live, costs)
         links = tree_links(tree, st.anchor_pos, shape.topk, shape.depth)
@@ -629,7 +631,8 @@ class DominoGenerator:
         tokens, path, num_acc = verify_tree(tree, links, logits, sampling, depth)
         kept = num_acc + 1  # the root (anchor) + accepted drafts enter the context
         tried = depths_tried(links, path, num_acc)
-        chain_tried, chain_acc = top_chain_counts(tree.selected_index, links, path, num_acc, shape.topk)
+        chain_tried, chain_acc = (top_chain_counts(tree, links, path, tokens, num_acc, shape.topk, shape.depth)
+                                  if chain_acceptance is not None else (torch.zeros_like(kept),) * 2)
         P = path.shape[1]
         host = torch.cat([torch.stack([kept, tried, chain_tried, chain_acc], dim=1), path, tokens],
                          dim=1).tolist()  # the one host sync: 4 counts, the path, the tokens

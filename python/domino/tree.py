@@ -228,32 +228,57 @@ def depths_tried(links: TreeLinks, path: torch.Tensor, num_accepted: torch.Tenso
     return num_accepted + (links.next_token.gather(1, last)[:, 0] >= 0).long()
 
 
-def top_chain_counts(selected_index: torch.Tensor, links: TreeLinks, path: torch.Tensor,
-                     num_accepted: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """How the chain a chain round would have drafted from the same state fared in this tree
-    round, as :class:`domino.budget.DepthAcceptance` counts it: (tried [b], accepted [b])
-    int64.
+def top_chain_counts(tree: DraftTree, links: TreeLinks, path: torch.Tensor, tokens: torch.Tensor,
+                     num_accepted: torch.Tensor, topk: int, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """How the chain a chain round would have drafted from the same state fared in this
+    greedy tree round, as :class:`domino.budget.DepthAcceptance` counts it: (tried [b],
+    accepted [b]) int64.
 
     That chain is the tree's top chain: from the root, each node's best child, child 0 of
     its expansion (a flat candidate index ``= 0 mod topk``; :mod:`domino_ops.tree_draft`),
     which is the token a chain round drafts after the same tokens. ``accepted``: the
-    leading nodes of the accepted path (``path`` [b, P], ``num_accepted`` [b] as
-    :func:`verify_tree` returns them) on the top chain. ``tried``: one more where the top
-    chain's next node was in the verified tree, for the target then rejected it; where the
-    tree did not hold it (cut, below the last depth, or not expanded) the round says nothing
-    of that depth. ``selected_index`` [b, n0 - 1]: the drafted tree's candidates (nodes
-    1..n0-1); nodes from n0 on in ``links`` are grafted and on no drafter chain."""
+    leading nodes of the accepted path (``path``, ``tokens`` [b, P] and ``num_accepted`` [b]
+    as :func:`verify_tree` returns them) on the top chain, plus one where the top chain's
+    next node was drafted but cut from the verified tree and its token is the target's
+    there. ``tried``: ``accepted``, plus one where that next node was verified (the target
+    rejected it) or cut with another token than the target's. Where the last top node was
+    not expanded (the frontier kept other nodes, or it is at the tree's ``depth``) the round
+    says nothing of the next depth: counting only the nodes the budget kept would measure
+    the confident ones. ``tree``: the drafted tree (nodes 1..n0-1 its ``selected_index``;
+    nodes from n0 on in ``links`` are grafted, on no drafter chain); without
+    ``candidate_tokens`` a cut node says nothing either."""
     b, n = links.next_token.shape
-    n0 = selected_index.shape[1] + 1
-    top = torch.zeros(b, n, dtype=torch.bool, device=path.device)
+    dev = path.device
+    selected = tree.selected_index
+    n0 = selected.shape[1] + 1
+    top = torch.zeros(b, n, dtype=torch.bool, device=dev)
     top[:, 0] = True
-    top[:, 1:n0] = selected_index % topk == 0
-    on_path = torch.arange(path.shape[1], device=path.device)[None, :] <= num_accepted[:, None]
-    leading = (top.gather(1, path) & on_path)[:, 1:].long().cumprod(1)
-    accepted = leading.sum(1)
-    child = links.next_token.gather(1, path.gather(1, accepted[:, None]))[:, 0]  # the first child: the lowest c
-    held = (child >= 0) & top.gather(1, child.clamp(min=0)[:, None])[:, 0]
-    return accepted + held.long(), accepted
+    top[:, 1:n0] = selected % topk == 0
+    on_path = torch.arange(path.shape[1], device=dev)[None, :] <= num_accepted[:, None]
+    accepted = (top.gather(1, path) & on_path)[:, 1:].long().cumprod(1).sum(1)
+    last = path.gather(1, accepted[:, None])[:, 0]  # the last top node, at depth `accepted`
+    child = links.next_token.gather(1, last[:, None])[:, 0]  # its first child: the lowest c
+    verified = (child >= 0) & top.gather(1, child.clamp(min=0)[:, None])[:, 0]
+    if tree.candidate_tokens is None:
+        return accepted + verified.long(), accepted
+    # the last top node's child 0, by flat index: the root's is 0; a node at depth a >= 1 was
+    # expanded iff its flat index is in step a's frontier (parent_list), in some slot j (one
+    # at the tree's depth is in none: the last frontier holds the step before's candidates)
+    flat = selected.gather(1, (last - 1).clamp(min=0)[:, None])[:, 0]
+    a = accepted
+    if depth > 1:
+        frontier = tree.parent_list[:, 1:].reshape(b, depth - 1, topk)
+        slots = frontier.gather(1, (a - 1).clamp(0, depth - 2)[:, None, None].expand(-1, 1, topk))[:, 0]
+        match = slots == flat[:, None]
+        expanded = (a == 0) | match.any(1)
+        j = match.long().argmax(1)
+    else:
+        expanded, j = a == 0, torch.zeros_like(a)
+    child0 = torch.where(a == 0, 0, topk + (a - 1).clamp(min=0) * topk * topk + j * topk)
+    child0 = child0.clamp(max=tree.candidate_tokens.shape[1] - 1)
+    cut = expanded & ~verified
+    right = tree.candidate_tokens.gather(1, child0[:, None])[:, 0] == tokens.gather(1, a[:, None])[:, 0]
+    return accepted + (verified | cut).long(), accepted + (cut & right).long()
 
 
 def compact_tree_cache(cache: DynamicCache, path: torch.Tensor, num_nodes: int) -> None:
