@@ -384,7 +384,9 @@ def test_top_chain_counts_are_what_the_chain_would_have_done(use_head, batch, mo
     grafts on), the top chain's counts agree with the chain the drafter drafts from the same
     state, checked against the target's own greedy continuation: the accepted count is the
     chain's where one more depth was tried, and at most the chain's where it was not."""
-    gen = tiny_generator("qwen3", vocab=SMALL_V)  # a small vocabulary: the random drafter is right at times
+    # a small vocabulary, and a drafter seed whose top chain is right now and then (25-70 accepted drafts
+    # over the three cases, against 1-3 with the default seed)
+    gen = tiny_generator("qwen3", vocab=SMALL_V, seed=4)
     # verifying costs 1 ms a token more, a plain step twice a small verification: trees are drafted and cut
     gen._costs[batch] = RoundCosts(tuple([0.0, 20.0] + [8.0 + t for t in range(2, 33)]),
                                    tuple([0.0] + [0.05 * n for n in range(1, 16)]))
@@ -427,8 +429,8 @@ def test_top_chain_counts_are_what_the_chain_would_have_done(use_head, batch, mo
                 evidence["accepted"] += acc[s]
                 evidence["rejected"] += tried[s] > acc[s]
                 rows += 1
-    # not vacuous (the tiny random drafter's top chain is seldom right; the hand test has more)
-    assert rows >= 30 and cut_trees >= 10 and evidence["accepted"] >= 1 and evidence["rejected"] >= 30, (
+    # not vacuous: both kinds of evidence, in trees the budget cut
+    assert rows >= 30 and cut_trees >= 10 and evidence["accepted"] >= 10 and evidence["rejected"] >= 30, (
         rows, cut_trees, evidence)
 
 
