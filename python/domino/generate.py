@@ -455,9 +455,8 @@ class DominoGenerator:
         # and so its sampled output under a seed, do not depend on earlier calls
         # one per round kind: a tree's accepted path is at least as long as its top chain's,
         # so its counts would make chain rounds (under ``kinds``) draft more than they pay;
-        # but a tree round also counts its top chain (the chain's draft) in the chain's, or
-        # where the prior alone plans no chain drafts (batch 2 on the Zen 3 VM) every chain
-        # round is a plain step, nothing counts, and ``kinds`` weighs trees against plain steps
+        # but a tree round also counts its top chain (the chain's draft) in the chain's, so
+        # that chain rounds played only now and then plan from evidence, not the prior alone
         depth_acceptance = {kind: DepthAcceptance(self.drafter.config.num_drafts,
                                                   self.drafter.calibration.depth_rates or 0.5)
                             for kind in ROUND_KINDS}
