@@ -169,9 +169,9 @@ def tree_attention_mask(cache_mask: torch.Tensor, ancestors: torch.Tensor, dtype
 def target_argmax(logits: torch.Tensor) -> torch.Tensor:
     """[b, N] int64: the target's greedy token at every node, from ``logits`` [b, N, V]
     float32 or bfloat16. :func:`domino_ops.sample` at temperature 0 picks what
-    ``torch.argmax`` does (the first NaN, ties by index), ~10x faster on a CPU: 35 against
-    400 us for 11 rows of SmolLM2's 49,152 logits on the AMX Xeon VM (fifty-third session),
-    ~2 % of a tree round."""
+    ``torch.argmax`` does (the first NaN, ties by index), ~9x faster on a CPU: 43 against
+    396 us for 11 float32 rows of SmolLM2's 49,152 logits on the AMX Xeon VM
+    (``benchmarks/bench_tree.py``, fifty-third session), ~1.5 % of a tree round."""
     b, n, V = logits.shape
     return domino_ops.sample(logits.reshape(b * n, V), temperature=0.0).view(b, n)
 
@@ -261,23 +261,14 @@ def top_chain_counts(tree: DraftTree, links: TreeLinks, path: torch.Tensor, toke
     verified = (child >= 0) & top.gather(1, child.clamp(min=0)[:, None])[:, 0]
     if tree.candidate_tokens is None:
         return accepted + verified.long(), accepted
-    # the last top node's child 0, by flat index: the root's is 0; a node at depth a >= 1 was
-    # expanded iff its flat index is in step a's frontier (parent_list), in some slot j (one
-    # at the tree's depth is in none: the last frontier holds the step before's candidates)
-    flat = selected.gather(1, (last - 1).clamp(min=0)[:, None])[:, 0]
-    a = accepted
-    if depth > 1:
-        frontier = tree.parent_list[:, 1:].reshape(b, depth - 1, topk)
-        slots = frontier.gather(1, (a - 1).clamp(0, depth - 2)[:, None, None].expand(-1, 1, topk))[:, 0]
-        match = slots == flat[:, None]
-        expanded = (a == 0) | match.any(1)
-        j = match.long().argmax(1)
-    else:
-        expanded, j = a == 0, torch.zeros_like(a)
-    child0 = torch.where(a == 0, 0, topk + (a - 1).clamp(min=0) * topk * topk + j * topk)
-    child0 = child0.clamp(max=tree.candidate_tokens.shape[1] - 1)
+    # the last top node's child 0: the c = 0 candidate whose parent it is (the root: -1);
+    # none where it was never expanded
+    flat = torch.where(last == 0, -1, selected.gather(1, (last - 1).clamp(min=0)[:, None])[:, 0])
+    parents = candidate_parents(tree.parent_list, topk, depth)
+    is_child0 = (parents == flat[:, None]) & (torch.arange(parents.shape[1], device=dev) % topk == 0)
+    expanded, child0 = is_child0.any(1), is_child0.long().argmax(1)
     cut = expanded & ~verified
-    right = tree.candidate_tokens.gather(1, child0[:, None])[:, 0] == tokens.gather(1, a[:, None])[:, 0]
+    right = tree.candidate_tokens.gather(1, child0[:, None])[:, 0] == tokens.gather(1, accepted[:, None])[:, 0]
     return accepted + (verified | cut).long(), accepted + (cut & right).long()
 
 
