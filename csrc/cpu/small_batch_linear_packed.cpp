@@ -23,9 +23,17 @@
 //
 // Tiles: 8 x rows x one panel = 24 accumulators of 16 lanes + 3 weight registers + 1
 // broadcast of an x column pair. Per column pair: 3 weight loads, 8 broadcasts, 24
-// VDPBF16PS. The panels are split over the threads (at::parallel_for); a thread runs all
-// the x rows' tiles of a panel back to back, so every tile after the first reads the panel
-// from L1/L2. The weight stream is sequential, so the hardware prefetchers keep ahead of it.
+// VDPBF16PS. The panels are split over the threads (at::parallel_for). With more than 8 rows
+// a panel's tiles take turns by blocks of 32 steps (6 KB: the accumulators wait in L1
+// between blocks), so every tile after the first reads the block from L1 and the weights
+// stream at one even rate; with more than one row the tiles prefetch the stream (to L2) a
+// block ahead, each its share. Measured on the AMX Xeon VM (2 threads; SmolLM2's 211
+// linears streamed; benchmarks/compare_builds.sh over linear_panels_ab.py, 3 alternating
+// rounds, results/linear_panels_ab_xeon_session54_kblocks.txt) against one whole-panel pass
+// per tile with the hardware prefetchers alone (and a share of the next panel prefetched
+// when a panel took two tiles): float32 panels at 1 / 4 / 8 / 16 rows 26.0 / 34.0 / 40.8 /
+// 50.5 -> 25.4 / 27.5 / 31.9 / 36.5 ms; bf16 panels on VDPBF16PS 15.6 / 21.9 / 26.6 / 36.6
+// -> 15.4 / 17.1 / 20.7 / 30.6 ms.
 //
 // Batch invariance, by construction: out[m, n] is one lane of one accumulator: starting at
 // +0, for each column pair k in order, one VDPBF16PS (lane += w[2k+1] x[2k+1] + w[2k] x[2k];
@@ -128,107 +136,111 @@ inline void for_each_tile(int64_t M, Tile&& tile) {
 static_assert(kRowsPerTile == 8, "for_each_tile's cases cover the rows left of an 8-row tile");
 
 #if DOMINO_SBLP_X86
-// Bytes of one step of a panel: a bf16 column pair or a float32 column of 48 outputs.
-constexpr int64_t kStepBytes = 4 * kPanelCols;
+#define DOMINO_SBLP_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma")))
 
-// Tile t's share of the next panel `next` (null: none), prefetched to L2 at step j of the
-// T tiles' T * steps: the lines of every T-th step, so the requests flow evenly.
-inline void prefetch_next_share(const void* next, int64_t j, int64_t T) {
-  if (next == nullptr || j % T != 0) return;
-  const char* line = static_cast<const char*>(next) + (j / T) * kStepBytes;
-  for (int v = 0; v < kPanelVectors; ++v) _mm_prefetch(line + 64 * v, _MM_HINT_T1);
-}
+// A panel is a stream of steps: a bf16 column pair or a float32 column of its 48 outputs,
+// 192 bytes (three 64-byte vectors) either way. Each panel dtype says how one step of x
+// meets one step of the panel.
+struct Bf16Steps {  // x as 32-bit column pairs; VDPBF16PS (AVX512-BF16)
+  using W = BF16;
+  using X = PairWord;
+  static constexpr int64_t kStepElems = 2 * kPanelCols;
+  DOMINO_SBLP_TARGET static __m512 broadcast(const X* x) {
+    return _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(*x)));
+  }
+  // acc += w[2j+1] x[1] + w[2j] x[0] per lane j. One instruction of inline assembly, so the
+  // tiles can share one AVX-512F body with the float32 panels (GCC will not inline an
+  // AVX512-BF16 intrinsic into it).
+  DOMINO_SBLP_TARGET static __m512 madd(__m512 acc, __m512 w, __m512 xb) {
+    asm("vdpbf16ps %2, %1, %0" : "+v"(acc) : "v"(w), "v"(xb));
+    return acc;
+  }
+};
+struct F32Steps {  // float32 x; FMA
+  using W = float;
+  using X = float;
+  static constexpr int64_t kStepElems = kPanelCols;
+  DOMINO_SBLP_TARGET static __m512 broadcast(const X* x) { return _mm512_set1_ps(*x); }
+  DOMINO_SBLP_TARGET static __m512 madd(__m512 acc, __m512 w, __m512 xb) { return _mm512_fmadd_ps(w, xb, acc); }
+};
 
-#define DOMINO_SBLP_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma")))
+// Steps per K block: a panel's tiles take turns block by block, so the tiles after the
+// first read the block (6 KB) from L1 and the weights stream at one even rate instead of a
+// burst per tile (the first tile waiting on memory, the others on the FMAs).
+constexpr int64_t kBlockSteps = 32;
+// How far ahead of the tiles' reads the weight stream is prefetched (to L2), in bytes: one
+// block. The hardware prefetchers alone left 2- to 16-row tiles waiting on memory (see the
+// header's numbers); one row, a pure stream, they serve best (prefetching it too cost ~3 %).
+constexpr int64_t kPrefetchBytes = kBlockSteps * 4 * kPanelCols;
 
-// Rows [0, MR) of x (column pairs as 32-bit words, `ldx` words apart) times one panel
-// (`pairs` column pairs); writes outputs [n0, n0 + cols) of each row, rows `ldo` apart,
-// output n at out[n - origin].
-// Meanwhile it prefetches (to L2) its share of the next panel `next` (null: none): tile t
-// of a panel's T tiles the lines of every T-th column pair from pair t * pairs / T on, so
-// the next panel's requests flow evenly over all of this panel's tiles.
-template <int MR, typename O>
-DOMINO_SBLP_TARGET inline void tile(const BF16* panel, int64_t pairs, const PairWord* x, int64_t ldx,
-                                    const float* bias, O* out, int64_t ldo, int64_t origin, int64_t n0,
-                                    int64_t cols, const BF16* next, int64_t t, int64_t T) {
+// Steps [s0, s1) of rows [0, MR) of x (`ldx` apart) against one panel (`steps` steps,
+// outputs [n0, n0 + cols)): the accumulators start at +0 (s0 = 0) or from `keep`, and end
+// in `keep`, or (s1 = steps) plus the bias in out, row m's output n at out[m * ldo + n -
+// origin]. With `prefetch`, tile t of a panel's T tiles prefetches, kPrefetchBytes ahead,
+// the lines of the steps s = t mod T, so the T tiles of a block prefetch the stream once,
+// spread over all of them (past the weight's end near its last steps: a prefetch never
+// faults).
+template <int MR, class P, typename O>
+DOMINO_SBLP_TARGET inline void tile_block(const typename P::W* panel, int64_t steps, int64_t s0, int64_t s1,
+                                          const typename P::X* x, int64_t ldx, float* keep, bool prefetch,
+                                          int64_t t, int64_t T,
+                                          const float* bias, O* out, int64_t ldo, int64_t origin, int64_t n0,
+                                          int64_t cols) {
   __m512 acc[MR][kPanelVectors];
   for (int m = 0; m < MR; ++m)
-    for (int v = 0; v < kPanelVectors; ++v) acc[m][v] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < pairs; ++k) {
-    const BF16* wk = panel + k * (2 * kPanelCols);
-    prefetch_next_share(next, t * pairs + k, T);  // step t * pairs + k of the panel's T * pairs
-    __m512i w[kPanelVectors];
-    for (int v = 0; v < kPanelVectors; ++v) w[v] = _mm512_loadu_si512(wk + 32 * v);
-    for (int m = 0; m < MR; ++m) {
-      const __m512i xb = _mm512_set1_epi32(static_cast<int>(x[m * ldx + k]));
-      for (int v = 0; v < kPanelVectors; ++v) acc[m][v] = _mm512_dpbf16_ps(acc[m][v], (__m512bh)w[v], (__m512bh)xb);
+    for (int v = 0; v < kPanelVectors; ++v)
+      acc[m][v] = s0 == 0 ? _mm512_setzero_ps() : _mm512_load_ps(keep + (m * kPanelVectors + v) * 16);
+  int64_t until_prefetch = ((t - s0) % T + T) % T;  // steps to the next s = t mod T
+  for (int64_t s = s0; s < s1; ++s) {
+    const char* ws = reinterpret_cast<const char*>(panel + s * P::kStepElems);
+    if (prefetch && until_prefetch-- == 0) {
+      for (int v = 0; v < kPanelVectors; ++v) _mm_prefetch(ws + kPrefetchBytes + 64 * v, _MM_HINT_T1);
+      until_prefetch = T - 1;
     }
-  }
-  packed_outputs::store_tile(acc, bias, out, ldo, origin, n0, cols);
-}
-
-// Panels [p0, p1) for all M rows: output n of row m at out[m * ldo + n - origin].
-template <typename O>
-DOMINO_SBLP_TARGET __attribute__((flatten)) void run_panels(const BF16* packed, int64_t pairs, const PairWord* x,
-                                                             int64_t ldx, int64_t M, const float* bias, O* out,
-                                                             int64_t ldo, int64_t origin, int64_t N, int64_t panels,
-                                                             int64_t p0, int64_t p1) {
-  for (int64_t p = p0; p < p1; ++p) {
-    const BF16* panel = packed + p * pairs * (2 * kPanelCols);
-    const int64_t n0 = p * kPanelCols, cols = std::min(kPanelCols, N - n0);
-    const int64_t T = (M + kRowsPerTile - 1) / kRowsPerTile;
-    // One tile per panel streams the weights at an even rate, which the hardware
-    // prefetchers follow (software prefetches made M = 1 slower); see tile().
-    const BF16* next = T > 1 && p + 1 < panels ? panel + pairs * (2 * kPanelCols) : nullptr;
-    for_each_tile(M, [&](auto mr, int64_t m) {
-      tile<decltype(mr)::value>(panel, pairs, x + m * ldx, ldx, bias, out + m * ldo, ldo, origin, n0, cols, next,
-                                m / kRowsPerTile, T);
-    });
-  }
-}
-
-#define DOMINO_SBLP_F32_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma")))
-
-// float32 panels: rows [0, MR) of x (float32, `ldx` apart) times one panel of K columns;
-// outputs and prefetch as tile() above (a column of a float32 panel is 192 bytes, as a
-// column pair of a bf16 one).
-template <int MR, typename O>
-DOMINO_SBLP_F32_TARGET inline void tile_f32(const float* panel, int64_t K, const float* x, int64_t ldx,
-                                            const float* bias, O* out, int64_t ldo, int64_t origin, int64_t n0,
-                                            int64_t cols, const float* next, int64_t t, int64_t T) {
-  __m512 acc[MR][kPanelVectors];
-  for (int m = 0; m < MR; ++m)
-    for (int v = 0; v < kPanelVectors; ++v) acc[m][v] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < K; ++k) {
-    const float* wk = panel + k * kPanelCols;
-    prefetch_next_share(next, t * K + k, T);
     __m512 w[kPanelVectors];
-    for (int v = 0; v < kPanelVectors; ++v) w[v] = _mm512_loadu_ps(wk + 16 * v);
+    for (int v = 0; v < kPanelVectors; ++v) w[v] = _mm512_loadu_ps(reinterpret_cast<const float*>(ws) + 16 * v);
     for (int m = 0; m < MR; ++m) {
-      const __m512 xb = _mm512_set1_ps(x[m * ldx + k]);
-      for (int v = 0; v < kPanelVectors; ++v) acc[m][v] = _mm512_fmadd_ps(w[v], xb, acc[m][v]);
+      const __m512 xb = P::broadcast(x + m * ldx + s);
+      for (int v = 0; v < kPanelVectors; ++v) acc[m][v] = P::madd(acc[m][v], w[v], xb);
     }
   }
-  packed_outputs::store_tile(acc, bias, out, ldo, origin, n0, cols);
+  if (s1 == steps) {
+    packed_outputs::store_tile(acc, bias, out, ldo, origin, n0, cols);
+    return;
+  }
+  for (int m = 0; m < MR; ++m)
+    for (int v = 0; v < kPanelVectors; ++v) _mm512_store_ps(keep + (m * kPanelVectors + v) * 16, acc[m][v]);
 }
 
-// float32 panels [p0, p1) for all M rows, as run_panels.
-template <typename O>
-DOMINO_SBLP_F32_TARGET __attribute__((flatten)) void run_panels_f32(const float* packed, int64_t K, const float* x,
-                                                                     int64_t M, const float* bias, O* out,
-                                                                     int64_t N, int64_t panels, int64_t p0,
-                                                                     int64_t p1) {
+// Panels [p0, p1) (`steps` steps each) for all M rows: output n of row m at
+// out[m * ldo + n - origin]. A panel's tiles take turns by K blocks; each tile's
+// accumulators live in registers through a block and in `saved` (L1) between blocks, so
+// every output is still one chain from +0 over the steps in order, whatever M, the tile or
+// the blocking (batch invariance).
+template <class P, typename O>
+DOMINO_SBLP_TARGET __attribute__((flatten)) void run_panels(const typename P::W* packed, int64_t steps,
+                                                             const typename P::X* x, int64_t ldx, int64_t M,
+                                                             const float* bias, O* out, int64_t ldo, int64_t origin,
+                                                             int64_t N, int64_t p0, int64_t p1) {
+  const int64_t tiles = (M + kRowsPerTile - 1) / kRowsPerTile;
+  const int64_t block = tiles > 1 ? kBlockSteps : steps;  // one tile: no turns to take
+  thread_local CacheLineVector<float> saved;
+  saved.resize(tiles * kRowsPerTile * kPanelCols);
   for (int64_t p = p0; p < p1; ++p) {
-    const float* panel = packed + p * K * kPanelCols;
+    const typename P::W* panel = packed + p * steps * P::kStepElems;
     const int64_t n0 = p * kPanelCols, cols = std::min(kPanelCols, N - n0);
-    const int64_t T = (M + kRowsPerTile - 1) / kRowsPerTile;
-    const float* next = T > 1 && p + 1 < panels ? panel + K * kPanelCols : nullptr;
-    for_each_tile(M, [&](auto mr, int64_t m) {
-      tile_f32<decltype(mr)::value>(panel, K, x + m * K, K, bias, out + m * N, N, 0, n0, cols, next,
-                                    m / kRowsPerTile, T);
-    });
+    for (int64_t s0 = 0; s0 < steps; s0 += block) {
+      const int64_t s1 = std::min(steps, s0 + block);
+      for_each_tile(M, [&](auto mr, int64_t m) {
+        tile_block<decltype(mr)::value, P>(panel, steps, s0, s1, x + m * ldx, ldx,
+                                           saved.data() + (m / kRowsPerTile) * kRowsPerTile * kPanelCols,
+                                           M > 1, m / kRowsPerTile, tiles,
+                                           bias, out + m * ldo, ldo, origin, n0, cols);
+      });
+    }
   }
 }
+
 #endif
 
 // packed_weight: float32 panels [ceil(N / 48), K, 48, 1] of a [N, K] weight.
@@ -391,8 +403,8 @@ void packed_panels_f32(const BF16* packed, int64_t pairs, const uint32_t* x, int
     packed_panels_amx_f32(packed, pairs, x, ldx, M, N, p0, std::min(p1, panels), nullptr, out, ldo, p0 * kPanelCols);
     return;
   }
-  run_panels<float>(packed, pairs, reinterpret_cast<const PairWord*>(x), ldx, M, nullptr, out, ldo, p0 * kPanelCols,
-                    N, panels, p0, std::min(p1, panels));
+  run_panels<Bf16Steps>(packed, pairs, reinterpret_cast<const PairWord*>(x), ldx, M, nullptr, out, ldo,
+                        p0 * kPanelCols, N, p0, std::min(p1, panels));
 #endif
 }
 
@@ -424,7 +436,7 @@ void small_batch_linear_packed_f32(const at::Tensor& x, const at::Tensor& packed
         return;
       }
 #if DOMINO_SBLP_X86
-      run_panels_f32(w, K, xf, M, b, o, N, panels, p0, p1);
+      run_panels<F32Steps>(w, K, xf, K, M, b, o, N, 0, N, p0, p1);
 #endif
     });
   };
@@ -487,12 +499,12 @@ void small_batch_linear_packed_cpu(const at::Tensor& x, const at::Tensor& packed
   if (out.scalar_type() == at::kFloat) {
     float* o = out.data_ptr<float>();
     at::parallel_for(0, panels, grain, [&](int64_t p0, int64_t p1) {
-      run_panels<float>(w, pairs, xw, pairs, M, b, o, N, 0, N, panels, p0, p1);
+      run_panels<Bf16Steps>(w, pairs, xw, pairs, M, b, o, N, 0, N, p0, p1);
     });
   } else {
     BF16* o = out.data_ptr<BF16>();
     at::parallel_for(0, panels, grain, [&](int64_t p0, int64_t p1) {
-      run_panels<BF16>(w, pairs, xw, pairs, M, b, o, N, 0, N, panels, p0, p1);
+      run_panels<Bf16Steps>(w, pairs, xw, pairs, M, b, o, N, 0, N, p0, p1);
     });
   }
 #endif
