@@ -141,6 +141,7 @@ static_assert(kRowsPerTile == 8, "for_each_tile's cases cover the rows left of a
 // A panel is a stream of steps: a bf16 column pair or a float32 column of its 48 outputs,
 // 192 bytes (three 64-byte vectors) either way. Each panel dtype says how one step of x
 // meets one step of the panel.
+constexpr int64_t kStepBytes = 4 * kPanelCols;
 struct Bf16Steps {  // x as 32-bit column pairs; VDPBF16PS (AVX512-BF16)
   using W = BF16;
   using X = PairWord;
@@ -171,7 +172,7 @@ constexpr int64_t kBlockSteps = 32;
 // How far ahead of the tiles' reads the weight stream is prefetched (to L2), in bytes: one
 // block. The hardware prefetchers alone left 2- to 16-row tiles waiting on memory (see the
 // header's numbers); one row, a pure stream, they serve best (prefetching it too cost ~3 %).
-constexpr int64_t kPrefetchBytes = kBlockSteps * 4 * kPanelCols;
+constexpr int64_t kPrefetchBytes = kBlockSteps * kStepBytes;
 
 // Steps [s0, s1) of rows [0, MR) of x (`ldx` apart) against one panel (`steps` steps,
 // outputs [n0, n0 + cols)): the accumulators start at +0 (s0 = 0) or from `keep`, and end
@@ -182,10 +183,9 @@ constexpr int64_t kPrefetchBytes = kBlockSteps * 4 * kPanelCols;
 // faults).
 template <int MR, class P, typename O>
 DOMINO_SBLP_TARGET inline void tile_block(const typename P::W* panel, int64_t steps, int64_t s0, int64_t s1,
-                                          const typename P::X* x, int64_t ldx, float* keep, bool prefetch,
-                                          int64_t t, int64_t T,
-                                          const float* bias, O* out, int64_t ldo, int64_t origin, int64_t n0,
-                                          int64_t cols) {
+                                          const typename P::X* x, int64_t ldx, float* keep, bool prefetch, int64_t t,
+                                          int64_t T, const float* bias, O* out, int64_t ldo, int64_t origin,
+                                          int64_t n0, int64_t cols) {
   __m512 acc[MR][kPanelVectors];
   for (int m = 0; m < MR; ++m)
     for (int v = 0; v < kPanelVectors; ++v)
@@ -234,8 +234,8 @@ DOMINO_SBLP_TARGET __attribute__((flatten)) void run_panels(const typename P::W*
       for_each_tile(M, [&](auto mr, int64_t m) {
         tile_block<decltype(mr)::value, P>(panel, steps, s0, s1, x + m * ldx, ldx,
                                            saved.data() + (m / kRowsPerTile) * kRowsPerTile * kPanelCols,
-                                           M > 1, m / kRowsPerTile, tiles,
-                                           bias, out + m * ldo, ldo, origin, n0, cols);
+                                           M > 1, m / kRowsPerTile, tiles, bias, out + m * ldo, ldo, origin, n0,
+                                           cols);
       });
     }
   }
