@@ -98,12 +98,13 @@ def assert_close_to_float64(y, x, w, b):
 
 
 @needs_vdpbf16ps
-@given(M=st.integers(1, 20), N=st.sampled_from([3, 48, 61]), K=st.sampled_from([1, 7, 32, 77, 300]),
-       bias=st.booleans(), seed=st.integers(0, 2**31 - 1))
+@given(M=st.one_of(st.integers(1, 20), st.sampled_from([65, 70])), N=st.sampled_from([3, 48, 61]),
+       K=st.sampled_from([1, 7, 32, 77, 300]), bias=st.booleans(), seed=st.integers(0, 2**31 - 1))
 def test_bit_exact_vdpbf16ps_order(M, N, K, bias, seed):
     """The vector path: each output is the one fixed sequence of fp32 additions over K:
-    nothing about M, the tile, the K blocks its tiles take turns by (K = 300: three blocks of
-    column pairs, the accumulators kept in memory between them) or the thread enters it,
+    nothing about M (past 64: nine tiles), the tile, the K blocks its tiles take turns by
+    (K = 300: three blocks of column pairs, the accumulators kept in memory between them) or
+    the thread enters it,
     which is the batch invariance. (The
     AMX path sums inside a chunk of 16 column pairs in the hardware's own order, which no
     simple sequence of fp32 additions reproduces; it is checked against float64 and for
@@ -491,8 +492,8 @@ def test_f32_matches_float64_and_writes_every_element(M, N, K, bias, out_dtype, 
 
 
 @needs_f32
-@given(M=st.integers(1, 20), N=st.sampled_from([3, 48, 61]), K=st.sampled_from([1, 7, 32, 77, 300]),
-       bias=st.booleans(), seed=st.integers(0, 2**31 - 1))
+@given(M=st.one_of(st.integers(1, 20), st.sampled_from([65, 70])), N=st.sampled_from([3, 48, 61]),
+       K=st.sampled_from([1, 7, 32, 77, 300]), bias=st.booleans(), seed=st.integers(0, 2**31 - 1))
 @each_path
 def test_f32_bit_exact_fma_order(path, M, N, K, bias, seed):
     """Each output is the one fixed chain of FMAs over K: nothing about M, the tile, the K

@@ -35,7 +35,8 @@ int64_t amx_padded_rows(int64_t M);
 // VDPBF16PS lane per output, column pairs in order; or AMX tiles:
 // small_batch_linear_packed_path()), for rows m < M and the outputs n < N of
 // panels [p0, p1). x: amx_padded_rows(M) rows of `pairs` bf16 column pairs read as 32-bit
-// words, `ldx` words apart (a zero high half past an odd K; zero rows past M). On the calling thread; needs AVX512-BF16.
+// words, `ldx` words apart (a zero high half past an odd K; zero rows past M); pairs >= 1
+// (none would leave out unwritten: checked). On the calling thread; needs AVX512-BF16.
 void packed_panels_f32(const c10::BFloat16* packed, int64_t pairs, const uint32_t* x, int64_t ldx, int64_t M,
                        int64_t N, int64_t p0, int64_t p1, float* out, int64_t ldo);
 

@@ -66,6 +66,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <type_traits>
@@ -180,7 +181,8 @@ constexpr int64_t kPrefetchBytes = kBlockSteps * kStepBytes;
 // origin]. With `prefetch`, tile t of a panel's T tiles prefetches, kPrefetchBytes ahead,
 // the lines of the steps s = t mod T, so the T tiles of a block prefetch the stream once,
 // spread over all of them (past the weight's end near its last steps: a prefetch never
-// faults).
+// faults). Needs steps >= 1 (the last block writes out). `keep` holds MR x 48 floats, L1
+// for the M of decoding and verification (from ~256 rows the tiles' slots outgrow L1).
 template <int MR, class P, typename O>
 DOMINO_SBLP_TARGET inline void tile_block(const typename P::W* panel, int64_t steps, int64_t s0, int64_t s1,
                                           const typename P::X* x, int64_t ldx, float* keep, bool prefetch, int64_t t,
@@ -194,7 +196,9 @@ DOMINO_SBLP_TARGET inline void tile_block(const typename P::W* panel, int64_t st
   for (int64_t s = s0; s < s1; ++s) {
     const char* ws = reinterpret_cast<const char*>(panel + s * P::kStepElems);
     if (prefetch && until_prefetch-- == 0) {
-      for (int v = 0; v < kPanelVectors; ++v) _mm_prefetch(ws + kPrefetchBytes + 64 * v, _MM_HINT_T1);
+      // an address, not a pointer into the weight: near its end it lies past it
+      const uintptr_t ahead = reinterpret_cast<uintptr_t>(ws) + kPrefetchBytes;
+      for (int v = 0; v < kPanelVectors; ++v) _mm_prefetch(reinterpret_cast<const char*>(ahead + 64 * v), _MM_HINT_T1);
       until_prefetch = T - 1;
     }
     __m512 w[kPanelVectors];
@@ -381,6 +385,7 @@ void check_packed_weight(const at::Tensor& packed, const char* name, int64_t N, 
 
 void packed_panels_f32(const BF16* packed, int64_t pairs, const uint32_t* x, int64_t ldx, int64_t M, int64_t N,
                        int64_t p0, int64_t p1, float* out, int64_t ldo) {
+  TORCH_CHECK(pairs >= 1, "packed_panels_f32: the weight needs at least one column pair, got ", pairs);
   const Path path = bf16_path();
   const int64_t panels = (N + kPanelCols - 1) / kPanelCols;
   if (path == Path::kAvx2) {
