@@ -281,6 +281,12 @@ def test_wrapper_matches_reference_backend_and_flattens():
     assert y.shape == (2, 3, 70)
     torch.testing.assert_close(y, ref, atol=1e-4, rtol=1e-4)
     assert domino_ops.small_batch_linear_packed(x[:0], p).shape == (0, 70)
+    # 1-D x, and a non-contiguous 2-D x (copied, not refused): the rows a contiguous x gives
+    flat = domino_ops.small_batch_linear_packed(x, p, b)
+    assert torch.equal(domino_ops.small_batch_linear_packed(x[4], p, b), flat[4])
+    xt = x.T.contiguous().T
+    assert not xt.is_contiguous()
+    assert torch.equal(domino_ops.small_batch_linear_packed(xt, p, b), flat)
 
 
 @needs_cpu

@@ -1,0 +1,84 @@
+"""The Python wrappers' cost on the linear ops: ``domino_ops.small_batch_linear`` and
+``domino_ops.small_batch_linear_packed`` against the same kernels called straight through
+``torch.ops.domino_ops.<op>.default`` (with ``out`` allocated per call, as the wrappers
+do), interleaved, medians. Two cases: one small layer in cache at one row (48 x 64: the
+call overhead alone), and SmolLM2-135M-Instruct's 211 linears at one row (a decode step's
+linears, weights streamed). The packed op runs on panels of the layer's dtype (float32 by
+default, ``--dtype bf16``); needs a CPU that runs the packed kernel.
+
+    python benchmarks/linear_wrapper_cost.py [--dtype fp32|bf16]
+"""
+
+import argparse
+import statistics
+import time
+
+import torch
+
+import domino_ops
+
+
+def interleaved_us(calls: dict, rounds: int, per_round: int, warmup: int = 3) -> dict:
+    """Median over rounds of each call's mean time per call, us; the calls alternate."""
+    times = {k: [] for k in calls}
+    for r in range(rounds + warmup):
+        for k, f in calls.items():
+            t0 = time.perf_counter()
+            for _ in range(per_round):
+                f()
+            if r >= warmup:
+                times[k].append((time.perf_counter() - t0) / per_round * 1e6)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def calls_for(xs, ws, ps) -> dict:
+    """The four ways to run the layers (lists of x, weight, packed weight)."""
+    lin, packed = torch.ops.domino_ops.small_batch_linear.default, torch.ops.domino_ops.small_batch_linear_packed.default
+    return {
+        "small_batch_linear wrapper": lambda: [domino_ops.small_batch_linear(x, w) for x, w in zip(xs, ws)],
+        "small_batch_linear torch.ops": lambda: [lin(x, w, None, torch.empty(x.shape[0], w.shape[0], dtype=x.dtype))
+                                                 for x, w in zip(xs, ws)],
+        "small_batch_linear_packed wrapper": lambda: [domino_ops.small_batch_linear_packed(x, p)
+                                                      for x, p in zip(xs, ps)],
+        "small_batch_linear_packed torch.ops": lambda: [
+            packed(x, p.data, p.out_features, None, torch.empty(x.shape[0], p.out_features, dtype=x.dtype))
+            for x, p in zip(xs, ps)],
+    }
+
+
+def report(title: str, us: dict, n_calls: int) -> None:
+    print(f"\n{title}")
+    print("| op | wrapper | torch.ops | wrapper's own cost a call |")
+    print("|---|---|---|---|")
+    for op in ("small_batch_linear", "small_batch_linear_packed"):
+        w, d = us[f"{op} wrapper"], us[f"{op} torch.ops"]
+        print(f"| {op} | {w:.1f} us | {d:.1f} us | {(w - d) / n_calls:.2f} us |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    args = ap.parse_args()
+    dtype = torch.float32 if args.dtype == "fp32" else torch.bfloat16
+    print(f"{torch.get_num_threads()} threads, {args.dtype}; packed product "
+          f"{domino_ops.small_batch_linear_packed_path() if dtype == torch.bfloat16 else 'float32 panels'}")
+
+    w = torch.randn(48, 64).to(dtype)
+    small = calls_for([torch.randn(1, 64).to(dtype)], [w], [domino_ops.pack_small_batch_linear_weight(w, dtype=dtype)])
+    report("one 48 x 64 layer in cache, one row: us a call (median of 15 rounds of 2,000 calls)",
+           interleaved_us(small, 15, 2000), 1)
+
+    from transformers import AutoModelForCausalLM
+
+    from domino.loading import smollm2_dir
+    model = AutoModelForCausalLM.from_pretrained(smollm2_dir(), dtype=dtype)
+    ws = [m.weight.detach().contiguous() for m in model.modules() if type(m) is torch.nn.Linear]
+    ps = [domino_ops.pack_small_batch_linear_weight(w, dtype=dtype) for w in ws]
+    xs = [torch.randn(1, w.shape[1]).to(dtype) for w in ws]
+    model_us = interleaved_us(calls_for(xs, ws, ps), 11, 1)
+    report(f"SmolLM2's {len(ws)} linears, one row, weights streamed: us for all of them (median of 11 rounds)",
+           model_us, len(ws))
+
+
+if __name__ == "__main__":
+    main()
