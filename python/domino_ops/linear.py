@@ -50,8 +50,8 @@ def small_batch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
         differentiable (an inference kernel: the result does not track gradients).
     """
     # The checks cost a serving loop each call (~120 a SmolLM2 forward): plain attribute
-    # reads (``is_cpu``; a device object only off the CPU), no copies of an x already
-    # [M, K] and contiguous.
+    # reads, no copies of an x already [M, K] and contiguous
+    # (benchmarks/layer_ops_wrapper_cost.py).
     if backend is not None and backend not in _BACKENDS:
         raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
     weight = _checks.tensor("weight", weight, ndim=2, dtypes=_checks.FLOAT_OR_BF16, contiguous=True)

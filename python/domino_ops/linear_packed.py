@@ -149,7 +149,8 @@ def small_batch_linear_packed(x: torch.Tensor, weight: PackedLinearWeight, bias:
         [..., N] in ``out_dtype``. Not differentiable.
     """
     # The checks cost a serving loop each call (~120 a SmolLM2 forward): plain attribute
-    # reads (``is_cpu``, not ``device.type``), no copies of an x already [M, K] and contiguous.
+    # reads, no copies of an x already [M, K] and contiguous
+    # (benchmarks/layer_ops_wrapper_cost.py).
     if backend is not None and backend not in ("auto", "native", "reference"):
         raise ValueError(f"backend must be one of ('auto', 'native', 'reference'), got {backend!r}")
     if not isinstance(weight, PackedLinearWeight):

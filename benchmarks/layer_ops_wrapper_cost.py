@@ -1,12 +1,18 @@
-"""The Python wrappers' cost on the linear ops: ``domino_ops.small_batch_linear`` and
-``domino_ops.small_batch_linear_packed`` against the same kernels called straight through
-``torch.ops.domino_ops.<op>.default`` (with ``out`` allocated per call, as the wrappers
-do), interleaved, medians. Two cases: one small layer in cache at one row (48 x 64: the
-call overhead alone), and SmolLM2-135M-Instruct's 211 linears at one row (a decode step's
-linears, weights streamed). The packed op runs on panels of the layer's dtype (float32 by
-default, ``--dtype bf16``); needs a CPU that runs the packed kernel.
+"""The Python wrappers' cost on the ops a decoder layer calls on the CPU: each op through
+its ``domino_ops`` wrapper against the same kernel called straight through
+``torch.ops.domino_ops.<op>.default`` (with its output allocated per call, as the wrappers
+do), interleaved, medians.
 
-    python benchmarks/linear_wrapper_cost.py [--dtype fp32|bf16]
+- The linears (``small_batch_linear``, ``small_batch_linear_packed``): one small layer in
+  cache at one row (48 x 64: the call overhead alone), and SmolLM2-135M-Instruct's 211
+  linears at one row (a decode step's linears, weights streamed). The packed op runs on
+  panels of the layer's dtype (float32 by default, ``--dtype bf16``); needs a CPU that runs
+  the packed kernel.
+- ``rms_norm``, ``silu_mul``, ``apply_rotary_pos_emb`` and ``small_batch_attention`` at
+  SmolLM2's one-token decode shapes (hidden 576, MLP 1536, 9 query and 3 key/value heads
+  of 64, 110 cached positions).
+
+    python benchmarks/layer_ops_wrapper_cost.py [--dtype fp32|bf16]
 """
 
 import argparse
@@ -55,6 +61,36 @@ def report(title: str, us: dict, n_calls: int) -> None:
         print(f"| {op} | {w:.1f} us | {d:.1f} us | {(w - d) / n_calls:.2f} us |")
 
 
+def layer_ops_table(dtype: torch.dtype) -> None:
+    """rms_norm, silu_mul, apply_rotary_pos_emb, small_batch_attention: wrapper against torch.ops."""
+    ops = torch.ops.domino_ops
+    H, I, Hq, Hkv, D, N = 576, 1536, 9, 3, 64, 110
+    x, w = torch.randn(1, H).to(dtype), torch.randn(H).to(dtype)
+    gate, up = torch.randn(1, I).to(dtype), torch.randn(1, I).to(dtype)
+    q, k = torch.randn(1, Hq, 1, D).to(dtype), torch.randn(1, Hkv, 1, D).to(dtype)
+    cos, sin = torch.randn(1, 1, D).to(dtype), torch.randn(1, 1, D).to(dtype)
+    kc, vc = torch.randn(1, Hkv, N, D).to(dtype), torch.randn(1, Hkv, N, D).to(dtype)
+    calls = {
+        "rms_norm wrapper": lambda: domino_ops.rms_norm(x, w, 1e-5),
+        "rms_norm torch.ops": lambda: ops.rms_norm.default(x, w, 1e-5, torch.empty_like(x)),
+        "silu_mul wrapper": lambda: domino_ops.silu_mul(gate, up),
+        "silu_mul torch.ops": lambda: ops.silu_mul.default(gate, up, torch.empty_like(gate)),
+        "apply_rotary_pos_emb wrapper": lambda: domino_ops.apply_rotary_pos_emb(q, k, cos, sin),
+        "apply_rotary_pos_emb torch.ops": lambda: ops.apply_rotary_pos_emb.default(
+            q, k, cos, sin, torch.empty_like(q), torch.empty_like(k)),
+        "small_batch_attention wrapper": lambda: domino_ops.small_batch_attention(q, kc, vc),
+        "small_batch_attention torch.ops": lambda: ops.small_batch_attention.default(
+            q, kc, vc, None, D ** -0.5, torch.empty_like(q)),
+    }
+    us = interleaved_us(calls, 15, 2000)
+    print("\nthe other layer ops at SmolLM2's one-token decode shapes: us a call (median of 15 rounds of 2,000 calls)")
+    print("| op | wrapper | torch.ops | wrapper's own cost |")
+    print("|---|---|---|---|")
+    for op in ("rms_norm", "silu_mul", "apply_rotary_pos_emb", "small_batch_attention"):
+        a, b = us[f"{op} wrapper"], us[f"{op} torch.ops"]
+        print(f"| {op} | {a:.1f} us | {b:.1f} us | {a - b:.2f} us |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
@@ -78,6 +114,7 @@ def main() -> None:
     model_us = interleaved_us(calls_for(xs, ws, ps), 11, 1)
     report(f"SmolLM2's {len(ws)} linears, one row, weights streamed: us for all of them (median of 11 rounds)",
            model_us, len(ws))
+    layer_ops_table(dtype)
 
 
 if __name__ == "__main__":
