@@ -63,7 +63,7 @@ def small_batch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
         raise ValueError(f"x must have at least 1 dimension ([..., K]), got shape {tuple(shape)}")
     if x.dtype not in _checks.FLOAT_OR_BF16:
         raise TypeError(f"x must be float32 or bfloat16, got {str(x.dtype).replace('torch.', '')}")
-    on_cpu = weight.is_cpu
+    on_cpu = weight.is_cpu  # is_cpu first: comparing two device objects costs ~0.8 us a call
     if (x.is_cpu != on_cpu) or (not on_cpu and x.device != weight.device):
         raise ValueError(f"x is on {x.device} but weight is on {weight.device}")
     if shape[-1] != K:
