@@ -134,8 +134,8 @@ def main() -> None:
     choosers = {m: RoundKindChooser() for m in settings}
     tree_round = gen._tree_round
 
-    def tree_round_blind_chains(*a):  # the round's top chain not counted in the chain rounds' acceptance
-        return tree_round(*a[:11], None)
+    def tree_round_blind_chains(*a, **kw):  # the round's top chain not counted in the chain rounds' acceptance
+        return tree_round(*a, **{**kw, "chain_acceptance": None})
 
     print("prompts    | " + " | ".join(["plain loop", *settings]))
     for key in args.prompts:

@@ -394,11 +394,11 @@ def test_top_chain_counts_are_what_the_chain_would_have_done(use_head, batch, mo
     tree_round, top_chain_counts = gen._tree_round, domino.generate.top_chain_counts
     pending, seen = [], []
 
-    def spying_tree_round(st, sampling, use_head_, shape, live, *a):
+    def spying_tree_round(st, sampling, use_head_, shape, live, *a, **kw):
         chain = gen.drafter.draft(gen._drafter_context(st), st.anchor, st.anchor_pos, use_head=use_head_).tokens
         pending.append((chain.tolist(), st.anchor_pos.tolist(), live))
         try:
-            return tree_round(st, sampling, use_head_, shape, live, *a)
+            return tree_round(st, sampling, use_head_, shape, live, *a, **kw)
         finally:
             pending.clear()
 
@@ -736,8 +736,8 @@ def test_auto_drafts_the_default_tree_when_greedy_and_a_chain_otherwise(kw, tree
     cheap_verification(gen, 1)
     shapes = []
     tree_round = gen._tree_round
-    gen._tree_round = lambda st, sampling, use_head, shape, *a: shapes.append(shape) or tree_round(
-        st, sampling, use_head, shape, *a)
+    gen._tree_round = lambda st, sampling, use_head, shape, *a, **kw: shapes.append(shape) or tree_round(
+        st, sampling, use_head, shape, *a, **kw)
     ps = prompts(1, seed=5)
     res = gen.generate(ps, max_new_tokens=24, generator=torch.Generator().manual_seed(0), **kw)
     assert bool(shapes) == tree_rounds and all(s == domino.tree.DEFAULT_TREE for s in shapes)
@@ -756,11 +756,11 @@ def test_auto_plays_the_round_kind_that_measures_faster(fast):
     kinds, inside_tree = [], []  # the rounds played; a tree round that plans no drafts runs a chain round inside
     tree_round, chain_round = gen._tree_round, gen._chain_round
 
-    def counted_tree_round(*a):
+    def counted_tree_round(*a, **kw):
         kinds.append("tree")
         inside_tree.append(True)
         try:
-            return tree_round(*a)
+            return tree_round(*a, **kw)
         finally:
             inside_tree.pop()
 

@@ -482,7 +482,8 @@ class DominoGenerator:
             else:
                 kept_list, new_rows, verified_len = self._tree_round(
                     state, sampling, use_head, tree, live, now, depth_acceptance[kind], lookups, lookup_tokens,
-                    datastore_tokens, graft_acceptance, depth_acceptance["chain"] if kinds is not None else None)
+                    datastore_tokens, graft_acceptance,
+                    chain_acceptance=depth_acceptance["chain"] if kinds is not None else None)
             if kinds is not None:  # the round's host sync has run: its work is done
                 kinds.record(kind, sum(kept_list[s] for s in live), (kinds.now() - started) * 1e3)
             for s in range(b):
@@ -632,9 +633,9 @@ class DominoGenerator:
         tried = depths_tried(links, path, num_acc)
         chain_tried, chain_acc = (top_chain_counts(tree, links, path, tokens, num_acc, shape.topk, shape.depth)
                                   if chain_acceptance is not None else (torch.zeros_like(kept),) * 2)
-        P = path.shape[1]
-        host = torch.cat([torch.stack([kept, tried, chain_tried, chain_acc], dim=1), path, tokens],
-                         dim=1).tolist()  # the one host sync: 4 counts, the path, the tokens
+        counts = torch.stack([kept, tried, chain_tried, chain_acc], dim=1)
+        C, P = counts.shape[1], path.shape[1]  # a host row: C counts, the path (P), the tokens
+        host = torch.cat([counts, path, tokens], dim=1).tolist()  # the one host sync
         kept_list = [row[0] for row in host]
         depth_acceptance.update([host[s][1] for s in live], [kept_list[s] - 1 for s in live])
         if chain_acceptance is not None:
@@ -649,16 +650,16 @@ class DominoGenerator:
                 offered = [s for s in live if graft_kinds[s] == gkind and new[s]]
                 graft_acceptance[gkind].update(
                     [new[s] for s in offered],
-                    [sum(first <= u < first + new[s] for u in host[s][4:4 + kept_list[s]]) for s in offered])
+                    [sum(first <= u < first + new[s] for u in host[s][C:C + kept_list[s]]) for s in offered])
         m = max(kept_list)
         # Nothing to move when every sequence's kept path already sits in the round's first
         # slots (the root alone, or the root and its first child): common at tau ~2, and the
         # move is 2 ops per layer (~0.6 ms a round for SmolLM2's 30 layers).
-        if any(row[4:4 + k] != list(range(k)) for row, k in zip(host, kept_list)):
+        if any(row[C:C + k] != list(range(k)) for row, k in zip(host, kept_list)):
             compact_tree_cache(st.cache, path[:, :m], n)
         path_features = features.gather(1, path[:, :m, None].expand(-1, -1, features.shape[2]))
         self._commit(st, kept, n, path_features, tokens.gather(1, num_acc[:, None])[:, 0])
-        return kept_list, [row[4 + P:4 + P + k] for row, k in zip(host, kept_list)], n
+        return kept_list, [row[C + P:C + P + k] for row, k in zip(host, kept_list)], n
 
     def _commit(self, st: _Decoding, kept: torch.Tensor, round_len: int, features: torch.Tensor,
                 next_anchor: torch.Tensor) -> None:
