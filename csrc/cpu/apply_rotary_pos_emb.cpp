@@ -11,25 +11,28 @@
 //   all one dtype, float32 or bfloat16; D even.
 //   out = round(round(x * cos) + round(rot(x) * sin)): each product and the sum rounded
 //   to the dtype exactly as PyTorch's elementwise ops round them (bf16: float math,
-//   nearest even), so the bits are HF's (NaN payloads aside). No FMA contraction: this
-//   file is compiled with -ffp-contract=off (CMakeLists.txt).
+//   nearest even), so the bits are HF's (NaN payloads aside). The rows run through the
+//   instruction-set build's rotary_row (cpu/vec.cpp: L lanes of a row's first half with
+//   their partners in the second, the products kept apart from the sum, no FMA).
 //
 // Bytes it must move: q and k read once, cos and sin once per head (from cache), the
 // outputs written once. A decode step's 12 heads of 64 are 768 elements: the call, not
 // the bytes, is the cost, which is what one call instead of fourteen saves (SmolLM2's
-// forward with it and without: benchmarks/fused_projections_ab.py).
+// forward with it and without: benchmarks/fused_projections_ab.py). A verification's 16
+// positions are 12K elements: element by element in c10::BFloat16's scalar operators they
+// took ~22 us a layer on a 2-core Xeon (AVX-512), in vectors ~3 us.
 //
 // Batch invariance, by construction: every element is the same three operations on its
 // own inputs, whatever the shape, the place in it or the thread split.
 #include <ATen/ATen.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/Parallel.h>
-#include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
 #include <algorithm>
 #include <cstdint>
 
+#include "cpu/isa.h"
 #include "cpu/layer_kernels.h"
 #include "ops.h"
 
@@ -44,43 +47,32 @@ void check_rotary_tensor(const at::Tensor& t, const char* name, int64_t dim) {
   TORCH_CHECK(t.size(-1) <= 1 || t.stride(-1) == 1, name, " must be contiguous in its last dimension");
 }
 
-// One row of D: out[i] = x[i] * c[i] + rot[i] * s[i], rot = (-x[h:], x[:h]), every step
-// rounded to T as PyTorch rounds it (c10::BFloat16's operators convert to float, compute,
-// round to nearest even; float is IEEE float with no contraction).
-template <typename T>
-void rotate_row(const T* x, const T* c, const T* s, int64_t D, T* out) {
-  const int64_t h = D / 2;
-  for (int64_t i = 0; i < h; ++i) {
-    const T a = x[i] * c[i];
-    const T b = static_cast<T>(-x[i + h]) * s[i];
-    out[i] = a + b;
-  }
-  for (int64_t i = h; i < D; ++i) {
-    const T a = x[i] * c[i];
-    const T b = x[i - h] * s[i];
-    out[i] = a + b;
-  }
-}
-
-template <typename T>
-void rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& out) {
+// Every row of x through the instruction-set build's rotary_row (cpu/vec.cpp): T is float
+// or uint16_t (bf16's bits), Row its kernel.
+template <typename T, typename Row>
+void rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& out, Row row) {
   const int64_t B = x.size(0), H = x.size(1), S = x.size(2), D = x.size(3);
   const int64_t xs0 = x.stride(0), xs1 = x.stride(1), xs2 = x.stride(2);
   // a batch of one cos / sin serves every sequence
   const int64_t cs0 = cos.size(0) == 1 ? 0 : cos.stride(0), cs1 = cos.stride(1);
   const int64_t ss0 = sin.size(0) == 1 ? 0 : sin.stride(0), ss1 = sin.stride(1);
-  const T* xp = x.data_ptr<T>();
-  const T* cp = cos.data_ptr<T>();
-  const T* sp = sin.data_ptr<T>();
-  T* op = out.data_ptr<T>();
+  const T* xp = static_cast<const T*>(x.data_ptr());
+  const T* cp = static_cast<const T*>(cos.data_ptr());
+  const T* sp = static_cast<const T*>(sin.data_ptr());
+  T* op = static_cast<T*>(out.data_ptr());
   // ~32K elements per thread's share: a decode step's and a verification's few heads stay
   // on the calling thread (a fork and join would cost more than the rows).
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(D, 1));
   at::parallel_for(0, B * H * S, grain, [&](int64_t r0, int64_t r1) {
+    // row r = (bi, hi, si) in x's order, walked by increments (three divisions a row cost
+    // as much as the row's arithmetic)
+    int64_t bi = r0 / (H * S), hi = r0 / S % H, si = r0 % S;
     for (int64_t r = r0; r < r1; ++r) {
-      const int64_t bi = r / (H * S), hi = (r / S) % H, si = r % S;
-      rotate_row<T>(xp + bi * xs0 + hi * xs1 + si * xs2, cp + bi * cs0 + si * cs1, sp + bi * ss0 + si * ss1, D,
-                    op + r * D);
+      row(xp + bi * xs0 + hi * xs1 + si * xs2, cp + bi * cs0 + si * cs1, sp + bi * ss0 + si * ss1, D, op + r * D);
+      if (++si == S) {
+        si = 0;
+        if (++hi == H) hi = 0, ++bi;
+      }
     }
   });
 }
@@ -121,12 +113,13 @@ void apply_rotary_pos_emb_cpu(const at::Tensor& q, const at::Tensor& k, const at
     at::assert_no_overlap(k_out, *in);
   }
   at::assert_no_overlap(q_out, k_out);
+  const Kernels& K = kernels();
   if (dtype == at::kFloat) {
-    if (q.numel()) rotate<float>(q, cos, sin, q_out);
-    if (k.numel()) rotate<float>(k, cos, sin, k_out);
+    if (q.numel()) rotate<float>(q, cos, sin, q_out, K.rotary_row_f32);
+    if (k.numel()) rotate<float>(k, cos, sin, k_out, K.rotary_row_f32);
   } else {
-    if (q.numel()) rotate<c10::BFloat16>(q, cos, sin, q_out);
-    if (k.numel()) rotate<c10::BFloat16>(k, cos, sin, k_out);
+    if (q.numel()) rotate<uint16_t>(q, cos, sin, q_out, K.rotary_row_bf16);
+    if (k.numel()) rotate<uint16_t>(k, cos, sin, k_out, K.rotary_row_bf16);
   }
 }
 

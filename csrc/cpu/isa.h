@@ -99,6 +99,12 @@ struct Kernels {
   void (*silu_mul_f32)(const float* gate, const float* up, int64_t n, float* out);
   void (*silu_mul_bf16)(const uint16_t* gate, const uint16_t* up, int64_t n, uint16_t* out);
 
+  // One row of HF's rotary embedding (apply_rotary_pos_emb.cpp): out[i] = round(round(x[i] *
+  // c[i]) + round(r[i] * s[i])) for i < D (even), r = (-x[D/2:], x[:D/2]), rounded to the
+  // dtype (bf16: nearest even) after each product and the sum, as PyTorch's elementwise ops.
+  void (*rotary_row_f32)(const float* x, const float* c, const float* s, int64_t D, float* out);
+  void (*rotary_row_bf16)(const uint16_t* x, const uint16_t* c, const uint16_t* s, int64_t D, uint16_t* out);
+
   // Attention of a block of nq query rows against the keys [0, n) of one kv head
   // (small_batch_attention.cpp). q is nq rows of D floats (widened by the caller); k and v
   // the kv head's first key and value rows, k_stride / v_stride elements apart; vis

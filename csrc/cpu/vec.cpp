@@ -444,6 +444,58 @@ void rms_norm_bf16(const uint16_t* x, const uint16_t* w, int64_t n, float eps, u
   rms_norm_row(x, w, n, eps, out);
 }
 
+// ---- apply_rotary_pos_emb: one row of HF's rotary embedding ------------------------------
+// out = round(round(x * c) + round(rotate_half(x) * s)), rotate_half(x) = (-x[h:], x[:h]),
+// h = D / 2: PyTorch's roundings (each product and the sum rounded to the dtype; bf16:
+// nearest even). The products are kept apart from the sum even in float32: this file's
+// -ffp-contract=fast would fuse one of them into an FMA, which rounds once where PyTorch
+// rounds twice. Elementwise (lane i of the first half pairs with lane i of the second):
+// a row's bits do not depend on the rows around it.
+// (An empty asm the value passes through: GCC 12 lowers __builtin_assoc_barrier on a
+// vector lane by lane.)
+DOMINO_INLINE vf apart(vf v) {
+#if defined(__x86_64__) || defined(__i386__)
+  asm("" : "+v"(v));
+#else
+  v = __builtin_assoc_barrier(v);
+#endif
+  return v;
+}
+#define DOMINO_APART(v) apart(v)
+template <typename T>
+DOMINO_INLINE void rotary_pair(vf a, vf b, vf c_lo, vf s_lo, vf c_hi, vf s_hi, vf& lo, vf& hi, const T* tag) {
+  lo = round_like(DOMINO_APART(a * c_lo), tag) + round_like(DOMINO_APART(-b * s_lo), tag);
+  hi = round_like(DOMINO_APART(b * c_hi), tag) + round_like(DOMINO_APART(a * s_hi), tag);
+}
+
+template <typename T>
+void rotary_row(const T* x, const T* c, const T* s, int64_t D, T* out) {
+  const int64_t h = D / 2, hv = h - h % L;
+  vf lo, hi;
+  for (int64_t i = 0; i < hv; i += L) {
+    rotary_pair(loadu(x + i), loadu(x + h + i), loadu(c + i), loadu(s + i), loadu(c + h + i), loadu(s + h + i), lo,
+                hi, x);
+    storeu(out + i, lo);
+    storeu(out + h + i, hi);
+  }
+  if (hv < h) {
+    const int64_t n = h - hv;
+    rotary_pair(load_partial(x + hv, n, 0.0f), load_partial(x + h + hv, n, 0.0f), load_partial(c + hv, n, 0.0f),
+                load_partial(s + hv, n, 0.0f), load_partial(c + h + hv, n, 0.0f), load_partial(s + h + hv, n, 0.0f),
+                lo, hi, x);
+    store_partial(out + hv, n, lo);
+    store_partial(out + h + hv, n, hi);
+  }
+}
+#undef DOMINO_APART
+
+void rotary_row_f32(const float* x, const float* c, const float* s, int64_t D, float* out) {
+  rotary_row(x, c, s, D, out);
+}
+void rotary_row_bf16(const uint16_t* x, const uint16_t* c, const uint16_t* s, int64_t D, uint16_t* out) {
+  rotary_row(x, c, s, D, out);
+}
+
 // ---- attention of a block of query rows against one kv head (small_batch_attention) ---
 // Bytes: the key and value rows of one kv head, 2 * U * D elements, read once for the nq
 // query rows of a block (the query heads of the kv head times a few query positions); q
@@ -803,6 +855,8 @@ const Kernels kKernels = {
     .rms_norm_bf16 = &rms_norm_bf16,
     .silu_mul_f32 = &silu_mul_f32,
     .silu_mul_bf16 = &silu_mul_bf16,
+    .rotary_row_f32 = &rotary_row_f32,
+    .rotary_row_bf16 = &rotary_row_bf16,
     .attend_block_f32 = &attend_block_f32,
     .attend_block_bf16 = &attend_block_bf16,
 };
