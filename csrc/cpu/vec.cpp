@@ -631,14 +631,33 @@ DOMINO_INLINE void score_tile(const float* q, int64_t D, const float* kt, int64_
 template <int NQ>
 constexpr int kScoreVectors = kAcc / NQ < 1 ? 1 : kAcc / NQ;
 
-// Scores of NQ rows against the nk keys (a multiple of L) of kt, rows lds apart in s.
-template <int NQ>
+// Scores of NQ rows against the nk keys (a multiple of L) of kt, rows lds apart in s: tiles
+// of KB key vectors, then of KB / 2, ... 1 for what is left. (A chunk holds fewer keys than
+// a full tile of few rows: at D = 64, 64 keys, against 5 vectors of 16 for a decode step's
+// 3 rows, which then all ran one vector at a time, 4 loads to 3 FMAs.)
+template <int NQ, int KB = kScoreVectors<NQ>>
 void score_rows(const float* q, int64_t D, const float* kt, int64_t ldk, int64_t nk, float scale, float* s,
                 int64_t lds) {
-  constexpr int KB = kScoreVectors<NQ>;
   int64_t j = 0;
   for (; j + KB * L <= nk; j += KB * L) score_tile<NQ, KB>(q, D, kt + j, ldk, scale, s + j, lds);
-  for (; j < nk; j += L) score_tile<NQ, 1>(q, D, kt + j, ldk, scale, s + j, lds);
+  if constexpr (KB > 1)
+    if (j < nk) score_rows<NQ, KB / 2>(q, D, kt + j, ldk, nk - j, scale, s + j, lds);
+}
+
+// The L bytes at p, each zero-extended to a 32-bit lane: one widening load where the build
+// has one (GCC builds __builtin_convertvector of a byte vector lane by lane, ~60
+// instructions for 16 bytes: the visibility test cost more than the softmax's exponentials).
+DOMINO_INLINE vi load_bytes(const uint8_t* p) {
+#if defined(__AVX512F__)
+  return bit_cast<vi>(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+#elif defined(__AVX2__)
+  return bit_cast<vi>(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+#else
+  typedef uint8_t vb __attribute__((vector_size(L)));
+  vb b;
+  std::memcpy(&b, p, sizeof(b));
+  return __builtin_convertvector(b, vi);
+#endif
 }
 
 // Row r's weights over keys [0, n): a hidden key (vis 0) counts as -inf, bias added to the
@@ -646,16 +665,13 @@ void score_rows(const float* q, int64_t D, const float* kt, int64_t ldk, int64_t
 // clamp), so a key under a huge finite negative bias adds exactly nothing. The max is exact
 // in any order; NaN sticks. Returns the max (-inf: no visible key, or every score -inf).
 DOMINO_INLINE float softmax_weights(float* s, const uint8_t* vis, const float* bias, int64_t n) {
-  typedef uint8_t vb __attribute__((vector_size(L)));
   const int64_t nv = n - n % L;
   vf mv = splat(-kInf);
   auto keep_max = [&mv](vf x) { mv = (x > mv) | (x != x) ? x : mv; };  // NaN sticks
   for (int64_t j = 0; j < nv; j += L) {
-    vb b;
-    std::memcpy(&b, vis + j, sizeof(b));
     vf x = loadu(s + j);
     if (bias) x = x + loadu(bias + j);
-    x = __builtin_convertvector(b, vi) != 0 ? x : splat(-kInf);
+    x = load_bytes(vis + j) != 0 ? x : splat(-kInf);
     storeu(s + j, x);
     keep_max(x);
   }
