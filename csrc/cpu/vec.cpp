@@ -600,6 +600,42 @@ void transpose_keys(const T* k, int64_t ks, int64_t n, int64_t D, float* kt, int
   }
 }
 
+// The same for bf16 keys, transposed as 32-bit words: a word holds a pair of elements (d
+// even and d + 1), so an L x L block of words moves 2L elements of each of L keys, half the
+// shuffles of widening first (the shuffles' one port is the pass's bound: a decode step's
+// 3 rows spent ~40 % of their attention transposing). Each word row then gives two rows of
+// kt: the low halves shifted up (element d) and the high halves kept (element d + 1), both
+// exact bf16 widenings; an odd D's last element is widened alone.
+void transpose_keys(const uint16_t* k, int64_t ks, int64_t n, int64_t D, float* kt, int64_t ldk) {
+  const int64_t W = D / 2;  // whole element pairs a key
+  for (int64_t j0 = 0; j0 < ldk; j0 += L) {
+    const int64_t nj = n - j0;  // key rows present in this block (<= 0: padding only)
+    for (int64_t w0 = 0; w0 < W; w0 += L) {
+      const int64_t nw = W - w0 < L ? W - w0 : L;
+      vf r[L];
+      if (nj >= L && nw == L) {  // a whole block
+        DOMINO_UNROLL
+        for (int l = 0; l < L; ++l) std::memcpy(&r[l], k + (j0 + l) * ks + 2 * w0, sizeof(vf));
+      } else {
+        for (int l = 0; l < L; ++l) {
+          r[l] = vf{};  // +0: the padding keys' elements
+          if (l < nj) std::memcpy(&r[l], k + (j0 + l) * ks + 2 * w0, 4 * nw);
+        }
+      }
+      transpose_block(r);
+      for (int64_t w = 0; w < nw; ++w) {
+        const vu u = bit_cast<vu>(r[w]);
+        storeu(kt + (2 * (w0 + w)) * ldk + j0, bit_cast<vf>(u << 16));
+        storeu(kt + (2 * (w0 + w) + 1) * ldk + j0, bit_cast<vf>(u & 0xffff0000u));
+      }
+    }
+    if (D % 2) {
+      float* row = kt + (D - 1) * ldk + j0;
+      for (int l = 0; l < L; ++l) row[l] = l < nj ? to_float(k[(j0 + l) * ks + D - 1]) : 0.0f;
+    }
+  }
+}
+
 // Scores of NQ query rows (q, D floats each) against KB * L keys (kt at the first key):
 // s[r * lds + j] = scale * sum_d q_r[d] kt[d][j], the sum one FMA chain per lane, d in
 // order. The same per-lane operations whatever NQ, KB or the tile's place.
