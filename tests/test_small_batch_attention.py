@@ -1,8 +1,11 @@
 """small_batch_attention: agreement with a float64 oracle on random shapes, every written
 element, bit-exact batch invariance (a row alone, among others, with hidden keys moved
-around), every CPU build, bad input."""
+around), every CPU build and both score paths (vector FMAs; AMX tiles where the machine has
+them), bad input."""
 
+import contextlib
 import math
+import os
 
 import pytest
 import torch
@@ -14,6 +17,44 @@ from domino_ops import cpu, reference
 
 op = torch.ops.domino_ops.small_batch_attention
 DTYPES = [torch.float32, torch.bfloat16]
+SCORES = "DOMINO_SMALL_BATCH_ATTENTION_SCORES"
+
+
+@contextlib.contextmanager
+def scores_path(path):
+    """The op's score path for the block: "vector", "amx" or "auto" (read at every call)."""
+    old = os.environ.get(SCORES)
+    os.environ[SCORES] = path
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ[SCORES]
+        else:
+            os.environ[SCORES] = old
+
+
+def _has_amx_scores() -> bool:
+    q = torch.zeros(1, 1, 1, 64, dtype=torch.bfloat16)
+    try:
+        with scores_path("amx"), domino_ops.cpu.forced_isa("avx512"):
+            op(q, q, q, None, 1.0, torch.empty_like(q))
+        return True
+    except (ValueError, RuntimeError):  # no AMX, or no avx512 build
+        return False
+
+
+AMX = _has_amx_scores()
+# (CPU build, score path): every build with the vector FMAs, and the avx512 build with AMX
+# tiles where this machine has them (bf16 scores at head dims that are multiples of 32).
+BUILDS = [(isa, path) for isa in cpu.supported_isas()
+          for path in (["vector", "amx"] if AMX and isa == "avx512" else ["vector"])]
+
+
+@contextlib.contextmanager
+def build(isa, path):
+    with domino_ops.cpu.forced_isa(isa), scores_path(path if path == "vector" else "auto"):
+        yield
 
 
 def make(B, Hq, Hkv, M, N, D, dtype, seed, scale=1.0):
@@ -54,12 +95,13 @@ def random_mask(B, Hq, M, N, kind, seed):
 @given(B=st.integers(1, 3), Hkv=st.integers(1, 3), group=st.sampled_from([1, 2, 3]), M=st.integers(1, 9),
        extra=st.integers(0, 40), D=st.sampled_from([1, 5, 16, 20, 64, 96, 130]),
        dtype=st.sampled_from(DTYPES), mask=st.sampled_from([None, "bool", torch.float32, torch.bfloat16]),
-       seed=st.integers(0, 2 ** 16), isa=st.sampled_from(cpu.supported_isas()))
-def test_matches_float64_reference(B, Hkv, group, M, extra, D, dtype, mask, seed, isa):
-    """On every CPU build this machine runs (each compiles its own attend_block)."""
+       seed=st.integers(0, 2 ** 16), kernels=st.sampled_from(BUILDS))
+def test_matches_float64_reference(B, Hkv, group, M, extra, D, dtype, mask, seed, kernels):
+    """On every CPU build this machine runs (each compiles its own attend_block), and with
+    AMX scores where it has them (the "auto" path: bf16 at D = 64 and 96 take the tiles)."""
     q, k, v = make(B, Hkv * group, Hkv, M, M + extra, D, dtype, seed)
     m = random_mask(B, Hkv * group, M, M + extra, mask, seed)
-    with domino_ops.cpu.forced_isa(isa):
+    with build(*kernels):
         y = run_op(q, k, v, m)
     assert_close_to_float64(y, q, k, v, m)
 
@@ -83,8 +125,8 @@ def test_a_row_alone_equals_the_row_among_others(dtype):
     (q_len 1 against the cache up to that row), for every CPU build."""
     B, Hq, Hkv, M, N, D = 2, 9, 3, 16, 70, 64
     q, k, v = make(B, Hq, Hkv, M, N, D, dtype, 7, scale=2.0)
-    for isa in domino_ops.cpu.supported_isas():
-        with domino_ops.cpu.forced_isa(isa):
+    for isa in BUILDS:
+        with build(*isa):
             big = run_op(q, k, v)
             for m in range(M):
                 n = N - M + m + 1
@@ -112,8 +154,8 @@ def test_long_caches_across_key_chunks(dtype, N, M):
     visible &= torch.ones(M, N, dtype=torch.bool).tril(N - M)
     visible[..., -M:] |= torch.eye(M, dtype=torch.bool)  # every row sees its own key
     k[:, :, ~visible.any(dim=(0, 1, 2))] = float("nan")  # never read
-    for isa in domino_ops.cpu.supported_isas():
-        with domino_ops.cpu.forced_isa(isa):
+    for isa in BUILDS:
+        with build(*isa):
             big = run_op(q, k, v, visible)
             assert_close_to_float64(big, q, k, v, visible)
             for m in sorted({0, M // 2, M - 1}):
@@ -145,8 +187,8 @@ def test_hidden_keys_change_no_bit(dtype, hidden):
     else:
         low = float("-inf") if hidden == "-inf" else torch.finfo(dtype).min
         mask = torch.where(visible, torch.tensor(0.0, dtype=dtype), torch.tensor(low, dtype=dtype))
-    for isa in domino_ops.cpu.supported_isas():
-        with domino_ops.cpu.forced_isa(isa):
+    for isa in BUILDS:
+        with build(*isa):
             assert torch.equal(run_op(q, k2, v2, mask), run_op(q, k, v)), isa
 
 
@@ -170,8 +212,8 @@ def test_masked_rows_among_others_equal_their_visible_keys_alone(dtype, kind):
     poisoned[torch.randperm(N - M, generator=g)[:1]] = True  # and one that some rows see
     k[:, :, poisoned] = float("nan")
     v[:, :, poisoned] = float("nan")
-    for isa in domino_ops.cpu.supported_isas():
-        with domino_ops.cpu.forced_isa(isa):
+    for isa in BUILDS:
+        with build(*isa):
             big = run_op(q, k, v, mask)
             for m in range(M):
                 for h in range(Hq):
@@ -209,8 +251,8 @@ def test_a_padded_static_cache_gives_the_bits_of_its_written_keys(dtype, kind, M
         k[b, :, :first] = v[b, :, :first] = float("nan")
         k[b, :, end:] = v[b, :, end:] = float("nan")
     mask = visible if kind == "bool" else torch.where(visible, 0.0, float("-inf")).to(dtype)
-    for isa in domino_ops.cpu.supported_isas():
-        with domino_ops.cpu.forced_isa(isa):
+    for isa in BUILDS:
+        with build(*isa):
             big = run_op(q, k, v, mask)
             assert not big.isnan().any(), isa
             for b, (first, end) in enumerate(spans):
@@ -320,3 +362,32 @@ def test_op_refuses_a_meta_tensor_among_cpu_ones(name):
     args[name] = args[name].to("meta")
     with pytest.raises(RuntimeError, match="every tensor must be on one device"):
         op(args["q"], args["k"], args["v"], args["mask"], 0.5, args["out"])
+
+
+@pytest.mark.skipif(not AMX, reason="no AMX-BF16 here: the scores run on vector FMAs only")
+def test_amx_scores_round_their_own_way_and_are_the_default():
+    """Where the CPU has AMX, bf16 scores at D = 64 run on the tiles by default: other bits
+    than the vector path's (TDPBF16PS sums each 32 elements in its own order), as close to
+    the float64 oracle, and forcing "amx" gives the default's bits."""
+    q, k, v = make(1, 9, 3, 16, 300, 64, torch.bfloat16, 21, scale=2.0)
+    with build("avx512", "vector"):
+        vector = run_op(q, k, v)
+    with build("avx512", "amx"):
+        auto = run_op(q, k, v)
+    with scores_path("amx"), domino_ops.cpu.forced_isa("avx512"):
+        forced = run_op(q, k, v)
+    assert not torch.equal(vector, auto) and torch.equal(auto, forced)
+    for y in (vector, auto):
+        assert_close_to_float64(y, q, k, v, None)
+
+
+def test_score_path_variable_is_checked():
+    q, k, v = make(1, 2, 1, 2, 5, 64, torch.bfloat16, 0)
+    with scores_path("tiles"), pytest.raises(ValueError, match="DOMINO_SMALL_BATCH_ATTENTION_SCORES must be auto, amx"):
+        run_op(q, k, v)
+    q, k, v = make(1, 2, 1, 2, 5, 20, torch.bfloat16, 0)  # no AMX path at D = 20 (nor without AMX)
+    with scores_path("amx"), pytest.raises(ValueError, match="DOMINO_SMALL_BATCH_ATTENTION_SCORES=amx needs"):
+        run_op(q, k, v)
+    with scores_path("amx"):  # float32 scores are the vector path's whatever the variable says
+        q, k, v = make(1, 2, 1, 2, 5, 64, torch.float32, 0)
+        assert_close_to_float64(run_op(q, k, v), q, k, v, None)

@@ -117,13 +117,23 @@ struct Kernels {
   // product one FMA chain over d per key (keys in vector lanes), max and sums in key order,
   // exp elementwise. Which rows share the block, where hidden keys sit, which thread runs
   // it: none of it changes a bit. A row with no visible key, or every score -inf, gets zeros.
+  // With `scored`, scores already holds scale * (q . k_j) (rows round_up(n, lanes) apart,
+  // from attention_scores_amx): the block starts at the softmax.
   void (*attend_block_f32)(const float* q, int64_t nq, int64_t D, const float* k, int64_t k_stride, const float* v,
                            int64_t v_stride, const uint8_t* vis, const uint8_t* key_class, const float* bias,
-                           int64_t n, float scale, float* scores, float* kt, float* acc, float* const* out);
+                           int64_t n, float scale, bool scored, float* scores, float* kt, float* acc,
+                           float* const* out);
   void (*attend_block_bf16)(const float* q, int64_t nq, int64_t D, const uint16_t* k, int64_t k_stride,
                             const uint16_t* v, int64_t v_stride, const uint8_t* vis, const uint8_t* key_class,
-                            const float* bias, int64_t n, float scale, float* scores, float* kt, float* acc,
-                            uint16_t* const* out);
+                            const float* bias, int64_t n, float scale, bool scored, float* scores, float* kt,
+                            float* acc, uint16_t* const* out);
+  // scores[r * lds + j] = scale * (q_r . k_j) for r < nq <= 16 and the n bf16 keys, by AMX
+  // tiles (TDPBF16PS: its own order within 32 elements, denormals flushed; batch-invariant,
+  // not the vector path's bits). q as attend_block takes it (bf16 values widened). Needs
+  // amx_available() and D a multiple of 32 up to 128. The avx512 build only: null in the
+  // others.
+  void (*attention_scores_amx)(const float* q, int64_t nq, int64_t D, const uint16_t* k, int64_t k_stride,
+                               int64_t n, float scale, float* scores, int64_t lds);
 };
 
 // The active table (see the top of this file). Throws c10::ValueError for an invalid

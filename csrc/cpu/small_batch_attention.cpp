@@ -34,7 +34,17 @@
 // place in the call or its block, on the thread split or on where hidden keys (padding,
 // holes, other branches of a draft tree) sit in the cache: a verification row, a tree
 // node and the one-token step of the same path give the same bits (on one instruction-set
-// build).
+// build and score path).
+//
+// Scores on AMX tiles: on a CPU with AMX-BF16 the bf16 scores (q . k_j, D a multiple of 32)
+// run as TDPBF16PS tile products (the Kernels table's attention_scores_amx, cpu/vec.cpp)
+// with the keys loaded as the cache holds them, instead of transposed for the vector FMAs;
+// the softmax and the value sums stay the vector code's. Other bits than the FMA chains
+// (the tile sums each 32 elements in its own order), the same batch invariance (a row's
+// score of a key depends on the two alone). 2-core Xeon VM, bf16, 9 heads of 64 over 3 kv
+// heads, 2 threads: 16 rows over 528 keys ~180 -> ~130 us, one row over 513 keys ~36 -> ~26
+// us; over 17 keys ~1 us slower (benchmarks/README.md). DOMINO_SMALL_BATCH_ATTENTION_SCORES=
+// vector turns it off.
 #include <ATen/ATen.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/Parallel.h>
@@ -43,12 +53,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "cpu/isa.h"
+#include "cpu/small_batch_linear_packed_amx.h"
 #include "cpu/layer_kernels.h"
 #include "ops.h"
 
@@ -117,10 +129,32 @@ void check_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     TORCH_CHECK(t == nullptr || !extents_intersect(out, *t), "out must not share memory with ", name);
 }
 
+// Whether a bf16 call's scores run on AMX tiles (the Kernels table's attention_scores_amx)
+// instead of the vector FMAs: where the CPU has AMX-BF16 (and the active build is avx512), D
+// is a multiple of 32 up to 128, and DOMINO_SMALL_BATCH_ATTENTION_SCORES is unset, "auto" or
+// "amx" ("vector": never; read at every call, so a test or a benchmark can switch it; a
+// process keeps one for all its forwards, as the two paths round differently). A 16-row
+// verification over 1,000 keys spends ~40 % of its attention on the scores and the keys'
+// transposition the vector path needs; the tiles take the keys as the cache holds them.
+bool amx_scores(const Kernels& K, int64_t D) {
+  const char* env = std::getenv("DOMINO_SMALL_BATCH_ATTENTION_SCORES");
+  const bool forced = env != nullptr && std::strcmp(env, "amx") == 0;
+  if (env != nullptr && *env != '\0' && !forced && std::strcmp(env, "auto") != 0) {
+    TORCH_CHECK_VALUE(std::strcmp(env, "vector") == 0,
+                      "DOMINO_SMALL_BATCH_ATTENTION_SCORES must be auto, amx or vector, got '", env, "'");
+    return false;
+  }
+  const bool usable = K.attention_scores_amx != nullptr && amx_available() && D % 32 == 0 && D <= 128;
+  TORCH_CHECK_VALUE(usable || !forced, "DOMINO_SMALL_BATCH_ATTENTION_SCORES=amx needs a CPU with AMX-BF16, the avx512 "
+                    "build and a head dimension that is a multiple of 32 up to 128 (got ", D, ")");
+  return usable;
+}
+
 template <typename T, typename MaskT>
 void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor* mask,
              double scale, at::Tensor& out) {
   const Kernels& K = kernels();
+  const bool amx = std::is_same_v<T, c10::BFloat16> && amx_scores(K, q.size(3));
   const int64_t B = q.size(0), Hq = q.size(1), M = q.size(2), D = q.size(3);
   const int64_t Hkv = k.size(1), N = k.size(2), group = Hq / Hkv;
   const T* qp = static_cast<const T*>(q.data_ptr());
@@ -243,12 +277,18 @@ void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, cons
       const T* kr = kp + b * ks0 + g * ks1 + lo * ks2;
       const T* vr = vp + b * vs0 + g * vs1 + lo * vs2;
       if constexpr (std::is_same_v<T, float>) {
-        K.attend_block_f32(q_rows, nq, D, kr, ks2, vr, vs2, vis, key_class, bp, nv, sc, scores_buf.data(),
+        K.attend_block_f32(q_rows, nq, D, kr, ks2, vr, vs2, vis, key_class, bp, nv, sc, false, scores_buf.data(),
                            kt_buf.data(), acc_buf.data(), outs);
       } else {
-        K.attend_block_bf16(q_rows, nq, D, reinterpret_cast<const uint16_t*>(kr), ks2,
-                            reinterpret_cast<const uint16_t*>(vr), vs2, vis, key_class, bp, nv, sc,
-                            scores_buf.data(), kt_buf.data(), acc_buf.data(),
+        const auto* k16 = reinterpret_cast<const uint16_t*>(kr);
+        if (amx) {  // the scores by AMX tiles, 16 rows at a time, rows round_up(nv, lanes) apart
+          const int64_t ld = (nv + K.lanes - 1) / K.lanes * K.lanes;
+          for (int64_t r = 0; r < nq; r += 16)
+            K.attention_scores_amx(q_rows + r * D, std::min<int64_t>(16, nq - r), D, k16, ks2, nv, sc,
+                                   scores_buf.data() + r * ld, ld);
+        }
+        K.attend_block_bf16(q_rows, nq, D, k16, ks2, reinterpret_cast<const uint16_t*>(vr), vs2, vis, key_class,
+                            bp, nv, sc, amx, scores_buf.data(), kt_buf.data(), acc_buf.data(),
                             reinterpret_cast<uint16_t* const*>(outs));
       }
     }

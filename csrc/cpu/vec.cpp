@@ -636,6 +636,98 @@ void transpose_keys(const uint16_t* k, int64_t ks, int64_t n, int64_t D, float* 
   }
 }
 
+#if defined(__AVX512F__) && defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
+// ---- attention scores on AMX tiles (the avx512 build; the caller checks amx_available()) --
+// scores[r * lds + j] = scale * (q_r . k_j) for r < nq <= 16, j < n, bf16 keys, D a
+// multiple of 32 up to 128. TDPBF16PS with the keys as the A tile (16 keys x 32 elements,
+// loaded straight from the cache rows: no transposition of the keys) and the query rows as
+// B (their element pairs, 16 rows wide), so C is 16 keys x 16 rows: one L x L transposition
+// of C (4 shuffles a key, against 8 for the keys' own) puts it in score rows. A row's score
+// of a key depends on the two rows alone, and the D / 32 chunks add in order: the same bits
+// whatever nq, the row's place or the key's (batch-invariant); not the vector path's bits
+// (TDPBF16PS sums each chunk in its own order, and flushes denormals).
+struct alignas(64) AmxTileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+#define DOMINO_AMX_SCORES_TARGET __attribute__((target("amx-tile,amx-bf16")))
+
+DOMINO_AMX_SCORES_TARGET void attention_scores_amx(const float* q, int64_t nq, int64_t D, const uint16_t* k,
+                                                   int64_t ks, int64_t n, float scale, float* scores, int64_t lds) {
+  constexpr int kMaxChunks = 4;  // tiles 2..5: D up to 128
+  const int chunks = static_cast<int>(D / 32);
+  // B tiles: [chunk c][pair p][row r] = row r's elements 32 c + 2 p, + 1 as one word, 0
+  // past nq: each row's chunk narrowed to bf16 (the floats' high halves, exact: q holds bf16
+  // values widened), 16 words per row, then one L x L transposition per chunk.
+  alignas(64) uint32_t b[kMaxChunks][16][16];
+  for (int ch = 0; ch < chunks; ++ch) {
+    vf r[L];
+    for (int64_t row = 0; row < L; ++row) {
+      r[row] = vf{};
+      if (row >= nq) continue;
+      const float* x = q + row * D + 32 * ch;
+      const __m256i lo = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(_mm512_loadu_ps(x)), 16));
+      const __m256i hi = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(_mm512_loadu_ps(x + 16)), 16));
+      r[row] = bit_cast<vf>(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
+    }
+    transpose_block(r);
+    for (int p = 0; p < 16; ++p) std::memcpy(b[ch][p], &r[p], sizeof(vf));
+  }
+  AmxTileConfig cfg;
+  for (int t = 0; t < 2 + chunks; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;  // C, A, then B per chunk
+  _tile_loadconfig(&cfg);
+  _tile_loadd(2, b[0], 64);
+  if (chunks > 1) _tile_loadd(3, b[1], 64);
+  if (chunks > 2) _tile_loadd(4, b[2], 64);
+  if (chunks > 3) _tile_loadd(5, b[3], 64);
+  alignas(64) float c[16][16];
+  alignas(64) uint16_t tail[16 * 32 * kMaxChunks];
+  for (int64_t j0 = 0; j0 < n; j0 += 16) {
+    const int64_t nj = n - j0 < 16 ? n - j0 : 16;
+    const uint16_t* a = k + j0 * ks;
+    int64_t stride = ks * 2;
+    if (nj < 16) {  // the last keys, zero-padded to a whole tile (nothing read past them)
+      for (int64_t j = 0; j < nj; ++j) std::memcpy(tail + j * D, a + j * ks, D * 2);
+      std::memset(tail + nj * D, 0, (16 - nj) * D * 2);
+      a = tail;
+      stride = D * 2;
+    }
+    _tile_zero(0);
+    _tile_loadd(1, a, stride);
+    _tile_dpbf16ps(0, 1, 2);
+    if (chunks > 1) {
+      _tile_loadd(1, a + 32, stride);
+      _tile_dpbf16ps(0, 1, 3);
+    }
+    if (chunks > 2) {
+      _tile_loadd(1, a + 64, stride);
+      _tile_dpbf16ps(0, 1, 4);
+    }
+    if (chunks > 3) {
+      _tile_loadd(1, a + 96, stride);
+      _tile_dpbf16ps(0, 1, 5);
+    }
+    _tile_stored(0, c, 64);
+    vf r[L];
+    for (int i = 0; i < L; ++i) std::memcpy(&r[i], c[i], sizeof(vf));
+    transpose_block(r);  // r[row]: the row's scores of keys j0 ..
+    for (int64_t row = 0; row < nq; ++row) {
+      if (nj == 16) storeu(scores + row * lds + j0, r[row] * scale);
+      else store_partial(scores + row * lds + j0, nj, r[row] * scale);
+    }
+  }
+  _tile_release();
+}
+#undef DOMINO_AMX_SCORES_TARGET
+#define DOMINO_HAS_AMX_SCORES 1
+#else
+#define DOMINO_HAS_AMX_SCORES 0
+#endif
+
 // Scores of NQ query rows (q, D floats each) against KB * L keys (kt at the first key):
 // s[r * lds + j] = scale * sum_d q_r[d] kt[d][j], the sum one FMA chain per lane, d in
 // order. The same per-lane operations whatever NQ, KB or the tile's place.
@@ -818,13 +910,13 @@ DOMINO_INLINE int64_t chunk_keys(int64_t lda) {
 template <typename T>
 void attend_block(const float* q, int64_t nq, int64_t D, const T* k, int64_t ks, const T* v, int64_t vs,
                   const uint8_t* vis, const uint8_t* key_class, const float* bias, int64_t n, float scale,
-                  float* scores, float* kt, float* acc, T* const* out) {
+                  bool scored, float* scores, float* kt, float* acc, T* const* out) {
   const int64_t lds = (n + L - 1) / L * L;  // scores rows: n rounded up to whole vectors
   const int64_t lda = (D + L - 1) / L * L;
   const int64_t C = chunk_keys(lda);  // D x C floats fit kt
-  // Scores, chunk by chunk: the chunk's keys transposed (exact) into kt, then every row
-  // block's scores of them.
-  for (int64_t j0 = 0; j0 < n; j0 += C) {
+  // Scores, chunk by chunk (unless the caller's AMX tiles made them): the chunk's keys
+  // transposed (exact) into kt, then every row block's scores of them.
+  for (int64_t j0 = 0; j0 < (scored ? 0 : n); j0 += C) {
     const int64_t nc = n - j0 < C ? n - j0 : C, ldc = (nc + L - 1) / L * L;
     transpose_keys(k + j0 * ks, ks, nc, D, kt, ldc);
     for_row_blocks(nq, [&](auto nq_block, int64_t r) {
@@ -873,13 +965,13 @@ void attend_block(const float* q, int64_t nq, int64_t D, const T* k, int64_t ks,
 
 void attend_block_f32(const float* q, int64_t nq, int64_t D, const float* k, int64_t ks, const float* v,
                       int64_t vs, const uint8_t* vis, const uint8_t* key_class, const float* bias, int64_t n,
-                      float scale, float* scores, float* kt, float* acc, float* const* out) {
-  attend_block(q, nq, D, k, ks, v, vs, vis, key_class, bias, n, scale, scores, kt, acc, out);
+                      float scale, bool scored, float* scores, float* kt, float* acc, float* const* out) {
+  attend_block(q, nq, D, k, ks, v, vs, vis, key_class, bias, n, scale, scored, scores, kt, acc, out);
 }
 void attend_block_bf16(const float* q, int64_t nq, int64_t D, const uint16_t* k, int64_t ks, const uint16_t* v,
                        int64_t vs, const uint8_t* vis, const uint8_t* key_class, const float* bias, int64_t n,
-                       float scale, float* scores, float* kt, float* acc, uint16_t* const* out) {
-  attend_block(q, nq, D, k, ks, v, vs, vis, key_class, bias, n, scale, scores, kt, acc, out);
+                       float scale, bool scored, float* scores, float* kt, float* acc, uint16_t* const* out) {
+  attend_block(q, nq, D, k, ks, v, vs, vis, key_class, bias, n, scale, scored, scores, kt, acc, out);
 }
 
 }  // namespace
@@ -911,6 +1003,11 @@ const Kernels kKernels = {
     .rotary_row_bf16 = &rotary_row_bf16,
     .attend_block_f32 = &attend_block_f32,
     .attend_block_bf16 = &attend_block_bf16,
+#if DOMINO_HAS_AMX_SCORES
+    .attention_scores_amx = &attention_scores_amx,
+#else
+    .attention_scores_amx = nullptr,
+#endif
 };
 
 }  // namespace domino::cpu::DOMINO_ISA
