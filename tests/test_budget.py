@@ -253,6 +253,9 @@ def test_round_costs_are_measured_once_and_cached_per_configuration(tmp_path, mo
     with monkeypatch.context() as m:
         m.setattr(budget, "python_fingerprint", lambda: "edited")  # other Python sources: another key
         assert budget.cost_key(gen, 2) != first.key
+    with monkeypatch.context() as m:  # attention scores forced to a path: another key
+        m.setenv("DOMINO_SMALL_BATCH_ATTENTION_SCORES", "vector")
+        assert budget.cost_key(gen, 2) != first.key
     assert budget.cost_key(gen, 2) == first.key
     use_small_batch_linear(gen.drafter)  # a drafter on other kernels: another key, each switch
     linear_key = budget.cost_key(gen, 2)

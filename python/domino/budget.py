@@ -451,7 +451,8 @@ def cost_key(gen, batch_size: int) -> str:
     vocabulary, the device, the machine, torch's version and thread count, the compiled
     kernels and domino's Python sources, whether the small-batch linear is on (under the
     target, and under the drafter with its fused layers; packed, and its forced path, and the
-    packed product: AMX or vectors), the target's attention implementation, whether its
+    packed product: AMX or vectors), the target's attention implementation (and the
+    small-batch attention's forced score path), whether its
     forward is :mod:`domino.fast_forward`'s, the batch size."""
     from domino.fast_forward import uses_fast_forward
     from domino.fast_layers import uses_fused_layers
@@ -480,6 +481,7 @@ def cost_key(gen, batch_size: int) -> str:
         "small_batch_linear_packed_path": domino_ops.small_batch_linear_packed_path()
         if domino_ops.small_batch_linear_packed_supported() else "",
         "attention": target.config._attn_implementation,
+        "small_batch_attention_scores": os.environ.get("DOMINO_SMALL_BATCH_ATTENTION_SCORES", ""),
         "fast_forward": uses_fast_forward(target),
         "batch_size": batch_size,
         "cpu_isa": os.environ.get("DOMINO_CPU_ISA", ""),
