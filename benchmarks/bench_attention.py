@@ -14,13 +14,18 @@ Two tables, median of ``--repeats`` after a warm-up:
 
     python benchmarks/bench_attention.py [--repeats 200] [--skip-model]
 
+On a CPU with AMX the op's bf16 scores run on tiles by default; the op table then also
+times each bf16 row with them forced onto the vector FMAs (``vector us``), back to back.
+
 Two builds of the op against each other: ``benchmarks/compare_builds.sh``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
+import os
 import statistics
 import time
 
@@ -30,9 +35,38 @@ import torch.nn.functional as F
 from timing import median_seconds
 
 
+def amx_scores_available() -> bool:
+    """Whether this CPU runs small_batch_attention's bf16 scores on AMX tiles (its default there)."""
+    q = torch.zeros(1, 1, 1, 64, dtype=torch.bfloat16)
+    with scores_path("amx"):
+        try:
+            torch.ops.domino_ops.small_batch_attention.default(q, q, q, None, 1.0, torch.empty_like(q))
+            return True
+        except (ValueError, RuntimeError):
+            return False
+
+
+@contextlib.contextmanager
+def scores_path(path: str):
+    """DOMINO_SMALL_BATCH_ATTENTION_SCORES for the block (the op reads it at every call)."""
+    old = os.environ.get("DOMINO_SMALL_BATCH_ATTENTION_SCORES")
+    os.environ["DOMINO_SMALL_BATCH_ATTENTION_SCORES"] = path
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("DOMINO_SMALL_BATCH_ATTENTION_SCORES")
+        else:
+            os.environ["DOMINO_SMALL_BATCH_ATTENTION_SCORES"] = old
+
+
 def op_table(repeats: int) -> list[str]:
+    """With AMX, a bf16 row also times the op with its scores forced onto the vector FMAs
+    ("vector us"), the two timed back to back."""
     op = torch.ops.domino_ops.small_batch_attention.default
-    lines = [f"{'dtype':8} | {'rows':>4} | {'cache':>5} | {'SDPA us':>8} | {'domino us':>9} | speedup"]
+    amx = amx_scores_available()
+    lines = [f"{'dtype':8} | {'rows':>4} | {'cache':>5} | {'SDPA us':>8} | {'domino us':>9} | speedup"
+             + (f" | {'vector us':>9} | AMX gain" if amx else "")]
     for dtype in (torch.float32, torch.bfloat16):
         for N in (100, 300, 600, 2000):
             for M in (1, 4, 16):
@@ -45,8 +79,14 @@ def op_table(repeats: int) -> list[str]:
                 t_sdpa = 1e6 * median_seconds(
                     lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True), repeats, warmup=10)
                 t_op = 1e6 * median_seconds(lambda: op(q, k, v, mask, 0.125, out.transpose(1, 2)), repeats, warmup=10)
-                lines.append(f"{str(dtype).replace('torch.', ''):8} | {M:4} | {N:5} | {t_sdpa:8.1f} | {t_op:9.1f} | "
-                             f"{t_sdpa / t_op:6.2f}x")
+                line = (f"{str(dtype).replace('torch.', ''):8} | {M:4} | {N:5} | {t_sdpa:8.1f} | {t_op:9.1f} | "
+                        f"{t_sdpa / t_op:6.2f}x")
+                if amx and dtype == torch.bfloat16:
+                    with scores_path("vector"):
+                        t_vec = 1e6 * median_seconds(lambda: op(q, k, v, mask, 0.125, out.transpose(1, 2)), repeats,
+                                                     warmup=10)
+                    line += f" | {t_vec:9.1f} | {t_vec / t_op:6.2f}x"
+                lines.append(line)
     return lines
 
 
