@@ -5,7 +5,6 @@ them), bad input."""
 
 import contextlib
 import math
-import os
 
 import pytest
 import torch
@@ -14,24 +13,16 @@ from hypothesis import strategies as st
 
 import domino_ops
 from domino_ops import cpu, reference
+from env_var import env_var
 
 op = torch.ops.domino_ops.small_batch_attention
 DTYPES = [torch.float32, torch.bfloat16]
 SCORES = "DOMINO_SMALL_BATCH_ATTENTION_SCORES"
 
 
-@contextlib.contextmanager
 def scores_path(path):
     """The op's score path for the block: "vector", "amx" or "auto" (read at every call)."""
-    old = os.environ.get(SCORES)
-    os.environ[SCORES] = path
-    try:
-        yield
-    finally:
-        if old is None:
-            del os.environ[SCORES]
-        else:
-            os.environ[SCORES] = old
+    return env_var(SCORES, path)
 
 
 def _has_amx_scores() -> bool:

@@ -1,7 +1,6 @@
 """small_batch_linear: agreement with float64 and F.linear on awkward shapes, every written
 element, bit-exact batch invariance, every instruction-set path, bad input."""
 
-import contextlib
 import os
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from hypothesis import strategies as st
 
 import domino_ops
 from domino_ops import reference
+from env_var import env_var
 from torch_threads import torch_threads
 
 ISA_ENV = "DOMINO_SMALL_BATCH_LINEAR_ISA"
@@ -21,12 +21,8 @@ ORDER = ["generic", "avx2", "avx512", "avx512_bf16"]
 
 
 def _best_isa():
-    saved = os.environ.pop(ISA_ENV, None)
-    try:
+    with env_var(ISA_ENV, None):
         return domino_ops.small_batch_linear_isa()
-    finally:
-        if saved is not None:
-            os.environ[ISA_ENV] = saved
 
 
 BEST = _best_isa()
@@ -37,18 +33,9 @@ M_VALUES = [1, 2, 3, 4, 5, 7, 13, 16, 17, 33, 64, 65, 130]
 op = torch.ops.domino_ops.small_batch_linear
 
 
-@contextlib.contextmanager
 def forced_isa(isa):
     """Forces the kernel's instruction-set path (it reads ISA_ENV at every call)."""
-    saved = os.environ.get(ISA_ENV)
-    os.environ[ISA_ENV] = isa
-    try:
-        yield
-    finally:
-        if saved is None:
-            del os.environ[ISA_ENV]
-        else:
-            os.environ[ISA_ENV] = saved
+    return env_var(ISA_ENV, isa)
 
 
 def make(M, N, K, x_dtype, w_dtype, bias, seed, scale=1.0):

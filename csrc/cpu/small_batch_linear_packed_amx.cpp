@@ -34,6 +34,7 @@
 // (arch_prctl(ARCH_REQ_XCOMP_PERM)); amx_available() asks once. The tile configuration is
 // per thread: each run loads it and releases the tiles at the end.
 #include "cpu/small_batch_linear_packed_amx.h"
+#include "cpu/amx_tile_config.h"
 #include "cpu/packed_outputs.h"
 
 #include <ATen/ATen.h>
@@ -71,14 +72,7 @@ bool request_amx() {
 
 #define DOMINO_AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx2,fma")))
 
-// The 64-byte LDTILECFG operand (palette 1).
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
+using TileConfig = AmxTileConfig;
 
 TileConfig make_config(int rows, int64_t tail_pairs) {
   TileConfig cfg;

@@ -1,6 +1,7 @@
 // One instruction-set build of the CPU kernels' vector code: CMakeLists.txt compiles this
 // file once per build with its -march and DOMINO_ISA, and isa.cpp picks one table.
 #include "cpu/vec.h"
+#include "cpu/amx_tile_config.h"
 
 #if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
@@ -577,37 +578,17 @@ DOMINO_INLINE void transpose_block(vf* r) {
 }
 
 // kt[d * ldk + j] = k[j * ks + d] as float for j < n, 0 for n <= j < ldk (ldk a multiple
-// of L, at least n). Exact (a move, and bf16 widening).
+// of L, at least n). Exact (a move, and bf16 widening). The keys move as 32-bit words: a
+// float32 element, or a pair of bf16 elements (d even and d + 1), so an L x L block of
+// words moves 2L bf16 elements of each of L keys, half the shuffles of widening first (the
+// shuffles' one port bounds the pass: a decode step's 3 rows spent ~40 % of their attention
+// transposing). A bf16 word row then gives two rows of kt: the low halves shifted up
+// (element d) and the high halves kept (element d + 1); an odd D's last element is
+// widened alone.
 template <typename T>
 void transpose_keys(const T* k, int64_t ks, int64_t n, int64_t D, float* kt, int64_t ldk) {
-  for (int64_t j0 = 0; j0 < ldk; j0 += L) {
-    const int64_t nj = n - j0;  // key rows present in this block (<= 0: padding only)
-    for (int64_t d0 = 0; d0 < D; d0 += L) {
-      const int64_t nd = D - d0 < L ? D - d0 : L;
-      vf r[L];
-      if (nj >= L && nd == L) {  // a whole block
-        DOMINO_UNROLL
-        for (int l = 0; l < L; ++l) r[l] = loadu(k + (j0 + l) * ks + d0);
-      } else {
-        for (int l = 0; l < L; ++l) {
-          const T* row = k + (j0 + l) * ks + d0;
-          r[l] = l >= nj ? splat(0.0f) : load_partial(row, nd, 0.0f);
-        }
-      }
-      transpose_block(r);
-      for (int64_t d = 0; d < nd; ++d) storeu(kt + (d0 + d) * ldk + j0, r[d]);
-    }
-  }
-}
-
-// The same for bf16 keys, transposed as 32-bit words: a word holds a pair of elements (d
-// even and d + 1), so an L x L block of words moves 2L elements of each of L keys, half the
-// shuffles of widening first (the shuffles' one port is the pass's bound: a decode step's
-// 3 rows spent ~40 % of their attention transposing). Each word row then gives two rows of
-// kt: the low halves shifted up (element d) and the high halves kept (element d + 1), both
-// exact bf16 widenings; an odd D's last element is widened alone.
-void transpose_keys(const uint16_t* k, int64_t ks, int64_t n, int64_t D, float* kt, int64_t ldk) {
-  const int64_t W = D / 2;  // whole element pairs a key
+  constexpr int64_t E = sizeof(float) / sizeof(T);  // elements a word holds
+  const int64_t W = D / E;                          // whole words a key
   for (int64_t j0 = 0; j0 < ldk; j0 += L) {
     const int64_t nj = n - j0;  // key rows present in this block (<= 0: padding only)
     for (int64_t w0 = 0; w0 < W; w0 += L) {
@@ -615,21 +596,25 @@ void transpose_keys(const uint16_t* k, int64_t ks, int64_t n, int64_t D, float* 
       vf r[L];
       if (nj >= L && nw == L) {  // a whole block
         DOMINO_UNROLL
-        for (int l = 0; l < L; ++l) std::memcpy(&r[l], k + (j0 + l) * ks + 2 * w0, sizeof(vf));
+        for (int l = 0; l < L; ++l) std::memcpy(&r[l], k + (j0 + l) * ks + E * w0, sizeof(vf));
       } else {
         for (int l = 0; l < L; ++l) {
           r[l] = vf{};  // +0: the padding keys' elements
-          if (l < nj) std::memcpy(&r[l], k + (j0 + l) * ks + 2 * w0, 4 * nw);
+          if (l < nj) std::memcpy(&r[l], k + (j0 + l) * ks + E * w0, 4 * nw);
         }
       }
       transpose_block(r);
       for (int64_t w = 0; w < nw; ++w) {
-        const vu u = bit_cast<vu>(r[w]);
-        storeu(kt + (2 * (w0 + w)) * ldk + j0, bit_cast<vf>(u << 16));
-        storeu(kt + (2 * (w0 + w) + 1) * ldk + j0, bit_cast<vf>(u & 0xffff0000u));
+        if constexpr (E == 1) {
+          storeu(kt + (w0 + w) * ldk + j0, r[w]);
+        } else {
+          const vu u = bit_cast<vu>(r[w]);
+          storeu(kt + (2 * (w0 + w)) * ldk + j0, bit_cast<vf>(u << 16));
+          storeu(kt + (2 * (w0 + w) + 1) * ldk + j0, bit_cast<vf>(u & 0xffff0000u));
+        }
       }
     }
-    if (D % 2) {
+    if (D % E) {
       float* row = kt + (D - 1) * ldk + j0;
       for (int l = 0; l < L; ++l) row[l] = l < nj ? to_float(k[(j0 + l) * ks + D - 1]) : 0.0f;
     }
@@ -646,14 +631,6 @@ void transpose_keys(const uint16_t* k, int64_t ks, int64_t n, int64_t D, float* 
 // of a key depends on the two rows alone, and the D / 32 chunks add in order: the same bits
 // whatever nq, the row's place or the key's (batch-invariant); not the vector path's bits
 // (TDPBF16PS sums each chunk in its own order, and flushes denormals).
-struct alignas(64) AmxTileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 #define DOMINO_AMX_SCORES_TARGET __attribute__((target("amx-tile,amx-bf16")))
 
 DOMINO_AMX_SCORES_TARGET void attention_scores_amx(const float* q, int64_t nq, int64_t D, const uint16_t* k,
