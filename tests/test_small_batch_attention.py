@@ -379,6 +379,8 @@ def test_score_path_variable_is_checked():
     q, k, v = make(1, 2, 1, 2, 5, 20, torch.bfloat16, 0)  # no AMX path at D = 20 (nor without AMX)
     with scores_path("amx"), pytest.raises(ValueError, match="DOMINO_SMALL_BATCH_ATTENTION_SCORES=amx needs"):
         run_op(q, k, v)
+    q, k, v = make(1, 2, 1, 2, 5, 64, torch.float32, 0)
     with scores_path("amx"):  # float32 scores are the vector path's whatever the variable says
-        q, k, v = make(1, 2, 1, 2, 5, 64, torch.float32, 0)
         assert_close_to_float64(run_op(q, k, v), q, k, v, None)
+    with scores_path("tiles"), pytest.raises(ValueError, match="must be auto, amx"):  # but it is checked
+        run_op(q, k, v)

@@ -136,7 +136,9 @@ void check_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
 // process keeps one for all its forwards, as the two paths round differently). A 16-row
 // verification over 1,000 keys spends ~40 % of its attention on the scores and the keys'
 // transposition the vector path needs; the tiles take the keys as the cache holds them.
-bool amx_scores(const Kernels& K, int64_t D) {
+// (The variable is checked on float32 calls too; their scores are the vector path's whatever
+// it says.)
+bool amx_scores(const Kernels& K, int64_t D, bool bf16) {
   const char* env = std::getenv("DOMINO_SMALL_BATCH_ATTENTION_SCORES");
   const bool forced = env != nullptr && std::strcmp(env, "amx") == 0;
   if (env != nullptr && *env != '\0' && !forced && std::strcmp(env, "auto") != 0) {
@@ -144,7 +146,8 @@ bool amx_scores(const Kernels& K, int64_t D) {
                       "DOMINO_SMALL_BATCH_ATTENTION_SCORES must be auto, amx or vector, got '", env, "'");
     return false;
   }
-  const bool usable = K.attention_scores_amx != nullptr && amx_available() && D % 32 == 0 && D <= 128;
+  if (!bf16) return false;
+  const bool usable = K.attention_scores_amx != nullptr && amx_available() && D >= 32 && D % 32 == 0 && D <= 128;
   TORCH_CHECK_VALUE(usable || !forced, "DOMINO_SMALL_BATCH_ATTENTION_SCORES=amx needs a CPU with AMX-BF16, the avx512 "
                     "build and a head dimension that is a multiple of 32 up to 128 (got ", D, ")");
   return usable;
@@ -154,7 +157,7 @@ template <typename T, typename MaskT>
 void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor* mask,
              double scale, at::Tensor& out) {
   const Kernels& K = kernels();
-  const bool amx = std::is_same_v<T, c10::BFloat16> && amx_scores(K, q.size(3));
+  const bool amx = amx_scores(K, q.size(3), std::is_same_v<T, c10::BFloat16>);
   const int64_t B = q.size(0), Hq = q.size(1), M = q.size(2), D = q.size(3);
   const int64_t Hkv = k.size(1), N = k.size(2), group = Hq / Hkv;
   const T* qp = static_cast<const T*>(q.data_ptr());

@@ -457,8 +457,10 @@ void rms_norm_bf16(const uint16_t* x, const uint16_t* w, int64_t n, float eps, u
 DOMINO_INLINE vf apart(vf v) {
 #if defined(__x86_64__) || defined(__i386__)
   asm("" : "+v"(v));
+#elif defined(__aarch64__)
+  asm("" : "+w"(v));
 #else
-  v = __builtin_assoc_barrier(v);
+  v = __builtin_assoc_barrier(v);  // GCC 12+
 #endif
   return v;
 }
@@ -627,7 +629,8 @@ void transpose_keys(const T* k, int64_t ks, int64_t n, int64_t D, float* kt, int
 // multiple of 32 up to 128. TDPBF16PS with the keys as the A tile (16 keys x 32 elements,
 // loaded straight from the cache rows: no transposition of the keys) and the query rows as
 // B (their element pairs, 16 rows wide), so C is 16 keys x 16 rows: one L x L transposition
-// of C (4 shuffles a key, against 8 for the keys' own) puts it in score rows. A row's score
+// of C (4 shuffles a key, against 4 D / 32 for the keys' own: 8 at D = 64) puts it in score
+// rows. A row's score
 // of a key depends on the two rows alone, and the D / 32 chunks add in order: the same bits
 // whatever nq, the row's place or the key's (batch-invariant); not the vector path's bits
 // (TDPBF16PS sums each chunk in its own order, and flushes denormals).
