@@ -464,11 +464,10 @@ DOMINO_INLINE vf apart(vf v) {
 #endif
   return v;
 }
-#define DOMINO_APART(v) apart(v)
 template <typename T>
 DOMINO_INLINE void rotary_pair(vf a, vf b, vf c_lo, vf s_lo, vf c_hi, vf s_hi, vf& lo, vf& hi, const T* tag) {
-  lo = round_like(DOMINO_APART(a * c_lo), tag) + round_like(DOMINO_APART(-b * s_lo), tag);
-  hi = round_like(DOMINO_APART(b * c_hi), tag) + round_like(DOMINO_APART(a * s_hi), tag);
+  lo = round_like(apart(a * c_lo), tag) + round_like(apart(-b * s_lo), tag);
+  hi = round_like(apart(b * c_hi), tag) + round_like(apart(a * s_hi), tag);
 }
 
 template <typename T>
@@ -490,7 +489,6 @@ void rotary_row(const T* x, const T* c, const T* s, int64_t D, T* out) {
     store_partial(out + h + hv, n, hi);
   }
 }
-#undef DOMINO_APART
 
 void rotary_row_f32(const float* x, const float* c, const float* s, int64_t D, float* out) {
   rotary_row(x, c, s, D, out);
