@@ -23,11 +23,11 @@ Two builds of the op against each other: ``benchmarks/compare_builds.sh``.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import os
 import statistics
 import time
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -46,18 +46,9 @@ def amx_scores_available() -> bool:
             return False
 
 
-@contextlib.contextmanager
 def scores_path(path: str):
-    """DOMINO_SMALL_BATCH_ATTENTION_SCORES for the block (the op reads it at every call)."""
-    old = os.environ.get("DOMINO_SMALL_BATCH_ATTENTION_SCORES")
-    os.environ["DOMINO_SMALL_BATCH_ATTENTION_SCORES"] = path
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("DOMINO_SMALL_BATCH_ATTENTION_SCORES")
-        else:
-            os.environ["DOMINO_SMALL_BATCH_ATTENTION_SCORES"] = old
+    """DOMINO_SMALL_BATCH_ATTENTION_SCORES for a with-block (the op reads it at every call)."""
+    return mock.patch.dict(os.environ, {"DOMINO_SMALL_BATCH_ATTENTION_SCORES": path})
 
 
 def op_table(repeats: int) -> list[str]:

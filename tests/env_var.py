@@ -3,19 +3,14 @@
 
 import contextlib
 import os
+from unittest import mock
 
 
 @contextlib.contextmanager
 def env_var(name: str, value: str | None):
-    saved = os.environ.get(name)
-    if value is None:
-        os.environ.pop(name, None)
-    else:
-        os.environ[name] = value
-    try:
-        yield
-    finally:
-        if saved is None:
+    with mock.patch.dict(os.environ):  # restores the whole environment after the block
+        if value is None:
             os.environ.pop(name, None)
         else:
-            os.environ[name] = saved
+            os.environ[name] = value
+        yield

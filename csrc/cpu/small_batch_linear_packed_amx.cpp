@@ -72,10 +72,8 @@ bool request_amx() {
 
 #define DOMINO_AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx2,fma")))
 
-using TileConfig = AmxTileConfig;
-
-TileConfig make_config(int rows, int64_t tail_pairs) {
-  TileConfig cfg;
+AmxTileConfig make_config(int rows, int64_t tail_pairs) {
+  AmxTileConfig cfg;
   auto set = [&](int t, int r, int64_t bytes) {
     cfg.rows[t] = static_cast<uint8_t>(r);
     cfg.colsb[t] = static_cast<uint16_t>(bytes);
@@ -151,7 +149,7 @@ DOMINO_AMX_TARGET void run(const c10::BFloat16* packed, int64_t pairs, const uin
                            int64_t p1) {
   if (M == 0 || p0 >= p1) return;  // a tile of 0 rows with 64-byte rows is an invalid configuration
   const int rows = static_cast<int>(std::min<int64_t>(M, kTileRows));
-  const TileConfig cfg = make_config(rows, pairs % kTileRows);
+  const AmxTileConfig cfg = make_config(rows, pairs % kTileRows);
   alignas(64) float acc[kTileRows * kPanelCols];
   _tile_loadconfig(&cfg);
   for (int64_t p = p0; p < p1; ++p) {

@@ -628,10 +628,9 @@ void transpose_keys(const T* k, int64_t ks, int64_t n, int64_t D, float* kt, int
 // loaded straight from the cache rows: no transposition of the keys) and the query rows as
 // B (their element pairs, 16 rows wide), so C is 16 keys x 16 rows: one L x L transposition
 // of C (4 shuffles a key, against 4 D / 32 for the keys' own: 8 at D = 64) puts it in score
-// rows. A row's score
-// of a key depends on the two rows alone, and the D / 32 chunks add in order: the same bits
-// whatever nq, the row's place or the key's (batch-invariant); not the vector path's bits
-// (TDPBF16PS sums each chunk in its own order, and flushes denormals).
+// rows. A row's score of a key depends on the two rows alone, and the D / 32 chunks add in
+// order: the same bits whatever nq, the row's place or the key's (batch-invariant); not the
+// vector path's bits (TDPBF16PS sums each chunk in its own order, and flushes denormals).
 #define DOMINO_AMX_SCORES_TARGET __attribute__((target("amx-tile,amx-bf16")))
 
 DOMINO_AMX_SCORES_TARGET void attention_scores_amx(const float* q, int64_t nq, int64_t D, const uint16_t* k,
@@ -894,7 +893,7 @@ void attend_block(const float* q, int64_t nq, int64_t D, const T* k, int64_t ks,
   const int64_t C = chunk_keys(lda);  // D x C floats fit kt
   // Scores, chunk by chunk (unless the caller's AMX tiles made them): the chunk's keys
   // transposed (exact) into kt, then every row block's scores of them.
-  for (int64_t j0 = 0; j0 < (scored ? 0 : n); j0 += C) {
+  for (int64_t j0 = 0; !scored && j0 < n; j0 += C) {
     const int64_t nc = n - j0 < C ? n - j0 : C, ldc = (nc + L - 1) / L * L;
     transpose_keys(k + j0 * ks, ks, nc, D, kt, ldc);
     for_row_blocks(nq, [&](auto nq_block, int64_t r) {
