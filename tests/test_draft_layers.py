@@ -203,3 +203,36 @@ def test_changed_weights_and_switches_are_read_again():
     mask = torch.cat([cache.mask, cache.mask.new_ones(1, block_ids.shape[1])], dim=1)[:, None, :]
     with torch.inference_mode():
         assert d._fused_layer_weights(x, mask, None) is None
+
+
+@needs_packed
+def test_fixed_weights_are_looked_up_once():
+    """Inside weights_fixed the layers' weights are looked up once per dtype, not at every
+    backbone forward, and the drafts are the same; blocks nest; a change made inside is
+    seen after the outermost block (the generator holds its drafter fixed for one call)."""
+    from domino import fast_layers
+
+    d = fused_drafter(PACKED[0], layers=2, seed=4)
+    cache, anchor, anchor_pos = context(d, 2, 11, 4)
+    looked_up = []
+    lookup = fast_layers.draft_layer_weights
+
+    def draft():
+        return d.draft_tree(cache, anchor, anchor_pos, topk=2, depth=3).candidates
+
+    with mock.patch.object(fast_layers, "draft_layer_weights", lambda *a: looked_up.append(a) or lookup(*a)):
+        free = [draft() for _ in range(3)]
+        assert len(looked_up) == 3
+        looked_up.clear()
+        with d.weights_fixed():
+            fixed = [draft() for _ in range(2)]
+            with d.weights_fixed():
+                fixed.append(draft())
+                with torch.no_grad():
+                    d.layers[1].mlp.down_proj.weight.mul_(3.0)  # not seen inside (the promise broken)
+            fixed.append(draft())
+        assert len(looked_up) == 1
+        assert all(torch.equal(a, b) for a, b in zip(free + free[:1], fixed, strict=True))
+        changed = draft()
+    assert len(looked_up) == 2 and "_domino_weights_fixed" not in vars(d)
+    assert not torch.equal(changed, fixed[0])

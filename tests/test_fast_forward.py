@@ -471,3 +471,109 @@ def test_the_cache_is_returned_as_hf_returns_it(kind, monkeypatch):
             more = IDS.flip(1)
             assert torch.equal(model(input_ids=more, cache=caches[0]).logits,
                                hf_forward(model, input_ids=more, cache=caches[1]).logits)
+
+
+@needs_packed
+def test_a_fixed_model_is_checked_once(monkeypatch):
+    """Inside model_fixed the plan and the hooks are checked on entry only: forwards take
+    the fast path with the plan checked then (and a hook added inside is not seen: the
+    caller promised no change); blocks nest; when the outermost ends, the next forward
+    checks again and sees the hook. The engine's loops hold their target fixed."""
+    model = switched_target("llama", PACKED[0])
+    checks = []
+    is_current = fast_forward._plan_is_current
+    monkeypatch.setattr(fast_forward, "_plan_is_current", lambda plan: checks.append(plan) or is_current(plan))
+    with fast_forward.model_fixed(model):
+        assert len(checks) == 1
+        compare_with_hf(model, monkeypatch, True, input_ids=IDS)
+        with fast_forward.model_fixed(model):
+            handle = model.model.layers[2].mlp.register_forward_hook(lambda mod, args, out: out * 0)
+            with pytest.MonkeyPatch.context() as mp, torch.inference_mode():
+                spy = FastPathSpy(mp)
+                model(input_ids=IDS[:, :3])
+            assert spy.products > 0  # the promise broken: the hook is not seen (HF's forward would run it)
+        assert len(checks) == 1
+    compare_with_hf(model, monkeypatch, False, input_ids=IDS)  # the hook seen: HF's forward
+    assert len(checks) == 2
+    handle.remove()
+    with fast_forward.model_fixed(model):  # a model hooked on entry stays on HF's forward inside
+        handle = torch.nn.modules.module.register_module_forward_pre_hook(lambda mod, args: None)
+    try:
+        with fast_forward.model_fixed(model):
+            compare_with_hf(model, monkeypatch, False, input_ids=IDS)
+    finally:
+        handle.remove()
+    with fast_forward.model_fixed(model):
+        compare_with_hf(model, monkeypatch, True, input_ids=IDS)
+    assert fast_forward._FIXED not in vars(model)
+    hf_model = cpu_target("llama", PACKED[0])  # not switched: a no-op
+    with fast_forward.model_fixed(hf_model) as held:
+        assert held is hf_model and fast_forward._FIXED not in vars(hf_model)
+
+
+@needs_packed
+def test_the_engine_holds_its_target_fixed(monkeypatch):
+    """generate, generate_plain and generate_target_only check the target's plan once per
+    call, not once per forward, and decode the same tokens; generate looks the drafter's
+    layer weights up once (DominoDraftModel.weights_fixed)."""
+    from domino import fast_layers
+    from domino.loading import load
+
+    dtype = PACKED[0]
+    tgt = cpu_target("llama", dtype)
+    gen = load(tgt, tiny_drafter(tgt).to(dtype), IdTokenizer(), dtype=dtype, small_batch_linear=True,
+               small_batch_attention=True)
+    checks = []
+    is_current = fast_forward._plan_is_current
+    monkeypatch.setattr(fast_forward, "_plan_is_current", lambda plan: checks.append(plan) or is_current(plan))
+    looked_up = []
+    lookup = fast_layers.draft_layer_weights
+    monkeypatch.setattr(fast_layers, "draft_layer_weights", lambda *a: looked_up.append(a) or lookup(*a))
+    spy = FastPathSpy(monkeypatch)
+    outs = []
+    for call, kw in ((gen.generate, dict(tree=None, num_drafts=4)), (gen.generate_plain, {}),
+                     (gen.generate_target_only, {})):
+        checks.clear()
+        products = spy.products
+        outs.append(call([1, 2, 3, 4, 5], max_new_tokens=12, **kw).token_ids)
+        assert len(checks) == 1 and spy.products > products, call.__name__
+    assert len(looked_up) == 1 and outs[0] == outs[1] == outs[2]
+
+
+@given(data=st.data())
+def test_padding_mask_is_hfs(data):
+    """The 2D attention mask expanded as HF's create_causal_mask expands it (with the
+    attention's sdpa_mask interface) for a DynamicCache or GrowingCache of ``past``
+    positions: None in the same cases, else the same bool mask. Left padding, holes
+    anywhere, masks shorter (padded as hidden) or longer (cut) than past + T, long, bool
+    and float masks."""
+    from transformers import DynamicCache
+    from transformers.masking_utils import create_causal_mask
+
+    from domino.kv_cache import GrowingCache
+
+    model = shared_target("llama", torch.float32)
+    b = data.draw(st.integers(1, 3), label="batch")
+    past = data.draw(st.one_of(st.just(0), st.integers(1, 9)), label="past")  # 0: a prefill
+    T = data.draw(st.one_of(st.just(1), st.integers(2, 6)), label="new tokens")  # 1: a decode step
+    length = data.draw(st.one_of(st.just(past + T), st.integers(1, past + T + 2)), label="mask length")
+    holes = data.draw(st.sampled_from(["none", "left", "random"]), label="holes")
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2 ** 31 - 1), label="seed"))
+    mask = torch.ones(b, length, dtype=torch.bool)
+    if holes == "left":
+        mask &= torch.arange(length)[None, :] >= torch.randint(0, length, (b, 1), generator=g)
+    elif holes == "random":
+        mask &= torch.rand(b, length, generator=g) < 0.7
+    mask = mask.to(data.draw(st.sampled_from([torch.bool, torch.long, torch.float32]), label="dtype"))
+    cache = data.draw(st.sampled_from([DynamicCache, GrowingCache]), label="cache")()
+    for i in range(model.config.num_hidden_layers):
+        if past:
+            cache.update(torch.randn(b, 2, past, 16), torch.randn(b, 2, past, 16), i)
+    x = torch.zeros(b, T, model.config.hidden_size)
+    theirs = create_causal_mask(config=model.config, inputs_embeds=x, attention_mask=mask, cache=cache,
+                                position_ids=past + torch.arange(T)[None].expand(b, -1))
+    ours = fast_forward._padding_causal_mask(mask, T, cache.get_seq_length())
+    assert (ours is None) == (theirs is None)
+    if ours is not None:
+        assert ours.shape == theirs.shape == (b, 1, T, past + T) and ours.dtype == theirs.dtype == torch.bool
+        assert torch.equal(ours, theirs)

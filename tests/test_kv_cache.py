@@ -152,3 +152,68 @@ def test_engine_and_baseline_decode_into_a_growing_cache():
     assert seen and all(t is GrowingCache for t in seen)
     hf_cache = gen.generate_target_only([1, 2, 3, 4, 5], max_new_tokens=12, **{gen._cache_kw: DynamicCache()})
     assert plain.token_ids == hf_cache.token_ids == spec.token_ids
+
+
+def write_as_decoder_layers(cache: GrowingCache, states: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """What domino_ops.decoder_layers does with a GrowingCache: reserve, write each layer's
+    new keys and values [b, h, n, d] into its storage after the T held, hold T + n."""
+    n = states[0][0].shape[2]
+    key_stores, value_stores, T = cache.reserve(len(states), states[0][0])
+    for (k, v), ks, vs in zip(states, key_stores, value_stores):
+        ks[:, :, T:T + n].copy_(k)
+        vs[:, :, T:T + n].copy_(v)
+    cache.hold(len(states), T + n)
+
+
+def test_a_writer_that_fills_the_storage_checks_the_layers_once(monkeypatch):
+    """Writes as decoder_layers makes them, crops, and the operations that replace a
+    layer's tensors, into a GrowingCache and a DynamicCache side by side: the same contents
+    throughout. A writer's reserve after a hold or a crop checks no layer's storage (the
+    per-layer _make_room runs only when the storage must grow or something other than
+    hold and crop changed a layer); the views are made when first read."""
+    monkeypatch.setattr(kv_cache, "MIN_HEADROOM", 4)  # regrowth too
+    made_room = []
+    make_room = GrowingLayer._make_room
+    monkeypatch.setattr(GrowingLayer, "_make_room", lambda self, k, v: made_room.append(self) or make_room(self, k, v))
+    torch.manual_seed(3)
+    dyn, grow = DynamicCache(), GrowingCache()
+
+    def write(n, b):
+        made_room.clear()
+        states = [(torch.randn(b, 2, n, 8), torch.randn(b, 2, n, 8)) for _ in range(3)]
+        for i, (k, v) in enumerate(states):
+            dyn.update(k, v, i)
+        write_as_decoder_layers(grow, states)
+
+    write(5, b=2)
+    assert len(made_room) == 3  # the first reserve creates the layers' storage (capacity 9)
+    def views_made():
+        return [name for layer in grow.layers for name in ("_keys", "_values") if vars(layer).get(name) is not None]
+
+    assert not views_made()
+    assert grow.get_seq_length() == 5 and not views_made()
+    assert_same_contents(dyn, grow)
+    for n, drop, checked in ((3, 2, 0), (1, 0, 0), (6, 4, 3), (2, 1, 0)):  # 5+3-2+1+6: past 9, regrown
+        write(n, b=2)
+        assert len(made_room) == checked, n
+        for c in (dyn, grow):
+            c.crop(-drop)
+        assert_same_contents(dyn, grow)
+    layer = grow.layers[1]
+    assert layer.keys.data_ptr() == layer._key_store.data_ptr()  # views of the storage
+    # one tensor assigned: the other stays the view it was; the next reserve checks every layer
+    layer.values = layer.values.clone()
+    dyn.layers[1].values = dyn.layers[1].values.clone()
+    assert layer.keys.data_ptr() == layer._key_store.data_ptr() != layer.values.data_ptr()
+    write(2, b=2)
+    assert len(made_room) == 3
+    assert_same_contents(dyn, grow)
+    for op in (lambda c: c.batch_select_indices(torch.tensor([1])), lambda c: c.reorder_cache(torch.tensor([0]))):
+        op(dyn)
+        op(grow)
+        write(3, b=1)
+        assert len(made_room) == 3
+        assert_same_contents(dyn, grow)
+    grow.update(torch.randn(1, 2, 2, 8), torch.randn(1, 2, 2, 8), 0)  # one layer written alone
+    with pytest.raises(ValueError, match="one length"):
+        grow.reserve(3, torch.randn(1, 2, 1, 8))

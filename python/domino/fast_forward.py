@@ -10,8 +10,9 @@ machinery, the switched modules' per-call checks and weight lookups, ~2,400 smal
 dispatcher calls a SmolLM2 forward; ~800 remain; for Qwen2 and Qwen3 it also runs the
 q, k and v projections as one packed product and the rotary embedding as one
 ``apply_rotary_pos_emb`` call, as :mod:`domino.fast_layers` does for Llama's attention,
-the same bits). What stays HF's own: the causal mask
-(``create_causal_mask``), the rotary table (the model's ``rotary_emb``), the KV cache
+the same bits). What stays HF's own: the causal mask (``create_causal_mask``; a 2D
+padding mask into a ``DynamicCache`` or ``GrowingCache`` is expanded here, to the same mask:
+:func:`_padding_causal_mask`), the rotary table (the model's ``rotary_emb``), the KV cache
 (``DynamicCache`` / ``StaticCache.update``) and the attention function of :mod:`domino.fast_attention`.
 The model's logits, hidden states and cache are bit-identical to its switched HF
 forward's (tests/test_fast_forward.py), so plain decoding, HF ``generate`` and the
@@ -46,7 +47,10 @@ resized embeddings, a pruned layer), a hook added, a switch under it undone, a w
 replaced, changed in place through its own in-place ops, or moved (``model.to(dtype)``);
 the packed copies are made again, as :func:`domino.fast_linear.packed_weight` does. The
 check compares each module's, switch's and parameter's identity, version and address
-(with the hook check ~0.25 ms a SmolLM2 forward on the Zen 3 VM, ~1 % of it). Where the
+(with the hook check ~0.25 ms a SmolLM2 forward on the Zen 3 VM, ~1 % of it; 0.5-0.9 ms in
+a decoding loop on the Xeon VM, where the forward before it streamed the caches cold: a
+caller that owns the model for a while checks it once, in a :func:`model_fixed` block, as
+the engine's loops do). Where the
 plan cannot be made (a switch under the model undone, a dtype without packed panels), HF's
 forward runs, and the plan is attempted again only every 64 calls: a repair is picked up
 within that many calls. Like :mod:`domino.fast_linear`, it cannot see a change made
@@ -56,11 +60,13 @@ through ``weight.data`` in place, or to an inference tensor inside
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import inspect
 import operator
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -70,8 +76,9 @@ from torch.nn.modules.module import _global_forward_hooks, _global_forward_pre_h
 from domino.fast_attention import small_batch_attention_forward, uses_small_batch_attention
 from domino.fast_layers import ATTENTION_SOURCE_SHA1, _FLAG as _FUSED_LAYER_FLAG
 from domino.fast_linear import _PACKS, PackedProduct, packed_product
+from domino.fixed_blocks import fixed_block, fixed_value
 
-__all__ = ["use_fast_forward", "undo_fast_forward", "uses_fast_forward", "fast_forward", "SOURCE_SHA1"]
+__all__ = ["use_fast_forward", "undo_fast_forward", "uses_fast_forward", "fast_forward", "model_fixed", "SOURCE_SHA1"]
 
 # The forwards mirrored here, word for word (transformers 5.24's); another release that
 # changes one leaves the model on HF's forward. The three families' causal LM forwards
@@ -98,6 +105,9 @@ _BODIES = {"LlamaForCausalLM": ("LlamaModel", True), "Qwen2ForCausalLM": ("Qwen2
            "Qwen3ForCausalLM": ("Qwen3Model", False)}
 _PLAN = "_domino_fast_forward_plan"
 _SWITCHED = "_domino_fast_forward"
+# the plan checked on entry (None: HF's forward) while callers hold the model fixed
+# (:func:`model_fixed`, a :func:`domino.fixed_blocks.fixed_block`)
+_FIXED = "_domino_fast_forward_fixed"
 # The keywords HF generate and the engine pass besides the named ones; any other runs HF's forward.
 _HANDLED_KWARGS = frozenset(("return_dict", "output_hidden_states", "output_attentions", "past_key_values"))
 
@@ -311,6 +321,27 @@ def _current_plan(model: torch.nn.Module) -> _Plan | None:
     return plan
 
 
+def _padding_causal_mask(attention_mask: torch.Tensor, T: int, past: int) -> torch.Tensor | None:
+    """What HF's ``create_causal_mask`` makes for T new tokens after ``past`` cached ones in
+    a cache of full-attention ``DynamicLayer`` s (a ``DynamicCache``, a
+    :class:`domino.kv_cache.GrowingCache`) from a 2D ``attention_mask`` [b, >= 1] (nonzero:
+    a real token; padded with hidden slots, or cut, to past + T), with the attention's mask
+    interface, ``sdpa_mask``: None where the kernels' own causal rule is the mask (nothing
+    hidden, and one new token or an empty cache), else a bool mask [b, 1, T, past + T] where
+    token i sees slot j if j <= past + i and the slot is real. HF's function builds it
+    through mask functions, and its tracing check (a CUDA stream query, which raises on a
+    machine without a CUDA driver) made it ~0.3-0.4 ms of a decode step in the loop."""
+    kv_length = past + T
+    padding = attention_mask.bool()
+    if padding.shape[1] < kv_length:
+        padding = F.pad(padding, (0, kv_length - padding.shape[1]))
+    padding = padding[:, :kv_length]
+    if (T == 1 or kv_length == T) and bool(padding.all()):
+        return None
+    causal = torch.arange(kv_length)[None, :] <= torch.arange(past, kv_length)[:, None]  # [T, past + T]
+    return (causal[None] & padding[:, None, :])[:, None]
+
+
 def _product(x: torch.Tensor, w: PackedProduct) -> torch.Tensor:
     """x [rows, K] (contiguous) times the packed weight: [rows, N]."""
     out = torch.empty(x.shape[0], w.n, dtype=x.dtype)
@@ -428,8 +459,12 @@ def fast_forward(model, input_ids=None, attention_mask=None, position_ids=None, 
             and not torch.is_autocast_enabled("cpu") and uses_small_batch_attention(model)
             # autograd needs a graph: not worth a plan (training loops change the weights every step)
             and not (torch.is_grad_enabled() and any(p.requires_grad for p in model.parameters()))):
-        plan = _current_plan(model)
-    if plan is None or _hooked(plan):
+        plan = fixed_value(model.__dict__, _FIXED, absent=_FIXED)  # the key itself: not in a block
+        if plan is _FIXED:
+            plan = _current_plan(model)
+            if plan is not None and _hooked(plan):
+                plan = None
+    if plan is None:
         return hf_forward()
     if makes_cache:
         kv = DynamicCache(config=config)
@@ -443,8 +478,12 @@ def fast_forward(model, input_ids=None, attention_mask=None, position_ids=None, 
     if not (cos.dtype is x.dtype and sin.dtype is x.dtype and cos.dim() == 3 and cos.shape[-1] == d):
         return hf_forward()  # the rotary kernel takes it not; nothing is changed yet
     use_cache = config.use_cache if use_cache is None else use_cache
-    mask = plan.create_causal_mask(config=config, inputs_embeds=x, attention_mask=attention_mask, cache=kv,
-                                   position_ids=position_ids)
+    if (type(kv) in (DynamicCache, GrowingCache) and isinstance(attention_mask, torch.Tensor)
+            and attention_mask.dim() == 2 and attention_mask.is_cpu and not torch.compiler.is_compiling()):
+        mask = _padding_causal_mask(attention_mask, T, kv.get_seq_length())
+    else:
+        mask = plan.create_causal_mask(config=config, inputs_embeds=x, attention_mask=attention_mask, cache=kv,
+                                       position_ids=position_ids)
     if type(kv) is GrowingCache and not kv.offloading and (mask is not None or T == 1 or not kv.get_seq_length()):
         x, states = _decoder_layers_in_one_call(plan, kv, x, cos, sin, mask, hidden)
     else:
@@ -457,6 +496,28 @@ def fast_forward(model, input_ids=None, attention_mask=None, position_ids=None, 
     logits = _product(keep.reshape(b * kept, H).contiguous(), plan.lm_head).view(b, kept, -1)
     return CausalLMOutputWithPast(logits=logits, cache=kv if use_cache or plan.returns_cache else None,
                                   hidden_states=tuple(states) if hidden else None)
+
+
+@contextlib.contextmanager
+def model_fixed(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """A block in which ``model`` does not change: its plan and hooks are checked once, on
+    entry, instead of at every forward (in the loop, after a forward's weights have been
+    streamed through the caches, the check and the hook walk cost ~0.6-0.9 ms of a ~20 ms
+    SmolLM2 decode step on the Xeon VM: ~900 cold Python objects). The generator holds
+    its target fixed across one call's decoding. Within the block, a change to the model
+    (a module replaced, a hook added, a weight changed: what the plan check would see) is
+    not seen until the block ends; blocks nest, and the check is made again when the
+    outermost ends. A no-op for a model not switched by :func:`use_fast_forward`."""
+    if not uses_fast_forward(model):
+        yield model
+        return
+
+    def checked_plan() -> _Plan | None:  # None: HF's forward
+        plan = _current_plan(model)
+        return None if plan is None or _hooked(plan) else plan
+
+    with fixed_block(model.__dict__, _FIXED, checked_plan):
+        yield model
 
 
 def use_fast_forward(model: torch.nn.Module) -> torch.nn.Module:
@@ -483,6 +544,7 @@ def undo_fast_forward(model: torch.nn.Module) -> torch.nn.Module:
         del model.forward
         delattr(model, _SWITCHED)
         model.__dict__.pop(_PLAN, None)
+        model.__dict__.pop(_FIXED, None)
     return model
 
 

@@ -39,6 +39,7 @@ import domino_ops
 from domino import budget, prompts
 from domino.budget import DepthAcceptance, RoundCosts
 from domino.datastore import DEFAULT_DATASTORE_TOKENS, TokenDatastore
+from domino.fast_forward import model_fixed
 from domino.kv_cache import GrowingCache
 from domino.lookup import DEFAULT_LOOKUP_TOKENS, LONG_MATCH, NgramIndex
 from domino.model import DominoDraftModel, Draft, DraftContextCache
@@ -322,8 +323,9 @@ class DominoGenerator:
         kinds = (self._round_kinds.setdefault(len(seqs), RoundKindChooser())
                  if auto and tree is not None and costs is not None else None)
         t0 = time.perf_counter()
-        token_ids, accept, verified = self._speculative(seqs, max_new_tokens, rows, use_head, stop, stream, tree,
-                                                        costs, num_drafts, lookup_tokens, datastore_tokens, kinds)
+        with model_fixed(self.target), self.drafter.weights_fixed():
+            token_ids, accept, verified = self._speculative(seqs, max_new_tokens, rows, use_head, stop, stream, tree,
+                                                            costs, num_drafts, lookup_tokens, datastore_tokens, kinds)
         return self._result(token_ids, accept, verified, time.perf_counter() - t0, batch, stop)
 
     @staticmethod
@@ -712,7 +714,8 @@ class DominoGenerator:
         self._check_stream_and_generator(stream, generator)
         rows = RowSampling.from_params(params, self.device, generator)
         t0 = time.perf_counter()
-        token_ids = self._plain_decoding(seqs, max_new_tokens, rows, stop, stream)
+        with model_fixed(self.target):
+            token_ids = self._plain_decoding(seqs, max_new_tokens, rows, stop, stream)
         ones = [[1] * len(t) for t in token_ids]
         return self._result(token_ids, ones, ones, time.perf_counter() - t0, batch, stop)
 
@@ -767,7 +770,8 @@ class DominoGenerator:
         if not {"cache", "past_key_values"} & generate_kwargs.keys():
             kw[self._cache_kw] = GrowingCache()  # like for like with speculation
         kw.update(generate_kwargs)
-        with bare_generation_config(self.target):  # the target's own distribution, as speculation
+        # the target's own distribution, as speculation; held fixed, as the engine's loops hold it
+        with bare_generation_config(self.target), model_fixed(self.target):
             t0 = time.perf_counter()
             out = self.target.generate(input_ids=ids, attention_mask=mask.long(), **kw)
             elapsed = time.perf_counter() - t0

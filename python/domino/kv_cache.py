@@ -20,22 +20,72 @@ copies them into new storage, so every ``DynamicCache`` operation keeps working.
 
 from __future__ import annotations
 
+import itertools
+import operator
+from typing import NamedTuple
+
 import torch
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
 __all__ = ["GrowingCache", "GrowingLayer"]
+
+_LENGTH = operator.attrgetter("_length")
+_KEY_STORE, _VALUE_STORE = operator.attrgetter("_key_store"), operator.attrgetter("_value_store")
 
 # Positions of headroom a layer's storage gets beyond what it must hold when it grows: a
 # prompt's prefill is followed by decoding, which would otherwise regrow at the first step.
 MIN_HEADROOM = 256
 
 
+class _StorageView:
+    """A :class:`GrowingLayer`'s ``keys`` or ``values`` [b, h, T, d]: while the layer holds a
+    length (after ``_hold``), the first that many positions of its storage (``store``),
+    made into a view when first read and kept; assigning it (as every ``DynamicLayer``
+    method that replaces the tensors does) ends that for both (``other``, the other one,
+    stays the view it is) and the layer then holds what was assigned."""
+
+    def __init__(self, store: str, other: str):
+        self.store, self.other = store, other
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.slot = "_" + name
+
+    def __get__(self, layer: GrowingLayer | None, owner: type | None = None):
+        if layer is None:
+            return self
+        view = layer.__dict__.get(self.slot)
+        if view is None and layer._length is not None:
+            view = layer.__dict__[self.slot] = getattr(layer, self.store).narrow(2, 0, layer._length)
+        return view
+
+    def __set__(self, layer: GrowingLayer, tensor: torch.Tensor | None) -> None:
+        if layer._length is not None:
+            getattr(layer, self.other)  # made, if not yet, while the length still says what it is
+            layer._length = None
+        layer.__dict__[self.slot] = tensor
+
+
 class GrowingLayer(DynamicLayer):
     """A full-attention ``DynamicLayer`` whose ``keys`` / ``values`` [b, h, T, d] are views
-    of storage [b, h, capacity, d] (capacity >= T) that updates write into in place."""
+    of storage [b, h, capacity, d] (capacity >= T) that updates write into in place.
+
+    After :meth:`_hold` the views are made when first read: a writer that fills the
+    storage itself (``domino_ops.decoder_layers``) and the crops between its forwards
+    then change a length, not 60 tensors (~0.5 ms a SmolLM2 forward cold). Assigning
+    ``keys`` or ``values``, as every ``DynamicLayer`` method that replaces them does,
+    ends that: the layer then holds what was assigned."""
 
     _key_store: torch.Tensor | None = None
     _value_store: torch.Tensor | None = None
+    # while not None: keys and values are the storage's first _length positions
+    _length: int | None = None
+
+    keys = _StorageView("_key_store", "values")
+    values = _StorageView("_value_store", "keys")
+
+    def get_seq_length(self) -> int:
+        """The positions held."""
+        return self._length if self._length is not None else super().get_seq_length()
 
     def _owns_tensors(self) -> bool:
         """Whether ``keys`` / ``values`` are still the leading views of this layer's storage."""
@@ -70,9 +120,11 @@ class GrowingLayer(DynamicLayer):
         return T
 
     def _hold(self, length: int) -> None:
-        """Keys and values become the storage's first ``length`` positions."""
-        self.keys = self._key_store[:, :, :length]
-        self.values = self._value_store[:, :, :length]
+        """Keys and values become the storage's first ``length`` positions (the views made
+        when first read)."""
+        self._length = length
+        self.__dict__.pop("_keys", None)
+        self.__dict__.pop("_values", None)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
                ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,6 +150,22 @@ class GrowingCache(DynamicCache):
 
     def __init__(self) -> None:
         Cache.__init__(self, layer_class_to_replicate=GrowingLayer)
+        # What the last reserve found and the last hold made: a writer's next reserve, and
+        # a crop, take them as they are while every layer still holds the views hold gave it
+        # (the per-layer checks of the storage cost ~0.3 ms a SmolLM2 forward, cold).
+        self._room: _Room | None = None
+        self._held: _Held | None = None
+
+    def _held_views(self) -> _Held | None:
+        """The last hold's record, while the layers are still the ones it held and each
+        still holds its storage's first ``length`` positions (anything else that changes a
+        layer assigns its tensors, which ends that: :class:`GrowingLayer`)."""
+        held = self._held
+        if (held is None or len(self.layers) != len(held.layers)
+                or not all(map(operator.is_, self.layers, held.layers))
+                or not all(map(operator.eq, map(_LENGTH, held.layers), itertools.repeat(held.length)))):
+            return None
+        return held
 
     def reserve(self, num_layers: int, new_states: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor], int]:
         """Storage for ``new_states``' n new positions ([b, h, n, d]: only its shape, dtype
@@ -107,16 +175,57 @@ class GrowingCache(DynamicCache):
         capacity, d] and the positions every layer holds, T; the writer puts the new
         positions at T .. T + n - 1, then :meth:`hold` makes them the layers' contents.
         Raises ValueError where the layers hold different lengths."""
+        held = self._held_views()
+        room = None if held is None else held.room
+        if (room is not None and len(held.layers) == num_layers and held.length + new_states.shape[2] <= room.capacity
+                and room.states == (new_states.dtype, new_states.device, new_states.shape[:2])):
+            return room.key_stores, room.value_stores, held.length
         while len(self.layers) < num_layers:
             self.layers.append(self.layer_class_to_replicate())
         held = [layer._make_room(new_states, new_states) for layer in self.layers[:num_layers]]
         if len(set(held)) != 1:
             raise ValueError(f"reserve needs layers of one length, got lengths {sorted(set(held))}")
         layers = self.layers[:num_layers]
-        return [layer._key_store for layer in layers], [layer._value_store for layer in layers], held[0]
+        key_stores, value_stores = [layer._key_store for layer in layers], [layer._value_store for layer in layers]
+        self._room = _Room(key_stores, value_stores, min(store.shape[2] for store in key_stores),
+                           (new_states.dtype, new_states.device, new_states.shape[:2]))
+        return key_stores, value_stores, held[0]
 
     def hold(self, num_layers: int, length: int) -> None:
         """The first ``num_layers`` layers' keys and values become the first ``length``
         positions of their storage (after :meth:`reserve` and the writer)."""
-        for layer in self.layers[:num_layers]:
+        layers = tuple(self.layers[:num_layers])
+        for layer in layers:
             layer._hold(length)
+        room = self._room  # still these layers' storage, unless something regrew one since
+        if room is not None and not (len(room.key_stores) == len(layers)
+                                     and all(map(operator.is_, map(_KEY_STORE, layers), room.key_stores))
+                                     and all(map(operator.is_, map(_VALUE_STORE, layers), room.value_stores))):
+            room = None
+        self._held = _Held(layers, length, room)
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """``DynamicCache.crop`` (``tokens_to_remove`` <= 0 positions dropped from every
+        layer); after a :meth:`hold` of every layer, as a hold of fewer positions."""
+        held = self._held_views()
+        if held is None or tokens_to_remove >= 0 or -tokens_to_remove > held.length:
+            super().crop(tokens_to_remove)
+            return
+        self.hold(len(held.layers), held.length + tokens_to_remove)
+
+
+class _Room(NamedTuple):
+    """What :meth:`GrowingCache.reserve` found: every layer's storage, the least capacity
+    among them, and the dtype, device and (batch, heads) of the states it was made for."""
+    key_stores: list[torch.Tensor]
+    value_stores: list[torch.Tensor]
+    capacity: int
+    states: tuple
+
+
+class _Held(NamedTuple):
+    """What :meth:`GrowingCache.hold` made: the layers, the length each now holds, and the
+    last reserve's :class:`_Room` while it is still the layers' storage."""
+    layers: tuple
+    length: int
+    room: _Room | None
