@@ -45,6 +45,7 @@ from domino.lookup import DEFAULT_LOOKUP_TOKENS, LONG_MATCH, NgramIndex
 from domino.model import DominoDraftModel, Draft, DraftContextCache
 from domino.round_kind import ROUND_KINDS, RoundKindChooser
 from domino.sampling_params import RowSampling, SamplingParams
+from domino.stop_strings import stop_length, text_until_stop
 from domino.target import bare_generation_config, cache_kwarg, sliding_window, special_token_ids, target_features
 from domino.tree import (DEFAULT_TREE, TreeLinks, TreeShape, check_tree_attention, compact_tree_cache,
                          depths_tried, graft_chains, graft_sizes, path_acceptance, top_chain_counts, tree_attention_mask,
@@ -339,7 +340,7 @@ class DominoGenerator:
     def _result(self, token_ids: list[list[int]], accept: list[list[int]], verified: list[list[int]],
                 elapsed: float, batch: bool, stop: Sequence[str]) -> GenerationResult:
         """A call's GenerationResult: per-sequence lists for a batch, else the one sequence's."""
-        texts = [self._decode_until_stop(t, stop) for t in token_ids]
+        texts = [text_until_stop(self.tokenizer, t, stop) for t in token_ids]
         total = sum(len(t) for t in token_ids)
         res = GenerationResult(texts, token_ids, accept, total / elapsed, elapsed, verified)
         if not batch:
@@ -367,18 +368,13 @@ class DominoGenerator:
             raise ValueError(f"sampling must be a SamplingParams or a list of {b} (one per prompt), got {sampling!r}")
         return params
 
-    def _decode_until_stop(self, ids: list[int], stop: Sequence[str]) -> str:
-        text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        for s in stop:
-            if s and s in text:
-                text = text[: text.index(s)]
-        return text
-
-    def _finished(self, ids: list[int], max_new_tokens: int, stop: list[str]) -> tuple[bool, list[int]]:
+    def _finished(self, ids: list[int], max_new_tokens: int, stop: list[str], clean: int = 0
+                  ) -> tuple[bool, list[int]]:
         """Whether a sequence is done, and its tokens cut where decoding one token at a time
         would have stopped: at the token limit, the first EOS within it, or the token that
         completes a stop string, whichever comes first (a round may accept tokens past any
-        of them: those are dropped)."""
+        of them: those are dropped). ``clean``: how many leading tokens were already found
+        to complete none (the sequence's tokens before this step's)."""
         done = len(ids) >= max_new_tokens
         ids = ids[:max_new_tokens]
         for j, t in enumerate(ids):
@@ -386,27 +382,10 @@ class DominoGenerator:
                 done, ids = True, ids[: j + 1]
                 break
         if stop:
-            n = self._stop_length(ids, stop)
+            n = stop_length(self.tokenizer, ids, stop, min(clean, len(ids)))
             if n is not None:
                 return True, ids[:n]
         return done, ids
-
-    def _stop_length(self, ids: list[int], stop: Sequence[str]) -> int | None:
-        """The fewest leading tokens of ``ids`` whose text contains a stop string, or None."""
-        def hit(n: int) -> bool:
-            text = self.tokenizer.decode(ids[:n], skip_special_tokens=True)
-            return any(s and s in text for s in stop)
-
-        if not hit(len(ids)):
-            return None
-        lo, hi = 1, len(ids)  # a longer prefix's text extends a shorter one's: bisect
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if hit(mid):
-                hi = mid
-            else:
-                lo = mid + 1
-        return lo
 
     def _draft_and_choose(self, st: _Decoding, live, use_head, sampling, costs, num_drafts,
                           depth_acceptance: DepthAcceptance):
@@ -494,7 +473,7 @@ class DominoGenerator:
                 before = len(out_ids[s])
                 if lookups is not None:
                     lookups[s].extend(new_rows[s])
-                done[s], out_ids[s] = self._finished(out_ids[s] + new_rows[s], max_new_tokens, stop)
+                done[s], out_ids[s] = self._finished(out_ids[s] + new_rows[s], max_new_tokens, stop, before)
                 accept[s].append(kept_list[s])
                 verified[s].append(verified_len)
                 if stream and len(out_ids[s]) > before:
@@ -738,7 +717,7 @@ class DominoGenerator:
             for s, t in enumerate(token.tolist()):
                 if not done[s]:
                     before = len(out_ids[s])
-                    done[s], out_ids[s] = self._finished(out_ids[s] + [t], max_new_tokens, stop)
+                    done[s], out_ids[s] = self._finished(out_ids[s] + [t], max_new_tokens, stop, before)
                     if stream and len(out_ids[s]) > before:
                         stream(s, out_ids[s][before:])
             ids, positions = token[:, None], positions[:, -1:] + 1

@@ -1,0 +1,94 @@
+"""domino.stop_strings: where a generation stops on a stop string, checked step by step on
+the text the new tokens can have changed, is where decoding whole prefixes says it is."""
+
+import functools
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from domino.stop_strings import stop_length, text_until_stop
+
+
+@functools.cache
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    from domino.loading import smollm2_dir
+
+    return AutoTokenizer.from_pretrained(smollm2_dir())
+
+
+def first_stop(tok, ids, stop):
+    """The oracle: the fewest leading tokens whose whole text holds a stop string."""
+    for k in range(1, len(ids) + 1):
+        text = tok.decode(ids[:k], skip_special_tokens=True)
+        if any(s and s in text for s in stop):
+            return k
+    return None
+
+
+def awkward_ids(tok):
+    """Token ids of text with multi-byte characters (split across byte tokens), spaces,
+    newlines and code, and special tokens (which decode to nothing)."""
+    pieces = ["déjà vu ", "日本語の文", " 🙂🙃 ", "def f(x):\n    return x", "  \t ", "naïve café", "Ωμέγα"]
+    ids = [i for p in pieces for i in tok.encode(p, add_special_tokens=False)]
+    return ids + list(tok.all_special_ids)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_step_by_step_is_the_whole_prefix_answer(data):
+    """Random outputs (ids of awkward text and random ids), grown by random steps as rounds
+    grow them, each step checked with the tokens before it as clean: the generation stops
+    at the oracle's token, for stop strings taken from the text (across a step's boundary
+    too) and for ones not in it."""
+    tok = tokenizer()
+    pool = awkward_ids(tok)
+    ids = data.draw(st.lists(st.one_of(st.sampled_from(pool), st.integers(0, tok.vocab_size - 1)),
+                             min_size=1, max_size=80), label="ids")
+    text = tok.decode(ids, skip_special_tokens=True)
+    stops = []
+    for _ in range(data.draw(st.integers(1, 3), label="stop strings")):
+        if text and data.draw(st.booleans(), label="from the text"):
+            i = data.draw(st.integers(0, len(text) - 1), label="start")
+            stops.append(text[i:i + data.draw(st.integers(1, 12), label="length")])
+        else:
+            stops.append(data.draw(st.text(min_size=1, max_size=6), label="stop"))
+    expected = first_stop(tok, ids, stops)
+    clean, got = 0, None
+    while clean < len(ids) and got is None:
+        n = min(len(ids), clean + data.draw(st.integers(1, 9), label="step"))
+        got = stop_length(tok, ids[:n], stops, clean)
+        clean = n
+    assert got == expected
+
+
+def test_a_step_decodes_only_the_tail():
+    """At 3,000 tokens a step with one new token decodes a few dozen tokens, not all of them
+    (the whole output was decoded at every step before), and still finds a stop string
+    the new token completes, across the step's boundary."""
+    tok = tokenizer()
+    ids = tok.encode("The quick brown fox jumps over the lazy dog. " * 300, add_special_tokens=False)[:3000]
+    decoded = []
+
+    class Counting:
+        def decode(self, slice_ids, skip_special_tokens=True):
+            decoded.append(len(slice_ids))
+            return tok.decode(slice_ids, skip_special_tokens=skip_special_tokens)
+
+    assert stop_length(Counting(), ids, ["STOP"], clean=len(ids) - 1) is None
+    assert max(decoded) < 80
+    tail = tok.encode(" lazy cat", add_special_tokens=False)
+    decoded.clear()
+    assert stop_length(Counting(), ids + tail, ["dog. lazy cat"], clean=len(ids)) == len(ids) + len(tail)
+    assert stop_length(Counting(), ids + tail, ["dog. lazy cow"], clean=len(ids)) is None
+
+
+@pytest.mark.parametrize("stop, expected", [(["b", "c"], "a"), (["c", "b"], "a"), ([""], "abc"), ([], "abc")])
+def test_text_is_cut_before_the_first_stop_string(stop, expected):
+    class Chars:
+        def decode(self, ids, skip_special_tokens=True):
+            return "".join(chr(ord("a") + i) for i in ids)
+
+    assert text_until_stop(Chars(), [0, 1, 2], stop) == expected
