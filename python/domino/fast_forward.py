@@ -108,6 +108,7 @@ _SWITCHED = "_domino_fast_forward"
 # the plan checked on entry (None: HF's forward) while callers hold the model fixed
 # (:func:`model_fixed`, a :func:`domino.fixed_blocks.fixed_block`)
 _FIXED = "_domino_fast_forward_fixed"
+_NOT_FIXED = object()  # outside such a block: the plan and hooks are checked at each call
 # The keywords HF generate and the engine pass besides the named ones; any other runs HF's forward.
 _HANDLED_KWARGS = frozenset(("return_dict", "output_hidden_states", "output_attentions", "past_key_values"))
 
@@ -459,8 +460,8 @@ def fast_forward(model, input_ids=None, attention_mask=None, position_ids=None, 
             and not torch.is_autocast_enabled("cpu") and uses_small_batch_attention(model)
             # autograd needs a graph: not worth a plan (training loops change the weights every step)
             and not (torch.is_grad_enabled() and any(p.requires_grad for p in model.parameters()))):
-        plan = fixed_value(model.__dict__, _FIXED, absent=_FIXED)  # the key itself: not in a block
-        if plan is _FIXED:
+        plan = fixed_value(model.__dict__, _FIXED, absent=_NOT_FIXED)
+        if plan is _NOT_FIXED:
             plan = _current_plan(model)
             if plan is not None and _hooked(plan):
                 plan = None
