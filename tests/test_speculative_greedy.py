@@ -1,6 +1,7 @@
 """Greedy speculative generation is the target's own greedy decoding, token for token."""
 
 import pytest
+import torch
 
 from engine_cases import assert_mostly_multi_token, assert_stops_like_the_target, cheap_verification, prompts
 from tiny_models import RiggedDrafts, tiny_generator
@@ -205,3 +206,28 @@ def test_plain_steps_queue_the_drafters_context_and_it_is_the_same_when_it_draft
         d_lazy = gen.drafter.draft(ctx_lazy, lazy.anchor, lazy.anchor_pos)
         d_eager = gen.drafter.draft(ctx_eager, eager.anchor, eager.anchor_pos)
     assert torch.equal(d_lazy.tokens, d_eager.tokens) and torch.equal(d_lazy.vocab_logits, d_eager.vocab_logits)
+
+
+@pytest.mark.parametrize("dtype, logits_dtype", [(torch.bfloat16, torch.bfloat16), (torch.float16, torch.float32)])
+def test_verification_takes_the_targets_logits(dtype, logits_dtype):
+    """A bf16 target's logits reach verification as they are (greedy verification reads
+    bf16; no float32 copy), a float16 target's as float32 (the verify and sampling ops take
+    float32 or bf16): greedy chains and trees decode the target's own greedy tokens, and
+    sampling runs."""
+    gen = tiny_generator("llama")
+    gen.target.to(dtype)
+    seen = []
+    forward = gen._target_forward
+
+    def spy(*args, **kwargs):
+        logits, features = forward(*args, **kwargs)
+        seen.append(logits.dtype)
+        return logits, features
+
+    gen._target_forward = spy
+    p = prompts(1, seed=5)[0]
+    plain = gen.generate_target_only(p, max_new_tokens=16).token_ids
+    for tree in (None, "auto"):
+        assert gen.generate(p, max_new_tokens=16, tree=tree).token_ids == plain
+    assert len(gen.generate(p, max_new_tokens=16, temperature=0.8).token_ids) == 16
+    assert seen and set(seen) == {logits_dtype}

@@ -217,9 +217,12 @@ class DominoGenerator:
     # ---- the target -------------------------------------------------------------------
 
     def _target_forward(self, ids, mask, positions, cache, last_logits_only: bool = False):
-        """Logits [b, T, V] float32 (only the last position's, [b, 1, V], with
-        ``last_logits_only``: the prefill needs no others, and a prompt's LM-head rows
-        would cost more than its layers) and the drafter's context features [b, T, n*H].
+        """Logits [b, T, V] (only the last position's, [b, 1, V], with ``last_logits_only``:
+        the prefill needs no others, and a prompt's LM-head rows would cost more than its
+        layers) in the target's dtype where it is bf16 or float32, else float32, and the
+        drafter's context features [b, T, n*H]. Greedy verification reads bf16 logits as
+        they are (the same argmax; their float32 copy cost ~0.2 ms a round); whatever
+        samples from them converts them to float32 first, as it always did.
         ``mask`` is [b, past + T] bool (real tokens; causal within ids) or a 4D additive
         float mask [b, 1, T, past + T], passed to the model as it is."""
         mask = mask.long() if mask.dtype == torch.bool else mask
@@ -230,7 +233,8 @@ class DominoGenerator:
                           output_hidden_states=True, logits_to_keep=1 if last_logits_only else 0,
                           **{self._cache_kw: cache})
         features = target_features(out.hidden_states, self.drafter.config.target_layer_ids)
-        return out.logits.float(), features
+        logits = out.logits
+        return (logits if logits.dtype in (torch.bfloat16, torch.float32) else logits.float()), features
 
     # ---- generation -------------------------------------------------------------------
 
@@ -413,12 +417,12 @@ class DominoGenerator:
         against the target's logits [b, k+1, V]: greedy matching, or rejection sampling
         against the drafter's distribution; k = 0 is a plain step."""
         if draft_tokens.shape[1] == 0:
-            token = domino_ops.sample(logits[:, 0], **sampling.op_kwargs())
+            token = domino_ops.sample(logits[:, 0].float(), **sampling.op_kwargs())
             return token[:, None], torch.zeros_like(token)
         if not sampling.any_sampled:
             return domino_ops.verify_greedy(draft_tokens, logits)
         # greedy rows of a mixed batch have one-hot p and q: rejection sampling is exact matching
-        p = domino_ops.filtered_probs(logits, **sampling.filter_kwargs())
+        p = domino_ops.filtered_probs(logits.float(), **sampling.filter_kwargs())
         return domino_ops.verify_sampling(draft_tokens, draft.probs, p, generator=sampling.generator)
 
     def _speculative(self, seqs, max_new_tokens, sampling: RowSampling, use_head, stop, stream, tree,
@@ -487,7 +491,7 @@ class DominoGenerator:
         positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
         cache = GrowingCache()
         logits, features = self._target_forward(ids, mask, positions, cache, last_logits_only=True)
-        anchor = domino_ops.sample(logits[:, -1], **sampling.op_kwargs())
+        anchor = domino_ops.sample(logits[:, -1].float(), **sampling.op_kwargs())
         dcache = self.drafter.new_cache(b, self.device, self.drafter.fc.weight.dtype)
         self.drafter.extend_context(dcache, features, positions, mask)
         return _Decoding(cache, mask, dcache, anchor, positions[:, -1] + 1), anchor.tolist()

@@ -177,7 +177,7 @@ def target_argmax(logits: torch.Tensor) -> torch.Tensor:
 
 
 def verify_tree(tree: DraftTree, links: TreeLinks, logits: torch.Tensor, sampling: RowSampling, depth: int):
-    """Verifies the tree against the target's ``logits`` [b, N, V] float32 at its nodes:
+    """Verifies the tree against the target's ``logits`` [b, N, V] (float32 or bf16) at its nodes:
     greedily when the tree was drafted greedily (``tree.draft_probs`` is None), else by
     lossless recursive rejection sampling with ``sampling``'s filter and generator.
 
@@ -194,7 +194,7 @@ def verify_tree(tree: DraftTree, links: TreeLinks, logits: torch.Tensor, samplin
     if tree.draft_probs is None:
         domino_ops.verify_tree_greedy(*common, target_argmax(logits))
     else:
-        target_probs = domino_ops.filtered_probs(logits, **sampling.filter_kwargs()).contiguous()
+        target_probs = domino_ops.filtered_probs(logits.float(), **sampling.filter_kwargs()).contiguous()
         domino_ops.verify_tree_sampling(*common, domino_ops.draw_uniforms((b, n), dev, sampling.generator),
                                         domino_ops.draw_uniforms((b,), dev, sampling.generator), target_probs,
                                         tree.draft_probs)
