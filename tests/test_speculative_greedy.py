@@ -210,10 +210,10 @@ def test_plain_steps_queue_the_drafters_context_and_it_is_the_same_when_it_draft
 
 @pytest.mark.parametrize("dtype, logits_dtype", [(torch.bfloat16, torch.bfloat16), (torch.float16, torch.float32)])
 def test_verification_takes_the_targets_logits(dtype, logits_dtype):
-    """A bf16 target's logits reach verification as they are (greedy verification reads
-    bf16; no float32 copy), a float16 target's as float32 (the verify and sampling ops take
-    float32 or bf16): greedy chains and trees decode the target's own greedy tokens, and
-    sampling runs."""
+    """A bf16 target's logits reach verification and greedy steps as they are (their argmax
+    reads bf16; no float32 copy), a float16 target's as float32 (the verify and sampling ops
+    take float32 or bf16): the engine's plain loop, greedy chains and trees decode the
+    target's own greedy tokens, and sampling runs."""
     gen = tiny_generator("llama")
     gen.target.to(dtype)
     seen = []
@@ -227,6 +227,7 @@ def test_verification_takes_the_targets_logits(dtype, logits_dtype):
     gen._target_forward = spy
     p = prompts(1, seed=5)[0]
     plain = gen.generate_target_only(p, max_new_tokens=16).token_ids
+    assert gen.generate_plain(p, max_new_tokens=16).token_ids == plain  # its steps' argmax reads them too
     for tree in (None, "auto"):
         assert gen.generate(p, max_new_tokens=16, tree=tree).token_ids == plain
     assert len(gen.generate(p, max_new_tokens=16, temperature=0.8).token_ids) == 16

@@ -79,6 +79,16 @@ class GenerationResult:
         return sum(flat) / max(len(flat), 1)
 
 
+def _sampler_rows(logits: torch.Tensor, sampling: RowSampling) -> torch.Tensor:
+    """Logit rows [b, V] as ``domino_ops.sample`` gets them: greedy, bf16 or float32 as
+    they are (its argmax reads either: the same token, without a float32 copy); sampling,
+    or a float16 target's, float32 (the sampler takes float32 or bf16, and a draw's bits
+    follow the input dtype: float32, as they always were)."""
+    if not sampling.any_sampled and logits.dtype in (torch.bfloat16, torch.float32):
+        return logits
+    return logits.float()
+
+
 @dataclass
 class _Decoding:
     """What carries over from round to round, for a batch of b sequences."""
@@ -417,7 +427,7 @@ class DominoGenerator:
         against the target's logits [b, k+1, V]: greedy matching, or rejection sampling
         against the drafter's distribution; k = 0 is a plain step."""
         if draft_tokens.shape[1] == 0:
-            token = domino_ops.sample(logits[:, 0].float(), **sampling.op_kwargs())
+            token = domino_ops.sample(_sampler_rows(logits[:, 0], sampling), **sampling.op_kwargs())
             return token[:, None], torch.zeros_like(token)
         if not sampling.any_sampled:
             return domino_ops.verify_greedy(draft_tokens, logits)
@@ -491,7 +501,7 @@ class DominoGenerator:
         positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
         cache = GrowingCache()
         logits, features = self._target_forward(ids, mask, positions, cache, last_logits_only=True)
-        anchor = domino_ops.sample(logits[:, -1].float(), **sampling.op_kwargs())
+        anchor = domino_ops.sample(_sampler_rows(logits[:, -1], sampling), **sampling.op_kwargs())
         dcache = self.drafter.new_cache(b, self.device, self.drafter.fc.weight.dtype)
         self.drafter.extend_context(dcache, features, positions, mask)
         return _Decoding(cache, mask, dcache, anchor, positions[:, -1] + 1), anchor.tolist()
@@ -715,9 +725,7 @@ class DominoGenerator:
         while not all(done):
             logits = self.target(input_ids=ids, attention_mask=mask.long(), position_ids=positions, use_cache=True,
                                  logits_to_keep=1, **{self._cache_kw: cache}).logits
-            # float32, as generate's target logits (the sampler takes float32 or bf16; a
-            # float16 target's are neither)
-            token = domino_ops.sample(logits[:, -1].float(), **sampling.op_kwargs())
+            token = domino_ops.sample(_sampler_rows(logits[:, -1], sampling), **sampling.op_kwargs())
             for s, t in enumerate(token.tolist()):
                 if not done[s]:
                     before = len(out_ids[s])
