@@ -217,3 +217,49 @@ def test_a_writer_that_fills_the_storage_checks_the_layers_once(monkeypatch):
     grow.update(torch.randn(1, 2, 2, 8), torch.randn(1, 2, 2, 8), 0)  # one layer written alone
     with pytest.raises(ValueError, match="one length"):
         grow.reserve(3, torch.randn(1, 2, 1, 8))
+
+
+@pytest.mark.parametrize("b", [1, 3])
+def test_storage_grown_together_compacts_in_two_ops(monkeypatch, b):
+    """A writer's reserve grows every layer's storage as slices of one tensor (adopting what
+    the layers held, regrowing past capacity); a tree round's compaction then moves every
+    layer's accepted slots in that tensor at once: the same contents as a DynamicCache's
+    per-layer compaction, before and after the crop, with random paths (a sequence's extra
+    slots copies of its root), across a regrowth. Anything that replaces a layer's tensors
+    leaves it on the per-layer path, which still agrees."""
+    monkeypatch.setattr(kv_cache, "MIN_HEADROOM", 4)
+    torch.manual_seed(5)
+    dyn, grow = DynamicCache(), GrowingCache()
+
+    def write(n):
+        states = [(torch.randn(b, 2, n, 8), torch.randn(b, 2, n, 8)) for _ in range(3)]
+        for i, (k, v) in enumerate(states):
+            dyn.update(k, v, i)
+        write_as_decoder_layers(grow, states)
+
+    write(7)
+    shared = grow.shared_storage()
+    assert shared is not None and shared[1] == 7 and shared[0].shape[:4] == (6, b, 2, 7 + 4)
+    assert all(layer._key_store.data_ptr() == shared[0][2 * i].data_ptr() for i, layer in enumerate(grow.layers))
+    for n in (6, 9, 5):  # the 9 regrows the storage, together again
+        write(n)
+        assert grow.shared_storage() is not None
+        path = torch.stack([torch.randperm(n)[:3] for _ in range(b)])
+        path[:, 0] = 0  # the root first
+        path[-1, 2] = 0  # a sequence that kept fewer: a copy of its root
+        for c in (dyn, grow):
+            compact_tree_cache(c, path, n)
+        assert_same_contents(dyn, grow)
+        for c in (dyn, grow):
+            c.crop(-(n - 3))
+        assert_same_contents(dyn, grow)
+    grow.batch_repeat_interleave(1)  # replaces every layer's tensors (with copies)
+    dyn.batch_repeat_interleave(1)
+    assert grow.shared_storage() is None
+    path = torch.zeros(b, 2, dtype=torch.long)
+    for c in (dyn, grow):
+        compact_tree_cache(c, path, 3)
+    assert_same_contents(dyn, grow)
+    write(2)  # adopted: grown together again
+    assert grow.shared_storage() is not None
+    assert_same_contents(dyn, grow)

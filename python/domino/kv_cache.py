@@ -155,6 +155,9 @@ class GrowingCache(DynamicCache):
         # (the per-layer checks of the storage cost ~0.3 ms a SmolLM2 forward, cold).
         self._room: _Room | None = None
         self._held: _Held | None = None
+        # The one tensor [2 * layers, b, h, capacity, d] the layers' storage was last
+        # allocated in together (:meth:`_grow_together`), and its slices as they were given.
+        self._shared: tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]] | None = None
 
     def _held_views(self) -> _Held | None:
         """The last hold's record, while the layers are still the ones it held and each
@@ -182,14 +185,66 @@ class GrowingCache(DynamicCache):
             return room.key_stores, room.value_stores, held.length
         while len(self.layers) < num_layers:
             self.layers.append(self.layer_class_to_replicate())
-        held = [layer._make_room(new_states, new_states) for layer in self.layers[:num_layers]]
+        layers = self.layers[:num_layers]
+        self._grow_together(layers, new_states)
+        held = [layer._make_room(new_states, new_states) for layer in layers]
         if len(set(held)) != 1:
             raise ValueError(f"reserve needs layers of one length, got lengths {sorted(set(held))}")
-        layers = self.layers[:num_layers]
         key_stores, value_stores = [layer._key_store for layer in layers], [layer._value_store for layer in layers]
+        shared = self._shared
+        together = (shared is not None and len(shared[1]) == num_layers
+                    and all(map(operator.is_, key_stores, shared[1])) and all(map(operator.is_, value_stores, shared[2])))
         self._room = _Room(key_stores, value_stores, min(store.shape[2] for store in key_stores),
-                           (new_states.dtype, new_states.device, new_states.shape[:2]))
+                           (new_states.dtype, new_states.device, new_states.shape[:2]),
+                           shared[0] if together else None)
         return key_stores, value_stores, held[0]
+
+    def _grow_together(self, layers: list[GrowingLayer], new_states: torch.Tensor) -> None:
+        """Where some layer's storage lacks room for ``new_states`` [b, h, n, d] and every
+        layer holds the same T positions of that shape, dtype and device, storage for all
+        of them as one tensor [2 * layers, b, h, capacity, d] (layer i's keys at 2i, values
+        at 2i + 1; capacity as :meth:`GrowingLayer._make_room` sizes it), their held
+        positions copied in: a tree round's compaction then moves every layer's slots in
+        two ops (:func:`domino.tree.compact_tree_cache`), not two per layer tensor. Else
+        each layer keeps growing on its own."""
+        b, h, n, d = new_states.shape
+        lengths = set()
+        for layer in layers:
+            keys = layer.keys if layer.is_initialized else None
+            if keys is not None and keys.numel():
+                if (keys.dim() != 4 or keys.shape[:2] != (b, h) or keys.shape[3] != d or keys.dtype != new_states.dtype
+                        or keys.device != new_states.device or layer.values.shape != keys.shape):
+                    return
+                lengths.add(keys.shape[2])
+            else:
+                lengths.add(0)
+        if len(lengths) != 1:
+            return
+        T = lengths.pop()
+        if all(layer._key_store is not None and layer._key_store.shape[2] >= T + n and layer._owns_tensors()
+               and layer._key_store.dtype == new_states.dtype and layer._key_store.shape[:2] == (b, h)
+               for layer in layers):
+            return  # room enough everywhere: nothing to grow
+        capacity = max(2 * T, T + n + MIN_HEADROOM)
+        store = new_states.new_empty(2 * len(layers), b, h, capacity, d)
+        for i, layer in enumerate(layers):
+            if not layer.is_initialized:
+                layer.lazy_initialization(new_states, new_states)
+            if T:
+                store[2 * i, :, :, :T].copy_(layer.keys)
+                store[2 * i + 1, :, :, :T].copy_(layer.values)
+            layer._key_store, layer._value_store = store[2 * i], store[2 * i + 1]
+            layer._hold(T)
+        self._shared = (store, [layer._key_store for layer in layers], [layer._value_store for layer in layers])
+
+    def shared_storage(self) -> tuple[torch.Tensor, int] | None:
+        """(the layers' storage as one tensor [2 * layers, b, h, capacity, d], the positions
+        every layer holds) while every layer holds its storage's first positions in it
+        (:meth:`_grow_together`), else None."""
+        held = self._held_views()
+        if held is None or held.room is None or held.room.shared is None:
+            return None
+        return held.room.shared, held.length
 
     def hold(self, num_layers: int, length: int) -> None:
         """The first ``num_layers`` layers' keys and values become the first ``length``
@@ -216,11 +271,13 @@ class GrowingCache(DynamicCache):
 
 class _Room(NamedTuple):
     """What :meth:`GrowingCache.reserve` found: every layer's storage, the least capacity
-    among them, and the dtype, device and (batch, heads) of the states it was made for."""
+    among them, the dtype, device and (batch, heads) of the states it was made for, and the
+    one tensor they are slices of, if they are (:meth:`GrowingCache._grow_together`)."""
     key_stores: list[torch.Tensor]
     value_stores: list[torch.Tensor]
     capacity: int
     states: tuple
+    shared: torch.Tensor | None
 
 
 class _Held(NamedTuple):
