@@ -515,7 +515,8 @@ def test_a_fixed_model_is_checked_once(monkeypatch):
 def test_the_engine_holds_its_target_fixed(monkeypatch):
     """generate, generate_plain and generate_target_only check the target's plan once per
     call, not once per forward, and decode the same tokens; generate looks the drafter's
-    layer weights up once (DominoDraftModel.weights_fixed)."""
+    layer weights up once (DominoDraftModel.weights_fixed); the budget's cost measurement
+    holds both fixed too."""
     from domino import fast_layers
     from domino.loading import load
 
@@ -538,6 +539,12 @@ def test_the_engine_holds_its_target_fixed(monkeypatch):
         outs.append(call([1, 2, 3, 4, 5], max_new_tokens=12, **kw).token_ids)
         assert len(checks) == 1 and spy.products > products, call.__name__
     assert len(looked_up) == 1 and outs[0] == outs[1] == outs[2]
+    from domino import budget
+
+    checks.clear()
+    looked_up.clear()
+    budget.measure_round_costs(gen, 1, contexts=(8, 16), repeats=1)  # timed as the rounds run
+    assert len(checks) == 1 and len(looked_up) == 1
 
 
 @given(data=st.data())

@@ -485,9 +485,9 @@ def cost_key(gen, batch_size: int) -> str:
         "fast_forward": uses_fast_forward(target),
         "batch_size": batch_size,
         "cpu_isa": os.environ.get("DOMINO_CPU_ISA", ""),
-        "measurement": 6,  # how measure_round_costs times (2: drafting after a target forward; 3: suffix-min
+        "measurement": 7,  # how measure_round_costs times (2: drafting after a target forward; 3: suffix-min
         # envelope; 4: the sizes interleaved; 5: drafting with its context extension and calibration;
-        # 6: at two cache lengths)
+        # 6: at two cache lengths; 7: the models held fixed, as the generator holds them)
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
 
@@ -597,17 +597,23 @@ def measure_round_costs(gen, batch_size: int = 1, contexts: tuple[int, int] = _C
     most = getattr(gen.target.config.get_text_config(), "max_position_embeddings", None)
     if most is not None:
         long = min(long, most - t_max - _KEPT_PER_ROUND)
+    from domino.fast_forward import model_fixed
+
     g = torch.Generator().manual_seed(0)
     lengths = (short, long) if long > short else (short,)
-    setups = {c: _RoundSetup(gen, batch_size, c, short, t_max, g) for c in lengths}
-    sizes = [t for t in _TIMED_SIZES if t <= t_max]
-    verify_pts = _min_ms({(c, t): functools.partial(s.verify, t) for c, s in setups.items() for t in sizes}, repeats)
-    # Drafting follows a target forward in every round, which leaves the drafter's weights
-    # out of the caches: timed back to back instead, drafting measured ~60 % of what it
-    # costs in generation (SmolLM2, bf16, Zen 5 VM: 2.3 ms vs 3.9 ms a round), so the
-    # budget drafted where it did not pay.
-    draft_pts = _min_ms({(c, n): functools.partial(s.draft, n) for c, s in setups.items() for n in sizes
-                         if n <= n_max}, repeats, before=functools.partial(setups[short].verify, 1))
+    # the models held fixed, as the generator holds them across its rounds (their per-call
+    # checks would add ~1 ms to every size)
+    with model_fixed(gen.target), gen.drafter.weights_fixed():
+        setups = {c: _RoundSetup(gen, batch_size, c, short, t_max, g) for c in lengths}
+        sizes = [t for t in _TIMED_SIZES if t <= t_max]
+        verify_pts = _min_ms({(c, t): functools.partial(s.verify, t) for c, s in setups.items() for t in sizes},
+                             repeats)
+        # Drafting follows a target forward in every round, which leaves the drafter's weights
+        # out of the caches: timed back to back instead, drafting measured ~60 % of what it
+        # costs in generation (SmolLM2, bf16, Zen 5 VM: 2.3 ms vs 3.9 ms a round), so the
+        # budget drafted where it did not pay.
+        draft_pts = _min_ms({(c, n): functools.partial(s.draft, n) for c, s in setups.items() for n in sizes
+                             if n <= n_max}, repeats, before=functools.partial(setups[short].verify, 1))
 
     def tables(c):
         verify = _nondecreasing(interpolate({t: ms for (cc, t), ms in verify_pts.items() if cc == c}, t_max))
