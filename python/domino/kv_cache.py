@@ -194,6 +194,8 @@ class GrowingCache(DynamicCache):
         shared = self._shared
         together = (shared is not None and len(shared[1]) == num_layers
                     and all(map(operator.is_, key_stores, shared[1])) and all(map(operator.is_, value_stores, shared[2])))
+        if not together:
+            self._shared = None  # not kept alive for layers that have left it
         self._room = _Room(key_stores, value_stores, min(store.shape[2] for store in key_stores),
                            (new_states.dtype, new_states.device, new_states.shape[:2]),
                            shared[0] if together else None)
