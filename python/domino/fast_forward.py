@@ -343,6 +343,13 @@ def _padding_causal_mask(attention_mask: torch.Tensor, T: int, past: int) -> tor
     return (causal[None] & padding[:, None, :])[:, None]
 
 
+def _usable_plan(model: torch.nn.Module) -> _Plan | None:
+    """The model's current plan, or None where HF's forward must run instead: no plan, or
+    a forward hook that would run in HF's forward."""
+    plan = _current_plan(model)
+    return None if plan is None or _hooked(plan) else plan
+
+
 def _product(x: torch.Tensor, w: PackedProduct) -> torch.Tensor:
     """x [rows, K] (contiguous) times the packed weight: [rows, N]."""
     out = torch.empty(x.shape[0], w.n, dtype=x.dtype)
@@ -462,9 +469,7 @@ def fast_forward(model, input_ids=None, attention_mask=None, position_ids=None, 
             and not (torch.is_grad_enabled() and any(p.requires_grad for p in model.parameters()))):
         plan = fixed_value(model.__dict__, _FIXED, absent=_NOT_FIXED)
         if plan is _NOT_FIXED:
-            plan = _current_plan(model)
-            if plan is not None and _hooked(plan):
-                plan = None
+            plan = _usable_plan(model)
     if plan is None:
         return hf_forward()
     if makes_cache:
@@ -512,12 +517,7 @@ def model_fixed(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
     if not uses_fast_forward(model):
         yield model
         return
-
-    def checked_plan() -> _Plan | None:  # None: HF's forward
-        plan = _current_plan(model)
-        return None if plan is None or _hooked(plan) else plan
-
-    with fixed_block(model.__dict__, _FIXED, checked_plan):
+    with fixed_block(model.__dict__, _FIXED, functools.partial(_usable_plan, model)):
         yield model
 
 

@@ -79,12 +79,16 @@ class GenerationResult:
         return sum(flat) / max(len(flat), 1)
 
 
+# the logits' dtypes the verify and sampling ops take (others are converted to float32)
+_OP_LOGITS_DTYPES = (torch.bfloat16, torch.float32)
+
+
 def _sampler_rows(logits: torch.Tensor, sampling: RowSampling) -> torch.Tensor:
     """Logit rows [b, V] as ``domino_ops.sample`` gets them: greedy, bf16 or float32 as
     they are (its argmax reads either: the same token, without a float32 copy); sampling,
     or a float16 target's, float32 (the sampler takes float32 or bf16, and a draw's bits
     follow the input dtype: float32, as they always were)."""
-    if not sampling.any_sampled and logits.dtype in (torch.bfloat16, torch.float32):
+    if not sampling.any_sampled and logits.dtype in _OP_LOGITS_DTYPES:
         return logits
     return logits.float()
 
@@ -244,7 +248,7 @@ class DominoGenerator:
                           **{self._cache_kw: cache})
         features = target_features(out.hidden_states, self.drafter.config.target_layer_ids)
         logits = out.logits
-        return (logits if logits.dtype in (torch.bfloat16, torch.float32) else logits.float()), features
+        return (logits if logits.dtype in _OP_LOGITS_DTYPES else logits.float()), features
 
     # ---- generation -------------------------------------------------------------------
 

@@ -37,6 +37,11 @@ _KEY_STORE, _VALUE_STORE = operator.attrgetter("_key_store"), operator.attrgette
 MIN_HEADROOM = 256
 
 
+def _capacity(held: int, need: int) -> int:
+    """Positions of new storage for ``need`` after ``held``: doubling, with headroom."""
+    return max(2 * held, need + MIN_HEADROOM)
+
+
 class _StorageView:
     """A :class:`GrowingLayer`'s ``keys`` or ``values`` [b, h, T, d]: while the layer holds a
     length (after ``_hold``), the first that many positions of its storage (``store``),
@@ -95,6 +100,13 @@ class GrowingLayer(DynamicLayer):
                 and values.stride() == store_v.stride() and keys.shape[:2] == store_k.shape[:2]
                 and keys.shape[3] == store_k.shape[3])
 
+    def _has_room(self, need: int, states: torch.Tensor) -> bool:
+        """Whether the storage holds ``need`` positions of ``states``' dtype, device and
+        (batch, heads)."""
+        store = self._key_store
+        return (store is not None and need <= store.shape[2] and store.dtype == states.dtype
+                and store.device == states.device and store.shape[:2] == states.shape[:2])
+
     def _make_room(self, key_states: torch.Tensor, value_states: torch.Tensor) -> int:
         """Storage for key_states / value_states' n new positions [b, h, n, d] after the T
         held (the held ones copied into new storage when it grows); returns T. Reads only
@@ -106,10 +118,8 @@ class GrowingLayer(DynamicLayer):
             self._key_store = self._value_store = None  # replaced by another method: adopted below
         T = self.keys.shape[-2] if held else 0
         need = T + key_states.shape[-2]
-        store = self._key_store
-        if (store is None or need > store.shape[2] or store.dtype != key_states.dtype
-                or store.device != key_states.device or store.shape[:2] != key_states.shape[:2]):
-            capacity = max(2 * T, need + MIN_HEADROOM)
+        if not self._has_room(need, key_states):
+            capacity = _capacity(T, need)
             b, h, _, d = key_states.shape
             new_k = key_states.new_empty(b, h, capacity, d)
             new_v = value_states.new_empty(b, h, capacity, value_states.shape[-1])
@@ -205,7 +215,7 @@ class GrowingCache(DynamicCache):
         """Where some layer's storage lacks room for ``new_states`` [b, h, n, d] and every
         layer holds the same T positions of that shape, dtype and device, storage for all
         of them as one tensor [2 * layers, b, h, capacity, d] (layer i's keys at 2i, values
-        at 2i + 1; capacity as :meth:`GrowingLayer._make_room` sizes it), their held
+        at 2i + 1; capacity as each layer's own growth sizes it), their held
         positions copied in: a tree round's compaction then moves every layer's slots in
         two ops (:func:`domino.tree.compact_tree_cache`), not two per layer tensor. Else
         each layer keeps growing on its own."""
@@ -223,11 +233,9 @@ class GrowingCache(DynamicCache):
         if len(lengths) != 1:
             return
         T = lengths.pop()
-        if all(layer._key_store is not None and layer._key_store.shape[2] >= T + n and layer._owns_tensors()
-               and layer._key_store.dtype == new_states.dtype and layer._key_store.shape[:2] == (b, h)
-               for layer in layers):
+        if all(layer._has_room(T + n, new_states) and layer._owns_tensors() for layer in layers):
             return  # room enough everywhere: nothing to grow
-        capacity = max(2 * T, T + n + MIN_HEADROOM)
+        capacity = _capacity(T, T + n)
         store = new_states.new_empty(2 * len(layers), b, h, capacity, d)
         for i, layer in enumerate(layers):
             if not layer.is_initialized:
