@@ -8,7 +8,11 @@ the target forward as the engine's rounds call it, and the engine end to end.
   "rest" is the Python around them. ``--fixed`` runs it inside
   ``domino.fast_forward.model_fixed`` (where the package has it), as the engine's loops do.
 - ``e2e``: ``generate_plain`` (the engine's plain loop) then ``generate`` (the default) on
-  --prompts HumanEval prompts x 96 tokens: tokens per second.
+  --prompts HumanEval prompts x 96 tokens: tokens per second (long contexts:
+  ``bench_e2e.py --module-context``).
+- ``drafter``: the shipped drafter's calls at contexts of 100, 1,000 and 4,000 slots (random
+  features): a 6-token draft (``draft``) and ``extend_context`` by 3 slots (set back after
+  each), median of 30 each.
 
 Another version of the package runs from a directory put first on PYTHONPATH; alternate the
 two in ABBA order, since this VM's speed drifts between processes::
@@ -18,6 +22,10 @@ two in ABBA order, since this VM's speed drifts between processes::
       if [ $v = old ]; then PYTHONPATH=/tmp/old/python python benchmarks/engine_speed.py e2e --prompts 16
       else python benchmarks/engine_speed.py e2e --prompts 16; fi
     done
+
+Where the versions' extensions differ too (``drafter`` across the change that gave
+``draft_layers`` its stores), copy each version's ``_C*.so`` into the installed
+``domino_ops`` before its run.
 """
 
 from __future__ import annotations
@@ -75,6 +83,54 @@ def forward_rows(gen, fixed: bool) -> str:
                       f"{med[(k, 'forward')] - med[(k, 'layers')] - med[(k, 'head')]:.2f}" for k in ks)
 
 
+def drafter_rows(gen) -> str:
+    d = gen.drafter
+    g = torch.Generator().manual_seed(0)
+    rows = []
+    with torch.inference_mode(), d.weights_fixed():
+        for T in (100, 1000, 4000):
+            feats = torch.randn(1, T + 3, d.fc.in_features, generator=g).to(d.fc.weight.dtype)
+            pos, valid = torch.arange(T + 3)[None], torch.ones(1, T + 3, dtype=torch.bool)
+            cache = d.new_cache(1, "cpu", d.fc.weight.dtype)
+            d.extend_context(cache, feats[:, :T], pos[:, :T], valid[:, :T])
+            anchor, anchor_pos = torch.tensor([5]), torch.tensor([T])
+
+            def extend(cache=cache, T=T, feats=feats, pos=pos, valid=valid):
+                restore = _set_back(cache)
+                t = time.perf_counter()
+                d.extend_context(cache, feats[:, T:], pos[:, T:], valid[:, T:])
+                elapsed = time.perf_counter() - t
+                restore()
+                return elapsed
+
+            def draft(cache=cache, anchor=anchor, anchor_pos=anchor_pos):
+                t = time.perf_counter()
+                d.draft(cache, anchor, anchor_pos, num_drafts=6)
+                return time.perf_counter() - t
+
+            times = {"draft 6": [], "extend by 3": []}
+            for _ in range(3):
+                draft(), extend()
+            for _ in range(30):
+                times["draft 6"].append(draft())
+                times["extend by 3"].append(extend())
+            rows.append(f"{T} slots: " + ", ".join(f"{k} {statistics.median(v) * 1e3:.2f} ms" for k, v in times.items()))
+    return " | ".join(rows)
+
+
+def _set_back(cache):
+    """A function that puts the drafter's context cache back as it is now (either version's
+    cache: stores with a length, or tensors replaced by each extension)."""
+    if hasattr(cache, "key_stores"):
+        length = cache.length
+        return lambda: setattr(cache, "length", length)
+    saved = list(cache.keys), list(cache.values), cache.mask
+
+    def restore():
+        cache.keys, cache.values, cache.mask = saved
+    return restore
+
+
 def e2e_row(gen, prompts: int) -> str:
     ps = humaneval_prompts(prompts)
     gen.generate(ps[0], max_new_tokens=32)
@@ -91,7 +147,7 @@ def e2e_row(gen, prompts: int) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("what", choices=("forward", "e2e"))
+    ap.add_argument("what", choices=("forward", "e2e", "drafter"))
     ap.add_argument("--fixed", action="store_true", help="forward: inside model_fixed, as the engine runs it")
     ap.add_argument("--prompts", type=int, default=8)
     args = ap.parse_args()
@@ -100,7 +156,12 @@ def main() -> None:
 
     gen = domino.load_default()
     package = Path(domino.__file__).parent
-    row = forward_rows(gen, args.fixed) if args.what == "forward" else e2e_row(gen, args.prompts)
+    if args.what == "forward":
+        row = forward_rows(gen, args.fixed)
+    elif args.what == "e2e":
+        row = e2e_row(gen, args.prompts)
+    else:
+        row = drafter_rows(gen)
     print(f"{package} {args.what}{' fixed' if args.fixed else ''}: {row}")
 
 

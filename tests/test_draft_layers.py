@@ -52,6 +52,14 @@ def context(d, b: int, T: int, seed: int):
     return cache, torch.randint(0, 63, (b,), generator=g), anchor_pos
 
 
+def poison_room(cache, slots: int) -> None:
+    """NaN in the stores' room past the context (the op must write every slot it reads)."""
+    with torch.inference_mode():
+        cache.reserve(slots)
+        for store in cache.key_stores + cache.value_stores:
+            store[:, :, cache.length:] = float("nan")
+
+
 def both_paths(d, fn):
     """fn() through the one call and through the layers' Python forwards."""
     with torch.inference_mode():
@@ -90,9 +98,13 @@ def test_bit_identical_to_the_layers_on_random_drafters(dtype, data):
         calls.append(args)
         return op(*args)
 
+    poison_room(cache, 2 * block)
+    context_before = [t.clone() for t in cache.keys + cache.values]
     with mock.patch.object(torch.ops.domino_ops.draft_layers, "default", counting):
         ours, theirs = both_paths(d, lambda: d.backbone(cache, block_ids, positions, mask, rows))
     assert len(calls) == 1  # the one call ran (and the reference did not)
+    # the context's slots untouched (the block went into the room)
+    assert all(torch.equal(a, e) for a, e in zip(cache.keys + cache.values, context_before, strict=True))
     assert ours.shape == theirs.shape == (b, block if rows is None else rows.stop - rows.start, d.config.hidden_size)
     assert torch.equal(ours, theirs)
 
@@ -141,20 +153,24 @@ def op_args(d, T: int = 5):
         cos, sin = d.rotary(positions, x.dtype)
         mask = torch.cat([cache.mask, cache.mask.new_ones(1, block_ids.shape[1])], dim=1)[:, None, :]
         weights, heads, eps = d._fused_layer_weights(x, mask, None)
-    return [x, cos[:, 0], sin[:, 0], mask, list(cache.keys), list(cache.values), list(weights), list(heads),
-            list(eps), 1, 5]
+        cache.reserve(2 * block_ids.shape[1] - 1)
+    return [x, cos[:, 0], sin[:, 0], mask, list(cache.key_stores), list(cache.value_stores), cache.length,
+            list(weights), list(heads), list(eps), 1, 5]
 
 
 BAD_ARGUMENTS = {
     "x must be a contiguous CPU tensor": lambda a: a.__setitem__(0, a[0][0]),
-    "ctx_values must hold": lambda a: a.__setitem__(5, a[5][:1]),
-    r"ctx_keys\[1\] must be a CPU tensor": lambda a: a[4].__setitem__(1, a[4][1][:, :, :2]),
-    "weights must hold 12 entries per layer": lambda a: a.__setitem__(6, a[6][:-1]),
-    "q_norm and k_norm must be given": lambda a: (a[6].__setitem__(10, None), a[6].__setitem__(11, None)),
-    "eps must hold 3 per layer": lambda a: a.__setitem__(8, a[8][:-1]),
-    "row_start and row_stop": lambda a: a.__setitem__(10, 99),
+    "value_stores must hold": lambda a: a.__setitem__(5, a[5][:1]),
+    # no room for the block's 8 keys and 7 hidden zeros past the context's 5 slots
+    r"key_stores\[1\] must be a CPU tensor \[1, \d+, >= 20, \d+\]": lambda a: a[4].__setitem__(1, a[4][1][:, :, :19]),
+    r"value_stores\[0\] must be a CPU tensor": lambda a: a[5].__setitem__(0, a[5][0].float()),
+    "past must be >= 0": lambda a: a.__setitem__(6, -1),
+    "weights must hold 12 entries per layer": lambda a: a.__setitem__(7, a[7][:-1]),
+    "q_norm and k_norm must be given": lambda a: (a[7].__setitem__(10, None), a[7].__setitem__(11, None)),
+    "eps must hold 3 per layer": lambda a: a.__setitem__(9, a[9][:-1]),
+    "row_start and row_stop": lambda a: a.__setitem__(11, 99),
     "mask must be a CPU bool tensor": lambda a: a.__setitem__(3, a[3].float()),
-    "heads must be": lambda a: a.__setitem__(7, a[7][:3]),
+    "heads must be": lambda a: a.__setitem__(8, a[8][:3]),
 }
 
 

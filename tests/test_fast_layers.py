@@ -264,8 +264,8 @@ def test_switched_drafter_trains_through_its_own_forwards():
     d, cache, anchor, anchor_pos = _drafter_and_context(torch.float32)
     use_fused_layers(d)
     block, positions = d.block_input(anchor, anchor_pos)
-    cache.keys = [k.detach() for k in cache.keys]
-    cache.values = [v.detach() for v in cache.values]
+    cache.key_stores = [k.detach() for k in cache.key_stores]
+    cache.value_stores = [v.detach() for v in cache.value_stores]
     d.backbone(cache, block, positions).square().sum().backward()
     layer = d.layers[0]
     assert all(p.grad is not None for p in (layer.input_layernorm.weight, layer.self_attn.q_proj.weight,

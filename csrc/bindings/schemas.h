@@ -54,10 +54,12 @@ inline constexpr const char* kDecoderLayers =
     "float[] scale, Tensor(a!)[] key_stores, Tensor(b!)[] value_stores, int past, bool keep_hidden) -> Tensor[]";
 // A Domino drafter's backbone layers in one call over the same kernels (cpu/draft_layers.cpp):
 // domino.model.DraftLayer on domino.fast_layers' fused forwards, in C++. weights / eps / heads
-// as decoder_layers; the last layer computes the block rows row_start .. row_stop - 1.
+// as decoder_layers; the last layer computes the block rows row_start .. row_stop - 1. The
+// context is the stores' first `past` slots; the block's keys and values are written after
+// them as scratch (the context's slots are not changed).
 inline constexpr const char* kDraftLayers =
-    "draft_layers(Tensor x, Tensor cos, Tensor sin, Tensor mask, Tensor[] ctx_keys, Tensor[] ctx_values, "
-    "Tensor?[] weights, int[] heads, float[] eps, int row_start, int row_stop) -> Tensor";
+    "draft_layers(Tensor x, Tensor cos, Tensor sin, Tensor mask, Tensor(a!)[] key_stores, Tensor(b!)[] value_stores, "
+    "int past, Tensor?[] weights, int[] heads, float[] eps, int row_start, int row_stop) -> Tensor";
 
 // The sgl-kernel-compatible tree ops (csrc/tree_ops.h): sgl-kernel's signatures, with
 // draft_probs optional (newer sgl-kernel releases dropped it).

@@ -38,22 +38,30 @@ namespace domino::cpu {
 
 namespace layer {
 
-int64_t check_layer_args(const at::Tensor& x, at::IntArrayRef heads, at::TensorList keys, at::TensorList values,
-                         const char* keys_name, const char* values_name,
+int64_t check_layer_args(const at::Tensor& x, at::IntArrayRef heads, at::TensorList key_stores,
+                         at::TensorList value_stores, int64_t past, int64_t slots,
                          const c10::List<std::optional<at::Tensor>>& weights, at::ArrayRef<double> eps) {
-  TORCH_CHECK(x.device().is_cpu() && x.dim() == 3 && x.is_contiguous(),
-              "x must be a contiguous CPU tensor [batch, positions, hidden], got ", x.sizes());
   TORCH_CHECK(heads.size() == 4, "heads must be [query heads, kv heads, head dim, intermediate], got ", heads);
   TORCH_CHECK(heads[0] > 0 && heads[1] > 0 && heads[2] > 0 && heads[3] > 0 && heads[0] % heads[1] == 0,
               "heads must be positive with query heads a multiple of kv heads, got ", heads);
-  const int64_t L = static_cast<int64_t>(keys.size());
-  TORCH_CHECK(L > 0, keys_name, " must hold one tensor per layer, got none");
-  TORCH_CHECK(static_cast<int64_t>(values.size()) == L, values_name, " must hold ", L, " tensors (one per layer, as ",
-              keys_name, "), got ", values.size());
+  TORCH_CHECK(past >= 0, "past must be >= 0, got ", past);
+  const int64_t L = static_cast<int64_t>(key_stores.size());
+  TORCH_CHECK(L > 0, "key_stores must hold one tensor per layer, got none");
+  TORCH_CHECK(static_cast<int64_t>(value_stores.size()) == L, "value_stores must hold ", L,
+              " tensors (one per layer, as key_stores), got ", value_stores.size());
   TORCH_CHECK(static_cast<int64_t>(weights.size()) == kWeightsPerLayer * L, "weights must hold ",
               kWeightsPerLayer, " entries per layer (", kWeightsPerLayer * L, "), got ", weights.size());
   TORCH_CHECK(static_cast<int64_t>(eps.size()) == 3 * L, "eps must hold 3 per layer (", 3 * L, "), got ", eps.size());
+  const int64_t b = x.size(0), n_kv = heads[1], d = heads[2];
   for (int64_t l = 0; l < L; ++l) {
+    for (const auto& [store, name] : {std::pair{&key_stores[l], "key_stores"}, std::pair{&value_stores[l], "value_stores"}}) {
+      TORCH_CHECK(store->device().is_cpu() && store->scalar_type() == x.scalar_type() && store->dim() == 4 &&
+                      store->size(0) == b && store->size(1) == n_kv && store->size(3) == d &&
+                      store->size(2) >= slots && store->stride(3) == 1,
+                  name, "[", l, "] must be a CPU tensor [", b, ", ", n_kv, ", >= ", slots, ", ", d, "] of x's dtype ",
+                  x.scalar_type(), " (contiguous in its last dimension), got ", store->scalar_type(), " ",
+                  store->sizes());
+    }
     for (Weight i : {kInputNorm, kQkv, kO, kPostNorm, kGateUp, kDown}) {
       TORCH_CHECK(weights.get(kWeightsPerLayer * l + i).has_value(), "weights[", kWeightsPerLayer * l + i,
                   "] (layer ", l, ") must be a tensor, got None");
@@ -75,22 +83,11 @@ std::vector<at::Tensor> decoder_layers_cpu(const at::Tensor& x_in, const at::Ten
                                            at::ArrayRef<double> eps, at::ArrayRef<double> scale,
                                            at::TensorList key_stores, at::TensorList value_stores, int64_t past,
                                            bool keep_hidden) {
-  const int64_t L =
-      check_layer_args(x_in, heads, key_stores, value_stores, "key_stores", "value_stores", weights, eps);
+  check_layer_input(x_in);
+  const int64_t L = check_layer_args(x_in, heads, key_stores, value_stores, past, past + x_in.size(1), weights, eps);
   const int64_t n_q = heads[0], n_kv = heads[1], d = heads[2], inter = heads[3];
   TORCH_CHECK(static_cast<int64_t>(scale.size()) == L, "scale must hold one per layer (", L, "), got ", scale.size());
   const int64_t b = x_in.size(0), T = x_in.size(1), H = x_in.size(2), rows = b * T;
-  TORCH_CHECK(past >= 0, "past must be >= 0, got ", past);
-  for (int64_t l = 0; l < L; ++l) {
-    for (const auto& [store, name] : {std::pair{&key_stores[l], "key_stores"}, std::pair{&value_stores[l], "value_stores"}}) {
-      TORCH_CHECK(store->device().is_cpu() && store->scalar_type() == x_in.scalar_type() && store->dim() == 4 &&
-                      store->size(0) == b && store->size(1) == n_kv && store->size(3) == d &&
-                      store->size(2) >= past + T && store->stride(3) == 1,
-                  name, "[", l, "] must be a CPU tensor [", b, ", ", n_kv, ", >= ", past + T, ", ", d, "] of x's dtype ",
-                  x_in.scalar_type(), " (contiguous in its last dimension), got ", store->scalar_type(), " ",
-                  store->sizes());
-    }
-  }
   const int64_t qkv_n = (n_q + 2 * n_kv) * d;
   std::optional<at::Tensor> layer_mask;
   if (mask.has_value()) {

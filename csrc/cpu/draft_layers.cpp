@@ -5,24 +5,31 @@
 //
 //   x [b, Q, H] (the embedded block), cos / sin [b or 1, Q, d] (the drafter's rotary
 //   table), mask [b, 1 or Q, Tc + Q] bool (which context slots and block positions each
-//   block position sees), ctx_keys / ctx_values one per layer [b, Hkv, Tc, d] (the
-//   context cache); weights / eps / heads as decoder_layers takes them (12 weights and 3
-//   eps a layer; the q/k norms required: the drafter normalises q and k per head); the
-//   last layer computes the block positions row_start .. row_stop - 1 past its attention
-//   (every position's keys and values still enter it). Returns the last layer's output
-//   [b, row_stop - row_start, H] (before the drafter's final norm).
+//   block position sees), key_stores / value_stores one per layer [b, Hkv, capacity, d]
+//   holding the context's Tc = past slots first (domino.model.DraftContextCache's stores),
+//   with room for the block: capacity >= past + Q + M - 1, M the rows a layer computes (Q
+//   but in a lone last layer); weights / eps / heads as decoder_layers takes them (12
+//   weights and 3 eps a layer; the q/k norms required: the drafter normalises q and k per
+//   head); the last layer computes the block positions row_start .. row_stop - 1 past its
+//   attention (every position's keys and values still enter it). Returns the last layer's
+//   output [b, row_stop - row_start, H] (before the drafter's final norm). The stores'
+//   slots past .. past + Q + M - 2 are scratch, overwritten; the context's are not touched.
 //
 // The attention, as _draft_attend runs it: the rows' queries against [context keys, the
 // block's keys, M - 1 zero keys], the zero keys hidden (so every real key is at or before
-// each row's own position under the kernel's bottom-right causal rule).
+// each row's own position under the kernel's bottom-right causal rule). The block's keys
+// and the zeros are written into the stores' room after the context, so the attention
+// reads the context where it lies: a round copies nothing of it (the Python layers'
+// torch.cat of the context per layer cost ~1.4 ms of a 6-token draft at 4,000 slots on
+// the 2-core Xeon VM: benchmarks/engine_speed.py drafter).
 //
 // Why it exists: a 4-token draft of the shipped SmolLM2 drafter (2 layers) ran 4.7 ms, 3.3 of
 // it kernels; the backbone 3.0 ms against 2.1 (benchmarks/drafter_backbone_ab.py).
 //
 // Bytes it must move: what its kernels move (their headers): per layer the packed weights
-// once (~8 MB bf16 for the shipped drafter) and the context cache's keys and values; the
-// glue concatenates the context cache with the block's keys and values per layer (2 x b x
-// Hkv x (Tc + Q + M - 1) x d elements), as the Python layers do.
+// once (~8 MB bf16 for the shipped drafter) and the context cache's keys and values the
+// rows see; the glue writes the block's keys and values (2 x b x Hkv x (Q + M - 1) x d
+// elements a layer) and a row mask of b x (1 or M) x (Tc + Q + M - 1) bools.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -36,22 +43,18 @@ namespace domino::cpu {
 using namespace layer;
 
 at::Tensor draft_layers_cpu(const at::Tensor& x_in, const at::Tensor& cos, const at::Tensor& sin,
-                            const at::Tensor& mask, at::TensorList ctx_keys, at::TensorList ctx_values,
-                            const c10::List<std::optional<at::Tensor>>& weights, at::IntArrayRef heads,
+                            const at::Tensor& mask, at::TensorList key_stores, at::TensorList value_stores,
+                            int64_t past, const c10::List<std::optional<at::Tensor>>& weights, at::IntArrayRef heads,
                             at::ArrayRef<double> eps, int64_t row_start, int64_t row_stop) {
-  const int64_t L = check_layer_args(x_in, heads, ctx_keys, ctx_values, "ctx_keys", "ctx_values", weights, eps);
-  const int64_t n_q = heads[0], n_kv = heads[1], d = heads[2], inter = heads[3];
-  const int64_t b = x_in.size(0), Q = x_in.size(1), H = x_in.size(2);
+  check_layer_input(x_in);
+  const int64_t b = x_in.size(0), Q = x_in.size(1), H = x_in.size(2), Tc = past;
   TORCH_CHECK(0 <= row_start && row_start < row_stop && row_stop <= Q, "row_start and row_stop must satisfy 0 <= ",
               "row_start < row_stop <= ", Q, " (the block's positions), got ", row_start, " and ", row_stop);
-  const int64_t Tc = ctx_keys[0].dim() == 4 ? ctx_keys[0].size(2) : -1;
+  // the most rows a layer computes: all Q but in a lone last layer
+  const int64_t most_rows = key_stores.size() > 1 ? Q : row_stop - row_start;
+  const int64_t L = check_layer_args(x_in, heads, key_stores, value_stores, past, past + Q + most_rows - 1, weights, eps);
+  const int64_t n_q = heads[0], n_kv = heads[1], d = heads[2], inter = heads[3];
   for (int64_t l = 0; l < L; ++l) {
-    for (const auto& [t, name] : {std::pair{&ctx_keys[l], "ctx_keys"}, std::pair{&ctx_values[l], "ctx_values"}}) {
-      TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == x_in.scalar_type() && t->dim() == 4 &&
-                      t->size(0) == b && t->size(1) == n_kv && t->size(2) == Tc && t->size(3) == d,
-                  name, "[", l, "] must be a CPU tensor [", b, ", ", n_kv, ", ", Tc, " (ctx_keys[0]'s), ", d,
-                  "] of x's dtype ", x_in.scalar_type(), ", got ", t->scalar_type(), " ", t->sizes());
-    }
     TORCH_CHECK(weights.get(kWeightsPerLayer * l + kQNorm).has_value(), "layer ", l,
                 ": the drafter's q_norm and k_norm must be given");
   }
@@ -77,9 +80,13 @@ at::Tensor draft_layers_cpu(const at::Tensor& x_in, const at::Tensor& cos, const
     at::Tensor q_rot = at::empty({b, n_q, Q, d}, x.options());
     at::Tensor k_rot = at::empty({b, n_kv, Q, d}, x.options());
     apply_rotary_pos_emb_cpu(q, k, cos, sin, q_rot, k_rot);
-    at::Tensor pad = at::zeros({b, n_kv, M - 1, d}, x.options());
-    at::Tensor keys = at::cat({ctx_keys[l], k_rot, pad}, 2);
-    at::Tensor values = at::cat({ctx_values[l], v, pad}, 2);
+    // [context, block, M - 1 zeros] in place in the stores' room
+    key_stores[l].narrow(2, Tc, Q).copy_(k_rot);
+    value_stores[l].narrow(2, Tc, Q).copy_(v);
+    key_stores[l].narrow(2, Tc + Q, M - 1).zero_();
+    value_stores[l].narrow(2, Tc + Q, M - 1).zero_();
+    const at::Tensor keys = key_stores[l].narrow(2, 0, Tc + Q + M - 1);
+    const at::Tensor values = value_stores[l].narrow(2, 0, Tc + Q + M - 1);
     at::Tensor row_mask = mask.size(1) == 1 ? mask : mask.narrow(1, r0, M);
     row_mask = at::cat({row_mask, at::zeros({b, row_mask.size(1), M - 1}, row_mask.options())}, 2)
                    .unsqueeze(1)

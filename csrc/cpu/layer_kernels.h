@@ -68,12 +68,19 @@ inline at::Tensor mlp_residual(const at::Tensor& x, const std::vector<std::optio
   return at::add(x, product(act, *lw[kDown], H, lw[kDownBias]).view({b, M, H}));
 }
 
-// The checks both ops share: x [batch, positions, hidden] contiguous on the CPU; heads
-// [Hq, Hkv, head dim, intermediate]; one key and one value tensor a layer (the lists named
-// keys_name / values_name); weights and eps of that many layers, each layer's required
-// weights given. Returns the number of layers.
-int64_t check_layer_args(const at::Tensor& x, at::IntArrayRef heads, at::TensorList keys, at::TensorList values,
-                         const char* keys_name, const char* values_name,
+// Both ops' input: x [batch, positions, hidden], contiguous on the CPU (checked first: the
+// stores' sizes are counted from it).
+inline void check_layer_input(const at::Tensor& x) {
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 3 && x.is_contiguous(),
+              "x must be a contiguous CPU tensor [batch, positions, hidden], got ", x.sizes());
+}
+
+// The other checks both ops share, x checked: heads [Hq, Hkv, head dim, intermediate]; past >= 0; one key and one value store a layer
+// (key_stores / value_stores), each a CPU tensor [batch, Hkv, >= slots, head dim] of x's
+// dtype, contiguous in its last dimension; weights and eps of that many layers, each
+// layer's required weights given. Returns the number of layers.
+int64_t check_layer_args(const at::Tensor& x, at::IntArrayRef heads, at::TensorList key_stores,
+                         at::TensorList value_stores, int64_t past, int64_t slots,
                          const c10::List<std::optional<at::Tensor>>& weights, at::ArrayRef<double> eps);
 
 }  // namespace layer

@@ -37,7 +37,7 @@ _KEY_STORE, _VALUE_STORE = operator.attrgetter("_key_store"), operator.attrgette
 MIN_HEADROOM = 256
 
 
-def _capacity(held: int, need: int) -> int:
+def grown_capacity(held: int, need: int) -> int:
     """Positions of new storage for ``need`` after ``held``: doubling, with headroom."""
     return max(2 * held, need + MIN_HEADROOM)
 
@@ -119,7 +119,7 @@ class GrowingLayer(DynamicLayer):
         T = self.keys.shape[-2] if held else 0
         need = T + key_states.shape[-2]
         if not self._has_room(need, key_states):
-            capacity = _capacity(T, need)
+            capacity = grown_capacity(T, need)
             b, h, _, d = key_states.shape
             new_k = key_states.new_empty(b, h, capacity, d)
             new_v = value_states.new_empty(b, h, capacity, value_states.shape[-1])
@@ -235,7 +235,7 @@ class GrowingCache(DynamicCache):
         T = lengths.pop()
         if all(layer._has_room(T + n, new_states) and layer._owns_tensors() for layer in layers):
             return  # room enough everywhere: nothing to grow
-        capacity = _capacity(T, T + n)
+        capacity = grown_capacity(T, T + n)
         store = new_states.new_empty(2 * len(layers), b, h, capacity, d)
         for i, layer in enumerate(layers):
             if not layer.is_initialized:

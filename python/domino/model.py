@@ -33,6 +33,7 @@ import domino_ops
 from domino_ops.reference import gru_cell
 from domino.budget import Calibration
 from domino.config import DominoConfig
+from domino.draft_context import DraftContextCache
 from domino.fast_linear import cpu_kernel_applies, runs_packed, uses_small_batch_linear
 from domino.fixed_blocks import fixed_block, fixed_value
 from domino.sampling_params import RowSampling
@@ -176,20 +177,6 @@ CALIBRATION_FILE = "calibration.json"
 DRAFT_VOCAB_KEY = "draft_vocab"
 
 
-@dataclass
-class DraftContextCache:
-    """Per-layer context keys/values [b, kvh, T, hd] and which context slots are real [b, T]."""
-
-    keys: list[torch.Tensor]
-    values: list[torch.Tensor]
-    mask: torch.Tensor
-
-    @property
-    def length(self) -> int:
-        """Context slots held per sequence (real or masked)."""
-        return self.mask.shape[1]
-
-
 def to_full_vocab(rows: torch.Tensor, draft_vocab: torch.Tensor | None, vocab_size: int, fill: float) -> torch.Tensor:
     """Rows [.., K] over a draft vocabulary (``draft_vocab`` [K] int64: the target id of
     each index) -> [.., vocab_size], ``fill`` outside it; the rows themselves without one."""
@@ -306,9 +293,8 @@ class DominoDraftModel(nn.Module):
         """An empty context cache for ``batch_size`` sequences (keys/values of ``dtype``
         on ``device``), to be filled by :meth:`extend_context`."""
         c = self.config
-        empty = torch.empty(batch_size, c.num_key_value_heads, 0, c.head_dim, device=device, dtype=dtype)
-        return DraftContextCache([empty] * len(self.layers), [empty] * len(self.layers),
-                                 torch.zeros(batch_size, 0, dtype=torch.bool, device=device))
+        return DraftContextCache(batch_size, len(self.layers), c.num_key_value_heads, c.head_dim, device=device,
+                                 dtype=dtype)
 
     def extend_context(self, cache: DraftContextCache, features: torch.Tensor, positions: torch.Tensor,
                        valid: torch.Tensor) -> None:
@@ -316,11 +302,8 @@ class DominoDraftModel(nn.Module):
         [b, T] and which of them are real tokens [b, T] (bool)."""
         ctx = self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
         cos, sin = self.rotary(positions, ctx.dtype)
-        for i, layer in enumerate(self.layers):
-            k, v = layer.self_attn.key_value(ctx, cos, sin)
-            cache.keys[i] = torch.cat([cache.keys[i], k], dim=2)
-            cache.values[i] = torch.cat([cache.values[i], v], dim=2)
-        cache.mask = torch.cat([cache.mask, valid], dim=1)
+        keys_values = [layer.self_attn.key_value(ctx, cos, sin) for layer in self.layers]
+        cache.append([k for k, _ in keys_values], [v for _, v in keys_values], valid)
 
     def backbone(self, cache: DraftContextCache, block_ids: torch.Tensor, positions: torch.Tensor,
                  attn_mask: torch.Tensor | None = None, rows: slice | None = None) -> torch.Tensor:
@@ -344,8 +327,10 @@ class DominoDraftModel(nn.Module):
         fused = self._fused_layer_weights(x, attn_mask, rows)
         if fused is not None:  # the layers' fused forwards in one C++ call: the same bits
             start, stop, _ = (rows or slice(None)).indices(x.shape[1])
-            x = torch.ops.domino_ops.draft_layers.default(x, cos[:, 0], sin[:, 0], attn_mask, cache.keys, cache.values,
-                                                          *fused, start, stop)
+            Q = x.shape[1]
+            cache.reserve(2 * Q - 1)  # the op's scratch: the block's keys and values, up to Q - 1 hidden zeros
+            x = torch.ops.domino_ops.draft_layers.default(x, cos[:, 0], sin[:, 0], attn_mask, cache.key_stores,
+                                                          cache.value_stores, cache.length, *fused, start, stop)
             return self.norm(x)
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
