@@ -37,7 +37,12 @@
 // step waits), an eighth the logits tiles (logits_tile), the rest the GRU, the merges and
 // the serial parts between parallel regions. Since the AMX product prefetches its next
 // panel, the product streams w2 as fast as the chain step does, and the step took 1.30-1.43x
-// a chain step on a 2-core Xeon VM with slow memory (thirty-ninth session).
+// a chain step on a 2-core Xeon VM with slow memory (thirty-ninth session). The stream still
+// stopped while each tile's logits were worked out (~0.5 ms of the step's arithmetic, by
+// perf); since the fifty-seventh session the logits epilogue prefetches the next tile's
+// first panels meanwhile, and the step took 3.35 -> 3.12 ms (median of 4 alternating
+// rounds; 1.24-1.38x a chain step, before 1.26-1.59x; benchmarks/results/
+// tree_step_prefetch_xeon_session57.txt).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -284,11 +289,26 @@ void expand(BL* base, const float* hproj, const float* S, const int64_t* seq, co
                             (v0 + len + kPackedPanelCols - 1) / kPackedPanelCols, dots.data(), tile);
         else
           gemv.dot(w2 + v0 * r, len, r, ap, n, dots.data(), tile);
+        // While the nodes' logits are worked out, the next tile's panels (of this chunk) start
+        // coming in: each node's logits_tile prefetches the next share of their lines from
+        // the first on, two per vector it works on (len / 4 lines with 16-lane vectors; the
+        // product then finds them in L2). Without it the stream waited (top of this file).
+        const char* next = nullptr;
+        int64_t next_lines = 0, share = 0;
+        if (w2_packed != nullptr && v0 + len < c_end) {
+          constexpr int64_t kPanelBytes = 2 * kPackedPanelCols * 2;  // per column pair
+          next = reinterpret_cast<const char*>(w2_packed) + (v0 + len) / kPackedPanelCols * pairs * kPanelBytes;
+          next_lines = (std::min(tile, c_end - v0 - len) + kPackedPanelCols - 1) / kPackedPanelCols * pairs *
+                       kPanelBytes / 64;
+          share = len / 4;
+        }
         for (int64_t f = 0; f < n; ++f) {
           TileStats st;
           float* Lf = dots.data() + f * tile;  // L's tile, in place of the dot products
+          const int64_t first = std::min(f * share, next_lines);
           logits_tile(K, Lf, len, base + (seq[f] * k + depth[f]) * V + v0, false,
-                      chunk_bests ? nullptr : L + f * V + v0, greedy ? &st : nullptr);
+                      chunk_bests ? nullptr : L + f * V + v0, greedy ? &st : nullptr,
+                      next == nullptr ? nullptr : next + 64 * first, std::min(share, next_lines - first));
           if (greedy) partial[c * n + f].merge(st.max, v0 + st.arg, st.sum);
           if (chunk_bests) {
             if (L != nullptr) K.stream_copy(Lf, len, L + f * V + v0);

@@ -126,12 +126,12 @@ struct Gemv {
 
 template <typename BL>
 void logits_tile(const Kernels& K, float* dots, int64_t n, BL* base, bool write, float* row,
-                 TileStats* st) {
+                 TileStats* st, const char* prefetch = nullptr, int64_t ahead = 0) {
   if constexpr (std::is_same_v<BL, c10::BFloat16>) {
     auto* bits = reinterpret_cast<uint16_t*>(base);
-    K.logits_tile_bf16(dots, n, bits, write ? bits : nullptr, row, st);
+    K.logits_tile_bf16(dots, n, bits, write ? bits : nullptr, row, st, prefetch, ahead);
   } else {
-    K.logits_tile_f32(dots, n, base, write ? base : nullptr, row, st);
+    K.logits_tile_f32(dots, n, base, write ? base : nullptr, row, st, prefetch, ahead);
   }
 }
 

@@ -58,10 +58,13 @@ struct Kernels {
   // One vocabulary tile of one sequence of the head: L = base + dots (n values; dots is
   // overwritten with L). Then, each when non-null: base_out = L rounded to the base dtype
   // (write_logits), row_out = L (the sampling row), *stats = the tile's greedy statistics.
+  // Meanwhile the `ahead` cache lines from `prefetch` on are prefetched to L2, at most two
+  // per vector of each of its two passes over the tile (a memory stream that would
+  // otherwise wait for this arithmetic to end).
   void (*logits_tile_f32)(float* dots, int64_t n, const float* base, float* base_out,
-                          float* row_out, TileStats* stats);
+                          float* row_out, TileStats* stats, const char* prefetch, int64_t ahead);
   void (*logits_tile_bf16)(float* dots, int64_t n, const uint16_t* base, uint16_t* base_out,
-                           float* row_out, TileStats* stats);
+                           float* row_out, TileStats* stats, const char* prefetch, int64_t ahead);
 
   // dst[j] = src[j] for j < n, the whole vectors from dst's first vector boundary on with
   // non-temporal stores (a row written once and not read back soon: no read-for-ownership,
