@@ -1,10 +1,11 @@
-"""The Python wrapper's cost on a CPU tree step: the same paper-shape 16-node greedy
-``domino_head_expand`` call (w2 and w_hh packed, outputs reused, no node logits, as a greedy
+"""The Python wrapper's cost on a CPU tree step: the same greedy (by default paper-shape,
+16-node) ``domino_head_expand`` call (w2 and w_hh packed, outputs reused, no node logits, as a greedy
 ``draft_tree`` steps) through ``domino_ops.domino_head_expand`` and straight through
 ``torch.ops.domino_ops.domino_head_expand.default``, interleaved, 6 rounds of 3 warm-up and
 10 timed calls each, medians. Needs a CPU that runs the packed kernel (AVX2 + FMA, or AVX512-BF16).
 
     python benchmarks/expand_wrapper_cost.py
+    python benchmarks/expand_wrapper_cost.py 4 engine   # frontier size and shape (tree_step_ab.py's)
 """
 
 import statistics
@@ -18,12 +19,15 @@ import domino_ops
 from domino_ops.ops import expand_outputs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_head import SHAPES, make_inputs  # noqa: E402
+from bench_head import make_inputs  # noqa: E402
+from tree_step_ab import TREE_SHAPES  # noqa: E402
 
 
 def main() -> None:
-    H, G, r, V = SHAPES["paper"]
-    n, m = 16, 4
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else 16
+    shape = sys.argv[2] if len(sys.argv) > 2 else "paper"
+    H, G, r, V = TREE_SHAPES[shape]
+    m = 4
     gen = torch.Generator().manual_seed(0)
     base, hproj, _, gru_input, _, w_hh, w1s, w2 = make_inputs(1, 1, H, G, r, V, torch.bfloat16, True, gen)
     w2_packed = domino_ops.pack_small_batch_linear_weight(w2)
@@ -51,7 +55,7 @@ def main() -> None:
                 times.append(time.perf_counter() - t)
             rounds[name].append(statistics.median(times))
     for name, medians in rounds.items():
-        print(f"paper n={n} {name:9s} {statistics.median(medians) * 1e3:.3f} ms  rounds "
+        print(f"{shape} n={n} {name:9s} {statistics.median(medians) * 1e3:.3f} ms  rounds "
               + " ".join(f"{x * 1e3:.2f}" for x in medians))
 
 

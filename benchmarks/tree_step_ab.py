@@ -10,6 +10,7 @@ runs the packed kernel (AVX2 + FMA, or AVX512-BF16; ``small_batch_linear_packed_
 
     python benchmarks/tree_step_ab.py 16            # paper shape, 16 nodes, 4 children
     python benchmarks/tree_step_ab.py 16 small
+    python benchmarks/tree_step_ab.py 4 engine      # the shipped drafter's head over its 16K draft vocabulary
 """
 
 import statistics
@@ -26,10 +27,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_head import SHAPES, make_inputs  # noqa: E402
 
 
+# bench_head's shapes, and the one the engine's tree rounds run: the shipped SmolLM2 drafter's
+# head (H 576, G 256, r 64) over its draft vocabulary of 16,384 tokens
+TREE_SHAPES = {**SHAPES, "engine": (576, 256, 64, 16384)}
+
+
 def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 16
     shape = sys.argv[2] if len(sys.argv) > 2 else "paper"
-    H, G, r, V = SHAPES[shape]
+    H, G, r, V = TREE_SHAPES[shape]
     gen = torch.Generator().manual_seed(0)
     base, hproj, state, gru_input, _, w_hh, w1s, w2 = make_inputs(1, 1, H, G, r, V, torch.bfloat16, True, gen)
     m = 4
