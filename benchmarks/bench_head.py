@@ -44,7 +44,7 @@ if not torch.cuda.is_available():  # Triton kernels can only be interpreted here
 import domino_ops  # noqa: E402
 from domino_ops import cpu, reference  # noqa: E402
 from domino_ops.ops import expand_outputs  # noqa: E402
-from timing import copy_bandwidth_gbs, median_seconds  # noqa: E402
+from timing import copy_bandwidth_gbs, interleaved_median_seconds, median_seconds  # noqa: E402
 
 SHAPES = {
     # name: (H, G, r, V)
@@ -228,8 +228,9 @@ def tree_table(args, copy_bw: float) -> None:
     packed = domino_ops.small_batch_linear_packed_supported()
     print(f"tree head step (domino_head_expand, greedy, {m} children per node, table mode), bf16 weights; "
           f"median of {args.repeats} after warm-up; write_node_logits=False and outputs allocated once and passed as "
-          f"out= (a greedy draft_tree's steps write no node logits); x chain = step ms / one batch-1 rollout step ms (goal at "
-          "n = 16: <= 1.5x)" + (f"; packed: w2_packed and w_hh_packed given (the packed products, as the engine runs them: "
+          f"out= (a greedy draft_tree's steps write no node logits); x chain = step ms / one batch-1 rollout step ms, the two "
+          "timed taking turns in blocks of 6 calls, each after 3 untimed ones (each in its own steady state, as "
+          "tree_step_ab.py; goal at n = 16: <= 1.5x)" + (f"; packed: w2_packed and w_hh_packed given (the packed products, as the engine runs them: "
                                  f"{domino_ops.small_batch_linear_packed_path()}), "
                                  f"{args.isas[0]} build, against its chain step" if packed else ""))
     head = "".join(f" | {isa + ' ms':>9} {'GB/s':>6} {'%copy':>6} {'x chain':>7}" for isa in args.isas)
@@ -256,10 +257,14 @@ def tree_table(args, copy_bw: float) -> None:
             row = f"{shape:6} {n:>5} | {nbytes / 1e6:6.1f}"
             for isa, kw in [(isa, {}) for isa in args.isas] + ([(args.isas[0], packs)] if packed else []):
                 with cpu.forced_isa(isa):
-                    ms = median_ms(lambda: domino_ops.domino_head_expand(
-                        base, hproj, node_state, zeros, zeros, gru_input, None, w_hh, w1s, w2, num_children=m,
-                        write_node_logits=False, out=out, **kw), args.repeats)
-                row += " | " + cells(ms, nbytes, copy_bw) + f" {ms / chain[isa]:6.2f}x"
+                    # the step and a chain step taking turns: their ratio from the same minutes
+                    seconds, chain_seconds = interleaved_median_seconds([
+                        lambda: domino_ops.domino_head_expand(
+                            base, hproj, node_state, zeros, zeros, gru_input, None, w_hh, w1s, w2, num_children=m,
+                            write_node_logits=False, out=out, **kw),
+                        lambda: domino_ops.domino_head_rollout(base, hproj, state, gru_input, None, w_hh, w1s, w2)],
+                        args.repeats, warmup=3, block=6)
+                row += " | " + cells(seconds * 1e3, nbytes, copy_bw) + f" {seconds / chain_seconds:6.2f}x"
             print(row)
     if domino_ops.small_batch_linear_packed_supported():
         print()
