@@ -1,0 +1,49 @@
+"""A prompt's prefill, side by side: SmolLM2-135M in bf16 through the engine's forward
+(``DominoGenerator._target_forward`` on the batch-invariant CPU kernels, what ``generate``
+and ``generate_plain`` run before their first token) and through HF's own forward of the
+unswitched model (PyTorch's products and SDPA), one sequence of random tokens per length,
+last logits only, median of ``--repeats`` after one untimed call. Both prefill into a fresh
+cache each call.
+
+    python benchmarks/prefill_speed.py [--lengths 150 500 2000] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import median_seconds  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--lengths", type=int, nargs="+", default=[150, 500, 2000])
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+
+    import domino
+    from domino.kv_cache import GrowingCache
+    from domino.loading import smollm2_dir
+
+    engine = domino.load_default()
+    hf = domino.load(smollm2_dir(True), None, dtype=torch.bfloat16).target  # no CPU kernels switched on
+    g = torch.Generator().manual_seed(0)
+    print(f"prefill of one prompt, bf16 SmolLM2-135M, {torch.get_num_threads()} threads, median of {args.repeats}")
+    print(f"{'tokens':>6} | {'engine ms':>9} | {'HF ms':>8} | engine / HF")
+    with torch.inference_mode():
+        for T in args.lengths:
+            ids = torch.randint(0, engine.target.config.vocab_size, (1, T), generator=g)
+            mask, pos = torch.ones(1, T, dtype=torch.bool), torch.arange(T)[None]
+            ours = median_seconds(lambda: engine._target_forward(ids, mask, pos, GrowingCache(), last_logits_only=True),
+                                  args.repeats) * 1e3
+            theirs = median_seconds(lambda: hf(input_ids=ids, use_cache=True, logits_to_keep=1), args.repeats) * 1e3
+            print(f"{T:>6} | {ours:9.1f} | {theirs:8.1f} | {ours / theirs:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
