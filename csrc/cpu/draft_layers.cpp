@@ -6,7 +6,7 @@
 //   x [b, Q, H] (the embedded block), cos / sin [b or 1, Q, d] (the drafter's rotary
 //   table), mask [b, 1 or Q, Tc + Q] bool (which context slots and block positions each
 //   block position sees), key_stores / value_stores one per layer [b, Hkv, capacity, d]
-//   holding the context's Tc = past slots first (domino.model.DraftContextCache's stores),
+//   holding the context's Tc = past slots first (domino.draft_context.DraftContextCache),
 //   with room for the block: capacity >= past + Q + M - 1, M the rows a layer computes (Q
 //   but in a lone last layer); weights / eps / heads as decoder_layers takes them (12
 //   weights and 3 eps a layer; the q/k norms required: the drafter normalises q and k per
@@ -19,9 +19,9 @@
 // block's keys, M - 1 zero keys], the zero keys hidden (so every real key is at or before
 // each row's own position under the kernel's bottom-right causal rule). The block's keys
 // and the zeros are written into the stores' room after the context, so the attention
-// reads the context where it lies: a round copies nothing of it (the Python layers'
-// torch.cat of the context per layer cost ~1.4 ms of a 6-token draft at 4,000 slots on
-// the 2-core Xeon VM: benchmarks/engine_speed.py drafter).
+// reads the context where it lies: a round copies nothing of it (with the context
+// concatenated per layer, as the Python layers do, a 6-token draft at 4,000 slots took
+// 3.77 ms against 3.40 on the 2-core Xeon VM: benchmarks/engine_speed.py drafter).
 //
 // Why it exists: a 4-token draft of the shipped SmolLM2 drafter (2 layers) ran 4.7 ms, 3.3 of
 // it kernels; the backbone 3.0 ms against 2.1 (benchmarks/drafter_backbone_ab.py).

@@ -75,10 +75,11 @@ inline void check_layer_input(const at::Tensor& x) {
               "x must be a contiguous CPU tensor [batch, positions, hidden], got ", x.sizes());
 }
 
-// The other checks both ops share, x checked: heads [Hq, Hkv, head dim, intermediate]; past >= 0; one key and one value store a layer
-// (key_stores / value_stores), each a CPU tensor [batch, Hkv, >= slots, head dim] of x's
-// dtype, contiguous in its last dimension; weights and eps of that many layers, each
-// layer's required weights given. Returns the number of layers.
+// The other checks both ops share, x checked: heads [Hq, Hkv, head dim, intermediate];
+// past >= 0; one key and one value store a layer (key_stores / value_stores), each a CPU
+// tensor [batch, Hkv, >= slots, head dim] of x's dtype, contiguous in its last dimension;
+// weights and eps of that many layers, each layer's required weights given. Returns the
+// number of layers.
 int64_t check_layer_args(const at::Tensor& x, at::IntArrayRef heads, at::TensorList key_stores,
                          at::TensorList value_stores, int64_t past, int64_t slots,
                          const c10::List<std::optional<at::Tensor>>& weights, at::ArrayRef<double> eps);

@@ -4,8 +4,8 @@ positions, and which of those slots are real tokens.
 Generation extends it every round by the positions the round kept, and every draft reads
 all of it. Held as per-layer tensors grown by ``torch.cat``, each extension copied the
 whole context, and so did every draft (the attention read the context concatenated with
-the block per layer): at 4,000 slots that was ~1.4 ms of a 6-token draft and ~0.4 ms of an
-extension on the 2-core Xeon VM, against a ~2.6 ms draft at 100 slots
+the block per layer): at 4,000 slots a 6-token draft took 3.77 ms and an extension by 3
+slots 0.79 ms on the 2-core Xeon VM, against 3.40 and 0.46 ms in place
 (``benchmarks/engine_speed.py drafter``). Here the keys and values live in stores with room
 past the context, grown by doubling as :class:`domino.kv_cache.GrowingCache` grows the
 target's: an extension writes its slots in place, and the backbone's one-call CPU path
