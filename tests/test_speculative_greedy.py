@@ -232,3 +232,36 @@ def test_verification_takes_the_targets_logits(dtype, logits_dtype):
         assert gen.generate(p, max_new_tokens=16, tree=tree).token_ids == plain
     assert len(gen.generate(p, max_new_tokens=16, temperature=0.8).token_ids) == 16
     assert seen and set(seen) == {logits_dtype}
+
+
+def test_past_the_drafter_contexts_first_capacity():
+    """A generation long enough that the drafter's context stores regrow mid-call (the
+    prompt plus 256 slots of headroom first, domino.draft_context) is still the target's
+    greedy decoding, chains and trees, in a ragged batch; and it drafts what the same
+    generation drafts with stores that never regrow (the same acceptance, round by round)."""
+    from unittest import mock
+
+    from domino import draft_context
+    from domino.tree import TreeShape
+
+    gen = tiny_generator("qwen3")
+    ps = prompts(2, seed=5)
+    plain = gen.generate_target_only(ps, max_new_tokens=330)
+    real = draft_context.DraftContextCache._grown
+    for tree in (None, TreeShape(2, 3)):  # drafting every round (no budget), so the context grows
+        def generate():
+            return gen.generate(ps, max_new_tokens=330, tree=tree, num_drafts=None if tree else 4)
+
+        grown = []
+
+        def counting(self, store, capacity):
+            grown.append(capacity)
+            return real(self, store, capacity)
+
+        with mock.patch.object(draft_context.DraftContextCache, "_grown", counting):
+            spec = generate()
+        assert spec.token_ids == plain.token_ids
+        assert len(set(grown)) >= 2, grown  # the first stores, then at least one regrowth
+        with mock.patch.object(draft_context, "grown_capacity", lambda held, need: need + 100_000):
+            roomy = generate()  # one allocation, never regrown
+        assert roomy.acceptance_lengths == spec.acceptance_lengths
