@@ -248,7 +248,8 @@ def test_past_the_drafter_contexts_first_capacity():
     ps = prompts(2, seed=5)
     plain = gen.generate_target_only(ps, max_new_tokens=330)
     real = draft_context.DraftContextCache._grown
-    for tree in (None, TreeShape(2, 3)):  # drafting every round (no budget), so the context grows
+    # drafting every round, and a fixed tree size (no budget: a measured cost must not change the drafts)
+    for tree in (None, TreeShape(2, 3, 11)):
         def generate():
             return gen.generate(ps, max_new_tokens=330, tree=tree, num_drafts=None if tree else 4)
 
