@@ -141,8 +141,10 @@ def e2e_row(gen, prompts: int) -> str:
         for p in ps:
             tokens += len(call(p, max_new_tokens=96).token_ids)
         speed[name] = tokens / (time.perf_counter() - t)
+    chooser = getattr(gen, "_round_kinds", {}).get(1)  # the default's tree-or-chain choice, all calls
+    kinds = "" if chooser is None else ", rounds " + " / ".join(f"{k} {n}" for k, n in chooser.rounds.items())
     return (f"plain {speed['plain']:.1f} tok/s, default {speed['default']:.1f} tok/s, "
-            f"ratio {speed['default'] / speed['plain']:.3f}")
+            f"ratio {speed['default'] / speed['plain']:.3f}{kinds}")
 
 
 def main() -> None:
