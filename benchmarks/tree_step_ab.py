@@ -2,9 +2,9 @@
 with w2 and w_hh packed, a batch-1 chain step (``domino_head_rollout``, k = 1), and the
 step's floor, the packed w2 product alone for the frontier's rows
 (``small_batch_linear_packed``: [n, r] by w2 [V, r], what every node's logits need before
-anything else is done with them), in blocks of 3 warm-up and 6 timed calls each, four rounds, medians. Interleaving keeps a
-drifting machine from favouring whichever call is timed first (``bench_head.py``'s tree
-table times the chain first). The expand calls write into outputs allocated once and passed
+anything else is done with them), in blocks of 3 warm-up and 6 timed calls each, four rounds, medians
+(``timing.interleaved_median_seconds``, which ``bench_head.py``'s tree table uses too). Interleaving
+keeps a drifting machine from favouring whichever call is timed first. The expand calls write into outputs allocated once and passed
 as ``out=``, without node logits (``write_node_logits=False``), as a greedy ``draft_tree`` does. Needs a CPU that
 runs the packed kernel (AVX2 + FMA, or AVX512-BF16; ``small_batch_linear_packed_path()`` names the product).
 
@@ -13,9 +13,7 @@ runs the packed kernel (AVX2 + FMA, or AVX512-BF16; ``small_batch_linear_packed_
     python benchmarks/tree_step_ab.py 4 engine      # the shipped drafter's head over its 16K draft vocabulary
 """
 
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -25,6 +23,7 @@ from domino_ops.ops import expand_outputs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_head import SHAPES, make_inputs  # noqa: E402
+from timing import interleaved_median_seconds  # noqa: E402
 
 
 # bench_head's shapes, and the one the engine's tree rounds run: the shipped SmolLM2 drafter's
@@ -55,16 +54,8 @@ def main() -> None:
              "w2+w_hh packed": expand(w2_packed=w2_packed, w_hh_packed=w_hh_packed),
              "w2 product alone": lambda: domino_ops.small_batch_linear_packed(a, w2_packed),
              "chain": lambda: domino_ops.domino_head_rollout(base, hproj, state, gru_input, None, w_hh, w1s, w2)}
-    times = {k: [] for k in calls}
-    for _ in range(4):
-        for k, fn in calls.items():
-            for _ in range(3):
-                fn()
-            for _ in range(6):
-                t0 = time.perf_counter()
-                fn()
-                times[k].append(time.perf_counter() - t0)
-    med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+    seconds = interleaved_median_seconds(list(calls.values()), 24, warmup=3, block=6)
+    med = {k: s * 1e3 for k, s in zip(calls, seconds)}
     print(shape, f"n={n}", "  ".join(f"{k} {v:.3f} ms ({v / med['chain']:.2f}x)" for k, v in med.items()))
 
 
