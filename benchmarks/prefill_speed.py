@@ -6,6 +6,12 @@ last logits only, median of ``--repeats`` after one untimed call. Both prefill i
 cache each call.
 
     python benchmarks/prefill_speed.py [--lengths 150 500 2000] [--repeats 3]
+
+``--profile-calls N`` instead runs the engine's prefill of the first length N times and
+nothing else, for a profiler (the fifty-seventh session's split of the prefill: ``perf
+record -D 10000 -F 1000 -- python benchmarks/prefill_speed.py --lengths 2000
+--profile-calls 12`` on an unstripped build of the extension, ``perf report --sort
+dso,symbol``).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--lengths", type=int, nargs="+", default=[150, 500, 2000])
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--profile-calls", type=int, default=0, help="only the engine's prefill, this many times")
     args = ap.parse_args()
 
     import domino
@@ -31,8 +38,16 @@ def main() -> None:
     from domino.loading import smollm2_dir
 
     engine = domino.load_default()
-    hf = domino.load(smollm2_dir(True), None, dtype=torch.bfloat16).target  # no CPU kernels switched on
     g = torch.Generator().manual_seed(0)
+    if args.profile_calls:
+        T = args.lengths[0]
+        ids = torch.randint(0, engine.target.config.vocab_size, (1, T), generator=g)
+        with torch.inference_mode():
+            for _ in range(args.profile_calls):
+                engine._target_forward(ids, torch.ones(1, T, dtype=torch.bool), torch.arange(T)[None], GrowingCache(),
+                                       last_logits_only=True)
+        return
+    hf = domino.load(smollm2_dir(True), None, dtype=torch.bfloat16).target  # no CPU kernels switched on
     print(f"prefill of one prompt, bf16 SmolLM2-135M, {torch.get_num_threads()} threads, median of {args.repeats}")
     print(f"{'tokens':>6} | {'engine ms':>9} | {'HF ms':>8} | engine / HF")
     with torch.inference_mode():
