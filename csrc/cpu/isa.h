@@ -121,7 +121,8 @@ struct Kernels {
   // exp elementwise. Which rows share the block, where hidden keys sit, which thread runs
   // it: none of it changes a bit. A row with no visible key, or every score -inf, gets zeros.
   // With `scored`, scores already holds scale * (q . k_j) (rows round_up(n, lanes) apart,
-  // from attention_scores_amx): the block starts at the softmax.
+  // from attention_scores_amx): the block starts at the softmax, and (bf16, the avx512
+  // build) its value sums run on AMX tiles too (cpu/attention_values_amx.h).
   void (*attend_block_f32)(const float* q, int64_t nq, int64_t D, const float* k, int64_t k_stride, const float* v,
                            int64_t v_stride, const uint8_t* vis, const uint8_t* key_class, const float* bias,
                            int64_t n, float scale, bool scored, float* scores, float* kt, float* acc,

@@ -36,15 +36,19 @@
 // node and the one-token step of the same path give the same bits (on one instruction-set
 // build and score path).
 //
-// Scores on AMX tiles: on a CPU with AMX-BF16 the bf16 scores (q . k_j, D a multiple of 32)
-// run as TDPBF16PS tile products (the Kernels table's attention_scores_amx, cpu/vec.cpp)
-// with the keys loaded as the cache holds them, instead of transposed for the vector FMAs;
-// the softmax and the value sums stay the vector code's. Other bits than the FMA chains
-// (the tile sums each 32 elements in its own order), the same batch invariance (a row's
-// score of a key depends on the two alone). 2-core Xeon VM, bf16, 9 heads of 64 over 3 kv
-// heads, 2 threads: 16 rows over 528 keys ~180 -> ~130 us, one row over 513 keys ~36 -> ~26
-// us; over 17 keys ~1 us slower (benchmarks/README.md). DOMINO_SMALL_BATCH_ATTENTION_SCORES=
-// vector turns it off.
+// Scores and value sums on AMX tiles: on a CPU with AMX-BF16 the bf16 scores (q . k_j, D a
+// multiple of 32) run as TDPBF16PS tile products (the Kernels table's attention_scores_amx,
+// cpu/vec.cpp) with the keys loaded as the cache holds them, instead of transposed for the
+// vector FMAs; and the value sums too (cpu/attention_values_amx.h): each row's visible keys,
+// in order, 32 a tile product with the weights rounded to bf16, the last len % 32 by FMAs.
+// Other bits than the vector path's (a tile sums each 32 elements in its own order), the
+// same batch invariance (a row's result depends on its own query and visible keys alone;
+// the value sums' chunks follow the row's list of visible keys, so a hidden key, wherever
+// it sits, takes no place in them). The softmax stays the vector code's. 2-core Xeon VM,
+// bf16, 9 heads of 64 over 3 kv heads, 2 threads, the fifty-eighth session against the
+// vector value sums (benchmarks/README.md): a 2,000-token prompt's causal attention ~20 ->
+// ~13 ms, 16 rows over 2,000 keys ~0.27 -> ~0.17 ms, one row over 2,000 keys ~0.044 ->
+// ~0.046 ms. DOMINO_SMALL_BATCH_ATTENTION_SCORES=vector turns both off.
 #include <ATen/ATen.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/Parallel.h>
@@ -66,6 +70,14 @@
 
 namespace domino::cpu {
 namespace {
+
+// A float mask hides a key with -inf, and with anything at or below bfloat16's lowest finite
+// value (-3.39e38; float32's lowest is below it): HF's eager-style masks, and the engine's
+// tree mask, add torch.finfo(dtype).min for "hidden". Such a key would weigh exactly 0 in any
+// row that sees another key, but as a key of the row it would still take a place in the
+// row's list of keys, which the AMX value sums chunk (cpu/attention_values_amx.h); hidden,
+// it takes none, so a tree node's row gives the bits of its path's decode step.
+constexpr float kHiddenBias = -3.3895313892515355e38f;
 
 
 // The bytes [first, last) a strided tensor's elements can occupy.
@@ -129,16 +141,16 @@ void check_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     TORCH_CHECK(t == nullptr || !extents_intersect(out, *t), "out must not share memory with ", name);
 }
 
-// Whether a bf16 call's scores run on AMX tiles (the Kernels table's attention_scores_amx)
-// instead of the vector FMAs: where the CPU has AMX-BF16 (and the active build is avx512), D
-// is a multiple of 32 up to 128, and DOMINO_SMALL_BATCH_ATTENTION_SCORES is unset, "auto" or
-// "amx" ("vector": never; read at every call, so a test or a benchmark can switch it; a
-// process keeps one for all its forwards, as the two paths round differently). A 16-row
-// verification over 1,000 keys spends ~40 % of its attention on the scores and the keys'
-// transposition the vector path needs; the tiles take the keys as the cache holds them.
-// (The variable is checked on float32 calls too; their scores are the vector path's whatever
-// it says.)
-bool amx_scores(const Kernels& K, int64_t D, bool bf16) {
+// Whether a bf16 call's scores and value sums run on AMX tiles (the Kernels table's
+// attention_scores_amx, then attend_block's value sums) instead of the vector FMAs: where the
+// CPU has AMX-BF16 (and the active build is avx512), D is a multiple of 32 up to 128, and
+// DOMINO_SMALL_BATCH_ATTENTION_SCORES is unset, "auto" or "amx" ("vector": never; read at
+// every call, so a test or a benchmark can switch it; a process keeps one for all its
+// forwards, as the two paths round differently). A 16-row verification over 1,000 keys
+// spent ~40 % of its attention on the scores and the keys' transposition the vector path
+// needs; the tiles take the keys as the cache holds them. (The variable is checked on float32
+// calls too; their attention is the vector path's whatever it says.)
+bool amx_tiles(const Kernels& K, int64_t D, bool bf16) {
   const char* env = std::getenv("DOMINO_SMALL_BATCH_ATTENTION_SCORES");
   const bool forced = env != nullptr && std::strcmp(env, "amx") == 0;
   if (env != nullptr && *env != '\0' && !forced && std::strcmp(env, "auto") != 0) {
@@ -157,7 +169,7 @@ template <typename T, typename MaskT>
 void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor* mask,
              double scale, at::Tensor& out) {
   const Kernels& K = kernels();
-  const bool amx = amx_scores(K, q.size(3), std::is_same_v<T, c10::BFloat16>);
+  const bool amx = amx_tiles(K, q.size(3), std::is_same_v<T, c10::BFloat16>);
   const int64_t B = q.size(0), Hq = q.size(1), M = q.size(2), D = q.size(3);
   const int64_t Hkv = k.size(1), N = k.size(2), group = Hq / Hkv;
   const T* qp = static_cast<const T*>(q.data_ptr());
@@ -241,7 +253,7 @@ void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, cons
               vr[j] = x;
             } else {
               const float f = static_cast<float>(x);
-              vr[j] = f != -INFINITY;
+              vr[j] = !(f <= kHiddenBias);  // -inf or a dtype's lowest: hidden (NaN stays: it propagates)
               br[j] = vr[j] ? f : 0.0f;
               any_bias |= vr[j] && f != 0.0f;
             }
@@ -284,7 +296,8 @@ void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, cons
                            kt_buf.data(), acc_buf.data(), outs);
       } else {
         const auto* k16 = reinterpret_cast<const uint16_t*>(kr);
-        if (amx) {  // the scores by AMX tiles, 16 rows at a time, rows round_up(nv, lanes) apart
+        if (amx) {  // the scores by AMX tiles, 16 rows at a time, rows round_up(nv, lanes) apart (the value
+          // sums follow them onto the tiles: `scored`)
           const int64_t ld = (nv + K.lanes - 1) / K.lanes * K.lanes;
           for (int64_t r = 0; r < nq; r += 16)
             K.attention_scores_amx(q_rows + r * D, std::min<int64_t>(16, nq - r), D, k16, ks2, nv, sc,

@@ -3,6 +3,10 @@
 #include "cpu/vec.h"
 #include "cpu/amx_tile_config.h"
 
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
 #if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
@@ -712,6 +716,7 @@ DOMINO_AMX_SCORES_TARGET void attention_scores_amx(const float* q, int64_t nq, i
   _tile_release();
 }
 #undef DOMINO_AMX_SCORES_TARGET
+#include "cpu/attention_values_amx.h"
 #define DOMINO_HAS_AMX_SCORES 1
 #else
 #define DOMINO_HAS_AMX_SCORES 0
@@ -783,22 +788,31 @@ DOMINO_INLINE vi load_bytes(const uint8_t* p) {
 // in any order; NaN sticks. Returns the max (-inf: no visible key, or every score -inf).
 DOMINO_INLINE float softmax_weights(float* s, const uint8_t* vis, const float* bias, int64_t n) {
   const int64_t nv = n - n % L;
-  vf mv = splat(-kInf);
-  auto keep_max = [&mv](vf x) { mv = (x > mv) | (x != x) ? x : mv; };  // NaN sticks
-  for (int64_t j = 0; j < nv; j += L) {
+  // four running maxima (each a chain of compare-and-blend: one alone left the loop waiting
+  // on its latency), merged at the end: the max is exact in any order
+  vf mv[4] = {splat(-kInf), splat(-kInf), splat(-kInf), splat(-kInf)};
+  auto keep_max = [](vf& m, vf x) { m = (x > m) | (x != x) ? x : m; };  // NaN sticks
+  auto masked = [&](int64_t j) {
     vf x = loadu(s + j);
     if (bias) x = x + loadu(bias + j);
     x = load_bytes(vis + j) != 0 ? x : splat(-kInf);
     storeu(s + j, x);
-    keep_max(x);
+    return x;
+  };
+  int64_t j0 = 0;
+  for (; j0 + 4 * L <= nv; j0 += 4 * L) {
+    DOMINO_UNROLL
+    for (int u = 0; u < 4; ++u) keep_max(mv[u], masked(j0 + u * L));
   }
+  for (; j0 < nv; j0 += L) keep_max(mv[0], masked(j0));
   for (int64_t j = nv; j < n; ++j) {
     s[j] = vis[j] ? (bias ? s[j] + bias[j] : s[j]) : -kInf;
   }
-  if (nv < n) keep_max(load_partial(s + nv, n - nv, -kInf));
+  if (nv < n) keep_max(mv[0], load_partial(s + nv, n - nv, -kInf));
+  for (int u = 1; u < 4; ++u) keep_max(mv[0], mv[u]);
   float m = -kInf;
   for (int l = 0; l < L; ++l)
-    if (m == m && (mv[l] > m || mv[l] != mv[l])) m = mv[l];
+    if (m == m && (mv[0][l] > m || mv[0][l] != mv[0][l])) m = mv[0][l];
   const float mr = m == -kInf ? 0.0f : m;
   auto weights = [mr](vf x) {
     x = x - mr;
@@ -913,28 +927,41 @@ void attend_block(const float* q, int64_t nq, int64_t D, const T* k, int64_t ks,
       score_rows<NQ>(q + r * D, D, kt, ldc, ldc, scale, scores + r * lds + j0, lds);
     });
   }
-  // Weights row by row, then the rows' sums interleaved (NQ independent dependency chains;
-  // each row's own sum runs key by key in key order, a hidden key's exact 0 adding nothing).
+  // Weights row by row, then each row's sum, key by key in key order (a hidden key's exact 0
+  // adding nothing), L rows at a time: an L x L block of weights transposed puts one key's
+  // weights of the L rows in one vector, so lane i runs row i's chain (the additions of a
+  // one-row loop, in its order; the scalar loop before took ~10 % of a long block).
   // Row r's final factor: 1 / sum, or 0 for a row that sees no key (one that sees a key has
   // sum >= its max's weight exp(0) = 1, so a factor of 0 means none; NaN stays NaN).
   float* factor = acc + nq * lda;
-  for_row_blocks(nq, [&](auto nq_block, int64_t r0) {
-    constexpr int NQ = decltype(nq_block)::value;
-    float sum[NQ];
-    bool empty[NQ];
-    for (int r = 0; r < NQ; ++r) {
-      const int64_t row = r0 + r;
-      empty[r] = softmax_weights(scores + row * lds, vis + row * n, bias ? bias + row * n : nullptr, n) == -kInf;
-      sum[r] = 0.0f;
+  for (int64_t row = 0; row < nq; ++row)  // 0 marks a row that sees no key
+    factor[row] = softmax_weights(scores + row * lds, vis + row * n, bias ? bias + row * n : nullptr, n) == -kInf
+                      ? 0.0f
+                      : 1.0f;
+  for (int64_t r0 = 0; r0 < nq; r0 += L) {
+    const int64_t nr = nq - r0 < L ? nq - r0 : L;
+    vf sum = splat(0.0f);
+    for (int64_t j0 = 0; j0 < n; j0 += L) {
+      vf w[L];
+      for (int64_t i = 0; i < L; ++i) w[i] = i < nr ? loadu(scores + (r0 + i) * lds + j0) : splat(0.0f);
+      transpose_block(w);  // w[t]: key j0 + t's weights of the rows (past n: unused)
+      const int64_t keys = n - j0 < L ? n - j0 : L;
+      for (int64_t t = 0; t < keys; ++t) sum += w[t];
     }
-    for (int64_t j = 0; j < n; ++j)
-      for (int r = 0; r < NQ; ++r) sum[r] += scores[(r0 + r) * lds + j];
-    for (int r = 0; r < NQ; ++r) factor[r0 + r] = empty[r] ? 0.0f : 1.0f / sum[r];
-  });
+    for (int64_t i = 0; i < nr; ++i) factor[r0 + i] = factor[r0 + i] == 0.0f ? 0.0f : 1.0f / sum[i];
+  }
   // Values, chunk by chunk: each chunk read from memory once, then from L1 by every row
-  // block and column block, their partial sums kept in acc between chunks.
+  // block and column block, their partial sums kept in acc between chunks. Where the scores
+  // ran on AMX tiles the value sums do too (cpu/attention_values_amx.h): one path per call.
   std::memset(acc, 0, sizeof(float) * nq * lda);
-  for (int64_t j0 = 0; j0 < n; j0 += C) {
+#if DOMINO_HAS_AMX_SCORES
+  const bool amx_values = std::is_same_v<T, uint16_t> && scored;
+  if constexpr (std::is_same_v<T, uint16_t>)
+    if (amx_values) attention_values_amx(scores, lds, vis, key_class, nq, n, v, vs, D, acc, lda);
+#else
+  constexpr bool amx_values = false;
+#endif
+  for (int64_t j0 = 0; !amx_values && j0 < n; j0 += C) {
     const int64_t nc = n - j0 < C ? n - j0 : C;
     for_row_blocks(nq, [&](auto nq_block, int64_t r0) {
       constexpr int NQ = decltype(nq_block)::value;

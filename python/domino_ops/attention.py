@@ -42,7 +42,9 @@ def small_batch_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mas
         k, v: [B, Hkv, N, D] with q's dtype, N >= M, Hq a multiple of Hkv (query head h
             reads kv head ``h // (Hq // Hkv)``).
         mask: None, or [B or 1, Hq or 1, M, N]: bool (False hides a key) or float32 /
-            bfloat16 added to the scores (-inf hides a key).
+            bfloat16 added to the scores (-inf, or anything at or below bfloat16's lowest
+            finite value, ``torch.finfo(torch.bfloat16).min``, hides a key: HF's eager
+            masks and the engine's tree mask add ``torch.finfo(dtype).min``).
         scale: the scores' factor, a number finite in float32 (default ``1 / sqrt(D)``).
         backend: "auto" (default) or "native": the C++ kernel on the CPU; "reference": the
             PyTorch reference. On other devices "auto" runs the reference and "native" raises.

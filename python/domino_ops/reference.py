@@ -22,6 +22,10 @@ from domino_ops.sampling import (draw_uniforms, effective_temperature, expand_un
 __all__ = ["domino_head_rollout", "domino_head_expand", "sample", "filtered_probs", "verify_greedy", "verify_sampling", "sample_from_logits",
            "small_batch_linear", "small_batch_attention", "rms_norm", "silu_mul", "apply_rotary_pos_emb"]
 
+# A float attention mask hides a key with -inf or with anything at or below bfloat16's lowest
+# finite value (HF's eager masks and the engine's tree mask add torch.finfo(dtype).min).
+HIDDEN_BIAS = torch.finfo(torch.bfloat16).min
+
 
 def sample_from_logits(logits: torch.Tensor, temperature, top_k, top_p,
                        uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -259,8 +263,9 @@ def small_batch_attention(q, k, v, mask=None, scale=None):
     """Reference of :func:`domino_ops.small_batch_attention`: bottom-right causal attention
     of q [B, Hq, M, D] over k, v [B, Hkv, N, D] (query head h reads kv head h // (Hq / Hkv)),
     row m seeing keys j <= N - M + m that ``mask`` (None, bool: False hides, or additive
-    float: -inf hides) leaves visible; fp32 math (float64 when any operand is float64, the
-    exact oracle); a row with no visible key gives zeros. Returns [B, Hq, M, D] in q's dtype."""
+    float: -inf, or anything at or below bfloat16's lowest finite value, hides) leaves
+    visible; fp32 math (float64 when any operand is float64, the exact oracle); a row with
+    no visible key gives zeros. Returns [B, Hq, M, D] in q's dtype."""
     acc = torch.float64 if torch.float64 in (q.dtype, k.dtype, v.dtype) else torch.float32
     B, Hq, M, D = q.shape
     N = k.shape[2]
@@ -275,7 +280,7 @@ def small_batch_attention(q, k, v, mask=None, scale=None):
             visible = visible & mask
         else:
             s = s + mask.to(acc)
-            visible = visible & (mask != float("-inf"))
+            visible = visible & ~(mask.float() <= HIDDEN_BIAS)  # NaN stays visible: it propagates
     s = s.masked_fill(~visible, float("-inf"))
     m = s.amax(-1, keepdim=True)
     empty = m == float("-inf")  # no visible key (a NaN score is not "empty": it propagates, as in the kernel)
