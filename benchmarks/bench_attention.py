@@ -4,9 +4,10 @@ Two tables, median of ``--repeats`` after a warm-up:
 
 1. the op alone at SmolLM2-135M's attention shape (9 query heads, 3 kv heads, head dim
    64) for a decode step (1 query row) and verifications (4, 16 rows) over caches of
-   100-2000 tokens: ``domino_ops`` (the dispatcher op, as the HF attention function calls
-   it) against ``F.scaled_dot_product_attention`` with ``enable_gqa`` and the causal mask
-   HF passes;
+   100-2000 tokens, and prompts of 500 and 2000 tokens (a prefill's causal attention, fewer
+   repeats): ``domino_ops`` (the dispatcher op, as the HF attention function calls it)
+   against ``F.scaled_dot_product_attention`` with ``enable_gqa`` and the causal mask HF
+   passes (``is_causal`` for the prompts);
 2. what a user gets: one forward of SmolLM2-135M-Instruct (small-batch linear on, as the
    engine runs it) over 1, 4 and 16 new tokens after a prompt of 150 and of 2000 tokens
    (``--prompts``; each forward on a fresh copy of the prompt's cache), with HF's sdpa
@@ -14,8 +15,9 @@ Two tables, median of ``--repeats`` after a warm-up:
 
     python benchmarks/bench_attention.py [--repeats 200] [--skip-model]
 
-On a CPU with AMX the op's bf16 scores run on tiles by default; the op table then also
-times each bf16 row with them forced onto the vector FMAs (``vector us``), back to back.
+On a CPU with AMX the op's bf16 scores and value sums run on tiles by default; the op table
+then also times each bf16 row with them forced onto the vector FMAs (``vector us``), back to
+back.
 
 Two builds of the op against each other: ``benchmarks/compare_builds.sh``.
 """
@@ -52,32 +54,37 @@ def scores_path(path: str):
 
 
 def op_table(repeats: int) -> list[str]:
-    """With AMX, a bf16 row also times the op with its scores forced onto the vector FMAs
-    ("vector us"), the two timed back to back."""
+    """With AMX, a bf16 row also times the op with its scores and value sums forced onto the
+    vector FMAs ("vector us"), the two timed back to back."""
     op = torch.ops.domino_ops.small_batch_attention.default
     amx = amx_scores_available()
     lines = [f"{'dtype':8} | {'rows':>4} | {'cache':>5} | {'SDPA us':>8} | {'domino us':>9} | speedup"
              + (f" | {'vector us':>9} | AMX gain" if amx else "")]
+    # decode steps and verifications over caches, then prompts (a prefill: M = N, causal, the
+    # op with no mask and SDPA with is_causal; fewer repeats)
+    shapes = [(M, N) for N in (100, 300, 600, 2000) for M in (1, 4, 16)] + [(500, 500), (2000, 2000)]
     for dtype in (torch.float32, torch.bfloat16):
-        for N in (100, 300, 600, 2000):
-            for M in (1, 4, 16):
-                g = torch.Generator().manual_seed(0)
-                q = torch.randn(1, M, 9, 64, generator=g).to(dtype).transpose(1, 2)  # HF's layout
-                k = torch.randn(1, 3, N, 64, generator=g).to(dtype)
-                v = torch.randn(1, 3, N, 64, generator=g).to(dtype)
-                mask = None if M == 1 else torch.ones(1, 1, M, N, dtype=torch.bool).tril(N - M)
-                out = torch.empty(1, M, 9, 64, dtype=dtype)
-                t_sdpa = 1e6 * median_seconds(
-                    lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True), repeats, warmup=10)
-                t_op = 1e6 * median_seconds(lambda: op(q, k, v, mask, 0.125, out.transpose(1, 2)), repeats, warmup=10)
-                line = (f"{str(dtype).replace('torch.', ''):8} | {M:4} | {N:5} | {t_sdpa:8.1f} | {t_op:9.1f} | "
-                        f"{t_sdpa / t_op:6.2f}x")
-                if amx and dtype == torch.bfloat16:
-                    with scores_path("vector"):
-                        t_vec = 1e6 * median_seconds(lambda: op(q, k, v, mask, 0.125, out.transpose(1, 2)), repeats,
-                                                     warmup=10)
-                    line += f" | {t_vec:9.1f} | {t_vec / t_op:6.2f}x"
-                lines.append(line)
+        for M, N in shapes:
+            g = torch.Generator().manual_seed(0)
+            q = torch.randn(1, M, 9, 64, generator=g).to(dtype).transpose(1, 2)  # HF's layout
+            k = torch.randn(1, 3, N, 64, generator=g).to(dtype)
+            v = torch.randn(1, 3, N, 64, generator=g).to(dtype)
+            prompt = M == N
+            mask = None if M == 1 or prompt else torch.ones(1, 1, M, N, dtype=torch.bool).tril(N - M)
+            out = torch.empty(1, M, 9, 64, dtype=dtype)
+            reps, warm = (max(5, repeats // 20), 2) if prompt else (repeats, 10)
+            t_sdpa = 1e6 * median_seconds(
+                lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=prompt, enable_gqa=True),
+                reps, warmup=warm)
+            t_op = 1e6 * median_seconds(lambda: op(q, k, v, mask, 0.125, out.transpose(1, 2)), reps, warmup=warm)
+            line = (f"{str(dtype).replace('torch.', ''):8} | {M:4} | {N:5} | {t_sdpa:8.1f} | {t_op:9.1f} | "
+                    f"{t_sdpa / t_op:6.2f}x")
+            if amx and dtype == torch.bfloat16:
+                with scores_path("vector"):
+                    t_vec = 1e6 * median_seconds(lambda: op(q, k, v, mask, 0.125, out.transpose(1, 2)), reps,
+                                                 warmup=warm)
+                line += f" | {t_vec:9.1f} | {t_vec / t_op:6.2f}x"
+            lines.append(line)
     return lines
 
 
