@@ -125,22 +125,24 @@ DOMINO_AMX_VALUES_TARGET void attention_values_amx(const float* p, int64_t lds, 
   using namespace attention_values_amx_detail;
   thread_local std::vector<int32_t> shared_buf, own_buf;
   thread_local std::vector<int64_t> own_count_buf;
-  // S: the keys every row sees before the first that only some do (hidden ones skipped)
-  int64_t first_mixed = 0;
-  while (first_mixed < n && key_class[first_mixed] != kKeyMixed) ++first_mixed;
+  // S: the keys every row sees before the first that only some do (hidden ones skipped);
+  // without a hidden key among them (no padding or holes) they are [0, first_mixed) and
+  // need no list (the scans are memchr's vector loops)
+  const void* mixed = std::memchr(key_class, kKeyMixed, n);
+  const int64_t first_mixed = mixed ? static_cast<const uint8_t*>(mixed) - key_class : n;
   const int64_t tail_keys = n - first_mixed;
-  shared_buf.resize(first_mixed);
+  const bool contiguous = std::memchr(key_class, kKeyHidden, first_mixed) == nullptr;  // S = [0, first_mixed)
+  shared_buf.resize(contiguous ? 0 : first_mixed);
   own_buf.resize(nq * tail_keys);
   own_count_buf.resize(nq);
   // plain pointers: each use of a thread_local is a TLS lookup
   int32_t* shared = shared_buf.data();
   int32_t* own = own_buf.data();
   int64_t* own_count = own_count_buf.data();
-  int64_t ns = 0;
-  for (int64_t j = 0; j < first_mixed; ++j)
-    if (key_class[j] == kKeyVisible) shared[ns++] = static_cast<int32_t>(j);
-  const bool contiguous = ns == 0 || shared[ns - 1] - shared[0] + 1 == ns;  // S = [s0, s0 + ns)
-  const int64_t s0 = ns > 0 ? shared[0] : 0;
+  int64_t ns = contiguous ? first_mixed : 0;
+  if (!contiguous)
+    for (int64_t j = 0; j < first_mixed; ++j)
+      if (key_class[j] == kKeyVisible) shared[ns++] = static_cast<int32_t>(j);
   // each row's own keys: those it sees from the first partly visible key on
   for (int64_t r = 0; r < nq; ++r) {
     int64_t c = 0;
@@ -148,7 +150,9 @@ DOMINO_AMX_VALUES_TARGET void attention_values_amx(const float* p, int64_t lds, 
       if (vis[r * n + j]) own[r * tail_keys + c++] = static_cast<int32_t>(j);
     own_count[r] = c;
   }
-  auto key = [&](int64_t r, int64_t i) { return i < ns ? shared[i] : own[r * tail_keys + (i - ns)]; };
+  auto key = [&](int64_t r, int64_t i) {
+    return static_cast<int32_t>(i < ns ? (contiguous ? i : shared[i]) : own[r * tail_keys + (i - ns)]);
+  };
 
   alignas(64) uint32_t b[kMaxColumnTiles * 16 * 16];  // one chunk's B tiles
   alignas(64) uint16_t a[16 * kChunkKeys];           // A: up to 16 rows of 32 weights
@@ -170,10 +174,10 @@ DOMINO_AMX_VALUES_TARGET void attention_values_amx(const float* p, int64_t lds, 
       if (shared_chunks > 0) {
         load_sums(block_acc, ld_bytes, T);
         for (int64_t c = 0; c < shared_chunks; ++c) {
-          const int32_t* ck = contiguous ? nullptr : shared + c * kChunkKeys;
-          for (int64_t i = 0; i < kChunkKeys; ++i) rows[i] = v + (ck ? ck[i] : s0 + c * kChunkKeys + i) * vs;
+          const int32_t* ck = contiguous ? nullptr : shared + c * kChunkKeys;  // null: keys c * 32 on
+          for (int64_t i = 0; i < kChunkKeys; ++i) rows[i] = v + (ck ? ck[i] : c * kChunkKeys + i) * vs;
           pack_values(rows, g0, T, b);
-          for (int i = 0; i < nr; ++i) pack_weights(p + (r0 + i) * lds, ck, s0 + c * kChunkKeys, a + i * kChunkKeys);
+          for (int i = 0; i < nr; ++i) pack_weights(p + (r0 + i) * lds, ck, c * kChunkKeys, a + i * kChunkKeys);
           _tile_loadd(4, a, 64);
           multiply_chunk(b, T);
         }
