@@ -90,12 +90,12 @@ def random_mask(B, Hq, M, N, kind, seed):
 
 @settings(max_examples=90, deadline=None)
 @given(B=st.integers(1, 3), Hkv=st.integers(1, 3), group=st.sampled_from([1, 2, 3]), M=st.integers(1, 9),
-       extra=st.integers(0, 40), D=st.sampled_from([1, 5, 16, 20, 64, 96, 130]),
+       extra=st.integers(0, 40), D=st.sampled_from([1, 5, 16, 20, 32, 64, 96, 128, 130]),
        dtype=st.sampled_from(DTYPES), mask=st.sampled_from([None, "bool", torch.float32, torch.bfloat16]),
        seed=st.integers(0, 2 ** 16), kernels=st.sampled_from(BUILDS))
 def test_matches_float64_reference(B, Hkv, group, M, extra, D, dtype, mask, seed, kernels):
     """On every CPU build this machine runs (each compiles its own attend_block), and with
-    AMX scores where it has them (the "auto" path: bf16 at D = 64 and 96 take the tiles)."""
+    AMX tiles where it has them (the "auto" path: bf16 at D = 32, 64, 96 and 128 take the tiles)."""
     q, k, v = make(B, Hkv * group, Hkv, M, M + extra, D, dtype, seed)
     m = random_mask(B, Hkv * group, M, M + extra, mask, seed)
     with build(*kernels):
@@ -117,10 +117,13 @@ def test_reads_transposed_queries_and_strided_caches_in_place(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_a_row_alone_equals_the_row_among_others(dtype):
+@pytest.mark.parametrize("Hq,Hkv,N,D", [(9, 3, 70, 64), (16, 2, 101, 128)])
+def test_a_row_alone_equals_the_row_among_others(dtype, Hq, Hkv, N, D):
     """Bit-exact: a verification over M rows gives each row the bits of a one-token step
-    (q_len 1 against the cache up to that row), for every CPU build."""
-    B, Hq, Hkv, M, N, D = 2, 9, 3, 16, 70, 64
+    (q_len 1 against the cache up to that row), for every CPU build; the second shape puts
+    32 query rows in a block (two blocks of AMX tile rows) and 128 columns (two passes of
+    the value sums' tiles)."""
+    B, M = 2, 16
     q, k, v = make(B, Hq, Hkv, M, N, D, dtype, 7, scale=2.0)
     for isa in BUILDS:
         with build(*isa):
