@@ -38,11 +38,11 @@ constexpr int64_t kChunkKeys = 32;  // keys (16 pairs) per tile product
 constexpr int kMaxColumnTiles = 4;  // C tiles 0-3: 64 columns per pass over the chunks
 
 // B tiles of one chunk for the columns [g0, g0 + 16 T) (T even), 32 columns from each pair
-// of tiles: row k of tile 2u holds the words (v_{2k}[d] | v_{2k+1}[d] << 16) for d in
-// kLowColumns + g0 + 32 u, of tile 2u + 1 for d in kHighColumns + g0 + 32 u, as VPUNPCKLWD /
-// VPUNPCKHWD interleave within 128-bit lanes (two shuffles a key; in natural order it took
-// eight widenings). The C tiles' columns follow the same order: unpermute_sums puts a row's
-// sums back in order of d.
+// of tiles: row k of tile 2u holds the words (v_{2k}[d] | v_{2k+1}[d] << 16) for d - g0 - 32 u
+// in {0-3, 8-11, 16-19, 24-27}, of tile 2u + 1 for d - g0 - 32 u in {4-7, 12-15, 20-23,
+// 28-31}, as VPUNPCKLWD / VPUNPCKHWD interleave within 128-bit lanes (two shuffles a key; in
+// natural order it took eight widenings). The C tiles' columns follow the same order:
+// unpermute_sums puts a row's sums back in order of d.
 DOMINO_AMX_VALUES_TARGET inline void pack_values(const uint16_t* const* rows, int64_t g0, int T, uint32_t* b) {
   for (int k = 0; k < 16; ++k) {
     const uint16_t* v0 = rows[2 * k] + g0;
@@ -79,6 +79,11 @@ DOMINO_AMX_VALUES_TARGET inline void pack_weights(const float* p, const int32_t*
   }
   _mm512_storeu_si512(a, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
 }
+
+// GCC's tile loads are volatile asm with the address as an input and no memory operand:
+// this barrier (no instruction) keeps the packed buffers' stores before the loads that read
+// them.
+inline void stores_before_tile_loads() { asm volatile("" ::: "memory"); }
 
 // C tiles 0..T-1 += A (tile 4) x the chunk's B tiles (packed at b, loaded into 5 and 6 by
 // turns). Tile numbers are literals in GCC's intrinsics, hence the unrolled branches.
@@ -172,12 +177,14 @@ DOMINO_AMX_VALUES_TARGET void attention_values_amx(const float* p, int64_t lds, 
       const int64_t ld_bytes = lda * static_cast<int64_t>(sizeof(float));
       // the chunks within S: every row of the block, the sums staying in the C tiles
       if (shared_chunks > 0) {
+        stores_before_tile_loads();  // acc: zeroed by the caller, or the previous pass's sums
         load_sums(block_acc, ld_bytes, T);
         for (int64_t c = 0; c < shared_chunks; ++c) {
           const int32_t* ck = contiguous ? nullptr : shared + c * kChunkKeys;  // null: keys c * 32 on
           for (int64_t i = 0; i < kChunkKeys; ++i) rows[i] = v + (ck ? ck[i] : c * kChunkKeys + i) * vs;
           pack_values(rows, g0, T, b);
           for (int i = 0; i < nr; ++i) pack_weights(p + (r0 + i) * lds, ck, c * kChunkKeys, a + i * kChunkKeys);
+          stores_before_tile_loads();
           _tile_loadd(4, a, 64);
           multiply_chunk(b, T);
         }
@@ -195,6 +202,7 @@ DOMINO_AMX_VALUES_TARGET void attention_values_amx(const float* p, int64_t lds, 
           pack_values(rows, g0, T, b);
           pack_weights(p + r * lds, keys, 0, a);
           for (int t = 0; t < T; ++t) std::memcpy(c_row + 16 * t, acc + r * lda + g0 + 16 * t, 64);
+          stores_before_tile_loads();
           load_sums(c_row, 64 * kMaxColumnTiles, T);
           _tile_loadd(4, a, 64);
           multiply_chunk(b, T);

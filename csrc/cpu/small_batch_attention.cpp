@@ -26,8 +26,10 @@
 // lets it see at positions up to its own; the instruction-set build's attend_block
 // (cpu/vec.cpp) computes the row from q and those keys alone: each score one FMA chain
 // over d (keys in vector lanes: the same operations for a key wherever it sits), the max
-// (exact in any order), the sum of exp in key order (a key hidden by a finite bias stays
-// visible with weight 0, which a sequential sum absorbs without a trace), exp elementwise,
+// (exact in any order), the sum of exp in key order (a key under a large finite bias, above
+// kHiddenBias, stays visible with weight 0: the vector path's sequential sums absorb it
+// without a trace, but on AMX tiles it still takes a place in the row's chunks of 32 keys,
+// so a mask should hide a key by False, -inf or a dtype's lowest), exp elementwise,
 // the value sum per lane over the visible keys in key order (a key hidden from the row,
 // even one that other rows of its block see, is skipped: its value is never read into the
 // row), one division, one rounding to out's dtype. Nothing depends on M, on the row's
