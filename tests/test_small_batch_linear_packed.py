@@ -190,6 +190,20 @@ def assert_batch_invariant(x, p, b, others, out_dtype):
 
 @needs_cpu
 @each_path
+def test_a_prompt_sized_product_gives_rows_their_bits_alone(path):
+    """Many rows (a prefill) run in groups of rows and of panels that stay in cache (the AMX
+    path: ~0.5 MB each, so at K = 1536 groups of 160 rows and 3 panels): rows in every group
+    and at group edges give the bits they give alone."""
+    x, w, b = make(400, 1000, 1536, True, 3)
+    p = domino_ops.pack_small_batch_linear_weight(w)
+    with packed_path(path):
+        full = run_op(x, p, b, torch.bfloat16)
+        for i in (0, 159, 160, 161, 319, 320, 399):
+            assert torch.equal(run_op(x[i:i + 1], p, b, torch.bfloat16), full[i:i + 1]), i
+
+
+@needs_cpu
+@each_path
 def test_invariant_across_thread_counts(path):
     x, w, b = make(30, 1000, 96, True, 0)
     with packed_path(path):
