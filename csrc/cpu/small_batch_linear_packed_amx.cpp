@@ -15,8 +15,10 @@
 // x 2, loaded straight from the packed panel with a 192-byte row stride: the panel layout
 // [Kh, 48, 2] holds each 16-output block's rows 192 bytes apart); 6 and 7 the x and weight
 // tiles of K's last, partial chunk of column pairs (pairs % 16 of them), so nothing is read
-// past x or the panel. A panel's row blocks of 16 x rows run back to back, so every block
-// after the first reads the panel from L1/L2. The first block prefetches the next panel to
+// past x or the panel. Rows and panels run in groups of ~0.5 MB each (a prompt's many rows;
+// decoding and verification are one block of up to 16 rows), each row block over its
+// group's panels, so the group's x rows and panels are read from L2 after their first use
+// (run(), where the numbers are). A group's first block prefetches the next panel to
 // L2, one 3 KB chunk per chunk of its own: with the hardware prefetchers alone the tile
 // loads streamed w2 ~20-30 % slower than a row-major GEMV (2-core Xeon VM, thirty-ninth
 // session: benchmarks/results/tree_step_xeon_session39_amx_prefetch_ab.txt).
