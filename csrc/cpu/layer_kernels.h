@@ -16,6 +16,9 @@ void small_batch_attention_cpu(const at::Tensor& q, const at::Tensor& k, const a
                                const std::optional<at::Tensor>& mask, double scale, at::Tensor out);
 void rms_norm_cpu(const at::Tensor& input, const at::Tensor& weight, double eps, at::Tensor out);
 void silu_mul_cpu(const at::Tensor& gate, const at::Tensor& up, at::Tensor out);
+// silu_mul_cpu on the two halves of each row of gate_up [rows, 2 inter] (contiguous) in
+// place, without copying them out: out [rows, inter], the same bits.
+void silu_mul_rows_cpu(const at::Tensor& gate_up, int64_t inter, at::Tensor out);
 void apply_rotary_pos_emb_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
                               at::Tensor q_out, at::Tensor k_out);
 
@@ -44,9 +47,8 @@ inline at::Tensor product(const at::Tensor& x, const at::Tensor& packed, int64_t
 
 // SiLU(gate) * up of a [rows, 2 I] gate/up product: [rows, I].
 inline at::Tensor silu_mul(const at::Tensor& gate_up, int64_t inter) {
-  auto halves = gate_up.split(inter, 1);
   at::Tensor act = at::empty({gate_up.size(0), inter}, gate_up.options());
-  silu_mul_cpu(halves[0].contiguous(), halves[1].contiguous(), act);
+  silu_mul_rows_cpu(gate_up, inter, act);
   return act;
 }
 

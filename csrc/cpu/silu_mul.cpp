@@ -11,6 +11,10 @@
 // 1536-wide MLP are 24.6K elements: the call, not the bytes, is the cost below ~100K
 // elements, which is why one call replaces two.
 //
+// silu_mul_rows_cpu (decoder_layers.cpp and draft_layers.cpp): the same on the two halves
+// of each row of a fused gate/up product, read where the product wrote them; before, each
+// half was first copied out to be contiguous (two copies of a prompt's [rows, 1536]).
+//
 // Batch invariance, by construction: every element goes through the same lane operations
 // (the instruction-set build's silu_mul, cpu/vec.cpp), so an element's bits do not depend
 // on the tensor's size, its place in it, or the thread split.
@@ -19,6 +23,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "cpu/dense_checks.h"
@@ -57,6 +62,30 @@ void silu_mul_cpu(const at::Tensor& gate, const at::Tensor& up, at::Tensor out) 
     auto* o = reinterpret_cast<uint16_t*>(out.data_ptr());
     at::parallel_for(0, n, kGrain, [&](int64_t i0, int64_t i1) { K.silu_mul_bf16(g + i0, u + i0, i1 - i0, o + i0); });
   }
+}
+
+void silu_mul_rows_cpu(const at::Tensor& gate_up, int64_t inter, at::Tensor out) {
+  check_dense_float(gate_up, "gate_up");
+  check_dense_float(out, "out");
+  TORCH_CHECK(gate_up.dim() == 2 && gate_up.size(1) == 2 * inter && out.sizes() == at::IntArrayRef({gate_up.size(0), inter}),
+              "gate_up must be [rows, 2 * ", inter, "] and out [rows, ", inter, "], got ", gate_up.sizes(), " and ",
+              out.sizes());
+  TORCH_CHECK(out.scalar_type() == gate_up.scalar_type(), "gate_up and out must share a dtype");
+  const int64_t rows = gate_up.size(0);
+  if (rows == 0 || inter == 0) return;
+  const Kernels& K = kernels();
+  // whole rows, about silu_mul_cpu's grain of elements a share
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 13) / inter);
+  auto each_row = [&](auto fn, const auto* g, auto* o) {
+    at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) fn(g + r * 2 * inter, g + r * 2 * inter + inter, inter, o + r * inter);
+    });
+  };
+  if (gate_up.scalar_type() == at::kFloat)
+    each_row(K.silu_mul_f32, gate_up.data_ptr<float>(), out.data_ptr<float>());
+  else
+    each_row(K.silu_mul_bf16, reinterpret_cast<const uint16_t*>(gate_up.data_ptr()),
+             reinterpret_cast<uint16_t*>(out.data_ptr()));
 }
 
 }  // namespace domino::cpu
