@@ -139,6 +139,26 @@ def test_a_row_alone_equals_the_row_among_others(dtype, Hq, Hkv, N, D):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_a_prompts_rows_equal_their_decode_steps(dtype):
+    """A prompt (from 64 rows the op runs tasks of 16 positions, 48 query rows here) with
+    a left-padded sequence beside it: rows at task edges and in between give the bits of a
+    one-row call over exactly their visible keys, on every CPU build."""
+    B, Hq, Hkv, M, D = 2, 9, 3, 150, 64
+    q, k, v = make(B, Hq, Hkv, M, M, D, dtype, 17, scale=2.0)
+    visible = torch.ones(B, 1, M, M, dtype=torch.bool).tril()
+    visible[1, :, :, :37] = False  # sequence 1: 37 tokens of padding
+    k[1, :, :37] = v[1, :, :37] = float("nan")  # never read
+    for isa in BUILDS:
+        with build(*isa):
+            big = run_op(q, k, v, visible)
+            for b, m in [(0, 0), (0, 15), (0, 16), (0, 63), (0, 149), (1, 37), (1, 100), (1, 149)]:
+                first = 37 if b else 0
+                alone = run_op(q[b:b + 1, :, m:m + 1].contiguous(), k[b:b + 1, :, first:m + 1].contiguous(),
+                               v[b:b + 1, :, first:m + 1].contiguous())
+                assert torch.equal(big[b:b + 1, :, m:m + 1], alone), (isa, b, m)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("N,M", [(65, 6), (300, 1), (1100, 16)])
 def test_long_caches_across_key_chunks(dtype, N, M):
     """The kernel scores and sums a long cache chunk by chunk of keys (64 at head dim 64):
