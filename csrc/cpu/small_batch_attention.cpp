@@ -185,7 +185,7 @@ void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, cons
   const int64_t mm = mask ? mask->stride(2) : 0, mn = mask ? mask->stride(3) : 0;
   const bool per_head_mask = mask && mask->size(1) > 1;
   const float sc = static_cast<float>(scale);
-  // One task: one (sequence, kv head) and up to kRows query positions, with every query
+  // One task: one (sequence, kv head) and up to task_positions query positions, with every query
   // head of that kv head: nq = rows * group query rows that share the key and value loads.
   // Four positions keep a 16-token verification at 12 tasks (balanced over 2 threads) and
   // its 12 query rows per task in the row blocks of attend_block. From 64 positions (a
@@ -193,8 +193,8 @@ void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, cons
   // value sums (12 of 16 before) and one key chunk shared by more rows on the vector path
   // (2-core Xeon VM, bf16: a 2,000-token prompt's attention ~13 -> ~11 ms, a 500-token one
   // ~1.2 -> ~0.95 ms). Which rows share a task changes no bit.
-  const int64_t kRows = M >= 64 ? 16 : 4;
-  const int64_t rows_per_task = std::min<int64_t>(kRows, M), chunks = (M + rows_per_task - 1) / rows_per_task;
+  const int64_t task_positions = M >= 64 ? 16 : 4;
+  const int64_t rows_per_task = std::min<int64_t>(task_positions, M), chunks = (M + rows_per_task - 1) / rows_per_task;
   const int64_t tasks = B * Hkv * chunks;
   const int64_t lds = (N + K.lanes - 1) / K.lanes * K.lanes;  // the longest row of scores
   const int64_t lda = (D + K.lanes - 1) / K.lanes * K.lanes;
