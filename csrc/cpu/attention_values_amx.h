@@ -220,10 +220,9 @@ DOMINO_AMX_VALUES_TARGET void attention_values_amx(const float* p, int64_t lds, 
     for (int64_t i = len / kChunkKeys * kChunkKeys; i < len; ++i) {
       const int64_t j = key(r, i);
       const __m512 w = _mm512_set1_ps(p[r * lds + j]);
-      for (int64_t d = 0; d < D; d += 16) {
-        const __m512 x = _mm512_castsi512_ps(_mm512_slli_epi32(
-            _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + j * vs + d))), 16));
-        _mm512_storeu_ps(acc + r * lda + d, _mm512_fmadd_ps(w, x, _mm512_loadu_ps(acc + r * lda + d)));
+      for (int64_t d = 0; d < D; d += 16) {  // loadu: vec.h's bf16 -> float32 widening
+        float* sums = acc + r * lda + d;
+        _mm512_storeu_ps(sums, _mm512_fmadd_ps(w, loadu(v + j * vs + d), _mm512_loadu_ps(sums)));
       }
     }
   }

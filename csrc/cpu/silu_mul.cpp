@@ -67,7 +67,8 @@ void silu_mul_cpu(const at::Tensor& gate, const at::Tensor& up, at::Tensor out) 
 void silu_mul_rows_cpu(const at::Tensor& gate_up, int64_t inter, at::Tensor out) {
   check_dense_float(gate_up, "gate_up");
   check_dense_float(out, "out");
-  TORCH_CHECK(gate_up.dim() == 2 && gate_up.size(1) == 2 * inter && out.sizes() == at::IntArrayRef({gate_up.size(0), inter}),
+  TORCH_CHECK(gate_up.dim() == 2 && gate_up.size(1) == 2 * inter &&
+                  out.sizes() == at::IntArrayRef({gate_up.size(0), inter}),
               "gate_up must be [rows, 2 * ", inter, "] and out [rows, ", inter, "], got ", gate_up.sizes(), " and ",
               out.sizes());
   TORCH_CHECK(out.scalar_type() == gate_up.scalar_type(), "gate_up and out must share a dtype");
