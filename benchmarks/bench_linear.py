@@ -14,6 +14,7 @@ microbenchmark of the op alone against ``torch.nn.functional.linear`` on SmolLM2
 at M = 1 and 16.
 
     python benchmarks/bench_linear.py [--repeats 9] [--cache 110] [--threads N]
+    python benchmarks/bench_linear.py --prompt-rows   # a prompt's products (500 and 2,000 rows) against F.linear
 
 Goal (issue 15): a 16-token forward <= 1.3x a one-token forward with the kernel, in both
 dtypes, and the kernel's one-token forward no slower than PyTorch's.
@@ -231,6 +232,30 @@ def micro_table(repeats: int, dtypes) -> None:
                       f"({t_ref / t_op:.1f}x) | {gbs:.1f} | {gf:.1f} |" + (packed or " | |"))
 
 
+# The engine's fused products (N x K): q/k/v, o, gate/up, down
+PROMPT_SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))
+
+
+def prompt_table(repeats: int) -> None:
+    """A prompt's products (500 and 2,000 rows, bf16, the engine's fused layer shapes):
+    PyTorch's F.linear (oneDNN) against the packed kernel the engine runs."""
+    print("\nA prompt's products, bf16, F.linear against small_batch_linear_packed (median of "
+          f"{repeats}):\n")
+    print("| N x K | rows | F.linear | packed |")
+    print("|---|---|---|---|")
+    packed_op = torch.ops.domino_ops.small_batch_linear_packed.default
+    g = torch.Generator().manual_seed(0)
+    for M in (500, 2000):
+        for N, K in PROMPT_SHAPES:
+            w = torch.randn(N, K, generator=g).bfloat16()
+            x = torch.randn(M, K, generator=g).bfloat16()
+            wp = domino_ops.pack_small_batch_linear_weight(w).data
+            out = torch.empty(M, N, dtype=torch.bfloat16)
+            t_ref = median_time(lambda: F.linear(x, w), repeats)
+            t_p = median_time(lambda: packed_op(x, wp, N, None, out), repeats)
+            print(f"| {N} x {K} | {M} | {t_ref * 1e3:.2f} ms | {t_p * 1e3:.2f} ms ({t_ref / t_p:.2f}x) |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=9)
@@ -239,6 +264,8 @@ def main() -> None:
     ap.add_argument("--dtypes", default="fp32,bf16")
     ap.add_argument("--skip-model", action="store_true")
     ap.add_argument("--skip-micro", action="store_true")
+    ap.add_argument("--prompt-rows", action="store_true",
+                    help="only a prompt's products (500 and 2,000 rows, bf16) against F.linear")
     ap.add_argument("--cpu-time", action="store_true",
                     help="one thread, timed by its CPU time: for a machine busy with other work")
     args = ap.parse_args()
@@ -258,10 +285,13 @@ def main() -> None:
     # which on a shared VM moves between runs; printed before and after.
     bw0 = copy_bandwidth_gbs()
     print(f"copy bandwidth {bw0:.1f} GB/s before the tables")
-    if not args.skip_model:
-        model_table(args.repeats, args.cache, dtypes)
-    if not args.skip_micro:
-        micro_table(max(args.repeats, 15), dtypes)
+    if args.prompt_rows:
+        prompt_table(args.repeats)
+    else:
+        if not args.skip_model:
+            model_table(args.repeats, args.cache, dtypes)
+        if not args.skip_micro:
+            micro_table(max(args.repeats, 15), dtypes)
     print(f"\ncopy bandwidth {copy_bandwidth_gbs():.1f} GB/s after the tables ({bw0:.1f} before)")
     print(f"load average (1/5/15 min) at start {load0[0]:.1f}/{load0[1]:.1f}/{load0[2]:.1f}, at end "
           "{:.1f}/{:.1f}/{:.1f} on {} CPUs: other work on the machine inflates times".format(

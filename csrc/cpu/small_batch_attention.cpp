@@ -191,8 +191,8 @@ void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, cons
   // its 12 query rows per task in the row blocks of attend_block. From 64 positions (a
   // prompt) sixteen: 16 * group rows, whole blocks of 16 tile rows for the AMX scores and
   // value sums (12 of 16 before) and one key chunk shared by more rows on the vector path
-  // (2-core Xeon VM, bf16: a 2,000-token prompt's attention ~13 -> ~11 ms, a 500-token one
-  // ~1.2 -> ~0.95 ms). Which rows share a task changes no bit.
+  // (2-core Xeon VM: a 2,000-token prefill 913/921 -> 845/813 ms, benchmarks/prefill_speed.py
+  // in benchmarks/README.md). Which rows share a task changes no bit.
   const int64_t task_positions = M >= 64 ? 16 : 4;
   const int64_t rows_per_task = std::min<int64_t>(task_positions, M), chunks = (M + rows_per_task - 1) / rows_per_task;
   const int64_t tasks = B * Hkv * chunks;

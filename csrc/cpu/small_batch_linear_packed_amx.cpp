@@ -158,9 +158,10 @@ DOMINO_AMX_TARGET void run(const c10::BFloat16* packed, int64_t pairs, const uin
   // running over its group's panels: a group's x rows and panels stay in L2 (a core's 2 MB
   // on the Xeon VM) and a row block's x tiles in L1 across its panels, where one pass of all
   // rows per panel re-read every x row from L3 once a panel (a 2,000-token prompt's x is 2.3
-  // MB at K = 576: its linears ~1.3-1.5x faster so). Decoding and verification (M <= 16) are
-  // one row block: the panels in order, as before. Each output is still one block call over
-  // all of K: the same bits whatever the grouping.
+  // MB at K = 576; its products ran 1.2-1.7x faster so: benchmarks/bench_linear.py
+  // --prompt-rows). Decoding and verification (M <= 16) are one row block: the panels in
+  // order, as before. Each output is still one block call over all of K: the same bits
+  // whatever the grouping.
   constexpr int64_t kGroupBytes = int64_t{1} << 19;
   const int64_t group_rows = std::max<int64_t>(kTileRows, kGroupBytes / (4 * pairs) / kTileRows * kTileRows);
   const int64_t group_panels = std::max<int64_t>(1, kGroupBytes / (pairs * 2 * kPanelCols * 2));
