@@ -167,6 +167,44 @@ bool amx_tiles(const Kernels& K, int64_t D, bool bf16) {
   return usable;
 }
 
+// One query row's mask over keys [0, limit): vr[j] whether key j is visible, and for a float
+// mask its bias br[j] (0 where hidden); returns whether some visible key has a nonzero bias.
+// A float at or below kHiddenBias (-inf, a dtype's lowest) hides its key; NaN stays visible
+// (it propagates). mask_row reads a contiguous row, mask_row_strided one `mn` elements apart.
+template <typename MaskT>
+bool mask_row(const MaskT* __restrict row, int64_t limit, uint8_t* __restrict vr, float* __restrict br) {
+  if constexpr (std::is_same_v<MaskT, bool>) {
+    std::memcpy(vr, row, limit);  // a bool tensor holds 0 or 1
+    return false;
+  } else {
+    int any = 0;
+    for (int64_t j = 0; j < limit; ++j) {
+      const float f = static_cast<float>(row[j]);
+      const bool keep = !(f <= kHiddenBias);
+      vr[j] = keep;
+      br[j] = keep ? f : 0.0f;
+      any |= keep & (f != 0.0f);
+    }
+    return any != 0;
+  }
+}
+
+template <typename MaskT>
+bool mask_row_strided(const MaskT* row, int64_t mn, int64_t limit, uint8_t* vr, float* br) {
+  bool any = false;
+  for (int64_t j = 0; j < limit; ++j) {
+    if constexpr (std::is_same_v<MaskT, bool>) {
+      vr[j] = row[j * mn];
+    } else {
+      const float f = static_cast<float>(row[j * mn]);
+      vr[j] = !(f <= kHiddenBias);
+      br[j] = vr[j] ? f : 0.0f;
+      any |= vr[j] && f != 0.0f;
+    }
+  }
+  return any;
+}
+
 template <typename T, typename MaskT>
 void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor* mask,
              double scale, at::Tensor& out) {
@@ -187,13 +225,19 @@ void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, cons
   const float sc = static_cast<float>(scale);
   // One task: one (sequence, kv head) and up to task_positions query positions, with every query
   // head of that kv head: nq = rows * group query rows that share the key and value loads.
-  // Four positions keep a 16-token verification at 12 tasks (balanced over 2 threads) and
-  // its 12 query rows per task in the row blocks of attend_block. From 64 positions (a
-  // prompt) sixteen: 16 * group rows, whole blocks of 16 tile rows for the AMX scores and
-  // value sums (12 of 16 before) and one key chunk shared by more rows on the vector path
-  // (2-core Xeon VM: a 2,000-token prefill 913/921 -> 845/813 ms, benchmarks/prefill_speed.py
-  // in benchmarks/README.md). Which rows share a task changes no bit.
-  const int64_t task_positions = M >= 64 ? 16 : 4;
+  // Eight positions where that still splits evenly over the threads: a 12- to 16-token
+  // verification then runs 6 tasks of 24 query rows (SmolLM2's 3 kv heads), a whole 16-row
+  // block for the AMX scores and value sums and the values' chunks packed for 24 rows
+  // instead of 12 (16 rows over 126 keys: ~35 -> ~31 us, 12 rows ~30 -> ~26 us on the
+  // 2-core Xeon VM); an odd number of tasks (24 positions: 9) would leave a thread a task
+  // behind, so there four: 12 query rows a task. From 64 positions (a prompt) sixteen: 16 *
+  // group rows, whole blocks of 16 tile rows and one key chunk shared by more rows on the
+  // vector path (2-core Xeon VM: a 2,000-token prefill 913/921 -> 845/813 ms,
+  // benchmarks/prefill_speed.py in benchmarks/README.md). Which rows share a task changes
+  // no bit.
+  const int64_t threads = at::get_num_threads();
+  const bool eights = M >= 12 && B * Hkv * ((M + 7) / 8) % threads == 0;
+  const int64_t task_positions = M >= 64 ? 16 : eights ? 8 : 4;
   const int64_t rows_per_task = std::min<int64_t>(task_positions, M), chunks = (M + rows_per_task - 1) / rows_per_task;
   const int64_t tasks = B * Hkv * chunks;
   const int64_t lds = (N + K.lanes - 1) / K.lanes * K.lanes;  // the longest row of scores
@@ -253,17 +297,10 @@ void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, cons
             continue;
           }
           const MaskT* row = mp + b * mb + h * mh + m * mm;
-          for (int64_t j = 0; j < limit; ++j) {
-            const MaskT x = row[j * mn];
-            if constexpr (std::is_same_v<MaskT, bool>) {
-              vr[j] = x;
-            } else {
-              const float f = static_cast<float>(x);
-              vr[j] = !(f <= kHiddenBias);  // -inf or a dtype's lowest: hidden (NaN stays: it propagates)
-              br[j] = vr[j] ? f : 0.0f;
-              any_bias |= vr[j] && f != 0.0f;
-            }
-          }
+          // contiguous rows (the usual case) in loops the compiler vectorizes: a 16-token
+          // verification's scalar loop here was ~7 % of its attention
+          if (mn == 1) any_bias |= mask_row(row, limit, vr, br);
+          else any_bias |= mask_row_strided(row, mn, limit, vr, br);
           if constexpr (!std::is_same_v<MaskT, bool>) std::fill(br + limit, br + n, 0.0f);
         }
       }
