@@ -1,8 +1,14 @@
-"""domino.draft_context.DraftContextCache: the drafter's context in stores that grow in
-place. Its views equal the concatenation of what was appended through regrowth, scratch
-written into its room and lengths set back; drafts from a cache grown a few slots at a time,
-with drafts in between, are those from the whole context appended at once; a cache filled
-under inference mode is drafted from under no_grad; training's autograd runs through it."""
+"""The drafter's context. domino.draft_context.DraftContextCache: stores that grow in place.
+Its views equal the concatenation of what was appended through regrowth, scratch written
+into its room and lengths set back; drafts from a cache grown a few slots at a time, with
+drafts in between, are those from the whole context appended at once; a cache filled under
+inference mode is drafted from under no_grad; training's autograd runs through it.
+domino_ops.draft_context (csrc/cpu/draft_context.cpp): an extension of the context in one C++
+call, bit for bit its reference (extend_context's modules on the fused forwards) on random
+drafters and contexts, writing only the new slots; taken only where those forwards would run
+the kernels; bad arguments named."""
+
+from unittest import mock
 
 import pytest
 import torch
@@ -11,8 +17,9 @@ from hypothesis import strategies as st
 
 from domino.draft_context import DraftContextCache
 from domino.fast_layers import use_fused_layers
-from domino.fast_linear import use_small_batch_linear
-from tiny_models import cpu_target, tiny_drafter
+from domino.fast_linear import runs_packed, undo_small_batch_linear, use_small_batch_linear
+from domino.model import DominoDraftModel
+from tiny_models import cpu_target, fused_drafter, tiny_drafter
 
 
 @settings(max_examples=40, deadline=None)
@@ -131,3 +138,153 @@ def test_training_gradients_reach_the_context_projection():
     d.packed_draft_hidden(feats, torch.ones(N, Tc, dtype=torch.bool), block, block_pos, mask).square().sum().backward()
     assert d.fc.weight.grad is not None and d.fc.weight.grad.abs().sum() > 0
     assert all(layer.self_attn.k_proj.weight.grad.abs().sum() > 0 for layer in d.layers)
+
+
+# ---- domino_ops.draft_context -----------------------------------------------------------
+
+PACKED = [dt for dt in (torch.bfloat16, torch.float32)
+          if runs_packed(use_small_batch_linear(torch.nn.Linear(4, 4).to(dt)), dt)]
+needs_packed = pytest.mark.skipif(not PACKED, reason="this CPU runs no packed linear kernel")
+
+
+def extend_both_ways(d, b: int, sizes: list[int], seed: int):
+    """Two caches extended by slots of ``sizes`` (random features, positions with holes,
+    some slots hidden), one through the op, one through the modules; the op's calls."""
+    calls, op = [], torch.ops.domino_ops.draft_context.default
+
+    def counting(*args):
+        calls.append(args)
+        return op(*args)
+
+    caches = []
+    for through_op in (True, False):
+        g = torch.Generator().manual_seed(seed)
+        cache = d.new_cache(b, "cpu", d.fc.weight.dtype)
+        start = torch.zeros(b, dtype=torch.long)
+        with torch.inference_mode(), mock.patch.object(torch.ops.domino_ops.draft_context, "default", counting):
+            with mock.patch.object(DominoDraftModel, "_fused_context_weights",
+                                   DominoDraftModel._fused_context_weights if through_op else (lambda *a: None)):
+                for T in sizes:
+                    features = torch.randn(b, T, d.fc.in_features, generator=g).to(d.fc.weight.dtype)
+                    positions = start[:, None] + torch.randint(0, 2, (b, T), generator=g).cumsum(-1)
+                    start = start + T + 1
+                    valid = torch.rand(b, T, generator=g) < 0.8
+                    cache.reserve(T + 7)  # room past the new slots, poisoned: the op writes the new slots alone
+                    for store in cache.key_stores + cache.value_stores:
+                        store[:, :, cache.length:] = float("nan")
+                    d.extend_context(cache, features, positions, valid)
+        caches.append(cache)
+    return caches, calls
+
+
+@needs_packed
+@pytest.mark.parametrize("dtype", PACKED)
+@settings(max_examples=25, deadline=None)
+@given(data=st.data())
+def test_the_op_is_bit_identical_to_the_modules(dtype, data):
+    """Random drafters (1-3 layers, their own norm weights and eps), 1-3 sequences, three
+    extensions of 0-12 slots: the same keys, values and mask, bit for bit, and one op call
+    per extension."""
+    d = fused_drafter(dtype, layers=data.draw(st.integers(1, 3), label="layers"),
+                      seed=data.draw(st.integers(0, 999), label="seed"))
+    d.hidden_norm.variance_epsilon = data.draw(st.floats(1e-3, 0.5), label="hidden eps")
+    sizes = data.draw(st.lists(st.integers(0, 12), min_size=3, max_size=3), label="slots")
+    (ours, theirs), calls = extend_both_ways(d, data.draw(st.integers(1, 3), label="batch"), sizes,
+                                             data.draw(st.integers(0, 999), label="data seed"))
+    assert len(calls) == len(sizes)
+    assert ours.length == theirs.length == sum(sizes)
+    assert torch.equal(ours.mask, theirs.mask)
+    for a, e in zip(ours.keys + ours.values, theirs.keys + theirs.values, strict=True):
+        assert torch.equal(a, e)  # NaN in a slot the op left unwritten fails here
+
+
+@needs_packed
+def test_drafts_from_the_op_context_are_the_modules_drafts():
+    d = fused_drafter(PACKED[0], layers=2, seed=11)
+    (ours, theirs), _ = extend_both_ways(d, 2, [9, 3], 12)
+    anchor, anchor_pos = torch.tensor([3, 7]), torch.tensor([14, 14])
+    with torch.inference_mode():
+        assert torch.equal(d.draft(ours, anchor, anchor_pos).tokens, d.draft(theirs, anchor, anchor_pos).tokens)
+
+
+@needs_packed
+def test_the_op_is_not_taken_where_the_modules_would_not_run_the_kernels():
+    """Autograd (training), an unswitched norm, a context projection off the kernel: the
+    modules run."""
+    d = fused_drafter(PACKED[0], layers=2, seed=5)
+    f = torch.randn(1, 3, d.fc.in_features).to(d.fc.weight.dtype)
+    with torch.inference_mode():
+        assert d._fused_context_weights(f) is not None
+    assert d._fused_context_weights(f) is None  # grad mode on and the weights require grad
+    d.requires_grad_(False)
+    assert d._fused_context_weights(f) is not None
+    del d.layers[1].self_attn.k_norm.forward, d.layers[1].self_attn.k_norm._domino_fused_layer
+    assert d._fused_context_weights(f) is None
+    d = fused_drafter(PACKED[0], layers=1, seed=5).requires_grad_(False)
+    undo_small_batch_linear(d.fc)
+    with torch.inference_mode():
+        assert d._fused_context_weights(f) is None
+
+
+@needs_packed
+def test_changed_weights_are_read_again():
+    """A projection's weight changed in place, an eps changed: the op still equals the modules."""
+    d = fused_drafter(PACKED[0], layers=2, seed=9)
+    for change in (lambda: d.layers[1].self_attn.v_proj.weight.mul_(1.5), lambda: d.fc.weight.mul_(0.5),
+                   lambda: setattr(d.layers[0].self_attn.k_norm, "variance_epsilon", 0.3)):
+        with torch.no_grad():
+            change()
+        (ours, theirs), calls = extend_both_ways(d, 1, [5], 3)
+        assert calls and all(torch.equal(a, e) for a, e in zip(ours.keys + ours.values, theirs.keys + theirs.values))
+
+
+def op_args(d, T: int = 4):
+    cache = d.new_cache(1, "cpu", d.fc.weight.dtype)
+    with torch.inference_mode():
+        features = torch.randn(1, T, d.fc.in_features).to(d.fc.weight.dtype)
+        cos, sin = d.rotary(torch.arange(T)[None], features.dtype)
+        fc, fc_bias, norm_weight, norm_eps, weights, heads, eps = d._fused_context_weights(features)
+        cache.reserve(T)
+    return [features, cos[:, 0], sin[:, 0], fc, fc_bias, norm_weight, norm_eps, list(cache.key_stores),
+            list(cache.value_stores), 0, list(weights), list(heads), list(eps)]
+
+
+OP_BAD_ARGUMENTS = {
+    "features must be a contiguous CPU tensor": lambda a: a.__setitem__(0, a[0][0]),
+    "heads must be": lambda a: a.__setitem__(11, a[11][:1]),
+    "past must be >= 0": lambda a: a.__setitem__(9, -1),
+    "value_stores must hold": lambda a: a.__setitem__(8, a[8][:1]),
+    # no room for the 4 new slots past capacity - 3
+    r"key_stores\[0\] must be a CPU tensor \[1, \d+, >= \d+, \d+\]": lambda a: a.__setitem__(9, a[7][0].shape[2] - 3),
+    r"key_stores\[1\] must be a CPU tensor": lambda a: a[7].__setitem__(1, a[7][1][:, :1]),
+    r"value_stores\[0\] must be a CPU tensor": lambda a: a[8].__setitem__(0, a[8][0].float()),
+    "weights must hold 3 entries per layer": lambda a: a.__setitem__(10, a[10][:-1]),
+    r"weights\[2\] \(layer 0\) must be a tensor": lambda a: a[10].__setitem__(2, None),
+    "eps must hold one per layer": lambda a: a.__setitem__(12, a[12][:-1]),
+    "hidden_norm_weight must be a tensor": lambda a: a.__setitem__(5, a[5][None]),
+    "packed_weight must have shape": lambda a: a[10].__setitem__(0, a[3]),  # fc's panels for k/v's
+}
+
+
+@needs_packed
+@pytest.mark.parametrize("message", sorted(OP_BAD_ARGUMENTS))
+def test_the_ops_bad_arguments_are_named(message):
+    args = op_args(fused_drafter(PACKED[0], layers=2, seed=8))
+    OP_BAD_ARGUMENTS[message](args)
+    with pytest.raises(RuntimeError, match=message), torch.inference_mode():
+        torch.ops.domino_ops.draft_context.default(*args)
+
+
+@needs_packed
+def test_fixed_context_weights_are_looked_up_once():
+    from domino import fast_layers
+
+    d = fused_drafter(PACKED[0], layers=2, seed=4)
+    looked_up, lookup = [], fast_layers.draft_context_weights
+    with mock.patch.object(fast_layers, "draft_context_weights", lambda *a: looked_up.append(a) or lookup(*a)):
+        extend_both_ways(d, 1, [3, 2], 1)
+        assert len(looked_up) == 2
+        looked_up.clear()
+        with d.weights_fixed():
+            extend_both_ways(d, 1, [3, 2], 1)
+        assert len(looked_up) == 1

@@ -10,34 +10,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from domino.fast_layers import use_fused_layers
 from domino.fast_linear import runs_packed, use_small_batch_linear
 from domino.model import DominoDraftModel
-from tiny_models import cpu_target, tiny_drafter
+from tiny_models import fused_drafter
 
 PACKED = [dt for dt in (torch.bfloat16, torch.float32)
           if runs_packed(use_small_batch_linear(torch.nn.Linear(4, 4).to(dt)), dt)]
 needs_packed = pytest.mark.skipif(not PACKED, reason="this CPU runs no packed linear kernel")
-
-
-def fused_drafter(dtype, *, layers: int, seed: int, **over) -> DominoDraftModel:
-    """A tiny drafter on the small-batch linear and the fused layers (as use_cpu_kernels
-    sets it up), its norm weights random and each norm its own eps (q's and k's one), so
-    that a weight or eps read for another shows."""
-    tgt = cpu_target("qwen3", dtype)
-    d = tiny_drafter(tgt, num_hidden_layers=layers, seed=seed, **over)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in d.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=g))
-    for layer in d.layers:
-        layer.input_layernorm.variance_epsilon = float(torch.empty(1).uniform_(1e-3, 0.5, generator=g))
-        layer.post_attention_layernorm.variance_epsilon = float(torch.empty(1).uniform_(1e-3, 0.5, generator=g))
-        eps = float(torch.empty(1).uniform_(1e-3, 0.5, generator=g))
-        layer.self_attn.q_norm.variance_epsilon = layer.self_attn.k_norm.variance_epsilon = eps
-    d = d.to(dtype).bind_target(tgt)
-    return use_fused_layers(use_small_batch_linear(d))
 
 
 def context(d, b: int, T: int, seed: int):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 
 from domino import DominoConfig, DominoDraftModel, DominoGenerator
+from domino.fast_layers import use_fused_layers
+from domino.fast_linear import use_small_batch_linear
 
 
 class IdTokenizer:
@@ -128,3 +130,23 @@ def verify_and_step(model, prompt_len: int = 20, k: int = 9, seed: int = 1):
         steps = torch.cat([model(input_ids=block[:, i:i + 1], use_cache=True, **{kv: c2}).logits
                            for i in range(k)], 1)
     return big, steps
+
+
+def fused_drafter(dtype, *, layers: int, seed: int, **over) -> DominoDraftModel:
+    """A tiny drafter on the small-batch linear and the fused layers (as use_cpu_kernels
+    sets it up), its norm weights random and each norm its own eps (q's and k's one), so
+    that a weight or eps read for another shows."""
+    tgt = cpu_target("qwen3", dtype)
+    d = tiny_drafter(tgt, num_hidden_layers=layers, seed=seed, **over)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in d.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=g))
+    for layer in d.layers:
+        layer.input_layernorm.variance_epsilon = float(torch.empty(1).uniform_(1e-3, 0.5, generator=g))
+        layer.post_attention_layernorm.variance_epsilon = float(torch.empty(1).uniform_(1e-3, 0.5, generator=g))
+        eps = float(torch.empty(1).uniform_(1e-3, 0.5, generator=g))
+        layer.self_attn.q_norm.variance_epsilon = layer.self_attn.k_norm.variance_epsilon = eps
+    d = d.to(dtype).bind_target(tgt)
+    return use_fused_layers(use_small_batch_linear(d))

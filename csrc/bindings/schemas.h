@@ -60,6 +60,15 @@ inline constexpr const char* kDecoderLayers =
 inline constexpr const char* kDraftLayers =
     "draft_layers(Tensor x, Tensor cos, Tensor sin, Tensor mask, Tensor(a!)[] key_stores, Tensor(b!)[] value_stores, "
     "int past, Tensor?[] weights, int[] heads, float[] eps, int row_start, int row_stop) -> Tensor";
+// A Domino drafter's context extension in one call over the same kernels
+// (cpu/draft_context.cpp): the new slots' hidden_norm(fc(features)), then each layer's
+// normed, rotated keys and its values of them, written into the stores at past .. past + T - 1.
+// weights: 3 per layer (k/v packed as one product, its bias, k_norm), eps: 1 per layer,
+// heads: [Hkv, head dim].
+inline constexpr const char* kDraftContext =
+    "draft_context(Tensor features, Tensor cos, Tensor sin, Tensor fc_packed, Tensor? fc_bias, "
+    "Tensor hidden_norm_weight, float hidden_eps, Tensor(a!)[] key_stores, Tensor(b!)[] value_stores, int past, "
+    "Tensor?[] weights, int[] heads, float[] eps) -> ()";
 
 // The sgl-kernel-compatible tree ops (csrc/tree_ops.h): sgl-kernel's signatures, with
 // draft_probs optional (newer sgl-kernel releases dropped it).

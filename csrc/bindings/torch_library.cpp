@@ -15,4 +15,5 @@ TORCH_LIBRARY(domino_ops, m) {
   m.def(domino::schemas::kApplyRotaryPosEmb);
   m.def(domino::schemas::kDecoderLayers);
   m.def(domino::schemas::kDraftLayers);
+  m.def(domino::schemas::kDraftContext);
 }

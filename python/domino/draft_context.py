@@ -62,6 +62,16 @@ class DraftContextCache:
         """Slots the stores hold, ``length`` of them the context."""
         return self.mask_store.shape[1]
 
+    def commit(self, valid: torch.Tensor) -> None:
+        """Makes the T slots past ``length`` context, their keys and values already written
+        into the room by a caller (``domino_ops.draft_context``, after :meth:`reserve`);
+        ``valid`` [b, T] (bool): which of them are real tokens."""
+        T = valid.shape[1]
+        if self.length + T > self.capacity:
+            raise ValueError(f"commit of {T} slots past {self.length}: reserve them first (capacity {self.capacity})")
+        self.mask_store[:, self.length:self.length + T] = valid
+        self.length += T
+
     def reserve(self, slots: int) -> None:
         """Makes room for ``slots`` slots past ``length`` to be written (the stores grow by
         doubling, the context copied once into the new ones). Stores made under

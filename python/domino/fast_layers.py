@@ -211,6 +211,33 @@ def draft_layer_weights(layers, dtype: torch.dtype) -> tuple[list, list, list] |
     return weights, [attn.nh, attn.kvh, attn.hd, inter], eps
 
 
+def draft_context_weights(drafter, dtype: torch.dtype) -> tuple | None:
+    """A drafter's context extension (:meth:`domino.DominoDraftModel.extend_context`) as
+    ``domino_ops.draft_context`` takes it, for features of ``dtype``: fc's packed product
+    (data, bias), the hidden norm's weight and eps, 3 weights a layer (the k and v projections
+    as one packed product, its bias, k_norm's weight), each layer's k_norm eps, and [kv heads,
+    head dim]; None where the op would not compute what the Python path computes: a norm
+    not on the fused forwards or its weight in another dtype, a projection not on the packed
+    product."""
+    norms = (drafter.hidden_norm, *(layer.self_attn.k_norm for layer in drafter.layers))
+    if not all(getattr(n, _FLAG, False) and n.weight.dtype is dtype and n.weight.is_contiguous() for n in norms):
+        return None
+    fc = packed_product(drafter, (drafter.fc,), dtype)
+    # the k/v concatenation kept on k_proj: the attention itself keeps its q/k/v one (an owner
+    # holds one), and k_proj and v_proj are called alone only here (their own packed copies,
+    # which the context update's Python path packs, give way to it)
+    kvs = [packed_product(layer.self_attn.k_proj, (layer.self_attn.k_proj, layer.self_attn.v_proj), dtype)
+           for layer in drafter.layers]
+    if fc is None or None in kvs:
+        return None
+    weights = []
+    for layer, kv in zip(drafter.layers, kvs):
+        weights += [kv.data, kv.bias, layer.self_attn.k_norm.weight]
+    attn = drafter.layers[0].self_attn
+    return (fc.data, fc.bias, drafter.hidden_norm.weight, float(drafter.hidden_norm.variance_epsilon), weights,
+            [attn.kvh, attn.hd], [float(layer.self_attn.k_norm.variance_epsilon) for layer in drafter.layers])
+
+
 @functools.cache
 def _mirrors_hf_attention(cls: type) -> bool:
     """Whether ``cls.forward`` is the LlamaAttention forward :func:`_attention_forward`

@@ -299,8 +299,21 @@ class DominoDraftModel(nn.Module):
     def extend_context(self, cache: DraftContextCache, features: torch.Tensor, positions: torch.Tensor,
                        valid: torch.Tensor) -> None:
         """Appends context: features [b, T, n*H] from the target layers, their positions
-        [b, T] and which of them are real tokens [b, T] (bool)."""
-        ctx = self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
+        [b, T] and which of them are real tokens [b, T] (bool). On the CPU kernels as one
+        ``domino_ops.draft_context`` call where it applies (:meth:`_fused_context_weights`;
+        the same bits as the modules' fused forwards below)."""
+        features = features.to(self.fc.weight.dtype)
+        fused = self._fused_context_weights(features)
+        if fused is not None:
+            fc, fc_bias, norm_weight, norm_eps, weights, heads, eps = fused
+            cos, sin = self.rotary(positions, features.dtype)
+            cache.reserve(features.shape[1])
+            torch.ops.domino_ops.draft_context.default(features.contiguous(), cos[:, 0], sin[:, 0], fc, fc_bias,
+                                                       norm_weight, norm_eps, cache.key_stores, cache.value_stores,
+                                                       cache.length, weights, heads, eps)
+            cache.commit(valid)
+            return
+        ctx = self.hidden_norm(self.fc(features))
         cos, sin = self.rotary(positions, ctx.dtype)
         keys_values = [layer.self_attn.key_value(ctx, cos, sin) for layer in self.layers]
         cache.append([k for k, _ in keys_values], [v for _, v in keys_values], valid)
@@ -355,6 +368,24 @@ class DominoDraftModel(nn.Module):
         if x.dtype not in fixed:
             fixed[x.dtype] = draft_layer_weights(self.layers, x.dtype)
         return fixed[x.dtype]
+
+    def _fused_context_weights(self, features: torch.Tensor):
+        """:func:`domino.fast_layers.draft_context_weights` where :meth:`extend_context` may
+        run as one ``domino_ops.draft_context`` call (csrc/cpu/draft_context.cpp): its modules'
+        fused forwards would run on the CPU kernels (no autograd graph, no autocast); else
+        None. Looked up once per dtype inside :meth:`weights_fixed`."""
+        from domino.fast_layers import draft_context_weights
+
+        if (not cpu_kernel_applies(features)
+                or (torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()))):
+            return None
+        fixed = fixed_value(self.__dict__, _FIXED)
+        if fixed is None:
+            return draft_context_weights(self, features.dtype)
+        key = ("context", features.dtype)
+        if key not in fixed:
+            fixed[key] = draft_context_weights(self, features.dtype)
+        return fixed[key]
 
     @contextlib.contextmanager
     def weights_fixed(self) -> Iterator[DominoDraftModel]:

@@ -23,12 +23,15 @@ dispatcher op ``torch.ops.domino_ops.<name>`` with caller-provided outputs):
   rounding order, batch-invariant (:mod:`domino_ops.rms_norm`, :mod:`domino_ops.silu_mul`,
   :mod:`domino_ops.apply_rotary_pos_emb`).
 
-Two CPU ops run those kernels a whole layer stack at a time, for the engine (dispatcher
+Three CPU ops run those kernels a whole layer stack at a time, for the engine (dispatcher
 ops only, no Python wrapper: their callers build the flat weight lists):
 ``torch.ops.domino_ops.decoder_layers`` (a Llama / Qwen2 / Qwen3 target's decoder layers,
 writing into its KV cache's storage; :mod:`domino.fast_forward`, whose Python loop is its
-reference) and ``torch.ops.domino_ops.draft_layers`` (a Domino drafter's backbone layers;
-:meth:`domino.model.DominoDraftModel.backbone`, the layers' fused forwards its reference).
+reference), ``torch.ops.domino_ops.draft_layers`` (a Domino drafter's backbone layers;
+:meth:`domino.model.DominoDraftModel.backbone`, the layers' fused forwards its reference)
+and ``torch.ops.domino_ops.draft_context`` (a drafter's context extension, writing its new
+keys and values into the context cache's stores; :meth:`domino.model.DominoDraftModel.extend_context`,
+the modules' fused forwards its reference).
 
 Drop-in, sgl-kernel-compatible tree ops (:mod:`domino_ops.tree_ops`, references in
 :mod:`domino_ops.reference_tree`): :func:`build_tree_kernel_efficient`,
