@@ -5,6 +5,8 @@
 
 #include <ATen/ATen.h>
 
+#include <cstdint>
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -21,6 +23,25 @@ void silu_mul_cpu(const at::Tensor& gate, const at::Tensor& up, at::Tensor out);
 void silu_mul_rows_cpu(const at::Tensor& gate_up, int64_t inter, at::Tensor out);
 void apply_rotary_pos_emb_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
                               at::Tensor q_out, at::Tensor k_out);
+
+// small_batch_linear_packed_cpu's work for bf16 panels (small_batch_linear_packed.cpp),
+// prepared on the calling thread (the arguments checked, x laid out as the product's path
+// reads it, the bias in float32) and then run a range of panels at a time, on any thread,
+// while the preparing call lasts: a caller can give each thread panels of its choosing.
+struct PackedProductRunner {
+  int64_t panels = 0;   // the weight's panels (0 when x has no rows: nothing to run)
+  int64_t grain = 1;    // the fewest panels worth a thread (~32 KB of weights)
+  at::Tensor bias_f32;  // the bias as float32 where it was converted, kept for run
+  std::function<void(int64_t, int64_t)> run;  // panels [p0, p1) of out, on the calling thread
+};
+PackedProductRunner prepare_packed_product(const at::Tensor& x, const at::Tensor& packed, int64_t N,
+                                           const std::optional<at::Tensor>& bias, at::Tensor out);
+
+// act [rows, I] = silu(gate) * up of x [rows, K] times a packed gate/up weight (2 I outputs,
+// gate's then up's, as one product; its bias or none): the same bits as
+// small_batch_linear_packed_cpu then silu_mul_rows_cpu (silu_mul.cpp).
+void gate_up_silu_cpu(const at::Tensor& x, const at::Tensor& packed, int64_t inter,
+                      const std::optional<at::Tensor>& bias, at::Tensor act);
 
 // What decoder_layers.cpp and draft_layers.cpp call them through: new outputs.
 namespace layer {
@@ -45,13 +66,6 @@ inline at::Tensor product(const at::Tensor& x, const at::Tensor& packed, int64_t
   return out;
 }
 
-// SiLU(gate) * up of a [rows, 2 I] gate/up product: [rows, I].
-inline at::Tensor silu_mul(const at::Tensor& gate_up, int64_t inter) {
-  at::Tensor act = at::empty({gate_up.size(0), inter}, gate_up.options());
-  silu_mul_rows_cpu(gate_up, inter, act);
-  return act;
-}
-
 // Layer l's 12 entries of the flat weight list.
 inline std::vector<std::optional<at::Tensor>> layer_weights(const c10::List<std::optional<at::Tensor>>& weights,
                                                             int64_t l) {
@@ -66,7 +80,8 @@ inline at::Tensor mlp_residual(const at::Tensor& x, const std::vector<std::optio
                                int64_t inter) {
   const int64_t b = x.size(0), M = x.size(1), H = x.size(2);
   at::Tensor h = rms_norm(x, *lw[kPostNorm], eps);
-  at::Tensor act = silu_mul(product(h.view({b * M, H}), *lw[kGateUp], 2 * inter, lw[kGateUpBias]), inter);
+  at::Tensor act = at::empty({b * M, inter}, x.options());
+  gate_up_silu_cpu(h.view({b * M, H}), *lw[kGateUp], inter, lw[kGateUpBias], act);
   return at::add(x, product(act, *lw[kDown], H, lw[kDownBias]).view({b, M, H}));
 }
 

@@ -69,6 +69,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <type_traits>
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -451,38 +452,35 @@ void small_batch_linear_packed_f32(const at::Tensor& x, const at::Tensor& packed
 
 }  // namespace
 
-void small_batch_linear_packed_cpu(const at::Tensor& x, const at::Tensor& packed, int64_t N,
-                                   const std::optional<at::Tensor>& bias, at::Tensor out) {
+PackedProductRunner prepare_packed_product(const at::Tensor& x, const at::Tensor& packed, int64_t N,
+                                           const std::optional<at::Tensor>& bias, at::Tensor out) {
   check_args(x, packed, N, bias, out);
-  if (packed.scalar_type() == at::kFloat) {
-    small_batch_linear_packed_f32(x, packed, N, bias, out);
-    return;
-  }
+  TORCH_CHECK(packed.scalar_type() == at::kBFloat16, "prepare_packed_product takes bf16 panels");
   const Path path = bf16_path();
   const int64_t M = x.size(0), K = x.size(1);
-  if (M == 0) return;
-  const int64_t pairs = (K + 1) / 2, panels = packed.size(0);
-  at::Tensor bias32;
-  const float* b = bias_f32(bias, bias32);
-  const BF16* w = packed.data_ptr<BF16>();
+  const int64_t pairs = (K + 1) / 2;
+  PackedProductRunner r;
+  r.panels = M == 0 ? 0 : packed.size(0);
   // At least ~32 KB of weights per thread, so tiny layers do not pay for a fork.
-  const int64_t grain = std::max<int64_t>(1, (32 << 10) / (kPanelCols * 2 * pairs * 2));
+  r.grain = std::max<int64_t>(1, (32 << 10) / (kPanelCols * 2 * pairs * 2));
+  if (r.panels == 0) return r;
+  const float* b = bias_f32(bias, r.bias_f32);
+  const BF16* w = packed.data_ptr<BF16>();
+  float* out_f32 = out.scalar_type() == at::kFloat ? out.data_ptr<float>() : nullptr;
+  BF16* out_bf16 = out.scalar_type() == at::kFloat ? nullptr : out.data_ptr<BF16>();
   if (path == Path::kAvx2) {
-    const float* xf = x_as_f32(x.data_ptr<BF16>(), M, K, pairs);
-    auto run = [&](auto* o) {
-      at::parallel_for(0, panels, grain, [&](int64_t p0, int64_t p1) {
-        packed_panels_avx2(w, pairs, xf, 2 * pairs, M, N, p0, p1, b, o, N, 0);
-      });
+    const float* xf = x_as_f32(x.data_ptr<BF16>(), M, K, pairs);  // the calling thread's buffer
+    r.run = [=](int64_t p0, int64_t p1) {
+      if (out_f32) packed_panels_avx2(w, pairs, xf, 2 * pairs, M, N, p0, p1, b, out_f32, N, 0);
+      else packed_panels_avx2(w, pairs, xf, 2 * pairs, M, N, p0, p1, b, out_bf16, N, 0);
     };
-    if (out.scalar_type() == at::kFloat) run(out.data_ptr<float>());
-    else run(out.data_ptr<BF16>());
-    return;
+    return r;
   }
 #if DOMINO_SBLP_X86
   const bool amx = path == Path::kAmx;
   // x as 32-bit column pairs: in place when K is even and the path reads only x's M rows,
   // else copied once with a zero last column (odd K) and zero rows up to amx_padded_rows(M)
-  // (the AMX path).
+  // (the AMX path), into the calling thread's buffer.
   const int64_t rows = amx ? amx_padded_rows(M) : M;
   const PairWord* xw = reinterpret_cast<const PairWord*>(x.data_ptr<BF16>());
   thread_local CacheLineVector<BF16> xpad;
@@ -493,26 +491,29 @@ void small_batch_linear_packed_cpu(const at::Tensor& x, const at::Tensor& packed
   }
   if (amx) {
     const uint32_t* xa = reinterpret_cast<const uint32_t*>(xw);
-    at::parallel_for(0, panels, grain, [&](int64_t p0, int64_t p1) {
-      if (out.scalar_type() == at::kFloat)
-        packed_panels_amx_f32(w, pairs, xa, pairs, M, N, p0, p1, b, out.data_ptr<float>(), N, 0);
-      else
-        packed_panels_amx_bf16(w, pairs, xa, pairs, M, N, p0, p1, b, out.data_ptr<BF16>(), N, 0);
-    });
+    r.run = [=](int64_t p0, int64_t p1) {
+      if (out_f32) packed_panels_amx_f32(w, pairs, xa, pairs, M, N, p0, p1, b, out_f32, N, 0);
+      else packed_panels_amx_bf16(w, pairs, xa, pairs, M, N, p0, p1, b, out_bf16, N, 0);
+    };
+    return r;
+  }
+  r.run = [=](int64_t p0, int64_t p1) {
+    if (out_f32) run_panels<Bf16Steps>(w, pairs, xw, pairs, M, b, out_f32, N, 0, N, p0, p1);
+    else run_panels<Bf16Steps>(w, pairs, xw, pairs, M, b, out_bf16, N, 0, N, p0, p1);
+  };
+#endif
+  return r;
+}
+
+void small_batch_linear_packed_cpu(const at::Tensor& x, const at::Tensor& packed, int64_t N,
+                                   const std::optional<at::Tensor>& bias, at::Tensor out) {
+  if (packed.defined() && packed.scalar_type() == at::kFloat) {
+    check_args(x, packed, N, bias, out);
+    small_batch_linear_packed_f32(x, packed, N, bias, out);
     return;
   }
-  if (out.scalar_type() == at::kFloat) {
-    float* o = out.data_ptr<float>();
-    at::parallel_for(0, panels, grain, [&](int64_t p0, int64_t p1) {
-      run_panels<Bf16Steps>(w, pairs, xw, pairs, M, b, o, N, 0, N, p0, p1);
-    });
-  } else {
-    BF16* o = out.data_ptr<BF16>();
-    at::parallel_for(0, panels, grain, [&](int64_t p0, int64_t p1) {
-      run_panels<Bf16Steps>(w, pairs, xw, pairs, M, b, o, N, 0, N, p0, p1);
-    });
-  }
-#endif
+  const PackedProductRunner r = prepare_packed_product(x, packed, N, bias, out);
+  at::parallel_for(0, r.panels, r.grain, [&](int64_t p0, int64_t p1) { r.run(p0, p1); });
 }
 
 }  // namespace domino::cpu
