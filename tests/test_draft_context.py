@@ -262,7 +262,16 @@ OP_BAD_ARGUMENTS = {
     r"weights\[2\] \(layer 0\) must be a tensor": lambda a: a[10].__setitem__(2, None),
     "eps must hold one per layer": lambda a: a.__setitem__(12, a[12][:-1]),
     "hidden_norm_weight must be a tensor": lambda a: a.__setitem__(5, a[5][None]),
-    "packed_weight must have shape": lambda a: a[10].__setitem__(0, a[3]),  # fc's panels for k/v's
+    r"weights\[0\] \(layer 0\) must be the k and v projections'": lambda a: a[10].__setitem__(0, a[3]),  # fc's panels
+    r"weights\[5\] \(layer 1\), k_norm's, must be": lambda a: a[10].__setitem__(5, a[10][5][:-1]),
+    r"weights\[1\] \(layer 0\) must be None or": lambda a: a[10].__setitem__(1, torch.zeros(3)),
+    "fc_packed must be fc's": lambda a: a.__setitem__(3, a[10][0]),  # k/v's panels for fc's
+    "fc_packed must be a CPU tensor of features' dtype": lambda a: a.__setitem__(3, a[3].float()),
+    "fc_bias must be None or": lambda a: a.__setitem__(4, torch.zeros(5)),
+    "hidden_norm_weight must be a contiguous CPU tensor": lambda a: a.__setitem__(5, a[5].float()),
+    "cos must be a CPU tensor": lambda a: a.__setitem__(1, a[1][:, :-1]),
+    "sin must be a CPU tensor": lambda a: a.__setitem__(2, a[2].float()),
+    "past must be >= 0 \\(and past": lambda a: a.__setitem__(9, 2 ** 63 - 2),
 }
 
 
@@ -273,6 +282,27 @@ def test_the_ops_bad_arguments_are_named(message):
     OP_BAD_ARGUMENTS[message](args)
     with pytest.raises(RuntimeError, match=message), torch.inference_mode():
         torch.ops.domino_ops.draft_context.default(*args)
+
+
+@needs_packed
+def test_extend_context_names_mismatched_slots_and_takes_a_cache_of_another_dtype():
+    """valid and positions of another shape than the features' slots: a ValueError naming
+    them (before, through either path); a cache of another dtype than the features (a public
+    new_cache argument): the modules' path, which casts into it, as before the op."""
+    d = fused_drafter(PACKED[0], layers=2, seed=6)
+    f = torch.randn(1, 3, d.fc.in_features).to(d.fc.weight.dtype)
+    cache = d.new_cache(1, "cpu", d.fc.weight.dtype)
+    with torch.inference_mode():
+        with pytest.raises(ValueError, match=r"valid must have shape \[1, 3\]"):
+            d.extend_context(cache, f, torch.arange(3)[None], torch.ones(1, 5, dtype=torch.bool))
+        with pytest.raises(ValueError, match=r"positions must have shape \[1, 3\]"):
+            d.extend_context(cache, f, torch.arange(2)[None], torch.ones(1, 3, dtype=torch.bool))
+        assert cache.length == 0
+        other = torch.float32 if d.fc.weight.dtype == torch.bfloat16 else torch.bfloat16
+        wide = d.new_cache(1, "cpu", other)
+        d.extend_context(wide, f, torch.arange(3)[None], torch.ones(1, 3, dtype=torch.bool))
+        d.extend_context(cache, f, torch.arange(3)[None], torch.ones(1, 3, dtype=torch.bool))
+    assert wide.length == 3 and all(torch.equal(a.to(other), e) for a, e in zip(cache.keys, wide.keys))
 
 
 @needs_packed

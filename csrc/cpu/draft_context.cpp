@@ -25,10 +25,13 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include <limits>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "cpu/layer_kernels.h"
+#include "cpu/packed_panels.h"
 
 namespace domino::cpu {
 
@@ -48,6 +51,35 @@ void check_store(const at::Tensor& store, const char* name, int64_t l, const at:
               store.scalar_type(), " ", store.sizes());
 }
 
+// `packed` (named `name`) is a [N, K] weight packed for x of `dtype`: bf16 panels [ceil(N / 48),
+// ceil(K / 2), 48, 2] for bf16 x, float32 panels [ceil(N / 48), K, 48, 1] for float32 x
+// (pack_small_batch_linear_weight); `bias` (named `bias_name`) None or [N].
+void check_panels(const at::Tensor& packed, const std::string& name, int64_t N, int64_t K, at::ScalarType dtype,
+                  const std::optional<at::Tensor>& bias, const std::string& bias_name, const std::string& what) {
+  TORCH_CHECK(packed.defined() && packed.device().is_cpu() && packed.scalar_type() == dtype,
+              name, " must be a CPU tensor of features' dtype ", dtype, " (", what, ", packed), got ",
+              packed.defined() ? std::string(c10::toString(packed.scalar_type())) : std::string("None"));
+  const bool bf16 = dtype == at::kBFloat16;
+  const int64_t panels = (N + kPackedPanelCols - 1) / kPackedPanelCols, steps = bf16 ? (K + 1) / 2 : K;
+  TORCH_CHECK(packed.dim() == 4 && packed.is_contiguous() && packed.size(0) == panels && packed.size(1) == steps &&
+                  packed.size(2) == kPackedPanelCols && packed.size(3) == (bf16 ? 2 : 1),
+              name, " must be ", what, " packed by pack_small_batch_linear_weight: contiguous [", panels, ", ", steps,
+              ", ", kPackedPanelCols, ", ", bf16 ? 2 : 1, "], got ", packed.sizes());
+  if (bias.has_value() && bias->defined())
+    TORCH_CHECK(bias->device().is_cpu() && bias->dim() == 1 && bias->size(0) == N &&
+                    (bias->scalar_type() == at::kBFloat16 || bias->scalar_type() == at::kFloat),
+                bias_name, " must be None or a bfloat16 or float32 CPU tensor [", N, "], got ", bias->sizes());
+}
+
+// A norm's weight `w` (named `name`): a contiguous CPU tensor [n] of x's dtype.
+void check_norm_weight(const at::Tensor& w, const std::string& name, int64_t n, at::ScalarType dtype) {
+  TORCH_CHECK(w.defined() && w.device().is_cpu() && w.scalar_type() == dtype && w.dim() == 1 && w.size(0) == n &&
+                  w.is_contiguous(),
+              name, " must be a contiguous CPU tensor [", n, "] of features' dtype ", dtype, ", got ",
+              w.defined() ? std::string(c10::toString(w.scalar_type())) : std::string("None"), " ",
+              w.defined() ? w.sizes() : at::IntArrayRef{});
+}
+
 }  // namespace
 
 void draft_context_cpu(const at::Tensor& features, const at::Tensor& cos, const at::Tensor& sin,
@@ -59,12 +91,24 @@ void draft_context_cpu(const at::Tensor& features, const at::Tensor& cos, const 
               "features must be a contiguous CPU tensor [batch, slots, features], got ", features.sizes());
   TORCH_CHECK(heads.size() == 2 && heads[0] > 0 && heads[1] > 0, "heads must be [kv heads, head dim], positive, got ",
               heads);
-  TORCH_CHECK(past >= 0, "past must be >= 0, got ", past);
   const int64_t b = features.size(0), T = features.size(1), F = features.size(2);
+  TORCH_CHECK(past >= 0 && past <= std::numeric_limits<int64_t>::max() - T, "past must be >= 0 (and past + ", T,
+              " slots an int64), got ", past);
   const int64_t n_kv = heads[0], d = heads[1];
-  TORCH_CHECK(hidden_norm_weight.dim() == 1 && hidden_norm_weight.size(0) > 0,
+  const at::ScalarType dtype = features.scalar_type();
+  TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kFloat, "features must be bfloat16 or float32, got ", dtype);
+  TORCH_CHECK(hidden_norm_weight.defined() && hidden_norm_weight.dim() == 1 && hidden_norm_weight.size(0) > 0,
               "hidden_norm_weight must be a tensor [hidden], got ", hidden_norm_weight.sizes());
   const int64_t H = hidden_norm_weight.size(0);
+  check_norm_weight(hidden_norm_weight, "hidden_norm_weight", H, dtype);
+  check_panels(fc_packed, "fc_packed", H, F, dtype, fc_bias, "fc_bias",
+               "fc's [hidden, features] weight, hidden = hidden_norm_weight's size");
+  for (const auto& [t, name] : {std::pair{&cos, "cos"}, std::pair{&sin, "sin"}}) {
+    TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == dtype && t->dim() == 3 && (t->size(0) == b || t->size(0) == 1) &&
+                    t->size(1) == T && t->size(2) == d && (d <= 1 || t->stride(2) == 1),
+                name, " must be a CPU tensor [", b, " or 1, ", T, ", ", d, "] of features' dtype ", dtype,
+                " (contiguous in its last dimension), got ", t->scalar_type(), " ", t->sizes());
+  }
   const int64_t L = static_cast<int64_t>(key_stores.size());
   TORCH_CHECK(L > 0, "key_stores must hold one tensor per layer, got none");
   TORCH_CHECK(static_cast<int64_t>(value_stores.size()) == L, "value_stores must hold ", L,
@@ -79,6 +123,13 @@ void draft_context_cpu(const at::Tensor& features, const at::Tensor& cos, const 
       TORCH_CHECK(weights.get(kContextWeightsPerLayer * l + i).has_value(), "weights[",
                   kContextWeightsPerLayer * l + i, "] (layer ", l, ") must be a tensor, got None");
     }
+    const int64_t w0 = kContextWeightsPerLayer * l;
+    const std::string at_layer = " (layer " + std::to_string(l) + ")";
+    check_panels(*weights.get(w0), "weights[" + std::to_string(w0) + "]" + at_layer, 2 * n_kv * d, H, dtype,
+                 weights.get(w0 + 1), "weights[" + std::to_string(w0 + 1) + "]" + at_layer,
+                 "the k and v projections' [2 kv heads head dim, hidden] weight");
+    check_norm_weight(*weights.get(w0 + 2), "weights[" + std::to_string(w0 + 2) + "]" + at_layer + ", k_norm's,", d,
+                      dtype);
   }
   if (T == 0) return;
   // the new slots' hidden states: fc, then the drafter's hidden norm

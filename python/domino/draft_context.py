@@ -66,6 +66,8 @@ class DraftContextCache:
         """Makes the T slots past ``length`` context, their keys and values already written
         into the room by a caller (``domino_ops.draft_context``, after :meth:`reserve`);
         ``valid`` [b, T] (bool): which of them are real tokens."""
+        if valid.dim() != 2 or valid.shape[0] != self.mask_store.shape[0]:
+            raise ValueError(f"valid must have shape [{self.mask_store.shape[0]}, slots], got {list(valid.shape)}")
         T = valid.shape[1]
         if self.length + T > self.capacity:
             raise ValueError(f"commit of {T} slots past {self.length}: reserve them first (capacity {self.capacity})")

@@ -125,8 +125,9 @@ def fused_packed_weight(owner: torch.nn.Module, layers: tuple, dtype: torch.dtyp
     replace them: :func:`fused_packed_linear`'s weights, kept on ``owner`` (packed again
     when a weight was replaced or changed in place, as :func:`packed_weight`; the layers'
     own packed copies are dropped, so the memory stays one copy while the layers run only
-    through it; a layer also called alone, as a drafter's context update calls its k and v
-    projections, packs its own copy again beside it).
+    through it; a layer also called alone packs its own copy again beside it). An owner keeps
+    one concatenation: a drafter's context update keeps its k and v one on ``k_proj``
+    (:func:`domino.fast_layers.draft_context_weights`), beside the attention's q/k/v one.
 
     Applies when every layer is switched by :func:`use_small_batch_linear` and runs the
     packed kernel for ``dtype``, the layers share K, all or none have a bias, and every

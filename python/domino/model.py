@@ -302,8 +302,13 @@ class DominoDraftModel(nn.Module):
         [b, T] and which of them are real tokens [b, T] (bool). On the CPU kernels as one
         ``domino_ops.draft_context`` call where it applies (:meth:`_fused_context_weights`;
         the same bits as the modules' fused forwards below)."""
+        b, T = features.shape[:2]
+        for name, t in (("positions", positions), ("valid", valid)):
+            if tuple(t.shape) != (b, T):
+                raise ValueError(f"{name} must have shape [{b}, {T}] (features' batch and slots), got {list(t.shape)}")
         features = features.to(self.fc.weight.dtype)
-        fused = self._fused_context_weights(features)
+        store = cache.key_stores[0]  # the op writes the stores as they are: the features' dtype, on the CPU
+        fused = self._fused_context_weights(features) if store.dtype is features.dtype and store.is_cpu else None
         if fused is not None:
             fc, fc_bias, norm_weight, norm_eps, weights, heads, eps = fused
             cos, sin = self.rotary(positions, features.dtype)
