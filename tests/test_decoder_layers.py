@@ -109,6 +109,23 @@ def test_bit_identical_to_the_loop_on_random_shapes(dtype, data):
         grow_and_compare(model, prompts, mask, [torch.randint(1, 32, (b, k), generator=g) for k in ks], mp)
 
 
+@needs_packed
+@pytest.mark.parametrize("intermediate", [960, 1000])
+def test_bit_identical_to_the_loop_with_the_mlp_split_over_threads(intermediate, monkeypatch):
+    """Widths where the gate/up product has enough panels for every thread (40 gate and 40
+    up panels at 960, each thread the gate and up panels of its columns and their activation,
+    csrc/cpu/silu_mul.cpp; 1,000 is not a multiple of 48: two calls), with biases: decode
+    steps, a verification block and a prompt, the loop's bits."""
+    model = random_model("llama", PACKED[0], hidden=192, heads=3, kv_heads=1, head_dim=64, intermediate=intermediate,
+                         layers=2, seed=7)  # seed 7: mlp_bias on (7 % 3 == 1)
+    g = torch.Generator().manual_seed(1)
+    prompts = torch.randint(1, 32, (2, 70), generator=g)
+    mask = torch.ones(2, 70, dtype=torch.bool)
+    mask[1, :5] = False
+    grow_and_compare(model, prompts, mask, [torch.randint(1, 32, (2, k), generator=g) for k in (1, 16, 1)],
+                     monkeypatch)
+
+
 def small_model(kind="qwen3"):
     return random_model(kind, PACKED[0], hidden=24, heads=4, kv_heads=2, head_dim=8, intermediate=40, layers=2,
                         seed=3)
