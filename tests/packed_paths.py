@@ -1,11 +1,17 @@
 """The products small_batch_linear_packed can run on this CPU ("avx2" FMA tiles on any CPU
 with AVX2 and FMA, "avx512_bf16" vectors where it has AVX512-BF16, "amx" tiles where it has
 AMX) and a switch between them for the tests of the packed kernel and of
-domino_head_expand's packed w2 product: each such test runs once per path."""
+domino_head_expand's packed w2 product: each such test runs once per path. And the dtypes
+whose switched layers run the packed product here (PACKED), with a mark for the tests of
+what needs one (the fast forward, the layer and context ops)."""
 
 import contextlib
 
+import pytest
+import torch
+
 import domino_ops
+from domino.fast_linear import runs_packed, use_small_batch_linear
 from env_var import env_var
 
 ENV = "DOMINO_SMALL_BATCH_LINEAR_PACKED_PATH"
@@ -28,3 +34,8 @@ def packed_path(name: str):
     with env_var(ENV, name):
         assert domino_ops.small_batch_linear_packed_path() == name
         yield
+
+
+PACKED = [dt for dt in (torch.bfloat16, torch.float32)
+          if runs_packed(use_small_batch_linear(torch.nn.Linear(4, 4).to(dt)), dt)]
+needs_packed = pytest.mark.skipif(not PACKED, reason="this CPU runs no packed linear kernel")

@@ -17,8 +17,9 @@ from hypothesis import strategies as st
 
 from domino.draft_context import DraftContextCache
 from domino.fast_layers import use_fused_layers
-from domino.fast_linear import runs_packed, undo_small_batch_linear, use_small_batch_linear
+from domino.fast_linear import undo_small_batch_linear, use_small_batch_linear
 from domino.model import DominoDraftModel
+from packed_paths import PACKED, needs_packed
 from tiny_models import cpu_target, fused_drafter, tiny_drafter
 
 
@@ -141,10 +142,6 @@ def test_training_gradients_reach_the_context_projection():
 
 
 # ---- domino_ops.draft_context -----------------------------------------------------------
-
-PACKED = [dt for dt in (torch.bfloat16, torch.float32)
-          if runs_packed(use_small_batch_linear(torch.nn.Linear(4, 4).to(dt)), dt)]
-needs_packed = pytest.mark.skipif(not PACKED, reason="this CPU runs no packed linear kernel")
 
 
 def extend_both_ways(d, b: int, sizes: list[int], seed: int):

@@ -10,13 +10,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from domino.fast_linear import runs_packed, use_small_batch_linear
+from domino.fast_linear import use_small_batch_linear
 from domino.model import DominoDraftModel
+from packed_paths import PACKED, needs_packed
 from tiny_models import fused_drafter
 
-PACKED = [dt for dt in (torch.bfloat16, torch.float32)
-          if runs_packed(use_small_batch_linear(torch.nn.Linear(4, 4).to(dt)), dt)]
-needs_packed = pytest.mark.skipif(not PACKED, reason="this CPU runs no packed linear kernel")
 
 
 def context(d, b: int, T: int, seed: int):

@@ -14,13 +14,11 @@ from domino import fast_forward
 from domino.fast_attention import use_small_batch_attention
 from domino.fast_forward import undo_fast_forward, use_fast_forward, uses_fast_forward
 from domino.fast_layers import use_fused_layers
-from domino.fast_linear import runs_packed, use_small_batch_linear
+from domino.fast_linear import use_small_batch_linear
+from packed_paths import PACKED, needs_packed  # noqa: F401  (test_decoder_layers imports them from here)
 from tiny_models import IdTokenizer, cpu_target, tiny_drafter
 
 # The dtypes whose linears run the packed kernel on this CPU: the fast forward's domain.
-PACKED = [dt for dt in (torch.bfloat16, torch.float32)
-          if runs_packed(use_small_batch_linear(torch.nn.Linear(4, 4).to(dt)), dt)]
-needs_packed = pytest.mark.skipif(not PACKED, reason="this CPU runs no packed linear kernel")
 
 
 def switched_target(kind="llama", dtype=torch.bfloat16, seed=0):

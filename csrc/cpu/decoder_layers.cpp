@@ -54,14 +54,8 @@ int64_t check_layer_args(const at::Tensor& x, at::IntArrayRef heads, at::TensorL
   TORCH_CHECK(static_cast<int64_t>(eps.size()) == 3 * L, "eps must hold 3 per layer (", 3 * L, "), got ", eps.size());
   const int64_t b = x.size(0), n_kv = heads[1], d = heads[2];
   for (int64_t l = 0; l < L; ++l) {
-    for (const auto& [store, name] : {std::pair{&key_stores[l], "key_stores"}, std::pair{&value_stores[l], "value_stores"}}) {
-      TORCH_CHECK(store->device().is_cpu() && store->scalar_type() == x.scalar_type() && store->dim() == 4 &&
-                      store->size(0) == b && store->size(1) == n_kv && store->size(3) == d &&
-                      store->size(2) >= slots && store->stride(3) == 1,
-                  name, "[", l, "] must be a CPU tensor [", b, ", ", n_kv, ", >= ", slots, ", ", d, "] of x's dtype ",
-                  x.scalar_type(), " (contiguous in its last dimension), got ", store->scalar_type(), " ",
-                  store->sizes());
-    }
+    check_layer_store(key_stores[l], "key_stores", l, x, "x's", b, n_kv, d, slots);
+    check_layer_store(value_stores[l], "value_stores", l, x, "x's", b, n_kv, d, slots);
     for (Weight i : {kInputNorm, kQkv, kO, kPostNorm, kGateUp, kDown}) {
       TORCH_CHECK(weights.get(kWeightsPerLayer * l + i).has_value(), "weights[", kWeightsPerLayer * l + i,
                   "] (layer ", l, ") must be a tensor, got None");

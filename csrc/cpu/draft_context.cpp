@@ -41,16 +41,6 @@ namespace {
 
 constexpr int64_t kContextWeightsPerLayer = 3;  // k/v packed, its bias, k_norm
 
-void check_store(const at::Tensor& store, const char* name, int64_t l, const at::Tensor& x, int64_t b, int64_t n_kv,
-                 int64_t d, int64_t slots) {
-  TORCH_CHECK(store.device().is_cpu() && store.scalar_type() == x.scalar_type() && store.dim() == 4 &&
-                  store.size(0) == b && store.size(1) == n_kv && store.size(3) == d && store.size(2) >= slots &&
-                  store.stride(3) == 1,
-              name, "[", l, "] must be a CPU tensor [", b, ", ", n_kv, ", >= ", slots, ", ", d,
-              "] of features' dtype ", x.scalar_type(), " (contiguous in its last dimension), got ",
-              store.scalar_type(), " ", store.sizes());
-}
-
 // `packed` (named `name`) is a [N, K] weight packed for x of `dtype`: bf16 panels [ceil(N / 48),
 // ceil(K / 2), 48, 2] for bf16 x, float32 panels [ceil(N / 48), K, 48, 1] for float32 x
 // (pack_small_batch_linear_weight); `bias` (named `bias_name`) None or [N].
@@ -117,13 +107,12 @@ void draft_context_cpu(const at::Tensor& features, const at::Tensor& cos, const 
               kContextWeightsPerLayer, " entries per layer (", kContextWeightsPerLayer * L, "), got ", weights.size());
   TORCH_CHECK(static_cast<int64_t>(eps.size()) == L, "eps must hold one per layer (", L, "), got ", eps.size());
   for (int64_t l = 0; l < L; ++l) {
-    check_store(key_stores[l], "key_stores", l, features, b, n_kv, d, past + T);
-    check_store(value_stores[l], "value_stores", l, features, b, n_kv, d, past + T);
-    for (int64_t i : {int64_t{0}, int64_t{2}}) {
-      TORCH_CHECK(weights.get(kContextWeightsPerLayer * l + i).has_value(), "weights[",
-                  kContextWeightsPerLayer * l + i, "] (layer ", l, ") must be a tensor, got None");
-    }
+    check_layer_store(key_stores[l], "key_stores", l, features, "features'", b, n_kv, d, past + T);
+    check_layer_store(value_stores[l], "value_stores", l, features, "features'", b, n_kv, d, past + T);
     const int64_t w0 = kContextWeightsPerLayer * l;
+    for (int64_t i : {w0, w0 + 2}) {
+      TORCH_CHECK(weights.get(i).has_value(), "weights[", i, "] (layer ", l, ") must be a tensor, got None");
+    }
     const std::string at_layer = " (layer " + std::to_string(l) + ")";
     check_panels(*weights.get(w0), "weights[" + std::to_string(w0) + "]" + at_layer, 2 * n_kv * d, H, dtype,
                  weights.get(w0 + 1), "weights[" + std::to_string(w0 + 1) + "]" + at_layer,
@@ -136,9 +125,9 @@ void draft_context_cpu(const at::Tensor& features, const at::Tensor& cos, const 
   at::Tensor ctx = rms_norm(product(features.view({b * T, F}), fc_packed, H, fc_bias).view({b, T, H}),
                             hidden_norm_weight, hidden_eps);
   for (int64_t l = 0; l < L; ++l) {
-    const std::optional<at::Tensor> kv_packed = weights.get(kContextWeightsPerLayer * l);
-    const std::optional<at::Tensor> kv_bias = weights.get(kContextWeightsPerLayer * l + 1);
-    const std::optional<at::Tensor> k_norm = weights.get(kContextWeightsPerLayer * l + 2);
+    const int64_t w0 = kContextWeightsPerLayer * l;
+    const std::optional<at::Tensor> kv_packed = weights.get(w0), kv_bias = weights.get(w0 + 1),
+                                    k_norm = weights.get(w0 + 2);
     auto parts = product(ctx.view({b * T, H}), *kv_packed, 2 * n_kv * d, kv_bias)
                      .view({b, T, 2 * n_kv * d})
                      .split_with_sizes({n_kv * d, n_kv * d}, 2);

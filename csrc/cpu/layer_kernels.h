@@ -18,9 +18,6 @@ void small_batch_attention_cpu(const at::Tensor& q, const at::Tensor& k, const a
                                const std::optional<at::Tensor>& mask, double scale, at::Tensor out);
 void rms_norm_cpu(const at::Tensor& input, const at::Tensor& weight, double eps, at::Tensor out);
 void silu_mul_cpu(const at::Tensor& gate, const at::Tensor& up, at::Tensor out);
-// silu_mul_cpu on the two halves of each row of gate_up [rows, 2 inter] (contiguous) in
-// place, without copying them out: out [rows, inter], the same bits.
-void silu_mul_rows_cpu(const at::Tensor& gate_up, int64_t inter, at::Tensor out);
 void apply_rotary_pos_emb_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
                               at::Tensor q_out, at::Tensor k_out);
 
@@ -90,6 +87,18 @@ inline at::Tensor mlp_residual(const at::Tensor& x, const std::vector<std::optio
 inline void check_layer_input(const at::Tensor& x) {
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 3 && x.is_contiguous(),
               "x must be a contiguous CPU tensor [batch, positions, hidden], got ", x.sizes());
+}
+
+// A layer's key or value store (named name[l]): a CPU tensor [b, Hkv, >= slots, d] of x's
+// dtype (x named x_name), contiguous in its last dimension.
+inline void check_layer_store(const at::Tensor& store, const char* name, int64_t l, const at::Tensor& x,
+                              const char* x_name, int64_t b, int64_t n_kv, int64_t d, int64_t slots) {
+  TORCH_CHECK(store.device().is_cpu() && store.scalar_type() == x.scalar_type() && store.dim() == 4 &&
+                  store.size(0) == b && store.size(1) == n_kv && store.size(3) == d && store.size(2) >= slots &&
+                  store.stride(3) == 1,
+              name, "[", l, "] must be a CPU tensor [", b, ", ", n_kv, ", >= ", slots, ", ", d, "] of ", x_name,
+              " dtype ", x.scalar_type(), " (contiguous in its last dimension), got ", store.scalar_type(), " ",
+              store.sizes());
 }
 
 // The other checks both ops share, x checked: heads [Hq, Hkv, head dim, intermediate];

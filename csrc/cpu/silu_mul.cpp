@@ -11,9 +11,11 @@
 // 1536-wide MLP are 24.6K elements: the call, not the bytes, is the cost below ~100K
 // elements, which is why one call replaces two.
 //
-// silu_mul_rows_cpu (decoder_layers.cpp and draft_layers.cpp): the same on the two halves
-// of each row of a fused gate/up product, read where the product wrote them; before, each
-// half was first copied out to be contiguous (two copies of a prompt's [rows, 1536]).
+// gate_up_silu_cpu (decoder_layers.cpp and draft_layers.cpp, through layer_kernels.h's
+// mlp_residual): a layer's fused gate/up product and the same on the two halves of each of
+// its rows, read where the product wrote them (before, each half was first copied out to be
+// contiguous: two copies of a prompt's [rows, 1536]), in one parallel region where the halves
+// split at a panel boundary.
 //
 // Batch invariance, by construction: every element goes through the same lane operations
 // (the instruction-set build's silu_mul, cpu/vec.cpp), so an element's bits do not depend
@@ -65,6 +67,18 @@ void silu_mul_cpu(const at::Tensor& gate, const at::Tensor& up, at::Tensor out) 
   }
 }
 
+namespace {
+
+// Rows [r0, r1), columns [n0, n0 + n) of silu(gate) * up from gate_up [rows, 2 inter]
+// (gate's half, then up's) into out [rows, inter]; fn the instruction-set build's silu_mul.
+template <typename Fn, typename T>
+void silu_mul_block(Fn fn, const T* gate_up, int64_t inter, int64_t r0, int64_t r1, int64_t n0, int64_t n, T* out) {
+  for (int64_t r = r0; r < r1; ++r)
+    fn(gate_up + r * 2 * inter + n0, gate_up + r * 2 * inter + inter + n0, n, out + r * inter + n0);
+}
+
+// silu_mul_cpu on the two halves of each row of gate_up [rows, 2 inter] (contiguous), in
+// place, without copying them out: out [rows, inter], the same bits.
 void silu_mul_rows_cpu(const at::Tensor& gate_up, int64_t inter, at::Tensor out) {
   check_dense_float(gate_up, "gate_up");
   check_dense_float(out, "out");
@@ -79,9 +93,7 @@ void silu_mul_rows_cpu(const at::Tensor& gate_up, int64_t inter, at::Tensor out)
   // whole rows, about silu_mul_cpu's grain of elements a share
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 13) / inter);
   auto each_row = [&](auto fn, const auto* g, auto* o) {
-    at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) fn(g + r * 2 * inter, g + r * 2 * inter + inter, inter, o + r * inter);
-    });
+    at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) { silu_mul_block(fn, g, inter, r0, r1, 0, inter, o); });
   };
   if (gate_up.scalar_type() == at::kFloat)
     each_row(K.silu_mul_f32, gate_up.data_ptr<float>(), out.data_ptr<float>());
@@ -90,6 +102,8 @@ void silu_mul_rows_cpu(const at::Tensor& gate_up, int64_t inter, at::Tensor out)
              reinterpret_cast<uint16_t*>(out.data_ptr()));
 }
 
+}  // namespace
+
 void gate_up_silu_cpu(const at::Tensor& x, const at::Tensor& packed, int64_t inter,
                       const std::optional<at::Tensor>& bias, at::Tensor act) {
   at::Tensor gate_up = at::empty({x.size(0), 2 * inter}, x.options());
@@ -97,9 +111,8 @@ void gate_up_silu_cpu(const at::Tensor& x, const at::Tensor& packed, int64_t int
   // which each thread computes the gate panels of a range of columns, the up panels of the
   // same columns, then their silu_mul, from its own cache. (As two calls, the product's
   // threads split the panels in halves, the gate's to one thread and the up's to the other,
-  // and silu_mul read half of each row from the other core: a 16-row verification's
-  // activation took ~3x its in-cache time.) Elementwise, and each output one product: the
-  // same bits as the two calls.
+  // and silu_mul read half of each row from the other core.) Elementwise, and each output
+  // one product: the same bits as the two calls.
   if (packed.defined() && packed.scalar_type() == at::kBFloat16 && inter > 0 && inter % kPackedPanelCols == 0 &&
       act.is_contiguous() && act.scalar_type() == x.scalar_type() && act.sizes() == at::IntArrayRef({x.size(0), inter})) {
     const PackedProductRunner product = prepare_packed_product(x, packed, 2 * inter, bias, gate_up);
@@ -112,9 +125,7 @@ void gate_up_silu_cpu(const at::Tensor& x, const at::Tensor& packed, int64_t int
     at::parallel_for(0, half, std::max<int64_t>(1, product.grain / 2), [&](int64_t c0, int64_t c1) {
       product.run(c0, c1);
       product.run(half + c0, half + c1);
-      const int64_t n0 = c0 * kPackedPanelCols, n = (c1 - c0) * kPackedPanelCols;
-      for (int64_t r = 0; r < rows; ++r)
-        K.silu_mul_bf16(gu + r * 2 * inter + n0, gu + r * 2 * inter + inter + n0, n, o + r * inter + n0);
+      silu_mul_block(K.silu_mul_bf16, gu, inter, 0, rows, c0 * kPackedPanelCols, (c1 - c0) * kPackedPanelCols, o);
     });
     return;
   }

@@ -167,19 +167,23 @@ bool amx_tiles(const Kernels& K, int64_t D, bool bf16) {
   return usable;
 }
 
-// One query row's mask over keys [0, limit): vr[j] whether key j is visible, and for a float
-// mask its bias br[j] (0 where hidden); returns whether some visible key has a nonzero bias.
-// A float at or below kHiddenBias (-inf, a dtype's lowest) hides its key; NaN stays visible
-// (it propagates). mask_row reads a contiguous row, mask_row_strided one `mn` elements apart.
-template <typename MaskT>
-bool mask_row(const MaskT* __restrict row, int64_t limit, uint8_t* __restrict vr, float* __restrict br) {
+// One query row's mask over keys [0, limit), its entries `mn` apart: vr[j] whether key j is
+// visible, and for a float mask its bias br[j] (0 where hidden); returns whether some
+// visible key has a nonzero bias. A float at or below kHiddenBias (-inf, a dtype's lowest)
+// hides its key; NaN stays visible (it propagates). kContiguous (mn == 1, the usual case)
+// makes loops the compiler vectorizes: a 16-token verification's scalar loop here showed in
+// its profile.
+template <bool kContiguous, typename MaskT>
+bool mask_row(const MaskT* __restrict row, int64_t mn, int64_t limit, uint8_t* __restrict vr, float* __restrict br) {
+  const int64_t step = kContiguous ? 1 : mn;
   if constexpr (std::is_same_v<MaskT, bool>) {
-    std::memcpy(vr, row, limit);  // a bool tensor holds 0 or 1
+    if constexpr (kContiguous) std::memcpy(vr, row, limit);  // a bool tensor holds 0 or 1
+    else for (int64_t j = 0; j < limit; ++j) vr[j] = row[j * step];
     return false;
   } else {
     int any = 0;
     for (int64_t j = 0; j < limit; ++j) {
-      const float f = static_cast<float>(row[j]);
+      const float f = static_cast<float>(row[j * step]);
       const bool keep = !(f <= kHiddenBias);
       vr[j] = keep;
       br[j] = keep ? f : 0.0f;
@@ -187,22 +191,6 @@ bool mask_row(const MaskT* __restrict row, int64_t limit, uint8_t* __restrict vr
     }
     return any != 0;
   }
-}
-
-template <typename MaskT>
-bool mask_row_strided(const MaskT* row, int64_t mn, int64_t limit, uint8_t* vr, float* br) {
-  bool any = false;
-  for (int64_t j = 0; j < limit; ++j) {
-    if constexpr (std::is_same_v<MaskT, bool>) {
-      vr[j] = row[j * mn];
-    } else {
-      const float f = static_cast<float>(row[j * mn]);
-      vr[j] = !(f <= kHiddenBias);
-      br[j] = vr[j] ? f : 0.0f;
-      any |= vr[j] && f != 0.0f;
-    }
-  }
-  return any;
 }
 
 template <typename T, typename MaskT>
@@ -228,8 +216,9 @@ void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, cons
   // Eight positions where that still splits evenly over the threads: a 12- to 16-token
   // verification then runs 6 tasks of 24 query rows (SmolLM2's 3 kv heads), a whole 16-row
   // block for the AMX scores and value sums and the values' chunks packed for 24 rows
-  // instead of 12 (16 rows over 126 keys: ~35 -> ~31 us, 12 rows ~30 -> ~26 us on the
-  // 2-core Xeon VM); an odd number of tasks (24 positions: 9) would leave a thread a task
+  // instead of 12 (with this file's other changes of the fifty-ninth session, bf16, 16 rows
+  // over 100 keys 28.2-28.9 -> 25.9-26.1 us on the 2-core Xeon VM, benchmarks/bench_attention.py
+  // in benchmarks/README.md); an odd number of tasks (24 positions: 9) would leave a thread a task
   // behind, so there four: 12 query rows a task. From 64 positions (a prompt) sixteen: 16 *
   // group rows, whole blocks of 16 tile rows and one key chunk shared by more rows on the
   // vector path (2-core Xeon VM: a 2,000-token prefill 913/921 -> 845/813 ms,
@@ -297,10 +286,7 @@ void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, cons
             continue;
           }
           const MaskT* row = mp + b * mb + h * mh + m * mm;
-          // contiguous rows (the usual case) in loops the compiler vectorizes: a 16-token
-          // verification's scalar loop here was ~7 % of its attention
-          if (mn == 1) any_bias |= mask_row(row, limit, vr, br);
-          else any_bias |= mask_row_strided(row, mn, limit, vr, br);
+          any_bias |= mn == 1 ? mask_row<true>(row, mn, limit, vr, br) : mask_row<false>(row, mn, limit, vr, br);
           if constexpr (!std::is_same_v<MaskT, bool>) std::fill(br + limit, br + n, 0.0f);
         }
       }

@@ -312,7 +312,7 @@ class DominoDraftModel(nn.Module):
         if fused is not None:
             fc, fc_bias, norm_weight, norm_eps, weights, heads, eps = fused
             cos, sin = self.rotary(positions, features.dtype)
-            cache.reserve(features.shape[1])
+            cache.reserve(T)
             torch.ops.domino_ops.draft_context.default(features.contiguous(), cos[:, 0], sin[:, 0], fc, fc_bias,
                                                        norm_weight, norm_eps, cache.key_stores, cache.value_stores,
                                                        cache.length, weights, heads, eps)
