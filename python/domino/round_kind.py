@@ -10,12 +10,27 @@ entries). Where a verification forward is compute-bound the extra tokens cost ne
 full price: on a 2-core AVX2 Zen 3 VM (forty-fourth session, 8 HumanEval prompts, 96
 tokens, ``benchmarks/bench_e2e.py``) the adaptive chain ran at 1.39x plain decoding and the
 tree at 1.22-1.26x with or without the grafts, while on the AVX-512 and AMX VMs the tree
-led. So the generator measures both kinds as it runs: tokens kept per millisecond of wall
-time, per kind, each kind's evidence fading as it is played again (acceptance moves along
-a response), and plays the faster kind, with the other now and then so that a change is
-noticed: after ``explore_every`` rounds at first, the interval doubling (up to
-``max_explore_every``) each time a look at the other kind leaves the lead where it was,
-so a machine where one kind is clearly faster soon spends almost no rounds on the other.
+led. So the generator measures both kinds as it runs and plays the faster, with the other
+now and then so that a change is noticed: after ``explore_every`` rounds at first, the
+interval doubling (up to ``max_explore_every``) each time a look at the other kind leaves
+the lead where it was by a clear margin (:data:`CLEAR_LEAD`), so a machine where one kind
+is clearly faster soon spends almost no rounds on the other, and one where they are close
+keeps looking.
+
+Which kind is faster is judged from *paired* rounds: a look at the trailing kind against
+the leader's rate over its last few rounds (``memory``), both from the same stretch of the
+response, as tokens the chain keeps against tokens the tree keeps in the same time
+(:meth:`RoundKindChooser.advantage`, faded over the last ~``looks`` looks). Tokens a
+round rise and fall along a response, both kinds' together (1-2 in a hard stretch, 5-10 in
+boilerplate), and comparing each kind's own faded rate instead, as this chooser did until
+the sixtieth session, compared a kind measured in a hard stretch with the other's rate
+from an easy one long before: on the AMX Xeon VM the chain took the lead after hard
+stretches and kept it into easy ones, where the tree's rate, stale and low, caught up only
+one look per up to 64 rounds, and "auto" played 170-220 of ~500 rounds as chains in four
+of eight passes of 16 HumanEval prompts, at 0.961x / 0.991x the tree's tokens/s; paired,
+10-72 chain rounds a pass and 0.988x / 0.990x (``benchmarks/round_kind_ab.py``,
+``results/round_kind_xeon_session60.txt``; with the kernels' AVX2 builds, where the two
+kinds run within 2 % of each other, 0.987x -> 0.998x the faster fixed kind).
 
 The warm-up is 6 rounds of each kind, alternating, and a kind's first round is played but
 not measured: it runs on cold caches (in a new process the first tree round pages in the
@@ -27,7 +42,9 @@ run``'s prompt, 128 tokens) ran 17-21 of its ~38 rounds as chains where later ca
 round, and then a round's tokens (1 to 10) varying more than the kinds' speeds differ, let
 the chain lead on one or two lucky rounds, and looks at the tree 8, 16, 32 rounds apart
 corrected it slowly. With both changes the benchmark measures 12 chain rounds (6 of them
-the warm-up) in the first call of each of three new processes, 1 in later calls.
+the warm-up) in the first call of each of three new processes, 1 in later calls; with
+the paired comparisons on the AMX Xeon VM (sixtieth session), 8 (6 of them the warm-up),
+then 1 and 0.
 
 Greedy only: timing decides the rounds, and a sampled request's output under a seed must
 not depend on timing (sampled requests never get "auto"'s tree anyway).
@@ -37,14 +54,23 @@ from __future__ import annotations
 
 import time
 
-__all__ = ["ROUND_KINDS", "RoundKindChooser"]
+__all__ = ["ROUND_KINDS", "CLEAR_LEAD", "RoundKindChooser"]
 
 ROUND_KINDS = ("tree", "chain")
+# A look that leaves the lead where it was doubles the interval to the next look only if
+# the leader is ahead by this factor (advantage() >= 1.2 or <= 1 / 1.2); a closer lead keeps
+# the looks ``explore_every`` rounds apart, so a wrong lead between close kinds is soon
+# corrected. ``benchmarks/round_kind_sim.py`` (simulated noisy rounds, 12 seeds) against 1.0
+# (no margin): within 0.3 % where the tree is 27 % faster or the text alternates easy and
+# hard stretches, +1.8 % where the chain is 11 % faster (noise had left the tree leading
+# with looks 64 rounds apart). There the old unpaired chooser gets 1.2 % more still (a
+# stationary speed suits its long averages), and 4.6 % less with the stretches.
+CLEAR_LEAD = 1.2
 
 
 class RoundKindChooser:
-    """Picks "tree" or "chain" for each round from the tokens per millisecond each kind has
-    given so far.
+    """Picks "tree" or "chain" for each round from how the two kinds compare where both
+    were played close together.
 
     ``warmup``: rounds of each kind played first, alternating, the tree first; each kind's
     first round is not measured (cold caches), the rest of the warm-up is.
@@ -52,11 +78,12 @@ class RoundKindChooser:
     many rounds of the leader; the interval doubles, up to ``max_explore_every``, whenever
     such a round leaves the lead unchanged, and starts over when the lead changes.
     ``memory``: a kind's tokens and milliseconds fade by ``1 - 1 / memory`` each time it is
-    played, so its rate follows its last ~``memory`` rounds. ``clock``: seconds, for
-    :meth:`now` (the generator times rounds with it)."""
+    played, so :meth:`rate` follows its last ~``memory`` rounds. ``looks``: the paired
+    comparisons (:meth:`advantage`) fade by ``1 - 1 / looks`` at each new one. ``clock``:
+    seconds, for :meth:`now` (the generator times rounds with it)."""
 
-    def __init__(self, warmup: int = 6, explore_every: int = 8, max_explore_every: int = 64, memory: float = 24.0,
-                 clock=time.perf_counter):
+    def __init__(self, warmup: int = 6, explore_every: int = 8, max_explore_every: int = 64, memory: float = 8.0,
+                 looks: float = 8.0, clock=time.perf_counter):
         if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 1:
             raise ValueError(f"warmup must be an int >= 1, got {warmup!r}")
         if isinstance(explore_every, bool) or not isinstance(explore_every, int) or explore_every < 1:
@@ -67,25 +94,35 @@ class RoundKindChooser:
                              f"got {max_explore_every!r}")
         if not memory >= 1.0:
             raise ValueError(f"memory must be >= 1 round, got {memory!r}")
-        self.warmup, self.keep, self.clock = warmup, 1.0 - 1.0 / memory, clock
+        if not looks >= 1.0:
+            raise ValueError(f"looks must be >= 1, got {looks!r}")
+        self.warmup, self.keep, self.keep_pairs, self.clock = warmup, 1.0 - 1.0 / memory, 1.0 - 1.0 / looks, clock
         self.explore_every, self.max_explore_every = explore_every, max_explore_every
         self.interval = explore_every  # rounds of the leader before the next look at the other kind
         self.since_look = 0  # rounds of the leader since the last look
         self.tokens = dict.fromkeys(ROUND_KINDS, 0.0)
         self.ms = dict.fromkeys(ROUND_KINDS, 0.0)
         self.rounds = dict.fromkeys(ROUND_KINDS, 0)
+        # paired evidence, faded: the chain's tokens against the tree's in the same time
+        self.chain_tokens = self.tree_tokens = 0.0
 
     def now(self) -> float:
         """The chooser's clock, in seconds."""
         return self.clock()
 
     def rate(self, kind: str) -> float:
-        """Tokens per millisecond ``kind`` has given (faded); 0 before it has been played."""
+        """Tokens per millisecond ``kind`` has given over its last rounds played (faded); 0
+        before it has been played."""
         return self.tokens[kind] / self.ms[kind] if self.ms[kind] > 0 else 0.0
 
+    def advantage(self) -> float:
+        """The chain's tokens per tree token in the same time, from the paired comparisons
+        (each a round of one kind against the other's rate just then); 1.0 before any."""
+        return self.chain_tokens / self.tree_tokens if self.tree_tokens > 0 else 1.0
+
     def leader(self) -> str:
-        """The kind with the higher rate (the tree on a tie)."""
-        return max(ROUND_KINDS, key=self.rate)
+        """The kind the paired comparisons favour (the tree on a tie)."""
+        return "chain" if self.advantage() > 1.0 else "tree"
 
     def choose(self) -> str:
         """The kind of the next round."""
@@ -106,13 +143,27 @@ class RoundKindChooser:
         self.rounds[kind] += 1
         if self.rounds[kind] == 1:  # cold caches: played, not measured (module docstring)
             return
+        ms = max(ms, 1e-6)
+        other = next(k for k in ROUND_KINDS if k != kind)
+        # A pair: this round against what the other kind makes in its time at the other's
+        # rate of just before, so both sides come from the same stretch of text (tokens a
+        # round rise and fall along a response, both kinds' alike). Only where that rate is
+        # fresh: in the warm-up (the kinds alternate) and on a look at the trailing kind
+        # (the leader was played just before); never a leader's round against the trailing
+        # kind's rate of long ago.
+        if self.ms[other] > 0 and (not warm or kind != leader):
+            expected = self.rate(other) * ms
+            made, would = (tokens, expected) if kind == "chain" else (expected, tokens)
+            self.chain_tokens = self.chain_tokens * self.keep_pairs + made
+            self.tree_tokens = self.tree_tokens * self.keep_pairs + would
         self.tokens[kind] = self.tokens[kind] * self.keep + tokens
-        self.ms[kind] = self.ms[kind] * self.keep + max(ms, 1e-6)
+        self.ms[kind] = self.ms[kind] * self.keep + ms
         if not warm:
             return
         if kind == leader:
             self.since_look += 1
-        else:  # a look at the other kind: the interval doubles if the lead held, else starts over
-            held = self.leader() == leader
-            self.interval = min(2 * self.interval, self.max_explore_every) if held else self.explore_every
+        else:  # a look at the other kind: the interval doubles if the lead held by a clear margin, else starts over
+            a = self.advantage()
+            clear = self.leader() == leader and max(a, 1.0 / a) >= CLEAR_LEAD
+            self.interval = min(2 * self.interval, self.max_explore_every) if clear else self.explore_every
             self.since_look = 0
