@@ -29,13 +29,26 @@ def test_warmup_alternates_starting_with_the_tree():
 @pytest.mark.parametrize("fast", ROUND_KINDS)
 def test_the_faster_kind_is_played_and_the_other_looked_at_ever_more_rarely(fast):
     """After the warm-up: 8 rounds of the leader, a look at the other kind, then 16, 32 (the
-    lead holding each time), then every 64th round at most."""
+    lead holding clearly each time, ``looks`` pairs made), then every 64th round at most."""
     slow = next(k for k in ROUND_KINDS if k != fast)
-    chooser = RoundKindChooser(warmup=2, explore_every=8, max_explore_every=64)
+    chooser = RoundKindChooser(warmup=2, explore_every=8, max_explore_every=64, looks=2.0)
     kinds = play(chooser, 4 + 300, {fast: 1.0, slow: 3.0})[4:]
     looks = [i for i, k in enumerate(kinds) if k == slow]
     assert looks == [8, 25, 58, 123, 188, 253]
     assert chooser.leader() == fast and chooser.rate(fast) == pytest.approx(1.0)
+
+
+def test_looks_stay_close_until_the_evidence_is_enough():
+    """However clear the lead, the interval stays ``explore_every`` until ``looks`` paired
+    comparisons exist (single rounds scatter widely: a few unlucky looks after the warm-up
+    once handed the chain ~150 rounds in a new process's first call), then doubles."""
+    chooser = RoundKindChooser(warmup=2, explore_every=8, max_explore_every=64, looks=6.0)
+    kinds = play(chooser, 4 + 120, {"tree": 1.0, "chain": 3.0})[4:]
+    looks = [i for i, k in enumerate(kinds) if k == "chain"]
+    # one pair from the warm-up (the tree's second round had no chain rate to pair with), one
+    # a look: the fifth look makes six, and the interval doubles from there
+    assert looks == [8, 17, 26, 35, 44, 61, 94]
+    assert chooser.pairs == 8 and chooser.interval == 64
 
 
 def test_the_interval_starts_over_when_a_look_changes_the_lead():
@@ -63,7 +76,7 @@ def test_hard_stretches_do_not_hand_the_lead_to_the_slower_kind():
     """The tree keeps more tokens per ms than the chain at every moment, but both keep fewer
     in hard stretches of a response (tokens a round drawn around each kind's mean, as real
     rounds scatter). Judged by paired rounds from the same stretch, the tree keeps the lead:
-    under 15 % of the rounds are chains over six seeds (7.5 % with this chooser; comparing
+    under 15 % of the rounds are chains over six seeds (4.6 % with this chooser; comparing
     each kind's own faded rate, a hard-stretch tree against an easy-stretch chain, played
     39 % chains: benchmarks/round_kind_sim.py's "stretches")."""
     easy, hard = ((5, 22), (3.5, 18.5)), ((1.5, 20), (1.2, 18))
@@ -97,7 +110,7 @@ def test_a_look_pairs_with_the_leaders_rate_of_just_before():
 def test_a_kinds_first_round_is_not_measured():
     """A first round on cold caches (here 500x the tree's usual time) leaves no trace: the
     tree still leads once warm, where counting it had handed the lead to the slower chain."""
-    chooser = RoundKindChooser(warmup=2)
+    chooser = RoundKindChooser(warmup=2, looks=2.0)
     assert chooser.choose() == "tree"
     chooser.record("tree", 2, 1000.0)
     assert chooser.rate("tree") == 0.0 and chooser.rounds["tree"] == 1

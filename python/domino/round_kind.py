@@ -26,11 +26,15 @@ boilerplate), and comparing each kind's own faded rate instead, as this chooser 
 the sixtieth session, compared a kind measured in a hard stretch with the other's rate
 from an easy one long before: on the AMX Xeon VM the chain took the lead after hard
 stretches and kept it into easy ones, where the tree's rate, stale and low, caught up only
-one look per up to 64 rounds, and "auto" played 170-220 of ~500 rounds as chains in four
-of eight passes of 16 HumanEval prompts, at 0.961x / 0.991x the tree's tokens/s; paired,
-10-72 chain rounds a pass and 0.988x / 0.990x (``benchmarks/round_kind_ab.py``,
-``results/round_kind_xeon_session60.txt``; with the kernels' AVX2 builds, where the two
-kinds run within 2 % of each other, 0.987x -> 0.998x the faster fixed kind).
+one look per up to 64 rounds (170-220 of ~500 rounds played as chains in four of eight
+passes of 16 HumanEval prompts, ``benchmarks/round_kind_ab.py``; 33-197 of ~480 in a
+new process's first pass, ``benchmarks/engine_speed.py e2e``, 1.59-1.72x plain decoding).
+A single round's tokens scatter widely, so the looks stay ``explore_every`` rounds apart
+until ``looks`` pairs exist: with 8 and no such floor a few unlucky looks at the tree
+right after the warm-up handed the chain ~150 rounds of a first pass. Measured
+(``results/round_kind_xeon_session60.txt``): 7-16 chain rounds a pass of
+``round_kind_ab.py``, 20-25 in a first pass (1.75-1.76x plain decoding); with the kernels' AVX2
+builds, where the kinds run within 3 % of each other, 0.987x -> 0.994x the faster fixed kind.
 
 The warm-up is 6 rounds of each kind, alternating, and a kind's first round is played but
 not measured: it runs on cold caches (in a new process the first tree round pages in the
@@ -43,8 +47,8 @@ round, and then a round's tokens (1 to 10) varying more than the kinds' speeds d
 the chain lead on one or two lucky rounds, and looks at the tree 8, 16, 32 rounds apart
 corrected it slowly. With both changes the benchmark measures 12 chain rounds (6 of them
 the warm-up) in the first call of each of three new processes, 1 in later calls; with
-the paired comparisons on the AMX Xeon VM (sixtieth session), 8 (6 of them the warm-up),
-then 1 and 0.
+the paired comparisons on the AMX Xeon VM (sixtieth session), 9 (6 of them the warm-up),
+then 4 and 2 while the pairs reach ``looks``.
 
 Greedy only: timing decides the rounds, and a sampled request's output under a seed must
 not depend on timing (sampled requests never get "auto"'s tree anyway).
@@ -60,11 +64,12 @@ ROUND_KINDS = ("tree", "chain")
 # A look that leaves the lead where it was doubles the interval to the next look only if
 # the leader is ahead by this factor (advantage() >= 1.2 or <= 1 / 1.2); a closer lead keeps
 # the looks ``explore_every`` rounds apart, so a wrong lead between close kinds is soon
-# corrected. ``benchmarks/round_kind_sim.py`` (simulated noisy rounds, 12 seeds) against 1.0
-# (no margin): within 0.3 % where the tree is 27 % faster or the text alternates easy and
-# hard stretches, +1.8 % where the chain is 11 % faster (noise had left the tree leading
-# with looks 64 rounds apart). There the old unpaired chooser gets 1.2 % more still (a
-# stationary speed suits its long averages), and 4.6 % less with the stretches.
+# corrected; and only once ``looks`` pairs exist (RoundKindChooser.record).
+# ``benchmarks/round_kind_sim.py`` (simulated noisy rounds, 12 seeds; results/
+# round_kind_xeon_session60.txt) against the unpaired chooser before: 4.8 % more tokens per
+# ms where the text alternates easy and hard stretches, the same where the chain is 11 %
+# faster or the kinds are close, 0.25 % less where the tree is 27 % faster (the looks before
+# the evidence is enough).
 CLEAR_LEAD = 1.2
 
 
@@ -83,7 +88,7 @@ class RoundKindChooser:
     seconds, for :meth:`now` (the generator times rounds with it)."""
 
     def __init__(self, warmup: int = 6, explore_every: int = 8, max_explore_every: int = 64, memory: float = 8.0,
-                 looks: float = 8.0, clock=time.perf_counter):
+                 looks: float = 16.0, clock=time.perf_counter):
         if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 1:
             raise ValueError(f"warmup must be an int >= 1, got {warmup!r}")
         if isinstance(explore_every, bool) or not isinstance(explore_every, int) or explore_every < 1:
@@ -97,6 +102,7 @@ class RoundKindChooser:
         if not looks >= 1.0:
             raise ValueError(f"looks must be >= 1, got {looks!r}")
         self.warmup, self.keep, self.keep_pairs, self.clock = warmup, 1.0 - 1.0 / memory, 1.0 - 1.0 / looks, clock
+        self.looks = looks
         self.explore_every, self.max_explore_every = explore_every, max_explore_every
         self.interval = explore_every  # rounds of the leader before the next look at the other kind
         self.since_look = 0  # rounds of the leader since the last look
@@ -105,6 +111,7 @@ class RoundKindChooser:
         self.rounds = dict.fromkeys(ROUND_KINDS, 0)
         # paired evidence, faded: the chain's tokens against the tree's in the same time
         self.chain_tokens = self.tree_tokens = 0.0
+        self.pairs = 0  # paired comparisons made
 
     def now(self) -> float:
         """The chooser's clock, in seconds."""
@@ -156,6 +163,7 @@ class RoundKindChooser:
             made, would = (tokens, expected) if kind == "chain" else (expected, tokens)
             self.chain_tokens = self.chain_tokens * self.keep_pairs + made
             self.tree_tokens = self.tree_tokens * self.keep_pairs + would
+            self.pairs += 1
         self.tokens[kind] = self.tokens[kind] * self.keep + tokens
         self.ms[kind] = self.ms[kind] * self.keep + ms
         if not warm:
@@ -164,6 +172,7 @@ class RoundKindChooser:
             self.since_look += 1
         else:  # a look at the other kind: the interval doubles if the lead held by a clear margin, else starts over
             a = self.advantage()
-            clear = self.leader() == leader and max(a, 1.0 / a) >= CLEAR_LEAD
+            clear = (self.leader() == leader and (a >= CLEAR_LEAD or a * CLEAR_LEAD <= 1.0)
+                     and self.pairs >= self.looks)
             self.interval = min(2 * self.interval, self.max_explore_every) if clear else self.explore_every
             self.since_look = 0
