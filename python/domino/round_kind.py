@@ -83,7 +83,8 @@ class RoundKindChooser:
     first round is not measured (cold caches), the rest of the warm-up is.
     ``explore_every``: after the warm-up, the kind that is behind is played once after this
     many rounds of the leader; the interval doubles, up to ``max_explore_every``, whenever
-    such a round leaves the lead unchanged, and starts over when the lead changes.
+    such a round leaves the lead unchanged and clear (:data:`CLEAR_LEAD`) with ``looks``
+    pairs made, and starts over otherwise.
     ``memory``: a kind's tokens and milliseconds fade by ``1 - 1 / memory`` each time it is
     played, so :meth:`rate` follows its last ~``memory`` rounds. ``looks``: the paired
     comparisons (:meth:`advantage`) fade by ``1 - 1 / looks`` at each new one. ``clock``:
