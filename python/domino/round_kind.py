@@ -32,8 +32,8 @@ new process's first pass, ``benchmarks/engine_speed.py e2e``, 1.59-1.73x plain d
 A single round's tokens scatter widely, so the looks stay ``explore_every`` rounds apart
 until ``looks`` pairs exist: with 8 and no such floor a few unlucky looks at the tree
 right after the warm-up handed the chain ~150 rounds of a first pass. Measured
-(``results/round_kind_xeon_session60.txt``): 7-16 chain rounds a pass of
-``round_kind_ab.py``, 19-25 in three first passes of four and 244 in one (1.68-1.76x plain
+(``results/round_kind_xeon_session60.txt``): 7-43 chain rounds a pass of
+``round_kind_ab.py`` (auto / tree 0.974-1.003, before 0.961-0.991), 19-25 in three first passes of four and 244 in one (1.68-1.76x plain
 decoding, mean 1.72x against 1.70x before: where the kinds run within ~10 % of each other
 for a stretch, single-round looks take a while to tell them apart); with the kernels' AVX2
 builds, where the kinds run within 3 % of each other, 0.987x -> 0.994x the faster fixed kind.
