@@ -30,13 +30,14 @@ one look per up to 64 rounds (170-220 of ~500 rounds played as chains in four of
 passes of 16 HumanEval prompts, ``benchmarks/round_kind_ab.py``; 33-197 of ~480 in a
 new process's first pass, ``benchmarks/engine_speed.py e2e``, 1.59-1.73x plain decoding).
 A single round's tokens scatter widely, so the looks stay ``explore_every`` rounds apart
-until ``looks`` pairs exist: with 8 and no such floor a few unlucky looks at the tree
-right after the warm-up handed the chain ~150 rounds of a first pass. Measured
+until ``looks`` pairs exist: with 8 and no such floor a few unlucky looks at the tree right
+after the warm-up handed the chain ~150 rounds of a first pass. Measured
 (``results/round_kind_xeon_session60.txt``): 7-43 chain rounds a pass of
-``round_kind_ab.py`` (auto / tree 0.974-1.003, before 0.961-0.991), 19-25 in three first passes of four and 244 in one (1.68-1.76x plain
-decoding, mean 1.72x against 1.70x before: where the kinds run within ~10 % of each other
-for a stretch, single-round looks take a while to tell them apart); with the kernels' AVX2
-builds, where the kinds run within 3 % of each other, 0.987x -> 0.994x the faster fixed kind.
+``round_kind_ab.py`` (auto / tree 0.974-1.003, before 0.961-0.991), 19-25 in three first
+passes of four and 244 in one (1.68-1.76x plain decoding, mean 1.72x against 1.70x before:
+where the kinds run within ~10 % of each other for a stretch, single-round looks take a
+while to tell them apart); with the kernels' AVX2 builds, where the kinds run within 3 % of
+each other, 0.987x -> 0.994x the faster fixed kind.
 
 The warm-up is 6 rounds of each kind, alternating, and a kind's first round is played but
 not measured: it runs on cold caches (in a new process the first tree round pages in the
