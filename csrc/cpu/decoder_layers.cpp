@@ -45,13 +45,8 @@ int64_t check_layer_args(const at::Tensor& x, at::IntArrayRef heads, at::TensorL
   TORCH_CHECK(heads[0] > 0 && heads[1] > 0 && heads[2] > 0 && heads[3] > 0 && heads[0] % heads[1] == 0,
               "heads must be positive with query heads a multiple of kv heads, got ", heads);
   TORCH_CHECK(past >= 0, "past must be >= 0, got ", past);
-  const int64_t L = static_cast<int64_t>(key_stores.size());
-  TORCH_CHECK(L > 0, "key_stores must hold one tensor per layer, got none");
-  TORCH_CHECK(static_cast<int64_t>(value_stores.size()) == L, "value_stores must hold ", L,
-              " tensors (one per layer, as key_stores), got ", value_stores.size());
-  TORCH_CHECK(static_cast<int64_t>(weights.size()) == kWeightsPerLayer * L, "weights must hold ",
-              kWeightsPerLayer, " entries per layer (", kWeightsPerLayer * L, "), got ", weights.size());
-  TORCH_CHECK(static_cast<int64_t>(eps.size()) == 3 * L, "eps must hold 3 per layer (", 3 * L, "), got ", eps.size());
+  const int64_t L = check_layer_lists(key_stores, value_stores, static_cast<int64_t>(weights.size()),
+                                      kWeightsPerLayer, static_cast<int64_t>(eps.size()), 3, "3");
   const int64_t b = x.size(0), n_kv = heads[1], d = heads[2];
   for (int64_t l = 0; l < L; ++l) {
     check_layer_store(key_stores[l], "key_stores", l, x, "x's", b, n_kv, d, slots);

@@ -99,13 +99,8 @@ void draft_context_cpu(const at::Tensor& features, const at::Tensor& cos, const 
                 name, " must be a CPU tensor [", b, " or 1, ", T, ", ", d, "] of features' dtype ", dtype,
                 " (contiguous in its last dimension), got ", t->scalar_type(), " ", t->sizes());
   }
-  const int64_t L = static_cast<int64_t>(key_stores.size());
-  TORCH_CHECK(L > 0, "key_stores must hold one tensor per layer, got none");
-  TORCH_CHECK(static_cast<int64_t>(value_stores.size()) == L, "value_stores must hold ", L,
-              " tensors (one per layer, as key_stores), got ", value_stores.size());
-  TORCH_CHECK(static_cast<int64_t>(weights.size()) == kContextWeightsPerLayer * L, "weights must hold ",
-              kContextWeightsPerLayer, " entries per layer (", kContextWeightsPerLayer * L, "), got ", weights.size());
-  TORCH_CHECK(static_cast<int64_t>(eps.size()) == L, "eps must hold one per layer (", L, "), got ", eps.size());
+  const int64_t L = check_layer_lists(key_stores, value_stores, static_cast<int64_t>(weights.size()),
+                                      kContextWeightsPerLayer, static_cast<int64_t>(eps.size()), 1, "one");
   for (int64_t l = 0; l < L; ++l) {
     check_layer_store(key_stores[l], "key_stores", l, features, "features'", b, n_kv, d, past + T);
     check_layer_store(value_stores[l], "value_stores", l, features, "features'", b, n_kv, d, past + T);

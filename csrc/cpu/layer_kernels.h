@@ -89,6 +89,23 @@ inline void check_layer_input(const at::Tensor& x) {
               "x must be a contiguous CPU tensor [batch, positions, hidden], got ", x.sizes());
 }
 
+// The per-layer lists of a layer-stack op: one key and one value store a layer,
+// `weights_per_layer` weights and `eps_per_layer` eps a layer (`eps_per_layer_words`: how
+// eps's message says that count, "3" or "one"). Returns the layer count L (> 0).
+inline int64_t check_layer_lists(at::TensorList key_stores, at::TensorList value_stores, int64_t weights,
+                                 int64_t weights_per_layer, int64_t eps, int64_t eps_per_layer,
+                                 const char* eps_per_layer_words) {
+  const int64_t L = static_cast<int64_t>(key_stores.size());
+  TORCH_CHECK(L > 0, "key_stores must hold one tensor per layer, got none");
+  TORCH_CHECK(static_cast<int64_t>(value_stores.size()) == L, "value_stores must hold ", L,
+              " tensors (one per layer, as key_stores), got ", value_stores.size());
+  TORCH_CHECK(weights == weights_per_layer * L, "weights must hold ", weights_per_layer, " entries per layer (",
+              weights_per_layer * L, "), got ", weights);
+  TORCH_CHECK(eps == eps_per_layer * L, "eps must hold ", eps_per_layer_words, " per layer (", eps_per_layer * L,
+              "), got ", eps);
+  return L;
+}
+
 // A layer's key or value store (named name[l]): a CPU tensor [b, Hkv, >= slots, d] of x's
 // dtype (x named x_name), contiguous in its last dimension.
 inline void check_layer_store(const at::Tensor& store, const char* name, int64_t l, const at::Tensor& x,
