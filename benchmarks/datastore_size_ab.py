@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,6 +41,7 @@ def main() -> None:
     from domino.datastore import TokenDatastore
     from domino.tree import DEFAULT_TREE
     from eval_acceptance import chat_prompts, humaneval_prompts
+    from round_kind_ab import timed_pass
     from training.build_datastore import responses
 
     gen = domino.load_default()
@@ -58,15 +58,8 @@ def main() -> None:
     for rep in range(args.repeats):
         for name in (list(stores) if rep % 2 == 0 else list(stores)[::-1]):
             gen.datastore = stores[name]
-            tokens = rounds = 0
-            texts = []
-            t0 = time.perf_counter()
-            for p in prompts:
-                r = gen.generate(p, max_new_tokens=args.max_new_tokens, tree=DEFAULT_TREE)
-                tokens += sum(r.acceptance_lengths)
-                rounds += len(r.acceptance_lengths)
-                texts.append(r.token_ids)
-            speed[name].append(tokens / (time.perf_counter() - t0))
+            tokens, rounds, texts, seconds = timed_pass(gen, prompts, args.max_new_tokens, DEFAULT_TREE)
+            speed[name].append(tokens / seconds)
             tau[name] = (tokens, rounds)
             outputs.setdefault(name, texts)
     first = next(iter(outputs.values()))

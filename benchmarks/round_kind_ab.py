@@ -33,6 +33,20 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
+def timed_pass(gen, prompts, max_new_tokens: int, tree) -> tuple[int, int, list, float]:
+    """Greedy ``gen.generate`` of each prompt with ``tree``: (tokens kept, rounds, the
+    outputs' token ids, seconds)."""
+    tokens = rounds = 0
+    texts = []
+    t0 = time.perf_counter()
+    for p in prompts:
+        r = gen.generate(p, max_new_tokens=max_new_tokens, tree=tree)
+        tokens += sum(r.acceptance_lengths)
+        rounds += len(r.acceptance_lengths)
+        texts.append(r.token_ids)
+    return tokens, rounds, texts, time.perf_counter() - t0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", type=int, default=16)
@@ -67,15 +81,8 @@ def main() -> None:
         for m in (list(methods) if rep % 2 == 0 else list(methods)[::-1]):
             chooser = gen._round_kinds.get(1)  # the generator's chooser for batches of 1
             before = dict(chooser.rounds) if chooser is not None else dict.fromkeys(("tree", "chain"), 0)
-            tokens = rounds = 0
-            texts = []
-            t0 = time.perf_counter()
-            for p in prompts:
-                r = gen.generate(p, max_new_tokens=args.max_new_tokens, tree=methods[m])
-                tokens += sum(r.acceptance_lengths)
-                rounds += len(r.acceptance_lengths)
-                texts.append(r.token_ids)
-            speed[m].append(tokens / (time.perf_counter() - t0))
+            tokens, rounds, texts, seconds = timed_pass(gen, prompts, args.max_new_tokens, methods[m])
+            speed[m].append(tokens / seconds)
             tau.setdefault(m, []).append(tokens / rounds)
             first_output = first_output or texts
             assert texts == first_output, f"{m}: output differs from the first pass's"
