@@ -11,6 +11,9 @@ do), interleaved, medians.
 - ``rms_norm``, ``silu_mul``, ``apply_rotary_pos_emb`` and ``small_batch_attention`` at
   SmolLM2's one-token decode shapes (hidden 576, MLP 1536, 9 query and 3 key/value heads
   of 64, 110 cached positions).
+- An ``nn.Linear`` switched by ``domino.fast_linear`` against PyTorch's own ``nn.Linear``
+  (one 48 x 64 layer in cache, a [1, 1, 64] input as HF's forward passes it): the module
+  call, and what each spends around its product (``switched_linear`` or ``F.linear``).
 
     python benchmarks/layer_ops_wrapper_cost.py [--dtype fp32|bf16]
 """
@@ -20,6 +23,7 @@ import statistics
 import time
 
 import torch
+import torch.nn.functional as F
 
 import domino_ops
 
@@ -91,6 +95,37 @@ def layer_ops_table(dtype: torch.dtype) -> None:
         print(f"| {op} | {a:.1f} us | {b:.1f} us | {a - b:.2f} us |")
 
 
+def switched_layer_table(dtype: torch.dtype) -> None:
+    """A switched nn.Linear's call against PyTorch's nn.Linear's, and each one's product alone."""
+    from domino.fast_linear import packed_weight, runs_packed, use_small_batch_linear
+
+    torch_layer = torch.nn.Linear(64, 48, bias=False).to(dtype)
+    switched = use_small_batch_linear(torch.nn.Linear(64, 48, bias=False).to(dtype))
+    with torch.no_grad():
+        switched.weight.copy_(torch_layer.weight)
+    x = torch.randn(1, 1, 64).to(dtype)
+    w = switched.weight
+    rows, out = x.view(1, 64), torch.empty(1, 48, dtype=dtype)
+    if runs_packed(switched, dtype):
+        p = packed_weight(switched)
+        product = ("small_batch_linear_packed torch.ops",
+                   lambda: torch.ops.domino_ops.small_batch_linear_packed.default(rows, p.data, 48, None, out))
+    else:
+        product = ("small_batch_linear torch.ops", lambda: torch.ops.domino_ops.small_batch_linear.default(rows, w, None, out))
+    calls = {"switched nn.Linear": lambda: switched(x), product[0]: product[1],
+             "PyTorch's nn.Linear": lambda: torch_layer(x), "F.linear": lambda: F.linear(x, torch_layer.weight)}
+    with torch.inference_mode():
+        us = interleaved_us(calls, 15, 2000)
+    print("\na switched nn.Linear against PyTorch's, one 48 x 64 layer in cache, x [1, 1, 64], inference mode: "
+          "us a call (median of 15 rounds of 2,000 calls)")
+    print("| layer | module call | its product alone | the module's own cost |")
+    print("|---|---|---|---|")
+    print(f"| switched (domino.fast_linear) | {us['switched nn.Linear']:.2f} us | {us[product[0]]:.2f} us "
+          f"({product[0]}) | {us['switched nn.Linear'] - us[product[0]]:.2f} us |")
+    theirs = us["PyTorch's nn.Linear"]
+    print(f"| PyTorch's | {theirs:.2f} us | {us['F.linear']:.2f} us (F.linear) | {theirs - us['F.linear']:.2f} us |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
@@ -115,6 +150,7 @@ def main() -> None:
     report(f"SmolLM2's {len(ws)} linears, one row, weights streamed: us for all of them (median of 11 rounds)",
            model_us, len(ws))
     layer_ops_table(dtype)
+    switched_layer_table(dtype)
 
 
 if __name__ == "__main__":

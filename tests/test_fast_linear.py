@@ -319,3 +319,86 @@ def test_fused_packed_linear_declines_what_it_does_not_compute():
         plain = (torch.nn.Linear(8, 8).bfloat16(), layers[1])  # one layer not switched
         assert fused_packed_linear(owner, plain, x) is None
     assert fused_packed_linear(owner, tuple(layers), x.requires_grad_()) is None  # autograd needs a graph
+
+
+SWITCHED = torch.ops.domino_ops.switched_linear.default
+
+
+@given(lead=st.sampled_from([(), (0,), (1,), (5,), (2, 8), (1, 70)]), N=st.sampled_from([1, 47, 48, 100]),
+       K=st.sampled_from([1, 3, 64, 77]), bias=st.booleans(), dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+       packed=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_switched_linear_op_is_the_kernel_where_it_applies(lead, N, K, bias, dtype, packed, seed):
+    """The op behind a switched layer's forward: the packed product on the panels it is
+    given, else the row-major one, bit for bit, any leading shape (empty ones too)."""
+    torch.manual_seed(seed)
+    w = torch.randn(N, K).to(dtype)
+    b = torch.randn(N).to(dtype) if bias else None
+    x = torch.randn(*lead, K).to(dtype)
+    rows = x.reshape(-1, K)
+    with torch.inference_mode():
+        if packed and domino_ops.small_batch_linear_packed_supported(dtype):
+            p = domino_ops.pack_small_batch_linear_weight(w, dtype=dtype)
+            got = SWITCHED(x, w, b, p.data)
+            expected = domino_ops.small_batch_linear_packed(rows, p, b) if rows.shape[0] else rows.new_empty(0, N)
+        else:
+            got = SWITCHED(x, w, b, None)
+            expected = domino_ops.small_batch_linear(rows, w, b) if rows.shape[0] else rows.new_empty(0, N)
+    assert got.shape == (*lead, N) and got.dtype == dtype
+    assert torch.equal(got, expected.view(*lead, N))
+
+
+def _fallback_cases():
+    w, b, x = torch.randn(6, 8), torch.randn(6), torch.randn(3, 8)
+    return {
+        "float16": (x.half(), w.half(), b.half()),
+        "float64": (x.double(), w.double(), b.double()),
+        "a transposed weight": (x, torch.randn(8, 6).t(), b),
+        "a broadcast bias": (x, w, torch.randn(1)),
+        "the meta device": (x.to("meta"), w.to("meta"), b.to("meta")),
+    }
+
+
+@pytest.mark.parametrize("case", list(_fallback_cases()))
+def test_switched_linear_op_is_f_linear_where_the_kernels_do_not_apply(case):
+    x, w, b = _fallback_cases()[case]
+    with torch.inference_mode():
+        got = SWITCHED(x, w, b, None)
+        expected = F.linear(x, w, b)
+    assert got.shape == expected.shape and got.dtype == expected.dtype and got.device == expected.device
+    if got.device.type != "meta":
+        assert torch.equal(got, expected)
+
+
+def test_switched_linear_op_raises_what_f_linear_raises():
+    w, x = torch.randn(6, 8), torch.randn(3, 7)
+    with torch.inference_mode():
+        with pytest.raises(RuntimeError) as expected:
+            F.linear(x, w)
+        with pytest.raises(RuntimeError) as got:
+            SWITCHED(x, w, None, None)
+    assert str(got.value) == str(expected.value)
+
+
+def test_switched_linear_op_under_autograd_and_autocast_is_f_linear():
+    w = torch.randn(6, 8, requires_grad=True)
+    x = torch.randn(3, 8, requires_grad=True)
+    y = SWITCHED(x, w, None, None)
+    assert y.grad_fn is not None and torch.equal(y, F.linear(x, w))
+    y.square().sum().backward()
+    gx, gw = x.grad.clone(), w.grad.clone()
+    x.grad = w.grad = None
+    F.linear(x, w).square().sum().backward()
+    assert torch.equal(gx, x.grad) and torch.equal(gw, w.grad)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):  # autocast's dtype rules, as F.linear
+        got = SWITCHED(x, w, None, None)
+        expected = F.linear(x, w)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, expected)
+
+
+def test_switched_linear_op_checks_the_panels_it_is_given():
+    w, x = torch.randn(6, 8), torch.randn(3, 8)
+    if not domino_ops.small_batch_linear_packed_supported(torch.float32):
+        pytest.skip("this CPU runs no float32 panels")
+    wrong = domino_ops.pack_small_batch_linear_weight(torch.randn(6, 9), dtype=torch.float32).data
+    with torch.inference_mode(), pytest.raises(RuntimeError, match="packed_weight must have shape"):
+        SWITCHED(x, w, None, wrong)

@@ -32,6 +32,7 @@ OPCHECK_CASES = {
                                 torch.rand(3, dtype=torch.float64), torch.empty(3, 5, dtype=torch.int64),
                                 torch.empty(3, dtype=torch.int64)),
     "small_batch_linear": lambda: (torch.randn(3, 8), torch.randn(6, 8), torch.randn(6), torch.empty(3, 6)),
+    "switched_linear": lambda: (torch.randn(2, 3, 8), torch.randn(6, 8), torch.randn(6), None),
     "small_batch_attention": lambda: (torch.randn(2, 4, 3, 8), torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8),
                                       torch.rand(2, 1, 3, 5) > 0.3, 0.5, torch.empty(2, 4, 3, 8)),
     "rms_norm": lambda: (torch.randn(3, 2, 16), torch.randn(16), 1e-6, torch.empty(3, 2, 16)),

@@ -38,6 +38,11 @@ inline constexpr const char* kSmallBatchLinear =
 // (domino_ops.pack_small_batch_linear_weight); bf16 x, CPUs with AVX512-BF16.
 inline constexpr const char* kSmallBatchLinearPacked =
     "small_batch_linear_packed(Tensor x, Tensor packed_weight, int out_features, Tensor? bias, Tensor(a!) out) -> ()";
+// An nn.Linear switched by domino.fast_linear, its forward in one call: the product above
+// (on packed_weight's panels when given, else small_batch_linear) where the kernels apply,
+// at::linear elsewhere (cpu/switched_linear.cpp; CompositeImplicitAutograd). Returns out.
+inline constexpr const char* kSwitchedLinear =
+    "switched_linear(Tensor x, Tensor weight, Tensor? bias, Tensor? packed_weight) -> Tensor";
 inline constexpr const char* kSmallBatchAttention =
     "small_batch_attention(Tensor q, Tensor k, Tensor v, Tensor? mask, float scale, Tensor(a!) out) -> ()";
 // A decoder layer's row-wise ops in HF's rounding order, batch-invariant (CPU).

@@ -9,6 +9,7 @@ TORCH_LIBRARY(domino_ops, m) {
   domino::schemas::define_ops(m);  // the kernel ops the emulated CUDA library shares
   m.def(domino::schemas::kSmallBatchLinear);
   m.def(domino::schemas::kSmallBatchLinearPacked);
+  m.def(domino::schemas::kSwitchedLinear);
   m.def(domino::schemas::kSmallBatchAttention);
   m.def(domino::schemas::kRmsNorm);
   m.def(domino::schemas::kSiluMul);

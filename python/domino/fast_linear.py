@@ -6,7 +6,9 @@ for one that calls the batch-invariant kernel. The weights are untouched: the sa
 parameters, the same ``state_dict``, tied weights still tied. ``undo_small_batch_linear``
 restores the original forwards.
 
-A switched layer uses the kernel when it can, and ``torch.nn.functional.linear`` (the
+A switched layer's forward is one dispatcher call, ``torch.ops.domino_ops.switched_linear``
+(csrc/cpu/switched_linear.cpp; its call costs what PyTorch's ``nn.Linear`` call costs around
+``F.linear``). It uses the kernel when it can, and ``torch.nn.functional.linear`` (the
 original behaviour) otherwise: off the CPU, for dtypes other than float32/bfloat16, when x
 and the weight differ in dtype, for a non-contiguous weight, or when autograd needs a
 graph (grad mode on and x or a parameter requiring grad), under CPU autocast (whose dtype
@@ -77,22 +79,31 @@ def cpu_kernel_applies(x: torch.Tensor, *params: torch.Tensor) -> bool:
 
 
 def _small_batch_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    w, b = self.weight, self.bias
-    N, K = w.shape
-    if (not (cpu_kernel_applies(x, w) if b is None else cpu_kernel_applies(x, w, b))
-            or x.shape[-1] != K or not N or not K or not w.is_contiguous()):
-        return F.linear(x, w, b)
-    x2 = x if x.dim() == 2 else x.reshape(-1, K)
-    if not x2.is_contiguous():
-        x2 = x2.contiguous()
-    out = torch.empty(x2.shape[0], N, dtype=x.dtype)
-    if x2.shape[0]:
-        bias = None if b is None else b.contiguous()
-        if x.dtype in self.__dict__.get(_PACKS, ()):
-            torch.ops.domino_ops.small_batch_linear_packed.default(x2, packed_weight(self).data, N, bias, out)
-        else:
-            torch.ops.domino_ops.small_batch_linear.default(x2, w, bias, out)
-    return out if x.dim() == 2 else out.view(*x.shape[:-1], N)
+    # One dispatcher call (csrc/cpu/switched_linear.cpp): the kernel where it applies,
+    # F.linear elsewhere. Only the packed copy's lookup stays in Python, where it is cached.
+    # The parameters straight from _parameters: nn.Module.__getattr__ costs ~0.4 us an
+    # attribute (a parametrization, which moves them out, still goes through it).
+    params = self._parameters
+    w = params["weight"] if "weight" in params else self.weight
+    b = params["bias"] if "bias" in params else self.bias
+    return torch.ops.domino_ops.switched_linear.default(x, w, b, _packed_data(self, w, x))
+
+
+def _packed_data(mod: torch.nn.Linear, w: torch.Tensor, x: torch.Tensor) -> torch.Tensor | None:
+    """The panels (``PackedLinearWeight.data``) a switched layer runs for ``x``, or None
+    where it runs the row-major kernel or F.linear (its dtype not packed on this CPU, or an
+    autograd graph needed: then the weight may change every step, and packing it would be
+    wasted)."""
+    dtype = x.dtype
+    if dtype not in mod.__dict__[_PACKS] or w.dtype is not dtype or (
+            torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)):
+        return None
+    cached = mod.__dict__.get(_PACKED)
+    if cached is not None and cached[0] is w and cached[1] == (_version(w), w.data_ptr()):
+        return cached[2].data
+    if not w.is_cpu or not w.is_contiguous() or not w.numel():
+        return None
+    return packed_weight(mod).data
 
 
 def _version(t: torch.Tensor) -> int:

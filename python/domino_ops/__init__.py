@@ -31,7 +31,9 @@ reference), ``torch.ops.domino_ops.draft_layers`` (a Domino drafter's backbone l
 :meth:`domino.model.DominoDraftModel.backbone`, the layers' fused forwards its reference)
 and ``torch.ops.domino_ops.draft_context`` (a drafter's context extension, writing its new
 keys and values into the context cache's stores; :meth:`domino.model.DominoDraftModel.extend_context`,
-the modules' fused forwards its reference).
+the modules' fused forwards its reference). ``torch.ops.domino_ops.switched_linear`` is the
+forward of an ``nn.Linear`` switched by :func:`domino.fast_linear.use_small_batch_linear`:
+the product above where the kernels apply, ``F.linear`` elsewhere, in one call.
 
 Drop-in, sgl-kernel-compatible tree ops (:mod:`domino_ops.tree_ops`, references in
 :mod:`domino_ops.reference_tree`): :func:`build_tree_kernel_efficient`,
