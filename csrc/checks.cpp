@@ -84,9 +84,6 @@ using Named = std::pair<const char*, const at::Tensor*>;
 
 const at::Tensor* opt(const std::optional<at::Tensor>& t) { return t.has_value() ? &*t : nullptr; }
 
-// An output that shares memory with an input or another output would make the result
-// depend on the order the kernel reads and writes in: refuse it (nullptr entries, optional
-// tensors not given, are skipped).
 // Whether every value of the int64 CPU vector t is in [lo, hi): a plain loop, since a
 // tensor min()/max() pair costs tens of microseconds of dispatch and thread wake-up, a
 // noticeable part of a small tree step (domino_head_expand checks two such vectors a call).
@@ -97,6 +94,9 @@ bool values_in(const at::Tensor& t, int64_t lo, int64_t hi) {
   return true;
 }
 
+// An output that shares memory with an input or another output would make the result
+// depend on the order the kernel reads and writes in: refuse it (nullptr entries, optional
+// tensors not given, are skipped).
 void check_no_overlap(std::initializer_list<Named> outputs, std::initializer_list<Named> inputs) {
   for (auto o = outputs.begin(); o != outputs.end(); ++o) {
     if (o->second == nullptr) continue;  // an optional output not given

@@ -202,6 +202,15 @@ BAD_ARGUMENTS = {
     r"key_stores\[1\] must be a CPU tensor": lambda a: a[8].__setitem__(1, a[8][1][:, :, :6]),
     r"value_stores\[0\] must be a CPU tensor": lambda a: a[9].__setitem__(0, a[9][0].float()),
     "mask must be": lambda a: a.__setitem__(3, torch.ones(1, 1, 3, 4, dtype=torch.bool)),
+    # stores written over each other, over themselves or over a weight (silent wrong answers before)
+    r"(key|value)_stores\[0\] and (key|value)_stores\[0\] share memory": lambda a: a[9].__setitem__(0, a[8][0]),
+    r"key_stores\[[01]\] and key_stores\[[01]\] share memory": lambda a: a[8].__setitem__(1, a[8][0]),
+    r"key_stores\[0\] must not overlap itself": lambda a: a[8].__setitem__(
+        0, a[8][0][:, :, :1].expand(-1, -1, a[8][0].shape[2], -1)),
+    r"key_stores\[0\] must not share memory with weights\[0\]": lambda a: a[4].__setitem__(
+        0, a[8][0].view(-1)[:a[4][0].numel()]),
+    "heads are too large": lambda a: a.__setitem__(5, [2 ** 61, 1, 8, 12]),
+    r"past must be >= 0 \(and past": lambda a: a.__setitem__(10, 2 ** 63 - 2),
 }
 
 

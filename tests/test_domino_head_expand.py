@@ -670,6 +670,13 @@ def test_direct_call_checks_w2_packed():
         op(*as_fp32, 0.0, 0, 1.0, None, *outs, None, a["w_hh_packed"].data)
     with pytest.raises(RuntimeError, match="w_hh_packed is a CPU layout"):
         emulated_cuda_kernel("domino_head_expand")(*pos, 0.0, 0, 1.0, None, *outs, None, a["w_hh_packed"].data)
+    # an output over a packed weight's bytes: written before the weight is read
+    for name, packed in (("w2_packed", a["w2_packed"].data), ("w_hh_packed", a["w_hh_packed"].data)):
+        over = packed.clone()
+        tokens = over.view(-1).view(torch.int64)[:8].view(4, 2)
+        given = (over, None) if name == "w2_packed" else (None, over)
+        with pytest.raises(RuntimeError, match=f"child_tokens must not share memory with {name}"):
+            op(*pos, 0.0, 0, 1.0, None, tokens, *outs[1:], *given)
 
 
 def test_direct_call_checks_indices_and_aliasing():

@@ -269,6 +269,10 @@ OP_BAD_ARGUMENTS = {
     "cos must be a CPU tensor": lambda a: a.__setitem__(1, a[1][:, :-1]),
     "sin must be a CPU tensor": lambda a: a.__setitem__(2, a[2].float()),
     "past must be >= 0 \\(and past": lambda a: a.__setitem__(9, 2 ** 63 - 2),
+    r"(key|value)_stores\[0\] and (key|value)_stores\[0\] share memory": lambda a: a[8].__setitem__(0, a[7][0]),
+    r"key_stores\[0\] must not share memory with hidden_norm_weight": lambda a: a.__setitem__(
+        5, a[7][0].view(-1)[:a[5].numel()]),
+    "heads are too large": lambda a: a.__setitem__(11, [2 ** 61, 8]),
 }
 
 

@@ -148,6 +148,9 @@ BAD_ARGUMENTS = {
     "row_start and row_stop": lambda a: a.__setitem__(11, 99),
     "mask must be a CPU bool tensor": lambda a: a.__setitem__(3, a[3].float()),
     "heads must be": lambda a: a.__setitem__(8, a[8][:3]),
+    r"(key|value)_stores\[0\] and (key|value)_stores\[0\] share memory": lambda a: a[5].__setitem__(0, a[4][0]),
+    "heads are too large": lambda a: a.__setitem__(8, [2 ** 61, 1, 8, 12]),
+    r"past must be >= 0 \(and past": lambda a: a.__setitem__(6, 2 ** 63 - 2),
 }
 
 

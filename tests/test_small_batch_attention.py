@@ -382,6 +382,8 @@ def test_op_checks_what_the_wrapper_skips():
         op(q, k, v, None, 0.5, torch.empty(1, 2, 3, 5))
     with pytest.raises(RuntimeError, match="contiguous in its last dimension"):
         op(q, torch.zeros(1, 1, 5, 8)[..., ::2], v, None, 0.5, out)
+    with pytest.raises(RuntimeError, match="scale must be finite in float32"):  # finite as a double: all NaN before
+        op(q, k, v, None, 1e39, out)
 
 
 def test_op_refuses_an_out_that_shares_memory():

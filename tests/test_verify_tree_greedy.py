@@ -201,6 +201,9 @@ DIRECT_CASES = [
     (with_(accept_index=torch.zeros(2, 4, dtype=torch.int64)), "accept_index must be int32"),
     (with_(candidates=torch.zeros(2, 6, dtype=torch.int64).T.contiguous().T), "candidates must be contiguous"),
     (with_(target_predict=torch.zeros(2, 5, dtype=torch.int64)), "target_predict must have shape"),
+    # nothing matches: the root's token is the bonus, written into int32 predicts (a cast kept its low bits)
+    (with_(target_predict=torch.full((2, 6), 2 ** 32 + 9)), r"target_predict must hold token ids in \[0, 2\*\*31\)"),
+    (with_(target_predict=torch.full((2, 6), -3)), r"target_predict must hold token ids in \[0, 2\*\*31\)"),
 ]
 
 

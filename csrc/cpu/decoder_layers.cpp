@@ -27,9 +27,14 @@
 // a few KB a layer at decode. Limits: those of its kernels; b * T rows at most as the
 // products take.
 #include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <limits>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "cpu/layer_kernels.h"
@@ -38,13 +43,84 @@ namespace domino::cpu {
 
 namespace layer {
 
+namespace {
+
+// The bytes [begin, end) a tensor with elements spans (strides are never negative).
+struct Span {
+  uintptr_t begin, end;
+};
+
+Span byte_span(const at::Tensor& t) {
+  int64_t last = 0;
+  for (int64_t i = 0; i < t.dim(); ++i) last += (t.size(i) - 1) * t.stride(i);
+  const auto begin = reinterpret_cast<uintptr_t>(t.data_ptr());
+  return {begin, begin + static_cast<uintptr_t>((last + 1) * t.element_size())};
+}
+
+}  // namespace
+
+void check_stores_apart(at::TensorList key_stores, at::TensorList value_stores,
+                        std::initializer_list<std::pair<const char*, const at::Tensor*>> reads,
+                        const c10::List<std::optional<at::Tensor>>& weights) {
+  struct Store {
+    Span span;
+    const char* list;
+    int64_t layer;
+  };
+  std::vector<Store> stores;
+  stores.reserve(2 * key_stores.size());
+  for (const auto& [list, name] : {std::pair{key_stores, "key_stores"}, std::pair{value_stores, "value_stores"}}) {
+    for (int64_t l = 0; l < static_cast<int64_t>(list.size()); ++l) {
+      TORCH_CHECK(at::has_internal_overlap(list[l]) != at::MemOverlap::Yes, name, "[", l,
+                  "] must not overlap itself (a stride of 0), got strides ", list[l].strides());
+      if (list[l].numel() > 0) stores.push_back({byte_span(list[l]), name, l});
+    }
+  }
+  std::sort(stores.begin(), stores.end(), [](const Store& a, const Store& b) { return a.span.begin < b.span.begin; });
+  for (size_t i = 1; i < stores.size(); ++i) {  // sorted by start: apart iff each starts past the one before ends
+    const Store &a = stores[i - 1], &b = stores[i];
+    TORCH_CHECK(b.span.begin >= a.span.end, a.list, "[", a.layer, "] and ", b.list, "[", b.layer,
+                "] share memory: every layer's key and value stores must have memory of their own");
+  }
+  // apart, so sorted by end too: the first store ending past t's start is the only candidate
+  // (the name's index, weights[i], is formatted only for the message: a call checks ~12 a layer)
+  auto check_read = [&](const at::Tensor& t, const char* name, int64_t index) {
+    if (!t.defined() || t.numel() == 0) return;
+    const Span r = byte_span(t);
+    const auto s = std::upper_bound(stores.begin(), stores.end(), r.begin,
+                                    [](uintptr_t at, const Store& st) { return at < st.span.end; });
+    TORCH_CHECK(s == stores.end() || s->span.begin >= r.end, s->list, "[", s->layer,
+                "] must not share memory with ", name, index < 0 ? "" : "[" + std::to_string(index) + "]");
+  };
+  for (const auto& [name, t] : reads) {
+    if (t != nullptr) check_read(*t, name, -1);
+  }
+  for (int64_t i = 0; i < static_cast<int64_t>(weights.size()); ++i) {
+    const std::optional<at::Tensor> w = weights.get(i);
+    if (w.has_value()) check_read(*w, "weights", i);
+  }
+}
+
 int64_t check_layer_args(const at::Tensor& x, at::IntArrayRef heads, at::TensorList key_stores,
-                         at::TensorList value_stores, int64_t past, int64_t slots,
+                         at::TensorList value_stores, int64_t past, int64_t new_slots,
                          const c10::List<std::optional<at::Tensor>>& weights, at::ArrayRef<double> eps) {
   TORCH_CHECK(heads.size() == 4, "heads must be [query heads, kv heads, head dim, intermediate], got ", heads);
   TORCH_CHECK(heads[0] > 0 && heads[1] > 0 && heads[2] > 0 && heads[3] > 0 && heads[0] % heads[1] == 0,
               "heads must be positive with query heads a multiple of kv heads, got ", heads);
-  TORCH_CHECK(past >= 0, "past must be >= 0, got ", past);
+  // the widest row a layer's products write ((Hq + 2 Hkv) d for q/k/v, 2 intermediate for
+  // gate/up), times x's rows, must be a tensor size
+  int64_t two_kv = 0, qkv_n = 0, gate_up_n = 0, widest_rows = 0;
+  const bool too_wide = __builtin_mul_overflow(heads[1], int64_t{2}, &two_kv) ||
+                        __builtin_add_overflow(heads[0], two_kv, &qkv_n) ||
+                        __builtin_mul_overflow(qkv_n, heads[2], &qkv_n) ||
+                        __builtin_mul_overflow(heads[3], int64_t{2}, &gate_up_n) ||
+                        __builtin_mul_overflow(std::max(qkv_n, gate_up_n), x.size(0) * x.size(1), &widest_rows);
+  TORCH_CHECK(!too_wide, "heads are too large: x's ", x.size(0) * x.size(1),
+              " rows times (query heads + 2 kv heads) x head dim, or times 2 x intermediate, must fit an int64, got ",
+              heads);
+  TORCH_CHECK(past >= 0 && past <= std::numeric_limits<int64_t>::max() - new_slots, "past must be >= 0 (and past + ",
+              new_slots, " slots an int64), got ", past);
+  const int64_t slots = past + new_slots;
   const int64_t L = check_layer_lists(key_stores, value_stores, static_cast<int64_t>(weights.size()),
                                       kWeightsPerLayer, static_cast<int64_t>(eps.size()), 3, "3");
   const int64_t b = x.size(0), n_kv = heads[1], d = heads[2];
@@ -59,6 +135,7 @@ int64_t check_layer_args(const at::Tensor& x, at::IntArrayRef heads, at::TensorL
                     weights.get(kWeightsPerLayer * l + kKNorm).has_value(),
                 "layer ", l, ": q_norm and k_norm must both be given or both be None");
   }
+  check_stores_apart(key_stores, value_stores, {{"x", &x}}, weights);
   return L;
 }
 
@@ -73,7 +150,7 @@ std::vector<at::Tensor> decoder_layers_cpu(const at::Tensor& x_in, const at::Ten
                                            at::TensorList key_stores, at::TensorList value_stores, int64_t past,
                                            bool keep_hidden) {
   check_layer_input(x_in);
-  const int64_t L = check_layer_args(x_in, heads, key_stores, value_stores, past, past + x_in.size(1), weights, eps);
+  const int64_t L = check_layer_args(x_in, heads, key_stores, value_stores, past, x_in.size(1), weights, eps);
   const int64_t n_q = heads[0], n_kv = heads[1], d = heads[2], inter = heads[3];
   TORCH_CHECK(static_cast<int64_t>(scale.size()) == L, "scale must hold one per layer (", L, "), got ", scale.size());
   const int64_t b = x_in.size(0), T = x_in.size(1), H = x_in.size(2), rows = b * T;

@@ -85,6 +85,11 @@ void draft_context_cpu(const at::Tensor& features, const at::Tensor& cos, const 
   TORCH_CHECK(past >= 0 && past <= std::numeric_limits<int64_t>::max() - T, "past must be >= 0 (and past + ", T,
               " slots an int64), got ", past);
   const int64_t n_kv = heads[0], d = heads[1];
+  int64_t kv_n = 0, kv_rows = 0;  // the k/v product's width, and times the slots' rows
+  TORCH_CHECK(d <= std::numeric_limits<int64_t>::max() / 2 && !__builtin_mul_overflow(n_kv, 2 * d, &kv_n) &&
+                  !__builtin_mul_overflow(kv_n, b * T, &kv_rows),
+              "heads are too large: features' ", b * T, " rows times 2 x kv heads x head dim must fit an int64, got ",
+              heads);
   const at::ScalarType dtype = features.scalar_type();
   TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kFloat, "features must be bfloat16 or float32, got ", dtype);
   TORCH_CHECK(hidden_norm_weight.defined() && hidden_norm_weight.dim() == 1 && hidden_norm_weight.size(0) > 0,
@@ -115,6 +120,11 @@ void draft_context_cpu(const at::Tensor& features, const at::Tensor& cos, const 
     check_norm_weight(*weights.get(w0 + 2), "weights[" + std::to_string(w0 + 2) + "]" + at_layer + ", k_norm's,", d,
                       dtype);
   }
+  check_stores_apart(key_stores, value_stores,
+                     {{"features", &features}, {"cos", &cos}, {"sin", &sin}, {"fc_packed", &fc_packed},
+                      {"fc_bias", fc_bias.has_value() ? &*fc_bias : nullptr},
+                      {"hidden_norm_weight", &hidden_norm_weight}},
+                     weights);
   if (T == 0) return;
   // the new slots' hidden states: fc, then the drafter's hidden norm
   at::Tensor ctx = rms_norm(product(features.view({b * T, F}), fc_packed, H, fc_bias).view({b, T, H}),

@@ -7,7 +7,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <optional>
+#include <utility>
 #include <vector>
 
 namespace domino::cpu {
@@ -118,13 +120,24 @@ inline void check_layer_store(const at::Tensor& store, const char* name, int64_t
               store.sizes());
 }
 
-// The other checks both ops share, x checked: heads [Hq, Hkv, head dim, intermediate];
-// past >= 0; one key and one value store a layer (key_stores / value_stores), each a CPU
-// tensor [batch, Hkv, >= slots, head dim] of x's dtype, contiguous in its last dimension;
-// weights and eps of that many layers, each layer's required weights given. Returns the
-// number of layers.
+// The stores are written while the other tensors are read: every store must have memory of
+// its own, apart from every other store (a layer's key and value stores included), from
+// the `reads` (name, tensor or nullptr) and from every weight given, and none may overlap
+// itself (a stride of 0). Dense stores are compared by their address ranges (a store's
+// whole range, its slots past those written too).
+void check_stores_apart(at::TensorList key_stores, at::TensorList value_stores,
+                        std::initializer_list<std::pair<const char*, const at::Tensor*>> reads,
+                        const c10::List<std::optional<at::Tensor>>& weights);
+
+// The other checks both ops share, x checked: heads [Hq, Hkv, head dim, intermediate],
+// positive and small enough that x's rows times a layer's widest product fit an int64;
+// past >= 0 with past + new_slots an int64; one key and one value store a layer
+// (key_stores / value_stores), each a CPU tensor [batch, Hkv, >= past + new_slots, head
+// dim] of x's dtype, contiguous in its last dimension, apart from the others, x and the
+// weights (check_stores_apart); weights and eps of that many layers, each layer's required
+// weights given. Returns the number of layers.
 int64_t check_layer_args(const at::Tensor& x, at::IntArrayRef heads, at::TensorList key_stores,
-                         at::TensorList value_stores, int64_t past, int64_t slots,
+                         at::TensorList value_stores, int64_t past, int64_t new_slots,
                          const c10::List<std::optional<at::Tensor>>& weights, at::ArrayRef<double> eps);
 
 }  // namespace layer

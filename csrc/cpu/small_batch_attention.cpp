@@ -356,7 +356,8 @@ void dispatch_mask(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
 void small_batch_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                const std::optional<at::Tensor>& mask, double scale, at::Tensor out) {
   check_args(q, k, v, mask, out);
-  TORCH_CHECK(std::isfinite(scale), "scale must be finite, got ", scale);
+  // the kernels multiply in float32: a double past float32's range would make every score inf
+  TORCH_CHECK(std::isfinite(static_cast<float>(scale)), "scale must be finite in float32, got ", scale);
   if (out.numel() == 0) return;
   if (q.scalar_type() == at::kFloat) dispatch_mask<float>(q, k, v, mask, scale, out);
   else dispatch_mask<c10::BFloat16>(q, k, v, mask, scale, out);

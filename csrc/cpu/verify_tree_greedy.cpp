@@ -20,6 +20,8 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "cpu/tree_common.h"
@@ -59,6 +61,11 @@ void verify_tree_greedy_cpu(at::Tensor predicts, at::Tensor accept_index, at::Te
     }
     tok[num] = target[ridx[b * n + node]];  // the target's token at the last node
     accepted[b] = num;
+    for (int64_t j = 0; j <= num; ++j) {  // written into int32 predicts: refuse what a cast would change
+      TORCH_CHECK(tok[j] >= 0 && tok[j] <= std::numeric_limits<int32_t>::max(),
+                  "target_predict must hold token ids in [0, 2**31) (predicts is int32), got ", tok[j],
+                  " on request ", b, "'s accepted path");
+    }
   }
 
   write_tree_paths(predicts, accept_index, accept_token_num, tree, path, tokens, accepted);
