@@ -330,6 +330,28 @@ def test_changed_weights_are_read_again(monkeypatch):
 
 
 @needs_packed
+def test_the_plans_products_lie_back_to_back_in_forward_order(monkeypatch):
+    """The plan's packed products (the fused q/k/v and gate/up ones made for it among them)
+    are placed in one buffer in the order the forward reads them, with the bits HF's
+    switched forward computes; after a weight changes, the new plan's are placed again."""
+    model = switched_target("llama", PACKED[0])
+
+    def products():
+        plan = fast_forward._current_plan(model)
+        return [w for w in plan.flat_weights if w is not None and w.dim() == 4] + [plan.lm_head.data]
+
+    compare_with_hf(model, monkeypatch, True, input_ids=IDS)
+    for _ in range(2):
+        data = products()
+        assert len(data) == 4 * len(model.model.layers) + 1
+        assert len({d.untyped_storage().data_ptr() for d in data}) == 1
+        assert all(a.data_ptr() < b.data_ptr() for a, b in zip(data, data[1:]))
+        with torch.no_grad():
+            model.model.layers[1].mlp.down_proj.weight.mul_(2.0)
+        compare_with_hf(model, monkeypatch, True, input_ids=IDS)
+
+
+@needs_packed
 def test_replaced_modules_are_read_again(monkeypatch):
     """A module replaced (an LM head, an MLP, resized embeddings) or a layer removed: the
     plan is made again from what the model now holds."""

@@ -402,3 +402,37 @@ def test_switched_linear_op_checks_the_panels_it_is_given():
     wrong = domino_ops.pack_small_batch_linear_weight(torch.randn(6, 9), dtype=torch.float32).data
     with torch.inference_mode(), pytest.raises(RuntimeError, match="packed_weight must have shape"):
         SWITCHED(x, w, None, wrong)
+
+
+@pytest.mark.skipif(not FUSED_DTYPES, reason="this CPU runs no packed kernel")
+@pytest.mark.parametrize("dtype", FUSED_DTYPES or [torch.float32])
+def test_packed_copies_lie_back_to_back_in_forward_order_with_their_bits(dtype):
+    from domino.fast_linear import place_packed_weights
+
+    model = cpu_target("llama", dtype)
+    layers = linears(model)
+    ids = torch.randint(0, 64, (2, 7))
+    with torch.inference_mode():
+        loose = {id(m): domino_ops.pack_small_batch_linear_weight(m.weight, dtype=dtype).data for m in layers}
+        use_small_batch_linear(model)
+    data = [packed_weight(m).data for m in layers]
+    assert all(torch.equal(d, loose[id(m)]) for d, m in zip(data, layers))  # the same panels, moved
+    assert len({d.untyped_storage().data_ptr() for d in data}) == 1
+    ends = [d.data_ptr() + d.numel() * d.element_size() for d in data]
+    assert all(end <= d.data_ptr() and d.data_ptr() % 64 == 0 for end, d in zip(ends, data[1:]))  # in order, apart
+    assert not place_packed_weights(model)  # already placed: nothing moves
+    with torch.no_grad():
+        layers[3].weight.mul_(2)  # packed again on its own, then placed again with the rest
+    with torch.inference_mode():
+        x = torch.randn(3, layers[3].in_features).to(dtype)
+        assert torch.equal(layers[3](x), layer_kernel(layers[3], x))
+    assert packed_weight(layers[3]).data.untyped_storage().data_ptr() != data[0].untyped_storage().data_ptr()
+    assert place_packed_weights(model)
+    moved = [packed_weight(m).data for m in layers]
+    assert len({d.untyped_storage().data_ptr() for d in moved}) == 1
+    with torch.inference_mode():
+        assert torch.equal(layers[3](x), layer_kernel(layers[3], x))
+        logits = model(ids).logits
+        undo_small_batch_linear(model)
+        use_small_batch_linear(model)  # packs and places afresh: the same logits
+        assert torch.equal(model(ids).logits, logits)

@@ -75,7 +75,7 @@ from torch.nn.modules.module import _global_forward_hooks, _global_forward_pre_h
 
 from domino.fast_attention import small_batch_attention_forward, uses_small_batch_attention
 from domino.fast_layers import ATTENTION_SOURCE_SHA1, _FLAG as _FUSED_LAYER_FLAG
-from domino.fast_linear import _PACKS, PackedProduct, packed_product
+from domino.fast_linear import _PACKS, PackedProduct, packed_product, place_packed_weights
 from domino.fixed_blocks import fixed_block, fixed_value
 
 __all__ = ["use_fast_forward", "undo_fast_forward", "uses_fast_forward", "fast_forward", "model_fixed", "SOURCE_SHA1"]
@@ -179,7 +179,17 @@ def _mirrors_hf(cls: type) -> bool:
 
 
 def _build_plan(model: torch.nn.Module) -> _Plan | None:
-    """The weights and shapes :func:`fast_forward` reads, or None where it does not apply."""
+    """The weights and shapes :func:`fast_forward` reads, or None where it does not apply.
+    The packed products it reads (the fused q/k/v and gate/up ones made for it among them)
+    are first placed back to back in forward order (:func:`domino.fast_linear.place_packed_weights`)."""
+    plan = _plan_of(model)
+    if plan is not None and place_packed_weights(model):
+        plan = _plan_of(model)  # the products at their new places
+    return plan
+
+
+def _plan_of(model: torch.nn.Module) -> _Plan | None:
+    """:func:`_build_plan` with the packed products where they lie."""
     inner = getattr(model, "model", None)
     body = _BODIES.get(type(model).__name__)
     if not (body and _mirrors_hf(type(model)) and type(inner).__name__ == body[0] and _mirrors_hf(type(inner))

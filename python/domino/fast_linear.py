@@ -44,13 +44,14 @@ switched weights (a plain attribute: the parameters and ``state_dict`` are uncha
 from __future__ import annotations
 
 import functools
+import itertools
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 __all__ = ["use_small_batch_linear", "undo_small_batch_linear", "uses_small_batch_linear", "packed_weight",
-           "PackedProduct", "packed_product",
+           "place_packed_weights", "PackedProduct", "packed_product",
            "runs_packed", "fused_packed_weight", "fused_packed_linear"]
 
 _FLAG = "_domino_small_batch_linear"
@@ -219,6 +220,59 @@ def undo_fused_packed_linear(owner: torch.nn.Module) -> None:
     owner.__dict__.pop(_FUSED, None)
 
 
+_PLACE_ALIGN = 64  # bytes: each copy starts on a cache line
+
+
+def place_packed_weights(model: torch.nn.Module) -> bool:
+    """Moves the packed copies cached on ``model``'s modules (each switched layer's own,
+    :func:`packed_weight`, and the concatenations of :func:`fused_packed_weight`) into one
+    buffer per panel dtype, back to back in ``model.modules()`` order (a decoder's forward
+    order: q/k/v, o, gate/up, down, layer after layer, the LM head last). The caches then
+    hold copies of the same bits at their new places; the old copies are freed. Nothing
+    moves where the copies already lie so.
+
+    Why: the weights stream from memory at every forward, one layer after another. Copies
+    made one by one land wherever the allocator puts them (the small ones among other heap
+    data, the large ones in separate mappings, placed downwards). On the AMX Xeon VM
+    SmolLM2's 211 bf16 layers (AMX panels) streamed 1.07-1.24x slower so at one row and
+    1.14-1.18x at 16 than from one buffer in forward order, which matches the model's own
+    weights as its loader lays them out; float32 panels moved both ways, 0.93-1.26x
+    (benchmarks/packed_placement_ab.py, five processes). A model's caches take twice their
+    size while they move. Returns whether anything moved."""
+    entries = []  # (the cache's dict, its key, the tuple's index of the PackedLinearWeight)
+    for mod in model.modules():
+        d = mod.__dict__
+        if _FUSED in d:
+            entries.append((d, _FUSED, 2))
+        if _PACKED in d:
+            entries.append((d, _PACKED, 2))
+    import domino_ops
+
+    moved = False
+    for dtype in {d[key][i].data.dtype for d, key, i in entries}:
+        mine = [(d, key, i) for d, key, i in entries if d[key][i].data.dtype == dtype]
+        align = _PLACE_ALIGN // dtype.itemsize
+        sizes = [-(-d[key][i].data.numel() // align) * align for d, key, i in mine]
+        first = mine[0][0][mine[0][1]][mine[0][2]].data
+        start = first.data_ptr()
+        if all(d[key][i].data.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+               and d[key][i].data.data_ptr() == start + offset * dtype.itemsize
+               for (d, key, i), offset in zip(mine, itertools.accumulate([0] + sizes[:-1]))):
+            continue  # already in one buffer, in this order
+        arena = torch.empty(sum(sizes) + align, dtype=dtype)
+        offset = (-(arena.data_ptr() // dtype.itemsize)) % align
+        for (d, key, i), size in zip(mine, sizes):
+            old = d[key][i]
+            data = arena[offset:offset + old.data.numel()].view(old.data.shape)
+            data.copy_(old.data)
+            entry = list(d[key])
+            entry[i] = domino_ops.PackedLinearWeight(data, old.out_features, old.in_features)
+            d[key] = tuple(entry)
+            offset += size
+        moved = True
+    return moved
+
+
 def runs_packed(mod: torch.nn.Module, dtype: torch.dtype = torch.bfloat16) -> bool:
     """Whether a switched layer runs the packed kernel for inputs of ``dtype`` (bf16: this
     CPU has AVX512-BF16, or AVX2 without AVX-512; float32: AVX-512F; and no lower path was forced when it was
@@ -263,6 +317,7 @@ def use_small_batch_linear(model: torch.nn.Module) -> torch.nn.Module:
             mod.forward = functools.partial(_small_batch_forward, mod)
             setattr(mod, _FLAG, True)
             setattr(mod, _PACKS, packs)
+    place_packed_weights(model)
     return model
 
 
