@@ -98,7 +98,8 @@ def assert_close_to_float64(y, x, w, b):
 
 
 @needs_vdpbf16ps
-@given(M=st.one_of(st.integers(1, 20), st.sampled_from([65, 70])), N=st.sampled_from([3, 48, 61]),
+# N up to 5 panels: at one row a thread takes its panels two at a time, then any one left
+@given(M=st.one_of(st.integers(1, 20), st.sampled_from([65, 70])), N=st.sampled_from([3, 48, 61, 150, 200]),
        K=st.sampled_from([1, 7, 32, 77, 300]), bias=st.booleans(), seed=st.integers(0, 2**31 - 1))
 def test_bit_exact_vdpbf16ps_order(M, N, K, bias, seed):
     """The vector path: each output is the one fixed sequence of fp32 additions over K:
@@ -512,7 +513,8 @@ def test_f32_matches_float64_and_writes_every_element(M, N, K, bias, out_dtype, 
 
 
 @needs_f32
-@given(M=st.one_of(st.integers(1, 20), st.sampled_from([65, 70])), N=st.sampled_from([3, 48, 61]),
+# N up to 5 panels: at one row a thread takes its panels two at a time, then any one left
+@given(M=st.one_of(st.integers(1, 20), st.sampled_from([65, 70])), N=st.sampled_from([3, 48, 61, 150, 200]),
        K=st.sampled_from([1, 7, 32, 77, 300]), bias=st.booleans(), seed=st.integers(0, 2**31 - 1))
 @each_path
 def test_f32_bit_exact_fma_order(path, M, N, K, bias, seed):

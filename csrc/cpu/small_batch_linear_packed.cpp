@@ -33,7 +33,11 @@
 // per tile with the hardware prefetchers alone (and a share of the next panel prefetched
 // when a panel took two tiles): float32 panels at 1 / 4 / 8 / 16 rows 26.0 / 34.0 / 40.8 /
 // 50.5 -> 25.4 / 27.5 / 31.9 / 36.5 ms; bf16 panels on VDPBF16PS 15.6 / 21.9 / 26.6 / 36.6
-// -> 15.4 / 17.1 / 20.7 / 30.6 ms.
+// -> 15.4 / 17.1 / 20.7 / 30.6 ms. At one row (a decode step) a thread takes its panels two
+// at a time, two streams instead of one (sixty-first session, the same VM, 3 and 2
+// alternating rounds of benchmarks/packed_placement_ab.py, results/packed_two_panels_xeon_session61.txt):
+// float32 panels 21.8-23.6 -> 19.6-20.1 ms, the copy bandwidth (the row-major kernel 20.7-21.2),
+// bf16 panels on VDPBF16PS 13.2-13.7 -> 11.4-11.6 ms.
 //
 // Batch invariance, by construction: out[m, n] is one lane of one accumulator: starting at
 // +0, for each column pair k in order, one VDPBF16PS (lane += w[2k+1] x[2k+1] + w[2k] x[2k];
@@ -173,7 +177,8 @@ struct F32Steps {  // float32 x; FMA
 constexpr int64_t kBlockSteps = 32;
 // How far ahead of the tiles' reads the weight stream is prefetched (to L2), in bytes: one
 // block. The hardware prefetchers alone left 2- to 16-row tiles waiting on memory (see the
-// header's numbers); one row, a pure stream, they serve best (prefetching it too cost ~3 %).
+// header's numbers); at one row, two streams (one_row_two_panels), they serve best (prefetching
+// a single stream too cost ~3 %).
 constexpr int64_t kPrefetchBytes = kBlockSteps * kStepBytes;
 
 // Steps [s0, s1) of rows [0, MR) of x (`ldx` apart) against one panel (`steps` steps,
@@ -217,6 +222,28 @@ DOMINO_SBLP_TARGET inline void tile_block(const typename P::W* panel, int64_t st
     for (int v = 0; v < kPanelVectors; ++v) _mm512_store_ps(keep + (m * kPanelVectors + v) * 16, acc[m][v]);
 }
 
+// One row against two panels at once, each output one chain from +0 over the steps in
+// order (tile_block's bits): two streams of weights instead of one, so the hardware
+// prefetchers keep more lines in flight at the one row of a decode step.
+template <class P, typename O>
+DOMINO_SBLP_TARGET inline void one_row_two_panels(const typename P::W* a, const typename P::W* b, int64_t steps,
+                                                  const typename P::X* x, const float* bias, O* out, int64_t origin,
+                                                  int64_t n0, int64_t N) {
+  __m512 acc_a[1][kPanelVectors], acc_b[1][kPanelVectors];
+  for (int v = 0; v < kPanelVectors; ++v) acc_a[0][v] = acc_b[0][v] = _mm512_setzero_ps();
+  for (int64_t s = 0; s < steps; ++s) {
+    const __m512 xb = P::broadcast(x + s);
+    const float* wa = reinterpret_cast<const float*>(a + s * P::kStepElems);
+    const float* wb = reinterpret_cast<const float*>(b + s * P::kStepElems);
+    for (int v = 0; v < kPanelVectors; ++v) {
+      acc_a[0][v] = P::madd(acc_a[0][v], _mm512_loadu_ps(wa + 16 * v), xb);
+      acc_b[0][v] = P::madd(acc_b[0][v], _mm512_loadu_ps(wb + 16 * v), xb);
+    }
+  }
+  packed_outputs::store_tile(acc_a, bias, out, 0, origin, n0, std::min(kPanelCols, N - n0));
+  packed_outputs::store_tile(acc_b, bias, out, 0, origin, n0 + kPanelCols, std::min(kPanelCols, N - n0 - kPanelCols));
+}
+
 // Panels [p0, p1) (`steps` steps each) for all M rows: output n of row m at
 // out[m * ldo + n - origin]. A panel's tiles take turns by K blocks; each tile's
 // accumulators live in registers through a block and in `saved` (L1) between blocks, so
@@ -229,6 +256,12 @@ DOMINO_SBLP_TARGET __attribute__((flatten)) void run_panels(const typename P::W*
                                                              int64_t N, int64_t p0, int64_t p1) {
   const int64_t tiles = (M + kRowsPerTile - 1) / kRowsPerTile;
   const int64_t block = tiles > 1 ? kBlockSteps : steps;  // one tile: no turns to take
+  if (M == 1) {  // a decode step: two panels at a time
+    for (; p0 + 1 < p1; p0 += 2) {
+      const typename P::W* panel = packed + p0 * steps * P::kStepElems;
+      one_row_two_panels<P>(panel, panel + steps * P::kStepElems, steps, x, bias, out, origin, p0 * kPanelCols, N);
+    }
+  }
   thread_local CacheLineVector<float> saved;
   saved.resize(tiles * kRowsPerTile * kPanelCols);
   for (int64_t p = p0; p < p1; ++p) {
