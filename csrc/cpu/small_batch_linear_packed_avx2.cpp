@@ -25,7 +25,10 @@
 //
 // Tiles: MR x rows times V vectors of 8 outputs (a "group" of a panel's 6 vectors), MR * V
 // accumulators: a panel's first 1-2 rows as 1-2 x 6 (one pass over the whole panel, front to
-// back: the weight stream the hardware prefetchers follow; M = 1 is only that), holding the
+// back: the weight stream the hardware prefetchers follow; M = 1 takes two panels at a time
+// so, two streams: one_row_two_panels, SmolLM2's 211 bf16 layers at one row 15.3-15.5 ->
+// 12.3-12.5 ms on the AMX Xeon VM with this path forced, sixty-first session,
+// results/packed_two_panels_avx2_xeon_session61.txt; not measured on an AVX2-only CPU), holding the
 // MR broadcasts and one weight vector at a time; then whole tiles of 5 rows and the 3-4 rows
 // left as 5 x 2 / 3-4 x 2 (three passes of a third of the panel each), holding the 2 weight
 // vectors and one broadcast at a time (13 registers and the bf16 mask at 5 x 2; 6 x 2 spilled); 1-2 rows left
@@ -272,6 +275,34 @@ DOMINO_AVX2_TARGET inline void tile(const W* panel, int64_t steps, int g, const 
   epilogue<MR, V>(res, g, bias, out, ldo, origin, n0, cols);
 }
 
+// One row against two panels at once (a decode step): each panel's 6 vectors in one pass, as
+// the 1 x 6 tile takes one panel (each output the same FMA chain, the same bits), so two
+// weight streams flow at a time instead of one. 12 accumulators, the broadcast, a weight
+// vector and the bf16 mask: 15 of the 16 registers.
+template <typename W, typename O>
+DOMINO_AVX2_TARGET inline void one_row_two_panels(const W* a, const W* b, int64_t steps, const float* x,
+                                                  const float* bias, O* out, int64_t origin, int64_t n0, int64_t N) {
+  using P = Panel<W>;
+  __m256 acc_a[kPanelVectors], acc_b[kPanelVectors];
+  for (int v = 0; v < kPanelVectors; ++v) acc_a[v] = acc_b[v] = _mm256_setzero_ps();
+  for (int64_t s = 0; s < steps; ++s) {
+    const W* wa = a + s * P::kStep;
+    const W* wb = b + s * P::kStep;
+    for (int sub = 0; sub < P::kSub; ++sub) {
+      const __m256 x1 = _mm256_broadcast_ss(x + s * P::kSub + sub);
+      for (int v = 0; v < kPanelVectors; ++v) {
+        acc_a[v] = _mm256_fmadd_ps(P::template weights<true>(wa, v, sub), x1, acc_a[v]);
+        acc_b[v] = _mm256_fmadd_ps(P::template weights<true>(wb, v, sub), x1, acc_b[v]);
+      }
+    }
+  }
+  alignas(32) float res[1][kPanelVectors][8];
+  for (int v = 0; v < kPanelVectors; ++v) _mm256_store_ps(res[0][v], acc_a[v]);
+  epilogue<1, kPanelVectors>(res, 0, bias, out, 0, origin, n0, std::min(kPanelCols, N - n0));
+  for (int v = 0; v < kPanelVectors; ++v) _mm256_store_ps(res[0][v], acc_b[v]);
+  epilogue<1, kPanelVectors>(res, 0, bias, out, 0, origin, n0 + kPanelCols, std::min(kPanelCols, N - n0 - kPanelCols));
+}
+
 constexpr int kRowsPerTile = 5;
 
 // Tiles of `rows` x rows: 1-2 rows take the whole panel (6 vectors) in one pass that reads it
@@ -327,7 +358,14 @@ DOMINO_AVX2_TARGET __attribute__((flatten)) void run_panels(const W* packed, int
     for (int64_t c = 0; c < cols_x; ++c)
       for (int64_t r = 0; r < R; ++r) dst[c * R + r] = x[(m0 + r) * ldx + c];
   });
-  for (int64_t p = p0; p < std::min(p1, panels); ++p) {
+  p1 = std::min(p1, panels);
+  if (M == 1) {  // a decode step: two panels at a time
+    for (; p0 + 1 < p1; p0 += 2) {
+      const W* panel = packed + p0 * panel_elems;
+      one_row_two_panels<W>(panel, panel + panel_elems, steps, xt.data(), bias, out, origin, p0 * kPanelCols, N);
+    }
+  }
+  for (int64_t p = p0; p < p1; ++p) {
     const W* panel = packed + p * panel_elems;
     const int64_t n0 = p * kPanelCols, cols = std::min(kPanelCols, N - n0);
     const W* next = T > 1 && p + 1 < panels ? panel + panel_elems : nullptr;
