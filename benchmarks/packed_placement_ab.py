@@ -1,14 +1,15 @@
 """Where a model's packed weight copies lie in memory, and how fast they stream from there.
 
 SmolLM2-135M-Instruct's 211 linear layers (the LM head included), switched by
-``domino.fast_linear.use_small_batch_linear``, which packs every layer's weight and places
-the copies back to back in forward order (``place_packed_weights``). Three ways to run the
-layers, interleaved within every repeat (median of ``--repeats`` after 2 warm-ups), at
-one row (a decode step) and 16 (a verification):
+``domino.fast_linear.use_small_batch_linear`` (which packs every layer's weight), the copies
+then placed back to back in forward order (``place_packed_weights``, as the fast forward's
+plan places the products it runs). Three ways to run the layers, interleaved within every
+repeat (median of ``--repeats`` after 2 warm-ups), at one row (a decode step) and 16 (a
+verification):
 
-- "placed": ``small_batch_linear_packed`` on the placed copies, as the switch leaves them;
-- "one by one": on copies of the same panels allocated one by one, as the switch left them
-  before placement (each where the allocator put it);
+- "placed": ``small_batch_linear_packed`` on the placed copies;
+- "one by one": on copies of the same panels allocated one by one, as packing leaves them
+  (each where the allocator put it);
 - "row-major": ``small_batch_linear`` on the model's own weights (another kernel, other
   bits: the stream of the loader's layout, for scale).
 
@@ -26,7 +27,7 @@ import time
 import torch
 
 import domino_ops
-from domino.fast_linear import packed_weight, use_small_batch_linear
+from domino.fast_linear import packed_weight, place_packed_weights, use_small_batch_linear
 from domino.loading import smollm2_dir
 
 
@@ -65,6 +66,7 @@ def main() -> None:
     for name in args.dtypes.split(","):
         dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[name]
         model = use_small_batch_linear(AutoModelForCausalLM.from_pretrained(smollm2_dir(), dtype=dtype).eval())
+        place_packed_weights(model)
         with torch.inference_mode():
             for rows in (1, 16):
                 runs = layer_runs(model, dtype, rows)

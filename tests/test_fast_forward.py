@@ -346,6 +346,9 @@ def test_the_plans_products_lie_back_to_back_in_forward_order(monkeypatch):
         assert len(data) == 4 * len(model.model.layers) + 1
         assert len({d.untyped_storage().data_ptr() for d in data}) == 1
         assert all(a.data_ptr() < b.data_ptr() for a, b in zip(data, data[1:]))
+        # the buffer holds these products and nothing else (no copy a fused one replaced)
+        held = data[0].untyped_storage().nbytes()
+        assert held <= sum(d.numel() * d.element_size() + 128 for d in data)
         with torch.no_grad():
             model.model.layers[1].mlp.down_proj.weight.mul_(2.0)
         compare_with_hf(model, monkeypatch, True, input_ids=IDS)

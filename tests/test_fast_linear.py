@@ -415,6 +415,7 @@ def test_packed_copies_lie_back_to_back_in_forward_order_with_their_bits(dtype):
     with torch.inference_mode():
         loose = {id(m): domino_ops.pack_small_batch_linear_weight(m.weight, dtype=dtype).data for m in layers}
         use_small_batch_linear(model)
+    assert place_packed_weights(model)
     data = [packed_weight(m).data for m in layers]
     assert all(torch.equal(d, loose[id(m)]) for d, m in zip(data, layers))  # the same panels, moved
     assert len({d.untyped_storage().data_ptr() for d in data}) == 1
@@ -434,5 +435,37 @@ def test_packed_copies_lie_back_to_back_in_forward_order_with_their_bits(dtype):
         assert torch.equal(layers[3](x), layer_kernel(layers[3], x))
         logits = model(ids).logits
         undo_small_batch_linear(model)
-        use_small_batch_linear(model)  # packs and places afresh: the same logits
+        use_small_batch_linear(model)  # packs afresh, each copy where the allocator puts it: the same logits
         assert torch.equal(model(ids).logits, logits)
+
+
+def test_switched_layer_returns_its_own_tensor_as_f_linear_does():
+    """Not a view: a result made under no_grad can be changed in place later with autograd
+    on (a view made under no_grad cannot; F.linear's 2-D result is no view either), for 1-,
+    2- and 3-dimensional inputs."""
+    lin = use_small_batch_linear(torch.nn.Linear(8, 6))
+    p = torch.randn(6, requires_grad=True)
+    for shape in ((8,), (3, 8), (2, 3, 8)):
+        with torch.no_grad():
+            y = lin(torch.randn(shape))
+        assert y._base is None
+        y.add_(p)  # autograd on, p requires grad
+        assert y.grad_fn is not None
+
+
+@pytest.mark.skipif(not FUSED_DTYPES, reason="this CPU runs no packed kernel")
+def test_no_packed_copy_outlives_its_use_once_layers_are_fused():
+    """A model on the fused layers without the fast forward (HF's forward, or a drafter):
+    the fused q/k/v and gate/up copies replace the layers' own, and no memory keeps the
+    replaced ones (a buffer of placed copies did, while any copy placed with them lived)."""
+    from domino.fast_layers import use_fused_layers
+
+    dtype = FUSED_DTYPES[0]
+    model = use_fused_layers(use_small_batch_linear(cpu_target("llama", dtype)))
+    with torch.inference_mode():
+        model(torch.randint(0, 64, (1, 5)))
+    copies = [entry[2].data for mod in model.modules() for key in ("_domino_packed", "_domino_fused_packed")
+              if (entry := mod.__dict__.get(key)) is not None]
+    assert any("_domino_fused_packed" in vars(m) for m in model.modules())
+    held = {d.untyped_storage().data_ptr(): d.untyped_storage().nbytes() for d in copies}
+    assert sum(held.values()) <= sum(d.numel() * d.element_size() + 128 for d in copies)

@@ -60,16 +60,19 @@ at::Tensor switched_linear(const at::Tensor& x, const at::Tensor& weight, const 
                                              const std::optional<at::Tensor>&, at::Tensor)>();
   const int64_t N = weight.size(0), K = weight.size(1);
   const at::Tensor x2 = x.reshape({-1, K}).contiguous();
-  const at::Tensor out = at::empty({x2.size(0), N}, x.options());
+  std::vector<int64_t> sizes = x.sizes().vec();
+  sizes.back() = N;
+  // the result itself, not a view of it (as F.linear's: a view made under no_grad could not
+  // be modified in place later with autograd on)
+  const at::Tensor out = at::empty(sizes, x.options());
   if (x2.size(0) > 0) {
     std::optional<at::Tensor> b;
     if (bias.has_value() && bias->defined()) b = bias->contiguous();
-    if (packed_weight.has_value() && packed_weight->defined()) packed.call(x2, *packed_weight, N, b, out);
-    else row_major.call(x2, weight, b, out);
+    const at::Tensor rows = out.view({x2.size(0), N});
+    if (packed_weight.has_value() && packed_weight->defined()) packed.call(x2, *packed_weight, N, b, rows);
+    else row_major.call(x2, weight, b, rows);
   }
-  std::vector<int64_t> sizes = x.sizes().vec();
-  sizes.back() = N;
-  return out.view(sizes);
+  return out;
 }
 
 }  // namespace domino::cpu

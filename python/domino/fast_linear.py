@@ -229,15 +229,19 @@ def place_packed_weights(model: torch.nn.Module) -> bool:
     buffer per panel dtype, back to back in ``model.modules()`` order (a decoder's forward
     order: q/k/v, o, gate/up, down, layer after layer, the LM head last). The caches then
     hold copies of the same bits at their new places; the old copies are freed. Nothing
-    moves where the copies already lie so.
+    moves where the copies already lie so. Call it once the copies a model will run are
+    made (the fast forward's plan calls it, its fused products made): a layer's copy that a
+    fused one later replaces would keep its place in the buffer, unused, as long as any
+    copy placed with it lives.
 
     Why: the weights stream from memory at every forward, one layer after another. Copies
     made one by one land wherever the allocator puts them (the small ones among other heap
     data, the large ones in separate mappings, placed downwards). On the AMX Xeon VM
-    SmolLM2's 211 bf16 layers (AMX panels) streamed 1.07-1.24x slower so at one row and
-    1.14-1.18x at 16 than from one buffer in forward order, which matches the model's own
+    SmolLM2's 211 bf16 layers (AMX panels) streamed 1.02-1.24x slower so at one row and
+    0.99-1.18x at 16 than from one buffer in forward order, which matches the model's own
     weights as its loader lays them out; float32 panels moved both ways, 0.93-1.26x
-    (benchmarks/packed_placement_ab.py, five processes). A model's caches take twice their
+    (benchmarks/packed_placement_ab.py, eight processes: the gain follows where the
+    allocator put the copies). A model's caches take twice their
     size while they move. Returns whether anything moved."""
     entries = []  # (the cache's dict, its key, the tuple's index of the PackedLinearWeight)
     for mod in model.modules():
@@ -317,7 +321,6 @@ def use_small_batch_linear(model: torch.nn.Module) -> torch.nn.Module:
             mod.forward = functools.partial(_small_batch_forward, mod)
             setattr(mod, _FLAG, True)
             setattr(mod, _PACKS, packs)
-    place_packed_weights(model)
     return model
 
 
