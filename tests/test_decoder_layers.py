@@ -207,6 +207,9 @@ BAD_ARGUMENTS = {
     r"key_stores\[[01]\] and key_stores\[[01]\] share memory": lambda a: a[8].__setitem__(1, a[8][0]),
     r"key_stores\[0\] must not overlap itself": lambda a: a[8].__setitem__(
         0, a[8][0][:, :, :1].expand(-1, -1, a[8][0].shape[2], -1)),
+    # slots one element apart: slot s + 1 holds slot s's last d - 1 values
+    r"value_stores\[1\] must not overlap itself": lambda a: a[9].__setitem__(
+        1, a[9][1].as_strided(a[9][1].shape, (a[9][1].stride(0), a[9][1].stride(1), 1, 1))),
     r"key_stores\[0\] must not share memory with weights\[0\]": lambda a: a[4].__setitem__(
         0, a[8][0].view(-1)[:a[4][0].numel()]),
     "heads are too large": lambda a: a.__setitem__(5, [2 ** 61, 1, 8, 12]),

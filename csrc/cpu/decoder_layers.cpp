@@ -27,7 +27,6 @@
 // a few KB a layer at decode. Limits: those of its kernels; b * T rows at most as the
 // products take.
 #include <ATen/ATen.h>
-#include <ATen/MemoryOverlap.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -50,6 +49,22 @@ struct Span {
   uintptr_t begin, end;
 };
 
+// Whether t's elements may share bytes: its dimensions of more than one element, sorted by
+// stride, must each step past the whole extent of the one before (a stride of 0 never does).
+// Sufficient for apart, not necessary: a layout whose dimensions interleave is refused too.
+bool may_overlap_itself(const at::Tensor& t) {
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size)
+  for (int64_t i = 0; i < t.dim(); ++i)
+    if (t.size(i) > 1) dims.emplace_back(t.stride(i), t.size(i));
+  std::sort(dims.begin(), dims.end());
+  int64_t extent = 1;  // elements one step of the next dimension must clear
+  for (const auto& [stride, size] : dims) {
+    if (stride < extent) return true;
+    extent = stride * size;
+  }
+  return false;
+}
+
 Span byte_span(const at::Tensor& t) {
   int64_t last = 0;
   for (int64_t i = 0; i < t.dim(); ++i) last += (t.size(i) - 1) * t.stride(i);
@@ -71,8 +86,9 @@ void check_stores_apart(at::TensorList key_stores, at::TensorList value_stores,
   stores.reserve(2 * key_stores.size());
   for (const auto& [list, name] : {std::pair{key_stores, "key_stores"}, std::pair{value_stores, "value_stores"}}) {
     for (int64_t l = 0; l < static_cast<int64_t>(list.size()); ++l) {
-      TORCH_CHECK(at::has_internal_overlap(list[l]) != at::MemOverlap::Yes, name, "[", l,
-                  "] must not overlap itself (a stride of 0), got strides ", list[l].strides());
+      TORCH_CHECK(!may_overlap_itself(list[l]), name, "[", l,
+                  "] must not overlap itself (each dimension's stride past the extent of the smaller ones), got "
+                  "strides ", list[l].strides(), " for shape ", list[l].sizes());
       if (list[l].numel() > 0) stores.push_back({byte_span(list[l]), name, l});
     }
   }

@@ -123,8 +123,10 @@ inline void check_layer_store(const at::Tensor& store, const char* name, int64_t
 // The stores are written while the other tensors are read: every store must have memory of
 // its own, apart from every other store (a layer's key and value stores included), from
 // the `reads` (name, tensor or nullptr) and from every weight given, and none may overlap
-// itself (a stride of 0). Dense stores are compared by their address ranges (a store's
-// whole range, its slots past those written too).
+// itself. Compared by address ranges (a store's whole range, its slots past those written
+// too) and nested strides: stores interleaved in one buffer, or a store whose dimensions
+// interleave, are refused although their elements are apart (the engine's stores are
+// dense, each its own range).
 void check_stores_apart(at::TensorList key_stores, at::TensorList value_stores,
                         std::initializer_list<std::pair<const char*, const at::Tensor*>> reads,
                         const c10::List<std::optional<at::Tensor>>& weights);
