@@ -165,7 +165,8 @@ def test_order_oracle_has_teeth():
 
 
 @needs_cpu
-@given(M=st.integers(1, 40), N=st.sampled_from([1, 50, 100]), K=st.sampled_from([7, 40, 129]),
+# K = 64 and 96: whole chunks of 16 column pairs, where AMX takes one row two panels at a time
+@given(M=st.integers(1, 40), N=st.sampled_from([1, 50, 100, 150]), K=st.sampled_from([7, 40, 64, 96, 129]),
        bias=st.booleans(), seed=st.integers(0, 2**31 - 1))
 @each_path
 def test_batch_invariant_bit_for_bit(path, M, N, K, bias, seed):

@@ -21,7 +21,14 @@
 // (run(), where the numbers are). A group's first block prefetches the next panel to
 // L2, one 3 KB chunk per chunk of its own: with the hardware prefetchers alone the tile
 // loads streamed w2 ~20-30 % slower than a row-major GEMV (2-core Xeon VM, thirty-ninth
-// session: benchmarks/results/tree_step_xeon_session39_amx_prefetch_ab.txt).
+// session: benchmarks/results/tree_step_xeon_session39_amx_prefetch_ab.txt). One row (a
+// decode step) is the exception: there a thread takes two panels at a time, chunk by chunk,
+// with the hardware prefetchers alone (one_row_two_panels: tiles 0-5 the two panels'
+// accumulators, 6 x, 7 each weight tile in turn; K a whole number of 16-pair chunks), two
+// weight streams: SmolLM2's 211 bf16 layers at one row 12.1-12.6 -> 10.9 ms, the engine's
+// one-token forward 12.2-13.0 -> 11.5-11.9 ms (sixty-first session, benchmarks/compare_builds.sh
+// over packed_placement_ab.py and engine_speed.py forward --fixed,
+// results/amx_two_panels_xeon_session61.txt).
 //
 // Batch invariance, by construction: a tile product's row m depends on row m of x and the
 // weight tile only, and the chunks of 16 column pairs are added to the accumulator in order
@@ -91,6 +98,19 @@ AmxTileConfig make_config(int rows, int64_t tail_pairs) {
   return cfg;
 }
 
+// One row against two panels (a decode step, K a whole number of 16-pair chunks): tiles 0-2
+// panel a's accumulators, 3-5 panel b's, 6 the x chunk, 7 each weight tile in turn.
+AmxTileConfig make_pair_config() {
+  AmxTileConfig cfg;
+  for (int t = 0; t < 7; ++t) {  // the accumulators and x: one row of 64 bytes
+    cfg.rows[t] = 1;
+    cfg.colsb[t] = 64;
+  }
+  cfg.rows[7] = kTileRows;  // weights: 16 pairs x 16 outputs x 2
+  cfg.colsb[7] = 64;
+  return cfg;
+}
+
 // One chunk of column pairs: x tile X times the panel's three 16-output weight tiles (loaded
 // into W0, W1, W0), added to the accumulators 0-2. A macro, not a template: GCC's tile
 // intrinsics paste their tile numbers into the assembly text, so they must be literals.
@@ -104,6 +124,22 @@ AmxTileConfig make_config(int rows, int64_t tail_pairs) {
     _tile_loadd(W0, (w) + 128, (stride));              \
     _tile_dpbf16ps(2, X, W0);                          \
   } while (0)
+
+// The outputs of one panel's accumulators (acc: [16][48] as the tiles were stored), `valid`
+// rows of outputs [n0, n0 + cols), + bias, rounded once to O.
+template <typename O>
+DOMINO_AMX_TARGET inline void store_outputs(const float* acc, int valid, const float* bias, O* out, int64_t ldo,
+                                            int64_t origin, int64_t n0, int64_t cols) {
+  for (int v = 0; v < 3; ++v) {
+    const int64_t c0 = 16 * v;
+    if (c0 >= cols) break;
+    const __mmask16 mask = packed_outputs::lanes(cols, c0);
+    const __m512 b = packed_outputs::load_bias(bias == nullptr ? nullptr : bias + n0 + c0, mask);
+    for (int m = 0; m < valid; ++m)
+      packed_outputs::store(_mm512_loadu_ps(acc + m * kPanelCols + c0), bias != nullptr, b,
+                            out + m * ldo + (n0 - origin) + c0, mask);
+  }
+}
 
 // One block of `rows` x rows (x: pairs as 32-bit words, ldx words apart; rows past M are
 // there, zero) times one panel; writes `valid` rows of outputs [n0, n0 + cols).
@@ -134,15 +170,52 @@ DOMINO_AMX_TARGET inline void block(const c10::BFloat16* panel, int64_t pairs, c
   _tile_stored(0, acc, kPanelCols * 4);
   _tile_stored(1, acc + 16, kPanelCols * 4);
   _tile_stored(2, acc + 32, kPanelCols * 4);
-  for (int v = 0; v < 3; ++v) {
-    const int64_t c0 = 16 * v;
-    if (c0 >= cols) break;
-    const __mmask16 mask = packed_outputs::lanes(cols, c0);
-    const __m512 b = packed_outputs::load_bias(bias == nullptr ? nullptr : bias + n0 + c0, mask);
-    for (int m = 0; m < valid; ++m)
-      packed_outputs::store(_mm512_loadu_ps(acc + m * kPanelCols + c0), bias != nullptr, b,
-                            out + m * ldo + (n0 - origin) + c0, mask);
+  store_outputs(acc, valid, bias, out, ldo, origin, n0, cols);
+}
+
+// One row (x: pairs as 32-bit words) times panels a and b (outputs [n0, n0 + 96) below N),
+// chunk by chunk: two weight streams at once, and the hardware prefetchers alone (a
+// software prefetch of the next panel, as block() issues, made one row slower). Each
+// output's chunks are added in order, as in block(): the same bits. Needs the pair
+// configuration loaded and pairs a multiple of 16.
+template <typename O>
+DOMINO_AMX_TARGET inline void one_row_two_panels(const c10::BFloat16* a, const c10::BFloat16* b, int64_t pairs,
+                                                 const uint32_t* x, const float* bias, O* out, int64_t origin,
+                                                 int64_t n0, int64_t N, float* acc /* [16][48] */) {
+  constexpr int64_t kPairStride = 2 * kPanelCols * 2;
+  constexpr int64_t kChunkBytes = kTileRows * kPairStride;
+  const char* wa = reinterpret_cast<const char*>(a);
+  const char* wb = reinterpret_cast<const char*>(b);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  _tile_zero(4);
+  _tile_zero(5);
+  for (int64_t c = 0; c < pairs / kTileRows; ++c) {
+    const int64_t off = c * kChunkBytes;
+    _tile_loadd(6, x + c * kTileRows, 64);
+    _tile_loadd(7, wa + off, kPairStride);
+    _tile_dpbf16ps(0, 6, 7);
+    _tile_loadd(7, wa + off + 64, kPairStride);
+    _tile_dpbf16ps(1, 6, 7);
+    _tile_loadd(7, wa + off + 128, kPairStride);
+    _tile_dpbf16ps(2, 6, 7);
+    _tile_loadd(7, wb + off, kPairStride);
+    _tile_dpbf16ps(3, 6, 7);
+    _tile_loadd(7, wb + off + 64, kPairStride);
+    _tile_dpbf16ps(4, 6, 7);
+    _tile_loadd(7, wb + off + 128, kPairStride);
+    _tile_dpbf16ps(5, 6, 7);
   }
+  _tile_stored(0, acc, kPanelCols * 4);
+  _tile_stored(1, acc + 16, kPanelCols * 4);
+  _tile_stored(2, acc + 32, kPanelCols * 4);
+  store_outputs(acc, 1, bias, out, 0, origin, n0, std::min(kPanelCols, N - n0));
+  _tile_stored(3, acc, kPanelCols * 4);
+  _tile_stored(4, acc + 16, kPanelCols * 4);
+  _tile_stored(5, acc + 32, kPanelCols * 4);
+  store_outputs(acc, 1, bias, out, 0, origin, n0 + kPanelCols, std::min(kPanelCols, N - n0 - kPanelCols));
 }
 
 template <typename O>
@@ -150,9 +223,22 @@ DOMINO_AMX_TARGET void run(const c10::BFloat16* packed, int64_t pairs, const uin
                            const float* bias, O* out, int64_t ldo, int64_t origin, int64_t N, int64_t p0,
                            int64_t p1) {
   if (M == 0 || p0 >= p1) return;  // a tile of 0 rows with 64-byte rows is an invalid configuration
+  alignas(64) float acc[kTileRows * kPanelCols];
+  if (M == 1 && pairs % kTileRows == 0 && p0 + 1 < p1) {  // a decode step: two panels at a time
+    const AmxTileConfig pair_cfg = make_pair_config();
+    _tile_loadconfig(&pair_cfg);
+    for (; p0 + 1 < p1; p0 += 2) {
+      const c10::BFloat16* panel = packed + p0 * pairs * (2 * kPanelCols);
+      one_row_two_panels<O>(panel, panel + pairs * (2 * kPanelCols), pairs, x, bias, out, origin, p0 * kPanelCols, N,
+                            acc);
+    }
+    if (p0 == p1) {
+      _tile_release();
+      return;
+    }
+  }
   const int rows = static_cast<int>(std::min<int64_t>(M, kTileRows));
   const AmxTileConfig cfg = make_config(rows, pairs % kTileRows);
-  alignas(64) float acc[kTileRows * kPanelCols];
   _tile_loadconfig(&cfg);
   // Rows in groups and panels in groups of about kGroupBytes each, each row block then
   // running over its group's panels: a group's x rows and panels stay in L2 (a core's 2 MB
@@ -176,7 +262,7 @@ DOMINO_AMX_TARGET void run(const c10::BFloat16* packed, int64_t pairs, const uin
           // a group's first row block streams its panels from memory and prefetches each next one
           // (see the top of this file); the later blocks read them from L1/L2
           const char* next =
-              m == g0 && p + 1 < p1 ? reinterpret_cast<const char*>(panel + pairs * (2 * kPanelCols)) : nullptr;
+              M > 1 && m == g0 && p + 1 < p1 ? reinterpret_cast<const char*>(panel + pairs * (2 * kPanelCols)) : nullptr;
           block<O>(panel, pairs, x + m * ldx, ldx, static_cast<int>(std::min<int64_t>(kTileRows, M - m)), bias,
                    out + m * ldo, ldo, origin, n0, cols, acc, next);
         }
