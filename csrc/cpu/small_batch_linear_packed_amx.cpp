@@ -125,6 +125,15 @@ AmxTileConfig make_pair_config() {
     _tile_dpbf16ps(2, X, W0);                          \
   } while (0)
 
+// Accumulator tiles T0-T2 (one panel's three 16-output blocks) into acc [16][48]; a macro
+// for the same reason as DOMINO_AMX_CHUNK.
+#define DOMINO_AMX_STORE_PANEL(T0, T1, T2, acc)  \
+  do {                                           \
+    _tile_stored(T0, (acc), kPanelCols * 4);      \
+    _tile_stored(T1, (acc) + 16, kPanelCols * 4); \
+    _tile_stored(T2, (acc) + 32, kPanelCols * 4); \
+  } while (0)
+
 // The outputs of one panel's accumulators (acc: [16][48] as the tiles were stored), `valid`
 // rows of outputs [n0, n0 + cols), + bias, rounded once to O.
 template <typename O>
@@ -167,9 +176,7 @@ DOMINO_AMX_TARGET inline void block(const c10::BFloat16* panel, int64_t pairs, c
     prefetch_next(chunks * kChunkBytes, tail * kPairStride);
     DOMINO_AMX_CHUNK(6, 7, 7, x + chunks * kTileRows, ldx, w + chunks * kChunkBytes, kPairStride);
   }
-  _tile_stored(0, acc, kPanelCols * 4);
-  _tile_stored(1, acc + 16, kPanelCols * 4);
-  _tile_stored(2, acc + 32, kPanelCols * 4);
+  DOMINO_AMX_STORE_PANEL(0, 1, 2, acc);
   store_outputs(acc, valid, bias, out, ldo, origin, n0, cols);
 }
 
@@ -208,13 +215,9 @@ DOMINO_AMX_TARGET inline void one_row_two_panels(const c10::BFloat16* a, const c
     _tile_loadd(7, wb + off + 128, kPairStride);
     _tile_dpbf16ps(5, 6, 7);
   }
-  _tile_stored(0, acc, kPanelCols * 4);
-  _tile_stored(1, acc + 16, kPanelCols * 4);
-  _tile_stored(2, acc + 32, kPanelCols * 4);
+  DOMINO_AMX_STORE_PANEL(0, 1, 2, acc);
   store_outputs(acc, 1, bias, out, 0, origin, n0, std::min(kPanelCols, N - n0));
-  _tile_stored(3, acc, kPanelCols * 4);
-  _tile_stored(4, acc + 16, kPanelCols * 4);
-  _tile_stored(5, acc + 32, kPanelCols * 4);
+  DOMINO_AMX_STORE_PANEL(3, 4, 5, acc);
   store_outputs(acc, 1, bias, out, 0, origin, n0 + kPanelCols, std::min(kPanelCols, N - n0 - kPanelCols));
 }
 
