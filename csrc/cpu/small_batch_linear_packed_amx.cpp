@@ -21,14 +21,15 @@
 // (run(), where the numbers are). A group's first block prefetches the next panel to
 // L2, one 3 KB chunk per chunk of its own: with the hardware prefetchers alone the tile
 // loads streamed w2 ~20-30 % slower than a row-major GEMV (2-core Xeon VM, thirty-ninth
-// session: benchmarks/results/tree_step_xeon_session39_amx_prefetch_ab.txt). One row (a
-// decode step) is the exception: there a thread takes two panels at a time, chunk by chunk,
-// with the hardware prefetchers alone (one_row_two_panels: tiles 0-5 the two panels'
-// accumulators, 6 x, 7 each weight tile in turn; K a whole number of 16-pair chunks), two
-// weight streams: SmolLM2's 211 bf16 layers at one row 12.1-12.6 -> 10.9 ms, the engine's
-// one-token forward 12.2-13.0 -> 11.5-11.9 ms (sixty-first session, benchmarks/compare_builds.sh
-// over packed_placement_ab.py and engine_speed.py forward --fixed,
-// results/amx_two_panels_xeon_session61.txt).
+// session: benchmarks/results/tree_step_xeon_session39_amx_prefetch_ab.txt). Up to 16 rows
+// (decoding, verification) are the exception since the sixty-first session: there a thread
+// takes two panels at a time, chunk by chunk, with the hardware prefetchers alone
+// (two_panel_block: tiles 0-5 the two panels' accumulators, 6 x, 7 each weight tile in
+// turn; K a whole number of 16-pair chunks), two weight streams: SmolLM2's 211 bf16 layers
+// at one row 12.1-12.6 -> 10.9 ms and at 16 rows 12.8-13.3 -> 11.4-11.7 ms, the engine's
+// one-token forward 12.2-13.0 -> 11.5-11.9 ms and its 8- and 16-token ones ~3-4 % faster
+// (benchmarks/compare_builds.sh over packed_placement_ab.py and engine_speed.py forward
+// --fixed, results/amx_two_panels_xeon_session61.txt).
 //
 // Batch invariance, by construction: a tile product's row m depends on row m of x and the
 // weight tile only, and the chunks of 16 column pairs are added to the accumulator in order
@@ -98,12 +99,13 @@ AmxTileConfig make_config(int rows, int64_t tail_pairs) {
   return cfg;
 }
 
-// One row against two panels (a decode step, K a whole number of 16-pair chunks): tiles 0-2
-// panel a's accumulators, 3-5 panel b's, 6 the x chunk, 7 each weight tile in turn.
-AmxTileConfig make_pair_config() {
+// Up to 16 rows against two panels (decoding, verification; K a whole number of 16-pair
+// chunks): tiles 0-2 panel a's accumulators, 3-5 panel b's, 6 the x chunk, 7 each weight
+// tile in turn.
+AmxTileConfig make_pair_config(int rows) {
   AmxTileConfig cfg;
-  for (int t = 0; t < 7; ++t) {  // the accumulators and x: one row of 64 bytes
-    cfg.rows[t] = 1;
+  for (int t = 0; t < 7; ++t) {  // the accumulators and x: rows of 64 bytes
+    cfg.rows[t] = static_cast<uint8_t>(rows);
     cfg.colsb[t] = 64;
   }
   cfg.rows[7] = kTileRows;  // weights: 16 pairs x 16 outputs x 2
@@ -180,15 +182,16 @@ DOMINO_AMX_TARGET inline void block(const c10::BFloat16* panel, int64_t pairs, c
   store_outputs(acc, valid, bias, out, ldo, origin, n0, cols);
 }
 
-// One row (x: pairs as 32-bit words) times panels a and b (outputs [n0, n0 + 96) below N),
-// chunk by chunk: two weight streams at once, and the hardware prefetchers alone (a
-// software prefetch of the next panel, as block() issues, made one row slower). Each
-// output's chunks are added in order, as in block(): the same bits. Needs the pair
-// configuration loaded and pairs a multiple of 16.
+// `valid` rows of x (pairs as 32-bit words, ldx words apart) times panels a and b (outputs
+// [n0, n0 + 96) below N), chunk by chunk: two weight streams at once, and the hardware
+// prefetchers alone (a software prefetch of the next panel, as block() issues, made these
+// rows slower). Each output's chunks are added in order, as in block(): the same bits.
+// Needs the pair configuration for `valid` rows loaded and pairs a multiple of 16.
 template <typename O>
-DOMINO_AMX_TARGET inline void one_row_two_panels(const c10::BFloat16* a, const c10::BFloat16* b, int64_t pairs,
-                                                 const uint32_t* x, const float* bias, O* out, int64_t origin,
-                                                 int64_t n0, int64_t N, float* acc /* [16][48] */) {
+DOMINO_AMX_TARGET inline void two_panel_block(const c10::BFloat16* a, const c10::BFloat16* b, int64_t pairs,
+                                                 const uint32_t* x, int64_t ldx, int valid, const float* bias, O* out,
+                                                 int64_t ldo, int64_t origin, int64_t n0, int64_t N,
+                                                 float* acc /* [16][48] */) {
   constexpr int64_t kPairStride = 2 * kPanelCols * 2;
   constexpr int64_t kChunkBytes = kTileRows * kPairStride;
   const char* wa = reinterpret_cast<const char*>(a);
@@ -201,7 +204,7 @@ DOMINO_AMX_TARGET inline void one_row_two_panels(const c10::BFloat16* a, const c
   _tile_zero(5);
   for (int64_t c = 0; c < pairs / kTileRows; ++c) {
     const int64_t off = c * kChunkBytes;
-    _tile_loadd(6, x + c * kTileRows, 64);
+    _tile_loadd(6, x + c * kTileRows, ldx * 4);
     _tile_loadd(7, wa + off, kPairStride);
     _tile_dpbf16ps(0, 6, 7);
     _tile_loadd(7, wa + off + 64, kPairStride);
@@ -216,9 +219,9 @@ DOMINO_AMX_TARGET inline void one_row_two_panels(const c10::BFloat16* a, const c
     _tile_dpbf16ps(5, 6, 7);
   }
   DOMINO_AMX_STORE_PANEL(0, 1, 2, acc);
-  store_outputs(acc, 1, bias, out, 0, origin, n0, std::min(kPanelCols, N - n0));
+  store_outputs(acc, valid, bias, out, ldo, origin, n0, std::min(kPanelCols, N - n0));
   DOMINO_AMX_STORE_PANEL(3, 4, 5, acc);
-  store_outputs(acc, 1, bias, out, 0, origin, n0 + kPanelCols, std::min(kPanelCols, N - n0 - kPanelCols));
+  store_outputs(acc, valid, bias, out, ldo, origin, n0 + kPanelCols, std::min(kPanelCols, N - n0 - kPanelCols));
 }
 
 template <typename O>
@@ -227,13 +230,13 @@ DOMINO_AMX_TARGET void run(const c10::BFloat16* packed, int64_t pairs, const uin
                            int64_t p1) {
   if (M == 0 || p0 >= p1) return;  // a tile of 0 rows with 64-byte rows is an invalid configuration
   alignas(64) float acc[kTileRows * kPanelCols];
-  if (M == 1 && pairs % kTileRows == 0 && p0 + 1 < p1) {  // a decode step: two panels at a time
-    const AmxTileConfig pair_cfg = make_pair_config();
+  if (M <= kTileRows && pairs % kTileRows == 0 && p0 + 1 < p1) {  // decoding, verification: two panels at a time
+    const AmxTileConfig pair_cfg = make_pair_config(static_cast<int>(M));
     _tile_loadconfig(&pair_cfg);
     for (; p0 + 1 < p1; p0 += 2) {
       const c10::BFloat16* panel = packed + p0 * pairs * (2 * kPanelCols);
-      one_row_two_panels<O>(panel, panel + pairs * (2 * kPanelCols), pairs, x, bias, out, origin, p0 * kPanelCols, N,
-                            acc);
+      two_panel_block<O>(panel, panel + pairs * (2 * kPanelCols), pairs, x, ldx, static_cast<int>(M), bias, out,
+                            ldo, origin, p0 * kPanelCols, N, acc);
     }
     if (p0 == p1) {
       _tile_release();
