@@ -127,6 +127,18 @@ AmxTileConfig make_pair_config(int rows) {
     _tile_dpbf16ps(2, X, W0);                          \
   } while (0)
 
+// x tile 6 times one panel's chunk at w (its three 16-output weight tiles, each loaded into
+// tile 7 in turn), added to accumulator tiles T0-T2 (two_panel_block's configuration).
+#define DOMINO_AMX_PANEL_CHUNK(T0, T1, T2, w, stride) \
+  do {                                                \
+    _tile_loadd(7, (w), (stride));                    \
+    _tile_dpbf16ps(T0, 6, 7);                         \
+    _tile_loadd(7, (w) + 64, (stride));               \
+    _tile_dpbf16ps(T1, 6, 7);                         \
+    _tile_loadd(7, (w) + 128, (stride));              \
+    _tile_dpbf16ps(T2, 6, 7);                         \
+  } while (0)
+
 // Accumulator tiles T0-T2 (one panel's three 16-output blocks) into acc [16][48]; a macro
 // for the same reason as DOMINO_AMX_CHUNK.
 #define DOMINO_AMX_STORE_PANEL(T0, T1, T2, acc)  \
@@ -205,18 +217,8 @@ DOMINO_AMX_TARGET inline void two_panel_block(const c10::BFloat16* a, const c10:
   for (int64_t c = 0; c < pairs / kTileRows; ++c) {
     const int64_t off = c * kChunkBytes;
     _tile_loadd(6, x + c * kTileRows, ldx * 4);
-    _tile_loadd(7, wa + off, kPairStride);
-    _tile_dpbf16ps(0, 6, 7);
-    _tile_loadd(7, wa + off + 64, kPairStride);
-    _tile_dpbf16ps(1, 6, 7);
-    _tile_loadd(7, wa + off + 128, kPairStride);
-    _tile_dpbf16ps(2, 6, 7);
-    _tile_loadd(7, wb + off, kPairStride);
-    _tile_dpbf16ps(3, 6, 7);
-    _tile_loadd(7, wb + off + 64, kPairStride);
-    _tile_dpbf16ps(4, 6, 7);
-    _tile_loadd(7, wb + off + 128, kPairStride);
-    _tile_dpbf16ps(5, 6, 7);
+    DOMINO_AMX_PANEL_CHUNK(0, 1, 2, wa + off, kPairStride);
+    DOMINO_AMX_PANEL_CHUNK(3, 4, 5, wb + off, kPairStride);
   }
   DOMINO_AMX_STORE_PANEL(0, 1, 2, acc);
   store_outputs(acc, valid, bias, out, ldo, origin, n0, std::min(kPanelCols, N - n0));
