@@ -80,9 +80,11 @@ void check_uniforms(const std::optional<at::Tensor>& uniforms, const SamplingArg
   check_unit_interval(*uniforms, "uniforms");
 }
 
-using Named = std::pair<const char*, const at::Tensor*>;
+}  // namespace
 
 const at::Tensor* opt(const std::optional<at::Tensor>& t) { return t.has_value() ? &*t : nullptr; }
+
+namespace {
 
 // Whether every value of the int64 CPU vector t is in [lo, hi): a plain loop, since a
 // tensor min()/max() pair costs tens of microseconds of dispatch and thread wake-up, a
@@ -94,9 +96,8 @@ bool values_in(const at::Tensor& t, int64_t lo, int64_t hi) {
   return true;
 }
 
-// An output that shares memory with an input or another output would make the result
-// depend on the order the kernel reads and writes in: refuse it (nullptr entries, optional
-// tensors not given, are skipped).
+}  // namespace
+
 void check_no_overlap(std::initializer_list<Named> outputs, std::initializer_list<Named> inputs) {
   for (auto o = outputs.begin(); o != outputs.end(); ++o) {
     if (o->second == nullptr) continue;  // an optional output not given
@@ -112,6 +113,8 @@ void check_no_overlap(std::initializer_list<Named> outputs, std::initializer_lis
     }
   }
 }
+
+namespace {
 
 // base_logits [b, k, V] and hproj [b, k, r] (float32 or bfloat16, non-empty), w1s [r, G]
 // non-empty: the per-position inputs of both head ops.

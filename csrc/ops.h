@@ -7,7 +7,9 @@
 
 #include <ATen/ATen.h>
 
+#include <initializer_list>
 #include <optional>
+#include <utility>
 
 #include "sampling_params.h"
 
@@ -26,6 +28,15 @@ struct SamplingArgs {
   // The kernels' view (sampling_params.h): pointers into the tensors.
   SamplingParams params() const;
 };
+
+// A tensor argument by name, or nullptr for an optional one not given (opt()).
+using Named = std::pair<const char*, const at::Tensor*>;
+const at::Tensor* opt(const std::optional<at::Tensor>& t);
+
+// An output that shares memory with an input or another output would make the result
+// depend on the order the kernel reads and writes in: refuse it, naming both (nullptr
+// entries, optional tensors not given, are skipped).
+void check_no_overlap(std::initializer_list<Named> outputs, std::initializer_list<Named> inputs);
 
 // Uniforms a sampler consumes must be in [0, 1) (NaN rejected): read on CPU tensors only
 // (device values would cost a sync); an out-of-range coin would pick a token of weight 0.

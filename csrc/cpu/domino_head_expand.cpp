@@ -44,14 +44,12 @@
 // rounds; 1.24-1.38x a chain step, before 1.26-1.59x; benchmarks/results/
 // tree_step_prefetch_xeon_session57.txt).
 #include <ATen/ATen.h>
-#include <ATen/MemoryOverlap.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
 #include <algorithm>
 #include <atomic>
-#include <initializer_list>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -368,18 +366,11 @@ void expand(BL* base, const float* hproj, const float* S, const int64_t* seq, co
 
 // `name` (w2_packed, w_hh_packed): pack_small_batch_linear_weight(w)'s data, for a bf16 weight w
 // (`weight`: w2, w_hh) on a CPU with AVX512-BF16.
-// A packed copy of w (named name), read while the outputs are written: none of them may
-// share its memory (the other inputs are checked with the op's arguments).
-void check_packed_head_weight(const at::Tensor& packed, const at::Tensor& w, const char* name, const char* weight,
-                              std::initializer_list<std::pair<const char*, const at::Tensor*>> outputs) {
+void check_packed_head_weight(const at::Tensor& packed, const at::Tensor& w, const char* name, const char* weight) {
   TORCH_CHECK(w.scalar_type() == at::kBFloat16, name, " needs a bfloat16 ", weight, ", got ", w.scalar_type());
   check_packed_weight(packed, name, w.size(0), w.size(1));
   TORCH_CHECK(small_batch_linear_packed_supported(),
               name, " needs a CPU with AVX2 and FMA, or AVX512-BF16 (and AVX512-BW/VL); this one has neither: pass None");
-  for (const auto& [output, t] : outputs) {
-    TORCH_CHECK(t == nullptr || at::get_overlap_status(*t, packed) == at::MemOverlapStatus::No, output,
-                " must not share memory with ", name);
-  }
 }
 
 }  // namespace
@@ -400,11 +391,13 @@ void domino_head_expand_cpu(const at::Tensor& base_logits, const at::Tensor& hpr
   const SamplingArgs sampling{temperature, top_k, top_p, row_temperature, row_top_k, row_top_p};
   check_head_expand_args(base_logits, hproj, node_state, node_seq, node_depth, gru_input, w_ih, w_hh, w1s, w2,
                          sampling, uniforms, child_tokens, child_logprobs, child_state, node_logits);
-  const std::initializer_list<std::pair<const char*, const at::Tensor*>> outputs = {
-      {"child_tokens", &child_tokens}, {"child_logprobs", &child_logprobs}, {"child_state", &child_state},
-      {"node_logits", node_logits.has_value() ? &*node_logits : nullptr}};
-  if (w2_packed.has_value()) check_packed_head_weight(*w2_packed, w2, "w2_packed", "w2", outputs);
-  if (w_hh_packed.has_value()) check_packed_head_weight(*w_hh_packed, w_hh, "w_hh_packed", "w_hh", outputs);
+  if (w2_packed.has_value()) check_packed_head_weight(*w2_packed, w2, "w2_packed", "w2");
+  if (w_hh_packed.has_value()) check_packed_head_weight(*w_hh_packed, w_hh, "w_hh_packed", "w_hh");
+  // the packed copies are read while the outputs are written (the op's other inputs are
+  // checked with its arguments)
+  check_no_overlap({{"child_tokens", &child_tokens}, {"child_logprobs", &child_logprobs},
+                    {"child_state", &child_state}, {"node_logits", opt(node_logits)}},
+                   {{"w2_packed", opt(w2_packed)}, {"w_hh_packed", opt(w_hh_packed)}});
   const int64_t n = node_state.size(0);
   if (n == 0) return;
   const SamplingParams sp = sampling.params();

@@ -32,6 +32,7 @@
 
 #include "cpu/layer_kernels.h"
 #include "cpu/packed_panels.h"
+#include "ops.h"
 
 namespace domino::cpu {
 
@@ -122,7 +123,7 @@ void draft_context_cpu(const at::Tensor& features, const at::Tensor& cos, const 
   }
   check_stores_apart(key_stores, value_stores,
                      {{"features", &features}, {"cos", &cos}, {"sin", &sin}, {"fc_packed", &fc_packed},
-                      {"fc_bias", fc_bias.has_value() ? &*fc_bias : nullptr},
+                      {"fc_bias", opt(fc_bias)},
                       {"hidden_norm_weight", &hidden_norm_weight}},
                      weights);
   if (T == 0) return;
