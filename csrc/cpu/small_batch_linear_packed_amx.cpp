@@ -67,6 +67,8 @@ namespace {
 
 constexpr int64_t kPanelCols = kPackedPanelCols;  // 48 outputs: three 16-output tiles
 constexpr int kTileRows = 16;                     // x rows per tile, column pairs per chunk
+constexpr int64_t kPairStride = 2 * kPanelCols * 2;  // bytes between a 16-output block's weight rows
+constexpr int64_t kChunkBytes = kTileRows * kPairStride;  // a panel's chunk of 16 column pairs
 
 #if DOMINO_AMX
 bool request_amx() {
@@ -170,8 +172,6 @@ template <typename O>
 DOMINO_AMX_TARGET inline void block(const c10::BFloat16* panel, int64_t pairs, const uint32_t* x, int64_t ldx,
                                     int valid, const float* bias, O* out, int64_t ldo, int64_t origin, int64_t n0,
                                     int64_t cols, float* acc /* [16][48] */, const char* next) {
-  constexpr int64_t kPairStride = 2 * kPanelCols * 2;  // bytes between a block's weight rows
-  constexpr int64_t kChunkBytes = kTileRows * kPairStride;
   const int64_t chunks = pairs / kTileRows, tail = pairs % kTileRows;
   const char* w = reinterpret_cast<const char*>(panel);
   _tile_zero(0);
@@ -201,11 +201,9 @@ DOMINO_AMX_TARGET inline void block(const c10::BFloat16* panel, int64_t pairs, c
 // Needs the pair configuration for `valid` rows loaded and pairs a multiple of 16.
 template <typename O>
 DOMINO_AMX_TARGET inline void two_panel_block(const c10::BFloat16* a, const c10::BFloat16* b, int64_t pairs,
-                                                 const uint32_t* x, int64_t ldx, int valid, const float* bias, O* out,
-                                                 int64_t ldo, int64_t origin, int64_t n0, int64_t N,
-                                                 float* acc /* [16][48] */) {
-  constexpr int64_t kPairStride = 2 * kPanelCols * 2;
-  constexpr int64_t kChunkBytes = kTileRows * kPairStride;
+                                              const uint32_t* x, int64_t ldx, int valid, const float* bias, O* out,
+                                              int64_t ldo, int64_t origin, int64_t n0, int64_t N,
+                                              float* acc /* [16][48] */) {
   const char* wa = reinterpret_cast<const char*>(a);
   const char* wb = reinterpret_cast<const char*>(b);
   _tile_zero(0);
@@ -237,8 +235,8 @@ DOMINO_AMX_TARGET void run(const c10::BFloat16* packed, int64_t pairs, const uin
     _tile_loadconfig(&pair_cfg);
     for (; p0 + 1 < p1; p0 += 2) {
       const c10::BFloat16* panel = packed + p0 * pairs * (2 * kPanelCols);
-      two_panel_block<O>(panel, panel + pairs * (2 * kPanelCols), pairs, x, ldx, static_cast<int>(M), bias, out,
-                            ldo, origin, p0 * kPanelCols, N, acc);
+      two_panel_block<O>(panel, panel + pairs * (2 * kPanelCols), pairs, x, ldx, static_cast<int>(M), bias, out, ldo,
+                         origin, p0 * kPanelCols, N, acc);
     }
     if (p0 == p1) {
       _tile_release();
