@@ -243,35 +243,28 @@ def place_packed_weights(model: torch.nn.Module) -> bool:
     (benchmarks/packed_placement_ab.py, eight processes: the gain follows where the
     allocator put the copies). A model's caches take twice their
     size while they move. Returns whether anything moved."""
-    entries = []  # (the cache's dict, its key, the tuple's index of the PackedLinearWeight)
-    for mod in model.modules():
-        d = mod.__dict__
-        if _FUSED in d:
-            entries.append((d, _FUSED, 2))
-        if _PACKED in d:
-            entries.append((d, _PACKED, 2))
+    # (the cache's dict, its key): both caches hold their PackedLinearWeight at index 2
+    entries = [(mod.__dict__, key) for mod in model.modules() for key in (_FUSED, _PACKED) if key in mod.__dict__]
     import domino_ops
 
     moved = False
-    for dtype in {d[key][i].data.dtype for d, key, i in entries}:
-        mine = [(d, key, i) for d, key, i in entries if d[key][i].data.dtype == dtype]
+    for dtype in {d[key][2].data.dtype for d, key in entries}:
+        caches = [(d, key) for d, key in entries if d[key][2].data.dtype == dtype]
+        mine = [d[key][2].data for d, key in caches]
         align = _PLACE_ALIGN // dtype.itemsize
-        sizes = [-(-d[key][i].data.numel() // align) * align for d, key, i in mine]
-        first = mine[0][0][mine[0][1]][mine[0][2]].data
-        start = first.data_ptr()
-        if all(d[key][i].data.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
-               and d[key][i].data.data_ptr() == start + offset * dtype.itemsize
-               for (d, key, i), offset in zip(mine, itertools.accumulate([0] + sizes[:-1]))):
+        sizes = [-(-data.numel() // align) * align for data in mine]
+        storage, start = mine[0].untyped_storage().data_ptr(), mine[0].data_ptr()
+        if all(data.untyped_storage().data_ptr() == storage and data.data_ptr() == start + offset * dtype.itemsize
+               for data, offset in zip(mine, itertools.accumulate([0] + sizes[:-1]))):
             continue  # already in one buffer, in this order
         arena = torch.empty(sum(sizes) + align, dtype=dtype)
         offset = (-(arena.data_ptr() // dtype.itemsize)) % align
-        for (d, key, i), size in zip(mine, sizes):
-            old = d[key][i]
+        for (d, key), size in zip(caches, sizes):
+            old = d[key][2]
             data = arena[offset:offset + old.data.numel()].view(old.data.shape)
             data.copy_(old.data)
-            entry = list(d[key])
-            entry[i] = domino_ops.PackedLinearWeight(data, old.out_features, old.in_features)
-            d[key] = tuple(entry)
+            d[key] = (*d[key][:2], domino_ops.PackedLinearWeight(data, old.out_features, old.in_features),
+                      *d[key][3:])
             offset += size
         moved = True
     return moved
