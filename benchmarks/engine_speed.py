@@ -2,7 +2,7 @@
 ``domino`` package in separate processes (the C++ extension is the installed one for both):
 the target forward as the engine's rounds call it, and the engine end to end.
 
-- ``forward``: ``DominoGenerator._target_forward`` over k = 1, 8, 16 new tokens after 110
+- ``forward``: ``DominoGenerator._target_forward`` over k = 1, 8, 16 (``--tokens``) new tokens after 110
   cached ones (a GrowingCache, cropped back after each), median of 30, with the share of
   its ``decoder_layers`` call (the cache's reserve and hold included) and LM head removed:
   "rest" is the Python around them. ``--fixed`` runs it inside
@@ -44,13 +44,13 @@ from eval_acceptance import humaneval_prompts  # noqa: E402
 from model_fixed_ab import Timer  # noqa: E402
 
 
-def forward_rows(gen, fixed: bool) -> str:
+def forward_rows(gen, fixed: bool, ks: tuple[int, ...] = (1, 8, 16)) -> str:
     from domino import fast_forward
     from domino.kv_cache import GrowingCache
 
     held = getattr(fast_forward, "model_fixed", None)
     g = torch.Generator().manual_seed(0)
-    ks, cached = (1, 8, 16), 110
+    cached = 110
     times = {(k, part): [] for k in ks for part in ("forward", "layers", "head")}
     block = held(gen.target) if fixed and held is not None else contextlib.nullcontext()
     with torch.inference_mode(), block:
@@ -152,6 +152,7 @@ def main() -> None:
     ap.add_argument("what", choices=("forward", "e2e", "drafter"))
     ap.add_argument("--fixed", action="store_true", help="forward: inside model_fixed, as the engine runs it")
     ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 16], help="forward: the k new tokens timed")
     args = ap.parse_args()
 
     import domino
@@ -159,7 +160,7 @@ def main() -> None:
     gen = domino.load_default()
     package = Path(domino.__file__).parent
     if args.what == "forward":
-        row = forward_rows(gen, args.fixed)
+        row = forward_rows(gen, args.fixed, tuple(args.tokens))
     elif args.what == "e2e":
         row = e2e_row(gen, args.prompts)
     else:

@@ -1,6 +1,6 @@
 """Interleaved A/B of SmolLM2-135M-Instruct's linear layers (all 211, the LM head included),
 float32 and bf16, through ``small_batch_linear`` (row-major weights) and through
-``small_batch_linear_packed`` on panels of the same dtype, at M = 1, 4, 8 and 16 rows: each repeat
+``small_batch_linear_packed`` on panels of the same dtype, at M = 1, 4, 8, 9, 12 and 16 rows: each repeat
 runs every layer once per variant, the variants alternating, median (and minimum) of 15
 after warm-up. The layers' 540 MB (float32) or 270 MB (bf16) stream from memory at every
 pass, as in a forward. Then one layer's shape (1536 x 576) in cache (one weight, called 40
@@ -49,7 +49,8 @@ def one_layer_table(dtype: torch.dtype, N: int = 1536, K: int = 576, layers: int
 
 
 def model_table(dtype: torch.dtype) -> None:
-    """SmolLM2's layers through both kernels, interleaved, at 1, 4, 8 and 16 rows."""
+    """SmolLM2's layers through both kernels, interleaved, at 1, 4, 8, 9, 12 and 16 rows (9 and
+    12: a tree verification's rows, where the tiles take turns)."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(smollm2_dir(), dtype=dtype)
@@ -57,7 +58,7 @@ def model_table(dtype: torch.dtype) -> None:
     panels = [domino_ops.pack_small_batch_linear_weight(w, dtype=dtype) for w in weights]
     print(f"\n{len(weights)} {dtype} layers, {sum(w.numel() * w.element_size() for w in weights) / 1e6:.0f} MB; "
           f"{torch.get_num_threads()} threads; packed product {domino_ops.small_batch_linear_packed_path()}")
-    for M in (1, 4, 8, 16):
+    for M in (1, 4, 8, 9, 12, 16):
         xs = [torch.randn(M, w.shape[1]).to(dtype) for w in weights]
         calls = {"row-major": lambda: [domino_ops.small_batch_linear(x, w) for x, w in zip(xs, weights)],
                  "panels": lambda: [domino_ops.small_batch_linear_packed(x, p) for x, p in zip(xs, panels)]}

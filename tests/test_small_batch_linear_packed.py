@@ -100,12 +100,12 @@ def assert_close_to_float64(y, x, w, b):
 @needs_vdpbf16ps
 # N up to 5 panels: at one row a thread takes its panels two at a time, then any one left
 @given(M=st.one_of(st.integers(1, 20), st.sampled_from([65, 70])), N=st.sampled_from([3, 48, 61, 150, 200]),
-       K=st.sampled_from([1, 7, 32, 77, 300]), bias=st.booleans(), seed=st.integers(0, 2**31 - 1))
+       K=st.sampled_from([1, 7, 32, 77, 300, 384]), bias=st.booleans(), seed=st.integers(0, 2**31 - 1))
 def test_bit_exact_vdpbf16ps_order(M, N, K, bias, seed):
     """The vector path: each output is the one fixed sequence of fp32 additions over K:
-    nothing about M (past 64: nine tiles), the tile, the K blocks its tiles take turns by
-    (K = 300: three blocks of column pairs, the accumulators kept in memory between them) or
-    the thread enters it,
+    nothing about M (past 64: nine tiles), the tile (9 rows: tiles of 5 and 4), the K blocks
+    its tiles take turns by (K = 300: blocks of 96 and 54 column pairs, the accumulators kept
+    in memory between them; K = 384: two whole blocks) or the thread enters it,
     which is the batch invariance. (The
     AMX path sums inside a chunk of 16 column pairs in the hardware's own order, which no
     simple sequence of fp32 additions reproduces; it is checked against float64 and for
@@ -166,7 +166,8 @@ def test_order_oracle_has_teeth():
 
 @needs_cpu
 # K = 64 and 96: whole chunks of 16 column pairs, where AMX takes one row two panels at a time
-@given(M=st.integers(1, 40), N=st.sampled_from([1, 50, 100, 150]), K=st.sampled_from([7, 40, 64, 96, 129]),
+# K = 250: two K blocks where the tiles take turns (more than 8 rows)
+@given(M=st.integers(1, 40), N=st.sampled_from([1, 50, 100, 150]), K=st.sampled_from([7, 40, 64, 96, 129, 250]),
        bias=st.booleans(), seed=st.integers(0, 2**31 - 1))
 @each_path
 def test_batch_invariant_bit_for_bit(path, M, N, K, bias, seed):
@@ -520,7 +521,8 @@ def test_f32_matches_float64_and_writes_every_element(M, N, K, bias, out_dtype, 
 @each_path
 def test_f32_bit_exact_fma_order(path, M, N, K, bias, seed):
     """Each output is the one fixed chain of FMAs over K: nothing about M, the tile, the K
-    blocks the AVX-512 tiles take turns by (K = 77 and 300) or the thread enters it, which
+    blocks the AVX-512 tiles take turns by (K = 300: three of 96 columns and one of 12) or
+    the thread enters it, which
     is the batch invariance; the AVX2 tiles (path avx2) and the
     AVX-512 ones (any other path) compute the same chain."""
     x, w, b = make32(M, N, K, bias, seed, scale=3.0)

@@ -24,10 +24,11 @@
 // Tiles: 8 x rows x one panel = 24 accumulators of 16 lanes + 3 weight registers + 1
 // broadcast of an x column pair. Per column pair: 3 weight loads, 8 broadcasts, 24
 // VDPBF16PS. The panels are split over the threads (at::parallel_for). With more than 8 rows
-// a panel's tiles take turns by blocks of 32 steps (6 KB: the accumulators wait in L1
-// between blocks), so every tile after the first reads the block from L1 and the weights
-// stream at one even rate; with more than one row the tiles prefetch the stream (to L2) a
-// block ahead, each its share. Measured on the AMX Xeon VM (2 threads; SmolLM2's 211
+// the rows are shared evenly by ceil(M / 8) tiles, and a panel's tiles take turns by blocks
+// of 96 steps (18 KB: the accumulators wait in L1 between blocks), so every tile after the
+// first reads the block from L1 and the weights stream at one even rate; with more than one
+// row the tiles prefetch the stream (to L2) ahead, each its share (kBlockSteps below). With
+// blocks of 32 steps, measured on the AMX Xeon VM (2 threads; SmolLM2's 211
 // linears streamed; benchmarks/compare_builds.sh over linear_panels_ab.py, 3 alternating
 // rounds, results/linear_panels_ab_xeon_session54_kblocks.txt) against one whole-panel pass
 // per tile with the hardware prefetchers alone (and a share of the next panel prefetched
@@ -122,24 +123,30 @@ bool cpu_has_avx512() {
 #endif
 }
 
-// Calls tile(std::integral_constant<int, MR>, m) for the tiles of M x rows: whole tiles of
-// kRowsPerTile rows from m = 0 on, then one tile of the rows left (1..kRowsPerTile-1).
+// Calls tile(std::integral_constant<int, MR>, m, t) for tile t of the ceil(M / kRowsPerTile)
+// tiles of M x rows, row m its first: the rows shared as evenly as the tiles allow (9 rows:
+// 5 + 4, not 8 + 1), because a tile of one or two rows has too few accumulators to hide
+// VDPBF16PS's latency and costs about what a four-row tile costs.
 template <class Tile>
 inline void for_each_tile(int64_t M, Tile&& tile) {
-  int64_t m = 0;
-  for (; m + kRowsPerTile <= M; m += kRowsPerTile) tile(std::integral_constant<int, kRowsPerTile>{}, m);
-  switch (M - m) {
-    case 1: tile(std::integral_constant<int, 1>{}, m); break;
-    case 2: tile(std::integral_constant<int, 2>{}, m); break;
-    case 3: tile(std::integral_constant<int, 3>{}, m); break;
-    case 4: tile(std::integral_constant<int, 4>{}, m); break;
-    case 5: tile(std::integral_constant<int, 5>{}, m); break;
-    case 6: tile(std::integral_constant<int, 6>{}, m); break;
-    case 7: tile(std::integral_constant<int, 7>{}, m); break;
-    default: break;
+  const int64_t tiles = (M + kRowsPerTile - 1) / kRowsPerTile;
+  for (int64_t t = 0, m = 0; t < tiles; ++t) {
+    const int64_t rows = (M - m) / (tiles - t);  // the tiles left take the rows left evenly, larger ones last
+    switch (rows) {
+      case 1: tile(std::integral_constant<int, 1>{}, m, t); break;
+      case 2: tile(std::integral_constant<int, 2>{}, m, t); break;
+      case 3: tile(std::integral_constant<int, 3>{}, m, t); break;
+      case 4: tile(std::integral_constant<int, 4>{}, m, t); break;
+      case 5: tile(std::integral_constant<int, 5>{}, m, t); break;
+      case 6: tile(std::integral_constant<int, 6>{}, m, t); break;
+      case 7: tile(std::integral_constant<int, 7>{}, m, t); break;
+      case 8: tile(std::integral_constant<int, 8>{}, m, t); break;
+      default: break;
+    }
+    m += rows;
   }
 }
-static_assert(kRowsPerTile == 8, "for_each_tile's cases cover the rows left of an 8-row tile");
+static_assert(kRowsPerTile == 8, "for_each_tile's cases cover tiles of 1 to 8 rows");
 
 #if DOMINO_SBLP_X86
 #define DOMINO_SBLP_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma")))
@@ -172,26 +179,38 @@ struct F32Steps {  // float32 x; FMA
 };
 
 // Steps per K block: a panel's tiles take turns block by block, so the tiles after the
-// first read the block (6 KB) from L1 and the weights stream at one even rate instead of a
-// burst per tile (the first tile waiting on memory, the others on the FMAs).
-constexpr int64_t kBlockSteps = 32;
-// How far ahead of the tiles' reads the weight stream is prefetched (to L2), in bytes: one
-// block. The hardware prefetchers alone left 2- to 16-row tiles waiting on memory (see the
-// header's numbers); at one row, two streams (one_row_two_panels), they serve best (prefetching
-// a single stream too cost ~3 %).
-constexpr int64_t kPrefetchBytes = kBlockSteps * kStepBytes;
+// first read the block (18 KB) from L1 and the weights stream at one even rate instead of a
+// burst per tile (the first tile waiting on memory, the others on the FMAs). Each turn
+// reloads a tile's accumulators, and at blocks of 32 steps that cost ~10 % of the
+// multiply-adds (a 32-step 8-row tile runs at 95 G/s against 110 at 96 steps, in L1, one
+// Zen 4 core); 96 steps keep a 16-row block (18 KB of weights, 6 KB of x, 3 KB of
+// accumulators) in a 32 KB L1. SmolLM2's 211 linears at 9 / 12 / 16 rows against blocks of
+// 32 steps, tiles of 8 rows and the rest (below) and a prefetch 32 steps ahead (sixty-second
+// session, Zen 4 VM, 3 alternating rounds of benchmarks/linear_panels_ab.py,
+// results/linear_panels_ab_zen4_session62_blocks96.txt): bf16 panels 11.9-13.2 /
+// 12.7-13.7 / 15.8-17.2 -> 10.4-11.7 / 12.4-12.7 / 15.4-15.8 ms (8 rows: 9.8-11.2),
+// float32 panels 23.1-23.8 / 24.5-25.7 / 28.8-30.5 -> 17.3-21.0 / 20.5-21.4 / 27.0-27.5 ms.
+constexpr int64_t kBlockSteps = 96;
+// How far ahead of the tiles' reads the weight stream is prefetched (to L2), in steps. With
+// more than one tile, one block: each tile prefetches a share of the next block, so the
+// block must have arrived whole before the first tile reaches it (half a block ahead cost
+// ~25 % at 9 rows). One tile (2 to 8 rows) streams the panel in one pass, and 32 steps
+// (6 KB) ahead served it best (96 steps ahead cost ~5-8 %). The hardware prefetchers alone
+// left 2- to 16-row tiles waiting on memory (see the header's numbers); at one row, two
+// streams (one_row_two_panels), they serve best (prefetching a single stream too cost ~3 %).
+constexpr int64_t kOneTilePrefetchSteps = 32;
 
 // Steps [s0, s1) of rows [0, MR) of x (`ldx` apart) against one panel (`steps` steps,
 // outputs [n0, n0 + cols)): the accumulators start at +0 (s0 = 0) or from `keep`, and end
 // in `keep`, or (s1 = steps) plus the bias in out, row m's output n at out[m * ldo + n -
-// origin]. With `prefetch`, tile t of a panel's T tiles prefetches, kPrefetchBytes ahead,
+// origin]. With `prefetch_bytes` > 0, tile t of a panel's T tiles prefetches, that far ahead,
 // the lines of the steps s = t mod T, so the T tiles of a block prefetch the stream once,
 // spread over all of them (past the weight's end near its last steps: a prefetch never
 // faults). Needs steps >= 1 (the last block writes out). `keep` holds MR x 48 floats, L1
 // for the M of decoding and verification (from ~256 rows the tiles' slots outgrow L1).
 template <int MR, class P, typename O>
 DOMINO_SBLP_TARGET inline void tile_block(const typename P::W* panel, int64_t steps, int64_t s0, int64_t s1,
-                                          const typename P::X* x, int64_t ldx, float* keep, bool prefetch, int64_t t,
+                                          const typename P::X* x, int64_t ldx, float* keep, int64_t prefetch_bytes, int64_t t,
                                           int64_t T, const float* bias, O* out, int64_t ldo, int64_t origin,
                                           int64_t n0, int64_t cols) {
   __m512 acc[MR][kPanelVectors];
@@ -201,9 +220,9 @@ DOMINO_SBLP_TARGET inline void tile_block(const typename P::W* panel, int64_t st
   int64_t until_prefetch = ((t - s0) % T + T) % T;  // steps to the next s = t mod T
   for (int64_t s = s0; s < s1; ++s) {
     const char* ws = reinterpret_cast<const char*>(panel + s * P::kStepElems);
-    if (prefetch && until_prefetch-- == 0) {
+    if (prefetch_bytes > 0 && until_prefetch-- == 0) {
       // an address, not a pointer into the weight: near its end it lies past it
-      const uintptr_t ahead = reinterpret_cast<uintptr_t>(ws) + kPrefetchBytes;
+      const uintptr_t ahead = reinterpret_cast<uintptr_t>(ws) + prefetch_bytes;
       for (int v = 0; v < kPanelVectors; ++v) _mm_prefetch(reinterpret_cast<const char*>(ahead + 64 * v), _MM_HINT_T1);
       until_prefetch = T - 1;
     }
@@ -256,6 +275,7 @@ DOMINO_SBLP_TARGET __attribute__((flatten)) void run_panels(const typename P::W*
                                                              int64_t N, int64_t p0, int64_t p1) {
   const int64_t tiles = (M + kRowsPerTile - 1) / kRowsPerTile;
   const int64_t block = tiles > 1 ? kBlockSteps : steps;  // one tile: no turns to take
+  const int64_t prefetch_bytes = M == 1 ? 0 : (tiles > 1 ? kBlockSteps : kOneTilePrefetchSteps) * kStepBytes;
   if (M == 1) {  // a decode step: two panels at a time
     for (; p0 + 1 < p1; p0 += 2) {
       const typename P::W* panel = packed + p0 * steps * P::kStepElems;
@@ -269,10 +289,10 @@ DOMINO_SBLP_TARGET __attribute__((flatten)) void run_panels(const typename P::W*
     const int64_t n0 = p * kPanelCols, cols = std::min(kPanelCols, N - n0);
     for (int64_t s0 = 0; s0 < steps; s0 += block) {
       const int64_t s1 = std::min(steps, s0 + block);
-      for_each_tile(M, [&](auto mr, int64_t m) {
+      for_each_tile(M, [&](auto mr, int64_t m, int64_t t) {
         tile_block<decltype(mr)::value, P>(panel, steps, s0, s1, x + m * ldx, ldx,
-                                           saved.data() + (m / kRowsPerTile) * kRowsPerTile * kPanelCols,
-                                           M > 1, m / kRowsPerTile, tiles, bias, out + m * ldo, ldo, origin, n0,
+                                           saved.data() + t * kRowsPerTile * kPanelCols,
+                                           prefetch_bytes, t, tiles, bias, out + m * ldo, ldo, origin, n0,
                                            cols);
       });
     }
