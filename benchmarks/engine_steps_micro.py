@@ -6,7 +6,7 @@
   against the tail (``clean=n - 3``); SmolLM2's tokenizer;
 - a tree round's KV-cache compaction (``domino.tree.compact_tree_cache``): 30 layers of
   [1, 3, 300, 64] bf16, a 12-node round keeping 3, with the layers' storage as one tensor
-  against the per-layer path, a 128 MB pass between calls to leave the caches cold as a
+  against the per-layer path (and one tensor for a batch of 4 sequences), a 128 MB pass between calls to leave the caches cold as a
   forward does;
 - greedy verification of a bf16 target's logits [1, rows, 49,152]: the tree's argmax and
   ``verify_greedy`` on a float32 copy (before) and on the bf16 logits (now).
@@ -60,10 +60,11 @@ def compaction() -> None:
 
     torch.manual_seed(0)
     big = torch.randn(32 << 20)
-    path = torch.tensor([[0, 2, 5]])
-    for name in ("one tensor", "per layer"):
+    for name in ("one tensor", "per layer", "one tensor, 4 sequences"):
+        b = 4 if name.endswith("4 sequences") else 1
+        path = torch.tensor([[0, 2, 5], [0, 1, 2], [0, 0, 0], [0, 3, 4]])[:b]
         cache = GrowingCache()
-        states = torch.randn(1, 3, 300, 64).bfloat16()
+        states = torch.randn(b, 3, 300, 64).bfloat16()
         keys, values, _ = cache.reserve(30, states)
         for k, v in zip(keys, values):
             k[:, :, :300].copy_(states)
