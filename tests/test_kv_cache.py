@@ -263,3 +263,13 @@ def test_storage_grown_together_compacts_in_two_ops(monkeypatch, b):
     write(2)  # adopted: grown together again
     assert grow.shared_storage() is not None
     assert_same_contents(dyn, grow)
+
+
+def test_compaction_needs_a_path_row_per_sequence():
+    """A path whose rows are not the cache's sequences is refused by name, not broadcast
+    or cut."""
+    c = GrowingCache()
+    write_as_decoder_layers(c, [(torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8)) for _ in range(3)])
+    assert c.shared_storage() is not None
+    with pytest.raises(ValueError, match="path must have a row per sequence"):
+        compact_tree_cache(c, torch.zeros(1, 2, dtype=torch.long), 3)

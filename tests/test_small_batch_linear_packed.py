@@ -103,7 +103,7 @@ def assert_close_to_float64(y, x, w, b):
        K=st.sampled_from([1, 7, 32, 77, 300, 384]), bias=st.booleans(), seed=st.integers(0, 2**31 - 1))
 def test_bit_exact_vdpbf16ps_order(M, N, K, bias, seed):
     """The vector path: each output is the one fixed sequence of fp32 additions over K:
-    nothing about M (past 64: nine tiles), the tile (9 rows: tiles of 5 and 4), the K blocks
+    nothing about M (past 64: nine tiles), the tile (9 rows: tiles of 4 and 5), the K blocks
     its tiles take turns by (K = 300: blocks of 96 and 54 column pairs, the accumulators kept
     in memory between them; K = 384: two whole blocks) or the thread enters it,
     which is the batch invariance. (The
@@ -551,7 +551,8 @@ def test_f32_order_oracle_has_teeth():
 
 
 @needs_f32
-@given(M=st.integers(1, 40), N=st.sampled_from([1, 50, 100]), K=st.sampled_from([7, 40, 129]),
+# K = 250: three K blocks where the tiles take turns (more than 8 rows)
+@given(M=st.integers(1, 40), N=st.sampled_from([1, 50, 100]), K=st.sampled_from([7, 40, 129, 250]),
        bias=st.booleans(), seed=st.integers(0, 2**31 - 1))
 def test_f32_batch_invariant_bit_for_bit(M, N, K, bias, seed):
     """Row i is the same bits alone, among others at any position, whatever they hold

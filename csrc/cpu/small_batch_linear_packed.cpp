@@ -125,7 +125,7 @@ bool cpu_has_avx512() {
 
 // Calls tile(std::integral_constant<int, MR>, m, t) for tile t of the ceil(M / kRowsPerTile)
 // tiles of M x rows, row m its first: the rows shared as evenly as the tiles allow (9 rows:
-// 5 + 4, not 8 + 1), because a tile of one or two rows has too few accumulators to hide
+// 4 + 5, not 8 + 1), because a tile of one or two rows has too few accumulators to hide
 // VDPBF16PS's latency and costs about what a four-row tile costs.
 template <class Tile>
 inline void for_each_tile(int64_t M, Tile&& tile) {
@@ -141,7 +141,7 @@ inline void for_each_tile(int64_t M, Tile&& tile) {
       case 6: tile(std::integral_constant<int, 6>{}, m, t); break;
       case 7: tile(std::integral_constant<int, 7>{}, m, t); break;
       case 8: tile(std::integral_constant<int, 8>{}, m, t); break;
-      default: break;
+      default: TORCH_INTERNAL_ASSERT(false, "for_each_tile: a tile of ", rows, " rows");
     }
     m += rows;
   }
@@ -183,12 +183,12 @@ struct F32Steps {  // float32 x; FMA
 // burst per tile (the first tile waiting on memory, the others on the FMAs). Each turn
 // reloads a tile's accumulators, and at blocks of 32 steps that cost ~10 % of the
 // multiply-adds (a 32-step 8-row tile runs at 95 G/s against 110 at 96 steps, in L1, one
-// Zen 4 core); 96 steps keep a 16-row block (18 KB of weights, 6 KB of x, 3 KB of
-// accumulators) in a 32 KB L1. SmolLM2's 211 linears at 9 / 12 / 16 rows against blocks of
+// Zen 4 core); a block's turn touches 18 KB of weights and per row 384 bytes of x and
+// 192 of accumulators: a 32 KB L1 holds it to ~24 rows (16: 27 KB). SmolLM2's 211 linears at 9 / 12 / 16 rows against blocks of
 // 32 steps, tiles of 8 rows and the rest (below) and a prefetch 32 steps ahead (sixty-second
 // session, Zen 4 VM, 3 alternating rounds of benchmarks/linear_panels_ab.py,
 // results/linear_panels_ab_zen4_session62_blocks96.txt): bf16 panels 11.9-13.2 /
-// 12.7-13.7 / 15.8-17.2 -> 10.4-11.7 / 12.4-12.7 / 15.4-15.8 ms (8 rows: 9.8-11.2),
+// 12.7-13.7 / 15.8-17.2 -> 10.4-11.7 / 12.4-12.7 / 15.4-15.8 ms (8 rows, the same code: 9.8-11.2 before, 9.8-10.7 after),
 // float32 panels 23.1-23.8 / 24.5-25.7 / 28.8-30.5 -> 17.3-21.0 / 20.5-21.4 / 27.0-27.5 ms.
 constexpr int64_t kBlockSteps = 96;
 // How far ahead of the tiles' reads the weight stream is prefetched (to L2), in steps. With
@@ -207,7 +207,7 @@ constexpr int64_t kOneTilePrefetchSteps = 32;
 // the lines of the steps s = t mod T, so the T tiles of a block prefetch the stream once,
 // spread over all of them (past the weight's end near its last steps: a prefetch never
 // faults). Needs steps >= 1 (the last block writes out). `keep` holds MR x 48 floats, L1
-// for the M of decoding and verification (from ~256 rows the tiles' slots outgrow L1).
+// for the M of decoding and verification (with a block's weights and x, to ~24 rows).
 template <int MR, class P, typename O>
 DOMINO_SBLP_TARGET inline void tile_block(const typename P::W* panel, int64_t steps, int64_t s0, int64_t s1,
                                           const typename P::X* x, int64_t ldx, float* keep, int64_t prefetch_bytes, int64_t t,

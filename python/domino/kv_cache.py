@@ -217,7 +217,7 @@ class GrowingCache(DynamicCache):
         of them as one tensor [2 * layers, b, h, capacity, d] (layer i's keys at 2i, values
         at 2i + 1; capacity as each layer's own growth sizes it), their held
         positions copied in: a tree round's compaction then moves every layer's slots in
-        two ops (:func:`domino.tree.compact_tree_cache`), not two per layer tensor. Else
+        two ops a sequence (:func:`domino.tree.compact_tree_cache`), not two per layer tensor. Else
         each layer keeps growing on its own."""
         b, h, n, d = new_states.shape
         lengths = set()

@@ -282,6 +282,8 @@ def compact_tree_cache(cache: DynamicCache, path: torch.Tensor, num_nodes: int) 
     shared = cache.shared_storage() if isinstance(cache, GrowingCache) else None
     if shared is not None:  # every layer's keys and values in one tensor: two ops a sequence for all of them
         store, length = shared  # [2 * layers, b, h, capacity, d]
+        if path.shape[0] != store.shape[1]:
+            raise ValueError(f"path must have a row per sequence ({store.shape[1]}), got shape {tuple(path.shape)}")
         start = length - num_nodes
         rows = start + path
         # index_select copies first (no overlap hazard); one per sequence: a gather with an
