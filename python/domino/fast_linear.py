@@ -100,17 +100,20 @@ def _packed_data(mod: torch.nn.Linear, w: torch.Tensor, x: torch.Tensor) -> torc
             torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)):
         return None
     cached = mod.__dict__.get(_PACKED)
-    if cached is not None and cached[0] is w and cached[1] == (_version(w), w.data_ptr()):
+    if cached is not None and cached[0] is w and cached[1] == _state(w):
         return cached[2].data
     if not w.is_cpu or not w.is_contiguous() or not w.numel():
         return None
     return packed_weight(mod).data
 
 
-def _version(t: torch.Tensor) -> int:
-    """``t``'s version counter (bumped by its in-place ops); 0 for an inference tensor,
-    which counts none."""
-    return 0 if t.is_inference() else t._version
+def _state(t: torch.Tensor) -> tuple[int, int]:
+    """What a packed copy of ``t`` is checked against, with ``t`` itself: its version
+    counter (bumped by its in-place ops; 0 for an inference tensor, which counts none) and
+    its data's address (``model.to(dtype)`` swaps a parameter's data in place, keeping the
+    tensor and its version). The tensor itself is checked too because a new weight can land
+    at a freed one's address with the same (initial) version."""
+    return 0 if t.is_inference() else t._version, t.data_ptr()
 
 
 def packed_weight(mod: torch.nn.Linear):
@@ -120,10 +123,7 @@ def packed_weight(mod: torch.nn.Linear):
     import domino_ops
 
     w = mod.weight
-    # The tensor itself, not only its address: a new weight can land at a freed one's
-    # address with the same (initial) version. And its data's address: model.to(dtype)
-    # swaps a parameter's data in place, keeping the tensor and its version.
-    version = (_version(w), w.data_ptr())
+    version = _state(w)  # with the tensor itself (_state says why)
     cached = mod.__dict__.get(_PACKED)
     if cached is None or cached[0] is not w or cached[1] != version:
         cached = (w, version, domino_ops.pack_small_batch_linear_weight(w, dtype=w.dtype))
@@ -163,8 +163,8 @@ def fused_packed_weight(owner: torch.nn.Module, layers: tuple, dtype: torch.dtyp
     if (not K or any(t.dtype is not dtype or not t.is_cpu for t in tensors)
             or any(w.shape[1] != K or not w.shape[0] or not w.is_contiguous() for w in ws)):
         return None
-    # the tensors themselves, their versions and their data's addresses (as packed_weight)
-    versions = tuple((_version(t), t.data_ptr()) for t in tensors)
+    # the tensors themselves and their states (as packed_weight)
+    versions = tuple(_state(t) for t in tensors)
     cached = owner.__dict__.get(_FUSED)
     if (cached is None or len(cached[0]) != len(tensors) or any(a is not b for a, b in zip(cached[0], tensors))
             or cached[1] != versions):
