@@ -75,7 +75,7 @@ Span byte_span(const at::Tensor& t) {
 }  // namespace
 
 void check_stores_apart(at::TensorList key_stores, at::TensorList value_stores,
-                        std::initializer_list<std::pair<const char*, const at::Tensor*>> reads,
+                        std::initializer_list<Named> reads,
                         const c10::List<std::optional<at::Tensor>>& weights) {
   struct Store {
     Span span;

@@ -12,6 +12,8 @@
 #include <utility>
 #include <vector>
 
+#include "ops.h"
+
 namespace domino::cpu {
 
 void small_batch_linear_packed_cpu(const at::Tensor& x, const at::Tensor& packed, int64_t N,
@@ -122,13 +124,13 @@ inline void check_layer_store(const at::Tensor& store, const char* name, int64_t
 
 // The stores are written while the other tensors are read: every store must have memory of
 // its own, apart from every other store (a layer's key and value stores included), from
-// the `reads` (name, tensor or nullptr) and from every weight given, and none may overlap
+// the `reads` (Named: a tensor or nullptr, by name) and from every weight given, and none may overlap
 // itself. Compared by address ranges (a store's whole range, its slots past those written
 // too) and nested strides: stores interleaved in one buffer, or a store whose dimensions
 // interleave, are refused although their elements are apart (the engine's stores are
 // dense, each its own range).
 void check_stores_apart(at::TensorList key_stores, at::TensorList value_stores,
-                        std::initializer_list<std::pair<const char*, const at::Tensor*>> reads,
+                        std::initializer_list<Named> reads,
                         const c10::List<std::optional<at::Tensor>>& weights);
 
 // The other checks both ops share, x checked: heads [Hq, Hkv, head dim, intermediate],

@@ -184,12 +184,13 @@ struct F32Steps {  // float32 x; FMA
 // reloads a tile's accumulators, and at blocks of 32 steps that cost ~10 % of the
 // multiply-adds (a 32-step 8-row tile runs at 95 G/s against 110 at 96 steps, in L1, one
 // Zen 4 core); a block's turn touches 18 KB of weights and per row 384 bytes of x and
-// 192 of accumulators: a 32 KB L1 holds it to ~24 rows (16: 27 KB). SmolLM2's 211 linears at 9 / 12 / 16 rows against blocks of
-// 32 steps, tiles of 8 rows and the rest (below) and a prefetch 32 steps ahead (sixty-second
-// session, Zen 4 VM, 3 alternating rounds of benchmarks/linear_panels_ab.py,
-// results/linear_panels_ab_zen4_session62_blocks96.txt): bf16 panels 11.9-13.2 /
-// 12.7-13.7 / 15.8-17.2 -> 10.4-11.7 / 12.4-12.7 / 15.4-15.8 ms (8 rows, the same code: 9.8-11.2 before, 9.8-10.7 after),
-// float32 panels 23.1-23.8 / 24.5-25.7 / 28.8-30.5 -> 17.3-21.0 / 20.5-21.4 / 27.0-27.5 ms.
+// 192 of accumulators: a 32 KB L1 holds it to ~24 rows (16: 27 KB). SmolLM2's 211 linears
+// at 9 / 12 / 16 rows against blocks of 32 steps, tiles of 8 rows and the rest (below) and
+// a prefetch 32 steps ahead (sixty-second session, Zen 4 VM, 3 alternating rounds of
+// benchmarks/linear_panels_ab.py, results/linear_panels_ab_zen4_session62_blocks96.txt):
+// bf16 panels 11.9-13.2 / 12.7-13.7 / 15.8-17.2 -> 10.4-11.7 / 12.4-12.7 / 15.4-15.8 ms
+// (8 rows, the same code: 9.8-11.2 before, 9.8-10.7 after), float32 panels 23.1-23.8 /
+// 24.5-25.7 / 28.8-30.5 -> 17.3-21.0 / 20.5-21.4 / 27.0-27.5 ms.
 constexpr int64_t kBlockSteps = 96;
 // How far ahead of the tiles' reads the weight stream is prefetched (to L2), in steps. With
 // more than one tile, one block: each tile prefetches a share of the next block, so the
