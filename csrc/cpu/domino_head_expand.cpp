@@ -283,6 +283,20 @@ void expand(BL* base, const float* hproj, const float* S, const int64_t* seq, co
   const bool chunk_bests = children_from_chunk_bests(sp, m);
   std::vector<RunningBest> bests(chunk_bests ? n_chunks * n : 0);
   std::atomic<int64_t> next_chunk{0};
+  // With w_hh packed, w_hh @ S (the GRU's hidden gates, gh) is the packed product too (S
+  // rounded to bf16, as the reference's F.linear(S.to(w_hh.dtype), w_hh)): at 16 nodes of
+  // the paper shape ~0.6 ms of float32 FMAs become one pass over w_hh's 6 MB. It needs
+  // neither the logits nor the children, so the threads claim its panels, a few at a time,
+  // as they run out of vocabulary chunks: it fills the tail of this region, where one
+  // thread waited for the other's last chunk (a mean 0.18 ms of the 4 ms region, 16 nodes
+  // of the paper shape, 2-core Zen 4 VM), and saves a region of its own: the same bits, the
+  // 16-node step 2-3 % faster at the paper shape and 5-10 % at the engine drafter's head
+  // (benchmarks/results/expand_gh_tail_zen4_session63.txt).
+  const int64_t s_pairs = (G + 1) / 2;
+  const int64_t gh_panels = w_hh_packed != nullptr ? (G3 + kPackedPanelCols - 1) / kPackedPanelCols : 0;
+  const std::vector<uint32_t> S_pairs = w_hh_packed != nullptr ? bf16_pairs(S, n, G) : std::vector<uint32_t>();
+  constexpr int64_t kGhClaim = 2;  // panels a claim: ~10 us at 16 nodes of the paper shape
+  std::atomic<int64_t> next_gh{0};
   at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), n_chunks), 1, [&](int64_t, int64_t) {
     std::vector<float> dots(n * tile);
     for (int64_t c; (c = next_chunk.fetch_add(1, std::memory_order_relaxed)) < n_chunks;) {
@@ -322,6 +336,11 @@ void expand(BL* base, const float* hproj, const float* S, const int64_t* seq, co
         }
       }
     }
+    for (int64_t p0; (p0 = next_gh.fetch_add(kGhClaim, std::memory_order_relaxed)) < gh_panels;) {
+      const int64_t p1 = std::min(gh_panels, p0 + kGhClaim);
+      packed_panels_f32(w_hh_packed, s_pairs, S_pairs.data(), s_pairs, n, G3, p0, p1,
+                        gh.get() + p0 * kPackedPanelCols, G3);
+    }
     store_fence();  // this thread's streamed rows, visible before the join
   });
 
@@ -348,18 +367,8 @@ void expand(BL* base, const float* hproj, const float* S, const int64_t* seq, co
     }
   });
 
-  // S_child = GRUCell(E[child], S): w_hh @ S once per node, the input gates per child. With
-  // w_hh packed, w_hh @ S is the packed product first (S rounded to bf16, as the reference's
-  // F.linear(S.to(w_hh.dtype), w_hh)): at 16 nodes of the paper shape ~0.6 ms of float32 FMAs
-  // become one pass over w_hh's 6 MB.
-  if (w_hh_packed != nullptr) {
-    const int64_t s_pairs = (G + 1) / 2, panels = (G3 + kPackedPanelCols - 1) / kPackedPanelCols;
-    const std::vector<uint32_t> S_pairs = bf16_pairs(S, n, G);
-    at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
-      packed_panels_f32(w_hh_packed, s_pairs, S_pairs.data(), s_pairs, n, G3, p0, p1,
-                        gh.get() + p0 * kPackedPanelCols, G3);
-    });
-  }
+  // S_child = GRUCell(E[child], S): w_hh @ S once per node (above with w_hh packed), the
+  // input gates per child.
   gru_step(gemv, gru_input, w_ih, w_hh, S, Sp, tokens, n, m, G, H, gi.get(), gh.get(), emb, emb_buf, S_child,
            w_hh_packed != nullptr);
 }
