@@ -34,6 +34,7 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cpu/layer_kernels.h"
@@ -180,10 +181,11 @@ std::vector<at::Tensor> decoder_layers_cpu(const at::Tensor& x_in, const at::Ten
   std::vector<at::Tensor> outputs;
   outputs.reserve(keep_hidden ? L : 1);
   at::Tensor x = x_in;
+  // h: the input norm of x (layer l's: the previous layer's last add computed it)
+  at::Tensor h = rms_norm(x, *weights.get(kInputNorm), eps[0]);
   for (int64_t l = 0; l < L; ++l) {
     const auto lw = layer_weights(weights, l);
-    // attention: norm, q/k/v as one product, rotary, cache, attention, o_proj, residual
-    at::Tensor h = rms_norm(x, *lw[kInputNorm], eps[3 * l]);
+    // attention: q/k/v as one product, rotary, cache, attention, o_proj, residual
     at::Tensor qkv = product(h.view({rows, H}), *lw[kQkv], qkv_n, lw[kQkvBias]);
     auto parts = qkv.view({b, T, n_q + 2 * n_kv, d}).split_with_sizes({n_q, n_kv, n_kv}, 2);
     at::Tensor q = parts[0], k = parts[1], v = parts[2];
@@ -202,8 +204,16 @@ std::vector<at::Tensor> decoder_layers_cpu(const at::Tensor& x_in, const at::Ten
     at::Tensor attended = at::empty({b, T, n_q, d}, x.options());
     small_batch_attention_cpu(q_rot, key_stores[l].narrow(2, 0, past + T), value_stores[l].narrow(2, 0, past + T),
                               layer_mask, scale[l], attended.transpose(1, 2));
-    x = at::add(x, product(attended.view({rows, n_q * d}), *lw[kO], H, lw[kOBias]).view({b, T, H}));
-    x = mlp_residual(x, lw, eps[3 * l + 1], inter);
+    const at::Tensor o = product(attended.view({rows, n_q * d}), *lw[kO], H, lw[kOBias]).view({b, T, H});
+    auto [x_attn, h_mlp] = add_rms_norm(x, o, *lw[kPostNorm], eps[3 * l + 1]);
+    // the MLP, its residual add, and the next layer's input norm in the same pass
+    const at::Tensor down = mlp(h_mlp, lw, inter);
+    if (l + 1 < L) {
+      const at::Tensor next_norm = *weights.get(kWeightsPerLayer * (l + 1) + kInputNorm);
+      std::tie(x, h) = add_rms_norm(x_attn, down, next_norm, eps[3 * (l + 1)]);
+    } else {
+      x = at::add(x_attn, down);
+    }
     if (keep_hidden || l == L - 1) outputs.push_back(x);
   }
   return outputs;

@@ -65,12 +65,13 @@ at::Tensor draft_layers_cpu(const at::Tensor& x_in, const at::Tensor& cos, const
   const int64_t qkv_n = (n_q + 2 * n_kv) * d;
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
   at::Tensor x = x_in;
+  // h: the input norm of x (layer l's: the previous layer's last add computed it)
+  at::Tensor h = rms_norm(x, *weights.get(kInputNorm), eps[0]);
   for (int64_t l = 0; l < L; ++l) {
     const auto lw = layer_weights(weights, l);
     const bool last = l == L - 1;
     const int64_t r0 = last ? row_start : 0, M = last ? row_stop - row_start : Q;
-    // attention: norm, q/k/v as one product, q/k norms per head, rotary, attention, o_proj, residual
-    at::Tensor h = rms_norm(x, *lw[kInputNorm], eps[3 * l]);
+    // attention: q/k/v as one product, q/k norms per head, rotary, attention, o_proj, residual
     auto parts = product(h.view({b * Q, H}), *lw[kQkv], qkv_n, lw[kQkvBias])
                      .view({b, Q, qkv_n})
                      .split_with_sizes({n_q * d, n_kv * d, n_kv * d}, 2);
@@ -94,8 +95,12 @@ at::Tensor draft_layers_cpu(const at::Tensor& x_in, const at::Tensor& cos, const
     at::Tensor attended = at::empty({b, M, n_q, d}, x.options());
     small_batch_attention_cpu(q_rot.narrow(2, r0, M), keys, values, row_mask, scale, attended.transpose(1, 2));
     at::Tensor o = product(attended.view({b * M, n_q * d}), *lw[kO], H, lw[kOBias]).view({b, M, H});
-    x = at::add(last ? x.narrow(1, r0, M) : x, o);
-    x = mlp_residual(x, lw, eps[3 * l + 1], inter);
+    auto [x_attn, h_mlp] = add_rms_norm(last ? x.narrow(1, r0, M).contiguous() : x, o, *lw[kPostNorm], eps[3 * l + 1]);
+    // the MLP, its residual add, and the next layer's input norm in the same pass
+    const at::Tensor down = mlp(h_mlp, lw, inter);
+    if (last) return at::add(x_attn, down);
+    const at::Tensor next_norm = *weights.get(kWeightsPerLayer * (l + 1) + kInputNorm);
+    std::tie(x, h) = add_rms_norm(x_attn, down, next_norm, eps[3 * (l + 1)]);
   }
   return x;
 }

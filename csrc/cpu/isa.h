@@ -97,6 +97,13 @@ struct Kernels {
   // order, rounded to the dtype after each step (rms_norm.cpp).
   void (*rms_norm_f32)(const float* x, const float* w, int64_t n, float eps, float* out);
   void (*rms_norm_bf16)(const uint16_t* x, const uint16_t* w, int64_t n, float eps, uint16_t* out);
+  // sum = x + y rounded to the dtype (at::add's bits, NaN payloads aside), then out =
+  // rms_norm of that row as above: a layer's residual add and the next norm in one pass
+  // (rms_norm.cpp's add_rms_norm_cpu).
+  void (*add_rms_norm_f32)(const float* x, const float* y, const float* w, int64_t n, float eps, float* sum,
+                           float* out);
+  void (*add_rms_norm_bf16)(const uint16_t* x, const uint16_t* y, const uint16_t* w, int64_t n, float eps,
+                            uint16_t* sum, uint16_t* out);
   // out[i] = round(round(silu(gate[i])) * up[i]) for i < n, rounded to the dtype (bf16:
   // nearest even) after each step, as HF's act_fn(gate) * up (silu_mul.cpp).
   void (*silu_mul_f32)(const float* gate, const float* up, int64_t n, float* out);

@@ -21,6 +21,11 @@ void small_batch_linear_packed_cpu(const at::Tensor& x, const at::Tensor& packed
 void small_batch_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                const std::optional<at::Tensor>& mask, double scale, at::Tensor out);
 void rms_norm_cpu(const at::Tensor& input, const at::Tensor& weight, double eps, at::Tensor out);
+// sum = x + y (rounded to the dtype, as at::add) and out = rms_norm(sum): a layer's
+// residual add and the norm after it in one pass over the rows (rms_norm.cpp); x, y, sum,
+// out contiguous, one shape and dtype.
+void add_rms_norm_cpu(const at::Tensor& x, const at::Tensor& y, const at::Tensor& weight, double eps, at::Tensor sum,
+                      at::Tensor out);
 void silu_mul_cpu(const at::Tensor& gate, const at::Tensor& up, at::Tensor out);
 void apply_rotary_pos_emb_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
                               at::Tensor q_out, at::Tensor k_out);
@@ -75,15 +80,22 @@ inline std::vector<std::optional<at::Tensor>> layer_weights(const c10::List<std:
   return lw;
 }
 
-// A layer's second half on x [b, M, H] (contiguous): x + down(SiLU(gate) * up) of the
-// post-attention norm of x, gate and up as one product.
-inline at::Tensor mlp_residual(const at::Tensor& x, const std::vector<std::optional<at::Tensor>>& lw, double eps,
-                               int64_t inter) {
-  const int64_t b = x.size(0), M = x.size(1), H = x.size(2);
-  at::Tensor h = rms_norm(x, *lw[kPostNorm], eps);
-  at::Tensor act = at::empty({b * M, inter}, x.options());
+// The residual stream after a sublayer and the next norm's input: {x + y, rms_norm(x + y)},
+// the add rounded to the dtype as at::add rounds it (x [b, M, H] contiguous, y its shape).
+inline std::pair<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& y,
+                                                      const at::Tensor& weight, double eps) {
+  at::Tensor sum = at::empty_like(x), out = at::empty_like(x);
+  add_rms_norm_cpu(x, y.contiguous(), weight, eps, sum, out);
+  return {sum, out};
+}
+
+// A layer's MLP on h [b, M, H] (contiguous, the post-attention norm of the residual
+// stream): down(SiLU(gate) * up), gate and up as one product; [b, M, H].
+inline at::Tensor mlp(const at::Tensor& h, const std::vector<std::optional<at::Tensor>>& lw, int64_t inter) {
+  const int64_t b = h.size(0), M = h.size(1), H = h.size(2);
+  at::Tensor act = at::empty({b * M, inter}, h.options());
   gate_up_silu_cpu(h.view({b * M, H}), *lw[kGateUp], inter, lw[kGateUpBias], act);
-  return at::add(x, product(act, *lw[kDown], H, lw[kDownBias]).view({b, M, H}));
+  return product(act, *lw[kDown], H, lw[kDownBias]).view({b, M, H});
 }
 
 // Both ops' input: x [batch, positions, hidden], contiguous on the CPU (checked first: the

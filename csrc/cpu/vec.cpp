@@ -461,6 +461,24 @@ void rms_norm_bf16(const uint16_t* x, const uint16_t* w, int64_t n, float eps, u
   rms_norm_row(x, w, n, eps, out);
 }
 
+// sum = x + y, each element rounded to the dtype by its store (float math, bf16: nearest
+// even), then rms_norm_row of the row just written (in L1).
+template <typename T>
+void add_rms_norm_row(const T* x, const T* y, const T* w, int64_t n, float eps, T* sum, T* out) {
+  const int64_t nv = n - n % L;
+  for (int64_t i = 0; i < nv; i += L) storeu(sum + i, loadu(x + i) + loadu(y + i));
+  if (nv < n) store_partial(sum + nv, n - nv, load_partial(x + nv, n - nv, 0.0f) + load_partial(y + nv, n - nv, 0.0f));
+  rms_norm_row(sum, w, n, eps, out);
+}
+
+void add_rms_norm_f32(const float* x, const float* y, const float* w, int64_t n, float eps, float* sum, float* out) {
+  add_rms_norm_row(x, y, w, n, eps, sum, out);
+}
+void add_rms_norm_bf16(const uint16_t* x, const uint16_t* y, const uint16_t* w, int64_t n, float eps, uint16_t* sum,
+                       uint16_t* out) {
+  add_rms_norm_row(x, y, w, n, eps, sum, out);
+}
+
 // ---- apply_rotary_pos_emb: one row of HF's rotary embedding ------------------------------
 // out = round(round(x * c) + round(rotate_half(x) * s)), rotate_half(x) = (-x[h:], x[:h]),
 // h = D / 2: PyTorch's roundings (each product and the sum rounded to the dtype; bf16:
@@ -1013,6 +1031,8 @@ const Kernels kKernels = {
     .exp_weights = &exp_weights,
     .rms_norm_f32 = &rms_norm_f32,
     .rms_norm_bf16 = &rms_norm_bf16,
+    .add_rms_norm_f32 = &add_rms_norm_f32,
+    .add_rms_norm_bf16 = &add_rms_norm_bf16,
     .silu_mul_f32 = &silu_mul_f32,
     .silu_mul_bf16 = &silu_mul_bf16,
     .rotary_row_f32 = &rotary_row_f32,
