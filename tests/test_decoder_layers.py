@@ -198,6 +198,9 @@ BAD_ARGUMENTS = {
     "q_norm and k_norm must both": _drop_norm,
     "eps must hold 3 per layer": lambda a: a.__setitem__(6, a[6][:-1]),
     "scale must hold one per layer": lambda a: a.__setitem__(7, a[7] + [1.0]),
+    # the post-attention norm's and the next layer's input norm's eps (the fused add's norms)
+    "eps must be finite and >= 0, got nan": lambda a: a[6].__setitem__(1, float("nan")),
+    "eps must be finite and >= 0, got -1": lambda a: a[6].__setitem__(3, -1.0),
     "past must be >= 0": lambda a: a.__setitem__(10, -1),
     r"key_stores\[1\] must be a CPU tensor": lambda a: a[8].__setitem__(1, a[8][1][:, :, :6]),
     r"value_stores\[0\] must be a CPU tensor": lambda a: a[9].__setitem__(0, a[9][0].float()),

@@ -145,6 +145,9 @@ BAD_ARGUMENTS = {
     "weights must hold 12 entries per layer": lambda a: a.__setitem__(7, a[7][:-1]),
     "q_norm and k_norm must be given": lambda a: (a[7].__setitem__(10, None), a[7].__setitem__(11, None)),
     "eps must hold 3 per layer": lambda a: a.__setitem__(9, a[9][:-1]),
+    # the post-attention norm's and the next layer's input norm's eps (the fused add's norms)
+    "eps must be finite and >= 0, got nan": lambda a: a[9].__setitem__(1, float("nan")),
+    "eps must be finite and >= 0, got -1": lambda a: a[9].__setitem__(3, -1.0),
     "row_start and row_stop": lambda a: a.__setitem__(11, 99),
     "mask must be a CPU bool tensor": lambda a: a.__setitem__(3, a[3].float()),
     "heads must be": lambda a: a.__setitem__(8, a[8][:3]),

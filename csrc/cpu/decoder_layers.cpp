@@ -1,7 +1,8 @@
 // CPU op decoder_layers: a HF Llama / Qwen2 / Qwen3 causal LM's decoder layers, all of
 // them, in one call: the loop of domino.fast_forward (python/domino/fast_forward.py, its
-// reference) run in C++ over the same kernels in the same order, so every output is bit
-// for bit the Python loop's.
+// reference) run in C++ over the same kernels in the same order (each residual add fused
+// with the norm after it: at::add's bits, then rms_norm's), so every output is bit for bit
+// the Python loop's.
 //
 //   x [b, T, H] (the embedded tokens), cos / sin [b or 1, T, d] (the model's rotary
 //   table), mask None or [b or 1, 1 or Hq, T, >= past + T] (bool or additive float, as

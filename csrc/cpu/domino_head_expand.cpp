@@ -272,8 +272,9 @@ void expand(BL* base, const float* hproj, const float* S, const int64_t* seq, co
   const int64_t tiles = (V + tile - 1) / tile;
   const int64_t chunk = (w2_packed != nullptr ? std::min<int64_t>(16, (tiles + 7) / 8) : 16) * tile;
 
-  // L = base[s, d] + a @ w2^T, written per node, over vocabulary chunks claimed dynamically;
-  // greedy: with each chunk's log-sum-exp statistics, merged in chunk order as the rollout's
+  // L = base[s, d] + a @ w2^T, written per node, over vocabulary chunks claimed dynamically
+  // (then, with w_hh packed, w_hh @ S's panels: below); greedy: with each chunk's
+  // log-sum-exp statistics, merged in chunk order as the rollout's
   const bool greedy = !sp.may_sample();
   const int64_t n_chunks = (V + chunk - 1) / chunk;
   std::vector<RunningLse> partial(greedy ? n_chunks * n : 0);
@@ -297,7 +298,10 @@ void expand(BL* base, const float* hproj, const float* S, const int64_t* seq, co
   const std::vector<uint32_t> S_pairs = w_hh_packed != nullptr ? bf16_pairs(S, n, G) : std::vector<uint32_t>();
   constexpr int64_t kGhClaim = 2;  // panels a claim: ~10 us at 16 nodes of the paper shape
   std::atomic<int64_t> next_gh{0};
-  at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), n_chunks), 1, [&](int64_t, int64_t) {
+  // as many threads as there is work for: vocabulary chunks, or claims of w_hh's panels (a
+  // vocabulary of one chunk, the row-major path's 4096 tokens, still shares w_hh @ S)
+  const int64_t region = std::max(n_chunks, (gh_panels + kGhClaim - 1) / kGhClaim);
+  at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), region), 1, [&](int64_t, int64_t) {
     std::vector<float> dots(n * tile);
     for (int64_t c; (c = next_chunk.fetch_add(1, std::memory_order_relaxed)) < n_chunks;) {
       const int64_t c_end = std::min(V, (c + 1) * chunk);

@@ -1,7 +1,8 @@
 // CPU op draft_layers: a Domino drafter's backbone layers (domino.model.DraftLayer, on the
 // fused kernels of domino.fast_layers) in one call: each layer's Python forward
 // (_draft_attention_forward, _draft_attend, _mlp_forward: the reference) run in C++ over
-// the same kernels in the same order, so every output is bit for bit the Python layers'.
+// the same kernels in the same order (each residual add fused with the norm after it:
+// at::add's bits, then rms_norm's), so every output is bit for bit the Python layers'.
 //
 //   x [b, Q, H] (the embedded block), cos / sin [b or 1, Q, d] (the drafter's rotary
 //   table), mask [b, 1 or Q, Tc + Q] bool (which context slots and block positions each
@@ -35,6 +36,7 @@
 
 #include <cmath>
 #include <optional>
+#include <tuple>
 
 #include "cpu/layer_kernels.h"
 

@@ -89,6 +89,8 @@ void add_rms_norm_cpu(const at::Tensor& x, const at::Tensor& y, const at::Tensor
                 name, " must be contiguous with x's shape ", x.sizes(), " and dtype ", x.scalar_type());
   }
   const int64_t n = x.size(-1);
+  check_dense_float(weight, "weight");
+  TORCH_CHECK(std::isfinite(eps) && eps >= 0.0, "eps must be finite and >= 0, got ", eps);
   const bool float_or_bf16 = x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16;
   TORCH_CHECK(weight.is_contiguous() && weight.dim() == 1 && weight.size(0) == n &&
                   weight.scalar_type() == x.scalar_type() && float_or_bf16,
