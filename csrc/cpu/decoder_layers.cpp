@@ -206,15 +206,7 @@ std::vector<at::Tensor> decoder_layers_cpu(const at::Tensor& x_in, const at::Ten
     small_batch_attention_cpu(q_rot, key_stores[l].narrow(2, 0, past + T), value_stores[l].narrow(2, 0, past + T),
                               layer_mask, scale[l], attended.transpose(1, 2));
     const at::Tensor o = product(attended.view({rows, n_q * d}), *lw[kO], H, lw[kOBias]).view({b, T, H});
-    auto [x_attn, h_mlp] = add_rms_norm(x, o, *lw[kPostNorm], eps[3 * l + 1]);
-    // the MLP, its residual add, and the next layer's input norm in the same pass
-    const at::Tensor down = mlp(h_mlp, lw, inter);
-    if (l + 1 < L) {
-      const at::Tensor next_norm = *weights.get(kWeightsPerLayer * (l + 1) + kInputNorm);
-      std::tie(x, h) = add_rms_norm(x_attn, down, next_norm, eps[3 * (l + 1)]);
-    } else {
-      x = at::add(x_attn, down);
-    }
+    std::tie(x, h) = mlp_residual(x, o, lw, weights, eps, l, inter);
     if (keep_hidden || l == L - 1) outputs.push_back(x);
   }
   return outputs;

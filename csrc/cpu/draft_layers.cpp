@@ -97,12 +97,7 @@ at::Tensor draft_layers_cpu(const at::Tensor& x_in, const at::Tensor& cos, const
     at::Tensor attended = at::empty({b, M, n_q, d}, x.options());
     small_batch_attention_cpu(q_rot.narrow(2, r0, M), keys, values, row_mask, scale, attended.transpose(1, 2));
     at::Tensor o = product(attended.view({b * M, n_q * d}), *lw[kO], H, lw[kOBias]).view({b, M, H});
-    auto [x_attn, h_mlp] = add_rms_norm(last ? x.narrow(1, r0, M).contiguous() : x, o, *lw[kPostNorm], eps[3 * l + 1]);
-    // the MLP, its residual add, and the next layer's input norm in the same pass
-    const at::Tensor down = mlp(h_mlp, lw, inter);
-    if (last) return at::add(x_attn, down);
-    const at::Tensor next_norm = *weights.get(kWeightsPerLayer * (l + 1) + kInputNorm);
-    std::tie(x, h) = add_rms_norm(x_attn, down, next_norm, eps[3 * (l + 1)]);
+    std::tie(x, h) = mlp_residual(last ? x.narrow(1, r0, M).contiguous() : x, o, lw, weights, eps, l, inter);
   }
   return x;
 }

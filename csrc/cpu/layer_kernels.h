@@ -89,13 +89,24 @@ inline std::pair<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const
   return {sum, out};
 }
 
-// A layer's MLP on h [b, M, H] (contiguous, the post-attention norm of the residual
-// stream): down(SiLU(gate) * up), gate and up as one product; [b, M, H].
-inline at::Tensor mlp(const at::Tensor& h, const std::vector<std::optional<at::Tensor>>& lw, int64_t inter) {
+// Layer l's second half, given the residual stream x [b, M, H] (contiguous) and the
+// attention's output o (its shape): x + o, the MLP on its post-attention norm (gate and up
+// as one product, down(SiLU(gate) * up)) added in turn, each add fused with the norm after
+// it. Returns {the layer's output, the next layer's input norm of it} (the second
+// undefined after the last layer). `weights` and `eps` are the ops' flat lists, lw layer l's
+// entries of the first.
+inline std::pair<at::Tensor, at::Tensor> mlp_residual(const at::Tensor& x, const at::Tensor& o,
+                                                      const std::vector<std::optional<at::Tensor>>& lw,
+                                                      const c10::List<std::optional<at::Tensor>>& weights,
+                                                      at::ArrayRef<double> eps, int64_t l, int64_t inter) {
+  auto [x_attn, h] = add_rms_norm(x, o, *lw[kPostNorm], eps[3 * l + 1]);
   const int64_t b = h.size(0), M = h.size(1), H = h.size(2);
   at::Tensor act = at::empty({b * M, inter}, h.options());
   gate_up_silu_cpu(h.view({b * M, H}), *lw[kGateUp], inter, lw[kGateUpBias], act);
-  return product(act, *lw[kDown], H, lw[kDownBias]).view({b, M, H});
+  const at::Tensor down = product(act, *lw[kDown], H, lw[kDownBias]).view({b, M, H});
+  const int64_t next = kWeightsPerLayer * (l + 1) + kInputNorm;
+  if (next >= static_cast<int64_t>(weights.size())) return {at::add(x_attn, down), at::Tensor()};
+  return add_rms_norm(x_attn, down, *weights.get(next), eps[3 * (l + 1)]);
 }
 
 // Both ops' input: x [batch, positions, hidden], contiguous on the CPU (checked first: the

@@ -40,7 +40,11 @@
 
 namespace domino::cpu {
 
-void rms_norm_cpu(const at::Tensor& input, const at::Tensor& weight, double eps, at::Tensor out) {
+namespace {
+
+// rms_norm_cpu's arguments (input [..., n], weight [n], out input's shape; one dtype), the
+// ones add_rms_norm_cpu's norm takes too.
+void check_norm_args(const at::Tensor& input, const at::Tensor& weight, double eps, const at::Tensor& out) {
   check_dense_float(input, "input");
   check_dense_float(weight, "weight");
   check_dense_float(out, "out");
@@ -57,62 +61,60 @@ void rms_norm_cpu(const at::Tensor& input, const at::Tensor& weight, double eps,
   // overlap it otherwise, nor the weight.
   at::assert_no_partial_overlap(out, input);
   at::assert_no_overlap(out, weight);
+}
+
+// row(r) for the rows of t (rows of its last dimension's n elements), split over the
+// threads by ~32K elements a share: a decode step's one row stays on the calling thread.
+template <class Row>
+void for_each_row(const at::Tensor& t, const Row& row) {
+  const int64_t n = t.size(-1), rows = t.numel() / n;
+  at::parallel_for(0, rows, std::max<int64_t>(1, (int64_t{1} << 15) / n), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) row(r * n);
+  });
+}
+
+uint16_t* bf16_bits(const at::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr()); }
+
+}  // namespace
+
+void rms_norm_cpu(const at::Tensor& input, const at::Tensor& weight, double eps, at::Tensor out) {
+  check_norm_args(input, weight, eps, out);
   if (input.numel() == 0) return;
-  const int64_t rows = input.numel() / n;
   const Kernels& K = kernels();
+  const int64_t n = input.size(-1);
   const float e = static_cast<float>(eps);
-  // ~32K elements per thread's share: a decode step's one row stays on the calling thread.
-  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / n);
   if (input.scalar_type() == at::kFloat) {
-    const float* x = input.data_ptr<float>();
-    const float* w = weight.data_ptr<float>();
+    const float *x = input.data_ptr<float>(), *w = weight.data_ptr<float>();
     float* o = out.data_ptr<float>();
-    at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) K.rms_norm_f32(x + r * n, w, n, e, o + r * n);
-    });
+    for_each_row(input, [&](int64_t i) { K.rms_norm_f32(x + i, w, n, e, o + i); });
   } else {
-    const auto* x = reinterpret_cast<const uint16_t*>(input.data_ptr());
-    const auto* w = reinterpret_cast<const uint16_t*>(weight.data_ptr());
-    auto* o = reinterpret_cast<uint16_t*>(out.data_ptr());
-    at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) K.rms_norm_bf16(x + r * n, w, n, e, o + r * n);
-    });
+    const uint16_t *x = bf16_bits(input), *w = bf16_bits(weight);
+    uint16_t* o = bf16_bits(out);
+    for_each_row(input, [&](int64_t i) { K.rms_norm_bf16(x + i, w, n, e, o + i); });
   }
 }
 
 void add_rms_norm_cpu(const at::Tensor& x, const at::Tensor& y, const at::Tensor& weight, double eps, at::Tensor sum,
                       at::Tensor out) {
   // decoder_layers' and draft_layers' own tensors: the checks guard the pointer arithmetic
-  using Named = std::pair<const at::Tensor*, const char*>;
-  for (const auto& [t, name] : {Named{&x, "x"}, Named{&y, "y"}, Named{&sum, "sum"}, Named{&out, "out"}}) {
-    TORCH_CHECK(t->is_contiguous() && t->sizes() == x.sizes() && t->scalar_type() == x.scalar_type(), "add_rms_norm: ",
-                name, " must be contiguous with x's shape ", x.sizes(), " and dtype ", x.scalar_type());
+  check_norm_args(x, weight, eps, out);
+  for (const auto& [name, t] : {Named{"y", &y}, Named{"sum", &sum}}) {
+    check_dense_float(*t, name);
+    TORCH_CHECK(t->sizes() == x.sizes() && t->scalar_type() == x.scalar_type(), "add_rms_norm: ", name,
+                " must have x's shape ", x.sizes(), " and dtype ", x.scalar_type());
   }
-  const int64_t n = x.size(-1);
-  check_dense_float(weight, "weight");
-  TORCH_CHECK(std::isfinite(eps) && eps >= 0.0, "eps must be finite and >= 0, got ", eps);
-  const bool float_or_bf16 = x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16;
-  TORCH_CHECK(weight.is_contiguous() && weight.dim() == 1 && weight.size(0) == n &&
-                  weight.scalar_type() == x.scalar_type() && float_or_bf16,
-              "add_rms_norm: weight must be a contiguous [", n, "] of x's dtype (float32 or bfloat16)");
   if (x.numel() == 0) return;
-  const int64_t rows = x.numel() / n;
   const Kernels& K = kernels();
+  const int64_t n = x.size(-1);
   const float e = static_cast<float>(eps);
-  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / n);  // as rms_norm_cpu's
   if (x.scalar_type() == at::kFloat) {
     const float *xp = x.data_ptr<float>(), *yp = y.data_ptr<float>(), *w = weight.data_ptr<float>();
     float *s = sum.data_ptr<float>(), *o = out.data_ptr<float>();
-    at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) K.add_rms_norm_f32(xp + r * n, yp + r * n, w, n, e, s + r * n, o + r * n);
-    });
+    for_each_row(x, [&](int64_t i) { K.add_rms_norm_f32(xp + i, yp + i, w, n, e, s + i, o + i); });
   } else {
-    auto bits = [](const at::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr()); };
-    const uint16_t *xp = bits(x), *yp = bits(y), *w = bits(weight);
-    uint16_t *s = bits(sum), *o = bits(out);
-    at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) K.add_rms_norm_bf16(xp + r * n, yp + r * n, w, n, e, s + r * n, o + r * n);
-    });
+    const uint16_t *xp = bf16_bits(x), *yp = bf16_bits(y), *w = bf16_bits(weight);
+    uint16_t *s = bf16_bits(sum), *o = bf16_bits(out);
+    for_each_row(x, [&](int64_t i) { K.add_rms_norm_bf16(xp + i, yp + i, w, n, e, s + i, o + i); });
   }
 }
 

@@ -12,7 +12,7 @@
 // elements, which is why one call replaces two.
 //
 // gate_up_silu_cpu (decoder_layers.cpp and draft_layers.cpp, through layer_kernels.h's
-// mlp): a layer's fused gate/up product and the same on the two halves of each of
+// mlp_residual): a layer's fused gate/up product and the same on the two halves of each of
 // its rows, read where the product wrote them (before, each half was first copied out to be
 // contiguous: two copies of a prompt's [rows, 1536]), in one parallel region where the halves
 // split at a panel boundary.
