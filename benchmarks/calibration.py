@@ -76,12 +76,12 @@ def collect_tree(gen, prompts, max_new_tokens: int) -> tuple[list[float], list[b
 
     def recording(tree, links, logits, sampling, depth):
         out = real_verify(tree, links, logits, sampling, depth)
-        _, path, num_acc = out
+        path = out.path
         b = tree.candidates.shape[0]
         node_scores = torch.cat([torch.zeros(b, 1), tree.candidate_scores.gather(1, tree.selected_index).float()], 1)
-        nxt, sib, path, num_acc = links.next_token.tolist(), links.next_sibling.tolist(), path.tolist(), num_acc.tolist()
+        nxt, sib = links.next_token.tolist(), links.next_sibling.tolist()
         for s in range(b):
-            k = num_acc[s]
+            k = len(path[s]) - 1
             for j in range(k + 1):
                 u, c = path[s][j], nxt[s][path[s][j]]
                 if c != -1:

@@ -292,19 +292,22 @@ def test_without_compaction_sibling_acceptance_goes_wrong(monkeypatch):
     assert spec.token_ids != plain
 
 
+def _verified(path, next_token, tokens=None, selected=(), parent_list=(-1,), candidate_tokens=None):
+    """A one-sequence VerifiedTree from its rows."""
+    return domino.tree.VerifiedTree([list(path)], [list(tokens if tokens is not None else path)], [list(next_token)],
+                                    [list(selected)], [list(parent_list)],
+                                    None if candidate_tokens is None else [list(candidate_tokens)])
+
+
 def test_depths_tried_stop_at_the_cut_trees_leaves():
     """A round counts a depth as tried only where the verified tree had a node there: a path
     accepted to a leaf tried no further depth, one that stops above children tried one more."""
-    from types import SimpleNamespace
-
-    next_token = torch.tensor([[1, -1, -1],   # root -> 1: the one draft accepted, a leaf
-                               [1, -1, -1],   # the same tree, its draft rejected
-                               [1, 2, -1],    # root -> 1 -> 2: stopped at 1, above node 2
-                               [1, 2, -1]])   # accepted to the leaf 2
-    path = torch.tensor([[0, 1, 0], [0, 0, 0], [0, 1, 0], [0, 1, 2]])
-    num_acc = torch.tensor([1, 0, 1, 2])
-    tried = domino.tree.depths_tried(SimpleNamespace(next_token=next_token), path, num_acc)
-    assert tried.tolist() == [1, 1, 2, 2]
+    cases = [([0, 1], [1, -1, -1], 1),   # root -> 1: the one draft accepted, a leaf
+             ([0], [1, -1, -1], 1),      # the same tree, its draft rejected
+             ([0, 1], [1, 2, -1], 2),    # root -> 1 -> 2: stopped at 1, above node 2
+             ([0, 1, 2], [1, 2, -1], 2)]  # accepted to the leaf 2
+    for path, next_token, tried in cases:
+        assert domino.tree.depths_tried(_verified(path, next_token)) == [tried], path
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -330,17 +333,15 @@ def test_top_chain_counts_by_hand():
     flat_tokens = [10, 11, 20, 21, 30, 31, 40, 41, 50, 51]  # by flat index (depth 3 needs all ten)
 
     def counts(selected, next_token, path, tokens, num_acc, parent_list=(-1, 0, 1), depth=2, with_tokens=True):
-        rows = lambda x: torch.tensor(x if isinstance(x[0], (list, tuple)) else [x])  # noqa: E731
+        rows = lambda x: x if isinstance(x[0], (list, tuple)) else [x]  # noqa: E731
         selected, next_token, path, tokens = rows(selected), rows(next_token), rows(path), rows(tokens)
-        b = selected.shape[0]
-        tree = DraftTree(torch.tensor([list(parent_list)] * b), selected, torch.zeros_like(next_token), None, None,
-                         torch.tensor([flat_tokens[:2 + 4 * (depth - 1)]] * b) if with_tokens else None)
-        from types import SimpleNamespace
-
-        tried, acc = domino.tree.top_chain_counts(tree, SimpleNamespace(next_token=next_token), path, tokens,
-                                                  torch.tensor(num_acc if isinstance(num_acc, list) else [num_acc]),
-                                                  2, depth)
-        out = list(zip(tried.tolist(), acc.tolist()))
+        num_acc = num_acc if isinstance(num_acc, list) else [num_acc]
+        b = len(selected)
+        verified = domino.tree.VerifiedTree(
+            [list(p[:k + 1]) for p, k in zip(path, num_acc)], [list(t[:k + 1]) for t, k in zip(tokens, num_acc)],
+            [list(r) for r in next_token], [list(r) for r in selected], [list(parent_list)] * b,
+            [flat_tokens[:2 + 4 * (depth - 1)]] * b if with_tokens else None)
+        out = list(zip(*domino.tree.top_chain_counts(verified, 2)))
         return out if b > 1 else out[0]
 
     # nodes 1..4 = flat 0, 1, 2, 3: root -> {1 (c0), 2 (c1)}, 1 -> {3 (c0), 4 (c1)}; 5: a graft under 3
@@ -402,9 +403,9 @@ def test_top_chain_counts_are_what_the_chain_would_have_done(use_head, batch, mo
         finally:
             pending.clear()
 
-    def spying_counts(tree, *a):
-        tried, acc = top_chain_counts(tree, *a)
-        seen.append((*pending[0], tried.tolist(), acc.tolist(), tree.candidates.shape[1]))
+    def spying_counts(verified, *a):
+        tried, acc = top_chain_counts(verified, *a)
+        seen.append((*pending[0], tried, acc, len(verified.next_token[0])))
         return tried, acc
 
     gen._tree_round = spying_tree_round
@@ -458,7 +459,7 @@ def test_tree_rounds_count_their_top_chain_in_the_chains_acceptance(monkeypatch)
 
     def spying_counts(*a):
         tried, acc = top_chain_counts(*a)
-        counted.append((tried.tolist(), acc.tolist()))
+        counted.append((tried, acc))
         return tried, acc
 
     monkeypatch.setattr(domino.generate, "top_chain_counts", spying_counts)
@@ -654,9 +655,10 @@ def test_greedy_rows_of_a_sampled_tree_accept_a_sibling():
     n = tree.candidates.shape[1]
     logits = torch.randn(2, n, 12, generator=torch.Generator().manual_seed(3))
     logits[1, 0, tree.candidates[1, 2]] = 30.0  # the greedy row's target picks the root's second child
-    tokens, path, num = domino.tree.verify_tree(tree, links, logits, sampling, 2)
-    assert int(num[1]) >= 1 and int(path[1, 1]) == 2 and int(tokens[1, 0]) == int(tree.candidates[1, 2])
-    assert int(tokens[1, int(num[1])]) == int(logits[1, int(path[1, int(num[1])])].argmax())
+    verified = domino.tree.verify_tree(tree, links, logits, sampling, 2)
+    path, tokens = verified.path[1], verified.tokens[1]
+    assert len(path) >= 2 and path[1] == 2 and tokens[0] == int(tree.candidates[1, 2])
+    assert len(tokens) == len(path) and tokens[-1] == int(logits[1, path[-1]].argmax())
 
 
 def test_a_seeded_request_in_a_sampled_tree_gives_the_same_tokens_alone_and_in_a_batch():

@@ -627,18 +627,13 @@ class DominoGenerator:
         n = tree.candidates.shape[1]
         mask = tree_attention_mask(st.cache_mask, links.ancestors, self.target.dtype)
         logits, features = self._target_forward(tree.candidates, mask, links.positions, st.cache)
-        tokens, path, num_acc = verify_tree(tree, links, logits, sampling, depth)
-        kept = num_acc + 1  # the root (anchor) + accepted drafts enter the context
-        tried = depths_tried(links, path, num_acc)
-        chain_tried, chain_acc = (top_chain_counts(tree, links, path, tokens, num_acc, shape.topk, shape.depth)
-                                  if chain_acceptance is not None else (torch.zeros_like(kept),) * 2)
-        counts = torch.stack([kept, tried, chain_tried, chain_acc], dim=1)
-        C, P = counts.shape[1], path.shape[1]  # a host row: C counts, the path (P), the tokens
-        host = torch.cat([counts, path, tokens], dim=1).tolist()  # the one host sync
-        kept_list = [row[0] for row in host]
-        depth_acceptance.update([host[s][1] for s in live], [kept_list[s] - 1 for s in live])
+        verified = verify_tree(tree, links, logits, sampling, depth)  # on the host: the round's one sync
+        kept_list = [len(path) for path in verified.path]  # the root (anchor) + accepted drafts enter the context
+        tried = depths_tried(verified)
+        depth_acceptance.update([tried[s] for s in live], [kept_list[s] - 1 for s in live])
         if chain_acceptance is not None:
-            chain_acceptance.update([host[s][2] for s in live], [host[s][3] for s in live])
+            chain_tried, chain_acc = top_chain_counts(verified, shape.topk)
+            chain_acceptance.update([chain_tried[s] for s in live], [chain_acc[s] for s in live])
         for graft_kinds, first, new in grafts:  # each graft's new nodes on the accepted paths, by kind of graft
             # Only grafts that were verified count: a kind the budget cut to nothing keeps its
             # evidence until the call ends. Letting it fade back to the prior instead (an
@@ -649,17 +644,20 @@ class DominoGenerator:
                 offered = [s for s in live if graft_kinds[s] == gkind and new[s]]
                 graft_acceptance[gkind].update(
                     [new[s] for s in offered],
-                    [sum(first <= u < first + new[s] for u in host[s][C:C + kept_list[s]]) for s in offered])
+                    [sum(first <= u < first + new[s] for u in verified.path[s]) for s in offered])
         m = max(kept_list)
+        dev = tree.candidates.device
+        path = torch.tensor([p + [0] * (m - len(p)) for p in verified.path], device=dev)  # [b, m], root-padded
         # Nothing to move when every sequence's kept path already sits in the round's first
         # slots (the root alone, or the root and its first child): common at tau ~2, and the
         # move copies every layer's accepted slots (~0.2 ms a round for SmolLM2's 30 layers in
         # the cache's one storage: benchmarks/engine_steps_micro.py).
-        if any(row[C:C + k] != list(range(k)) for row, k in zip(host, kept_list)):
-            compact_tree_cache(st.cache, path[:, :m], n)
-        path_features = features.gather(1, path[:, :m, None].expand(-1, -1, features.shape[2]))
-        self._commit(st, kept, n, path_features, tokens.gather(1, num_acc[:, None])[:, 0])
-        return kept_list, [row[C + P:C + P + k] for row, k in zip(host, kept_list)], n
+        if any(p != list(range(len(p))) for p in verified.path):
+            compact_tree_cache(st.cache, path, n)
+        path_features = features.gather(1, path[:, :, None].expand(-1, -1, features.shape[2]))
+        self._commit(st, torch.tensor(kept_list, device=dev), n, path_features,
+                     torch.tensor([t[-1] for t in verified.tokens], device=dev))
+        return kept_list, verified.tokens, n
 
     def _commit(self, st: _Decoding, kept: torch.Tensor, round_len: int, features: torch.Tensor,
                 next_anchor: torch.Tensor) -> None:

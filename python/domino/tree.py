@@ -176,14 +176,40 @@ def target_argmax(logits: torch.Tensor) -> torch.Tensor:
     return domino_ops.sample(logits.reshape(b * n, V), temperature=0.0).view(b, n)
 
 
-def verify_tree(tree: DraftTree, links: TreeLinks, logits: torch.Tensor, sampling: RowSampling, depth: int):
+@dataclass
+class VerifiedTree:
+    """A verified tree on the host, one row per sequence, as lists of ints (the round's one
+    device sync: a tree round's bookkeeping is a few dozen tiny steps, each a torch op
+    costing 10-20 us right after the target's forward has flushed the caches, against a
+    few Python steps on lists).
+
+    path: the accepted nodes, root first (``num_accepted + 1`` node indices); tokens: the
+    accepted drafts then the target's token (as many); next_token: the verified tree's
+    first-child links (:class:`TreeLinks`' ``next_token`` rows, -1: a leaf); selected,
+    parent_list, candidate_tokens: the drafted tree's ``selected_index``, ``parent_list`` and
+    ``candidate_tokens`` rows (:class:`domino_ops.tree_draft.DraftTree`; candidate_tokens
+    None where the tree has none), which :func:`top_chain_counts` reads."""
+
+    path: list[list[int]]
+    tokens: list[list[int]]
+    next_token: list[list[int]]
+    selected: list[list[int]]
+    parent_list: list[list[int]]
+    candidate_tokens: list[list[int]] | None
+
+    @property
+    def num_accepted(self) -> list[int]:
+        """Accepted drafts per sequence (the root not counted)."""
+        return [len(p) - 1 for p in self.path]
+
+
+def verify_tree(tree: DraftTree, links: TreeLinks, logits: torch.Tensor, sampling: RowSampling,
+                depth: int) -> VerifiedTree:
     """Verifies the tree against the target's ``logits`` [b, N, V] (float32 or bf16) at its nodes:
     greedily when the tree was drafted greedily (``tree.draft_probs`` is None), else by
-    lossless recursive rejection sampling with ``sampling``'s filter and generator.
-
-    Returns (tokens [b, depth + 1] int64: the accepted drafts then the target's token,
-    path [b, depth + 1] int64: the accepted nodes, root first, num_accepted [b] int64);
-    entries past ``num_accepted + 1`` are padding (tokens -1, path 0)."""
+    lossless recursive rejection sampling with ``sampling``'s filter and generator; the
+    accepted paths of at most ``depth`` drafts and the tree's rows on the host, in one
+    transfer (:class:`VerifiedTree`)."""
     b, n = tree.candidates.shape
     dev = logits.device
     predicts = torch.empty(b * n, dtype=torch.int32, device=dev)
@@ -211,65 +237,82 @@ def verify_tree(tree: DraftTree, links: TreeLinks, logits: torch.Tensor, samplin
             predicts = torch.where(rows, g_predicts, predicts)
             accept_index = torch.where(greedy[:, None], g_index, accept_index)
             accept_num = torch.where(greedy, g_num, accept_num)
-    on_path = accept_index >= 0
-    flat = accept_index.long().clamp(min=0)
-    tokens = torch.where(on_path, predicts.long()[flat], -1)
-    path = torch.where(on_path, flat - links.retrive_index[:, :1], 0)  # retrive_index[:, 0] = b * N
-    return tokens, path, accept_num.long()
+    # accept_index holds retrive_index slots (flat into predicts), root first; retrive_index's
+    # first column is each sequence's first slot
+    parts = [predicts, accept_index.reshape(-1), accept_num, links.retrive_index[:, 0], links.next_token.reshape(-1),
+             tree.selected_index.reshape(-1), tree.parent_list.reshape(-1)]
+    if tree.candidate_tokens is not None:
+        parts.append(tree.candidate_tokens.reshape(-1))
+    flat = torch.cat(parts).tolist()  # int64 (type promotion): the one sync
+    sizes = [b * n, b * (depth + 1), b, b, b * n, tree.selected_index.numel(), tree.parent_list.numel()]
+    if tree.candidate_tokens is not None:
+        sizes.append(tree.candidate_tokens.numel())
+    rows, at = [], 0
+    for size in sizes:
+        part = flat[at:at + size]
+        rows.append([part[s * size // b:(s + 1) * size // b] for s in range(b)] if b else [])
+        at += size
+    slots, num, first = rows[1], [r[0] for r in rows[2]], [r[0] for r in rows[3]]
+    taken = [slots[s][:num[s] + 1] for s in range(b)]
+    return VerifiedTree(path=[[i - first[s] for i in taken[s]] for s in range(b)],
+                        tokens=[[flat[i] for i in taken[s]] for s in range(b)],
+                        next_token=rows[4], selected=rows[5], parent_list=rows[6],
+                        candidate_tokens=rows[7] if tree.candidate_tokens is not None else None)
 
 
-def depths_tried(links: TreeLinks, path: torch.Tensor, num_accepted: torch.Tensor) -> torch.Tensor:
+def depths_tried(verified: VerifiedTree) -> list[int]:
     """How many depths of the tree the target tried along each sequence's accepted path:
     the accepted drafts, plus one where the path's last node has children in the verified
-    (possibly cut) tree, all of them rejected. [b] int64, from ``path`` [b, depth + 1] and
-    ``num_accepted`` [b] as :func:`verify_tree` returns them. Per-depth acceptance counts a
-    tree round by it, as a chain round by its verified length."""
-    last = path.gather(1, num_accepted[:, None])
-    return num_accepted + (links.next_token.gather(1, last)[:, 0] >= 0).long()
+    (possibly cut) tree, all of them rejected. Per-depth acceptance counts a tree round by
+    it, as a chain round by its verified length."""
+    return [len(path) - 1 + (links[path[-1]] >= 0) for path, links in zip(verified.path, verified.next_token)]
 
 
-def top_chain_counts(tree: DraftTree, links: TreeLinks, path: torch.Tensor, tokens: torch.Tensor,
-                     num_accepted: torch.Tensor, topk: int, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
+def top_chain_counts(verified: VerifiedTree, topk: int) -> tuple[list[int], list[int]]:
     """How the chain a chain round would have drafted from the same state fared in this
-    greedy tree round, as :class:`domino.budget.DepthAcceptance` counts it: (tried [b],
-    accepted [b]) int64.
+    greedy tree round, as :class:`domino.budget.DepthAcceptance` counts it: (tried,
+    accepted), an int per sequence.
 
     That chain is the tree's top chain: from the root, each node's best child, child 0 of
     its expansion (a flat candidate index ``= 0 mod topk``; :mod:`domino_ops.tree_draft`),
     which is the token a chain round drafts after the same tokens. ``accepted``: the
-    leading nodes of the accepted path (``path``, ``tokens`` [b, P] and ``num_accepted`` [b]
-    as :func:`verify_tree` returns them) on the top chain, plus one where the top chain's
+    leading nodes of the accepted path on the top chain, plus one where the top chain's
     next node was drafted but cut from the verified tree and its token is the target's
     there. ``tried``: ``accepted``, plus one where that next node was verified (the target
     rejected it) or cut with another token than the target's. Where the last top node was
-    not expanded (the frontier kept other nodes, or it is at the tree's ``depth``) the round
+    not expanded (the frontier kept other nodes, or it is at the tree's depth) the round
     says nothing of the next depth: counting only the nodes the budget kept would measure
-    the confident ones. ``tree``: the drafted tree (nodes 1..n0-1 its ``selected_index``;
-    nodes from n0 on in ``links`` are grafted, on no drafter chain); without
-    ``candidate_tokens`` a cut node says nothing either."""
-    b, n = links.next_token.shape
-    dev = path.device
-    selected = tree.selected_index
-    n0 = selected.shape[1] + 1
-    top = torch.zeros(b, n, dtype=torch.bool, device=dev)
-    top[:, 0] = True
-    top[:, 1:n0] = selected % topk == 0
-    on_path = torch.arange(path.shape[1], device=dev)[None, :] <= num_accepted[:, None]
-    accepted = (top.gather(1, path) & on_path)[:, 1:].long().cumprod(1).sum(1)
-    last = path.gather(1, accepted[:, None])[:, 0]  # the last top node, at depth `accepted`
-    child = links.next_token.gather(1, last[:, None])[:, 0]  # its first child: the lowest c
-    verified = (child >= 0) & top.gather(1, child.clamp(min=0)[:, None])[:, 0]
-    if tree.candidate_tokens is None:
-        return accepted + verified.long(), accepted
-    # the last top node's child 0: the c = 0 candidate whose parent it is (the root: -1);
-    # none where it was never expanded
-    flat = torch.where(last == 0, -1, selected.gather(1, (last - 1).clamp(min=0)[:, None])[:, 0])
-    parents = candidate_parents(tree.parent_list, topk, depth)
-    is_child0 = (parents == flat[:, None]) & (torch.arange(parents.shape[1], device=dev) % topk == 0)
-    expanded, child0 = is_child0.any(1), is_child0.long().argmax(1)
-    cut = expanded & ~verified
-    right = tree.candidate_tokens.gather(1, child0[:, None])[:, 0] == tokens.gather(1, accepted[:, None])[:, 0]
-    return accepted + (verified | cut).long(), accepted + (cut & right).long()
+    the confident ones. Nodes 1..n0-1 are the drafted tree's (``selected``); nodes from n0
+    on are grafted, on no drafter chain. Without ``candidate_tokens`` a cut node says
+    nothing either."""
+    tried, accepted = [], []
+    for s, (path, tokens, links, selected) in enumerate(zip(verified.path, verified.tokens, verified.next_token,
+                                                            verified.selected)):
+        def on_top_chain(u: int) -> bool:
+            return u == 0 or (u <= len(selected) and selected[u - 1] % topk == 0)
+
+        acc = 0
+        while acc < len(path) - 1 and on_top_chain(path[acc + 1]):
+            acc += 1
+        last = path[acc]  # the last top node, at depth acc
+        child = links[last]  # its first child: the lowest c
+        verified_child = child >= 0 and on_top_chain(child)
+        if verified.candidate_tokens is None:
+            tried.append(acc + verified_child)
+            accepted.append(acc)
+            continue
+        # the last top node's child 0: the candidate q * topk under parent_list[q] (q >= 1),
+        # or candidate 0 under the root; none where it was never expanded
+        if last == 0:
+            child0 = 0
+        else:
+            flat = selected[last - 1]
+            child0 = next((q * topk for q, p in enumerate(verified.parent_list[s]) if q and p == flat), None)
+        cut = child0 is not None and not verified_child
+        right = cut and verified.candidate_tokens[s][child0] == tokens[acc]
+        tried.append(acc + (verified_child or cut))
+        accepted.append(acc + right)
+    return tried, accepted
 
 
 def compact_tree_cache(cache: DynamicCache, path: torch.Tensor, num_nodes: int) -> None:
