@@ -80,8 +80,7 @@ def collect_tree(gen, prompts, max_new_tokens: int) -> tuple[list[float], list[b
         b = tree.candidates.shape[0]
         node_scores = torch.cat([torch.zeros(b, 1), tree.candidate_scores.gather(1, tree.selected_index).float()], 1)
         nxt, sib = links.next_token.tolist(), links.next_sibling.tolist()
-        for s in range(b):
-            k = len(path[s]) - 1
+        for s, k in enumerate(out.num_accepted):
             for j in range(k + 1):
                 u, c = path[s][j], nxt[s][path[s][j]]
                 if c != -1:

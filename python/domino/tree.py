@@ -237,25 +237,22 @@ def verify_tree(tree: DraftTree, links: TreeLinks, logits: torch.Tensor, samplin
             predicts = torch.where(rows, g_predicts, predicts)
             accept_index = torch.where(greedy[:, None], g_index, accept_index)
             accept_num = torch.where(greedy, g_num, accept_num)
-    # accept_index holds retrive_index slots (flat into predicts), root first; retrive_index's
-    # first column is each sequence's first slot
-    parts = [predicts, accept_index.reshape(-1), accept_num, links.retrive_index[:, 0], links.next_token.reshape(-1),
-             tree.selected_index.reshape(-1), tree.parent_list.reshape(-1)]
+    # everything the round reads, in one transfer (type promotion: int64): accept_index holds
+    # slots of predicts (retrive_index's, root first), retrive_index's first column each
+    # sequence's first slot
+    parts = [predicts, accept_index, accept_num, links.retrive_index[:, 0], links.next_token, tree.selected_index,
+             tree.parent_list]
     if tree.candidate_tokens is not None:
-        parts.append(tree.candidate_tokens.reshape(-1))
-    flat = torch.cat(parts).tolist()  # int64 (type promotion): the one sync
-    sizes = [b * n, b * (depth + 1), b, b, b * n, tree.selected_index.numel(), tree.parent_list.numel()]
-    if tree.candidate_tokens is not None:
-        sizes.append(tree.candidate_tokens.numel())
+        parts.append(tree.candidate_tokens)
+    flat = torch.cat([p.reshape(-1) for p in parts]).tolist()  # the one sync
     rows, at = [], 0
-    for size in sizes:
-        part = flat[at:at + size]
-        rows.append([part[s * size // b:(s + 1) * size // b] for s in range(b)] if b else [])
-        at += size
-    slots, num, first = rows[1], [r[0] for r in rows[2]], [r[0] for r in rows[3]]
-    taken = [slots[s][:num[s] + 1] for s in range(b)]
-    return VerifiedTree(path=[[i - first[s] for i in taken[s]] for s in range(b)],
-                        tokens=[[flat[i] for i in taken[s]] for s in range(b)],
+    for p in parts:  # each part as its b rows
+        width = p.numel() // b if b else 0
+        rows.append([flat[at + s * width:at + (s + 1) * width] for s in range(b)])
+        at += p.numel()
+    slots = [row[:num + 1] for row, (num,) in zip(rows[1], rows[2])]
+    return VerifiedTree(path=[[i - first for i in taken] for taken, (first,) in zip(slots, rows[3])],
+                        tokens=[[flat[i] for i in taken] for taken in slots],  # predicts lead flat
                         next_token=rows[4], selected=rows[5], parent_list=rows[6],
                         candidate_tokens=rows[7] if tree.candidate_tokens is not None else None)
 
