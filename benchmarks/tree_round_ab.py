@@ -2,9 +2,9 @@
 and the ``domino.tree`` functions it calls), round by round: one generator, every tree
 round run by the old or the new version in ABBA order (each call twice, the second time
 in BAAB order, so that every round of a call is played once by each), its wall time added
-to that version's sum. Both versions see the same machine at the same moments, so a change of ~1 %
-a round is resolved where separate processes (``engine_speed.py e2e``) swing ±10 % on the
-2-core VMs; rounds the two versions must play identically (the outputs are compared).
+to that version's sum. Both versions see the same machine at the same moments, so a change
+of a few per cent a round shows where separate processes (``engine_speed.py e2e``) swing
+±10 % on the 2-core VMs; the rounds of both must generate the same tokens (compared).
 
 The old version is another checkout's ``python/domino`` (its ``tree.py`` and
 ``generate.py``; the rest of the package and the C++ extension are the installed ones)::
@@ -12,8 +12,9 @@ The old version is another checkout's ``python/domino`` (its ``tree.py`` and
     mkdir -p /tmp/old && git archive HEAD~1 python/domino | tar -x -C /tmp/old
     python benchmarks/tree_round_ab.py /tmp/old/python/domino --prompts 16
 
-An A/A run (``--same``: the installed version in both slots) shows the noise floor
-(±1-2 % on the Zen 4 VM, sixty-fourth session).
+An A/A run (``--same``: the installed version in both slots) shows the noise floor: four
+gave 0.994-1.028 on the Zen 4 VM (sixty-fourth session), so a ~1 % effect needs several
+runs of each.
 """
 
 from __future__ import annotations
