@@ -1,15 +1,17 @@
 """In-process A/B of two versions of the engine's tree round (``DominoGenerator._tree_round``
 and the ``domino.tree`` functions it calls), round by round: one generator, every tree
 round run by the old or the new version in ABBA order (each call twice, the second time
-in BAAB order, so that every round of a call is played once by each), its wall time added
-to that version's sum. Both versions see the same machine at the same moments, so a change
+in BAAB order, so that a call's rounds are played once by each: nearly, since the
+round-kind chooser and the budget read measured times, so the two passes may play a few
+rounds differently, and a tree round the budget makes a plain step is timed too), its wall
+time added to that version's sum. Both versions see the same machine at the same moments, so a change
 of a few per cent a round shows where separate processes (``engine_speed.py e2e``) swing
 ±10 % on the 2-core VMs; the rounds of both must generate the same tokens (compared).
 
 The old version is another checkout's ``python/domino`` (its ``tree.py`` and
 ``generate.py``; the rest of the package and the C++ extension are the installed ones)::
 
-    mkdir -p /tmp/old && git archive HEAD~1 python/domino | tar -x -C /tmp/old
+    mkdir -p /tmp/old && git archive <the commit before the change> python/domino | tar -x -C /tmp/old
     python benchmarks/tree_round_ab.py /tmp/old/python/domino --prompts 16
 
 An A/A run (``--same``: the installed version in both slots) shows the noise floor: four

@@ -553,7 +553,7 @@ def _with_tree(gen, shape, use_head):
     return gen
 
 
-def _sampled_tree_generator(use_head):
+def _sampled_tree_generator(use_head, shape=TreeShape(2, 2)):
     """The tiny target (V = 8) with a drafter whose distributions are peaked (its final
     norm's weight doubled), as a trained drafter's are: then drawing a node's children
     without replacement matters (the second child's draft probability is renormalised by
@@ -562,7 +562,7 @@ def _sampled_tree_generator(use_head):
     gen = tiny_generator("qwen3", vocab=SMALL_V, block_size=4, seed=3)
     with torch.no_grad():
         gen.drafter.norm.weight.mul_(2.0)
-    return _with_tree(gen, TreeShape(2, 2), use_head)
+    return _with_tree(gen, shape, use_head)
 
 
 @pytest.mark.parametrize("temperature,top_k,top_p,use_head", [(1.0, 0, 1.0, True), (0.7, 4, 0.9, False)])
@@ -570,6 +570,15 @@ def test_sampled_tree_matches_target(temperature, top_k, top_p, use_head):
     res = check(_sampled_tree_generator(use_head), temperature, top_k, top_p, N=3000)
     lens = [a for seq in res.acceptance_lengths for a in seq]
     assert 1 in lens and 2 in lens and max(lens) > 2  # rejected, partly and fully accepted paths
+
+
+def test_sampled_tree_of_depth_one_matches_target():
+    """A sampled tree one depth deep (the root's three children, drawn without replacement:
+    the tree's draft rows then hold the root's alone, a lookup that once failed) follows
+    the target too."""
+    res = check(_sampled_tree_generator(True, TreeShape(3, 1)), 1.0, 0, 1.0, N=3000)
+    lens = [a for seq in res.acceptance_lengths for a in seq]
+    assert set(lens) == {1, 2}  # a child accepted or none, then the target's token
 
 
 def test_biased_draft_probabilities_are_caught(monkeypatch):

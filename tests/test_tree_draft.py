@@ -193,6 +193,22 @@ def test_sampled_tree_keeps_every_draw_and_carries_the_draft_distributions():
             torch.testing.assert_close(tree.draft_probs[b, u], want, rtol=1e-4, atol=1e-6)
 
 
+def test_sampled_tree_of_depth_one_carries_the_roots_distribution():
+    """Depth 1: only the root is expanded; its row is its filtered distribution and every
+    child's row is zeros (the row lookup once failed on the empty frontier list)."""
+    inputs = head_rollout_inputs(2, 2, 12, 4, 6, 4, torch.float32, torch.float32, True, seed=2)
+    tree = draft_tree(*inputs, torch.tensor([1, 2]), topk=3, depth=1, temperature=0.9,
+                      generator=torch.Generator().manual_seed(1))
+    assert tree.candidates.shape == (2, 4) and tree.draft_probs.shape == (2, 4, 12)
+    base, hproj, state, table, _, w_hh, w1s, w2 = inputs
+    for b in range(2):
+        L = base[b, 0] + w2 @ torch.nn.functional.silu(hproj[b, 0] + w1s @ state[b])
+        want = domino_ops.filtered_probs(L[None], temperature=0.9)[0]
+        torch.testing.assert_close(tree.draft_probs[b, 0], want, rtol=1e-4, atol=1e-6)
+        assert bool((tree.draft_probs[b, 1:] == 0).all())
+        assert len(set(tree.candidates[b, 1:].tolist())) == 3  # drawn without replacement
+
+
 @pytest.mark.parametrize("backend", ["native", "reference"])
 def test_per_sequence_parameters_and_generators_draft_each_sequence_as_alone(backend):
     """Temperature / top-k / top-p as one value per sequence and one generator per sequence:

@@ -645,9 +645,12 @@ class DominoGenerator:
                 graft_acceptance[gkind].update(
                     [new[s] for s in offered],
                     [sum(first <= u < first + new[s] for u in verified.path[s]) for s in offered])
-        m = max(kept_list)
-        dev = tree.candidates.device
-        path = torch.tensor([p + [0] * (m - len(p)) for p in verified.path], device=dev)  # [b, m], root-padded
+        m, b = max(kept_list), len(kept_list)
+        # back on the device in one copy (on a GPU, one wait): the kept counts, the next
+        # anchors (the target's tokens) and the kept paths [b, m], root-padded
+        back = torch.tensor(kept_list + [t[-1] for t in verified.tokens]
+                            + [u for p in verified.path for u in p + [0] * (m - len(p))], device=tree.candidates.device)
+        kept, next_anchor, path = back[:b], back[b:2 * b], back[2 * b:].view(b, m)
         # Nothing to move when every sequence's kept path already sits in the round's first
         # slots (the root alone, or the root and its first child): common at tau ~2, and the
         # move copies every layer's accepted slots (~0.2 ms a round for SmolLM2's 30 layers in
@@ -655,8 +658,7 @@ class DominoGenerator:
         if any(p != list(range(len(p))) for p in verified.path):
             compact_tree_cache(st.cache, path, n)
         path_features = features.gather(1, path[:, :, None].expand(-1, -1, features.shape[2]))
-        self._commit(st, torch.tensor(kept_list, device=dev), n, path_features,
-                     torch.tensor([t[-1] for t in verified.tokens], device=dev))
+        self._commit(st, kept, n, path_features, next_anchor)
         return kept_list, verified.tokens, n
 
     def _commit(self, st: _Decoding, kept: torch.Tensor, round_len: int, features: torch.Tensor,

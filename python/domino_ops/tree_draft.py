@@ -243,6 +243,8 @@ def _node_draft_probs(node_logits, parent_list, selected, temperature, top_k, to
     # it; node 0, the root, is row 0
     match = parent_list[:, None, 1:rows] == selected[:, :, None]  # [b, N-1, rows-1]
     expanded = F.pad(match.any(-1), (1, 0), value=True)  # [b, N]
-    row = F.pad(match.int().argmax(-1) + 1, (1, 0))  # [b, N]; an unexpanded node's row is masked below
+    # a flat index is listed once at most, so the sum is its row (0 where unexpanded, masked
+    # below; and at depth 1, where only the root was expanded and match is empty)
+    row = F.pad((match * torch.arange(1, rows, device=match.device)).sum(-1), (1, 0))  # [b, N]
     out = probs.gather(1, row.unsqueeze(-1).expand(-1, -1, V))
     return torch.where(expanded.unsqueeze(-1), out, torch.zeros((), device=out.device))
