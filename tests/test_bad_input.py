@@ -309,3 +309,13 @@ def test_numpy_scalars_are_numbers():
         domino_ops.sample(x, temperature=np.bool_(True))
     with pytest.raises(TypeError, match="top_k must be an int"):
         domino_ops.sample(x, temperature=1.0, top_k=np.float64(2.0))
+
+
+@pytest.mark.parametrize("dtype", [torch.uint16, torch.uint32, torch.uint64])
+def test_unsigned_top_k_tensors_are_refused_by_name(dtype):
+    """top_k as a uint16/32/64 tensor: refused by name (the range check had raised
+    NotImplementedError from a comparison those dtypes lack); uint8 passes."""
+    x = torch.randn(2, 6)
+    with pytest.raises(TypeError, match=r"top_k as a tensor must have a signed integer dtype \(or uint8\)"):
+        domino_ops.sample(x, temperature=1.0, top_k=torch.tensor([3, 2]).to(dtype))
+    domino_ops.sample(x, temperature=1.0, top_k=torch.tensor([3, 2], dtype=torch.uint8))

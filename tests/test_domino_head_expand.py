@@ -808,6 +808,27 @@ def test_wrapper_rejects_a_wrong_out(out, exc, msg):
         domino_ops.domino_head_expand(**args(), out=out)
 
 
+@pytest.mark.parametrize("backend", ["native", "reference"])
+def test_wrapper_refuses_to_overwrite_a_protected_out(backend):
+    """out's tensors are written in place: one autograd tracks, or an inference tensor
+    outside inference mode, is refused by name (the native kernel wrote over both, the
+    reference raised autograd's own error from its copy)."""
+    def out(**over):
+        o = dict(child_tokens=torch.empty(4, 2, dtype=torch.long), child_logprobs=torch.empty(4, 2),
+                 child_state=torch.empty(4, 2, 5), node_logits=torch.empty(4, 20))
+        return tuple({**o, **over}.values())
+
+    with pytest.raises(ValueError, match="out's child_state is overwritten in place, but requires grad"):
+        domino_ops.domino_head_expand(**args(), backend=backend, out=out(child_state=torch.empty(4, 2, 5,
+                                                                                              requires_grad=True)))
+    with torch.inference_mode():
+        logits = torch.empty(4, 20)
+    with pytest.raises(ValueError, match="out's node_logits is overwritten in place, but is an inference tensor"):
+        domino_ops.domino_head_expand(**args(), backend=backend, out=out(node_logits=logits))
+    with torch.inference_mode():  # inside it: fine
+        domino_ops.domino_head_expand(**args(), backend=backend, out=out(node_logits=logits))
+
+
 @pytest.mark.parametrize("backend", params(("native", "reference", "triton")))
 def test_wrapper_rejects_outputs_that_share_memory(backend):
     """out's tensors sharing memory with each other or with an input: the result would

@@ -317,6 +317,25 @@ def test_wrapper_bad_input(args, exc, msg, backend):
     check_wrapper_bad_input("tree_speculative_sampling_target_only", args, exc, msg, backend)
 
 
+def test_wrapper_takes_numpy_thresholds():
+    """NumPy scalars pass as the thresholds they are, as everywhere else in domino_ops (they
+    were refused as "must be a number")."""
+    import numpy as np
+
+    torch.manual_seed(0)
+    a = good_args()
+    torch.manual_seed(0)
+    b = good_args()  # the same coins
+    a.update(threshold_single=np.float32(0.5), threshold_acc=np.float64(0.75))
+    b.update(threshold_single=0.5, threshold_acc=0.75)
+    domino_ops.tree_speculative_sampling_target_only(**a)
+    domino_ops.tree_speculative_sampling_target_only(**b)
+    for name in ("predicts", "accept_index", "accept_token_num"):
+        assert torch.equal(a[name], b[name]), name
+    with pytest.raises(TypeError, match="threshold_single must be a number"):
+        domino_ops.tree_speculative_sampling_target_only(**{**good_args(), "threshold_single": np.bool_(True)})
+
+
 def test_wrapper_accepts_positional_sgl_signature():
     args = good_args()
     domino_ops.tree_speculative_sampling_target_only(*args.values())  # sgl-kernel's positional order

@@ -320,6 +320,7 @@ def check_expand_out(out, n: int, m: int, G: int, V: int, dev, write_node_logits
     for name, t, dtype, expected in outputs[:4 if write_node_logits else 3]:
         _checks.tensor(f"out's {name}", t, ndim=len(expected), dtypes=(dtype,), device=dev, contiguous=True)
         _checks.shape(f"out's {name}", t, expected)
+        _check_writable(f"out's {name}", t)
 
 
 # id(packed.data) -> (packed.data and the weight it was compared with, as weak references;
