@@ -151,3 +151,71 @@ def test_load_refuses_a_bad_drafter_or_dtype_by_name():
         domino.load(target, 123, IdTokenizer())
     with pytest.raises(TypeError, match="dtype must be a torch.dtype"):
         domino.load(target, tiny_drafter(target), IdTokenizer(), dtype="bfloat16")
+
+
+# ---- found by a review's adversarial requests (sixty-fourth session) ---------------------
+
+def _greedy(gen, prompt, n):
+    return gen.generate_target_only(prompt, max_new_tokens=n).token_ids
+
+
+def test_a_huge_lookup_or_datastore_budget_costs_nothing(gen):
+    """lookup_tokens / datastore_tokens past the drafter's num_drafts: a graft adds no node
+    deeper, so the chains are cut there (each kind of graft's acceptance table had a slot per
+    token: 10**9 of them took the process's memory)."""
+    p = [1, 2, 3, 1, 2, 3, 1, 2]
+    assert gen.generate(p, max_new_tokens=6, lookup_tokens=10**9).token_ids == _greedy(gen, p, 6)
+    assert gen.generate(p, max_new_tokens=6, datastore_tokens=10**9).token_ids == _greedy(gen, p, 6)
+
+
+@pytest.mark.parametrize("pad", [100, -1])
+def test_a_pad_id_the_target_cannot_embed_still_pads_a_batch(pad):
+    """A tokenizer given a pad token without the model's embeddings resized: a batch pads
+    with an id the target embeds (padding is masked), where it raised IndexError."""
+    target = tiny_target("llama")
+    tok = IdTokenizer()
+    tok.pad_token_id = pad
+    g = DominoGenerator(target, tiny_drafter(target), tok)
+    ps = [[1, 2, 3], [4]]
+    want = [_greedy(g, p, 4) for p in ps]
+    assert g.generate(ps, max_new_tokens=4).token_ids == want
+    assert g.generate_plain(ps, max_new_tokens=4).token_ids == want
+    assert g.generate_target_only(ps, max_new_tokens=4).token_ids == want
+
+
+def test_a_float16_drafter_is_refused_up_front_and_load_keeps_it_float32(tmp_path):
+    """The head's kernels take float32 or bfloat16: a float16 drafter is refused by name
+    when the generator is made (it failed inside the first round's head op), and
+    load(dtype=torch.float16) gives the float16 target a float32 drafter."""
+    target = tiny_target("llama")
+    with pytest.raises(ValueError, match="drafter: its weights are float16"):
+        DominoGenerator(target, tiny_drafter(target).half(), IdTokenizer())
+    tiny_drafter(target).save_pretrained(tmp_path)
+    g = domino.load(target, tmp_path, IdTokenizer(), dtype=torch.float16)
+    assert next(g.drafter.parameters()).dtype == torch.float32
+    assert g.generate([1, 2, 3], max_new_tokens=4).token_ids == _greedy(g, [1, 2, 3], 4)
+
+
+def test_auto_drafts_chains_when_the_draft_vocabulary_is_below_the_default_trees_topk():
+    """tree="auto" with a draft vocabulary of 2 tokens (DEFAULT_TREE has topk 3): chains,
+    not an error about a tree the caller never asked for."""
+    g = tiny_generator("qwen3")
+    g.drafter.set_draft_vocab(torch.tensor([7, 45]))
+    assert g.generate([1, 2, 3], max_new_tokens=6).token_ids == _greedy(g, [1, 2, 3], 6)
+
+
+def test_numpy_integers_are_ints_to_the_engine(gen):
+    """NumPy integers pass where Python ints do (num_drafts, lookup_tokens, TreeShape,
+    a seed), as max_new_tokens, top_k and token ids already did; a float still does not."""
+    import numpy as np
+
+    p = [1, 2, 3, 4]
+    want = _greedy(gen, p, 5)
+    assert gen.generate(p, max_new_tokens=5, tree=None, num_drafts=np.int64(3)).token_ids == want
+    assert gen.generate(p, max_new_tokens=5, lookup_tokens=np.int32(3)).token_ids == want
+    shape = TreeShape(np.int64(2), np.int64(2), np.int64(5))
+    assert type(shape.topk) is int and shape == TreeShape(2, 2, 5)
+    assert gen.generate(p, max_new_tokens=5, tree=shape).token_ids == want
+    assert SamplingParams(1.0, seed=np.int64(3)) == SamplingParams(1.0, seed=3)
+    with pytest.raises(ValueError, match=r"num_drafts must be None or an int in \[0, "):
+        gen.generate(p, max_new_tokens=5, tree=None, num_drafts=3.0)

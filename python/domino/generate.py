@@ -163,6 +163,10 @@ def check_drafter_fits(target, drafter: DominoDraftModel) -> None:
     t_dev, d_dev = next(target.parameters()).device, next(drafter.parameters()).device
     if t_dev != d_dev:
         raise ValueError(f"drafter: is on {d_dev} but the target is on {t_dev}")
+    d_dtype = next(drafter.parameters()).dtype
+    if d_dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"drafter: its weights are {str(d_dtype).replace('torch.', '')}, but the head's kernels "
+                         "take float32 or bfloat16: convert it (a float16 target may keep a float32 drafter)")
 
 
 class DominoGenerator:
@@ -318,22 +322,24 @@ class DominoGenerator:
                 raise ValueError("num_drafts is a chain's size: give it with tree=None (a tree's size is "
                                  "TreeShape.num_draft_tokens)")
             check_tree_attention(self.target)
-            d_vocab = self.drafter.draft_vocab
-            vocab = self.drafter.config.vocab_size if d_vocab is None else d_vocab.numel()
+            vocab = self._draft_vocab_size()
             if tree.topk > vocab:
                 raise ValueError(f"tree: topk ({tree.topk}) must be at most the drafter's vocabulary ({vocab} tokens)")
         rows = RowSampling.from_params(params, self.device, generator)
         for name, value in (("lookup_tokens", lookup_tokens), ("datastore_tokens", datastore_tokens)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+            prompts.check_int(name, value, lo=0)
+        # A graft adds no node deeper than the drafter's num_drafts (graft_chains), so longer
+        # chains are never verified: their tokens cut there, the rounds are the same, and a
+        # huge value costs nothing (each kind's acceptance table has a slot per token).
+        n_max = self.drafter.config.num_drafts
+        lookup_tokens, datastore_tokens = int(min(lookup_tokens, n_max)), int(min(datastore_tokens, n_max))
         if tree is None or rows.any_sampled:
             lookup_tokens = datastore_tokens = 0
         if self.datastore is None:
             datastore_tokens = 0
         if num_drafts is not None:
-            n_max = self.drafter.config.num_drafts
-            if isinstance(num_drafts, bool) or not isinstance(num_drafts, int) or not 0 <= num_drafts <= n_max:
-                raise ValueError(f"num_drafts must be None or an int in [0, {n_max}], got {num_drafts!r}")
+            prompts.check_int("num_drafts", num_drafts, lo=0, hi=n_max, none="None or ")
+            num_drafts = int(num_drafts)
         # the budget's costs, measured (or read from disk) before the clock starts
         # (a sampled tree verifies every draw: no budget)
         adaptive = num_drafts is None if tree is None else tree.num_draft_tokens is None and not rows.any_sampled
@@ -369,8 +375,14 @@ class DominoGenerator:
     def _default_tree(self, params: list[SamplingParams], num_drafts: int | None) -> TreeShape | None:
         """What ``tree="auto"`` drafts for these requests: DEFAULT_TREE or None (the chain)."""
         greedy = not any(domino_ops.sampling.may_sample(p.temperature) for p in params)
-        fits = DEFAULT_TREE.depth <= self.drafter.config.num_drafts and tree_attention_supported(self.target)
+        fits = (DEFAULT_TREE.depth <= self.drafter.config.num_drafts and DEFAULT_TREE.topk <= self._draft_vocab_size()
+                and tree_attention_supported(self.target))
         return DEFAULT_TREE if greedy and num_drafts is None and fits else None
+
+    def _draft_vocab_size(self) -> int:
+        """The tokens the drafter can draft: its draft vocabulary's, else the target's."""
+        d_vocab = self.drafter.draft_vocab
+        return self.drafter.config.vocab_size if d_vocab is None else d_vocab.numel()
 
     @staticmethod
     def _sampling_params(b: int, temperature, top_k, top_p, sampling) -> list[SamplingParams]:

@@ -116,10 +116,16 @@ def load_target(target, tokenizer=None, *, dtype=torch.float32, device="cpu"):
     return model.eval(), tokenizer
 
 
+def drafter_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a drafter loads in beside a target of ``dtype``: the same, where the head's
+    kernels take it (float32, bfloat16), else float32 (a float16 target's drafter)."""
+    return dtype if dtype in (torch.float32, torch.bfloat16) else torch.float32
+
+
 def random_drafter(target, seed: int = 0) -> DominoDraftModel:
     """An untrained drafter of the default shape (low acceptance, still lossless)."""
     torch.manual_seed(seed)
-    dtype = next(target.parameters()).dtype
+    dtype = drafter_dtype(next(target.parameters()).dtype)
     return DominoDraftModel(default_drafter_config(target.config)).to(dtype=dtype).eval()
 
 
@@ -160,7 +166,7 @@ def load(target: str | Path | PreTrainedModel, drafter: str | Path | DominoDraft
         drafter = random_drafter(model)
     elif isinstance(drafter, (str, Path)):
         _say(f"loading the drafter from {drafter}", quiet)
-        drafter = DominoDraftModel.from_pretrained(drafter, dtype=dtype, device=device)
+        drafter = DominoDraftModel.from_pretrained(drafter, dtype=drafter_dtype(dtype), device=device)
     elif not isinstance(drafter, DominoDraftModel):
         raise TypeError(f"drafter must be a checkpoint path, a DominoDraftModel or None, got {type(drafter).__name__}")
     drafter = drafter.to(device)

@@ -85,6 +85,16 @@ def encode_all(tokenizer, prompt, vocab_size: int) -> tuple[list[list[int]], boo
     return seqs, batch
 
 
+def check_int(name: str, value, *, lo: int, hi: int | None = None, none: str = "") -> None:
+    """Raises ValueError "<name> must be [<none>]an int >= lo" (or "in [lo, hi]") unless
+    ``value`` is an integer in range: Python's or NumPy's (numbers.Integral), not a bool.
+    ``none``: the message's prefix for an argument that may also be None ("None or ")."""
+    ok = isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= lo
+    if not ok or (hi is not None and value > hi):
+        bounds = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        raise ValueError(f"{name} must be {none}an int {bounds}, got {value!r}")
+
+
 def check_max_new_tokens(max_new_tokens) -> None:
     """Raises TypeError/ValueError unless ``max_new_tokens`` is an int >= 1."""
     if not isinstance(max_new_tokens, numbers.Integral) or isinstance(max_new_tokens, bool):

@@ -43,17 +43,22 @@ def sliding_window(config) -> int | None:
 
 def special_token_ids(target, tokenizer) -> tuple[list[int], int]:
     """(eos_ids, pad_id): every EOS id of the target's generation config and tokenizer,
-    sorted; the tokenizer's pad id, else the smallest EOS id."""
+    sorted; the tokenizer's pad id, else the smallest EOS id. A pad id the target cannot
+    embed (a tokenizer given a pad token without the model's embeddings resized) pads as
+    the smallest EOS id the target embeds, or 0: padded slots are masked, so any id the
+    target embeds pads the same, where that one raised an IndexError in a batch."""
     eos = target.generation_config.eos_token_id
     eos = [eos] if isinstance(eos, int) else list(eos or [])
     if tokenizer.eos_token_id is not None:
         eos.append(tokenizer.eos_token_id)
     eos_ids = sorted(set(eos))
-    if tokenizer.pad_token_id is not None:
-        return eos_ids, tokenizer.pad_token_id
-    if not eos_ids:
+    vocab = target.get_input_embeddings().num_embeddings
+    pad = tokenizer.pad_token_id
+    if pad is not None and 0 <= pad < vocab:
+        return eos_ids, pad
+    if pad is None and not eos_ids:
         raise ValueError("the target has no EOS token and the tokenizer no pad token: set one of them")
-    return eos_ids, eos_ids[0]
+    return eos_ids, next((e for e in eos_ids if 0 <= e < vocab), 0)
 
 
 @contextmanager

@@ -27,13 +27,13 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 import domino_ops
 from domino.kv_cache import GrowingCache, GrowingLayer
 from domino_ops.tree_draft import DraftTree, candidate_parents, tree_size
+from domino.prompts import check_int
 from domino.sampling_params import RowSampling, SamplingParams
 from domino.target import sliding_window
 
 
 def _positive_int(name: str, v) -> None:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+    check_int(name, v, lo=1)
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,10 @@ class TreeShape:
         _positive_int("depth", self.depth)
         if self.num_draft_tokens is not None:
             _positive_int("num_draft_tokens", self.num_draft_tokens)
+        for name in ("topk", "depth", "num_draft_tokens"):  # NumPy integers stored as Python's
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, int(getattr(self, name)))
+        if self.num_draft_tokens is not None:
             if not 2 <= self.num_draft_tokens <= self.max_nodes:
                 raise ValueError(f"num_draft_tokens must be in [2, {self.max_nodes}] for topk={self.topk}, "
                                  f"depth={self.depth}, got {self.num_draft_tokens}")
