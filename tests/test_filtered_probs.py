@@ -121,6 +121,20 @@ def test_large_logits_do_not_overflow():
         assert_same_law(got, reference.filtered_probs(x, T, 0, 1.0))
 
 
+@pytest.mark.parametrize("top_p", [0.99999999, 1.0 - 2.0 ** -26, 1.0 - 2.0 ** -24])
+def test_top_p_counts_as_its_float32_value(top_p):
+    """The kernels take top_p in float32, where a top_p in (1 - 2**-25, 1) is 1 (no
+    filter): the reference rounds it the same way (in float64 it had dropped a token the
+    kernels kept), as a scalar and per row."""
+    x = torch.tensor([[10.0, 10.0, 0.0, -12.0]])
+    keeps_all = float(np.float32(top_p)) == 1.0
+    for p in (top_p, torch.tensor([top_p], dtype=torch.float64)):
+        got = run_poisoned(x, 1.0, 0, p)
+        want = reference.filtered_probs(x, 1.0, 0, p)
+        assert_same_law(got, want)
+        assert bool(want[0, 3] > 0) == keeps_all, (top_p, want)
+
+
 DIRECT_CASES = [
     (dict(probs=torch.empty(2, 5, dtype=torch.float64)), "probs must be float32 of shape"),
     (dict(probs=torch.empty(2, 6)), "probs must be float32 of shape"),

@@ -140,7 +140,8 @@ def filtered_weights(logits: torch.Tensor, temperature, top_k, top_p) -> torch.T
     - top-k keeps z >= the k-th largest z (k = 0 or k >= V disables it); top-p sorts the
       survivors by z (descending, stable) and drops a token once the mass before it
       reaches top_p, never the first: a top-p below the largest probability keeps exactly
-      the top token.
+      the top token; top_p counts as its float32 value, as the kernels take it (one in
+      (1 - 2**-25, 1) is 1: no filter).
     """
     n, V = logits.shape
     greedy_top = logits.float().argmax(dim=-1, keepdim=True)  # torch.argmax, NaN included
@@ -148,7 +149,7 @@ def filtered_weights(logits: torch.Tensor, temperature, top_k, top_p) -> torch.T
     x = torch.where(torch.isnan(x), torch.full_like(x, float("-inf")), x)
     T = per_row(effective_temperature(temperature), n, torch.float64, x.device)
     k = per_row(kernel_top_k(top_k, V), n, torch.int64, x.device)
-    p = per_row(top_p, n, torch.float64, x.device)
+    p = per_row(top_p, n, torch.float32, x.device).double()  # the kernels' float32 top_p
     m = x.max(dim=-1, keepdim=True).values
     # max-shifted before scaling, so a tiny temperature sends the non-maxima to -inf
     # instead of overflowing the maximum to inf (inf - inf would be NaN)
