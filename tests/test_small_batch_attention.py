@@ -308,6 +308,38 @@ def test_no_visible_key_gives_zeros_and_nan_propagates(backend):
     assert torch.isnan(run(q, k, v, float_mask)).all()
 
 
+@pytest.mark.parametrize("kind", ["causal", "bool", "float"])
+def test_non_finite_values_count_only_where_their_key_is_visible(kind):
+    """NaN and +-inf values in the keys a row cannot see (past the causal edge, or masked:
+    a static cache's unwritten slots) change nothing in the kernel or in the reference (whose
+    0 * NaN had made every row NaN); where a row sees them they propagate as IEEE sums them,
+    the same in both."""
+    g = torch.Generator().manual_seed(5)
+    B, Hq, Hkv, M, N, D = 2, 4, 2, 3, 9, 8
+    q, k, v = make(B, Hq, Hkv, M, N, D, torch.float32, 21)
+    for pos, val in ((8, float("nan")), (7, float("inf")), (2, float("-inf")), (6, float("nan"))):
+        v[0, 1, pos, torch.randint(D, (1,), generator=g)] = val
+        v[1, 0, pos, :2] = val
+    mask = None
+    if kind != "causal":
+        hide = torch.rand(B, 1, M, N, generator=g) < 0.4
+        hide[..., -1] = False  # each row keeps a key
+        mask = ~hide if kind == "bool" else torch.where(hide, float("-inf"), 0.0)
+    native = domino_ops.small_batch_attention(q, k, v, mask, backend="native")
+    ref = domino_ops.small_batch_attention(q, k, v, mask, backend="reference")
+    assert torch.equal(native.isnan(), ref.isnan()) and torch.equal(native.isinf(), ref.isinf())
+    torch.testing.assert_close(native.nan_to_num(), ref.nan_to_num(), rtol=1e-5, atol=1e-5)
+    assert bool(torch.isfinite(ref[0, 0]).all())  # query heads 0-1 read kv head 0: finite in batch 0
+    # the values no row sees, replaced by finite ones: the same outputs, bit for bit
+    seen = torch.ones(B, 1, M, N, dtype=torch.bool).tril(N - M) & (True if mask is None else
+                                                                   (mask if kind == "bool" else mask == 0))
+    unseen = ~seen.any(2, keepdim=True).transpose(2, 3).expand(B, Hkv, N, D)  # no row of the batch sees the key
+    clean = torch.where(unseen & ~torch.isfinite(v), 0.0, v)
+    for backend, got in (("native", native), ("reference", ref)):
+        again = domino_ops.small_batch_attention(q, k, clean, mask, backend=backend)
+        assert torch.equal(again.nan_to_num(), got.nan_to_num()) and torch.equal(again.isnan(), got.isnan()), backend
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("backend", ["native", "reference"])
 def test_a_bias_at_bfloat16s_lowest_hides_a_key_as_minus_inf_does(dtype, backend):

@@ -285,7 +285,18 @@ def small_batch_attention(q, k, v, mask=None, scale=None):
     m = s.amax(-1, keepdim=True)
     empty = m == float("-inf")  # no visible key (a NaN score is not "empty": it propagates, as in the kernel)
     p = torch.exp(s - m.masked_fill(empty, 0.0))
-    out = (p @ vv) / p.sum(-1, keepdim=True).masked_fill(empty, 1.0)
+    # A hidden key adds nothing, whatever its value (the kernel never reads it: a static
+    # cache's unwritten slots may hold NaN), where p @ vv would add 0 * NaN: the finite
+    # values through the product, then each non-finite one where its key is visible, as
+    # IEEE sums p * v (NaN, or +inf with -inf, is NaN; an underflowed p = 0 times inf is NaN)
+    finite = torch.isfinite(vv)
+    out = p @ vv.masked_fill(~finite, 0.0)
+    seen = lambda rows, values: (rows.to(acc) @ values.to(acc)) > 0  # noqa: E731
+    weighted = p > 0  # visible (a hidden key's p is 0; a NaN p already made its row NaN)
+    nan = seen(visible, torch.isnan(vv)) | seen(visible & (p == 0), torch.isinf(vv))
+    pos, neg = seen(weighted, vv == float("inf")), seen(weighted, vv == float("-inf"))
+    out = torch.where(nan | (pos & neg), float("nan"), torch.where(pos, float("inf"), torch.where(neg, float("-inf"), out)))
+    out = out / p.sum(-1, keepdim=True).masked_fill(empty, 1.0)
     return out.masked_fill(empty, 0.0).to(q.dtype)
 
 
