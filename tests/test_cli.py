@@ -25,6 +25,7 @@ def no_loading(monkeypatch):
     (["--tree", "0,3"], "topk must be"),
     (["--tree", "3"], "--tree 3: give TOPK,DEPTH"),  # not the usage line's metavar
     (["--tree", "2,x"], "invalid literal"),
+    (["--tree", ""], "--tree : give TOPK,DEPTH"),  # not silently the default
     (["--max-new-tokens", "0"], "max_new_tokens must be >= 1"),
     (["--temperature", "-1"], "temperature must be finite and >= 0"),
     (["--top-p", "0"], "top_p"),

@@ -49,7 +49,7 @@ def main(argv=None) -> int:
                         "alternating, streaming off, median of --repeats runs each) and check the outputs match")
     g.add_argument("--repeats", type=int, default=3, help="timed runs of each side with --compare")
     args = parser.parse_args(argv)
-    tree = _tree_shape(parser, args.tree) if args.tree else None if args.chain else "auto"
+    tree = _tree_shape(parser, args.tree) if args.tree is not None else None if args.chain else "auto"
     _check_request(parser, args, tree)
 
     import torch
@@ -175,6 +175,8 @@ def _tree_shape(parser, text: str):
     from domino.tree import TreeShape
 
     try:
+        if not text.strip():  # an empty --tree is no request for the default
+            raise ValueError("give TOPK,DEPTH or TOPK,DEPTH,NODES")
         parts = [int(x) for x in text.split(",")]
         if len(parts) not in (2, 3):
             raise ValueError("give TOPK,DEPTH or TOPK,DEPTH,NODES")
