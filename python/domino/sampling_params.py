@@ -27,12 +27,12 @@ class SamplingParams:
         # below GREEDY_BELOW a temperature is the argmax (domino_ops.sampling): stored as 0,
         # so every later test (greedy trees, lookup, the budget) sees a greedy request
         object.__setattr__(self, "temperature", domino_ops.sampling.effective_temperature(self.temperature))
-        if self.seed is not None and (not isinstance(self.seed, numbers.Integral) or isinstance(self.seed, bool)):
-            raise TypeError(f"seed must be an int or None, got {type(self.seed).__name__}")
         if self.seed is not None:
+            if not isinstance(self.seed, numbers.Integral) or isinstance(self.seed, bool):
+                raise TypeError(f"seed must be an int or None, got {type(self.seed).__name__}")
             object.__setattr__(self, "seed", int(self.seed))  # a NumPy integer as Python's
-        if self.seed is not None and not -2**63 <= self.seed < 2**64:
-            raise ValueError(f"seed must be in [-2**63, 2**64) (torch.Generator.manual_seed), got {self.seed}")
+            if not -2**63 <= self.seed < 2**64:
+                raise ValueError(f"seed must be in [-2**63, 2**64) (torch.Generator.manual_seed), got {self.seed}")
 
 
 @dataclass

@@ -32,10 +32,6 @@ from domino.sampling_params import RowSampling, SamplingParams
 from domino.target import sliding_window
 
 
-def _positive_int(name: str, v) -> None:
-    check_int(name, v, lo=1)
-
-
 @dataclass(frozen=True)
 class TreeShape:
     """The shape of the draft tree of every round (SGLang's EAGLE-2 parameters).
@@ -62,13 +58,9 @@ class TreeShape:
     num_draft_tokens: int | None = None
 
     def __post_init__(self):
-        _positive_int("topk", self.topk)
-        _positive_int("depth", self.depth)
-        if self.num_draft_tokens is not None:
-            _positive_int("num_draft_tokens", self.num_draft_tokens)
-        for name in ("topk", "depth", "num_draft_tokens"):  # NumPy integers stored as Python's
-            if getattr(self, name) is not None:
-                object.__setattr__(self, name, int(getattr(self, name)))
+        for name in ("topk", "depth") + (() if self.num_draft_tokens is None else ("num_draft_tokens",)):
+            check_int(name, getattr(self, name), lo=1)
+            object.__setattr__(self, name, int(getattr(self, name)))  # a NumPy integer as Python's
         if self.num_draft_tokens is not None:
             if not 2 <= self.num_draft_tokens <= self.max_nodes:
                 raise ValueError(f"num_draft_tokens must be in [2, {self.max_nodes}] for topk={self.topk}, "
@@ -302,8 +294,9 @@ def top_chain_counts(verified: VerifiedTree, topk: int) -> tuple[list[int], list
             tried.append(acc + verified_child)
             accepted.append(acc)
             continue
-        # the last top node's child 0: the candidate q * topk under parent_list[q] (q >= 1),
-        # or candidate 0 under the root; none where it was never expanded
+        # the last top node's child 0: the candidate q * topk under parent_list[q] (q >= 1;
+        # domino_ops.tree_draft.candidate_parents' layout), or candidate 0 under the root;
+        # none where it was never expanded
         if last == 0:
             child0 = 0
         else:

@@ -80,7 +80,8 @@ def sampling_params(temperature, top_k, top_p, rows: int | None = None, device=N
         raise ValueError(f"top_p must be in (0, 1] in every row, got {top_p.tolist()}")
 
 
-_SIGNED_INTEGERS = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+# the integer dtypes a per-row integer parameter may have: those with CPU comparison kernels
+_INTEGER_PARAM_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
 
 def _param(name, value, rows, device, integer: bool) -> None:
@@ -93,7 +94,7 @@ def _param(name, value, rows, device, integer: bool) -> None:
         if integer != (not value.dtype.is_floating_point and value.dtype != torch.bool):
             kind = "an integer" if integer else "a floating-point"
             raise TypeError(f"{name} as a tensor must have {kind} dtype, got {str(value.dtype).replace('torch.', '')}")
-        if integer and value.dtype not in _SIGNED_INTEGERS:
+        if integer and value.dtype not in _INTEGER_PARAM_DTYPES:
             # unsigned dtypes past uint8 have no CPU comparison kernels (and uint64's top
             # values are no int64)
             raise TypeError(f"{name} as a tensor must have a signed integer dtype (or uint8), "

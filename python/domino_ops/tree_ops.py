@@ -42,7 +42,6 @@ from __future__ import annotations
 import numbers
 import operator
 
-import numpy as np
 import torch
 
 from domino_ops import _checks, reference_tree
@@ -92,8 +91,9 @@ def _int(name: str, v, minimum: int) -> int:
 
 
 def _number(name: str, v) -> float:
-    # Python's and NumPy's real numbers (numbers.Real), as the other ops take them; not bools
-    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
+    # Python's and NumPy's real numbers (numbers.Real, which no NumPy bool is), as the other
+    # ops take them; not bools
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
         raise TypeError(f"{name} must be a number, got {type(v).__name__}")
     if not 0.0 <= v <= 1.0:  # also rejects NaN
         raise ValueError(f"{name} must be in [0, 1], got {v}")
