@@ -11,7 +11,7 @@
 
 namespace domino {
 
-void check_unit_interval(const at::Tensor& t, const char* name) {
+void check_unit_interval(const at::Tensor& t, const char* name, bool closed) {
   if (!t.device().is_cpu() || t.numel() == 0) return;
   // A plain scan of the few uniforms a call takes: these checks run on every sampling
   // call, where a chain of tensor ops would allocate temporaries each time.
@@ -19,8 +19,9 @@ void check_unit_interval(const at::Tensor& t, const char* name) {
   AT_DISPATCH_FLOATING_TYPES(u.scalar_type(), "check_unit_interval", [&] {
     const scalar_t* p = u.const_data_ptr<scalar_t>();
     for (int64_t i = 0; i < u.numel(); ++i)  // NaN fails both comparisons
-      TORCH_CHECK(p[i] >= scalar_t(0) && p[i] < scalar_t(1), name, " must be in [0, 1), got ",
-                  static_cast<double>(p[i]), " at flat index ", i);
+      TORCH_CHECK(p[i] >= scalar_t(0) && (p[i] < scalar_t(1) || (closed && p[i] == scalar_t(1))), name,
+                  closed ? " must be in [0, 1], got " : " must be in [0, 1), got ", static_cast<double>(p[i]),
+                  " at flat index ", i);
   });
 }
 

@@ -38,9 +38,11 @@ const at::Tensor* opt(const std::optional<at::Tensor>& t);
 // entries, optional tensors not given, are skipped).
 void check_no_overlap(std::initializer_list<Named> outputs, std::initializer_list<Named> inputs);
 
-// Uniforms a sampler consumes must be in [0, 1) (NaN rejected): read on CPU tensors only
-// (device values would cost a sync); an out-of-range coin would pick a token of weight 0.
-void check_unit_interval(const at::Tensor& t, const char* name);
+// Uniforms a sampler consumes must be in [0, 1) (NaN rejected), or in [0, 1] where
+// `closed` (sgl-kernel's target-only sampler, whose coin 1 still draws a token of positive
+// weight): read on CPU tensors only (device values would cost a sync); an out-of-range
+// coin would pick a token of weight 0.
+void check_unit_interval(const at::Tensor& t, const char* name, bool closed = false);
 
 void check_head_rollout_args(const at::Tensor& base_logits, const at::Tensor& hproj,
                              const at::Tensor& state, const at::Tensor& gru_input,

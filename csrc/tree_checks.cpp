@@ -205,23 +205,24 @@ void check_verify_tree_greedy_args(const at::Tensor& predicts, const at::Tensor&
 
 namespace {
 
-// The inputs and outputs shared by the two tree samplers: uniforms of `uniform_dtype`,
-// target_probs [bs, n, V] float32, draft_probs (undefined when None) of the same shape.
+// The inputs and outputs shared by the two tree samplers: uniforms of `uniform_dtype` in
+// [0, 1) ([0, 1] where `coins_closed`), target_probs [bs, n, V] float32, draft_probs
+// (undefined when None) of the same shape.
 void check_tree_sampler_common(const at::Tensor& predicts, const at::Tensor& accept_index,
                                const at::Tensor& accept_token_num, const at::Tensor& candidates,
                                const at::Tensor& retrive_index, const at::Tensor& retrive_next_token,
                                const at::Tensor& retrive_next_sibling, const at::Tensor& uniform_samples,
                                const at::Tensor& uniform_samples_for_final_sampling,
                                const at::Tensor& target_probs, const at::Tensor& draft_probs,
-                               at::ScalarType uniform_dtype) {
+                               at::ScalarType uniform_dtype, bool coins_closed) {
   const at::Device dev = candidates.device();
   check_tree_verify_common(predicts, accept_index, accept_token_num, candidates, retrive_index,
                            retrive_next_token, retrive_next_sibling, dev);
   const int64_t bs = candidates.size(0), n = candidates.size(1);
   check_matrix(uniform_samples, "uniform_samples", uniform_dtype, bs, n, dev);
   check_vector(uniform_samples_for_final_sampling, "uniform_samples_for_final_sampling", uniform_dtype, bs, dev);
-  check_unit_interval(uniform_samples, "uniform_samples");
-  check_unit_interval(uniform_samples_for_final_sampling, "uniform_samples_for_final_sampling");
+  check_unit_interval(uniform_samples, "uniform_samples", coins_closed);
+  check_unit_interval(uniform_samples_for_final_sampling, "uniform_samples_for_final_sampling", coins_closed);
   check_tensor(target_probs, "target_probs", dev);
   TORCH_CHECK(target_probs.scalar_type() == at::kFloat, "target_probs must be float32, got ",
               target_probs.scalar_type());
@@ -257,7 +258,8 @@ void check_tree_sampling_args(const at::Tensor& predicts, const at::Tensor& acce
                               double threshold_single, double threshold_acc) {
   check_tree_sampler_common(predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
                             retrive_next_sibling, uniform_samples, uniform_samples_for_final_sampling, target_probs,
-                            draft_probs.has_value() ? *draft_probs : at::Tensor(), at::kFloat);
+                            draft_probs.has_value() ? *draft_probs : at::Tensor(), at::kFloat,
+                            /*coins_closed=*/true);  // sgl-kernel takes a coin of 1 (e.g. 1 - torch.rand)
   // sgl-kernel's range (NaN fails both comparisons).
   TORCH_CHECK(threshold_single >= 0.0 && threshold_single <= 1.0, "threshold_single must be in [0, 1], got ",
               threshold_single);
@@ -273,7 +275,7 @@ void check_verify_tree_sampling_args(const at::Tensor& predicts, const at::Tenso
   TORCH_CHECK(draft_probs.defined(), "draft_probs must be a tensor");
   check_tree_sampler_common(predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
                             retrive_next_sibling, uniform_samples, uniform_samples_for_final_sampling, target_probs,
-                            draft_probs, at::kDouble);
+                            draft_probs, at::kDouble, /*coins_closed=*/false);
 }
 
 }  // namespace domino

@@ -148,6 +148,32 @@ def test_star_tree_bitpacking_word_sizes(backend, n):
     assert outs[4].tolist() == [[-1] + list(range(2, n)) + [-1]]
 
 
+@pytest.mark.parametrize("backend", wrapper_params())
+@pytest.mark.parametrize("n", [5, 9, 17])
+def test_bitpacking_takes_a_byte_buffer_as_sgl_kernel_does(backend, n):
+    """sgl-kernel addresses the packed mask as bytes (its own benchmark passes bs*N*nbytes
+    uint8), so the wrapper takes such a buffer too: it gets the word buffer's bytes, a
+    trailing byte past the rows is left alone, and a start that is not word-aligned is
+    refused by name (the kernels write whole words)."""
+    bs, topk, depth = 2, 3, 4
+    parent_list, selected, _ = random_eagle_draft(random.Random(n), bs, topk, depth, n)
+    nbytes = torch.empty((), dtype=reference_tree.packed_mask_dtype(n)).element_size()
+    call = lambda mask: domino_ops.build_tree_kernel_efficient(  # noqa: E731
+        parent_list, selected, torch.tensor([4, 7]), mask, *outputs(bs, n, [4, 7], PACKED)[1:], topk, depth, n,
+        PACKED, backend=backend)
+    words = torch.zeros(bs * n, dtype=reference_tree.packed_mask_dtype(n))
+    call(words)
+    for dtype in (torch.uint8, torch.int8):
+        raw = torch.full((bs * n * nbytes + 1,), 0x5A, dtype=torch.uint8)
+        call(raw.view(dtype))
+        assert torch.equal(raw[:-1], words.view(torch.uint8)) and raw[-1] == 0x5A
+    if nbytes > 1:
+        with pytest.raises(ValueError, match=f"tree_mask as a byte buffer must start at a multiple of {nbytes}"):
+            call(torch.zeros(bs * n * nbytes + 1, dtype=torch.uint8)[1:])
+        with pytest.raises(ValueError, match=f"tree_mask must hold at least {bs * n * nbytes} bytes"):
+            call(torch.zeros(bs * n * nbytes - 1, dtype=torch.uint8))
+
+
 @pytest.mark.parametrize("backend", params())
 @pytest.mark.parametrize("mode", [FULL, QLEN, PACKED])
 def test_an_empty_batch_writes_nothing(backend, mode):

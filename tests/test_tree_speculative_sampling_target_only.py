@@ -366,15 +366,36 @@ def test_links_that_do_not_form_a_tree_raise_and_write_nothing(case, backend):
 
 @pytest.mark.parametrize("backend", wrapper_params())
 @pytest.mark.parametrize("name", ["uniform_samples", "uniform_samples_for_final_sampling"])
-@pytest.mark.parametrize("bad", [-0.5, 1.0, float("nan")])
+@pytest.mark.parametrize("bad", [-0.5, 1.5, float("nan")])
 def test_uniforms_outside_the_unit_interval_raise(name, bad, backend):
-    """A coin outside [0, 1) would accept a child of target probability 0 (or draw a token
+    """A coin outside [0, 1] would accept a child of target probability 0 (or draw a token
     of weight 0): refused by the wrapper and the kernel, naming the argument."""
     args = good_args()
     args[name].view(-1)[1] = bad
-    with pytest.raises(ValueError, match=rf"{name} must be in \[0, 1\), got"):
+    with pytest.raises(ValueError, match=rf"{name} must be in \[0, 1\], got"):
         domino_ops.tree_speculative_sampling_target_only(**args, backend=backend)
-    check_direct_call_raises("tree_speculative_sampling_target_only", args, rf"{name} must be in \[0, 1\), got")
+    check_direct_call_raises("tree_speculative_sampling_target_only", args, rf"{name} must be in \[0, 1\], got")
+
+
+@pytest.mark.parametrize("backend", params())
+def test_coins_of_one_are_taken_as_sgl_kernel_takes_them(backend):
+    """sgl-kernel takes any coin, and ``1 - torch.rand`` gives 1 about once in 2^24 draws, so
+    a coin of exactly 1 is valid input: at node 0 it accepts no child while the children's
+    mass stays below 1 (tokens 3 and 5: 0.5 + 0.3), and the final coin 1 draws the last
+    token of positive residual weight (token 9, past the rejected 3 and 5), never one of
+    weight 0. At node 1 (request 1, whose root child 4 has mass 1) the coin 1 accepts."""
+    candidates = torch.tensor([[0, 3, 5], [0, 4, 6]])
+    target_probs = torch.zeros(2, 3, 12)
+    target_probs[0, 0, [3, 5, 9, 1]] = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    target_probs[1, 0, 4] = 1.0
+    target_probs[1, 1, [6, 2]] = torch.tensor([0.25, 0.75])
+    target_probs[:, 2, 0] = 1.0
+    next_token, next_sibling = links([[[1, 2], [], []], [[1], [2], []]])
+    outs = verify_outputs(6, 2, 3)
+    call(outs, candidates, torch.arange(6).view(2, 3), next_token, next_sibling, torch.ones(2, 3),
+         torch.ones(2), target_probs, backend=backend)
+    assert outs[0].tolist() == [9, -1, -1, 4, 2, -1]
+    assert outs[1].tolist() == [[0, -1, -1], [3, 4, -1]] and outs[2].tolist() == [0, 1]
 
 
 DIRECT_CASES = [

@@ -174,15 +174,17 @@ def in_range(name: str, t: torch.Tensor, lo: int, hi: int, must: str = "be") -> 
         raise ValueError(f"{name} must {must} in [{lo}, {hi}), got values in [{t_min}, {t_max}]")
 
 
-def unit_interval(name: str, t: torch.Tensor) -> None:
-    """Raises ValueError unless every value of ``t`` is in [0, 1) (NaN is not): the coins a
-    sampler consumes. Reads the values, so only on the CPU (see :func:`in_range`)."""
+def unit_interval(name: str, t: torch.Tensor, closed: bool = False) -> None:
+    """Raises ValueError unless every value of ``t`` is in [0, 1) (NaN is not), or in [0, 1]
+    where ``closed``: the coins a sampler consumes. Reads the values, so only on the CPU
+    (see :func:`in_range`)."""
     if t.device.type != "cpu" or not t.numel():
         return
-    bad = ~((t >= 0) & (t < 1))
+    bad = ~((t >= 0) & ((t <= 1) if closed else (t < 1)))
     if bool(bad.any()):
         i = int(bad.reshape(-1).nonzero()[0])
-        raise ValueError(f"{name} must be in [0, 1), got {float(t.reshape(-1)[i])} at flat index {i}")
+        raise ValueError(f"{name} must be in [0, 1{']' if closed else ')'}, got {float(t.reshape(-1)[i])} "
+                         f"at flat index {i}")
 
 
 def token_ids(name: str, t: torch.Tensor, vocab_size: int) -> None:

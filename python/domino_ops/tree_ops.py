@@ -73,6 +73,19 @@ def _tensor(name: str, t, *, dtypes=None, ndim: int | None = None, device=None) 
     return t
 
 
+def _bytes_as_words(tree_mask: torch.Tensor, nbytes: int) -> torch.Tensor:
+    """A byte buffer for a bit-packed mask of ``nbytes``-byte rows, viewed as its words:
+    sgl-kernel addresses the mask as bytes (its own benchmark passes ``bs*N*nbytes`` uint8),
+    and row t's byte k holds its bits 8k..8k+7, which is the little-endian word every device
+    here stores. The kernels write words through the view, so into the caller's bytes (a
+    trailing part word is left alone)."""
+    flat = tree_mask.reshape(-1)  # contiguous: a view
+    if tree_mask.storage_offset() % nbytes:
+        raise ValueError(f"tree_mask as a byte buffer must start at a multiple of {nbytes} bytes into its storage "
+                         f"(the kernels write {nbytes}-byte words), got offset {tree_mask.storage_offset()}")
+    return flat[: flat.numel() // nbytes * nbytes].view(_INT_DTYPES[nbytes][0])
+
+
 def _shape(name: str, t: torch.Tensor, expected: tuple, what: str = "") -> None:
     if tuple(t.shape) != expected:
         raise ValueError(f"{name} must have shape {list(expected)}{what}, got {list(t.shape)}")
@@ -168,7 +181,8 @@ def build_tree_kernel_efficient(parent_list: torch.Tensor, selected_index: torch
             them (SGLang: True). 1 QLEN_ONLY, bool, ``bs*N*N``: row t, column j true when node
             j is t, an ancestor of t or the root. 2 QLEN_ONLY_BITPACKING: one uint8 / uint16 /
             uint32 word per row for N <= 8 / 16 / 32 (int8/16/32 also accepted), bit j as
-            column j of QLEN_ONLY.
+            column j of QLEN_ONLY; or, as sgl-kernel also takes it, a uint8 / int8 buffer of
+            ``bs*N*nbytes`` bytes (the same words, little-endian).
         positions: at least bs*N int64, written ``seq_len + depth`` in its first bs*N elements.
         retrive_index, retrive_next_token, retrive_next_sibling: [bs, N] int64, written:
             ``b*N + u``; u's first child; u's next sibling (-1 for none). Every element is
@@ -197,8 +211,14 @@ def build_tree_kernel_efficient(parent_list: torch.Tensor, selected_index: torch
     _shape("verified_seq_len", verified_seq_len, (bs,))
     if mode == QLEN_ONLY_BITPACKING:
         nbytes = 1 if n <= 8 else (2 if n <= 16 else 4)
-        tree_mask = _tensor("tree_mask", tree_mask, dtypes=_INT_DTYPES[nbytes], device=dev)
+        words_or_bytes = _INT_DTYPES[nbytes] + (_INT_DTYPES[1] if nbytes > 1 else ())
+        tree_mask = _tensor("tree_mask", tree_mask, dtypes=words_or_bytes, device=dev)
         need = bs * n
+        if tree_mask.element_size() < nbytes:
+            if tree_mask.numel() < need * nbytes:
+                raise ValueError(f"tree_mask must hold at least {need * nbytes} bytes ({need} rows of {nbytes}) "
+                                 f"for tree_mask_mode={mode}, got {tree_mask.numel()}")
+            tree_mask = _bytes_as_words(tree_mask, nbytes)
     else:
         tree_mask = _tensor("tree_mask", tree_mask, dtypes=(torch.bool,), device=dev)
         need = bs * n * n
@@ -341,8 +361,11 @@ def tree_speculative_sampling_target_only(predicts: torch.Tensor, accept_index: 
         candidates, retrive_index, retrive_next_token, retrive_next_sibling: the tree, as in
             :func:`verify_tree_greedy`; candidates are token ids in [0, vocab_size) (the
             native kernel checks those it reads, the reference path all but the root's).
-        uniform_samples: [bs, N] float32 in [0, 1), one coin per node.
-        uniform_samples_for_final_sampling: [bs] float32 in [0, 1).
+        uniform_samples: [bs, N] float32 in [0, 1], one coin per node (1 is taken, as
+            sgl-kernel takes it: ``1 - torch.rand`` gives it; it accepts a child only where
+            the children's target mass reaches 1).
+        uniform_samples_for_final_sampling: [bs] float32 in [0, 1] (1 draws the last token
+            of positive weight).
         target_probs: [bs, N, vocab_size] float32, the target's distribution at each node.
         draft_probs: [bs, N, vocab_size] float32 or None (newer sgl-kernel releases dropped
             this argument; pass the thresholds by keyword then). Never written here
@@ -357,7 +380,8 @@ def tree_speculative_sampling_target_only(predicts: torch.Tensor, accept_index: 
                         "deterministic by keyword)")
     dev, values = _sampler_args(predicts, accept_index, accept_token_num, candidates, retrive_index,
                                 retrive_next_token, retrive_next_sibling, uniform_samples,
-                                uniform_samples_for_final_sampling, target_probs, draft_probs, torch.float32)
+                                uniform_samples_for_final_sampling, target_probs, draft_probs, torch.float32,
+                                coins_closed=True)
     threshold_single = _number("threshold_single", threshold_single)
     threshold_acc = _number("threshold_acc", threshold_acc)
     if not isinstance(deterministic, bool):
@@ -369,8 +393,9 @@ def tree_speculative_sampling_target_only(predicts: torch.Tensor, accept_index: 
 
 def _sampler_args(predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
                   retrive_next_sibling, uniform_samples, uniform_samples_for_final_sampling, target_probs,
-                  draft_probs, uniform_dtype):
-    """The checks the two tree samplers share: (device, the value checks for the reference)."""
+                  draft_probs, uniform_dtype, *, coins_closed):
+    """The checks the two tree samplers share: (device, the value checks for the reference).
+    The coins must be in [0, 1), or in [0, 1] where ``coins_closed``."""
     dev, bs, n = _verify_common(predicts, accept_index, accept_token_num, candidates, retrive_index,
                                 retrive_next_token, retrive_next_sibling)
     for name, t in (("uniform_samples", uniform_samples),
@@ -394,8 +419,8 @@ def _sampler_args(predicts, accept_index, accept_token_num, candidates, retrive_
         _in_range("retrive_index", retrive_index, 0, predicts.numel())
         _link_values(retrive_next_token, retrive_next_sibling, n)
         _in_range("candidates", candidates[:, 1:], 0, target_probs.shape[2], "token ids")
-        _checks.unit_interval("uniform_samples", uniform_samples)
-        _checks.unit_interval("uniform_samples_for_final_sampling", uniform_samples_for_final_sampling)
+        _checks.unit_interval("uniform_samples", uniform_samples, coins_closed)
+        _checks.unit_interval("uniform_samples_for_final_sampling", uniform_samples_for_final_sampling, coins_closed)
     return dev, values
 
 
@@ -449,7 +474,8 @@ def verify_tree_sampling(predicts: torch.Tensor, accept_index: torch.Tensor, acc
         raise TypeError(f"draft_probs must be a torch.Tensor, got {type(draft_probs).__name__}")
     dev, values = _sampler_args(predicts, accept_index, accept_token_num, candidates, retrive_index,
                                 retrive_next_token, retrive_next_sibling, uniform_samples,
-                                uniform_samples_for_final_sampling, target_probs, draft_probs, torch.float64)
+                                uniform_samples_for_final_sampling, target_probs, draft_probs, torch.float64,
+                                coins_closed=False)
     _run("verify_tree_sampling", dev, backend, (predicts, accept_index, accept_token_num, candidates, retrive_index,
          retrive_next_token, retrive_next_sibling, uniform_samples, uniform_samples_for_final_sampling,
          target_probs, draft_probs), values)
