@@ -150,6 +150,7 @@ def test_hf_attention_is_the_part_that_is_not_batch_invariant():
     torch.testing.assert_close(big, steps, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.filterwarnings("ignore:domino small-batch attention")
 def test_small_batch_attention_leaves_softcap_and_sinks_to_hf(monkeypatch):
     """What the kernel does not compute goes to HF's own attention, not silently wrong."""
     import transformers.integrations.sdpa_attention as sdpa
@@ -180,6 +181,72 @@ def test_small_batch_attention_leaves_non_causal_and_float16_to_hf(monkeypatch):
     module.is_causal = False
     assert small_batch_attention_forward(module, q, k, k, None)[0] == "hf"
     assert small_batch_attention_forward(torch.nn.Module(), q.half(), k.half(), k.half(), None)[0] == "hf"
+
+
+def test_small_batch_attention_leaves_unknown_keywords_to_hf(monkeypatch):
+    """A keyword beyond the mask's (a T5-style position_bias, sinks) is math the kernel
+    does not compute: HF's sdpa gets it, with one warning naming it; the forward
+    arguments HF passes every layer (position_ids, use_cache, ...) keep the kernel."""
+    import transformers.integrations.sdpa_attention as sdpa
+
+    from domino import fast_attention
+
+    monkeypatch.setattr(sdpa, "sdpa_attention_forward", lambda *a, **kw: ("hf", kw))
+    monkeypatch.setattr(fast_attention, "_warned", set())
+    q, k = torch.randn(1, 2, 3, 8), torch.randn(1, 1, 3, 8)
+    module = torch.nn.Module()
+    with pytest.warns(UserWarning, match="passes position_bias=, which the kernel does not compute"):
+        out, kw = fast_attention.small_batch_attention_forward(module, q, k, k, None, position_bias=torch.zeros(3, 3))
+    assert out == "hf" and "position_bias" in kw
+    with pytest.warns(UserWarning, match="passes sinks="):
+        assert fast_attention.small_batch_attention_forward(module, q, k, k, None, sinks=torch.zeros(2))[0] == "hf"
+    out, _ = fast_attention.small_batch_attention_forward(module, q, k, k, None, position_ids=torch.arange(3)[None],
+                                                          use_cache=True, sliding_window=None, position_bias=None)
+    assert out.shape == (1, 3, 2, 8)
+
+
+def test_small_batch_attention_keeps_gradients():
+    """Where autograd needs a graph (a model being trained) the kernel, which has no
+    backward, gives way to HF's attention: every gradient equals the unswitched model's
+    (the kernel once returned a tensor without a graph: q/k/v projections got no grad and
+    the rest wrong ones, with the same loss)."""
+    own = cpu_target("llama", torch.float32, attn="sdpa")
+    switched = use_small_batch_attention(cpu_target("llama", torch.float32, attn="sdpa"))
+    switched.load_state_dict(own.state_dict())
+    ids = torch.randint(0, 64, (2, 10), generator=torch.Generator().manual_seed(0))
+    for m in (own, switched):
+        m(ids, labels=ids).loss.backward()
+    for (name, p), q in zip(own.named_parameters(), switched.parameters()):
+        assert q.grad is not None, name
+        torch.testing.assert_close(q.grad, p.grad, msg=name)
+
+
+def test_small_batch_attention_gives_attention_weights_through_eager():
+    """``output_attentions=True`` asks for weights the kernel does not form: the model's
+    eager attention gives them, as the unswitched eager model does (they once came back
+    empty, silently)."""
+    own = cpu_target("llama", torch.float32, attn="eager")
+    switched = use_small_batch_attention(cpu_target("llama", torch.float32, attn="eager"))
+    switched.load_state_dict(own.state_dict())
+    ids = torch.randint(0, 64, (1, 7), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        ref, got = own(ids, output_attentions=True), switched(ids, output_attentions=True)
+    assert len(got.attentions) == len(ref.attentions) > 0
+    for a, b in zip(got.attentions, ref.attentions):
+        torch.testing.assert_close(a, b)
+
+
+def test_small_batch_attention_takes_keys_not_contiguous_in_their_last_dimension():
+    """A key whose rows are not contiguous (a model that transposes after the projection)
+    is copied for the kernel, not refused by it."""
+    from domino.fast_attention import small_batch_attention_forward
+
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, 2, 4, 8, generator=g) for _ in range(3))
+    k_strided = k.transpose(2, 3).contiguous().transpose(2, 3)  # same values, stride(-1) == 4
+    out, _ = small_batch_attention_forward(torch.nn.Module(), q, k_strided, v, None, scaling=0.5)
+    want, _ = small_batch_attention_forward(torch.nn.Module(), q, k, v, None, scaling=0.5)
+    assert torch.equal(out, want)
 
 
 def test_small_batch_attention_with_a_static_cache_equals_sdpa():

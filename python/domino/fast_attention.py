@@ -11,14 +11,21 @@ fp32, for chains, trees and ragged batches alike (a hidden key contributes nothi
 even a rounding). It is also the faster attention for decoding on the CPU (SDPA pays a
 per-call setup that dwarfs a one-row attention): ``benchmarks/bench_attention.py``.
 
-Off the CPU, with dropout in training, or with a logit softcap or attention sinks (which
-the kernel does not compute), the layer falls back to HF's SDPA attention.
+Off the CPU, where autograd needs a graph, with dropout in training, or with what the
+kernel does not compute (a logit softcap, attention sinks, a position bias: any keyword
+HF passes beyond the mask's), the layer falls back to HF's SDPA attention; where attention
+weights are asked for (``output_attentions``), to the model's eager attention.
 ``undo_small_batch_attention`` restores the previous implementation.
 """
 
 from __future__ import annotations
 
+import sys
+import warnings
+
 import torch
+
+from domino.fast_linear import cpu_kernel_applies
 
 __all__ = ["ATTENTION", "use_small_batch_attention", "undo_small_batch_attention", "uses_small_batch_attention",
            "small_batch_attention_forward"]
@@ -27,20 +34,74 @@ ATTENTION = "domino_small_batch"
 _PREVIOUS = "_domino_previous_attn_implementation"
 
 
+# What HF passes an attention function besides the tensors that leaves its math to the mask
+# (which this implementation receives as sdpa's): the model's forward arguments that flow
+# through every layer (TransformersKwargs, the cache's), and sliding_window, which the
+# mask encodes. Any other keyword given a value (a T5-style position_bias, attention sinks,
+# Gemma's softcap, GPT-OSS's s_aux) is math the kernel does not compute: HF's attention.
+_MASK_ONLY_KWARGS = frozenset({
+    "position_ids", "cache_position", "use_cache", "past_key_values", "past_key_value", "return_dict",
+    "output_hidden_states", "output_router_logits", "num_items_in_batch", "seq_idx", "sliding_window",
+    "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "is_causal", "output_attentions"})
+_warned: set[str] = set()
+
+
+def _additive_mask(attention_mask, q: int, kv: int, query: torch.Tensor) -> torch.Tensor:
+    """The mask this implementation receives (sdpa's: None, bool, or additive float) as the
+    additive float mask [b or 1, 1, q, kv] HF's eager attention adds to its scores (of
+    ``query``'s dtype and device). None
+    means causal with the kernel's rule (see :func:`small_batch_attention_forward`): query i
+    sees keys up to i, after the kv - q cached ones, or, in a first forward into an empty
+    static cache (q > 1, kv > q), up to i from the start."""
+    if attention_mask is None:
+        offset = 0 if q > 1 and kv > q else kv - q
+        positions = torch.arange(kv, device=query.device)
+        attention_mask = (positions[None, :] <= positions[:q, None] + offset)[None, None]
+    if attention_mask.dtype == torch.bool:
+        zero = torch.zeros((), dtype=query.dtype, device=query.device)
+        attention_mask = torch.where(attention_mask, zero, torch.finfo(query.dtype).min)
+    return attention_mask
+
+
+def _hf_attention(module, query, key, value, attention_mask, dropout, scaling, kwargs):
+    """HF's own attention for what the kernel does not do: the model's eager attention where
+    attention weights are asked for (sdpa returns none), else sdpa."""
+    if kwargs.get("output_attentions"):
+        eager = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+        if eager is not None:
+            mask = _additive_mask(attention_mask, query.shape[2], key.shape[2], query)
+            return eager(module, query, key, value, mask, dropout=dropout, scaling=scaling, **kwargs)
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                  **kwargs)
+
+
+def _kernel_computes(module, query, key, value, dropout, kwargs) -> bool:
+    """Whether the kernel computes this attention exactly as HF would: a causal one, on CPU
+    float32 / bfloat16 tensors that need no autograd graph and no autocast, without
+    dropout in training, attention weights or a keyword outside :data:`_MASK_ONLY_KWARGS`
+    (warned once per keyword, so a model that loses the kernel says why)."""
+    if (not cpu_kernel_applies(query, key, value) or (dropout and module.training) or kwargs.get("output_attentions")
+            or not kwargs.get("is_causal", getattr(module, "is_causal", True))):
+        return False
+    for name, v in kwargs.items():
+        if v is not None and name not in _MASK_ONLY_KWARGS:
+            if name not in _warned:
+                _warned.add(name)
+                warnings.warn(f"domino small-batch attention: {type(module).__name__} passes {name}=, which the "
+                              "kernel does not compute; that attention runs on HF's sdpa", stacklevel=3)
+            return False
+    return True
+
+
 def small_batch_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """A HF attention function: query [b, Hq, q, d], key / value [b, Hkv, kv, d] (the cache
     included), attention_mask None, bool or additive float [b, 1, q, >= kv]; returns the
-    output [b, q, Hq, d] (contiguous) and no weights."""
-    # Off the CPU, dtypes the kernel lacks (float16), dropout, attention that is not
-    # causal (an encoder's), or what the kernel does not compute (Gemma's logit softcap,
-    # attention sinks): HF's own attention.
-    if (query.device.type != "cpu" or query.dtype not in (torch.float32, torch.bfloat16)
-            or (dropout and module.training) or not kwargs.get("is_causal", getattr(module, "is_causal", True))
-            or kwargs.get("softcap") is not None or kwargs.get("s_aux") is not None):
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      **kwargs)
+    output [b, q, Hq, d] (contiguous) and no weights. What the kernel does not compute
+    (see :func:`_kernel_computes`) runs on HF's own attention."""
+    if not _kernel_computes(module, query, key, value, dropout, kwargs):
+        return _hf_attention(module, query, key, value, attention_mask, dropout, scaling, kwargs)
     b, h, q, d = query.shape
     if attention_mask is None and q > 1 and key.shape[2] > q:
         # HF's mask function returns None for a first forward into an empty static cache
@@ -49,6 +110,10 @@ def small_batch_attention_forward(module, query, key, value, attention_mask, dro
         # (the queries are the last keys), so it gets exactly the first q keys.
         key, value = key[:, :, :q], value[:, :, :q]
     mask = None if attention_mask is None else attention_mask[:, :, :, :key.shape[2]]
+    # The kernel reads rows of d contiguous values; HF's projections give them (a view that
+    # does not is copied).
+    if query.stride()[-1] != 1 or key.stride()[-1] != 1 or value.stride()[-1] != 1:
+        query, key, value = query.contiguous(), key.contiguous(), value.contiguous()
     out = torch.empty(b, q, h, d, dtype=query.dtype)
     # The op itself (its C++ checks name any bad argument): the validating Python wrapper
     # would cost ~1 ms per 30-layer forward.
