@@ -111,6 +111,13 @@ def cmd_tau(args) -> None:
         print(f"{T:4.1f} | {on:11.3f} | {off:12.3f} | {on / off:6.3f}")
 
 
+def last_held_out_tau(log: list[dict]) -> str:
+    """The trainer's last held-out tau in a run's log, "on / off", or "-" where it logged
+    none (a run trained with --eval-convs 0, as training/stage.sh runs are)."""
+    held = [r for r in log if "tau_head_on" in r]
+    return f"{held[-1]['tau_head_on']:.3f} / {held[-1]['tau_head_off']:.3f}" if held else "-"
+
+
 def cmd_ablation(args) -> None:
     """Per training run: the trainer's last losses and held-out tau, and tau through the
     generator on HumanEval (chains of the whole block, T = 0) head on and off; the table
@@ -139,8 +146,7 @@ def cmd_ablation(args) -> None:
         tail = log[-20:]  # losses averaged over the last 20 steps
         lb = sum(r["loss_base"] for r in tail) / len(tail)
         lf = sum(r["loss_final"] for r in tail) / len(tail)
-        held = [r for r in log if "tau_head_on" in r][-1]
-        held_tau = f"{held['tau_head_on']:.3f} / {held['tau_head_off']:.3f}"
+        held_tau = last_held_out_tau(log)
         lines.append(f"{run.name:20} | {log[-1]['step'] + 1:5d} | {lb:9.3f} | {lf:10.3f} | "
                      f"{on:8.3f} / {off:7.3f} | {on / off:6.3f} | {held_tau:>19}")
         print(lines[-1], flush=True)
@@ -289,6 +295,9 @@ def main() -> None:
                     help="the stages, their logs and their acceptance of record")
     li.add_argument("--out", type=Path, default=RESULTS / "acceptance_by_stage.png")
     args = parser.parse_args()
+    for name in ("num_prompts", "max_new_tokens"):  # a negative count would slice from the end
+        if hasattr(args, name) and getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     torch.set_grad_enabled(False)
     {"tau": cmd_tau, "ablation": cmd_ablation, "curve": cmd_curve, "lineage": cmd_lineage}[args.cmd](args)
 

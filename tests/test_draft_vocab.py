@@ -215,10 +215,13 @@ def test_bad_draft_vocabulary(ids, err, match):
 
 
 def test_most_frequent_response_tokens(tmp_path):
-    shards = {0: [[5, 5, 9, 1]], 1: [[7, 7, 7, 3, 4], [4, 3, 8]], 2: [[3, 9, 9, 2]]}
+    """Counted over the training shards; shard 3 repeats held-out shard 0's prompt (a later
+    pass over the prompt order) and is counted nowhere, as the trainer leaves it out."""
+    shards = {0: [[5, 5, 9, 1]], 1: [[7, 7, 7, 3, 4], [4, 3, 8]], 2: [[3, 9, 9, 2]], 3: [[6, 6, 6, 6]]}
+    prompts = {0: [[1]], 1: [[2], [3]], 2: [[4]], 3: [[1]]}
     for i, responses in shards.items():
         (tmp_path / f"shard_{i:05d}.jsonl").write_text(
-            "".join(json.dumps({"prompt_ids": [1], "response_ids": r}) + "\n" for r in responses))
+            "".join(json.dumps({"prompt_ids": p, "response_ids": r}) + "\n" for p, r in zip(prompts[i], responses)))
     counts, held = draft_vocab.response_counts(tmp_path, exclude={0})
     assert held == [5, 5, 9, 1]
     assert counts == {7: 3, 3: 3, 4: 2, 9: 2, 8: 1, 2: 1}

@@ -206,7 +206,7 @@ def test_generate_data_worker_rejects_bad_splits(text):
 @pytest.mark.parametrize("flag, value", [("--batch-size", "0"), ("--max-new-tokens", "0"), ("--top-k", "0"),
                                          ("--shards-per-batch", "0"), ("--target-tokens", "-1"), ("--passes", "0"),
                                          ("--sample-temperature", "0"), ("--sample-temperature", "nan"),
-                                         ("--shard-range", "5 5")])
+                                         ("--shard-range", "5 5"), ("--threads", "0"), ("--threads", "-1")])
 def test_generate_data_refuses_bad_settings_before_writing_anything(tmp_path, monkeypatch, capsys, flag, value):
     """Checked before the target loads and before dataset.json records the settings (a bad
     value used to crash later and stay recorded, refusing the corrected rerun)."""
@@ -404,6 +404,27 @@ def test_ablation_switches_run(tiny_run, default_log, tmp_path, flags):
         assert losses(log) != losses(default_log)
 
 
+@pytest.mark.parametrize("sub", ["tau", "ablation run"])
+@pytest.mark.parametrize("flag", ["--num-prompts", "--max-new-tokens"])
+def test_eval_acceptance_refuses_counts_below_one(sub, flag):
+    """0 prompts divided by zero; a negative count sliced the prompt list from the end."""
+    out = subprocess.run([sys.executable, "benchmarks/eval_acceptance.py", *sub.split(), flag, "-1"], cwd=REPO,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2 and f"{flag} must be >= 1, got -1" in out.stderr
+
+
+def test_ablation_table_takes_runs_without_held_out_evaluations():
+    """Runs trained with --eval-convs 0 log no held-out tau (the ablation crashed on them)."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        from eval_acceptance import last_held_out_tau
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    log = [{"step": 0, "loss_base": 1.0}, {"step": 1, "tau_head_on": 2.5, "tau_head_off": 2.0}, {"step": 2}]
+    assert last_held_out_tau(log) == "2.500 / 2.000"
+    assert last_held_out_tau([{"step": 0}, {"step": 1}]) == "-"
+
+
 @pytest.fixture(scope="module")
 def default_log(tiny_run, tmp_path_factory):
     """Two steps of the default training on the tiny run (what each ablation switch changes)."""
@@ -519,6 +540,15 @@ def test_resuming_with_other_run_arguments_is_refused(tiny_run, tmp_path):
     (["--layers", "0", "--mask-token-id", "1"], "--layers must be >= 1"),
     (["--block-size", "1"], "--block-size must be >= 2"),
     (["--max-shards", "0"], "--max-shards must be >= 1"),
+    (["--clip=-1"], "--clip must be a finite number > 0"),  # flipped gradients: training climbed the loss
+    (["--clip", "0"], "--clip must be a finite number > 0"),
+    (["--lr", "nan"], "--lr must be a finite number > 0"),
+    (["--warmup", "5"], "--warmup must be a fraction of the steps in [0, 1]"),
+    (["--warmup", "nan"], "--warmup must be a fraction of the steps in [0, 1]"),
+    (["--eval-convs", "-3"], "--eval-convs must be >= 0"),  # held[:-3]
+    (["--eval-generator-prompts", "-1"], "--eval-generator-prompts must be >= 0"),
+    (["--eval-max-new-tokens", "0"], "--eval-max-new-tokens must be >= 1"),
+    (["--stop-after=-1"], "--stop-after must be >= 1"),
 ])
 def test_arguments_that_would_be_ignored_or_crash_late_are_refused(capsys, extra, msg):
     from training.train import parse_args
@@ -535,6 +565,28 @@ def test_a_resumed_run_logs_each_step_once(tiny_run, tmp_path):
     run_train(root, tmp_path / "run", "--steps", "4", "--ckpt-every", "2", "--stop-after", "3")  # ckpt at step 1
     log = run_train(root, tmp_path / "run", "--steps", "4", "--ckpt-every", "2")
     assert [r["step"] for r in log] == [0, 1, 2, 3]
+
+
+def test_a_run_killed_before_its_first_checkpoint_logs_each_step_once(tiny_run, tmp_path):
+    """No checkpoint to resume from: the run starts over, and the old log's steps go."""
+    root, _ = tiny_run
+    run_train(root, tmp_path / "run", "--steps", "4", "--ckpt-every", "4", "--stop-after", "2")
+    log = run_train(root, tmp_path / "run", "--steps", "4", "--ckpt-every", "4")
+    assert [r["step"] for r in log] == [0, 1, 2, 3]
+
+
+def test_a_step_without_a_valid_label_leaves_the_drafter_finite(tiny_run, tmp_path):
+    """A draft vocabulary of one token: most steps hold no label inside it, so their
+    normaliser is 0; the loss is 0 there, not 0 / 0, whose NaN gradients AdamW wrote into
+    every weight."""
+    from domino.model import DominoDraftModel
+
+    root, _ = tiny_run
+    log = run_train(root, tmp_path / "run", "--steps", "3", "--seqs-per-step", "1", "--anchors", "1",
+                    "--draft-vocab-size", "1", "--eval-every", "100")
+    assert all(r["loss_final"] == r["loss_final"] for r in log)  # no NaN
+    drafter = DominoDraftModel.from_pretrained(tmp_path / "run" / "drafter")
+    assert all(torch.isfinite(p).all() for p in drafter.parameters())
 
 
 def test_data_the_trainer_cannot_use_is_refused_by_name(tiny_run, tmp_path):

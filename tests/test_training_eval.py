@@ -296,6 +296,32 @@ def test_chunked_loss_matches_whole_logits_and_their_gradients(kind, chunk_rows)
     assert not lb.requires_grad and not lf.requires_grad
 
 
+def test_training_time_test_feeds_the_gru_draft_vocabulary_tokens(shard):
+    """Under training-time test the GRU consumes the drafter's own choices; with a draft
+    vocabulary those are the best of its tokens, as drafting chooses (it once fed the
+    argmax over the whole vocabulary, tokens drafting never writes)."""
+    from tiny_models import tiny_drafter
+
+    target, _, out = shard
+    model = tiny_drafter(target).bind_target(target)
+    vocab = torch.arange(2, 64, 2)
+    model.set_draft_vocab(vocab)
+    c = model.config
+    batch = make_batch(load_shards(out), 3, c.block_size, c.num_drafts, c.mask_token_id,
+                       torch.Generator().manual_seed(1))
+    fed = []
+    with torch.no_grad():
+        h = model.packed_draft_hidden(*batch.backbone_inputs())
+        base = model.lm_head(h)
+        hook = model.embed_tokens.register_forward_hook(lambda mod, inputs, output: fed.append(inputs[0]))
+        final = model.self_fed_logits(h, base, batch.anchors.reshape(-1))
+    hook.remove()
+    steps = torch.stack(fed[1:], dim=1)  # after the anchor: the choices at positions 0..n-2
+    assert steps.numel() and torch.isin(steps, vocab).all()
+    assert torch.equal(steps, vocab[final[:, :-1, vocab].argmax(-1)])
+    assert not torch.isin(final.argmax(-1), vocab).all()  # the whole-vocabulary argmax would differ (control)
+
+
 @pytest.mark.parametrize("kind,ttt", [("ce", False), ("kl", False), ("ce_tv", False), ("ce", True)])
 def test_draft_vocab_batch_loss_is_over_its_tokens(shard, kind, ttt):
     """A drafter with a draft vocabulary trains on a batch restricted to it: labels and

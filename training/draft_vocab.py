@@ -4,8 +4,8 @@
         --checkpoint python/domino/checkpoints/smollm2-135m-instruct
 
 Counts the response tokens of the regenerated training shards (the target's own greedy
-outputs, which are what a drafter must guess; the held-out ``--eval-shards`` are left out
-of the count), keeps the ``--size`` most frequent (FR-Spec's frequency ranking; EAGLE-3
+outputs, which are what a drafter must guess; the held-out ``--eval-shards``, and the
+shards that repeat their prompts, are left out of the count), keeps the ``--size`` most frequent (FR-Spec's frequency ranking; EAGLE-3
 ships the same as ``d2t``), prints the share of held-out response tokens they cover, and
 with ``--checkpoint`` writes them into that drafter checkpoint
 (:meth:`domino.model.DominoDraftModel.set_draft_vocab`; its weights and calibration are
@@ -23,21 +23,23 @@ from pathlib import Path
 
 import torch
 
-from training.data import shard_index
+from training.data import held_out_prompts, shard_index
 
 
 def response_counts(directory: Path, exclude: set[int]) -> tuple[Counter, list[int]]:
-    """(token counts over the responses of every shard not in ``exclude``, the response
-    tokens of the shards in it, concatenated)."""
+    """(token counts over the responses of every shard not in ``exclude`` and holding none
+    of their prompts (a later pass over the prompt order, generate_data --passes, repeats
+    them: the trainer leaves those shards out too), the response tokens of the shards in
+    ``exclude``, concatenated)."""
+    held_prompts = held_out_prompts(directory, exclude)
     counts, held = Counter(), []
     for f in sorted(Path(directory).glob("shard_*.jsonl")):
-        excluded = shard_index(f) in exclude
-        for line in f.read_text().splitlines():
-            ids = json.loads(line)["response_ids"]
-            if excluded:
-                held += ids
-            else:
-                counts.update(ids)
+        records = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+        if shard_index(f) in exclude:
+            held += [t for r in records for t in r["response_ids"]]
+        elif held_prompts.isdisjoint(tuple(r["prompt_ids"]) for r in records):
+            for r in records:
+                counts.update(r["response_ids"])
     return counts, held
 
 

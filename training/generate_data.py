@@ -515,6 +515,8 @@ def main() -> None:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.target_tokens < 0:
         parser.error(f"--target-tokens must be >= 0, got {args.target_tokens}")
+    if args.threads is not None and args.threads < 1:
+        parser.error(f"--threads must be >= 1, got {args.threads}")
     if args.shard_range is not None and not 0 <= args.shard_range[0] < args.shard_range[1]:
         parser.error(f"--shard-range must be START END with 0 <= START < END, got {args.shard_range}")
     if not (math.isfinite(args.sample_temperature) and args.sample_temperature > 0):
@@ -525,7 +527,7 @@ def main() -> None:
     from domino.config import default_drafter_config
     from domino.loading import smollm2_dir
 
-    if args.threads:
+    if args.threads is not None:
         torch.set_num_threads(args.threads)
     target_dir = args.target or smollm2_dir()
     tok = AutoTokenizer.from_pretrained(target_dir)

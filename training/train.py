@@ -346,9 +346,20 @@ def parse_args(argv=None):
     for name, least in (("layers", 1), ("rank", 1), ("gru", 1), ("block_size", 2), ("max_shards", 1)):
         if getattr(args, name) is not None and getattr(args, name) < least:
             p.error(f"--{name.replace('_', '-')} must be >= {least}, got {getattr(args, name)}")
-    for name in ("steps", "seqs_per_step", "anchors", "eval_every", "ckpt_every"):
+    for name in ("steps", "seqs_per_step", "anchors", "eval_every", "ckpt_every", "eval_max_new_tokens"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    for name in ("eval_convs", "eval_generator_prompts"):  # a negative count would slice from the end
+        if getattr(args, name) < 0:
+            p.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    if args.stop_after is not None and args.stop_after < 1:
+        p.error(f"--stop-after must be >= 1, got {args.stop_after}")
+    # a negative clip flips the gradients (training climbs the loss), a zero one stops them
+    for name in ("lr", "clip"):
+        if not 0 < getattr(args, name) < math.inf:
+            p.error(f"--{name} must be a finite number > 0, got {getattr(args, name)}")
+    if not 0 <= args.warmup <= 1:  # a fraction of the steps
+        p.error(f"--warmup must be a fraction of the steps in [0, 1], got {args.warmup}")
     # a new drafter's shape comes from one place: flags that another source would override are refused
     shape = [f"--{n.replace('_', '-')}" for n in ("layers", "rank", "gru", "mask_token_id")
              if getattr(args, n) is not None]
@@ -466,8 +477,8 @@ def main(argv=None) -> dict:
     weights = position_weights(c.num_drafts, args.gamma).to(device)
     eval_convs = held[:args.eval_convs]
     history = []
-    if rank == 0 and state is not None:
-        drop_logged_steps_from(args.out / "log.jsonl", start)  # a resumed run logs them again
+    if rank == 0:  # a resumed run logs them again; a run killed before its first checkpoint, all of them
+        drop_logged_steps_from(args.out / "log.jsonl", start)
     log_file = (args.out / "log.jsonl").open("a") if rank == 0 else None
     t0 = time.time()
     end = args.steps if args.stop_after is None else min(args.steps, start + args.stop_after)
@@ -492,6 +503,9 @@ def main(argv=None) -> dict:
         w_total = w.sum()
         if distributed:
             dist.all_reduce(w_total)
+        # No valid label in the step (every one outside a small draft vocabulary): a zero
+        # loss, not 0 / 0, whose NaN gradients AdamW would write into every weight.
+        w_total = w_total.clamp_min(torch.finfo(w_total.dtype).tiny)
         loss, loss_base, loss_final = step_fn(batch, w.view(-1, c.num_drafts) / w_total, lam)
         optim.zero_grad(set_to_none=True)
         (loss * world).backward()  # DDP averages over ranks; the global normaliser is already in

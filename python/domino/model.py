@@ -605,14 +605,16 @@ class DominoDraftModel(nn.Module):
 
     def self_fed_logits(self, h: torch.Tensor, base: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:
         """Final logits [M, n, V] with the GRU consuming the drafter's own argmax step by step
-        (training-time test), from the anchor [M]; h [M, n, H], base [M, n, V]."""
+        (training-time test), from the anchor [M]; h [M, n, H], base [M, n, V]. With a draft
+        vocabulary the argmax is over its tokens, the only ones drafting can choose."""
         P = self.config.pure_draft_prefix_len
+        vocab = self.draft_vocab
         state, x, outs = None, anchor, []
         for k in range(h.shape[1]):
             _, state = self.prefix_gru(self.embed_tokens(x)[:, None].to(h.dtype), state)
             logits_k = base[:, k] if k < P else base[:, k] + self.head_correction(h[:, k], state[0])
             outs.append(logits_k)
-            x = logits_k.detach().argmax(-1)
+            x = logits_k.detach().argmax(-1) if vocab is None else vocab[logits_k.detach()[:, vocab].argmax(-1)]
         return torch.stack(outs, dim=1)
 
     @torch.no_grad()
