@@ -41,7 +41,9 @@ def test_bad_requests_raise_naming_the_argument(gen, method, prompt, kwargs, err
         getattr(gen, method)(prompt, **kwargs)
 
 
-@pytest.mark.parametrize("name,value", [("stop", ["x"]), ("sampling", None), ("generator", None), ("stream", None)])
+@pytest.mark.parametrize("name,value", [("stop", ["x"]), ("sampling", None), ("generator", None), ("stream", None),
+                                        ("use_head", False), ("num_drafts", 4), ("tree", "chain"),
+                                        ("lookup_tokens", 0), ("datastore_tokens", 0)])
 def test_the_baseline_names_the_arguments_it_does_not_take(gen, name, value):
     """generate's own arguments given to generate_target_only: a TypeError naming them, not
     HF's "model_kwargs are not used" from deep inside its generate."""

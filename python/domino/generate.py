@@ -759,10 +759,13 @@ class DominoGenerator:
         """Plain decoding with the target's own HF ``generate`` (the baseline), on the KV cache
         speculation uses (:class:`domino.kv_cache.GrowingCache`, unless ``cache`` /
         ``past_key_values`` is given); other keyword
-        arguments go to HF's ``generate`` (e.g. ``prompt_lookup_num_tokens``). It takes no
-        ``stop``, ``sampling``, ``generator`` or ``stream`` (:meth:`generate`'s own): HF's
-        ``stop_strings`` (with ``tokenizer=``) and ``torch.manual_seed`` are its ways."""
-        for name in ("stop", "sampling", "generator", "stream"):
+        arguments go to HF's ``generate`` (e.g. ``prompt_lookup_num_tokens``). It takes none
+        of :meth:`generate`'s own (``stop``, ``sampling``, ``generator``, ``stream``, and the
+        drafting ones: ``use_head``, ``num_drafts``, ``tree``, ``lookup_tokens``,
+        ``datastore_tokens``), each refused by name: HF's ``stop_strings`` (with
+        ``tokenizer=``) and ``torch.manual_seed`` are its ways to stop and seed."""
+        for name in ("stop", "sampling", "generator", "stream", "use_head", "num_drafts", "tree", "lookup_tokens",
+                     "datastore_tokens"):
             if name in generate_kwargs:
                 raise TypeError(f"generate_target_only takes no {name}= (generate's own; see its docstring)")
         seqs, batch, _ = self._encode_request(prompt, max_new_tokens)
