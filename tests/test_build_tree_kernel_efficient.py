@@ -175,6 +175,31 @@ def test_bitpacking_takes_a_byte_buffer_as_sgl_kernel_does(backend, n):
 
 
 @pytest.mark.parametrize("backend", params())
+def test_full_mask_of_2_31_minus_1_elements_is_addressed_in_64_bits(backend):
+    """The Triton kernel typed the mask's element count as the i32 it is below 2^31, and its
+    + 1 wrapped at 2^31 - 1 elements: every request's rows went 2 GiB before the mask. A
+    mask that large (its untouched pages cost nothing) gets the draft cells an exact one
+    gets, and keeps the rest of its bytes."""
+    seq_lens, n = [3, 4], 5
+    parent_list, selected, _ = random_eagle_draft(random.Random(5), 2, 2, 3, n)
+    small = outputs(2, n, seq_lens, FULL)
+    run(backend, parent_list, selected, seq_lens, 2, 3, n, FULL, small)
+    cells, offset = [], 0
+    for seq in seq_lens:  # request b's rows start after the earlier requests' (seq + n) x n blocks
+        cells += [offset + i * (seq + n) + seq + j for i in range(n) for j in range(n)]
+        offset += (seq + n) * n
+    cells = torch.tensor(cells)
+    big = (torch.empty(2**31 - 1, dtype=torch.bool), *outputs(2, n, seq_lens, FULL)[1:])
+    poison = torch.rand(offset, generator=torch.Generator().manual_seed(0)) < 0.5
+    big[0][:offset] = poison
+    run(backend, parent_list, selected, seq_lens, 2, 3, n, FULL, big)
+    want = poison.clone()
+    want[cells] = small[0][cells]
+    assert torch.equal(big[0][:offset], want)
+    assert all(torch.equal(x, y) for x, y in zip(big[1:], small[1:]))
+
+
+@pytest.mark.parametrize("backend", params())
 @pytest.mark.parametrize("mode", [FULL, QLEN, PACKED])
 def test_an_empty_batch_writes_nothing(backend, mode):
     """bs = 0 is a valid call in every mode (the reference's bit-packed path once failed on

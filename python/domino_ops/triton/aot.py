@@ -105,11 +105,15 @@ def _expand_specs(wt):
 
 
 def _tree_specs():
-    """The tree ops at SGLang's sizes: N = 64 nodes (32 with bit-packed masks), 8 steps."""
+    """The tree ops at SGLang's sizes: N = 64 nodes (32 with bit-packed masks), 8 steps; and
+    the tree builder at the most nodes it takes (256). ``mask_numel`` is the i32 a tensor
+    below 2^31 elements passes (the variant that runs)."""
     specs = []
-    for mode, name, packed, block_n in ((0, "full", 1, 64), (1, "qlen", 1, 64), (2, "bitpacking", 4, 32)):
+    for mode, name, packed, block_n in ((0, "full", 1, 64), (1, "qlen", 1, 64), (2, "bitpacking", 4, 32),
+                                        (0, "full,256", 1, build_tree_kernel_efficient.MAX_NODES),
+                                        (1, "qlen,256", 1, build_tree_kernel_efficient.MAX_NODES)):
         specs.append((f"_build_tree_kernel[{name}]", build_tree_kernel_efficient._build_tree_kernel, {
-            "plist_ptr": "*i64", "sel_ptr": "*i64", "seq_ptr": "*i64", "mask_ptr": "*u8", "mask_numel": "i64",
+            "plist_ptr": "*i64", "sel_ptr": "*i64", "seq_ptr": "*i64", "mask_ptr": "*u8", "mask_numel": "i32",
             "pos_ptr": "*i64", "ridx_ptr": "*i64", "nt_ptr": "*i64", "ns_ptr": "*i64", "b_total": "i32",
             "topk": "i32", "parents": "i32", "n": "i32", "MODE": mode, "PACKED_BYTES": packed, "BLOCK_N": block_n,
             "BLOCK_B": 1024}))

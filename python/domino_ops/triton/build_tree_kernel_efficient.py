@@ -2,12 +2,17 @@
 (csrc/cuda/build_tree_kernel_efficient.cu, whose header states the bytes, the limits and
 what bad index values do): one program per request, the N nodes as a register vector.
 
-Triton has no gather from registers, so the index chasing is done with N x N one-hot
-selections: each node's parent is the first column of ``selected == parent_list[slot]``;
-the ancestor matrix grows by one level per step (``cur = parent[cur]`` as a masked row
-reduction), N - 1 steps at most (a node still walking after them is on a parent cycle and
-is made an orphan); first child and next sibling are row minima of parent comparisons. So
-a program holds a few N x N tiles: N <= 256 here (SGLang uses N <= 64).
+Triton has no gather from registers, so the index chasing goes through memory: each
+node's parent is found by a scan of the N - 1 selected indices (one scalar load a step,
+the same address for every lane), the parents are parked in ``retrive_next_token`` (this
+request's own row, written with the first children at the end), and each node walks to
+the root by gathering its current node's parent from there, N - 1 steps at most (a node
+still walking after them is on a parent cycle and is made an orphan). A second walk
+writes the mask: bits of a word (bit-packed), or ones scattered into the rows after they
+were zero-filled. First child and next sibling come from one scan over the parents. So
+nothing is N x N: registers stay a few vectors of N (no spills up to N = 256, the most
+it takes; SGLang uses N <= 64), and the barriers order the parked parents and the mask
+rows between the program's threads.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import triton
 import triton.language as tl
 
 MAX_NODES = 256
-NUM_WARPS = 8  # the N x N tiles: 64 x 64 int64 over 256 threads keeps them in registers
+NUM_WARPS = 4
 
 
 @triton.jit
@@ -25,10 +30,12 @@ def _build_tree_kernel(plist_ptr, sel_ptr, seq_ptr, mask_ptr, mask_numel, pos_pt
                        topk, parents, n, MODE: tl.constexpr, PACKED_BYTES: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_B: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
-    idx = tl.arange(0, BLOCK_N).to(tl.int64)
+    idx = tl.arange(0, BLOCK_N)
     live = idx < n
     sel_row = sel_ptr + b * (n - 1)
     seq = tl.maximum(tl.load(seq_ptr + b), 0)
+    base = b * n
+    scratch = nt_ptr + base  # this request's parents until its first children are written
 
     # Each node's parent: the root when selected / topk == 0, else the first node whose
     # selected index equals parent_list[b, selected / topk]; -1 for the root and orphans.
@@ -37,56 +44,80 @@ def _build_tree_kernel(plist_ptr, sel_ptr, seq_ptr, mask_ptr, mask_numel, pos_pt
     slot = tl.where(s >= 0, s // topk, parents)
     lookup = has_sel & (slot > 0) & (slot < parents)
     want = tl.load(plist_ptr + b * parents + slot, mask=lookup, other=-1)
-    s_col = tl.load(sel_row + idx, mask=idx < n - 1, other=-1)
-    eq = (want[:, None] == s_col[None, :]) & (idx[None, :] < n - 1) & lookup[:, None]
-    first = tl.min(tl.where(eq, idx[None, :], BLOCK_N), axis=1)
+    first = tl.full([BLOCK_N], BLOCK_N, tl.int32)
+    for j in range(0, n - 1):
+        first = tl.where((first == BLOCK_N) & (want == tl.load(sel_row + j)), j, first)
     parent = tl.where(has_sel & (s >= 0) & (slot == 0), 0, tl.where(lookup & (first < BLOCK_N), first + 1, -1))
+    tl.store(scratch + idx, parent, mask=live)
+    tl.debug_barrier()
 
-    # Ancestor matrix (root column and self included) and depths, one level per step.
-    init = ((idx[None, :] == 0) | (idx[None, :] == idx[:, None])) & live[:, None]
-    anc = init
+    # Depths: every node walks to the root; one still walking after n - 1 steps is on a
+    # cycle (so is every node above it) and is made an orphan at depth 1.
     cur = tl.where(live, idx, 0)
-    depth = tl.zeros([BLOCK_N], dtype=tl.int64)
+    depth = tl.zeros([BLOCK_N], dtype=tl.int32)
     for _step in range(0, n):
         walking = cur > 0
-        depth += walking.to(tl.int64)
-        up = tl.sum(tl.where(cur[:, None] == idx[None, :], parent[None, :], 0), axis=1)
-        cur = tl.where(walking, up, cur)
-        anc = anc | ((idx[None, :] == cur[:, None]) & (cur[:, None] > 0))
-    cyclic = depth >= n  # still walking after n - 1 steps: made an orphan
-    parent = tl.where(cyclic, -1, parent)
+        depth += walking.to(tl.int32)
+        cur = tl.where(walking, tl.load(scratch + cur, mask=walking, other=0).to(tl.int32), cur)
+    cyclic = depth >= n
     depth = tl.where(cyclic, 1, depth)
-    anc = tl.where(cyclic[:, None], init, anc)
-
-    # Links, children in ascending node order.
-    kids = (parent[None, :] == idx[:, None]) & (idx[None, :] >= 1) & live[None, :]
-    first_child = tl.min(tl.where(kids, idx[None, :], BLOCK_N), axis=1)
-    sibs = (parent[None, :] == parent[:, None]) & (parent[:, None] >= 0) & (idx[None, :] > idx[:, None]) & live[None, :]
-    next_sib = tl.min(tl.where(sibs, idx[None, :], BLOCK_N), axis=1)
-    base = b * n
-    tl.store(ridx_ptr + base + idx, base + idx, mask=live)
     tl.store(pos_ptr + base + idx, seq + depth, mask=live)
-    tl.store(nt_ptr + base + idx, tl.where(first_child < BLOCK_N, first_child, -1), mask=live)
-    tl.store(ns_ptr + base + idx, tl.where(next_sib < BLOCK_N, next_sib, -1), mask=live)
+    tl.store(ridx_ptr + base + idx, base + idx, mask=live)
 
-    cell = live[:, None] & live[None, :]
+    # The mask: row t holds the root, t and t's ancestors (an orphan: the root and itself).
+    walker = live & ~cyclic  # walks again, marking each ancestor
     if MODE == 2:  # QLEN_ONLY_BITPACKING: bit j of a little-endian word per row
-        word = tl.sum(tl.where(anc & cell, tl.full([1, BLOCK_N], 1, tl.int64) << idx[None, :], 0), axis=1)
+        one = tl.full([BLOCK_N], 1, tl.int64)
+        word = tl.where(live, one | (one << idx), 0)
+        cur = tl.where(walker, idx, 0)
+        for _step in range(0, n):
+            walking = cur > 0
+            cur = tl.where(walking, tl.load(scratch + cur, mask=walking, other=0).to(tl.int32), cur)
+            word = word | tl.where(walking & (cur > 0), one << cur, 0)
         for k in tl.static_range(PACKED_BYTES):
             tl.store(mask_ptr + (base + idx) * PACKED_BYTES + k, ((word >> (8 * k)) & 255).to(tl.uint8), mask=live)
-    elif MODE == 1:  # QLEN_ONLY: N x N bools per request
-        tl.store(mask_ptr + (base + idx[:, None]) * n + idx[None, :], anc.to(tl.uint8), mask=cell)
-    else:  # FULL_MASK: rows of seq_len + N columns after the previous requests' blocks
-        cap = mask_numel + 1
-        offset = tl.full([], 0, tl.int64)
-        for start in range(0, b_total, BLOCK_B):
-            bb = start + tl.arange(0, BLOCK_B)
-            sb = tl.maximum(tl.load(seq_ptr + bb, mask=bb < b, other=0), 0)
-            size = tl.where(sb > mask_numel // n, cap, (sb + n) * n)
-            offset = tl.minimum(cap, offset + tl.sum(tl.where(bb < b, size, 0), 0))
-        ok = (seq <= mask_numel // n) & (offset <= mask_numel - (seq + n) * n)
-        ptrs = mask_ptr + offset + idx[:, None] * (seq + n) + seq + idx[None, :]
-        tl.store(ptrs, anc.to(tl.uint8), mask=cell & ok)
+    else:
+        if MODE == 1:  # QLEN_ONLY: N x N bools per request
+            rows = mask_ptr + base * n
+            stride = n
+            ok = live
+        else:  # FULL_MASK: rows of seq_len + N columns after the previous requests' blocks
+            cap = mask_numel.to(tl.int64) + 1  # mask_numel is an i32 below 2^31: + 1 would wrap
+            offset = tl.full([], 0, tl.int64)
+            for start in range(0, b_total, BLOCK_B):
+                bb = start + tl.arange(0, BLOCK_B)
+                sb = tl.maximum(tl.load(seq_ptr + bb, mask=bb < b, other=0), 0)
+                size = tl.where(sb > mask_numel // n, cap, (sb + n) * n)
+                offset = tl.minimum(cap, offset + tl.sum(tl.where(bb < b, size, 0), 0))
+            rows = mask_ptr + offset + seq
+            stride = seq + n
+            ok = live & (seq <= mask_numel // n) & (offset <= mask_numel - (seq + n) * n)
+        for r in range(0, n):  # zero rows, then the ones (the barrier orders the two)
+            tl.store(rows + r * stride + idx, tl.zeros([BLOCK_N], tl.uint8), mask=ok)
+        tl.debug_barrier()
+        row = rows + idx * stride
+        tl.store(row, tl.full([BLOCK_N], 1, tl.uint8), mask=ok)
+        tl.store(row + idx, tl.full([BLOCK_N], 1, tl.uint8), mask=ok)
+        cur = tl.where(walker, idx, 0)
+        for _step in range(0, n):
+            walking = cur > 0
+            cur = tl.where(walking, tl.load(scratch + cur, mask=walking, other=0).to(tl.int32), cur)
+            tl.store(row + cur, tl.full([BLOCK_N], 1, tl.uint8), mask=ok & walking & (cur > 0))
+
+    # Links, children in ascending node order, from the parents (an orphan's is -1).
+    parent = tl.where(cyclic, -1, parent)
+    tl.debug_barrier()  # every walk has read the parked parents
+    tl.store(scratch + idx, parent, mask=live)
+    tl.debug_barrier()
+    first_child = tl.full([BLOCK_N], BLOCK_N, tl.int32)
+    next_sib = tl.full([BLOCK_N], BLOCK_N, tl.int32)
+    for v in range(1, n):
+        pv = tl.load(scratch + v).to(tl.int32)
+        first_child = tl.where((first_child == BLOCK_N) & (idx == pv), v, first_child)
+        next_sib = tl.where((next_sib == BLOCK_N) & (idx < v) & (parent == pv) & (pv >= 0), v, next_sib)
+    tl.debug_barrier()  # every lane has read the parents before the first children replace them
+    tl.store(nt_ptr + base + idx, tl.where(first_child < BLOCK_N, first_child, -1), mask=live)
+    tl.store(ns_ptr + base + idx, tl.where(next_sib < BLOCK_N, next_sib, -1), mask=live)
 
 
 def build_tree_kernel_efficient(parent_list, selected_index, verified_seq_len, tree_mask, positions, retrive_index,

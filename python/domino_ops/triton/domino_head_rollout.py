@@ -104,8 +104,9 @@ def _head_logits_kernel(base_ptr, w2_ptr, a_ptr, seeds_ptr, partial_ptr, rows_pt
     else:
         temperature = 0.0
     sampled = temperature > 0
-    # greedy rows keep NaN (torch.argmax picks the first); sampled rows count it as -inf
-    z = tl.where(sampled, tl.where(L == L, L / tl.where(sampled, temperature, 1.0), -float("inf")), L)
+    # greedy rows keep NaN (torch.argmax picks the first); sampled rows count it as -inf;
+    # div_rn: IEEE division, as the CUDA and CPU kernels divide (Triton's / is approximate)
+    z = tl.where(sampled, tl.where(L == L, tl.math.div_rn(L, tl.where(sampled, temperature, 1.0)), -float("inf")), L)
     out = partial_ptr + (s * tiles + t) * 6
     zn = store_tile_stats(out, z, offs_v, mask_v, V)
     if MAY_SAMPLE and not MAY_FILTER:  # with MAY_FILTER every sampled row is sampled from its row

@@ -81,7 +81,8 @@ def _scaled(row_ptr, offs, V, temperature, xmax):
     -inf; when xmax is +inf, 0 at the +inf entries and -inf elsewhere; -inf past V."""
     x = tl.load(row_ptr + offs, mask=offs < V, other=-float("inf")).to(tl.float32)
     inf_row = xmax == float("inf")
-    z = tl.where(inf_row, tl.where(x == float("inf"), 0.0, -float("inf")), (x - xmax) / temperature)
+    # div_rn: IEEE division, as the CUDA and CPU kernels divide (Triton's / is approximate)
+    z = tl.where(inf_row, tl.where(x == float("inf"), 0.0, -float("inf")), tl.math.div_rn(x - xmax, temperature))
     return tl.where((x != x) | (offs >= V), -float("inf"), z)
 
 
