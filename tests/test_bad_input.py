@@ -103,8 +103,11 @@ def test_head_rollout_refuses_to_overwrite_a_protected_tensor(backend):
         domino_ops.domino_head_rollout(*args.values(), write_logits=True, backend=backend)
     with torch.inference_mode():  # inside it, as the engine calls it: fine
         domino_ops.domino_head_rollout(*args.values(), write_logits=True, backend=backend)
-    args["base_logits"] = torch.randn(2, 3, 50, requires_grad=True)  # read only: fine
-    domino_ops.domino_head_rollout(*args.values(), backend=backend)
+    args["base_logits"] = torch.randn(2, 3, 50, requires_grad=True)  # read only: fine under no_grad
+    with torch.no_grad():
+        domino_ops.domino_head_rollout(*args.values(), backend=backend)
+    with pytest.raises(RuntimeError, match="base_logits requires grad and grad mode is on"):  # no backward
+        domino_ops.domino_head_rollout(*args.values(), backend=backend)
 
 
 FILTERED_PROBS_CASES = [
@@ -319,3 +322,46 @@ def test_unsigned_top_k_tensors_are_refused_by_name(dtype):
     with pytest.raises(TypeError, match=r"top_k as a tensor must have a signed integer dtype \(or uint8\)"):
         domino_ops.sample(x, temperature=1.0, top_k=torch.tensor([3, 2]).to(dtype))
     domino_ops.sample(x, temperature=1.0, top_k=torch.tensor([3, 2], dtype=torch.uint8))
+
+
+def _grad_cases():
+    """(op, call(tensors), tensors by argument name): one valid CPU call per inference op."""
+    from kernel_cases import head_rollout_inputs
+
+    g = torch.Generator().manual_seed(0)
+    r = lambda *shape, dtype=torch.float32: torch.randn(*shape, generator=g).to(dtype)  # noqa: E731
+    head = dict(zip(("base_logits", "hproj", "state", "gru_input", "w_ih", "w_hh", "w1s", "w2"),
+                    head_rollout_inputs(2, 3, 40, 8, 16, 12, torch.float32, torch.float32, True, 0)))
+    packed = domino_ops.pack_small_batch_linear_weight(r(5, 8))
+    expand = lambda t: domino_ops.domino_head_expand(  # noqa: E731
+        t["base_logits"], t["hproj"], t["state"][:1], torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long),
+        t["gru_input"], None, t["w_hh"], t["w1s"], t["w2"], num_children=2)
+    return [
+        ("small_batch_linear", lambda t: domino_ops.small_batch_linear(t["x"], t["weight"]),
+         dict(x=r(3, 8), weight=r(5, 8))),
+        ("small_batch_linear_packed", lambda t: domino_ops.small_batch_linear_packed(t["x"], packed),
+         dict(x=r(3, 8, dtype=torch.bfloat16))),
+        ("small_batch_attention", lambda t: domino_ops.small_batch_attention(t["q"], t["k"], t["v"]),
+         dict(q=r(1, 2, 3, 8), k=r(1, 1, 3, 8), v=r(1, 1, 3, 8))),
+        ("rms_norm", lambda t: domino_ops.rms_norm(t["input"], t["weight"]), dict(input=r(3, 8), weight=r(8))),
+        ("silu_mul", lambda t: domino_ops.silu_mul(t["gate"], t["up"]), dict(gate=r(3, 8), up=r(3, 8))),
+        ("apply_rotary_pos_emb", lambda t: domino_ops.apply_rotary_pos_emb(t["q"], t["k"], t["cos"], t["sin"]),
+         dict(q=r(1, 2, 3, 8), k=r(1, 1, 3, 8), cos=r(1, 3, 8), sin=r(1, 3, 8))),
+        ("filtered_probs", lambda t: domino_ops.filtered_probs(t["logits"], 1.0), dict(logits=r(2, 10))),
+        ("domino_head_rollout", lambda t: domino_ops.domino_head_rollout(*(t[k] for k in head)), dict(head)),
+        ("domino_head_expand", expand, dict(head)),
+    ]
+
+
+@pytest.mark.parametrize("op,call,tensors", _grad_cases(), ids=[c[0] for c in _grad_cases()])
+def test_inference_ops_refuse_inputs_that_require_grad_in_grad_mode(op, call, tensors):
+    """Each op is an inference kernel without a backward: with grad mode on, an input that
+    requires grad would silently get no gradient through it (the result used to come back
+    untracked), so it is refused naming that input; under no_grad the same call runs."""
+    name = next(k for k, v in tensors.items() if isinstance(v, torch.Tensor) and v.is_floating_point())
+    tracked = {**tensors, name: tensors[name].clone().requires_grad_()}
+    with pytest.raises(RuntimeError, match=rf"{op}: {name} requires grad and grad mode is on"):
+        call(tracked)
+    with torch.no_grad():
+        call(tracked)
+    call(tensors)  # nothing requires grad: grad mode on is fine

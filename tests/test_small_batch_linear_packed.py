@@ -281,12 +281,20 @@ def test_a_hand_made_packed_weight_is_checked(make_args, exc, msg):
 
 
 def test_reference_is_not_differentiable():
-    """Both backends of both linears return a tensor autograd does not track ("Not
-    differentiable", as documented), even for a weight that requires grad."""
+    """Both backends of both linears are inference kernels ("Not differentiable", as
+    documented): a weight that requires grad is refused in grad mode (the result would
+    not track it) and taken under no_grad, where the result tracks nothing."""
     x, w = torch.randn(3, 9), torch.randn(5, 9, requires_grad=True)
-    assert not domino_ops.small_batch_linear(x, w, backend="reference").requires_grad
-    packed = domino_ops.pack_small_batch_linear_weight(w)
-    assert not domino_ops.small_batch_linear_packed(x.bfloat16(), packed, backend="reference").requires_grad
+    with pytest.raises(RuntimeError, match="small_batch_linear: weight requires grad and grad mode is on"):
+        domino_ops.small_batch_linear(x, w, backend="reference")
+    with torch.no_grad():
+        assert not domino_ops.small_batch_linear(x, w, backend="reference").requires_grad
+        packed = domino_ops.pack_small_batch_linear_weight(w)
+    xb = x.bfloat16().requires_grad_()
+    with pytest.raises(RuntimeError, match="small_batch_linear_packed: x requires grad"):
+        domino_ops.small_batch_linear_packed(xb, packed, backend="reference")
+    with torch.no_grad():
+        assert not domino_ops.small_batch_linear_packed(xb, packed, backend="reference").requires_grad
 
 
 @needs_cpu

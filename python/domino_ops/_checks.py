@@ -174,6 +174,21 @@ def in_range(name: str, t: torch.Tensor, lo: int, hi: int, must: str = "be") -> 
         raise ValueError(f"{name} must {must} in [{lo}, {hi}), got values in [{t_min}, {t_max}]")
 
 
+def no_autograd(op: str, tensors) -> None:
+    """Raises RuntimeError naming the first of ``tensors`` ((name, tensor or None) pairs)
+    that requires grad while grad mode is on: ``op`` is an inference kernel with no
+    backward, so its result would silently not track gradients (a model trained through
+    it would get none for what feeds it). One flag read when grad mode is off, as in
+    ``torch.no_grad()`` / ``torch.inference_mode()``, where the engine calls the ops."""
+    if not torch.is_grad_enabled():
+        return
+    for name, t in tensors:
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            raise RuntimeError(f"{op}: {name} requires grad and grad mode is on, but {op} is an inference kernel "
+                               "with no backward (its result would not track gradients): call it under "
+                               "torch.no_grad() or torch.inference_mode(), or detach the inputs")
+
+
 def unit_interval(name: str, t: torch.Tensor, closed: bool = False) -> None:
     """Raises ValueError unless every value of ``t`` is in [0, 1) (NaN is not), or in [0, 1]
     where ``closed``: the coins a sampler consumes. Reads the values, so only on the CPU

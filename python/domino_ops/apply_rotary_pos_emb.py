@@ -37,7 +37,8 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
         backend: "auto" (default) or "native": the C++ kernel on the CPU; "reference": the
             PyTorch reference. On other devices "auto" runs the reference and "native" raises.
     Returns:
-        (q', k'): q's and k's shapes and dtype, contiguous. Not differentiable.
+        (q', k'): q's and k's shapes and dtype, contiguous. Not differentiable: inputs
+        that require grad with grad mode on are refused (RuntimeError naming them).
     """
     q = _checks.tensor("q", q, ndim=4, dtypes=_checks.FLOAT_OR_BF16)
     b, _, T, D = q.shape
@@ -49,6 +50,7 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
         t = _checks.tensor(name, t, ndim=3, dtypes=(q.dtype,), device=q.device)
         if t.shape[0] not in (1, b) or tuple(t.shape[1:]) != (T, D):
             raise ValueError(f"{name} must have shape [{b} or 1, {T}, {D}], got {list(t.shape)}")
+    _checks.no_autograd("apply_rotary_pos_emb", (("q", q), ("k", k), ("cos", cos), ("sin", sin)))
     if _checks.cpu_kernel_backend("apply_rotary_pos_emb", backend, q.device) == "reference":
         return reference.apply_rotary_pos_emb(q, k, cos, sin)
     q, k, cos, sin = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, cos, sin))

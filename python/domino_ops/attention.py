@@ -51,7 +51,8 @@ def small_batch_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mas
     Returns:
         [B, Hq, M, D] in q's dtype, a view of a [B, M, Hq, D] contiguous tensor (so
         ``.transpose(1, 2)``, HF's output layout, is contiguous): fp32 scores, softmax and
-        sums, rounded once. A row with no visible key is zeros. Not differentiable.
+        sums, rounded once. A row with no visible key is zeros. Not differentiable:
+        inputs that require grad with grad mode on are refused (RuntimeError naming them).
     """
     q = _checks.tensor("q", q, ndim=4, dtypes=_checks.FLOAT_OR_BF16)
     dev = q.device
@@ -73,6 +74,7 @@ def small_batch_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mas
         scale = 1.0 / math.sqrt(D)
     else:
         scale = _checks.number("scale", scale)
+    _checks.no_autograd("small_batch_attention", (("q", q), ("k", k), ("v", v), ("mask", mask)))
     if _checks.cpu_kernel_backend("small_batch_attention", backend, dev) == "reference":
         return reference.small_batch_attention(q, k, v, mask, float(scale))
     out = torch.empty(B, M, Hq, D, dtype=q.dtype).transpose(1, 2)

@@ -47,7 +47,8 @@ def small_batch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
             (there is no Triton kernel, and the CPU kernel is the point of this op).
     Returns:
         [..., N] in x's dtype: fp32 sums, plus the bias in fp32, rounded once. Not
-        differentiable (an inference kernel: the result does not track gradients).
+        differentiable (an inference kernel): inputs that require grad with grad mode on
+        are refused (RuntimeError naming them).
     """
     # The checks cost a serving loop each call (~120 a SmolLM2 forward): plain attribute
     # reads, no copies of an x already [M, K] and contiguous
@@ -72,6 +73,7 @@ def small_batch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
         bias = _checks.tensor("bias", bias, ndim=1, dtypes=(weight.dtype,), device=weight.device)
         _checks.shape("bias", bias, (N,))
         bias = bias.contiguous()
+    _checks.no_autograd("small_batch_linear", (("x", x), ("weight", weight), ("bias", bias)))
     if backend == "reference":
         return reference.small_batch_linear(x, weight, bias)
     if not on_cpu:

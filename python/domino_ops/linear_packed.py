@@ -146,7 +146,8 @@ def small_batch_linear_packed(x: torch.Tensor, weight: PackedLinearWeight, bias:
             (:func:`small_batch_linear_packed_supported`; RuntimeError without it);
             "reference": unpack and :func:`domino_ops.reference.small_batch_linear`.
     Returns:
-        [..., N] in ``out_dtype``. Not differentiable.
+        [..., N] in ``out_dtype``. Not differentiable: inputs that require grad
+        with grad mode on are refused (RuntimeError naming them).
     """
     # The checks cost a serving loop each call (~120 a SmolLM2 forward): plain attribute
     # reads, no copies of an x already [M, K] and contiguous
@@ -179,6 +180,7 @@ def small_batch_linear_packed(x: torch.Tensor, weight: PackedLinearWeight, bias:
         bias = _checks.tensor("bias", bias, ndim=1, dtypes=_checks.FLOAT_OR_BF16, device=x.device)
         _checks.shape("bias", bias, (N,))
         bias = bias.contiguous()
+    _checks.no_autograd("small_batch_linear_packed", (("x", x), ("bias", bias)))
     if backend == "reference":
         w = reference.unpack_small_batch_linear_weight(data, N, K)
         b = None if bias is None else bias.float()

@@ -157,6 +157,8 @@ def domino_head_rollout(base_logits: torch.Tensor, hproj: torch.Tensor, state: t
     _checks.no_overlap([("base_logits", base_logits)], _head_inputs("state", hproj, state, gru_input, w_ih, w_hh, w1s,
                                                                     w2, temperature, top_k, top_p))
 
+    _checks.no_autograd("domino_head_rollout", [("base_logits", base_logits)] + _head_inputs(
+        "state", hproj, state, gru_input, w_ih, w_hh, w1s, w2, temperature, top_k, top_p))
     chosen = select_backend("domino_head_rollout", dev, backend)
     if chosen == "reference":
         return reference.domino_head_rollout(
@@ -282,6 +284,8 @@ def domino_head_expand(base_logits: torch.Tensor, hproj: torch.Tensor, node_stat
                                w_hh_packed)
     if not isinstance(write_node_logits, bool):
         raise TypeError(f"write_node_logits must be a bool, got {type(write_node_logits).__name__}")
+    _checks.no_autograd("domino_head_expand", [("base_logits", base_logits)] + _head_inputs(
+        "node_state", hproj, node_state, gru_input, w_ih, w_hh, w1s, w2, temperature, top_k, top_p))
     if out is not None:
         check_expand_out(out, node_state.shape[0], num_children, node_state.shape[1], base_logits.shape[2],
                          base_logits.device, write_node_logits)
@@ -500,6 +504,7 @@ def filtered_probs(logits: torch.Tensor, temperature: float | torch.Tensor = 0.0
                             dtypes=_checks.FLOAT_OR_BF16)
     b, V = logits.shape[0], logits.shape[-1]
     _checks.sampling_params(temperature, top_k, top_p, rows=b, device=logits.device)
+    _checks.no_autograd("filtered_probs", (("logits", logits),))
     chosen = select_backend("filtered_probs", logits.device, backend)
     if chosen == "reference":
         return reference.filtered_probs(logits, temperature, top_k, top_p)

@@ -34,7 +34,8 @@ def rms_norm(input: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
         backend: "auto" (default) or "native": the C++ kernel on the CPU; "reference": the
             PyTorch reference. On other devices "auto" runs the reference and "native" raises.
     Returns:
-        input's shape and dtype. Not differentiable.
+        input's shape and dtype. Not differentiable: inputs that require grad
+        with grad mode on are refused (RuntimeError naming them).
     """
     if not isinstance(input, torch.Tensor):
         raise TypeError(f"input must be a torch.Tensor, got {type(input).__name__}")
@@ -43,6 +44,7 @@ def rms_norm(input: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
     weight = _checks.tensor("weight", weight, ndim=1, dtypes=(input.dtype,), device=input.device)
     _checks.shape("weight", weight, (n,))
     eps = _checks.number("eps", eps, lo=0.0)
+    _checks.no_autograd("rms_norm", (("input", input), ("weight", weight)))
     if _checks.cpu_kernel_backend("rms_norm", backend, input.device) == "reference":
         return reference.rms_norm(input, weight, float(eps))
     input = input.contiguous()

@@ -30,13 +30,15 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor, *, backend: str | None = None
         backend: "auto" (default) or "native": the C++ kernel on the CPU; "reference": the
             PyTorch reference. On other devices "auto" runs the reference and "native" raises.
     Returns:
-        gate's shape and dtype. Not differentiable.
+        gate's shape and dtype. Not differentiable: inputs that require grad
+        with grad mode on are refused (RuntimeError naming them).
     """
     if not isinstance(gate, torch.Tensor):
         raise TypeError(f"gate must be a torch.Tensor, got {type(gate).__name__}")
     gate = _checks.tensor("gate", gate, ndim=max(1, gate.dim()), dtypes=_checks.FLOAT_OR_BF16)
     up = _checks.tensor("up", up, ndim=gate.dim(), dtypes=(gate.dtype,), device=gate.device)
     _checks.shape("up", up, tuple(gate.shape))
+    _checks.no_autograd("silu_mul", (("gate", gate), ("up", up)))
     if _checks.cpu_kernel_backend("silu_mul", backend, gate.device) == "reference":
         return reference.silu_mul(gate, up)
     gate, up = gate.contiguous(), up.contiguous()
