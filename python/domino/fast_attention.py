@@ -48,11 +48,10 @@ _warned: set[str] = set()
 
 def _additive_mask(attention_mask, q: int, kv: int, query: torch.Tensor) -> torch.Tensor:
     """The mask this implementation receives (sdpa's: None, bool, or additive float) as the
-    additive float mask [b or 1, 1, q, kv] HF's eager attention adds to its scores (of
-    ``query``'s dtype and device). None
-    means causal with the kernel's rule (see :func:`small_batch_attention_forward`): query i
-    sees keys up to i, after the kv - q cached ones, or, in a first forward into an empty
-    static cache (q > 1, kv > q), up to i from the start."""
+    additive float mask [b or 1, 1, q, kv] of ``query``'s dtype and device that HF's eager
+    attention adds to its scores. None means causal by the kernel's rule (see
+    :func:`small_batch_attention_forward`): query i sees the kv - q cached keys and keys up
+    to its own, or, in a first forward into an empty static cache (q > 1, kv > q), keys 0..i."""
     if attention_mask is None:
         offset = 0 if q > 1 and kv > q else kv - q
         positions = torch.arange(kv, device=query.device)
