@@ -14,7 +14,9 @@ and on ``--heldout`` other prompts (the fit's honest error); ``--write`` stores 
 beside the drafter's weights (``calibration.json``), where
 ``DominoDraftModel.from_pretrained`` finds it. Its per-depth rates (the prior of the
 plan's acceptance per depth) are, for trees, how often the accepted path went on past
-each depth, as the plan counts them.
+each depth, as the plan counts them. Every run writes its report to
+``benchmarks/results/calibration.txt`` (the record of the shipped fit: restore it with git
+after a trial run), as the other benchmarks write theirs.
 
     python benchmarks/calibration.py --num-prompts 32 --offset 100 --write
 
