@@ -85,10 +85,33 @@ def test_a_step_decodes_only_the_tail():
     assert stop_length(Counting(), ids + tail, ["dog. lazy cow"], clean=len(ids)) is None
 
 
-@pytest.mark.parametrize("stop, expected", [(["b", "c"], "a"), (["c", "b"], "a"), ([""], "abc"), ([], "abc")])
+@pytest.mark.parametrize("stop, expected", [(["b", "c"], "a"), (["c", "b"], "a"), ([""], "abc"), ([], "abc"),
+                                            (["bc", "ab"], ""), (["ab", "bc"], "")])
 def test_text_is_cut_before_the_first_stop_string(stop, expected):
     class Chars:
         def decode(self, ids, skip_special_tokens=True):
             return "".join(chr(ord("a") + i) for i in ids)
 
     assert text_until_stop(Chars(), [0, 1, 2], stop) == expected
+
+
+def test_a_stop_string_holding_the_replacement_character_stops_where_one_token_at_a_time_does():
+    """A prefix that ends inside a multi-byte character decodes with U+FFFD at its end; the
+    next token completes the character and the U+FFFD is gone. A stop string holding it
+    matches that prefix (where one-token-at-a-time decoding stops), so a step completing
+    the character in the same round must still stop there: the whole text holds no U+FFFD,
+    and bisection assumed longer prefixes extend shorter ones (it returned None)."""
+    tok = tokenizer()
+    ids = tok.encode("\n\U0001f431, cat \u65e5\u672c", add_special_tokens=False)
+    texts = [tok.decode(ids[:k]) for k in range(1, len(ids) + 1)]
+    assert any(t.endswith("\ufffd") for t in texts) and "\ufffd" not in texts[-1]  # the case itself
+    for stop in (["\ufffd"], ["zzz", "\ufffd"], ["\n\ufffd"]):
+        expected = first_stop(tok, ids, stop)
+        assert expected is not None
+        for step in (1, 2, 3, len(ids)):
+            clean, got = 0, None
+            while clean < len(ids) and got is None:
+                n = min(len(ids), clean + step)
+                got = stop_length(tok, ids[:n], stop, clean)
+                clean = n
+            assert got == expected, (stop, step)

@@ -9,7 +9,9 @@ rewrite at the old text's end (an unfinished UTF-8 character shown as U+FFFD unt
 last byte arrives), so it starts at most one stop string's length before them. Decoding a
 slice of the tokens gives that slice's text up to the first few characters (a character
 cut in two, a leading space dropped), which is why the slice starts a margin of characters
-earlier. A hit found there is confirmed, and placed, on the text of whole prefixes.
+earlier. A hit found there is confirmed, and placed, on the text of whole prefixes. A
+stop string holding U+FFFD (the cut character itself) breaks that monotonicity and is
+matched prefix by prefix instead.
 """
 
 from __future__ import annotations
@@ -45,6 +47,23 @@ def _may_hit_after(tokenizer, ids: Sequence[int], stop: Sequence[str], clean: in
         back *= 2
 
 
+# What a decoder shows for a UTF-8 character cut in two at the end of a text: a prefix's
+# text ends with it where a longer prefix's shows the whole character.
+REPLACEMENT = "\ufffd"
+
+
+def _first_prefix_hit(tokenizer, ids: Sequence[int], stop: Sequence[str], clean: int) -> int | None:
+    """Prefix by prefix from ``clean + 1``: for a stop string holding U+FFFD, which matches a
+    character still cut in two at the end of one prefix and gone from the next one's text,
+    so the texts of longer prefixes do not extend shorter ones' and neither the whole
+    text's check nor bisection can place the hit (one decode of a whole prefix per token:
+    the price of such a stop string)."""
+    for n in range(clean + 1, len(ids) + 1):
+        if _contains(_decode(tokenizer, ids[:n]), stop):
+            return n
+    return None
+
+
 def stop_length(tokenizer, ids: Sequence[int], stop: Sequence[str], clean: int = 0) -> int | None:
     """The fewest leading tokens of ``ids`` whose text (``tokenizer.decode``, special tokens
     skipped) contains a string of ``stop``, or None. ``clean``: how many leading tokens are
@@ -52,6 +71,8 @@ def stop_length(tokenizer, ids: Sequence[int], stop: Sequence[str], clean: int =
     have changed is decoded, unless a hit is found there."""
     if not any(stop) or len(ids) <= clean:
         return None
+    if any(REPLACEMENT in s for s in stop):
+        return _first_prefix_hit(tokenizer, ids, stop, clean)
     if clean and not _may_hit_after(tokenizer, ids, stop, clean):
         return None
     if not _contains(_decode(tokenizer, ids), stop):
@@ -67,9 +88,8 @@ def stop_length(tokenizer, ids: Sequence[int], stop: Sequence[str], clean: int =
 
 
 def text_until_stop(tokenizer, ids: Sequence[int], stop: Sequence[str]) -> str:
-    """The text of ``ids`` (special tokens skipped), cut before the first stop string."""
+    """The text of ``ids`` (special tokens skipped), cut before the earliest occurrence of
+    any stop string (whatever their order in ``stop``: overlapping ones cut where the first
+    of them starts)."""
     text = _decode(tokenizer, ids)
-    for s in stop:
-        if s and s in text:
-            text = text[: text.index(s)]
-    return text
+    return text[: min((text.index(s) for s in stop if s and s in text), default=len(text))]
