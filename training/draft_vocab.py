@@ -17,13 +17,13 @@ acceptance this can cost.
 from __future__ import annotations
 
 import argparse
-import json
 from collections import Counter
 from pathlib import Path
 
 import torch
 
 from training.data import held_out_prompts, shard_index
+from training.generate_data import read_shard_records
 
 
 def response_counts(directory: Path, exclude: set[int]) -> tuple[Counter, list[int]]:
@@ -34,7 +34,7 @@ def response_counts(directory: Path, exclude: set[int]) -> tuple[Counter, list[i
     held_prompts = held_out_prompts(directory, exclude)
     counts, held = Counter(), []
     for f in sorted(Path(directory).glob("shard_*.jsonl")):
-        records = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+        records = read_shard_records(f)
         if shard_index(f) in exclude:
             held += [t for r in records for t in r["response_ids"]]
         elif held_prompts.isdisjoint(tuple(r["prompt_ids"]) for r in records):

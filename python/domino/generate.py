@@ -81,6 +81,8 @@ class GenerationResult:
 
 # the logits' dtypes the verify and sampling ops take (others are converted to float32)
 _OP_LOGITS_DTYPES = (torch.bfloat16, torch.float32)
+# the dtypes the head's kernels take a drafter's weights in (domino.loading.drafter_dtype)
+DRAFTER_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def _sampler_rows(logits: torch.Tensor, sampling: RowSampling) -> torch.Tensor:
@@ -164,7 +166,7 @@ def check_drafter_fits(target, drafter: DominoDraftModel) -> None:
     if t_dev != d_dev:
         raise ValueError(f"drafter: is on {d_dev} but the target is on {t_dev}")
     d_dtype = next(drafter.parameters()).dtype
-    if d_dtype not in (torch.float32, torch.bfloat16):
+    if d_dtype not in DRAFTER_DTYPES:
         raise ValueError(f"drafter: its weights are {str(d_dtype).replace('torch.', '')}, but the head's kernels "
                          "take float32 or bfloat16: convert it (a float16 target may keep a float32 drafter)")
 

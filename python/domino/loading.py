@@ -23,7 +23,7 @@ from domino.fast_attention import use_small_batch_attention
 from domino.fast_forward import use_fast_forward
 from domino.fast_layers import use_fused_layers
 from domino.fast_linear import use_small_batch_linear
-from domino.generate import DominoGenerator
+from domino.generate import DRAFTER_DTYPES, DominoGenerator
 from domino.model import DominoDraftModel
 
 DEFAULT_DRAFTER_DIR = Path(__file__).parent / "checkpoints" / "smollm2-135m-instruct"
@@ -121,7 +121,7 @@ def load_target(target, tokenizer=None, *, dtype=torch.float32, device="cpu"):
 def drafter_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype a drafter loads in beside a target of ``dtype``: the same, where the head's
     kernels take it (float32, bfloat16), else float32 (a float16 target's drafter)."""
-    return dtype if dtype in (torch.float32, torch.bfloat16) else torch.float32
+    return dtype if dtype in DRAFTER_DTYPES else torch.float32
 
 
 def random_drafter(target, seed: int = 0) -> DominoDraftModel:

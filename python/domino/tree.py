@@ -26,10 +26,10 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 
 import domino_ops
 from domino.kv_cache import GrowingCache, GrowingLayer
-from domino_ops.tree_draft import DraftTree, candidate_parents, tree_size
 from domino.prompts import check_int
 from domino.sampling_params import RowSampling, SamplingParams
 from domino.target import sliding_window
+from domino_ops.tree_draft import DraftTree, candidate_parents, tree_size
 
 
 @dataclass(frozen=True)

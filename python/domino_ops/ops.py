@@ -154,11 +154,9 @@ def domino_head_rollout(base_logits: torch.Tensor, hproj: torch.Tensor, state: t
         _check_writable("base_logits", base_logits)
     # one rule for every backend (the native kernels' own): base_logits, which a kernel may
     # write, shares no memory with the other arguments
-    _checks.no_overlap([("base_logits", base_logits)], _head_inputs("state", hproj, state, gru_input, w_ih, w_hh, w1s,
-                                                                    w2, temperature, top_k, top_p))
-
-    _checks.no_autograd("domino_head_rollout", [("base_logits", base_logits)] + _head_inputs(
-        "state", hproj, state, gru_input, w_ih, w_hh, w1s, w2, temperature, top_k, top_p))
+    inputs = _head_inputs("state", hproj, state, gru_input, w_ih, w_hh, w1s, w2, temperature, top_k, top_p)
+    _checks.no_overlap([("base_logits", base_logits)], inputs)
+    _checks.no_autograd("domino_head_rollout", [("base_logits", base_logits)] + inputs)
     chosen = select_backend("domino_head_rollout", dev, backend)
     if chosen == "reference":
         return reference.domino_head_rollout(
@@ -284,13 +282,11 @@ def domino_head_expand(base_logits: torch.Tensor, hproj: torch.Tensor, node_stat
                                w_hh_packed)
     if not isinstance(write_node_logits, bool):
         raise TypeError(f"write_node_logits must be a bool, got {type(write_node_logits).__name__}")
-    _checks.no_autograd("domino_head_expand", [("base_logits", base_logits)] + _head_inputs(
-        "node_state", hproj, node_state, gru_input, w_ih, w_hh, w1s, w2, temperature, top_k, top_p))
+    inputs = _head_inputs("node_state", hproj, node_state, gru_input, w_ih, w_hh, w1s, w2, temperature, top_k, top_p)
+    _checks.no_autograd("domino_head_expand", [("base_logits", base_logits)] + inputs)
     if out is not None:
         check_expand_out(out, node_state.shape[0], num_children, node_state.shape[1], base_logits.shape[2],
                          base_logits.device, write_node_logits)
-        inputs = _head_inputs("node_state", hproj, node_state, gru_input, w_ih, w_hh, w1s, w2, temperature, top_k,
-                              top_p)
         _checks.no_overlap(zip(("out's child_tokens", "out's child_logprobs", "out's child_state", "out's node_logits"),
                                out),
                            [("base_logits", base_logits), ("node_seq", node_seq), ("node_depth", node_depth),

@@ -26,6 +26,14 @@ NUM_WARPS = 4
 
 
 @triton.jit
+def _walk_up(scratch, cur):
+    """One step to the root: each walking node (cur > 0) moves to its parent, read from the
+    parked row; the others stay. Returns (the new cur, which were walking)."""
+    walking = cur > 0
+    return tl.where(walking, tl.load(scratch + cur, mask=walking, other=0).to(tl.int32), cur), walking
+
+
+@triton.jit
 def _build_tree_kernel(plist_ptr, sel_ptr, seq_ptr, mask_ptr, mask_numel, pos_ptr, ridx_ptr, nt_ptr, ns_ptr, b_total,
                        topk, parents, n, MODE: tl.constexpr, PACKED_BYTES: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_B: tl.constexpr):
@@ -56,9 +64,8 @@ def _build_tree_kernel(plist_ptr, sel_ptr, seq_ptr, mask_ptr, mask_numel, pos_pt
     cur = tl.where(live, idx, 0)
     depth = tl.zeros([BLOCK_N], dtype=tl.int32)
     for _step in range(0, n):
-        walking = cur > 0
+        cur, walking = _walk_up(scratch, cur)
         depth += walking.to(tl.int32)
-        cur = tl.where(walking, tl.load(scratch + cur, mask=walking, other=0).to(tl.int32), cur)
     cyclic = depth >= n
     depth = tl.where(cyclic, 1, depth)
     tl.store(pos_ptr + base + idx, seq + depth, mask=live)
@@ -71,8 +78,7 @@ def _build_tree_kernel(plist_ptr, sel_ptr, seq_ptr, mask_ptr, mask_numel, pos_pt
         word = tl.where(live, one | (one << idx), 0)
         cur = tl.where(walker, idx, 0)
         for _step in range(0, n):
-            walking = cur > 0
-            cur = tl.where(walking, tl.load(scratch + cur, mask=walking, other=0).to(tl.int32), cur)
+            cur, walking = _walk_up(scratch, cur)
             word = word | tl.where(walking & (cur > 0), one << cur, 0)
         for k in tl.static_range(PACKED_BYTES):
             tl.store(mask_ptr + (base + idx) * PACKED_BYTES + k, ((word >> (8 * k)) & 255).to(tl.uint8), mask=live)
@@ -100,8 +106,7 @@ def _build_tree_kernel(plist_ptr, sel_ptr, seq_ptr, mask_ptr, mask_numel, pos_pt
         tl.store(row + idx, tl.full([BLOCK_N], 1, tl.uint8), mask=ok)
         cur = tl.where(walker, idx, 0)
         for _step in range(0, n):
-            walking = cur > 0
-            cur = tl.where(walking, tl.load(scratch + cur, mask=walking, other=0).to(tl.int32), cur)
+            cur, walking = _walk_up(scratch, cur)
             tl.store(row + cur, tl.full([BLOCK_N], 1, tl.uint8), mask=ok & walking & (cur > 0))
 
     # Links, children in ascending node order, from the parents (an orphan's is -1).
