@@ -18,7 +18,7 @@ import argparse
 from pathlib import Path
 
 from domino.datastore import TokenDatastore
-from training.data import held_out_prompts, shard_index
+from training.data import held_out_prompts, repeats_held_out, shard_index
 from training.generate_data import read_shard_records
 
 
@@ -32,7 +32,7 @@ def responses(directory: Path, upto: int, exclude: set[int]) -> list[list[int]]:
         i = shard_index(f)
         if i < upto and i not in exclude:
             records = read_shard_records(f)
-            if not held.isdisjoint(tuple(r["prompt_ids"]) for r in records):
+            if repeats_held_out((r["prompt_ids"] for r in records), held):
                 continue
             out += [r["response_ids"] for r in records]
     return out

@@ -50,6 +50,13 @@ def held_out_prompts(directory: Path, shards) -> set[tuple[int, ...]]:
     return set().union(*(shard_prompts(directory, i) for i in shards if shard_path(directory, i).exists()))
 
 
+def repeats_held_out(prompts, held: set[tuple[int, ...]]) -> bool:
+    """Whether any of ``prompts`` (token-id sequences: one shard's) is one of the ``held``
+    out prompts (:func:`held_out_prompts`): such a shard is read by neither training, the
+    draft vocabulary nor the datastore."""
+    return not held.isdisjoint(tuple(p) for p in prompts)
+
+
 def load_shards(directory: Path, shards: list[int] | None = None, max_shards: int | None = None,
                 layer_ids: list[int] | None = None, features: bool = True) -> list[Conversation]:
     """Reads complete shards (the jsonl marks completion) and their features; with

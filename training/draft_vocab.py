@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from training.data import held_out_prompts, shard_index
+from training.data import held_out_prompts, repeats_held_out, shard_index
 from training.generate_data import read_shard_records
 
 
@@ -37,7 +37,7 @@ def response_counts(directory: Path, exclude: set[int]) -> tuple[Counter, list[i
         records = read_shard_records(f)
         if shard_index(f) in exclude:
             held += [t for r in records for t in r["response_ids"]]
-        elif held_prompts.isdisjoint(tuple(r["prompt_ids"]) for r in records):
+        elif not repeats_held_out((r["prompt_ids"] for r in records), held_prompts):
             for r in records:
                 counts.update(r["response_ids"])
     return counts, held

@@ -35,7 +35,7 @@ import torch.distributed as dist
 from domino.budget import Calibration
 from domino.model import DominoDraftModel
 from training.chunked_loss import chunked_draft_loss
-from training.data import (AnchorBatch, Conversation, held_out_prompts, load_shards, make_batch,
+from training.data import (AnchorBatch, Conversation, held_out_prompts, load_shards, make_batch, repeats_held_out,
                            restrict_to_draft_vocab, shard_index, shard_prompts, with_target_argmax_labels)
 from training.draft_vocab import most_frequent, response_counts
 from training.evaluate import generation_acceptance
@@ -409,7 +409,7 @@ def main(argv=None) -> dict:
         raise SystemExit(f"--train-shards: no shard {missing} in {args.data}")
     # a later pass over the prompt order holds the held-out prompts again (generate_data --passes)
     held_prompts = held_out_prompts(args.data, args.eval_shards)
-    leaking = [s for s in train_shards if not shard_prompts(args.data, s).isdisjoint(held_prompts)]
+    leaking = [s for s in train_shards if repeats_held_out(shard_prompts(args.data, s), held_prompts)]
     if leaking and args.train_shards:
         raise SystemExit(f"--train-shards: shards {leaking} hold prompts of the held-out shards {args.eval_shards} "
                          "(another pass over the same prompts): leave them out")
