@@ -51,6 +51,15 @@ def test_the_baseline_names_the_arguments_it_does_not_take(gen, name, value):
         gen.generate_target_only([3, 4, 5], max_new_tokens=2, **{name: value})
 
 
+@pytest.mark.parametrize("n", [2, 0])
+def test_the_baseline_refuses_more_than_one_sequence_a_prompt(gen, n):
+    """HF's num_return_sequences=2 gives two rows a prompt: the result held only the first
+    (one prompt) or misaligned them with the prompts (a batch)."""
+    with pytest.raises(ValueError, match="num_return_sequences must be 1"):
+        gen.generate_target_only([3, 4, 5], max_new_tokens=2, temperature=1.0, num_return_sequences=n)
+    assert len(gen.generate_target_only([3, 4, 5], max_new_tokens=2, num_return_sequences=1).token_ids) == 2
+
+
 def test_valid_requests_still_run(gen):
     res = gen.generate([[3, 4, 5], [6, 7]], max_new_tokens=5, stop=["9"])
     assert len(res.token_ids) == 2

@@ -765,11 +765,17 @@ class DominoGenerator:
         of :meth:`generate`'s own (``stop``, ``sampling``, ``generator``, ``stream``, and the
         drafting ones: ``use_head``, ``num_drafts``, ``tree``, ``lookup_tokens``,
         ``datastore_tokens``), each refused by name: HF's ``stop_strings`` (with
-        ``tokenizer=``) and ``torch.manual_seed`` are its ways to stop and seed."""
+        ``tokenizer=``) and ``torch.manual_seed`` are its ways to stop and seed. It returns
+        one sequence a prompt, as :meth:`generate`: ``num_return_sequences`` other than 1 is
+        refused (repeat the prompt in a batch instead)."""
         for name in ("stop", "sampling", "generator", "stream", "use_head", "num_drafts", "tree", "lookup_tokens",
                      "datastore_tokens"):
             if name in generate_kwargs:
                 raise TypeError(f"generate_target_only takes no {name}= (generate's own; see its docstring)")
+        # HF would return n rows a prompt, which the result (one a prompt) would drop or misalign
+        if (n := generate_kwargs.get("num_return_sequences", 1)) not in (1, None):
+            raise ValueError(f"num_return_sequences must be 1 (got {n!r}): generate_target_only returns one sequence "
+                             "a prompt; repeat the prompt in a batch for more")
         seqs, batch, _ = self._encode_request(prompt, max_new_tokens)
         domino_ops.check_sampling_params(temperature, top_k, top_p)
         ids, mask = self._left_pad(seqs)
