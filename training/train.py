@@ -22,6 +22,7 @@ batch of step s depends only on the seed and s).
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import math
 import os
@@ -381,7 +382,9 @@ def main(argv=None) -> dict:
     distributed = "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1
     rank, world = 0, 1
     if distributed:
-        dist.init_process_group("gloo")
+        # rank 0 evaluates (held-out conversations, generator prompts) while the others wait
+        # in the next step's gradient all-reduce: that can outlast gloo's default 30 minutes
+        dist.init_process_group("gloo", timeout=datetime.timedelta(hours=12))
         rank, world = dist.get_rank(), dist.get_world_size()
         torch.set_num_threads(max(1, (os.cpu_count() or 2) // world))
     log = (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
