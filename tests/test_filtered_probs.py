@@ -176,3 +176,18 @@ def test_the_wrapper_takes_any_leading_shape_and_backend(backend):
     assert got.shape == x.shape and got.dtype == torch.float32
     for row, p in zip(x.float().reshape(-1, 50).numpy(), got.reshape(-1, 50).double().numpy()):
         np.testing.assert_allclose(p, oracle_probs(row, 0.9, 7, 0.8), rtol=2e-5, atol=1e-37)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_argmax_limit_starts_below_1e_20(dtype):
+    """A temperature below domino_ops.sampling.GREEDY_BELOW (1e-20) is the argmax (ties: the
+    first); 1e-20 itself still samples, sharing the mass between tied maxima: the reference
+    and the kernel, as a scalar and per row."""
+    from domino_ops.sampling import GREEDY_BELOW
+    x = torch.tensor([[1.0, 1.0, 0.0]]).to(dtype)
+    assert GREEDY_BELOW == 1e-20
+    for T, want in ((1e-20, [0.5, 0.5, 0.0]), (0.99e-20, [1.0, 0.0, 0.0])):
+        for t in (T, torch.tensor([T])):  # a scalar, one per row
+            assert reference.filtered_probs(x, t, 0, 1.0).tolist() == [want], T
+            assert domino_ops.filtered_probs(x, t, 0, 1.0).tolist() == [want], T
+        assert run_poisoned(x, T, 0, 1.0).tolist() == [want], T

@@ -74,3 +74,20 @@ def test_filtered_tokens_are_never_drawn():
     logits = torch.tensor([[0.0, 5.0, 4.0, -1.0, 4.5]]).expand(5000, 5).contiguous()
     tokens = domino_ops.sample(logits, temperature=1.0, top_k=2, generator=torch.Generator().manual_seed(0))
     assert set(np.unique(tokens.numpy()).tolist()) <= {1, 4}
+
+
+def test_a_uniform_of_zero_draws_the_first_token_of_positive_weight():
+    """u = 0 (torch.rand gives it once in 2^53) draws the first token whose CDF exceeds 0,
+    the first one the filter keeps, not token 0 when token 0 is filtered out: the reference
+    (the oracle) and the kernel alike, as a scalar parameter and per row."""
+    logits = torch.tensor([[0.0, 5.0, 4.0, -1.0], [-3.0, -2.0, 7.0, 6.0], [9.0, 1.0, 1.0, 1.0]])
+    zeros = torch.zeros(3, dtype=torch.float64)
+    want = [1, 2, 0]  # top-2 keeps {1, 2}, {2, 3} and {0, 1, 2, 3} (ties kept): the first kept
+    tokens, _ = reference.sample_from_logits(logits, 1.0, 2, 1.0, zeros)
+    assert tokens.tolist() == want
+    out = torch.full((3,), POISON_TOKEN, dtype=torch.int64)
+    torch.ops.domino_ops.sample(logits, 1.0, 2, 1.0, zeros, out)
+    assert out.tolist() == want
+    out.fill_(POISON_TOKEN)
+    torch.ops.domino_ops.sample(logits, 1.0, 0, 1.0, zeros, out, row_top_k=torch.tensor([2, 2, 2]))
+    assert out.tolist() == want

@@ -450,3 +450,21 @@ def test_gpu_kernels_never_go_out_of_bounds_on_bad_values(backend, case):
     args = with_(**BAD_VALUES[case])
     run_guarded(backend, "tree_speculative_sampling_target_only", args, ("predicts", "accept_index", "accept_token_num"))
     assert ((args["accept_token_num"] >= 0) & (args["accept_token_num"] < 4)).all()
+
+
+@pytest.mark.parametrize("backend", params())
+def test_a_coin_on_a_childs_cumulative_mass_accepts_that_child(backend):
+    """sgl-kernel accepts the first child whose cumulative target mass reaches the coin
+    (coin <= acc): a coin of exactly 0.25 at a root whose children hold 0.25 and 0.75
+    accepts the first (token 3), not the second; then the final draw at node 1 (token 7)."""
+    candidates = torch.tensor([[0, 3, 5]])
+    target_probs = torch.zeros(1, 3, 8)
+    target_probs[0, 0, [3, 5]] = torch.tensor([0.25, 0.75])
+    target_probs[0, 1, 7] = 1.0
+    target_probs[0, 2, 0] = 1.0
+    next_token, next_sibling = links([[[1, 2], [], []]])
+    outs = verify_outputs(3, 1, 3)
+    call(outs, candidates, torch.arange(3).view(1, 3), next_token, next_sibling, torch.tensor([[0.25, 0.5, 0.5]]),
+         torch.tensor([0.5]), target_probs, backend=backend)
+    assert outs[0].tolist() == [3, 7, -1]
+    assert outs[1].tolist() == [[0, 1, -1]] and outs[2].tolist() == [1]

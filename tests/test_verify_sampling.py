@@ -7,6 +7,7 @@ import torch
 import domino_ops
 from domino_ops import reference
 from conftest import POISON_TOKEN
+from kernel_backends import backend_params
 from stats import assert_matches_distribution
 
 
@@ -100,3 +101,44 @@ def test_kernel_matches_reference_with_same_uniforms(b, k, V):
         m = int(acc[s])
         assert out[s, :m].tolist() == draft[s, :m].tolist()
         assert 0 <= out[s, m] < V and (out[s, m + 1:] == -1).all()
+
+
+def _zero_mass_case():
+    """Two rounds of two drafts: round 0's first draft has p = q = 0 (neither model can
+    produce it), round 1's first draft has p = 0 < q. Returns draft, q [2, 2, 5], p [2, 3, 5]."""
+    q = torch.full((2, 2, 5), 0.2)
+    p = torch.full((2, 3, 5), 0.25)
+    draft = torch.tensor([[4, 1], [4, 1]])
+    p[:, 0, 4] = 0.0
+    q[0, 0, 4], q[0, 0, 0] = 0.0, 0.4
+    return draft, q, p
+
+
+@pytest.mark.parametrize("backend", ["reference", "native"])
+def test_a_draft_without_target_mass_is_rejected(backend):
+    """Accept when u * q(x) < p(x): a draft the target gives probability 0 is rejected, also
+    where the draft gives it 0 too (0 < 0 is false) and at a uniform of 0 (torch.rand gives
+    it): the wrapper with any generator, and the op with zero uniforms."""
+    draft, q, p = _zero_mass_case()
+    for seed in range(5):
+        out, n = domino_ops.verify_sampling(draft, q, p, generator=torch.Generator().manual_seed(seed),
+                                            backend=backend)
+        assert n.tolist() == [0, 0] and 4 not in out[:, 0].tolist()
+    if backend == "native":
+        out = torch.full((2, 3), POISON_TOKEN, dtype=torch.int64)
+        n = torch.full((2,), POISON_TOKEN, dtype=torch.int64)
+        torch.ops.domino_ops.verify_sampling(draft, q, p, torch.zeros(2, 2, dtype=torch.float64),
+                                             torch.zeros(2, dtype=torch.float64), out, n)
+        assert n.tolist() == [0, 0] and 4 not in out[:, 0].tolist() and (out[:, 1:] == -1).all()
+
+
+@pytest.mark.parametrize("kb", backend_params())
+def test_gpu_kernels_reject_a_draft_without_target_mass(kb):
+    """The same on the GPU kernels (emulated CUDA, Triton; CUDA where there is a GPU), zero
+    uniforms, poisoned outputs."""
+    draft, q, p = (t.to(kb.device) for t in _zero_mass_case())
+    out = torch.full((2, 3), POISON_TOKEN, dtype=torch.int64, device=kb.device)
+    n = torch.full((2,), POISON_TOKEN, dtype=torch.int64, device=kb.device)
+    zeros = torch.zeros(2, 2, dtype=torch.float64, device=kb.device)
+    kb.kernel("verify_sampling")(draft, q, p, zeros, zeros[:, 0].contiguous(), out, n)
+    assert n.tolist() == [0, 0] and 4 not in out[:, 0].tolist() and (out[:, 1:] == -1).all()

@@ -373,3 +373,18 @@ def test_gpu_kernels_never_go_out_of_bounds_on_bad_values(backend, case):
     run_guarded(backend, "verify_tree_sampling", args, ("predicts", "accept_index", "accept_token_num"))
     assert ((args["accept_token_num"] >= 0) & (args["accept_token_num"] < 2)).all()
     assert ((args["predicts"] >= -1) & (args["predicts"] < 5)).all()
+
+
+@pytest.mark.parametrize("backend", params(ALL))
+def test_a_child_the_target_cannot_produce_is_rejected_at_a_coin_of_zero(backend):
+    """Accept when coin * q(x) < p(x): with p(x) = 0 not even a coin of 0 (torch.rand gives
+    it) accepts, so no token of target probability 0 is ever emitted; here neither child
+    (tokens 1 and 2) has target mass at the root, and the draw there lands on 0, 3 or 4."""
+    args = good_args()
+    p = args["target_probs"]
+    p[:, 0, 1:3] = 0.0
+    p[:, 0] /= p[:, 0].sum(-1, keepdim=True)
+    args["uniform_samples"] = torch.zeros(2, 3, dtype=torch.float64)
+    tree_op(backend, "verify_tree_sampling")(**args)
+    assert args["accept_token_num"].tolist() == [0, 0]
+    assert set(args["predicts"].view(2, 3)[:, 0].tolist()) <= {0, 3, 4}
