@@ -266,3 +266,52 @@ def test_past_the_drafter_contexts_first_capacity():
         with mock.patch.object(draft_context, "grown_capacity", lambda held, need: need + 100_000):
             roomy = generate()  # one allocation, never regrown
         assert roomy.acceptance_lengths == spec.acceptance_lengths
+
+
+@pytest.mark.parametrize("mode", [dict(tree=None, num_drafts=3), dict(tree=None), dict()])
+@pytest.mark.parametrize("rigged", [False, True])
+def test_no_round_runs_once_the_output_is_complete(mode, rigged):
+    """A round runs only while the output is short of max_new_tokens: the prefill's first
+    token and the rounds' tokens reach the limit, and without the last round they fall short
+    of it, at every limit (one round more at the limit costs a target forward and adds
+    nothing; the last round's count is what it accepted, before the cut to the limit)."""
+    gen = tiny_generator("qwen3")
+    ps = prompts(1, seed=3)
+    full = gen.generate_target_only(ps, max_new_tokens=12).token_ids[0]
+    rig = RiggedDrafts(gen, [ps[0] + full]) if rigged else None
+    try:
+        for limit in range(1, len(full) + 1):
+            res = gen.generate(ps[0], max_new_tokens=limit, **mode)
+            assert res.token_ids == full[:limit]
+            acc = res.acceptance_lengths
+            assert 1 + sum(acc[:-1]) < limit <= 1 + sum(acc) if acc else limit == 1, (limit, acc)
+    finally:
+        if rig:
+            rig.restore()
+
+
+@pytest.mark.parametrize("mode", [dict(tree=None, num_drafts=3), dict()])
+def test_the_drafters_context_holds_each_position_once_in_order(mode):
+    """The positions the drafter's context receives for a sequence's real tokens run
+    0, 1, 2, ... with no gap or repeat, prompt and every committed round alike (a position
+    off by one leaves the output exact, verification sees to that, but the drafter then
+    reads its context at the wrong rotary positions)."""
+    gen = tiny_generator("qwen3")
+    ps = [[3, 4, 5, 6, 7], [8, 9]]
+    gen.generate(ps, max_new_tokens=2, **mode)  # the budget's cost measurement (its own contexts) out of the way
+    seen = [[], []]
+    extend = gen.drafter.extend_context
+
+    def spy(cache, features, positions, valid):
+        for s in range(len(ps)):
+            seen[s] += positions[s][valid[s]].tolist()
+        return extend(cache, features, positions, valid)
+
+    gen.drafter.extend_context = spy
+    try:
+        res = gen.generate(ps, max_new_tokens=10, **mode)
+    finally:
+        del gen.drafter.extend_context
+    for s in range(len(ps)):
+        assert seen[s] == list(range(len(seen[s])))
+        assert len(ps[s]) <= len(seen[s]) <= len(ps[s]) + len(res.token_ids[s])

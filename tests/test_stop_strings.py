@@ -115,3 +115,17 @@ def test_a_stop_string_holding_the_replacement_character_stops_where_one_token_a
                 got = stop_length(tok, ids[:n], stop, clean)
                 clean = n
             assert got == expected, (stop, step)
+
+
+def test_a_step_completing_a_character_begun_before_it_finds_the_stop_string():
+    """A stop string (an emoji, one character of 4 bytes over 3 byte tokens) begun by the
+    clean tokens and completed by the step's one new token: the slice decoded for the check
+    must reach back past the character's first byte, which the margin of EDGE_CHARS
+    characters guarantees (a slice of only the stop string's length decodes to byte
+    fragments and misses it)."""
+    tok = tokenizer()
+    ids = tok.encode("🦈", add_special_tokens=False)
+    assert len(ids) == 3 and tok.decode(ids[:2]) == "\ufffd"
+    assert stop_length(tok, ids, ["🦈"], clean=2) == 3 == first_stop(tok, ids, ["🦈"])
+    prefix = tok.encode("fish: ", add_special_tokens=False)
+    assert stop_length(tok, prefix + ids, ["🦈"], clean=len(prefix) + 2) == len(prefix) + 3
