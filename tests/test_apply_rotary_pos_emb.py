@@ -141,3 +141,14 @@ def test_op_checks_what_the_wrapper_skips():
     with pytest.raises(RuntimeError, match="overlap|single memory location"):
         qq = q.contiguous()
         op(qq, k, cos, sin, qq, ko)
+
+
+def test_cos_and_sin_whose_halves_differ():
+    """HF's tables repeat the frequencies in both halves of the head dimension, but the op
+    computes q * cos + rotate_half(q) * sin for any cos and sin: each half of the output
+    takes its own half of the tables (bit for bit with the reference)."""
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 2, 3, 8, generator=g), torch.randn(1, 1, 3, 8, generator=g)
+    cos, sin = torch.randn(1, 3, 8, generator=g), torch.randn(1, 3, 8, generator=g)
+    got, want = domino_ops.apply_rotary_pos_emb(q, k, cos, sin), reference.apply_rotary_pos_emb(q, k, cos, sin)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])

@@ -163,3 +163,47 @@ def test_cuda_kernel_refuses_more_sequences_than_its_grid_takes():
     with pytest.raises(ValueError, match=r"domino_head_rollout: base_logits has 65536 rows; the CUDA kernel takes at "
                                          r"most 65535"):
         run_head_poisoned(emulated_cuda_kernel("domino_head_rollout"), inputs)
+
+
+def _zero_head(V, r=4, G=4, seed=0):
+    """gru_input, w_ih, w_hh, w1s, w2 of a head whose correction is 0 (w2 = 0): the tokens
+    are the base logits' argmax."""
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(V, 3 * G, generator=g), None, torch.randn(3 * G, G, generator=g), torch.randn(r, G, generator=g),
+            torch.zeros(V, r))
+
+
+def test_a_tie_across_the_threads_vocabulary_chunks_takes_the_first_token():
+    """Two threads split the vocabulary (V = 4100); the maximum is tied between a token of
+    the first chunk and one of the last: greedy takes the first, as torch.argmax."""
+    from torch_threads import torch_threads
+    V = 4100
+    base = torch.randn(1, 1, V, generator=torch.Generator().manual_seed(0))
+    base[0, 0, 5] = base[0, 0, 4097] = 50.0
+    with torch_threads(2):
+        tokens, _, _ = domino_ops.domino_head_rollout(base, torch.zeros(1, 1, 4), torch.zeros(1, 4), *_zero_head(V))
+    assert tokens.tolist() == [[5]]
+
+
+def test_a_gru_state_split_across_threads_matches_the_oracle():
+    """G = 512 splits the GRU's rows between two threads: every element of the new state,
+    the ones at the split included, matches the float64 oracle."""
+    from torch_threads import torch_threads
+    inputs = head_rollout_inputs(1, 2, 100, 64, 512, 8, torch.float32, torch.float32, True, 3)
+    want_tokens, _, want_state, _, _ = head_rollout_oracle(*inputs)
+    with torch_threads(2):
+        tokens, _, state = domino_ops.domino_head_rollout(*inputs)
+    assert torch.equal(tokens, want_tokens)
+    torch.testing.assert_close(state, want_state.float(), rtol=1e-4, atol=1e-5)
+
+
+def test_a_row_of_minus_infinity_gives_token_0_and_a_nan_logprob():
+    """A base row with no finite logit (and no correction): token 0, the documented answer
+    for a row without finite mass, and log_softmax's NaN as its log-probability, as the
+    reference."""
+    V = 20
+    args = (torch.full((1, 1, V), float("-inf")), torch.zeros(1, 1, 4), torch.zeros(1, 4), *_zero_head(V))
+    tokens, logprobs, _ = domino_ops.domino_head_rollout(*args)
+    want_tokens, want_logprobs, _ = domino_ops.domino_head_rollout(*args, backend="reference")
+    assert tokens.tolist() == want_tokens.tolist() == [[0]]
+    assert logprobs.isnan().all() and want_logprobs.isnan().all()

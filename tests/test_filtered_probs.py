@@ -191,3 +191,17 @@ def test_the_argmax_limit_starts_below_1e_20(dtype):
             assert reference.filtered_probs(x, t, 0, 1.0).tolist() == [want], T
             assert domino_ops.filtered_probs(x, t, 0, 1.0).tolist() == [want], T
         assert run_poisoned(x, T, 0, 1.0).tolist() == [want], T
+
+
+def test_top_k_of_one_less_than_the_vocabulary_drops_the_smallest():
+    """top_k = V - 1 is a filter (only top_k >= V is none): the smallest logit's token gets
+    no mass, scalar and per row, and sample never draws it."""
+    x = torch.tensor([[3.0, 2.0, 1.0], [0.5, -4.0, 0.0]])
+    for k in (2, torch.tensor([2, 2])):
+        want = reference.filtered_probs(x, 1.0, k, 1.0)
+        assert want[0, 2] == 0 and want[1, 1] == 0
+        assert_same_law(domino_ops.filtered_probs(x, 1.0, k, 1.0), want)
+    assert_same_law(run_poisoned(x, 1.0, 2, 1.0), want)
+    rows = x.repeat_interleave(2000, 0)
+    drawn = domino_ops.sample(rows, temperature=1.0, top_k=2, generator=torch.Generator().manual_seed(0))
+    assert not (drawn[:2000] == 2).any() and not (drawn[2000:] == 1).any()

@@ -475,3 +475,17 @@ def test_score_path_variable_is_checked():
         assert_close_to_float64(run_op(q, k, v), q, k, v, None)
     with scores_path("tiles"), pytest.raises(ValueError, match="must be auto, amx"):  # but it is checked
         run_op(q, k, v)
+
+
+def test_a_value_hidden_from_one_row_never_reaches_it():
+    """Key 0 is hidden from query row 1 only, and its value is NaN: rows 0 and 2 see the NaN,
+    row 1 is computed from its own visible keys alone (its own per-row key classes)."""
+    g = torch.Generator().manual_seed(1)
+    q, k, v = torch.randn(1, 1, 3, 4, generator=g), torch.randn(1, 1, 5, 4, generator=g), torch.randn(1, 1, 5, 4, generator=g)
+    v[0, 0, 0] = float("nan")
+    mask = torch.ones(1, 1, 3, 5, dtype=torch.bool)
+    mask[0, 0, 1, 0] = False
+    out = domino_ops.small_batch_attention(q, k, v, mask)
+    assert torch.isfinite(out[0, 0, 1]).all() and out[0, 0, [0, 2]].isnan().all()
+    want = domino_ops.small_batch_attention(q[:, :, 1:2], k[:, :, 1:4], v[:, :, 1:4])  # row 1's keys 1-3, causal end
+    torch.testing.assert_close(out[0, 0, 1], want[0, 0, 0], rtol=1e-6, atol=1e-6)

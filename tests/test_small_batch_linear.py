@@ -285,3 +285,15 @@ def test_direct_dispatcher_call_is_checked(over, msg):
     args.update(over)
     with pytest.raises(RuntimeError, match=msg):
         op(args["x"], args["weight"], args["bias"], args["out"])
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_an_infinity_in_one_row_stays_in_that_row(isa):
+    """Row 1 holds an infinity (K = 50, not a multiple of any vector width): row 0's outputs
+    stay finite and equal to row 0 computed alone, on every instruction-set path."""
+    g = torch.Generator().manual_seed(2)
+    x, w = torch.randn(2, 50, generator=g), torch.randn(7, 50, generator=g).bfloat16()
+    x[1, 0] = float("inf")
+    with forced_isa(isa):
+        y, alone = domino_ops.small_batch_linear(x, w), domino_ops.small_batch_linear(x[:1], w)
+    assert torch.isfinite(y[0]).all() and torch.equal(y[0], alone[0])

@@ -631,3 +631,19 @@ def test_fast_linear_forced_avx2_path_packs_nothing(monkeypatch):
     x = torch.randn(3, 40)
     with torch.no_grad():
         assert torch.equal(lin(x), domino_ops.small_batch_linear(x, lin.weight, lin.bias))
+
+
+@pytest.mark.parametrize("path", PACKED_PATHS)
+def test_an_odd_k_call_after_an_even_k_call_reads_no_stale_column(path):
+    """An odd K pads each row's bf16 pairs with one zero column in the thread's activation
+    buffer: a previous call's value there (a NaN at column 3 of a K = 4 call) must not reach
+    a K = 3 call's outputs."""
+    g = torch.Generator().manual_seed(4)
+    with packed_path(path), torch_threads(1):
+        w4 = domino_ops.pack_small_batch_linear_weight(torch.randn(5, 4, generator=g).bfloat16())
+        x4 = torch.tensor([[1.0, 1.0, 1.0, float("nan")]]).bfloat16()
+        domino_ops.small_batch_linear_packed(x4, w4)
+        w3 = torch.randn(5, 3, generator=g).bfloat16()
+        y = domino_ops.small_batch_linear_packed(torch.ones(1, 3).bfloat16(), domino_ops.pack_small_batch_linear_weight(w3))
+    assert torch.isfinite(y).all()
+    torch.testing.assert_close(y.float(), (torch.ones(1, 3) @ w3.float().T), rtol=1e-2, atol=1e-2)

@@ -388,3 +388,20 @@ def test_a_child_the_target_cannot_produce_is_rejected_at_a_coin_of_zero(backend
     tree_op(backend, "verify_tree_sampling")(**args)
     assert args["accept_token_num"].tolist() == [0, 0]
     assert set(args["predicts"].view(2, 3)[:, 0].tolist()) <= {0, 3, 4}
+
+
+@pytest.mark.parametrize("backend", params(ALL))
+def test_a_rejection_that_leaves_no_residual_keeps_the_target_row(backend):
+    """The root's only child (token 0) has no draft mass and is rejected; q equals p, so
+    max(0, p - q) has no mass: the final draw comes from p itself (token 2 at coin 0.9),
+    not from an empty residual (which would give token 0, outside p's support)."""
+    p = torch.tensor([[[0.0, 0.5, 0.5], [0.2, 0.3, 0.5]]])
+    args = dict(predicts=torch.full((2,), -7, dtype=torch.int32), accept_index=torch.full((1, 2), -7, dtype=torch.int32),
+                accept_token_num=torch.full((1,), -7, dtype=torch.int32), candidates=torch.tensor([[1, 0]]),
+                retrive_index=torch.tensor([[0, 1]]), retrive_next_token=torch.tensor([[1, -1]]),
+                retrive_next_sibling=torch.tensor([[-1, -1]]),
+                uniform_samples=torch.tensor([[0.5, 0.5]], dtype=torch.float64),
+                uniform_samples_for_final_sampling=torch.tensor([0.9], dtype=torch.float64), target_probs=p,
+                draft_probs=p.clone())
+    tree_op(backend, "verify_tree_sampling")(**args)
+    assert args["accept_token_num"].tolist() == [0] and args["predicts"][0].item() == 2
