@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import domino.generate
+import domino_ops
 from domino import budget
 from domino.budget import RoundCosts
 from engine_cases import V, check
@@ -82,3 +83,37 @@ def test_adaptive_budget_sampling_matches_target(monkeypatch):
     res = check(gen, 0.8, 0, 1.0, num_drafts=None)
     lens = [a for seq in res.acceptance_lengths for a in seq]
     assert max(lens) > 1 and max(chosen) > 0  # drafts were verified and accepted
+
+
+def test_the_draft_distribution_is_the_head_corrected_one_the_tokens_came_from():
+    """At T > 0 the drafter's q (Draft.vocab_logits / vocab_probs) at the head's positions is
+    the rollout's corrected distribution, the one its tokens were drawn from, not the
+    backbone's base logits: the reference rollout with the same inputs and generator writes
+    the same logits and draws the same tokens. (A q from the base logits keeps the chi-square
+    tests green on a tiny drafter, whose correction is small, but is not lossless.)"""
+    from domino.sampling_params import RowSampling
+
+    gen = tiny_generator("qwen3")
+    d = gen.drafter
+    g = torch.Generator().manual_seed(5)
+    b, n = 2, d.config.num_drafts
+    h = torch.randn(b, n, d.config.hidden_size, generator=g)
+    with torch.no_grad():
+        base = d.base_logits(h).float()
+        anchor = torch.tensor([3, 7])
+        P = d.config.pure_draft_prefix_len
+        draft = d.choose_tokens(h, base.clone(), anchor,
+                                sampling=RowSampling(0.9, 0, 1.0, torch.Generator().manual_seed(11), True))
+        # the same draws by hand: the prefix from the base logits, then the reference rollout
+        g2 = torch.Generator().manual_seed(11)
+        prefix = domino_ops.sample(base[:, :P].reshape(-1, base.shape[-1]), temperature=0.9, generator=g2).view(b, P)
+        E, w_ih, w_hh, w1h, w1s, w2 = d.head_weights()
+        state = d.gru_state(torch.cat([anchor[:, None], prefix], dim=1))
+        hproj = torch.nn.functional.linear(h[:, P:].to(w1h.dtype), w1h).float()
+        rest = base[:, P:].contiguous()
+        tokens, _, _ = domino_ops.domino_head_rollout(rest, hproj, state, E, w_ih, w_hh, w1s, w2, temperature=0.9,
+                                                      generator=g2, write_logits=True, backend="reference")
+    assert torch.equal(draft.tokens, torch.cat([prefix, tokens], dim=1))
+    assert (rest - base[:, P:]).abs().max() > 1e-3  # the head moved the logits: the check below has teeth
+    torch.testing.assert_close(draft.vocab_logits[:, P:], rest, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(draft.vocab_probs, domino_ops.filtered_probs(draft.vocab_logits, 0.9))
