@@ -152,3 +152,18 @@ def test_cos_and_sin_whose_halves_differ():
     cos, sin = torch.randn(1, 3, 8, generator=g), torch.randn(1, 3, 8, generator=g)
     got, want = domino_ops.apply_rotary_pos_emb(q, k, cos, sin), reference.apply_rotary_pos_emb(q, k, cos, sin)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_rows_split_across_threads_keep_their_positions():
+    """A call large enough to split its rows between two threads (9 + 3 heads x 203
+    positions x 64, a position count that divides no chunk): each thread's first row reads
+    its own position's tables, bit for bit with the reference."""
+    from torch_threads import torch_threads
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 9, 203, 64, generator=g), torch.randn(1, 3, 203, 64, generator=g)
+    angles = torch.rand(1, 203, 32, generator=g) * 100
+    emb = torch.cat([angles, angles], -1)
+    with torch_threads(2):
+        got = domino_ops.apply_rotary_pos_emb(q, k, emb.cos(), emb.sin())
+    want = reference.apply_rotary_pos_emb(q, k, emb.cos(), emb.sin())
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])

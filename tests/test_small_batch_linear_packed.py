@@ -647,3 +647,19 @@ def test_an_odd_k_call_after_an_even_k_call_reads_no_stale_column(path):
         y = domino_ops.small_batch_linear_packed(torch.ones(1, 3).bfloat16(), domino_ops.pack_small_batch_linear_weight(w3))
     assert torch.isfinite(y).all()
     torch.testing.assert_close(y.float(), (torch.ones(1, 3) @ w3.float().T), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("path", PACKED_PATHS)
+def test_one_row_writes_nothing_past_its_outputs(path):
+    """N = 68 (a whole panel and a partial one), one row, one thread (two weight streams):
+    the output is the first 68 elements of a longer buffer, whose tail stays untouched."""
+    N, K = 68, 32
+    g = torch.Generator().manual_seed(6)
+    w = domino_ops.pack_small_batch_linear_weight(torch.randn(N, K, generator=g).bfloat16())
+    x = torch.randn(1, K, generator=g).bfloat16()
+    buf = torch.full((N + 64,), -7.0, dtype=torch.bfloat16)
+    with packed_path(path), torch_threads(1):
+        op(x, w.data, N, None, buf[:N].view(1, N))
+    assert (buf[N:] == -7.0).all()
+    torch.testing.assert_close(buf[:N].float(), (x.float() @ reference.unpack_small_batch_linear_weight(w.data, N, K).float().T)[0],
+                               rtol=2e-2, atol=2e-2)

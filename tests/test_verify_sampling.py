@@ -142,3 +142,16 @@ def test_gpu_kernels_reject_a_draft_without_target_mass(kb):
     zeros = torch.zeros(2, 2, dtype=torch.float64, device=kb.device)
     kb.kernel("verify_sampling")(draft, q, p, zeros, zeros[:, 0].contiguous(), out, n)
     assert n.tolist() == [0, 0] and 4 not in out[:, 0].tolist() and (out[:, 1:] == -1).all()
+
+
+def test_a_rejection_that_leaves_no_residual_resamples_from_the_target():
+    """The draft (token 0) has no mass under q = p, so it is rejected, and max(0, p - q) has
+    no mass: the token comes from p itself (token 2 at a resample uniform of 0.9), not from
+    an empty residual (token 0, outside p's support)."""
+    p = torch.tensor([[[0.0, 0.5, 0.5], [0.2, 0.3, 0.5]]])
+    q = p[:, :1].clone()
+    out = torch.full((1, 2), POISON_TOKEN, dtype=torch.int64)
+    n = torch.full((1,), POISON_TOKEN, dtype=torch.int64)
+    torch.ops.domino_ops.verify_sampling(torch.tensor([[0]]), q, p, torch.tensor([[0.3]], dtype=torch.float64),
+                                         torch.tensor([0.9], dtype=torch.float64), out, n)
+    assert n.tolist() == [0] and out.tolist() == [[2, -1]]
