@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 import domino_ops
 from domino_ops import cpu, reference
+from torch_threads import torch_threads
 
 op = torch.ops.domino_ops.apply_rotary_pos_emb
 DTYPES = [torch.float32, torch.bfloat16]
@@ -158,7 +159,6 @@ def test_rows_split_across_threads_keep_their_positions():
     """A call large enough to split its rows between two threads (9 + 3 heads x 203
     positions x 64, a position count that divides no chunk): each thread's first row reads
     its own position's tables, bit for bit with the reference."""
-    from torch_threads import torch_threads
     g = torch.Generator().manual_seed(0)
     q, k = torch.randn(1, 9, 203, 64, generator=g), torch.randn(1, 3, 203, 64, generator=g)
     angles = torch.rand(1, 203, 32, generator=g) * 100

@@ -13,6 +13,7 @@ from kernel_backends import emulated_cuda_kernel
 from oracles import ARGMAX_MARGIN, head_rollout_oracle
 from poisoned_calls import run_head_poisoned
 from stats import assert_matches_distribution
+from torch_threads import torch_threads
 
 shape_strategy = head_input_strategy(b=[1, 2, 3, 8, 33], k=[1, 2, 5, 16], V=[1, 2, 17, 100, 257, 1000, 4099],
                                      r=[1, 3, 16, 33, 64], G=[1, 5, 16, 40], H=[1, 7, 32])
@@ -176,7 +177,6 @@ def _zero_head(V, r=4, G=4, seed=0):
 def test_a_tie_across_the_threads_vocabulary_chunks_takes_the_first_token():
     """Two threads split the vocabulary (V = 4100); the maximum is tied between a token of
     the first chunk and one of the last: greedy takes the first, as torch.argmax."""
-    from torch_threads import torch_threads
     V = 4100
     base = torch.randn(1, 1, V, generator=torch.Generator().manual_seed(0))
     base[0, 0, 5] = base[0, 0, 4097] = 50.0
@@ -188,7 +188,6 @@ def test_a_tie_across_the_threads_vocabulary_chunks_takes_the_first_token():
 def test_a_gru_state_split_across_threads_matches_the_oracle():
     """G = 512 splits the GRU's rows between two threads: every element of the new state,
     the ones at the split included, matches the float64 oracle."""
-    from torch_threads import torch_threads
     inputs = head_rollout_inputs(1, 2, 100, 64, 512, 8, torch.float32, torch.float32, True, 3)
     want_tokens, _, want_state, _, _ = head_rollout_oracle(*inputs)
     with torch_threads(2):
