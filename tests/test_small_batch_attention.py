@@ -481,7 +481,8 @@ def test_a_value_hidden_from_one_row_never_reaches_it():
     """Key 0 is hidden from query row 1 only, and its value is NaN: rows 0 and 2 see the NaN,
     row 1 is computed from its own visible keys alone (its own per-row key classes)."""
     g = torch.Generator().manual_seed(1)
-    q, k, v = torch.randn(1, 1, 3, 4, generator=g), torch.randn(1, 1, 5, 4, generator=g), torch.randn(1, 1, 5, 4, generator=g)
+    q = torch.randn(1, 1, 3, 4, generator=g)
+    k, v = torch.randn(1, 1, 5, 4, generator=g), torch.randn(1, 1, 5, 4, generator=g)
     v[0, 0, 0] = float("nan")
     mask = torch.ones(1, 1, 3, 5, dtype=torch.bool)
     mask[0, 0, 1, 0] = False
