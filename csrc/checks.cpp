@@ -38,8 +38,8 @@ void check_tensor(const at::Tensor& t, const char* name, int64_t dim, const at::
 }
 
 void check_sampling_params(double temperature, int64_t top_k, double top_p) {
-  TORCH_CHECK(temperature >= 0.0 && std::isfinite(temperature), "temperature must be finite and >= 0, got ",
-              temperature);
+  TORCH_CHECK(temperature >= 0.0 && finite_in_float32(temperature),
+              "temperature must be finite and >= 0 (finite in float32: <= 3.403e+38), got ", temperature);
   TORCH_CHECK(top_k >= 0, "top_k must be >= 0, got ", top_k);
   TORCH_CHECK(top_p > 0.0 && top_p <= 1.0, "top_p must be in (0, 1], got ", top_p);
 }

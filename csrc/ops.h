@@ -7,7 +7,9 @@
 
 #include <ATen/ATen.h>
 
+#include <cmath>
 #include <initializer_list>
+#include <limits>
 #include <optional>
 #include <utility>
 
@@ -28,6 +30,12 @@ struct SamplingArgs {
   // The kernels' view (sampling_params.h): pointers into the tensors.
   SamplingParams params() const;
 };
+
+// A double argument the kernels use as a float32 (a temperature, an eps, a scale) must be
+// finite there: past float32's largest value it would be inf (every token tied, every
+// norm 0). Compared in double, as the Python wrappers compare (NaN fails; no out-of-range
+// float conversion).
+inline bool finite_in_float32(double v) { return std::fabs(v) <= std::numeric_limits<float>::max(); }
 
 // A tensor argument by name, or nullptr for an optional one not given (opt()).
 using Named = std::pair<const char*, const at::Tensor*>;

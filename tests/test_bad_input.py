@@ -365,3 +365,107 @@ def test_inference_ops_refuse_inputs_that_require_grad_in_grad_mode(op, call, te
     with torch.no_grad():
         call(tracked)
     call(tensors)  # nothing requires grad: grad mode on is fine
+
+
+@pytest.mark.parametrize("temperature", [1e39, 1e300])
+def test_direct_calls_refuse_a_temperature_past_float32(temperature):
+    """The kernels divide in float32: past its largest value the temperature would be inf
+    there, every token tied (the raw ops had returned a uniform distribution, the argmax of
+    nothing). The wrappers refused it; each sampling op's C++ check now does too, before
+    writing anything. float32's largest value itself is taken."""
+    must = r"temperature must be finite and >= 0 \(finite in float32"
+    logits = torch.tensor([[0.0, 10.0, 20.0]])
+    probs = torch.full((1, 3), -7.0)
+    with pytest.raises(RuntimeError, match=must):
+        torch.ops.domino_ops.filtered_probs(logits, temperature, 0, 1.0, probs)
+    assert (probs == -7).all()
+    tokens = torch.full((1,), -7, dtype=torch.int64)
+    with pytest.raises(RuntimeError, match=must):
+        torch.ops.domino_ops.sample(logits, temperature, 0, 1.0, torch.tensor([0.1], dtype=torch.float64), tokens)
+    assert (tokens == -7).all()
+    a = head()
+    with pytest.raises(RuntimeError, match=must):
+        torch.ops.domino_ops.domino_head_rollout(*a.values(), temperature, 0, 1.0, torch.rand(2, 3, dtype=torch.float64),
+                                                 False, torch.empty(2, 3, dtype=torch.int64), torch.empty(2, 3),
+                                                 torch.empty(2, 6))
+    node = torch.tensor([0, 1])
+    with pytest.raises(RuntimeError, match=must):
+        torch.ops.domino_ops.domino_head_expand(
+            a["base_logits"], a["hproj"], a["state"], node, torch.zeros(2, dtype=torch.int64), a["gru_input"],
+            None, a["w_hh"], a["w1s"], a["w2"], temperature, 0, 1.0, torch.rand(2, 1, dtype=torch.float64),
+            torch.empty(2, 1, dtype=torch.int64), torch.empty(2, 1), torch.empty(2, 1, 6), torch.empty(2, 50))
+    largest = torch.finfo(torch.float32).max
+    torch.ops.domino_ops.filtered_probs(logits, largest, 0, 1.0, probs)
+    assert torch.allclose(probs, torch.full((1, 3), 1 / 3))
+
+
+@pytest.mark.parametrize("backend", ["native", "reference"])
+def test_sampling_parameters_may_be_any_real_numbers(backend):
+    """A fractions.Fraction top_p (a numbers.Real, which the checks accept) had broken the
+    reference (torch.full refuses it) while the native kernel took it: the wrappers pass
+    every number on as Python's float / int, so both give what the floats give."""
+    from fractions import Fraction
+
+    import numpy as np
+
+    x = torch.randn(3, 9, generator=torch.Generator().manual_seed(1))
+    as_floats = dict(temperature=0.7, top_k=4, top_p=0.9)
+    as_others = dict(temperature=Fraction(7, 10), top_k=np.uint8(4), top_p=Fraction(9, 10))
+    for kw in (as_floats, as_others):
+        kw["got"] = domino_ops.sample(x, **{k: kw[k] for k in ("temperature", "top_k", "top_p")},
+                                      generator=torch.Generator().manual_seed(2), backend=backend)
+    assert torch.equal(as_others["got"], as_floats["got"])
+    want = domino_ops.filtered_probs(x, 0.7, 4, 0.9, backend=backend)
+    assert torch.equal(domino_ops.filtered_probs(x, Fraction(7, 10), 4, Fraction(9, 10), backend=backend), want)
+    a = head()
+    rollout = [domino_ops.domino_head_rollout(*a.values(), temperature=t, top_p=p, backend=backend,
+                                              generator=torch.Generator().manual_seed(3))
+               for t, p in ((0.7, 0.9), (Fraction(7, 10), Fraction(9, 10)))]
+    assert all(torch.equal(u, v) for u, v in zip(*rollout))
+    expand = [domino_ops.domino_head_expand(a["base_logits"], a["hproj"], a["state"], torch.tensor([0, 1]),
+                                            torch.tensor([0, 2]), a["gru_input"], None, a["w_hh"], a["w1s"], a["w2"],
+                                            num_children=2, temperature=t, top_p=p, backend=backend,
+                                            generator=torch.Generator().manual_seed(4))
+              for t, p in ((0.7, 0.9), (Fraction(7, 10), Fraction(9, 10)))]
+    assert all(torch.equal(u, v) for u, v in zip(*expand))
+
+
+def test_value_reading_ops_refuse_meta_tensors_by_name():
+    """The samplers' and tree ops' references read values, which meta tensors lack: the
+    wrappers say so (they had failed inside PyTorch, naming no argument); the ops whose
+    references only compute still run on meta, and the raw ops have fake kernels."""
+    from tree_cases import sgl_verify_args
+
+    must = r"reads its inputs' values, which tensors on the meta device do not have"
+    logits = torch.randn(2, 5, device="meta")
+    with pytest.raises(ValueError, match="filtered_probs " + must):
+        domino_ops.filtered_probs(logits, 0.5)
+    with pytest.raises(ValueError, match="sample " + must):
+        domino_ops.sample(logits, temperature=0.5, top_k=2)
+    draft = torch.zeros(2, 3, dtype=torch.int64, device="meta")
+    with pytest.raises(ValueError, match="verify_sampling " + must):
+        domino_ops.verify_sampling(draft, torch.rand(2, 3, 5, device="meta"), torch.rand(2, 4, 5, device="meta"))
+    args, logits = sgl_verify_args()
+    meta = {k: v.to("meta") for k, v in args.items()}
+    with pytest.raises(ValueError, match="verify_tree_greedy " + must):
+        domino_ops.verify_tree_greedy(**meta, target_predict=logits.argmax(-1).to("meta"))
+    on_meta = [None if v is None else v.to("meta") for v in head().values()]
+    tokens, logprobs, state = domino_ops.domino_head_rollout(*on_meta)
+    assert tokens.device.type == "meta" and tokens.shape == (2, 3)
+
+
+def test_numpy_bools_are_bools():
+    """A NumPy bool passes where a bool is asked for (it had been refused as "must be a
+    bool, got bool"); an int does not."""
+    import numpy as np
+
+    a = head()
+    want = domino_ops.domino_head_rollout(*a.values(), write_logits=False)
+    got = domino_ops.domino_head_rollout(*a.values(), write_logits=np.bool_(False))
+    assert all(torch.equal(u, v) for u, v in zip(got, want))
+    with pytest.raises(TypeError, match="write_logits must be a bool, got int"):
+        domino_ops.domino_head_rollout(*a.values(), write_logits=0)
+    out = domino_ops.domino_head_expand(a["base_logits"], a["hproj"], a["state"], torch.tensor([0, 1]),
+                                        torch.tensor([0, 2]), a["gru_input"], None, a["w_hh"], a["w1s"], a["w2"],
+                                        num_children=2, write_node_logits=np.bool_(False))
+    assert out[3] is None

@@ -5,6 +5,7 @@ parent-pointer oracle in all three mask modes with poisoned outputs, and bad inp
 import random
 import re
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given
@@ -366,6 +367,11 @@ WRAPPER_CASES = [
     (with_(retrive_next_token=torch.zeros(2, 4, dtype=torch.int64)), ValueError, r"retrive_next_token must have shape \[2, 5\]"),
     (with_(retrive_index=torch.zeros(2, 5)), TypeError, "retrive_index must be int64"),
     (with_(topk=0), ValueError, "topk must be >= 1"),
+    # the native kernel's bound on every backend (the reference and Triton had built a tree;
+    # 2**70 had given a contradictory message from the schema, or Triton's OverflowError)
+    (with_(topk=2 ** 40), ValueError, "topk must be <= 1048576"),
+    (with_(depth=2 ** 70), ValueError, "depth must be <= 1048576"),
+    (with_(topk=np.bool_(True)), TypeError, "topk must be an int, got a bool"),
     (with_(depth=2.0), TypeError, "depth must be an int"),
     (with_(draft_token_num=True), TypeError, "draft_token_num must be an int"),
     (with_(tree_mask_mode=3), ValueError, "tree_mask_mode must be 0"),

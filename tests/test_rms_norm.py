@@ -119,6 +119,8 @@ def test_op_checks_what_the_wrapper_skips():
         op(x.t(), torch.ones(2), 1e-6, torch.empty(8, 2))
     with pytest.raises(RuntimeError, match="eps must be finite"):
         op(x, w, float("inf"), torch.empty_like(x))
+    with pytest.raises(RuntimeError, match=r"eps must be finite and >= 0 \(finite in float32\)"):
+        op(x, w, 1e39, torch.empty_like(x))  # inf in float32: every row had come out 0
     with pytest.raises(RuntimeError, match="share a dtype"):
         op(x, w.bfloat16(), 1e-6, torch.empty_like(x))
     with pytest.raises(RuntimeError, match="refer to a single memory location"):

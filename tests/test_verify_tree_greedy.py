@@ -127,6 +127,17 @@ def with_(**over):
     return with_args(good_args, **over)
 
 
+TOKEN_IDS = r"target_predict must hold token ids \(predicts is int32\) in \[0, 2147483648\)"
+
+
+def off_path(value):
+    """sgl-kernel's case with ``value`` as the target's token at a node off every accepted
+    path (request 1's node 2: its walk goes 0, 4, 5)."""
+    args = good_args()
+    args["target_predict"][1, 2] = value
+    return args
+
+
 WRAPPER_CASES = [
     (with_(predicts=torch.zeros(12, dtype=torch.int64)), TypeError, "predicts must be int32"),
     (with_(predicts=torch.zeros(12, 1, dtype=torch.int32)), ValueError, "predicts must have 1 dimension"),
@@ -143,6 +154,12 @@ WRAPPER_CASES = [
     (with_(target_predict=torch.zeros(2, 6, dtype=torch.int32)), TypeError, "target_predict must be int64"),
     (with_(target_predict=torch.zeros(2, 7, dtype=torch.int64)), ValueError, "target_predict must have shape"),
     (with_(target_predict=None), TypeError, "target_predict must be a torch.Tensor"),
+    # every backend refuses a token a cast into int32 predicts would change, on the accepted
+    # path (the reference and Triton kernels had written -5, or 2**32 + 7's low bits) or off it
+    (with_(target_predict=torch.full((2, 6), -5)), ValueError, TOKEN_IDS),
+    (with_(target_predict=torch.full((2, 6), 2 ** 32 + 7)), ValueError, TOKEN_IDS),
+    (off_path(-1), ValueError, TOKEN_IDS),
+    (off_path(2 ** 31), ValueError, TOKEN_IDS),
 ]
 
 
@@ -202,8 +219,8 @@ DIRECT_CASES = [
     (with_(candidates=torch.zeros(2, 6, dtype=torch.int64).T.contiguous().T), "candidates must be contiguous"),
     (with_(target_predict=torch.zeros(2, 5, dtype=torch.int64)), "target_predict must have shape"),
     # nothing matches: the root's token is the bonus, written into int32 predicts (a cast kept its low bits)
-    (with_(target_predict=torch.full((2, 6), 2 ** 32 + 9)), r"target_predict must hold token ids in \[0, 2\*\*31\)"),
-    (with_(target_predict=torch.full((2, 6), -3)), r"target_predict must hold token ids in \[0, 2\*\*31\)"),
+    (with_(target_predict=torch.full((2, 6), 2 ** 32 + 9)), TOKEN_IDS),
+    (with_(target_predict=torch.full((2, 6), -3)), TOKEN_IDS),
 ]
 
 

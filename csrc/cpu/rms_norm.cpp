@@ -56,7 +56,7 @@ void check_norm_args(const at::Tensor& input, const at::Tensor& weight, double e
   TORCH_CHECK(weight.dim() == 1 && weight.size(0) == n, "weight must have shape [", n, "] (input's last dimension), got ",
               weight.sizes());
   TORCH_CHECK(out.sizes() == input.sizes(), "out must have input's shape ", input.sizes(), ", got ", out.sizes());
-  TORCH_CHECK(std::isfinite(eps) && eps >= 0.0, "eps must be finite and >= 0, got ", eps);
+  TORCH_CHECK(finite_in_float32(eps) && eps >= 0.0, "eps must be finite and >= 0 (finite in float32), got ", eps);
   // Row by row, each element read before it is written: out may be input itself, but not
   // overlap it otherwise, nor the weight.
   at::assert_no_partial_overlap(out, input);

@@ -357,7 +357,7 @@ void small_batch_attention_cpu(const at::Tensor& q, const at::Tensor& k, const a
                                const std::optional<at::Tensor>& mask, double scale, at::Tensor out) {
   check_args(q, k, v, mask, out);
   // the kernels multiply in float32: a double past float32's range would make every score inf
-  TORCH_CHECK(std::isfinite(static_cast<float>(scale)), "scale must be finite in float32, got ", scale);
+  TORCH_CHECK(finite_in_float32(scale), "scale must be finite in float32, got ", scale);
   if (out.numel() == 0) return;
   if (q.scalar_type() == at::kFloat) dispatch_mask<float>(q, k, v, mask, scale, out);
   else dispatch_mask<c10::BFloat16>(q, k, v, mask, scale, out);

@@ -44,6 +44,15 @@ void verify_tree_greedy_cpu(at::Tensor predicts, at::Tensor accept_index, at::Te
   check_tree_links(ridx, next_token, next_sibling, bs, n, std::min<int64_t>(predicts.numel(), bs * n),
                    "min(predicts.numel(), bs * num_draft_tokens)");
 
+  // Tokens go into int32 predicts: refuse what a cast would change. All of them, not only
+  // the accepted path's, so that every backend refuses the same calls (the wrapper checks
+  // the whole tensor before the reference and Triton kernels).
+  for (int64_t i = 0; i < bs * n; ++i) {
+    TORCH_CHECK(target[i] >= 0 && target[i] <= std::numeric_limits<int32_t>::max(),
+                "target_predict must hold token ids (predicts is int32) in [0, 2147483648), got ", target[i],
+                " at flat index ", i);
+  }
+
   // Pass 1: the accepted path of every request (nodes) and its tokens, nothing written yet.
   std::vector<int64_t> path(bs * steps), tokens(bs * steps), accepted(bs);
   for (int64_t b = 0; b < bs; ++b) {
@@ -61,11 +70,6 @@ void verify_tree_greedy_cpu(at::Tensor predicts, at::Tensor accept_index, at::Te
     }
     tok[num] = target[ridx[b * n + node]];  // the target's token at the last node
     accepted[b] = num;
-    for (int64_t j = 0; j <= num; ++j) {  // written into int32 predicts: refuse what a cast would change
-      TORCH_CHECK(tok[j] >= 0 && tok[j] <= std::numeric_limits<int32_t>::max(),
-                  "target_predict must hold token ids in [0, 2**31) (predicts is int32), got ", tok[j],
-                  " on request ", b, "'s accepted path");
-    }
   }
 
   write_tree_paths(predicts, accept_index, accept_token_num, tree, path, tokens, accepted);

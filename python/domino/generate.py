@@ -50,6 +50,7 @@ from domino.target import bare_generation_config, cache_kwarg, sliding_window, s
 from domino.tree import (DEFAULT_TREE, TreeLinks, TreeShape, check_tree_attention, compact_tree_cache,
                          depths_tried, graft_chains, graft_sizes, path_acceptance, top_chain_counts, tree_attention_mask,
                          tree_attention_supported, tree_links, verify_tree)
+from domino_ops import _checks
 from domino_ops.tree_draft import DraftTree, select_draft_nodes
 
 
@@ -305,8 +306,7 @@ class DominoGenerator:
         """
         seqs, batch, stop = self._encode_request(prompt, max_new_tokens, stop)
         params = self._sampling_params(len(seqs), temperature, top_k, top_p, sampling)
-        if not isinstance(use_head, bool):
-            raise TypeError(f"use_head must be a bool, got {type(use_head).__name__}")
+        use_head = _checks.flag("use_head", use_head)
         self._check_stream_and_generator(stream, generator)
         window = sliding_window(self.target.config)
         if window is not None and len(seqs) > 1:

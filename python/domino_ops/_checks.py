@@ -46,10 +46,12 @@ def shape(name: str, t: torch.Tensor, expected: tuple) -> None:
         raise ValueError(f"{name} must have shape {want}, got {list(t.shape)}")
 
 
-def sampling_params(temperature, top_k, top_p, rows: int | None = None, device=None) -> None:
+def sampling_params(temperature, top_k, top_p, rows: int | None = None, device=None) -> tuple:
     """temperature >= 0, integer top_k >= 0, top_p in (0, 1]: each a Python number or, when
     ``rows`` is given, a [rows] tensor on ``device`` (one value per row). Tensor values are
-    checked on the host, except while a CUDA graph is being captured (no sync there)."""
+    checked on the host, except while a CUDA graph is being captured (no sync there).
+    Returns the three with numbers as Python's float / int / float (a NumPy scalar or a
+    ``fractions.Fraction`` then works in every backend), tensors as they are."""
     if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 0):
         raise ValueError(f"rows must be None or an int >= 0, got {rows!r}")
     if device is not None and not isinstance(device, torch.device):
@@ -69,8 +71,11 @@ def sampling_params(temperature, top_k, top_p, rows: int | None = None, device=N
         raise ValueError(f"top_k must be >= 0 (0 disables it), got {top_k}")
     if not isinstance(top_p, torch.Tensor) and not 0.0 < top_p <= 1.0:
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    as_python = (temperature if isinstance(temperature, torch.Tensor) else float(temperature),
+                 top_k if isinstance(top_k, torch.Tensor) else int(top_k),
+                 top_p if isinstance(top_p, torch.Tensor) else float(top_p))
     if _capturing(device):
-        return
+        return as_python
     if isinstance(temperature, torch.Tensor) and not bool(((temperature >= 0) & (temperature <= FLOAT32_MAX)).all()):
         raise ValueError(f"temperature must be finite and >= 0 in every row (finite in float32), "
                          f"got {temperature.tolist()}")
@@ -78,6 +83,7 @@ def sampling_params(temperature, top_k, top_p, rows: int | None = None, device=N
         raise ValueError(f"top_k must be >= 0 in every row (0 disables it), got {top_k.tolist()}")
     if isinstance(top_p, torch.Tensor) and not bool(((top_p > 0) & (top_p <= 1)).all()):
         raise ValueError(f"top_p must be in (0, 1] in every row, got {top_p.tolist()}")
+    return as_python
 
 
 # the integer dtypes a per-row integer parameter may have: those with CPU comparison kernels
@@ -108,6 +114,14 @@ def _param(name, value, rows, device, integer: bool) -> None:
             raise TypeError(f"{name} must be an int or a [b] integer tensor, got {type(value).__name__}")
     elif not isinstance(value, numbers.Real) or isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be a number or a [b] tensor, got {type(value).__name__}")
+
+
+def flag(name: str, value) -> bool:
+    """``value``, a Python or NumPy bool, as a Python bool; TypeError for anything else
+    (an int too: ``write_logits=1`` is more likely a slip than a choice)."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
 
 
 def number(name: str, value, *, lo: float | None = None, lo_open: bool = False) -> float:

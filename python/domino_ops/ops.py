@@ -68,6 +68,15 @@ def select_backend(op: str, device: torch.device | str, backend: str | None = No
     return choice
 
 
+def refuse_meta_reference(op: str, device: torch.device, chosen: str) -> None:
+    """The references of the samplers and tree ops read their inputs' values (a filter's
+    threshold, a walk's next node), which tensors on the meta device do not have: a clear
+    ValueError instead of PyTorch's from deep inside them."""
+    if chosen == "reference" and device.type == "meta":
+        raise ValueError(f"{op} reads its inputs' values, which tensors on the meta device do not have "
+                         f"(torch.ops.domino_ops.{op} has a fake kernel for tracing shapes)")
+
+
 def _cuda_compiled() -> bool:
     from domino_ops import _C
     return bool(_C.cuda_compiled)
@@ -146,10 +155,9 @@ def domino_head_rollout(base_logits: torch.Tensor, hproj: torch.Tensor, state: t
     r, G = _head_weights(gru_input, w_ih, w_hh, w1s, w2, V, dev)
     _checks.shape("hproj", hproj, (b, k, r))
     _checks.shape("state", state, (b, G))
-    _checks.sampling_params(temperature, top_k, top_p, rows=b, device=dev)
+    temperature, top_k, top_p = _checks.sampling_params(temperature, top_k, top_p, rows=b, device=dev)
     _checks.generator(generator, dev, rows=b)
-    if not isinstance(write_logits, bool):
-        raise TypeError(f"write_logits must be a bool, got {type(write_logits).__name__}")
+    write_logits = _checks.flag("write_logits", write_logits)
     if write_logits:
         _check_writable("base_logits", base_logits)
     # one rule for every backend (the native kernels' own): base_logits, which a kernel may
@@ -277,11 +285,10 @@ def domino_head_expand(base_logits: torch.Tensor, hproj: torch.Tensor, node_stat
         node's L, from which the draft distribution for :func:`verify_tree_sampling` is
         ``filtered_probs(node_logits, temperature, top_k, top_p)``).
     """
-    chosen = check_expand_args(base_logits, hproj, node_state, node_seq, node_depth, gru_input, w_ih, w_hh, w1s, w2,
-                               num_children, temperature, top_k, top_p, generator, backend, w2_packed,
-                               w_hh_packed)
-    if not isinstance(write_node_logits, bool):
-        raise TypeError(f"write_node_logits must be a bool, got {type(write_node_logits).__name__}")
+    chosen, temperature, top_k, top_p = check_expand_args(
+        base_logits, hproj, node_state, node_seq, node_depth, gru_input, w_ih, w_hh, w1s, w2, num_children,
+        temperature, top_k, top_p, generator, backend, w2_packed, w_hh_packed)
+    write_node_logits = _checks.flag("write_node_logits", write_node_logits)
     inputs = _head_inputs("node_state", hproj, node_state, gru_input, w_ih, w_hh, w1s, w2, temperature, top_k, top_p)
     _checks.no_autograd("domino_head_expand", [("base_logits", base_logits)] + inputs)
     if out is not None:
@@ -386,10 +393,11 @@ def check_packed_head_weight(packed, weight: torch.Tensor, name: str, weight_nam
 
 def check_expand_args(base_logits, hproj, node_state, node_seq, node_depth, gru_input, w_ih, w_hh, w1s, w2,
                       num_children, temperature, top_k, top_p, generator, backend, w2_packed=None,
-                      w_hh_packed=None) -> str:
+                      w_hh_packed=None) -> tuple:
     """:func:`domino_head_expand`'s argument checks (errors name the argument); returns
-    the backend that runs it. :func:`domino_ops.draft_tree` checks once per tree, then
-    runs its steps through :func:`run_expand`."""
+    the backend that runs it and temperature, top_k, top_p with numbers as Python's
+    (:func:`domino_ops._checks.sampling_params`). :func:`domino_ops.draft_tree` checks
+    once per tree, then runs its steps through :func:`run_expand`."""
     t = _checks.tensor("base_logits", base_logits, ndim=3, dtypes=_checks.FLOAT_OR_BF16, contiguous=True)
     dev = t.device
     b, k, V = base_logits.shape
@@ -409,12 +417,12 @@ def check_expand_args(base_logits, hproj, node_state, node_seq, node_depth, gru_
         raise TypeError(f"num_children must be an int, got {type(num_children).__name__}")
     if not 1 <= num_children <= V:
         raise ValueError(f"num_children must be in [1, {V}] (the vocabulary), got {num_children}")
-    _checks.sampling_params(temperature, top_k, top_p, rows=b, device=dev)
+    temperature, top_k, top_p = _checks.sampling_params(temperature, top_k, top_p, rows=b, device=dev)
     _checks.generator(generator, dev, rows=b)
     chosen = select_backend("domino_head_expand", dev, backend)
     check_packed_head_weight(w2_packed, w2, "w2_packed", "w2", chosen)
     check_packed_head_weight(w_hh_packed, w_hh, "w_hh_packed", "w_hh", chosen)
-    return chosen
+    return chosen, temperature, top_k, top_p
 
 
 def run_expand(chosen, base_logits, hproj, node_state, node_seq, node_depth, gru_input, w_ih, w_hh, w1s, w2,
@@ -466,9 +474,10 @@ def sample(logits: torch.Tensor, *, temperature: float | torch.Tensor = 0.0, top
     """
     logits = _checks.tensor("logits", logits, ndim=2, dtypes=_checks.FLOAT_OR_BF16)
     b, V = logits.shape
-    _checks.sampling_params(temperature, top_k, top_p, rows=b, device=logits.device)
+    temperature, top_k, top_p = _checks.sampling_params(temperature, top_k, top_p, rows=b, device=logits.device)
     _checks.generator(generator, logits.device, rows=b)
     chosen = select_backend("sample", logits.device, backend)
+    refuse_meta_reference("sample", logits.device, chosen)
     if chosen == "reference":
         return reference.sample(logits, temperature=temperature, top_k=top_k, top_p=top_p,
                                 generator=generator)
@@ -499,9 +508,10 @@ def filtered_probs(logits: torch.Tensor, temperature: float | torch.Tensor = 0.0
     logits = _checks.tensor("logits", logits, ndim=max(2, logits.dim() if isinstance(logits, torch.Tensor) else 2),
                             dtypes=_checks.FLOAT_OR_BF16)
     b, V = logits.shape[0], logits.shape[-1]
-    _checks.sampling_params(temperature, top_k, top_p, rows=b, device=logits.device)
+    temperature, top_k, top_p = _checks.sampling_params(temperature, top_k, top_p, rows=b, device=logits.device)
     _checks.no_autograd("filtered_probs", (("logits", logits),))
     chosen = select_backend("filtered_probs", logits.device, backend)
+    refuse_meta_reference("filtered_probs", logits.device, chosen)
     if chosen == "reference":
         return reference.filtered_probs(logits, temperature, top_k, top_p)
     rows = logits[0].numel() // V
@@ -575,6 +585,7 @@ def verify_sampling(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, targe
     _checks.shape("draft_probs", draft_probs, (b, k1 - 1, V))
     _checks.generator(generator, dev, rows=b)
     chosen = select_backend("verify_sampling", dev, backend)
+    refuse_meta_reference("verify_sampling", dev, chosen)
     if chosen == "reference":
         return reference.verify_sampling(draft_tokens, draft_probs, target_probs, generator=generator)
     u_accept = draw_uniforms((b, k1 - 1), dev, generator)

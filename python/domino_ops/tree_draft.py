@@ -133,8 +133,9 @@ def draft_tree(base_logits: torch.Tensor, hproj: torch.Tensor, state: torch.Tens
     # The arguments are checked once, as the first step sees them; the steps after it run
     # on the states, sequence and depth indices this function builds (~25 us of checks a
     # step saved, a tenth of a small drafter's step).
-    chosen = check_expand_args(base_logits, hproj, state, seq, torch.zeros_like(seq), gru_input, w_ih, w_hh, w1s, w2, topk,
-                               temperature, top_k, top_p, generator, backend, w2_packed, w_hh_packed)
+    chosen, temperature, top_k, top_p = check_expand_args(
+        base_logits, hproj, state, seq, torch.zeros_like(seq), gru_input, w_ih, w_hh, w1s, w2, topk, temperature,
+        top_k, top_p, generator, backend, w2_packed, w_hh_packed)
 
     # A plain depth's correction is exactly zero: a rank-1 head of zeros (hproj, w1s, w2)
     # gives L = base + 0, the same bits as the full-rank zero w2 this used to allocate (and

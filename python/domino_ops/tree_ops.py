@@ -42,11 +42,12 @@ from __future__ import annotations
 import numbers
 import operator
 
+import numpy as np
 import torch
 
 from domino_ops import _checks, reference_tree
 from domino_ops import triton as triton_ops
-from domino_ops.ops import select_backend
+from domino_ops.ops import refuse_meta_reference, select_backend
 
 __all__ = ["build_tree_kernel_efficient", "verify_tree_greedy", "tree_speculative_sampling_target_only",
            "verify_tree_sampling", "FULL_MASK", "QLEN_ONLY", "QLEN_ONLY_BITPACKING"]
@@ -91,15 +92,17 @@ def _shape(name: str, t: torch.Tensor, expected: tuple, what: str = "") -> None:
         raise ValueError(f"{name} must have shape {list(expected)}{what}, got {list(t.shape)}")
 
 
-def _int(name: str, v, minimum: int) -> int:
-    if isinstance(v, bool):
-        raise TypeError(f"{name} must be an int, got bool")
+def _int(name: str, v, minimum: int, maximum: int | None = None) -> int:
+    if isinstance(v, (bool, np.bool_)):
+        raise TypeError(f"{name} must be an int, got a bool")
     try:
         v = operator.index(v)
     except TypeError:
         raise TypeError(f"{name} must be an int, got {type(v).__name__}") from None
     if v < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {v}")
+    if maximum is not None and v > maximum:
+        raise ValueError(f"{name} must be <= {maximum}, got {v}")
     return v
 
 
@@ -124,6 +127,7 @@ def _run(op: str, device: torch.device, backend, args: tuple, value_checks) -> N
     ValueError), or the reference or Triton kernel after ``value_checks`` (the same checks
     in Python; their value checks read CPU tensors only)."""
     chosen = select_backend(op, device, backend)
+    refuse_meta_reference(op, device, chosen)
     if chosen != "native":
         value_checks()
         (getattr(reference_tree, op) if chosen == "reference" else triton_ops.kernel(op))(*args)
@@ -187,11 +191,13 @@ def build_tree_kernel_efficient(parent_list: torch.Tensor, selected_index: torch
         retrive_index, retrive_next_token, retrive_next_sibling: [bs, N] int64, written:
             ``b*N + u``; u's first child; u's next sibling (-1 for none). Every element is
             written (sgl-kernel needs the links pre-filled with -1; the result is the same).
-        topk, depth, draft_token_num (N): ints >= 1. tree_mask_mode: 0, 1 or 2.
+        topk, depth: ints in [1, 2^20]. draft_token_num (N): an int >= 1. tree_mask_mode: 0, 1
+            or 2.
         backend: "auto", "native", "triton" or "reference" (see the module docstring).
     """
-    topk = _int("topk", topk, 1)
-    depth = _int("depth", depth, 1)
+    # the native kernel's bound (topk * depth cannot overflow), on every backend
+    topk = _int("topk", topk, 1, 1 << 20)
+    depth = _int("depth", depth, 1, 1 << 20)
     n = _int("draft_token_num", draft_token_num, 1)
     mode = _int("tree_mask_mode", tree_mask_mode, 0)
     if mode not in (FULL_MASK, QLEN_ONLY, QLEN_ONLY_BITPACKING):
@@ -329,6 +335,9 @@ def verify_tree_greedy(predicts: torch.Tensor, accept_index: torch.Tensor, accep
                    "retrive_next_sibling": retrive_next_sibling, "target_predict": target_predict})
         _in_range("retrive_index", retrive_index, 0, min(predicts.numel(), bs * n))  # predicts, target_predict
         _link_values(retrive_next_token, retrive_next_sibling, n)
+        # written into int32 predicts: what a cast would change is refused (the native kernel
+        # checks the same, with the same words)
+        _checks.in_range("target_predict", target_predict, 0, 2 ** 31, "hold token ids (predicts is int32)")
 
     _run("verify_tree_greedy", dev, backend, (predicts, accept_index, accept_token_num, candidates, retrive_index,
          retrive_next_token, retrive_next_sibling, target_predict), values)
@@ -384,8 +393,7 @@ def tree_speculative_sampling_target_only(predicts: torch.Tensor, accept_index: 
                                 coins_closed=True)
     threshold_single = _number("threshold_single", threshold_single)
     threshold_acc = _number("threshold_acc", threshold_acc)
-    if not isinstance(deterministic, bool):
-        raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
+    deterministic = _checks.flag("deterministic", deterministic)
     _run("tree_speculative_sampling_target_only", dev, backend, (predicts, accept_index, accept_token_num, candidates,
          retrive_index, retrive_next_token, retrive_next_sibling, uniform_samples, uniform_samples_for_final_sampling,
          target_probs, draft_probs, threshold_single, threshold_acc, deterministic), values)
