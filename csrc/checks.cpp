@@ -25,6 +25,14 @@ void check_unit_interval(const at::Tensor& t, const char* name, bool closed) {
   });
 }
 
+void check_apart(const at::Tensor& out, const char* out_name, const at::Tensor& in, const char* in_name,
+                 bool in_place_ok) {
+  const at::MemOverlapStatus status = at::get_overlap_status(out, in);
+  TORCH_CHECK(status != at::MemOverlapStatus::Partial, out_name, " must not share memory with ", in_name,
+              in_place_ok ? " (unless it is that very tensor)" : "");
+  TORCH_CHECK(in_place_ok || status != at::MemOverlapStatus::Full, out_name, " must not share memory with ", in_name);
+}
+
 namespace {
 
 bool is_float_or_bf16(const at::Tensor& t) {

@@ -46,6 +46,13 @@ const at::Tensor* opt(const std::optional<at::Tensor>& t);
 // entries, optional tensors not given, are skipped).
 void check_no_overlap(std::initializer_list<Named> outputs, std::initializer_list<Named> inputs);
 
+// `out` written while `in` is read: refused, naming both, where they share memory, or
+// with `in_place_ok` where they share it other than as the very same elements (an
+// elementwise op may write in place). Where PyTorch cannot tell (a strided layout, e.g.
+// an expanded cos table) it is taken, as at::assert_no_overlap takes it.
+void check_apart(const at::Tensor& out, const char* out_name, const at::Tensor& in, const char* in_name,
+                 bool in_place_ok = false);
+
 // Uniforms a sampler consumes must be in [0, 1) (NaN rejected), or in [0, 1] where
 // `closed` (sgl-kernel's target-only sampler, whose coin 1 still draws a token of positive
 // weight): read on CPU tensors only (device values would cost a sync); an out-of-range

@@ -139,9 +139,13 @@ def test_op_checks_what_the_wrapper_skips():
         op(q.transpose(2, 3), k, cos, sin, qo.transpose(2, 3).contiguous(), ko)
     with pytest.raises(RuntimeError, match="even"):
         op(q[..., :3], k[..., :3], cos[..., :3], sin[..., :3], torch.empty(1, 2, 3, 3), torch.empty(1, 1, 3, 3))
-    with pytest.raises(RuntimeError, match="overlap|single memory location"):
+    with pytest.raises(RuntimeError, match="q_out must not share memory with q"):
         qq = q.contiguous()
         op(qq, k, cos, sin, qq, ko)
+    with pytest.raises(RuntimeError, match="k_out must not share memory with cos"):
+        op(q, k, cos, sin, qo, cos.contiguous().view(ko.shape))  # cos [1, 3, 8] as k_out [1, 1, 3, 8]
+    with pytest.raises(RuntimeError, match="k_out must not share memory with q_out"):
+        op(q, k, cos, sin, qo, qo.view(-1)[:ko.numel()].view(ko.shape))
 
 
 def test_cos_and_sin_whose_halves_differ():

@@ -199,8 +199,8 @@ BAD_ARGUMENTS = {
     "eps must hold 3 per layer": lambda a: a.__setitem__(6, a[6][:-1]),
     "scale must hold one per layer": lambda a: a.__setitem__(7, a[7] + [1.0]),
     # the post-attention norm's and the next layer's input norm's eps (the fused add's norms)
-    "eps must be finite and >= 0, got nan": lambda a: a[6].__setitem__(1, float("nan")),
-    "eps must be finite and >= 0, got -1": lambda a: a[6].__setitem__(3, -1.0),
+    r"eps must be finite and >= 0 \(finite in float32\), got nan": lambda a: a[6].__setitem__(1, float("nan")),
+    r"eps must be finite and >= 0 \(finite in float32\), got -1": lambda a: a[6].__setitem__(3, -1.0),
     "past must be >= 0": lambda a: a.__setitem__(10, -1),
     r"key_stores\[1\] must be a CPU tensor": lambda a: a[8].__setitem__(1, a[8][1][:, :, :6]),
     r"value_stores\[0\] must be a CPU tensor": lambda a: a[9].__setitem__(0, a[9][0].float()),
@@ -217,7 +217,34 @@ BAD_ARGUMENTS = {
         0, a[8][0].view(-1)[:a[4][0].numel()]),
     "heads are too large": lambda a: a.__setitem__(5, [2 ** 61, 1, 8, 12]),
     r"past must be >= 0 \(and past": lambda a: a.__setitem__(10, 2 ** 63 - 2),
+    # cos, sin or the mask inside a store: layer 0 wrote its keys over them before layer 1
+    # read them (a silent wrong answer before)
+    r"key_stores\[0\] must not share memory with cos": lambda a: a.__setitem__(1, within(a[8][0], a[1])),
+    r"value_stores\[1\] must not share memory with sin": lambda a: a.__setitem__(2, within(a[9][1], a[2])),
+    r"key_stores\[1\] must not share memory with mask": lambda a: a.__setitem__(
+        3, within(a[8][1], torch.zeros(1, 1, 3, 8, dtype=a[8][1].dtype))),
 }
+
+
+def within(store: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A tensor of ``like``'s shape, dtype and values on ``store``'s first bytes."""
+    view = store.view(-1)[:like.numel()].view(like.shape)
+    view.copy_(like)
+    return view
+
+
+@needs_packed
+def test_fake_kernel():
+    """Its fake kernel gives the outputs' shapes (every layer's, or the last one's), and a
+    meta tensor among CPU ones is refused by name."""
+    args = op_args(small_model())
+    for keep_hidden in (True, False):
+        args[-1] = keep_hidden
+        torch.library.opcheck(torch.ops.domino_ops.decoder_layers.default, tuple(args),
+                              test_utils=("test_schema", "test_faketensor"))
+    args[1] = args[1].to("meta")
+    with pytest.raises(RuntimeError, match="decoder_layers: every tensor must be on one device, got x on cpu, cos on meta"):
+        torch.ops.domino_ops.decoder_layers.default(*args)
 
 
 @needs_packed

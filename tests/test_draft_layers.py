@@ -146,15 +146,29 @@ BAD_ARGUMENTS = {
     "q_norm and k_norm must be given": lambda a: (a[7].__setitem__(10, None), a[7].__setitem__(11, None)),
     "eps must hold 3 per layer": lambda a: a.__setitem__(9, a[9][:-1]),
     # the post-attention norm's and the next layer's input norm's eps (the fused add's norms)
-    "eps must be finite and >= 0, got nan": lambda a: a[9].__setitem__(1, float("nan")),
-    "eps must be finite and >= 0, got -1": lambda a: a[9].__setitem__(3, -1.0),
+    r"eps must be finite and >= 0 \(finite in float32\), got nan": lambda a: a[9].__setitem__(1, float("nan")),
+    r"eps must be finite and >= 0 \(finite in float32\), got -1": lambda a: a[9].__setitem__(3, -1.0),
     "row_start and row_stop": lambda a: a.__setitem__(11, 99),
     "mask must be a CPU bool tensor": lambda a: a.__setitem__(3, a[3].float()),
     "heads must be": lambda a: a.__setitem__(8, a[8][:3]),
     r"(key|value)_stores\[0\] and (key|value)_stores\[0\] share memory": lambda a: a[5].__setitem__(0, a[4][0]),
     "heads are too large": lambda a: a.__setitem__(8, [2 ** 61, 1, 8, 12]),
     r"past must be >= 0 \(and past": lambda a: a.__setitem__(6, 2 ** 63 - 2),
+    # cos, sin or the mask inside a store: layer 0 wrote its keys over them before layer 1
+    # read them (a silent wrong answer before)
+    r"key_stores\[0\] must not share memory with cos": lambda a: a.__setitem__(1, within(a[4][0], a[1])),
+    r"value_stores\[1\] must not share memory with sin": lambda a: a.__setitem__(2, within(a[5][1], a[2])),
+    r"key_stores\[1\] must not share memory with mask": lambda a: a.__setitem__(
+        3, within(a[4][1].view(torch.uint8), a[3].view(torch.uint8)).view(torch.bool)),
 }
+
+
+def within(store: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A tensor of ``like``'s shape, dtype and values on ``store``'s first bytes."""
+    with torch.inference_mode():  # the stores are the drafter's cache's inference tensors
+        view = store.view(-1)[:like.numel()].view(like.shape)
+        view.copy_(like)
+    return view
 
 
 @needs_packed
@@ -163,6 +177,19 @@ def test_the_op_runs_valid_arguments():
     with torch.inference_mode():
         out = torch.ops.domino_ops.draft_layers.default(*args)
     assert out.shape == (1, 4, args[0].shape[-1]) and torch.isfinite(out.float()).all()
+
+
+@needs_packed
+def test_fake_kernel():
+    """Its fake kernel gives the block rows' shape, and a meta tensor among CPU ones is
+    refused by name."""
+    args = op_args(fused_drafter(PACKED[0], layers=2, seed=8))
+    with torch.inference_mode():
+        torch.library.opcheck(torch.ops.domino_ops.draft_layers.default, tuple(args),
+                              test_utils=("test_schema", "test_faketensor"))
+        args[2] = args[2].to("meta")
+        with pytest.raises(RuntimeError, match="draft_layers: every tensor must be on one device, got x on cpu, cos on cpu, sin on meta"):
+            torch.ops.domino_ops.draft_layers.default(*args)
 
 
 @needs_packed
@@ -176,8 +203,9 @@ def test_bad_arguments_are_named(message):
 
 @needs_packed
 def test_changed_weights_and_switches_are_read_again():
-    """A weight changed in place, a module replaced, an eps changed or a switch undone is
-    seen at the next call (the one call still equals the layers, or the layers run)."""
+    """A weight changed in place, a module replaced, an eps changed, an activation replaced
+    or a switch undone is seen at the next call (the one call still equals the layers, or
+    the layers run)."""
     d = fused_drafter(PACKED[0], layers=2, seed=9)
     cache, anchor, anchor_pos = context(d, 1, 9, 10)
     block_ids, positions = d.block_input(anchor, anchor_pos)
@@ -196,7 +224,9 @@ def test_changed_weights_and_switches_are_read_again():
                                                                        bias=False).to(down.weight.dtype))
     check()
     d.layers[0].post_attention_layernorm.variance_epsilon *= 3
-    check()
+    silu = check()
+    d.layers[1].mlp.act_fn = torch.nn.GELU()  # the op computes SiLU: the layers run, GELU
+    assert not torch.equal(check(), silu)
     del d.layers[0].input_layernorm.forward, d.layers[0].input_layernorm._domino_fused_layer
     x = d.embed_tokens(block_ids).to(d.fc.weight.dtype)
     mask = torch.cat([cache.mask, cache.mask.new_ones(1, block_ids.shape[1])], dim=1)[:, None, :]

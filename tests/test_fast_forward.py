@@ -335,6 +335,28 @@ def test_changed_weights_are_read_again(monkeypatch):
 
 
 @needs_packed
+def test_changed_eps_scaling_and_activation_are_read_again(monkeypatch):
+    """A norm's eps or an attention's scaling set again, or an MLP's act_fn replaced, after
+    a forward: the next forward computes with the new one, as HF's does (the plan had kept
+    the old eps and scale, and the switched MLP SiLU, silently)."""
+    model = switched_target("llama", PACKED[0])
+    before = compare_with_hf(model, monkeypatch, True, input_ids=IDS).logits
+    model.model.layers[1].post_attention_layernorm.variance_epsilon = 0.5
+    eps = compare_with_hf(model, monkeypatch, True, input_ids=IDS).logits
+    model.model.norm.variance_epsilon = 0.25
+    final_eps = compare_with_hf(model, monkeypatch, True, input_ids=IDS).logits
+    model.model.layers[2].self_attn.scaling = 0.05
+    scaling = compare_with_hf(model, monkeypatch, True, input_ids=IDS).logits
+    assert not any(torch.equal(a, b) for a, b in ((before, eps), (eps, final_eps), (final_eps, scaling)))
+    mlp = model.model.layers[0].mlp
+    mlp.act_fn = torch.nn.GELU()
+    compare_with_hf(model, monkeypatch, False, input_ids=IDS)  # the op computes SiLU: HF's forward
+    x = torch.randn(1, 5, mlp.gate_proj.in_features, generator=torch.Generator().manual_seed(3)).to(PACKED[0])
+    with torch.inference_mode():  # the switched MLP's own forward: GELU too
+        assert torch.equal(mlp(x), mlp.down_proj(torch.nn.functional.gelu(mlp.gate_proj(x)) * mlp.up_proj(x)))
+
+
+@needs_packed
 def test_the_plans_products_lie_back_to_back_in_forward_order(monkeypatch):
     """The plan's packed products (the fused q/k/v and gate/up ones made for it among them)
     are placed in one buffer in the order the forward reads them, with the bits HF's

@@ -42,6 +42,16 @@ OPCHECK_CASES = {
 }
 
 
+@pytest.mark.parametrize("op", ["rms_norm", "silu_mul", "apply_rotary_pos_emb"])
+def test_a_meta_tensor_among_cpu_ones_is_named(op):
+    """The dispatcher sends a call with any meta argument to the fake kernel: it names the
+    devices (these ops had no fake kernel, and PyTorch's error named no argument)."""
+    args = list(OPCHECK_CASES[op]())
+    args[1] = args[1].to("meta")
+    with pytest.raises(RuntimeError, match=f"{op}: every tensor must be on one device, got .* on meta"):
+        getattr(torch.ops.domino_ops, op).default(*args)
+
+
 @pytest.mark.parametrize("case", list(OPCHECK_CASES))
 def test_opcheck(case):
     op = getattr(torch.ops.domino_ops, case.replace("_sampled", "")).default

@@ -123,6 +123,12 @@ def test_op_checks_what_the_wrapper_skips():
         op(x, w, 1e39, torch.empty_like(x))  # inf in float32: every row had come out 0
     with pytest.raises(RuntimeError, match="share a dtype"):
         op(x, w.bfloat16(), 1e-6, torch.empty_like(x))
-    with pytest.raises(RuntimeError, match="refer to a single memory location"):
+    with pytest.raises(RuntimeError, match=r"out must not share memory with input \(unless it is that very"):
         big = torch.zeros(3, 8)
         op(big[:2], w, 1e-6, big[1:])
+    with pytest.raises(RuntimeError, match="out must not share memory with weight"):
+        buf = torch.ones(16)
+        op(x, buf[:8], 1e-6, buf.view(2, 8))  # the weight is out's first row
+    y = x.clone()
+    op(y, w, 1e-6, y)  # in place: out is input itself
+    assert torch.equal(y, run_op(x, w, 1e-6))

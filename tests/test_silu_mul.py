@@ -115,6 +115,9 @@ def test_op_checks_what_the_wrapper_skips():
         op(gate, up, torch.empty(2, 8, dtype=torch.bfloat16))
     with pytest.raises(RuntimeError, match="must be contiguous"):
         op(gate.t(), up.t(), torch.empty(8, 2))
-    with pytest.raises(RuntimeError, match="refer to a single memory location"):
+    with pytest.raises(RuntimeError, match=r"out must not share memory with gate \(unless it is that very"):
         buf = torch.zeros(3, 8)
         op(buf[:2], up, buf[1:])
+    with pytest.raises(RuntimeError, match=r"out must not share memory with up \(unless it is that very"):
+        buf = torch.zeros(3, 8)
+        op(gate, buf[1:], buf[:2])

@@ -295,6 +295,11 @@ def test_reference_is_not_differentiable():
         domino_ops.small_batch_linear_packed(xb, packed, backend="reference")
     with torch.no_grad():
         assert not domino_ops.small_batch_linear_packed(xb, packed, backend="reference").requires_grad
+    # panels made by hand from a tensor that requires grad (pack_ makes them without)
+    tracked = domino_ops.PackedLinearWeight(packed.data.detach().clone().requires_grad_(), 5, 9)
+    for backend in ("reference", "native"):
+        with pytest.raises(RuntimeError, match="small_batch_linear_packed: weight's data requires grad"):
+            domino_ops.small_batch_linear_packed(x.bfloat16(), tracked, backend=backend)
 
 
 @needs_cpu

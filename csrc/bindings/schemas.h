@@ -35,7 +35,11 @@ inline constexpr const char* kVerifySampling =
 inline constexpr const char* kSmallBatchLinear =
     "small_batch_linear(Tensor x, Tensor weight, Tensor? bias, Tensor(a!) out) -> ()";
 // The same product with the weight packed ahead of time into VNNI panels
-// (domino_ops.pack_small_batch_linear_weight); bf16 x, CPUs with AVX512-BF16.
+// (domino_ops.pack_small_batch_linear_weight); bf16 x, CPUs with AVX512-BF16. The panels
+// carry no in_features: the op takes K from x and checks only that the panels cover K
+// and out_features (panels are padded to whole column pairs and whole panels of rows, so
+// x of K = 3 on panels packed from K = 4 reads their first three columns); the wrapper,
+// whose PackedLinearWeight records both sizes, refuses any mismatch.
 inline constexpr const char* kSmallBatchLinearPacked =
     "small_batch_linear_packed(Tensor x, Tensor packed_weight, int out_features, Tensor? bias, Tensor(a!) out) -> ()";
 // An nn.Linear switched by domino.fast_linear, its forward in one call: the product above

@@ -108,11 +108,11 @@ void apply_rotary_pos_emb_cpu(const at::Tensor& q, const at::Tensor& k, const at
               k.sizes(), ", got ", k_out.sizes());
   // Outputs written while the inputs are read, element by element across rows: no
   // overlap with any input or with each other.
-  for (const at::Tensor* in : {&q, &k, &cos, &sin}) {
-    at::assert_no_overlap(q_out, *in);
-    at::assert_no_overlap(k_out, *in);
+  for (const auto& [in, name] : {std::pair{&q, "q"}, std::pair{&k, "k"}, std::pair{&cos, "cos"}, std::pair{&sin, "sin"}}) {
+    check_apart(q_out, "q_out", *in, name);
+    check_apart(k_out, "k_out", *in, name);
   }
-  at::assert_no_overlap(q_out, k_out);
+  check_apart(k_out, "k_out", q_out, "q_out");
   const Kernels& K = kernels();
   if (dtype == at::kFloat) {
     if (q.numel()) rotate<float>(q, cos, sin, q_out, K.rotary_row_f32);

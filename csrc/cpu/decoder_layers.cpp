@@ -76,8 +76,7 @@ Span byte_span(const at::Tensor& t) {
 
 }  // namespace
 
-void check_stores_apart(at::TensorList key_stores, at::TensorList value_stores,
-                        std::initializer_list<Named> reads,
+void check_stores_apart(at::TensorList key_stores, at::TensorList value_stores, c10::ArrayRef<Named> reads,
                         const c10::List<std::optional<at::Tensor>>& weights) {
   struct Store {
     Span span;
@@ -119,8 +118,8 @@ void check_stores_apart(at::TensorList key_stores, at::TensorList value_stores,
   }
 }
 
-int64_t check_layer_args(const at::Tensor& x, at::IntArrayRef heads, at::TensorList key_stores,
-                         at::TensorList value_stores, int64_t past, int64_t new_slots,
+int64_t check_layer_args(const at::Tensor& x, std::initializer_list<Named> reads, at::IntArrayRef heads,
+                         at::TensorList key_stores, at::TensorList value_stores, int64_t past, int64_t new_slots,
                          const c10::List<std::optional<at::Tensor>>& weights, at::ArrayRef<double> eps) {
   TORCH_CHECK(heads.size() == 4, "heads must be [query heads, kv heads, head dim, intermediate], got ", heads);
   TORCH_CHECK(heads[0] > 0 && heads[1] > 0 && heads[2] > 0 && heads[3] > 0 && heads[0] % heads[1] == 0,
@@ -153,7 +152,10 @@ int64_t check_layer_args(const at::Tensor& x, at::IntArrayRef heads, at::TensorL
                     weights.get(kWeightsPerLayer * l + kKNorm).has_value(),
                 "layer ", l, ": q_norm and k_norm must both be given or both be None");
   }
-  check_stores_apart(key_stores, value_stores, {{"x", &x}}, weights);
+  // a layer writes its new keys and values before the next reads cos, sin and the mask
+  std::vector<Named> all_reads{{"x", &x}};
+  all_reads.insert(all_reads.end(), reads.begin(), reads.end());
+  check_stores_apart(key_stores, value_stores, all_reads, weights);
   return L;
 }
 
@@ -168,7 +170,8 @@ std::vector<at::Tensor> decoder_layers_cpu(const at::Tensor& x_in, const at::Ten
                                            at::TensorList key_stores, at::TensorList value_stores, int64_t past,
                                            bool keep_hidden) {
   check_layer_input(x_in);
-  const int64_t L = check_layer_args(x_in, heads, key_stores, value_stores, past, x_in.size(1), weights, eps);
+  const int64_t L = check_layer_args(x_in, {{"cos", &cos}, {"sin", &sin}, {"mask", opt(mask)}}, heads, key_stores,
+                                     value_stores, past, x_in.size(1), weights, eps);
   const int64_t n_q = heads[0], n_kv = heads[1], d = heads[2], inter = heads[3];
   TORCH_CHECK(static_cast<int64_t>(scale.size()) == L, "scale must hold one per layer (", L, "), got ", scale.size());
   const int64_t b = x_in.size(0), T = x_in.size(1), H = x_in.size(2), rows = b * T;

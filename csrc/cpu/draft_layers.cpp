@@ -54,7 +54,8 @@ at::Tensor draft_layers_cpu(const at::Tensor& x_in, const at::Tensor& cos, const
               "row_start < row_stop <= ", Q, " (the block's positions), got ", row_start, " and ", row_stop);
   // the most rows a layer computes: all Q but in a lone last layer
   const int64_t most_rows = key_stores.size() > 1 ? Q : row_stop - row_start;
-  const int64_t L = check_layer_args(x_in, heads, key_stores, value_stores, past, Q + most_rows - 1, weights, eps);
+  const int64_t L = check_layer_args(x_in, {{"cos", &cos}, {"sin", &sin}, {"mask", &mask}}, heads, key_stores,
+                                     value_stores, past, Q + most_rows - 1, weights, eps);
   const int64_t n_q = heads[0], n_kv = heads[1], d = heads[2], inter = heads[3];
   for (int64_t l = 0; l < L; ++l) {
     TORCH_CHECK(weights.get(kWeightsPerLayer * l + kQNorm).has_value(), "layer ", l,

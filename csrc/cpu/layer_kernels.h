@@ -152,19 +152,19 @@ inline void check_layer_store(const at::Tensor& store, const char* name, int64_t
 // too) and nested strides: stores interleaved in one buffer, or a store whose dimensions
 // interleave, are refused although their elements are apart (the engine's stores are
 // dense, each its own range).
-void check_stores_apart(at::TensorList key_stores, at::TensorList value_stores,
-                        std::initializer_list<Named> reads,
+void check_stores_apart(at::TensorList key_stores, at::TensorList value_stores, c10::ArrayRef<Named> reads,
                         const c10::List<std::optional<at::Tensor>>& weights);
 
 // The other checks both ops share, x checked: heads [Hq, Hkv, head dim, intermediate],
 // positive and small enough that x's rows times a layer's widest product fit an int64;
 // past >= 0 with past + new_slots an int64; one key and one value store a layer
 // (key_stores / value_stores), each a CPU tensor [batch, Hkv, >= past + new_slots, head
-// dim] of x's dtype, contiguous in its last dimension, apart from the others, x and the
-// weights (check_stores_apart); weights and eps of that many layers, each layer's required
-// weights given. Returns the number of layers.
-int64_t check_layer_args(const at::Tensor& x, at::IntArrayRef heads, at::TensorList key_stores,
-                         at::TensorList value_stores, int64_t past, int64_t new_slots,
+// dim] of x's dtype, contiguous in its last dimension, apart from the others, x, `reads`
+// (the op's other inputs: cos, sin, mask) and the weights (check_stores_apart); weights
+// and eps of that many layers, each layer's required weights given. Returns the number of
+// layers.
+int64_t check_layer_args(const at::Tensor& x, std::initializer_list<Named> reads, at::IntArrayRef heads,
+                         at::TensorList key_stores, at::TensorList value_stores, int64_t past, int64_t new_slots,
                          const c10::List<std::optional<at::Tensor>>& weights, at::ArrayRef<double> eps);
 
 }  // namespace layer

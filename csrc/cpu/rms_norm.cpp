@@ -59,8 +59,8 @@ void check_norm_args(const at::Tensor& input, const at::Tensor& weight, double e
   TORCH_CHECK(finite_in_float32(eps) && eps >= 0.0, "eps must be finite and >= 0 (finite in float32), got ", eps);
   // Row by row, each element read before it is written: out may be input itself, but not
   // overlap it otherwise, nor the weight.
-  at::assert_no_partial_overlap(out, input);
-  at::assert_no_overlap(out, weight);
+  check_apart(out, "out", input, "input", /*in_place_ok=*/true);
+  check_apart(out, "out", weight, "weight");
 }
 
 // row(r) for the rows of t (rows of its last dimension's n elements), split over the

@@ -46,8 +46,8 @@ void silu_mul_cpu(const at::Tensor& gate, const at::Tensor& up, at::Tensor out) 
   TORCH_CHECK(up.sizes() == gate.sizes(), "up must have gate's shape ", gate.sizes(), ", got ", up.sizes());
   TORCH_CHECK(out.sizes() == gate.sizes(), "out must have gate's shape ", gate.sizes(), ", got ", out.sizes());
   // Elementwise: out may be gate or up itself (in place), but not overlap them otherwise.
-  at::assert_no_partial_overlap(out, gate);
-  at::assert_no_partial_overlap(out, up);
+  check_apart(out, "out", gate, "gate", /*in_place_ok=*/true);
+  check_apart(out, "out", up, "up", /*in_place_ok=*/true);
   const int64_t n = gate.numel();
   if (n == 0) return;
   const Kernels& K = kernels();

@@ -43,7 +43,8 @@ it is.
 
 The weights it reads are looked up once, into a plan that is made again at the next
 call when anything it was made from changed: a module replaced or removed (a new LM head,
-resized embeddings, a pruned layer), a hook added, a switch under it undone, a weight
+resized embeddings, a pruned layer, an MLP's ``act_fn``), a hook added, a switch under it
+undone, a norm's ``variance_epsilon`` or an attention's ``scaling`` set again, a weight
 replaced, changed in place through its own in-place ops, or moved (``model.to(dtype)``);
 the packed copies are made again, as :func:`domino.fast_linear.packed_weight` does. The
 check compares each module's, switch's and parameter's identity, version and address
@@ -74,7 +75,7 @@ import torch.nn.functional as F
 from torch.nn.modules.module import _global_forward_hooks, _global_forward_pre_hooks
 
 from domino.fast_attention import small_batch_attention_forward, uses_small_batch_attention
-from domino.fast_layers import ATTENTION_SOURCE_SHA1, _FLAG as _FUSED_LAYER_FLAG
+from domino.fast_layers import ATTENTION_SOURCE_SHA1, _FLAG as _FUSED_LAYER_FLAG, _is_silu
 from domino.fast_linear import _PACKS, PackedProduct, packed_product, place_packed_weights
 from domino.fixed_blocks import fixed_block, fixed_value
 
@@ -227,7 +228,7 @@ def _plan_of(model: torch.nn.Module) -> _Plan | None:
         qk_norms = tuple(getattr(attn, n, None) for n in ("q_norm", "k_norm"))
         qwen3 = type(attn).__name__ == "Qwen3Attention"
         if not (_mirrors_hf(type(layer)) and _mirrors_hf(type(attn)) and getattr(mlp, _FUSED_LAYER_FLAG, False)
-                and usable_norm(layer.input_layernorm) and usable_norm(layer.post_attention_layernorm)
+                and _is_silu(mlp.act_fn) and usable_norm(layer.input_layernorm) and usable_norm(layer.post_attention_layernorm)
                 and (not qwen3 or all(usable_norm(n) for n in qk_norms))
                 and getattr(attn, "sliding_window", None) is None and attn.layer_idx == i):
             return None
@@ -257,6 +258,10 @@ def _plan_of(model: torch.nn.Module) -> _Plan | None:
                 mod = read(parent, name, "weight")
                 if name != "self_attn":
                     switches.append((mod.__dict__, _FUSED_LAYER_FLAG, True))
+                if name.endswith("norm"):  # the eps the plan copied (a new value is a new object)
+                    switches.append((mod.__dict__, "variance_epsilon", mod.variance_epsilon))
+        read(mlp, "act_fn")  # the SiLU the op computes
+        switches.append((attn.__dict__, "scaling", attn.scaling))  # the scale the plan copied
         for parent, names in ((attn, ("q_proj", "k_proj", "v_proj", "o_proj")), (mlp, ("gate_proj", "up_proj",
                                                                                          "down_proj"))):
             for name in names:
@@ -269,6 +274,7 @@ def _plan_of(model: torch.nn.Module) -> _Plan | None:
     read(inner, "norm", "weight")
     read(model, "lm_head", "weight", "bias")
     switches.append((norm.__dict__, _FUSED_LAYER_FLAG, True))
+    switches.append((norm.__dict__, "variance_epsilon", norm.variance_epsilon))
     switches.append((lm_head.__dict__, _PACKS, lm_head.__dict__.get(_PACKS)))
     hf = sys.modules[type(inner).__module__]
     versioned = tuple(t for _, _, t in params if not t.is_inference())  # an inference tensor counts none
@@ -280,7 +286,8 @@ def _plan_of(model: torch.nn.Module) -> _Plan | None:
 
 def _plan_is_current(plan: _Plan) -> bool:
     """Whether nothing the plan was made from changed: every module it reads is still in
-    its place, every switch under it is still set, every tensor is the same one, at the
+    its place, every switch under it is still set (and every eps and scale it copied the
+    same object), every tensor is the same one, at the
     same version and address (``model.to(dtype)`` swaps a parameter's data in place,
     keeping its version). ~0.16 ms for SmolLM2's ~900 entries: the comparisons run in C."""
     for dicts, keys, expected in (plan.modules, plan.switches, plan.params):

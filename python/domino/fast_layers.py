@@ -82,7 +82,8 @@ def _mlp_forward(mod, x: torch.Tensor) -> torch.Tensor:
         gate, up = mod.gate_proj(x), mod.up_proj(x)
     else:
         gate, up = gate_up.split(mod.gate_proj.out_features, dim=-1)
-    if not cpu_kernel_applies(gate, up) or gate.shape != up.shape or gate.numel() == 0:
+    # act_fn read at every call: one replaced after the switch (GELU for SiLU) runs as itself
+    if not cpu_kernel_applies(gate, up) or gate.shape != up.shape or gate.numel() == 0 or not _is_silu(mod.act_fn):
         return mod.down_proj(mod.act_fn(gate) * up)
     gate, up = gate.contiguous(), up.contiguous()
     act = torch.empty_like(gate)
@@ -181,7 +182,7 @@ def draft_layer_weights(layers, dtype: torch.dtype) -> tuple[list, list, list] |
     ``domino_ops.draft_layers`` takes them, for inputs of ``dtype``: 12 weights (None where a
     layer has none) and 3 eps a layer, and [query heads, kv heads, head dim, intermediate];
     None where the op would not compute what the layers' forwards compute: a module not on
-    the fused forwards here, a linear not on the packed product, a norm's weight in
+    the fused forwards here, an MLP whose act_fn is no longer SiLU, a linear not on the packed product, a norm's weight in
     another dtype, q and k normalised with different eps. Looked up at every call (~170 us
     for the shipped drafter: the packed copies' checks, which the layers' own forwards run
     too), so a changed module, switch, eps or weight is seen at once.
@@ -190,7 +191,7 @@ def draft_layer_weights(layers, dtype: torch.dtype) -> tuple[list, list, list] |
     for layer in layers:
         attn, mlp = layer.self_attn, layer.mlp
         norms = (layer.input_layernorm, layer.post_attention_layernorm, attn.q_norm, attn.k_norm)
-        if not (all(getattr(m, _FLAG, False) for m in (attn, mlp, *norms))
+        if not (all(getattr(m, _FLAG, False) for m in (attn, mlp, *norms)) and _is_silu(mlp.act_fn)
                 and all(n.weight.dtype is dtype and n.weight.is_contiguous() for n in norms)
                 and attn.q_norm.variance_epsilon == attn.k_norm.variance_epsilon):
             return None

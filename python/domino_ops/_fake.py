@@ -1,5 +1,6 @@
-"""Fake (meta) implementations so torch.compile can trace the ops. Every op writes into
-caller-provided outputs and returns nothing, so the fakes only need to exist."""
+"""Fake (meta) implementations so torch.compile can trace the ops. Most ops write into
+caller-provided outputs and return nothing, so their fakes only check devices; the layer
+ops (``decoder_layers``, ``draft_layers``) return their outputs' shapes."""
 
 import torch
 
@@ -91,3 +92,38 @@ def _small_batch_linear_packed_fake(x, packed_weight, out_features, bias, out):
 @torch.library.register_fake("domino_ops::small_batch_attention")
 def _small_batch_attention_fake(q, k, v, mask, scale, out):
     _one_device("small_batch_attention", q=q, k=k, v=v, mask=mask, out=out)
+
+
+@torch.library.register_fake("domino_ops::rms_norm")
+def _rms_norm_fake(input, weight, eps, out):
+    _one_device("rms_norm", input=input, weight=weight, out=out)
+
+
+@torch.library.register_fake("domino_ops::silu_mul")
+def _silu_mul_fake(gate, up, out):
+    _one_device("silu_mul", gate=gate, up=up, out=out)
+
+
+@torch.library.register_fake("domino_ops::apply_rotary_pos_emb")
+def _apply_rotary_pos_emb_fake(q, k, cos, sin, q_out, k_out):
+    _one_device("apply_rotary_pos_emb", q=q, k=k, cos=cos, sin=sin, q_out=q_out, k_out=k_out)
+
+
+@torch.library.register_fake("domino_ops::draft_context")
+def _draft_context_fake(features, cos, sin, fc_packed, fc_bias, hidden_norm_weight, hidden_eps, key_stores,
+                        value_stores, past, weights, heads, eps):
+    _one_device("draft_context", features=features, cos=cos, sin=sin, fc_packed=fc_packed, fc_bias=fc_bias,
+                hidden_norm_weight=hidden_norm_weight)
+
+
+@torch.library.register_fake("domino_ops::decoder_layers")
+def _decoder_layers_fake(x, cos, sin, mask, weights, heads, eps, scale, key_stores, value_stores, past, keep_hidden):
+    _one_device("decoder_layers", x=x, cos=cos, sin=sin, mask=mask)
+    # every layer's output (keep_hidden), or the last one's, each of x's shape
+    return [torch.empty_like(x) for _ in range(len(key_stores) if keep_hidden else 1)]
+
+
+@torch.library.register_fake("domino_ops::draft_layers")
+def _draft_layers_fake(x, cos, sin, mask, key_stores, value_stores, past, weights, heads, eps, row_start, row_stop):
+    _one_device("draft_layers", x=x, cos=cos, sin=sin, mask=mask)
+    return x.new_empty(x.shape[0], row_stop - row_start, x.shape[2])

@@ -180,7 +180,7 @@ def small_batch_linear_packed(x: torch.Tensor, weight: PackedLinearWeight, bias:
         bias = _checks.tensor("bias", bias, ndim=1, dtypes=_checks.FLOAT_OR_BF16, device=x.device)
         _checks.shape("bias", bias, (N,))
         bias = bias.contiguous()
-    _checks.no_autograd("small_batch_linear_packed", (("x", x), ("bias", bias)))
+    _checks.no_autograd("small_batch_linear_packed", (("x", x), ("weight's data", data), ("bias", bias)))
     if backend == "reference":
         w = reference.unpack_small_batch_linear_weight(data, N, K)
         b = None if bias is None else bias.float()
