@@ -26,10 +26,8 @@ from __future__ import annotations
 
 import argparse
 import copy
-import os
 import statistics
 import time
-from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -49,8 +47,10 @@ def amx_scores_available() -> bool:
 
 
 def scores_path(path: str):
-    """DOMINO_SMALL_BATCH_ATTENTION_SCORES for a with-block (the op reads it at every call)."""
-    return mock.patch.dict(os.environ, {"DOMINO_SMALL_BATCH_ATTENTION_SCORES": path})
+    """DOMINO_SMALL_BATCH_ATTENTION_SCORES for a with-block."""
+    from domino_ops import cpu
+
+    return cpu.kernel_switch("DOMINO_SMALL_BATCH_ATTENTION_SCORES", path)
 
 
 def op_table(repeats: int) -> list[str]:

@@ -115,12 +115,9 @@ def forward_times(model, cache_len: int, repeats: int, ks=KS) -> dict:
                 (use_fused_layers if fused else undo_fused_layers)(model)
                 if fast:
                     FAST_FORWARD_APPLIES[model.lm_head.weight.dtype] = uses_fast_forward(use_fast_forward(model))
-                if variant == "engine-vector":
-                    os.environ[PACKED_PATH_ENV] = "avx512_bf16"
-                else:
-                    os.environ.pop(PACKED_PATH_ENV, None)
+                path = "avx512_bf16" if variant == "engine-vector" else None
                 # held fixed, as the engine's loops hold their target (no-op off the fast forward)
-                with model_fixed(model):
+                with model_fixed(model), cpu.kernel_switch(PACKED_PATH_ENV, path):
                     model(input_ids=ids[ks[0]], **{kv: cache}, use_cache=True)
                     cache.crop(-ks[0])
                     for k in ks[rep % len(ks):] + ks[:rep % len(ks)]:
@@ -131,7 +128,6 @@ def forward_times(model, cache_len: int, repeats: int, ks=KS) -> dict:
                         cache.crop(-k)
                         if rep >= 2:
                             times.setdefault((variant, k), []).append(dt)
-    os.environ.pop(PACKED_PATH_ENV, None)
     undo_fast_forward(model)
     undo_small_batch_linear(model)
     undo_small_batch_attention(model)

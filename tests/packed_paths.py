@@ -12,7 +12,6 @@ import torch
 
 import domino_ops
 from domino.fast_linear import runs_packed, use_small_batch_linear
-from env_var import env_var
 
 ENV = "DOMINO_SMALL_BATCH_LINEAR_PACKED_PATH"
 
@@ -20,7 +19,7 @@ ENV = "DOMINO_SMALL_BATCH_LINEAR_PACKED_PATH"
 def packed_paths() -> list[str]:
     if not domino_ops.small_batch_linear_packed_supported():
         return []
-    with env_var(ENV, None):
+    with domino_ops.cpu.kernel_switch(ENV, None):
         best = domino_ops.small_batch_linear_packed_path()  # AMX, else AVX512-BF16, else AVX2
     return ["avx2"] + (["avx512_bf16"] if best in ("avx512_bf16", "amx") else []) + (["amx"] if best == "amx" else [])
 
@@ -30,8 +29,8 @@ PACKED_PATHS = packed_paths()
 
 @contextlib.contextmanager
 def packed_path(name: str):
-    """The packed product runs `name` inside the block (the kernel reads ENV at every call)."""
-    with env_var(ENV, name):
+    """The packed product runs `name` inside the block (domino_ops.cpu.kernel_switch)."""
+    with domino_ops.cpu.kernel_switch(ENV, name):
         assert domino_ops.small_batch_linear_packed_path() == name
         yield
 

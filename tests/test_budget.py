@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+import domino_ops
 from domino import budget
 from domino.budget import Calibration, DepthAcceptance, RoundCosts
 from domino.fast_layers import undo_fused_layers, use_fused_layers
@@ -253,9 +254,11 @@ def test_round_costs_are_measured_once_and_cached_per_configuration(tmp_path, mo
     with monkeypatch.context() as m:
         m.setattr(budget, "python_fingerprint", lambda: "edited")  # other Python sources: another key
         assert budget.cost_key(gen, 2) != first.key
-    with monkeypatch.context() as m:  # attention scores forced to a path: another key
-        m.setenv("DOMINO_SMALL_BATCH_ATTENTION_SCORES", "vector")
+    with domino_ops.cpu.kernel_switch("DOMINO_SMALL_BATCH_ATTENTION_SCORES", "vector"):  # forced: another key
         assert budget.cost_key(gen, 2) != first.key
+    for isa in domino_ops.cpu.supported_isas()[1:]:  # another build forced: another key
+        with domino_ops.cpu.forced_isa(isa):
+            assert budget.cost_key(gen, 2) != first.key
     assert budget.cost_key(gen, 2) == first.key
     use_small_batch_linear(gen.drafter)  # a drafter on other kernels: another key, each switch
     linear_key = budget.cost_key(gen, 2)

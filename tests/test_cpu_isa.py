@@ -269,3 +269,36 @@ def test_argmax_of_a_row_split_across_threads(isa, where):
     else:
         row[0, n - 1] = 60.0
     assert torch.equal(domino_ops.sample(row), row.argmax(-1))
+
+
+# ---- the kernels' switches (DOMINO_SMALL_BATCH_*), read once -----------------------------
+
+def test_kernel_switches_are_read_once_and_switched_by_name():
+    """The switches come from the environment at their first use: a later os.environ
+    write changes nothing (read at every call, a write in another thread had raced the
+    kernels' getenv: a segfault); kernel_switch sets one for a block, nested blocks
+    restore the enclosing value, and a bad name or value type is refused."""
+    name = "DOMINO_SMALL_BATCH_LINEAR_ISA"
+    before = cpu.kernel_switch_value(name)
+    path = domino_ops.small_batch_linear_isa()
+    os.environ[name] = "generic"
+    try:
+        assert cpu.kernel_switch_value(name) == before and domino_ops.small_batch_linear_isa() == path
+    finally:
+        del os.environ[name]
+    with cpu.kernel_switch(name, "generic"):
+        assert domino_ops.small_batch_linear_isa() == "generic"
+        with cpu.kernel_switch(name, None):
+            assert domino_ops.small_batch_linear_isa() == path
+        assert cpu.kernel_switch_value(name) == "generic"
+    assert cpu.kernel_switch_value(name) == before and domino_ops.small_batch_linear_isa() == path
+    with pytest.raises(ValueError, match="a kernel switch must be one of"):
+        cpu.kernel_switch_value("DOMINO_CPU_ISA")
+    with pytest.raises(TypeError, match="value must be a str or None"):
+        with cpu.kernel_switch(name, 2):
+            pass
+    # a fresh process reads the variable at its first use
+    env = dict(os.environ, **{name: "generic"})
+    code = "import domino_ops; print(domino_ops.small_batch_linear_isa())"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "generic"

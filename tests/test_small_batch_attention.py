@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 
 import domino_ops
 from domino_ops import cpu, reference
-from env_var import env_var
 
 op = torch.ops.domino_ops.small_batch_attention
 DTYPES = [torch.float32, torch.bfloat16]
@@ -21,8 +20,8 @@ SCORES = "DOMINO_SMALL_BATCH_ATTENTION_SCORES"
 
 
 def scores_path(path):
-    """The op's score path for the block: "vector", "amx" or "auto" (read at every call)."""
-    return env_var(SCORES, path)
+    """The op's score path for the block: "vector", "amx" or "auto"."""
+    return domino_ops.cpu.kernel_switch(SCORES, path)
 
 
 def _has_amx_scores() -> bool:

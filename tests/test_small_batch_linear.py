@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 
 import domino_ops
 from domino_ops import reference
-from env_var import env_var
 from torch_threads import torch_threads
 
 ISA_ENV = "DOMINO_SMALL_BATCH_LINEAR_ISA"
@@ -21,7 +20,7 @@ ORDER = ["generic", "avx2", "avx512", "avx512_bf16"]
 
 
 def _best_isa():
-    with env_var(ISA_ENV, None):
+    with domino_ops.cpu.kernel_switch(ISA_ENV, None):
         return domino_ops.small_batch_linear_isa()
 
 
@@ -34,8 +33,8 @@ op = torch.ops.domino_ops.small_batch_linear
 
 
 def forced_isa(isa):
-    """Forces the kernel's instruction-set path (it reads ISA_ENV at every call)."""
-    return env_var(ISA_ENV, isa)
+    """Forces the kernel's instruction-set path for the block."""
+    return domino_ops.cpu.kernel_switch(ISA_ENV, isa)
 
 
 def make(M, N, K, x_dtype, w_dtype, bias, seed, scale=1.0):

@@ -250,15 +250,15 @@ def test_amx_is_the_default_where_the_cpu_has_it_and_differs_from_the_vector_pat
     ("amx", "DOMINO_SMALL_BATCH_LINEAR_PACKED_PATH=amx but this CPU"),
     ("avx512_bf16", "DOMINO_SMALL_BATCH_LINEAR_PACKED_PATH=avx512_bf16 but this CPU has no AVX512-BF16"),
 ])
-def test_a_bad_path_is_refused_by_name(value, msg, monkeypatch):
+def test_a_bad_path_is_refused_by_name(value, msg):
     if value in PACKED_PATHS:
         pytest.skip(f"this CPU has {value}: asking for it is valid")
-    monkeypatch.setenv(ENV, value)
-    with pytest.raises(ValueError, match=msg):
-        domino_ops.small_batch_linear_packed_path()
-    x, w, _ = make(2, 5, 8, False, 0)
-    with pytest.raises(ValueError, match=msg):
-        run_op(x, domino_ops.pack_small_batch_linear_weight(w), None, torch.float32)
+    with domino_ops.cpu.kernel_switch(ENV, value):
+        with pytest.raises(ValueError, match=msg):
+            domino_ops.small_batch_linear_packed_path()
+        x, w, _ = make(2, 5, 8, False, 0)
+        with pytest.raises(ValueError, match=msg):
+            run_op(x, domino_ops.pack_small_batch_linear_weight(w), None, torch.float32)
 
 
 @pytest.mark.parametrize("make_args,exc,msg", [
@@ -627,15 +627,15 @@ def test_fast_linear_runs_float32_layers_on_float32_panels():
 
 
 @needs_f32
-def test_fast_linear_forced_avx2_path_packs_nothing(monkeypatch):
+def test_fast_linear_forced_avx2_path_packs_nothing():
     from domino.fast_linear import runs_packed, use_small_batch_linear
 
-    monkeypatch.setenv("DOMINO_SMALL_BATCH_LINEAR_ISA", "avx2")
-    lin = use_small_batch_linear(torch.nn.Linear(40, 100))
-    assert not runs_packed(lin, torch.float32)
-    x = torch.randn(3, 40)
-    with torch.no_grad():
-        assert torch.equal(lin(x), domino_ops.small_batch_linear(x, lin.weight, lin.bias))
+    with domino_ops.cpu.kernel_switch("DOMINO_SMALL_BATCH_LINEAR_ISA", "avx2"):
+        lin = use_small_batch_linear(torch.nn.Linear(40, 100))
+        assert not runs_packed(lin, torch.float32)
+        x = torch.randn(3, 40)
+        with torch.no_grad():
+            assert torch.equal(lin(x), domino_ops.small_batch_linear(x, lin.weight, lin.bias))
 
 
 @pytest.mark.parametrize("path", PACKED_PATHS)

@@ -5,7 +5,11 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <optional>
+#include <string>
+
 #include "cpu/isa_select.h"
+#include "cpu/kernel_switches.h"
 
 namespace py = pybind11;
 
@@ -44,6 +48,21 @@ PYBIND11_MODULE(_C, m) {
   m.def("_force_cpu_isa",
         [](const std::string& name) { value_errors([&] { domino::cpu::force_isa(name); return 0; }); },
         "Tests and benchmarks: run the CPU kernels as build `name` ('' to restore)");
+  m.def("_kernel_switch",
+        [](const std::string& name) -> std::optional<std::string> {
+          const char* v = value_errors([&] { return domino::cpu::kernel_switch(domino::cpu::kernel_switch_named(name)); });
+          return v == nullptr ? std::nullopt : std::optional<std::string>(v);
+        },
+        "A CPU kernel switch's value now (None: unset), by its environment variable's name");
+  m.def("_set_kernel_switch",
+        [](const std::string& name, const std::optional<std::string>& value) {
+          value_errors([&] {
+            domino::cpu::set_kernel_switch(domino::cpu::kernel_switch_named(name),
+                                           value.has_value() ? value->c_str() : nullptr);
+            return 0;
+          });
+        },
+        "Tests and benchmarks: set a CPU kernel switch (None: unset) for the calls after this one");
   m.def("small_batch_linear_isa",
         [] { return value_errors([] { return std::string(domino::cpu::small_batch_linear_isa()); }); },
         "The instruction-set path (avx512, avx2, generic) small_batch_linear takes now");

@@ -66,6 +66,7 @@
 #include <vector>
 
 #include "cpu/isa.h"
+#include "cpu/kernel_switches.h"
 #include "cpu/small_batch_linear_packed_amx.h"
 #include "cpu/layer_kernels.h"
 #include "ops.h"
@@ -146,14 +147,14 @@ void check_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
 // Whether a bf16 call's scores and value sums run on AMX tiles (the Kernels table's
 // attention_scores_amx, then attend_block's value sums) instead of the vector FMAs: where the
 // CPU has AMX-BF16 (and the active build is avx512), D is a multiple of 32 up to 128, and
-// DOMINO_SMALL_BATCH_ATTENTION_SCORES is unset, "auto" or "amx" ("vector": never; read at
-// every call, so a test or a benchmark can switch it; a process keeps one for all its
-// forwards, as the two paths round differently). A 16-row verification over 1,000 keys
+// DOMINO_SMALL_BATCH_ATTENTION_SCORES is unset, "auto" or "amx" ("vector": never; read once;
+// domino_ops.cpu.kernel_switch switches it for a test or a benchmark; a process keeps one for
+// all its forwards, as the two paths round differently). A 16-row verification over 1,000 keys
 // spent ~40 % of its attention on the scores and the keys' transposition the vector path
 // needs; the tiles take the keys as the cache holds them. (The variable is checked on float32
 // calls too; their attention is the vector path's whatever it says.)
 bool amx_tiles(const Kernels& K, int64_t D, bool bf16) {
-  const char* env = std::getenv("DOMINO_SMALL_BATCH_ATTENTION_SCORES");
+  const char* env = kernel_switch(KernelSwitch::kAttentionScores);
   const bool forced = env != nullptr && std::strcmp(env, "amx") == 0;
   if (env != nullptr && *env != '\0' && !forced && std::strcmp(env, "auto") != 0) {
     TORCH_CHECK_VALUE(std::strcmp(env, "vector") == 0,

@@ -90,6 +90,7 @@
 #endif
 
 #include "cpu/aligned.h"
+#include "cpu/kernel_switches.h"
 #include "ops.h"
 
 // GCC 12 flags the _mm512_undefined_* inside avx512fintrin.h's shifts once inlined here.
@@ -484,10 +485,11 @@ Isa best_isa() {
 }
 
 // The path a call takes now: the best one, or a lower one forced by
-// DOMINO_SMALL_BATCH_LINEAR_ISA (read at every call, so a test can switch it).
+// DOMINO_SMALL_BATCH_LINEAR_ISA (read once; domino_ops.cpu.kernel_switch switches it for a
+// test).
 Isa current_isa() {
   const Isa best = best_isa();
-  const char* env = std::getenv("DOMINO_SMALL_BATCH_LINEAR_ISA");
+  const char* env = kernel_switch(KernelSwitch::kLinearIsa);
   if (env == nullptr || *env == '\0') return best;
   const std::string want(env);
   Isa isa;

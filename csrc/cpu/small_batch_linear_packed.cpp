@@ -85,6 +85,7 @@
 #endif
 
 #include "cpu/aligned.h"
+#include "cpu/kernel_switches.h"
 #include "cpu/packed_outputs.h"
 #include "cpu/packed_panels.h"
 #include "cpu/small_batch_linear_packed_amx.h"
@@ -357,15 +358,16 @@ void check_args(const at::Tensor& x, const at::Tensor& packed, int64_t N, const 
 // Which product runs on bf16 panels: AMX tiles where the CPU has them
 // (small_batch_linear_packed_amx.cpp), else AVX512-BF16 vectors (this file), else AVX2 FMAs
 // (small_batch_linear_packed_avx2.cpp). DOMINO_SMALL_BATCH_LINEAR_PACKED_PATH=
-// auto|amx|avx512_bf16|avx2 picks one (read at every call, so a test or a benchmark can switch
-// it; a process keeps one for all its forwards, as they sum in different orders).
+// auto|amx|avx512_bf16|avx2 picks one (read once; domino_ops.cpu.kernel_switch switches it
+// for a test or a benchmark; a process keeps one for all its forwards, as they sum in
+// different orders).
 enum class Path { kAmx, kAvx512Bf16, kAvx2 };
 
 const char* path_name(Path p) { return p == Path::kAmx ? "amx" : p == Path::kAvx512Bf16 ? "avx512_bf16" : "avx2"; }
 
 // The variable's value, or null for auto.
 const char* forced_path() {
-  const char* env = std::getenv("DOMINO_SMALL_BATCH_LINEAR_PACKED_PATH");
+  const char* env = kernel_switch(KernelSwitch::kPackedPath);
   if (env == nullptr || *env == '\0' || std::strcmp(env, "auto") == 0) return nullptr;
   return env;
 }

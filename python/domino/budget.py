@@ -477,14 +477,14 @@ def cost_key(gen, batch_size: int) -> str:
         "drafter_fused_layers": uses_fused_layers(gen.drafter),
         "small_batch_linear_packed": any(runs_packed(m, dt) for m in target.modules()
                                          for dt in (torch.bfloat16, torch.float32)),
-        "small_batch_linear_isa": os.environ.get("DOMINO_SMALL_BATCH_LINEAR_ISA", ""),
+        "small_batch_linear_isa": cpu.kernel_switch_value("DOMINO_SMALL_BATCH_LINEAR_ISA") or "",
         "small_batch_linear_packed_path": domino_ops.small_batch_linear_packed_path()
         if domino_ops.small_batch_linear_packed_supported() else "",
         "attention": target.config._attn_implementation,
-        "small_batch_attention_scores": os.environ.get("DOMINO_SMALL_BATCH_ATTENTION_SCORES", ""),
+        "small_batch_attention_scores": cpu.kernel_switch_value("DOMINO_SMALL_BATCH_ATTENTION_SCORES") or "",
         "fast_forward": uses_fast_forward(target),
         "batch_size": batch_size,
-        "cpu_isa": os.environ.get("DOMINO_CPU_ISA", ""),
+        "cpu_isa": cpu.isa(),  # the build running (DOMINO_CPU_ISA, or forced_isa)
         "measurement": 8,  # how measure_round_costs times (2: drafting after a target forward; 3: suffix-min
         # envelope; 4: the sizes interleaved; 5: drafting with its context extension and calibration;
         # 6: at two cache lengths; 7: the models held fixed, as the generator holds them; 8: the

@@ -8,6 +8,16 @@ process. It is read once, at the first CPU op; an unknown name, or a build this 
 run, makes every CPU op raise ``ValueError`` naming the builds this machine runs.
 
 :func:`forced_isa` switches builds inside one process (tests and benchmarks).
+
+Three more switches pick a path within a kernel, each named by the environment variable
+that sets it at start-up (:data:`KERNEL_SWITCHES`): ``DOMINO_SMALL_BATCH_LINEAR_PACKED_PATH``
+(``auto``, ``amx``, ``avx512_bf16``, ``avx2``), ``DOMINO_SMALL_BATCH_ATTENTION_SCORES``
+(``auto``, ``amx``, ``vector``) and ``DOMINO_SMALL_BATCH_LINEAR_ISA`` (``avx512_bf16``,
+``avx512``, ``avx2``, ``generic``). Each is read once, at its first use (read at every call,
+they cost a scan of the environment per kernel call and raced other threads' writes to
+``os.environ``: glibc's ``getenv`` against ``setenv``, a segfault); setting the variable
+later in the process changes nothing. :func:`kernel_switch` changes one inside a process
+(tests and benchmarks); a value is checked where the kernel uses it.
 """
 
 from __future__ import annotations
@@ -16,7 +26,11 @@ import contextlib
 
 from domino_ops import _C
 
-__all__ = ["isa", "supported_isas", "compiled_isas", "model", "forced_isa"]
+__all__ = ["isa", "supported_isas", "compiled_isas", "model", "forced_isa", "KERNEL_SWITCHES", "kernel_switch",
+           "kernel_switch_value"]
+
+KERNEL_SWITCHES = ("DOMINO_SMALL_BATCH_LINEAR_PACKED_PATH", "DOMINO_SMALL_BATCH_ATTENTION_SCORES",
+                   "DOMINO_SMALL_BATCH_LINEAR_ISA")
 
 
 def isa() -> str:
@@ -55,3 +69,27 @@ def forced_isa(name: str):
     finally:
         _FORCED.pop()
         _C._force_cpu_isa(_FORCED[-1] if _FORCED else "")
+
+
+def kernel_switch_value(name: str) -> str | None:
+    """The value the CPU kernels take for switch ``name`` (one of :data:`KERNEL_SWITCHES`)
+    now: the environment variable's at the first use, or what :func:`kernel_switch` set
+    since; None where unset. ValueError for another name."""
+    return _C._kernel_switch(name)
+
+
+@contextlib.contextmanager
+def kernel_switch(name: str, value: str | None):
+    """Within the ``with`` block the CPU kernels take switch ``name`` (one of
+    :data:`KERNEL_SWITCHES`) as ``value`` (None: as if its variable were unset), then the
+    value before the block. ``value`` is checked where a kernel uses it (an op call raises
+    ValueError naming the variable). Not thread-safe against ops running concurrently in
+    other threads (as :func:`forced_isa`)."""
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"value must be a str or None, got {type(value).__name__}")
+    before = _C._kernel_switch(name)
+    _C._set_kernel_switch(name, value)
+    try:
+        yield value
+    finally:
+        _C._set_kernel_switch(name, before)

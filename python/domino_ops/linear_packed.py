@@ -104,8 +104,9 @@ def small_batch_linear_packed_path() -> str:
     (VDPBF16PS vectors) or ``"avx2"`` (8-lane FMAs on the weights widened to float32).
 
     The first the CPU (and OS) has; the environment variable
-    ``DOMINO_SMALL_BATCH_LINEAR_PACKED_PATH=auto|amx|avx512_bf16|avx2`` picks one (read at
-    every call; ``avx2`` also puts float32 panels on the AVX2 tiles, which give the AVX-512
+    ``DOMINO_SMALL_BATCH_LINEAR_PACKED_PATH=auto|amx|avx512_bf16|avx2`` picks one (read once;
+    :func:`domino_ops.cpu.kernel_switch` changes it in a process; ``avx2`` also puts float32
+    panels on the AVX2 tiles, which give the AVX-512
     tiles' bits). All are batch-invariant, but they sum in different orders, so their bits
     differ: a process keeps one path for all its forwards. Raises RuntimeError on a CPU
     with neither AVX2 + FMA nor AVX512-BF16 (:func:`small_batch_linear_packed_supported`),
