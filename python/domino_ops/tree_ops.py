@@ -322,7 +322,8 @@ def verify_tree_greedy(predicts: torch.Tensor, accept_index: torch.Tensor, accep
         candidates: [bs, N] int64, each node's draft token (the root's is not used).
         retrive_index, retrive_next_token, retrive_next_sibling: [bs, N] int64, the tree.
         target_predict: [bs, N] int64, the target's argmax at each node, addressed by
-            ``retrive_index`` as a flat [bs*N] array (as sgl-kernel does).
+            ``retrive_index`` as a flat [bs*N] array (as sgl-kernel does); token ids in
+            [0, 2^31), every one (they are written into int32 ``predicts``).
         backend: "auto", "native", "triton" or "reference" (see the module docstring).
     """
     dev, bs, n = _verify_common(predicts, accept_index, accept_token_num, candidates, retrive_index,
