@@ -452,6 +452,17 @@ def test_value_reading_ops_refuse_meta_tensors_by_name():
     on_meta = [None if v is None else v.to("meta") for v in head().values()]
     tokens, logprobs, state = domino_ops.domino_head_rollout(*on_meta)
     assert tokens.device.type == "meta" and tokens.shape == (2, 3)
+    # sampling reads values in the head ops' references too
+    with pytest.raises(ValueError, match="domino_head_rollout " + must):
+        domino_ops.domino_head_rollout(*on_meta, temperature=0.7)
+    base, hproj, state, gru_input, w_ih, w_hh, w1s, w2 = on_meta
+    node = torch.zeros(2, dtype=torch.int64, device="meta")
+    children = domino_ops.domino_head_expand(base, hproj, state, node, node, gru_input, w_ih, w_hh, w1s, w2,
+                                             num_children=2)
+    assert children[0].device.type == "meta" and children[0].shape == (2, 2)
+    with pytest.raises(ValueError, match="domino_head_expand " + must):
+        domino_ops.domino_head_expand(base, hproj, state, node, node, gru_input, w_ih, w_hh, w1s, w2, num_children=2,
+                                      temperature=0.7)
 
 
 def test_numpy_bools_are_bools():

@@ -274,7 +274,7 @@ def test_argmax_of_a_row_split_across_threads(isa, where):
 # ---- the kernels' switches (DOMINO_SMALL_BATCH_*), read once -----------------------------
 
 def test_kernel_switches_are_read_once_and_switched_by_name():
-    """The switches come from the environment at their first use: a later os.environ
+    """The switches come from the environment at import: a later os.environ
     write changes nothing (read at every call, a write in another thread had raced the
     kernels' getenv: a segfault); kernel_switch sets one for a block, nested blocks
     restore the enclosing value, and a bad name or value type is refused."""
@@ -297,7 +297,7 @@ def test_kernel_switches_are_read_once_and_switched_by_name():
     with pytest.raises(TypeError, match="value must be a str or None"):
         with cpu.kernel_switch(name, 2):
             pass
-    # a fresh process reads the variable at its first use
+    # a fresh process reads the variable at import
     env = dict(os.environ, **{name: "generic"})
     code = "import domino_ops; print(domino_ops.small_batch_linear_isa())"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)

@@ -245,6 +245,12 @@ def test_fake_kernel():
     args[1] = args[1].to("meta")
     with pytest.raises(RuntimeError, match="decoder_layers: every tensor must be on one device, got x on cpu, cos on meta"):
         torch.ops.domino_ops.decoder_layers.default(*args)
+    # a store or a weight on meta too (the fake had returned uninitialised outputs)
+    for lists, index, name in ((8, 1, r"key_stores\[1\] on meta"), (4, 1, r"weights\[1\] on meta")):
+        args = op_args(small_model())
+        args[lists][index] = args[lists][index].to("meta")
+        with pytest.raises(RuntimeError, match="decoder_layers: every tensor must be on one device, .*" + name):
+            torch.ops.domino_ops.decoder_layers.default(*args)
 
 
 @needs_packed

@@ -187,8 +187,12 @@ def test_fake_kernel():
     with torch.inference_mode():
         torch.library.opcheck(torch.ops.domino_ops.draft_layers.default, tuple(args),
                               test_utils=("test_schema", "test_faketensor"))
-        args[2] = args[2].to("meta")
+        sin, args[2] = args[2], args[2].to("meta")
         with pytest.raises(RuntimeError, match="draft_layers: every tensor must be on one device, got x on cpu, cos on cpu, sin on meta"):
+            torch.ops.domino_ops.draft_layers.default(*args)
+        args[2] = sin
+        args[5][0] = args[5][0].to("meta")  # a value store (the fake had returned an uninitialised block)
+        with pytest.raises(RuntimeError, match=r"draft_layers: every tensor must be on one device, .*value_stores\[0\] on meta"):
             torch.ops.domino_ops.draft_layers.default(*args)
 
 

@@ -34,6 +34,15 @@ const char* small_batch_linear_packed_path();  // small_batch_linear_packed.cpp
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "domino_ops native extension: registers torch.ops.domino_ops.*";
+  // The environment variables the kernels read once (DOMINO_CPU_ISA, the kernel switches),
+  // read now, with the GIL held: at a kernel's first call, the GIL released, they would
+  // race another thread's os.environ write (glibc's getenv against setenv). A bad
+  // DOMINO_CPU_ISA is kept, and raised by every CPU op, as before.
+  domino::cpu::read_kernel_switches();
+  try {
+    (void)domino::cpu::active_isa();
+  } catch (const c10::Error&) {
+  }
   m.attr("torch_version") = DOMINO_TORCH_VERSION;
 #ifdef DOMINO_WITH_CUDA
   m.attr("cuda_compiled") = true;

@@ -10,7 +10,9 @@
 //   DOMINO_CPU_ISA=avx512|avx2|sse2|generic: that build, or an error naming the builds
 //   this machine supports when the CPU lacks it or it was not compiled in.
 //
-// The environment variable is read once, on the first call; an invalid value makes every
+// The environment variable is read once, when domino_ops._C is imported (bindings/
+// module.cpp: with the GIL held, so no Python thread's os.environ write races it; else at
+// the first call); an invalid value makes every
 // CPU op raise the same ValueError. `force_isa` (tests and benchmarks only, through
 // domino_ops.cpu.forced_isa) switches the table for the rest of the process.
 //

@@ -1,6 +1,7 @@
 // The kernels' run-time switches (kernel_switches.h): read from the environment once, set
-// since by set_kernel_switch. A value is an interned string that is never freed (a process
-// sets a handful), so a reader's pointer stays valid while another thread sets a new one.
+// since by set_kernel_switch. A value is an interned string that is never freed (one per
+// distinct value a process sets: a handful), so a reader's pointer stays valid while
+// another thread sets a new one.
 #include "cpu/kernel_switches.h"
 
 #include <c10/util/Exception.h>
@@ -22,6 +23,9 @@ const char* intern(const char* value) {
   static std::mutex mutex;
   static std::deque<std::string> values;  // a deque never moves what it holds
   std::lock_guard<std::mutex> lock(mutex);
+  for (const std::string& v : values) {  // a switch set and restored per block reuses its strings
+    if (v == value) return v.c_str();
+  }
   return values.emplace_back(value).c_str();
 }
 
@@ -58,5 +62,7 @@ void set_kernel_switch(KernelSwitch s, const char* value) {
   switches().values[static_cast<int>(s)].store(value == nullptr ? nullptr : intern(value),
                                                std::memory_order_release);
 }
+
+void read_kernel_switches() { (void)switches(); }
 
 }  // namespace domino::cpu

@@ -109,21 +109,29 @@ def _apply_rotary_pos_emb_fake(q, k, cos, sin, q_out, k_out):
     _one_device("apply_rotary_pos_emb", q=q, k=k, cos=cos, sin=sin, q_out=q_out, k_out=k_out)
 
 
+def _listed(name: str, tensors) -> dict:
+    """A tensor list's entries by name (``name[i]``), Nones left out, for :func:`_one_device`."""
+    return {f"{name}[{i}]": t for i, t in enumerate(tensors) if t is not None}
+
+
 @torch.library.register_fake("domino_ops::draft_context")
 def _draft_context_fake(features, cos, sin, fc_packed, fc_bias, hidden_norm_weight, hidden_eps, key_stores,
                         value_stores, past, weights, heads, eps):
     _one_device("draft_context", features=features, cos=cos, sin=sin, fc_packed=fc_packed, fc_bias=fc_bias,
-                hidden_norm_weight=hidden_norm_weight)
+                hidden_norm_weight=hidden_norm_weight, **_listed("key_stores", key_stores),
+                **_listed("value_stores", value_stores), **_listed("weights", weights))
 
 
 @torch.library.register_fake("domino_ops::decoder_layers")
 def _decoder_layers_fake(x, cos, sin, mask, weights, heads, eps, scale, key_stores, value_stores, past, keep_hidden):
-    _one_device("decoder_layers", x=x, cos=cos, sin=sin, mask=mask)
+    _one_device("decoder_layers", x=x, cos=cos, sin=sin, mask=mask, **_listed("weights", weights),
+                **_listed("key_stores", key_stores), **_listed("value_stores", value_stores))
     # every layer's output (keep_hidden), or the last one's, each of x's shape
     return [torch.empty_like(x) for _ in range(len(key_stores) if keep_hidden else 1)]
 
 
 @torch.library.register_fake("domino_ops::draft_layers")
 def _draft_layers_fake(x, cos, sin, mask, key_stores, value_stores, past, weights, heads, eps, row_start, row_stop):
-    _one_device("draft_layers", x=x, cos=cos, sin=sin, mask=mask)
+    _one_device("draft_layers", x=x, cos=cos, sin=sin, mask=mask, **_listed("key_stores", key_stores),
+                **_listed("value_stores", value_stores), **_listed("weights", weights))
     return x.new_empty(x.shape[0], row_stop - row_start, x.shape[2])

@@ -4,8 +4,8 @@ The CPU kernels' vector code is compiled once per instruction set (``avx512`` =
 x86-64-v4, ``avx2`` = x86-64-v3 with FMA, ``sse2`` = the x86-64 baseline; ``generic`` on
 other architectures). By default every op runs the widest build the CPU supports; the
 environment variable ``DOMINO_CPU_ISA`` (``auto`` or a build name) forces one for the
-process. It is read once, at the first CPU op; an unknown name, or a build this CPU cannot
-run, makes every CPU op raise ``ValueError`` naming the builds this machine runs.
+process. It is read once, when ``domino_ops`` is imported; an unknown name, or a build this
+CPU cannot run, makes every CPU op raise ``ValueError`` naming the builds this machine runs.
 
 :func:`forced_isa` switches builds inside one process (tests and benchmarks).
 
@@ -13,10 +13,11 @@ Three more switches pick a path within a kernel, each named by the environment v
 that sets it at start-up (:data:`KERNEL_SWITCHES`): ``DOMINO_SMALL_BATCH_LINEAR_PACKED_PATH``
 (``auto``, ``amx``, ``avx512_bf16``, ``avx2``), ``DOMINO_SMALL_BATCH_ATTENTION_SCORES``
 (``auto``, ``amx``, ``vector``) and ``DOMINO_SMALL_BATCH_LINEAR_ISA`` (``avx512_bf16``,
-``avx512``, ``avx2``, ``generic``). Each is read once, at its first use (read at every call,
-they cost a scan of the environment per kernel call and raced other threads' writes to
-``os.environ``: glibc's ``getenv`` against ``setenv``, a segfault); setting the variable
-later in the process changes nothing. :func:`kernel_switch` changes one inside a process
+``avx512``, ``avx2``, ``generic``). Each is read once, when ``domino_ops`` is imported, as
+``DOMINO_CPU_ISA`` is (read at every call, with the GIL released, they cost a scan of the
+environment per kernel call and raced other threads' writes to ``os.environ``: glibc's
+``getenv`` against ``setenv``, a segfault); setting the variable later in the process
+changes nothing. :func:`kernel_switch` changes one inside a process
 (tests and benchmarks); a value is checked where the kernel uses it.
 """
 
@@ -73,7 +74,7 @@ def forced_isa(name: str):
 
 def kernel_switch_value(name: str) -> str | None:
     """The value the CPU kernels take for switch ``name`` (one of :data:`KERNEL_SWITCHES`)
-    now: the environment variable's at the first use, or what :func:`kernel_switch` set
+    now: the environment variable's at import, or what :func:`kernel_switch` set
     since; None where unset. ValueError for another name."""
     return _C._kernel_switch(name)
 

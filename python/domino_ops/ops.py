@@ -166,6 +166,8 @@ def domino_head_rollout(base_logits: torch.Tensor, hproj: torch.Tensor, state: t
     _checks.no_overlap([("base_logits", base_logits)], inputs)
     _checks.no_autograd("domino_head_rollout", [("base_logits", base_logits)] + inputs)
     chosen = select_backend("domino_head_rollout", dev, backend)
+    if may_sample(temperature):  # greedy runs on meta; sampling's reference reads values
+        refuse_meta_reference("domino_head_rollout", dev, chosen)
     if chosen == "reference":
         return reference.domino_head_rollout(
             base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w2, temperature=temperature,
@@ -420,6 +422,8 @@ def check_expand_args(base_logits, hproj, node_state, node_seq, node_depth, gru_
     temperature, top_k, top_p = _checks.sampling_params(temperature, top_k, top_p, rows=b, device=dev)
     _checks.generator(generator, dev, rows=b)
     chosen = select_backend("domino_head_expand", dev, backend)
+    if may_sample(temperature):  # greedy runs on meta; sampling's reference reads values
+        refuse_meta_reference("domino_head_expand", dev, chosen)
     check_packed_head_weight(w2_packed, w2, "w2_packed", "w2", chosen)
     check_packed_head_weight(w_hh_packed, w_hh, "w_hh_packed", "w_hh", chosen)
     return chosen, temperature, top_k, top_p
