@@ -31,7 +31,7 @@ const char* intern(const char* value) {
 
 struct Switches {
   std::atomic<const char*> values[kSwitches];
-  Switches() {  // the environment at the first use of any switch
+  Switches() {  // the environment at the first use: the import (read_kernel_switches)
     for (int i = 0; i < kSwitches; ++i) {
       const char* env = std::getenv(kNames[i]);
       values[i].store(env == nullptr ? nullptr : intern(env), std::memory_order_release);
