@@ -37,7 +37,8 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
         backend: "auto" (default) or "native": the C++ kernel on the CPU; "reference": the
             PyTorch reference. On other devices "auto" runs the reference and "native" raises.
     Returns:
-        (q', k'): q's and k's shapes and dtype, contiguous. Not differentiable: inputs
+        (q', k'): q's and k's shapes and dtype, contiguous from the C++ kernel (the
+        reference keeps the inputs' layout). Not differentiable: inputs
         that require grad with grad mode on are refused (RuntimeError naming them).
     """
     q = _checks.tensor("q", q, ndim=4, dtypes=_checks.FLOAT_OR_BF16)

@@ -49,8 +49,9 @@ def small_batch_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mas
         backend: "auto" (default) or "native": the C++ kernel on the CPU; "reference": the
             PyTorch reference. On other devices "auto" runs the reference and "native" raises.
     Returns:
-        [B, Hq, M, D] in q's dtype, a view of a [B, M, Hq, D] contiguous tensor (so
-        ``.transpose(1, 2)``, HF's output layout, is contiguous): fp32 scores, softmax and
+        [B, Hq, M, D] in q's dtype; from the C++ kernel a view of a [B, M, Hq, D]
+        contiguous tensor (so ``.transpose(1, 2)``, HF's output layout, is contiguous; the
+        reference returns a plain [B, Hq, M, D] tensor): fp32 scores, softmax and
         sums, rounded once. A row with no visible key is zeros. Not differentiable:
         inputs that require grad with grad mode on are refused (RuntimeError naming them).
     """

@@ -90,11 +90,14 @@ def draft_tree(base_logits: torch.Tensor, hproj: torch.Tensor, state: torch.Tens
         root_tokens: [b] int64 >= 0, each sequence's last verified token (node 0; copied
             into ``candidates`` as it is, so it may be an id of a larger vocabulary than V,
             the target's when V is a draft vocabulary).
-        topk: children per expanded node and frontier size, >= 1.
+        topk: children per expanded node and frontier size, an int in [1, V].
         depth: expansion steps, in [1, k]; candidates at step s sit at block position s.
         num_draft_tokens: tree nodes N including the root, in [2, 1 + tree_size]; at
             temperature 0 only (default: every candidate). At temperature > 0 every
             candidate is a node (see the module docstring).
+        plain_depths: an int >= 0 (default 0): the first ``plain_depths`` depths are
+            drafted from ``base_logits`` alone (a zero head correction, L = base), while
+            the GRU states still advance.
         temperature, top_k, top_p, generator, backend, w2_packed, w_hh_packed: as
             :func:`domino_head_expand` (per-sequence [b] tensors, and one generator per
             sequence, included: a batch can mix greedy and sampled requests, each with its
