@@ -505,6 +505,21 @@ def test_init_from_trains_on_at_another_block_size(tiny_run, tmp_path):
     assert first.config.block_size == 8 and set(out.state_dict()) == set(first.state_dict())
 
 
+def test_a_grown_drafter_trains_its_new_layer(tiny_run, tmp_path):
+    """--init-from a drafter grown by training.grow_layers: the run keeps its depth, and its
+    new layer, which starts as the identity, is trained (its zeroed projections move)."""
+    from domino.model import DominoDraftModel
+    from training.grow_layers import main as grow
+
+    root, _ = tiny_run
+    run_train(root, tmp_path / "first", "--steps", "1", "--eval-every", "100")
+    grow([str(tmp_path / "first" / "drafter"), str(tmp_path / "grown")])
+    run_train(root, tmp_path / "run", "--init-from", str(tmp_path / "grown"), "--steps", "3", "--eval-every", "100")
+    out = DominoDraftModel.from_pretrained(tmp_path / "run" / "drafter")
+    assert out.config.num_hidden_layers == len(out.layers) == 2
+    assert out.layers[1].self_attn.o_proj.weight.any() and out.layers[1].mlp.down_proj.weight.any()
+
+
 def test_a_drafter_continued_from_a_saved_one_is_built_in_training_mode(tiny_run, tmp_path):
     """from_pretrained returns eval mode; --init-from must still train in training mode (on a
     GPU, cuDNN refuses the GRU's backward otherwise; on a CPU nothing showed it)."""
