@@ -294,6 +294,9 @@ def test_kernel_switches_are_read_once_and_switched_by_name():
     assert cpu.kernel_switch_value(name) == before and domino_ops.small_batch_linear_isa() == path
     with pytest.raises(ValueError, match="a kernel switch must be one of"):
         cpu.kernel_switch_value("DOMINO_CPU_ISA")
+    assert name in cpu.KERNEL_SWITCHES and len(set(cpu.KERNEL_SWITCHES)) == 3
+    for other in cpu.KERNEL_SWITCHES:  # each one the kernels take
+        assert cpu.kernel_switch_value(other) is None or isinstance(cpu.kernel_switch_value(other), str)
     with pytest.raises(TypeError, match="value must be a str or None"):
         with cpu.kernel_switch(name, 2):
             pass

@@ -63,6 +63,8 @@ PYBIND11_MODULE(_C, m) {
           return v == nullptr ? std::nullopt : std::optional<std::string>(v);
         },
         "A CPU kernel switch's value now (None: unset), by its environment variable's name");
+  m.def("_kernel_switch_names", &domino::cpu::kernel_switch_names,
+        "The CPU kernel switches' environment variables' names");
   m.def("_set_kernel_switch",
         [](const std::string& name, const std::optional<std::string>& value) {
           value_errors([&] {

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <deque>
+#include <iterator>
 #include <mutex>
 
 namespace domino::cpu {
@@ -54,9 +55,12 @@ KernelSwitch kernel_switch_named(const std::string& env_name) {
   for (int i = 0; i < kSwitches; ++i) {
     if (env_name == kNames[i]) return static_cast<KernelSwitch>(i);
   }
-  TORCH_CHECK_VALUE(false, "a kernel switch must be one of DOMINO_SMALL_BATCH_LINEAR_PACKED_PATH, "
-                    "DOMINO_SMALL_BATCH_ATTENTION_SCORES or DOMINO_SMALL_BATCH_LINEAR_ISA, got '", env_name, "'");
+  static_assert(kSwitches == 3, "name every switch in this message");
+  TORCH_CHECK_VALUE(false, "a kernel switch must be one of ", kNames[0], ", ", kNames[1], " or ", kNames[2],
+                    ", got '", env_name, "'");
 }
+
+std::vector<std::string> kernel_switch_names() { return {std::begin(kNames), std::end(kNames)}; }
 
 void set_kernel_switch(KernelSwitch s, const char* value) {
   switches().values[static_cast<int>(s)].store(value == nullptr ? nullptr : intern(value),

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace domino::cpu {
 
@@ -26,6 +27,9 @@ const char* kernel_switch(KernelSwitch s);
 
 // The switch named by its environment variable's name; a ValueError for another name.
 KernelSwitch kernel_switch_named(const std::string& env_name);
+
+// The switches' environment variables' names, in KernelSwitch's order (domino_ops.cpu.KERNEL_SWITCHES).
+std::vector<std::string> kernel_switch_names();
 
 // Sets the switch (nullptr: unset) for every call after this one, in every thread.
 void set_kernel_switch(KernelSwitch s, const char* value);

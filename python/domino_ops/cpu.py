@@ -30,8 +30,8 @@ from domino_ops import _C
 __all__ = ["isa", "supported_isas", "compiled_isas", "model", "forced_isa", "KERNEL_SWITCHES", "kernel_switch",
            "kernel_switch_value"]
 
-KERNEL_SWITCHES = ("DOMINO_SMALL_BATCH_LINEAR_PACKED_PATH", "DOMINO_SMALL_BATCH_ATTENTION_SCORES",
-                   "DOMINO_SMALL_BATCH_LINEAR_ISA")
+# the environment variables' names, as the kernels know them (csrc/cpu/kernel_switches.cpp)
+KERNEL_SWITCHES: tuple[str, ...] = tuple(_C._kernel_switch_names())
 
 
 def isa() -> str:
