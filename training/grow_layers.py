@@ -66,10 +66,11 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     if args.out.resolve() == args.drafter.resolve():
         p.error("out must be another directory than drafter")
-    if args.add < 1:
-        p.error(f"--add must be >= 1, got {args.add}")
     drafter = DominoDraftModel.from_pretrained(args.drafter)
-    grown = grow_layers(drafter, args.add)
+    try:
+        grown = grow_layers(drafter, args.add)
+    except ValueError as e:  # grow_layers's own checks, as a usage error
+        p.error(str(e))
     grown.save_pretrained(args.out, dtype=getattr(torch, args.dtype))
     print(f"wrote {args.out}: {len(drafter.layers)} -> {len(grown.layers)} draft layers")
 
