@@ -520,6 +520,27 @@ def test_a_grown_drafter_trains_its_new_layer(tiny_run, tmp_path):
     assert out.layers[1].self_attn.o_proj.weight.any() and out.layers[1].mlp.down_proj.weight.any()
 
 
+def test_a_drafter_with_a_grown_head_trains_its_new_weights(tiny_run, tmp_path):
+    """--init-from a drafter grown by training.grow_head (rank and GRU width): the run keeps
+    its sizes, and the new weights that start at zero (W2's new columns, W1's columns for the
+    new GRU units) are trained, and so are the random ones behind them."""
+    from domino.model import DominoDraftModel
+    from training.grow_head import main as grow
+
+    root, _ = tiny_run
+    run_train(root, tmp_path / "first", "--steps", "1", "--eval-every", "100")
+    c = DominoDraftModel.from_pretrained(tmp_path / "first" / "drafter").config
+    r, g, H = c.emb_dim, c.gru_hidden_dim, c.hidden_size
+    grow([str(tmp_path / "first" / "drafter"), str(tmp_path / "grown"), "--rank", str(r + 4), "--gru", str(g + 4)])
+    grown = DominoDraftModel.from_pretrained(tmp_path / "grown")
+    run_train(root, tmp_path / "run", "--init-from", str(tmp_path / "grown"), "--steps", "3", "--eval-every", "100")
+    out = DominoDraftModel.from_pretrained(tmp_path / "run" / "drafter")
+    assert (out.config.emb_dim, out.config.gru_hidden_dim) == (r + 4, g + 4)
+    assert out.embed_proj[2].weight[:, r:].any() and out.embed_proj[0].weight[:, H + g:].any()
+    assert not torch.equal(out.embed_proj[0].weight[r:], grown.embed_proj[0].weight[r:])
+    assert not torch.equal(out.prefix_gru.weight_hh_l0, grown.prefix_gru.weight_hh_l0)
+
+
 def test_a_drafter_continued_from_a_saved_one_is_built_in_training_mode(tiny_run, tmp_path):
     """from_pretrained returns eval mode; --init-from must still train in training mode (on a
     GPU, cuDNN refuses the GRU's backward otherwise; on a CPU nothing showed it)."""
