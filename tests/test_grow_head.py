@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from domino.budget import Calibration
+from domino.fast_linear import uses_small_batch_linear
 from domino.model import DominoDraftModel
 from packed_paths import PACKED, needs_packed
 from test_draft_layers import context
@@ -31,8 +32,10 @@ def check_layout(old: dict, new: dict, r0: int, g0: int, H: int):
         assert torch.equal(new["w_ih"][new_rows], old["w_ih"][rows])
         assert torch.equal(new["w_hh"][new_rows, :g0], old["w_hh"][rows]) and not new["w_hh"][new_rows, g0:].any()
     randoms = [(new["w1"][r0:], old["w1"])] if r1 > r0 else []
-    if g1 > g0:
-        randoms += [(new["w_ih"][g0:g1], old["w_ih"]), (new["w_hh"][g0:g1], old["w_hh"])]
+    for gate in range(3):
+        if g1 > g0:
+            new_rows = slice(gate * g1 + g0, (gate + 1) * g1)
+            randoms += [(new["w_ih"][new_rows], old["w_ih"]), (new["w_hh"][new_rows], old["w_hh"])]
     for fresh, trained in randoms:
         assert fresh.abs().amax(dim=-1).gt(0).all()
         assert 0.5 < float(fresh.float().std() / trained.float().std()) < 2.0
@@ -41,7 +44,9 @@ def check_layout(old: dict, new: dict, r0: int, g0: int, H: int):
 def check_grown_drafts_alike(d, *, rank, gru, exact: bool):
     c = d.config
     old = head_weights(d)
+    drafts(d, *context(d, 1, 5, 2))  # its caches of head rows and packs filled: the grown one must not read them
     grown = grow_head(d, rank=rank, gru=gru)
+    assert grown._target[0] is d._target[0] and grown._target[1] is d._target[1]  # the target's, shared
     assert (d.config.emb_dim, d.config.gru_hidden_dim) == (c.emb_dim, c.gru_hidden_dim)
     for name, w in head_weights(d).items():  # the original untouched
         assert torch.equal(w, old[name]), name
@@ -75,12 +80,16 @@ def test_grown_drafter_drafts_what_it_came_from_drafts(rank, gru):
 
 
 @needs_packed
-@pytest.mark.parametrize("rank, gru", [(16, None), (None, 32), (16, 32)])
-def test_grown_fused_drafter_drafts_what_it_came_from_drafts(rank, gru):
-    """bf16 on the engine's kernels (the head rollout and expand ops): the same drafts and
-    logits bit for bit (the zero weights add exact zeros to each output's sum)."""
-    d = fused_drafter(PACKED[0], layers=1, seed=3)
-    check_grown_drafts_alike(d, rank=rank, gru=gru, exact=True)
+@pytest.mark.parametrize("rank, gru", [(16, None), (9, None), (None, 32), (None, 17), (16, 32)])
+@pytest.mark.parametrize("vocab", [None, torch.arange(5, 60)])
+def test_grown_fused_drafter_drafts_what_it_came_from_drafts(rank, gru, vocab):
+    """bf16 on the engine's kernels (the head rollout and expand ops), with and without a
+    draft vocabulary: the same drafts and logits bit for bit (the zero weights add exact
+    zeros to each output's sum), and the grown head still runs the small-batch linear."""
+    d = fused_drafter(PACKED[0], layers=1, seed=3).set_draft_vocab(vocab)
+    grown = check_grown_drafts_alike(d, rank=rank, gru=gru, exact=True)
+    assert uses_small_batch_linear(grown.embed_proj)
+    assert vocab is None or torch.equal(grown.draft_vocab, vocab)
 
 
 def test_written_drafter_loads_with_its_vocabulary_and_calibration(tmp_path, capsys):

@@ -25,6 +25,7 @@ def drafts(d, cache, anchor, anchor_pos):
 
 def check_grown_drafts_alike(d, add, *, exact: bool):
     grown = grow_layers(d, add)
+    assert grown._target[0] is d._target[0] and grown._target[1] is d._target[1]  # the target's, shared
     assert len(d.layers) == d.config.num_hidden_layers  # the original untouched
     assert len(grown.layers) == grown.config.num_hidden_layers == d.config.num_hidden_layers + add
     for layer in grown.layers[len(d.layers):]:

@@ -536,9 +536,12 @@ def test_a_drafter_with_a_grown_head_trains_its_new_weights(tiny_run, tmp_path):
     run_train(root, tmp_path / "run", "--init-from", str(tmp_path / "grown"), "--steps", "3", "--eval-every", "100")
     out = DominoDraftModel.from_pretrained(tmp_path / "run" / "drafter")
     assert (out.config.emb_dim, out.config.gru_hidden_dim) == (r + 4, g + 4)
-    assert out.embed_proj[2].weight[:, r:].any() and out.embed_proj[0].weight[:, H + g:].any()
+    assert not grown.embed_proj[2].weight[:, r:].any() and out.embed_proj[2].weight[:, r:].any()
+    assert not grown.embed_proj[0].weight[:r, H + g:].any() and out.embed_proj[0].weight[:r, H + g:].any()
     assert not torch.equal(out.embed_proj[0].weight[r:], grown.embed_proj[0].weight[r:])
-    assert not torch.equal(out.prefix_gru.weight_hh_l0, grown.prefix_gru.weight_hh_l0)
+    for gate in range(3):  # the old units' columns for the new ones: zero, then trained
+        block = slice(gate * (g + 4), gate * (g + 4) + g)
+        assert not grown.prefix_gru.weight_hh_l0[block, g:].any() and out.prefix_gru.weight_hh_l0[block, g:].any()
 
 
 def test_a_drafter_continued_from_a_saved_one_is_built_in_training_mode(tiny_run, tmp_path):

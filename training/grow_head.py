@@ -22,9 +22,11 @@ PyTorch's products), and training starts at that drafter's acceptance. (Gradient
 zero weights at once, the random ones behind them from the second step on.)
 
 The price is drafting time: each head step streams ``W2``'s rows of the draft vocabulary
-(K x r values) and ``weight_hh`` (3G x G), and reads a [3G] row of the GRU's input table;
-doubling r doubles the first. The draft vocabulary and the calibration are carried over
-(refit the calibration after training: ``benchmarks/calibration.py --write``).
+(K x r values), ``W1``'s state columns (r x G), the GRU's ``weight_ih`` (3G x H) and
+``weight_hh`` (3G x G); doubling r doubles the first, doubling G the other three. The
+draft vocabulary and the calibration are carried over (refit the calibration after
+training: ``benchmarks/calibration.py --write``). The exactness above is tested on the CPU;
+the GPU kernels read the same weights but were not run on grown drafters.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from domino.fast_linear import use_small_batch_linear, uses_small_batch_linear
 from domino.model import DominoDraftModel
 
 
@@ -47,6 +50,7 @@ def _random_like(spread_of: torch.Tensor, shape: tuple[int, ...], generator: tor
 
 
 def _check_larger(name: str, value, old: int) -> None:
+    """Refuses (ValueError naming ``name``) a size that is not an int larger than ``old``."""
     if isinstance(value, bool) or not isinstance(value, int) or value <= old:
         raise ValueError(f"{name} must be an int > the drafter's {old}, got {value!r}")
 
@@ -56,8 +60,10 @@ def grow_head(drafter: DominoDraftModel, *, rank: int | None = None, gru: int | 
     """Returns a new drafter whose head has rank ``rank`` and GRU width ``gru`` (each larger
     than the drafter's ``emb_dim`` / ``gru_hidden_dim``; None keeps it; ``drafter`` is not
     changed), grown as the module docstring says, random weights from a ``torch.Generator``
-    seeded with ``seed``, so that it drafts as ``drafter`` does. Same dtype and device; the
-    draft vocabulary and calibration are carried over."""
+    seeded with ``seed``, so that it drafts as ``drafter`` does: ``W1`` [r1, H + G1], ``W2``
+    [V, r1], ``weight_ih`` [3 G1, H], ``weight_hh`` [3 G1, G1], in the drafter's dtype and on
+    its device. Everything else is a copy; the draft vocabulary, the calibration, the target
+    it is bound to (not copied) and the small-batch linear switch are carried over."""
     c = drafter.config
     if not c.has_head:
         raise ValueError("the drafter has no Domino head to grow (a backbone-only DFlash drafter)")
@@ -85,17 +91,23 @@ def grow_head(drafter: DominoDraftModel, *, rank: int | None = None, gru: int | 
         hh_blocks += [torch.cat([hh, hh.new_zeros(g0, g1 - g0)], dim=1), _random_like(w_hh, (g1 - g0, g1), g)]
     new_ih, new_hh = torch.cat(ih_blocks), torch.cat(hh_blocks)
 
-    grown = copy.deepcopy(drafter)
+    # the target's embedding and LM head it borrows stay the target's (shared, not copied)
+    grown = copy.deepcopy(drafter, {id(drafter._target): drafter._target})
     grown.config = dataclasses.replace(c, emb_dim=r1, gru_hidden_dim=g1)
     grown.prefix_gru = nn.GRU(H, g1, bias=False, batch_first=True, device=w_ih.device, dtype=w_ih.dtype)
     grown.embed_proj = nn.Sequential(nn.Linear(H + g1, r1, bias=False, device=w1.device, dtype=w1.dtype), nn.SiLU(),
                                      nn.Linear(r1, w2.shape[0], bias=False, device=w2.device, dtype=w2.dtype))
+    pairs = ((grown.prefix_gru.weight_ih_l0, new_ih, drafter.prefix_gru.weight_ih_l0),
+             (grown.prefix_gru.weight_hh_l0, new_hh, drafter.prefix_gru.weight_hh_l0),
+             (grown.embed_proj[0].weight, new_w1, drafter.embed_proj[0].weight),
+             (grown.embed_proj[2].weight, new_w2, drafter.embed_proj[2].weight))
     with torch.no_grad():
-        grown.prefix_gru.weight_ih_l0.copy_(new_ih)
-        grown.prefix_gru.weight_hh_l0.copy_(new_hh)
-        grown.embed_proj[0].weight.copy_(new_w1)
-        grown.embed_proj[2].weight.copy_(new_w2)
+        for param, value, was in pairs:
+            param.copy_(value)
+            param.requires_grad_(was.requires_grad)
     grown.train(drafter.training)
+    if uses_small_batch_linear(drafter.embed_proj):
+        use_small_batch_linear(grown.embed_proj)
     # the copied caches of the old head's rows and packs must not be read again: a new weight
     # may reuse a freed one's address (setting the vocabulary again drops them)
     return grown.set_draft_vocab(drafter.draft_vocab)

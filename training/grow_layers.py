@@ -43,7 +43,8 @@ def grow_layers(drafter: DominoDraftModel, add: int) -> DominoDraftModel:
     if len(drafter.layers) < 1:
         raise ValueError("the drafter has no draft layer to copy")
     config = dataclasses.replace(drafter.config, num_hidden_layers=drafter.config.num_hidden_layers + add)
-    grown = copy.deepcopy(drafter)
+    # the target's embedding and LM head it borrows stay the target's (shared, not copied)
+    grown = copy.deepcopy(drafter, {id(drafter._target): drafter._target})
     grown.config = config
     for _ in range(add):
         layer = copy.deepcopy(drafter.layers[-1])
