@@ -31,16 +31,22 @@ def check_grown_drafts_alike(d, add, *, exact: bool):
     for layer in grown.layers[len(d.layers):]:
         assert not layer.self_attn.o_proj.weight.any() and not layer.mlp.down_proj.weight.any()
         assert layer.self_attn.q_proj.weight.any()  # a copy of the last layer, not zeros
-    # the same context features into both (each drafter keeps its own keys and values)
+    # PyTorch's products: the old last layer now runs every block row, not the draft rows alone
+    assert_drafts_alike(d, grown, exact=exact)
+    return grown
+
+
+def assert_drafts_alike(d, grown, *, exact: bool):
+    """The same chains and trees from the same context features (each drafter keeps its own
+    keys and values), the chains' logits bit for bit or within 1e-5."""
     ours = context(d, 2, 13, 4)
     theirs = context(grown, 2, 13, 4)
     (tokens, logits, tree), (g_tokens, g_logits, g_tree) = drafts(d, *ours), drafts(grown, *theirs)
     assert torch.equal(tokens, g_tokens) and torch.equal(tree, g_tree)
     if exact:
         assert torch.equal(logits, g_logits)
-    else:  # PyTorch's products: the old last layer now runs every block row, not the draft rows alone
+    else:
         torch.testing.assert_close(logits, g_logits, rtol=0, atol=1e-5)
-    return grown
 
 
 @pytest.mark.parametrize("add", [1, 2])

@@ -34,13 +34,13 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
-from pathlib import Path
 
 import torch
 from torch import nn
 
 from domino.fast_linear import use_small_batch_linear, uses_small_batch_linear
 from domino.model import DominoDraftModel
+from training.grow_layers import grow_cli
 
 
 def _random_like(spread_of: torch.Tensor, shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
@@ -113,28 +113,19 @@ def grow_head(drafter: DominoDraftModel, *, rank: int | None = None, gru: int | 
     return grown.set_draft_vocab(drafter.draft_vocab)
 
 
-def main(argv=None) -> None:
-    """Command line (module docstring; ``--help``)."""
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("drafter", type=Path, help="the drafter directory to grow (read only)")
-    p.add_argument("out", type=Path, help="drafter directory to write")
+def _add_arguments(p: argparse.ArgumentParser) -> None:
+    """The command line's own arguments (the shared ones: :func:`training.grow_layers.grow_cli`)."""
     p.add_argument("--rank", type=int, default=None, help="the grown head's rank r (> the drafter's)")
     p.add_argument("--gru", type=int, default=None, help="the grown head's GRU width G (> the drafter's)")
     p.add_argument("--seed", type=int, default=0, help="seed of the new random weights (default 0)")
-    p.add_argument("--dtype", default="float32", choices=["bfloat16", "float32"],
-                   help="dtype of the written weights (default float32: a bf16 drafter's weights exactly, "
-                        "and the new ones unrounded)")
-    args = p.parse_args(argv)
-    if args.out.resolve() == args.drafter.resolve():
-        p.error("out must be another directory than drafter")
-    drafter = DominoDraftModel.from_pretrained(args.drafter)
-    try:
-        grown = grow_head(drafter, rank=args.rank, gru=args.gru, seed=args.seed)
-    except ValueError as e:  # grow_head's own checks, as a usage error
-        p.error(str(e))
-    grown.save_pretrained(args.out, dtype=getattr(torch, args.dtype))
+
+
+def main(argv=None) -> None:
+    """Command line (module docstring; ``--help``)."""
+    drafter, grown, out = grow_cli(__doc__.splitlines()[0], _add_arguments,
+                                   lambda d, args: grow_head(d, rank=args.rank, gru=args.gru, seed=args.seed), argv)
     old, new = drafter.config, grown.config
-    print(f"wrote {args.out}: head rank {old.emb_dim} -> {new.emb_dim}, GRU width {old.gru_hidden_dim} -> "
+    print(f"wrote {out}: head rank {old.emb_dim} -> {new.emb_dim}, GRU width {old.gru_hidden_dim} -> "
           f"{new.gru_hidden_dim}")
 
 

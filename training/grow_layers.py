@@ -27,6 +27,7 @@ import argparse
 import copy
 import dataclasses
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -55,25 +56,39 @@ def grow_layers(drafter: DominoDraftModel, add: int) -> DominoDraftModel:
     return grown
 
 
-def main(argv=None) -> None:
-    """Command line (module docstring; ``--help``)."""
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def grow_cli(description: str, add_arguments: Callable[[argparse.ArgumentParser], None],
+             grow: Callable[[DominoDraftModel, argparse.Namespace], DominoDraftModel],
+             argv=None) -> tuple[DominoDraftModel, DominoDraftModel, Path]:
+    """The command line the growing tools share (this module's and :mod:`training.grow_head`):
+    ``DRAFTER OUT [--dtype]`` plus the arguments ``add_arguments(parser)`` adds; loads DRAFTER,
+    grows it with ``grow(drafter, args)`` (its ValueError a usage error), writes OUT and
+    returns (drafter, grown, OUT)."""
+    p = argparse.ArgumentParser(description=description)
     p.add_argument("drafter", type=Path, help="the drafter directory to grow (read only)")
     p.add_argument("out", type=Path, help="drafter directory to write")
-    p.add_argument("--add", type=int, default=1, help="draft layers to append (default 1)")
+    add_arguments(p)
     p.add_argument("--dtype", default="float32", choices=["bfloat16", "float32"],
                    help="dtype of the written weights (default float32: a bf16 drafter's weights exactly, "
-                        "and the zeros)")
+                        "and the new ones unrounded)")
     args = p.parse_args(argv)
     if args.out.resolve() == args.drafter.resolve():
         p.error("out must be another directory than drafter")
     drafter = DominoDraftModel.from_pretrained(args.drafter)
     try:
-        grown = grow_layers(drafter, args.add)
-    except ValueError as e:  # grow_layers's own checks, as a usage error
+        grown = grow(drafter, args)
+    except ValueError as e:  # the growing function's own checks, as a usage error
         p.error(str(e))
     grown.save_pretrained(args.out, dtype=getattr(torch, args.dtype))
-    print(f"wrote {args.out}: {len(drafter.layers)} -> {len(grown.layers)} draft layers")
+    return drafter, grown, args.out
+
+
+def main(argv=None) -> None:
+    """Command line (module docstring; ``--help``)."""
+    drafter, grown, out = grow_cli(
+        __doc__.splitlines()[0],
+        lambda p: p.add_argument("--add", type=int, default=1, help="draft layers to append (default 1)"),
+        lambda d, args: grow_layers(d, args.add), argv)
+    print(f"wrote {out}: {len(drafter.layers)} -> {len(grown.layers)} draft layers")
 
 
 if __name__ == "__main__":
