@@ -1,7 +1,8 @@
 """training.grow_layers: a drafter grown by identity-initialised draft layers drafts what the
 drafter it came from drafts (chains, trees, their logits: bit for bit on the fused one-call
-layers and batch-invariant kernels, the logits within rounding on PyTorch's products); it is written as a loadable drafter with its vocabulary and
-calibration; it trains from there; bad arguments are named."""
+layers and batch-invariant kernels, the logits within rounding on PyTorch's products); it is
+written as a loadable drafter with its vocabulary and calibration; it trains from there; bad
+arguments are named."""
 from unittest import mock
 
 import pytest

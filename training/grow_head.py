@@ -108,8 +108,9 @@ def grow_head(drafter: DominoDraftModel, *, rank: int | None = None, gru: int | 
     grown.train(drafter.training)
     if uses_small_batch_linear(drafter.embed_proj):
         use_small_batch_linear(grown.embed_proj)
-    # the copied caches of the old head's rows and packs must not be read again: a new weight
-    # may reuse a freed one's address (setting the vocabulary again drops them)
+    # the caches deepcopy copied (the old head's draft-vocabulary rows and packs) would only
+    # miss (their keys hold the old weights' shapes and addresses) and hold memory: setting the
+    # vocabulary again drops them, and the new head's are made on first use
     return grown.set_draft_vocab(drafter.draft_vocab)
 
 

@@ -467,7 +467,7 @@ class DominoDraftModel(nn.Module):
         w2 = self.embed_proj[2].weight
         E, W = self.embed_tokens.weight, self.lm_head.weight
         dt = self.embed_proj[0].weight.dtype
-        # the shape too: a replaced head (training.grow_head) may reuse a freed weight's address
+        # the shape too: a head weight replaced by one of another size may reuse the freed one's address
         key = (W.data_ptr(), W.device, E.data_ptr(), w2.data_ptr(), tuple(w2.shape), w2._version, dt,
                self.draft_vocab.device)
         if self._vocab_rows is None or self._vocab_rows[0] != key:
