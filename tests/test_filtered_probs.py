@@ -135,6 +135,22 @@ def test_top_p_counts_as_its_float32_value(top_p):
         assert bool(want[0, 3] > 0) == keeps_all, (top_p, want)
 
 
+@pytest.mark.parametrize("per_row", [False, True])
+def test_logits_closer_than_float32_resolves_at_z_are_a_tie_broken_by_index(per_row):
+    """z = (x - max) / T is rounded to float32 in every kernel, so x = -1.2442e-6 and
+    -1.2219e-6 below a max of 1 give one z (10 ulps below -1): top-p's order puts the lower
+    index first. The reference rounds z the same way (with a float64 z it had kept token 2
+    where the kernels keep token 1, found by a 30,000-example fuzz soak)."""
+    x = torch.tensor([[1.0, -1.2442e-6, -1.2219e-6]])
+    z = (x - 1.0) / 1.0
+    assert z[0, 1] == z[0, 2] and (x[0, 1].double() - 1.0) < (x[0, 2].double() - 1.0)  # the premise
+    T, p = (torch.tensor([1.0]), torch.tensor([0.7])) if per_row else (1.0, 0.7)
+    got, want = run_poisoned(x, T, 0, p) if not per_row else run_poisoned(
+        x, 0.0, 0, 1.0, row_temperature=T, row_top_p=p), reference.filtered_probs(x, T, 0, p)
+    assert_same_law(got, want)
+    assert (want[0] > 0).tolist() == [True, True, False]
+
+
 DIRECT_CASES = [
     (dict(probs=torch.empty(2, 5, dtype=torch.float64)), "probs must be float32 of shape"),
     (dict(probs=torch.empty(2, 6)), "probs must be float32 of shape"),

@@ -137,7 +137,8 @@ def filtered_weights(logits: torch.Tensor, temperature, top_k, top_p) -> torch.T
     - at temperature > 0, NaN logits count as -inf;
     - a ``+inf`` logit wins: the weight is spread evenly over the ``+inf`` entries;
     - a row with no finite mass (all -inf / NaN) puts all its weight on token 0;
-    - top-k keeps z >= the k-th largest z (k = 0 or k >= V disables it); top-p sorts the
+    - z = (logits - max) / temperature, computed in float32 as the kernels compute it;
+      top-k keeps z >= the k-th largest z (k = 0 or k >= V disables it); top-p sorts the
       survivors by z (descending, stable) and drops a token once the mass before it
       reaches top_p, never the first: a top-p below the largest probability keeps exactly
       the top token; top_p counts as its float32 value, as the kernels take it (one in
@@ -147,13 +148,18 @@ def filtered_weights(logits: torch.Tensor, temperature, top_k, top_p) -> torch.T
     greedy_top = logits.float().argmax(dim=-1, keepdim=True)  # torch.argmax, NaN included
     x = logits.float()
     x = torch.where(torch.isnan(x), torch.full_like(x, float("-inf")), x)
-    T = per_row(effective_temperature(temperature), n, torch.float64, x.device)
+    # the kernels' float32 temperature (kernel_sampling_args: a per-row one is cast first)
+    T = per_row(effective_temperature(temperature.float() if isinstance(temperature, torch.Tensor) else temperature),
+                n, torch.float32, x.device)
     k = per_row(kernel_top_k(top_k, V), n, torch.int64, x.device)
     p = per_row(top_p, n, torch.float32, x.device).double()  # the kernels' float32 top_p
     m = x.max(dim=-1, keepdim=True).values
     # max-shifted before scaling, so a tiny temperature sends the non-maxima to -inf
-    # instead of overflowing the maximum to inf (inf - inf would be NaN)
-    z = (x.double() - m.double()) / T.clamp(min=torch.finfo(torch.float64).tiny)
+    # instead of overflowing the maximum to inf (inf - inf would be NaN). In float32, as
+    # every kernel computes it (one rounding of the difference, one of the quotient): top-k
+    # and top-p read z's order, so two logits closer than float32 resolves at z's scale
+    # are a tie (broken by index) here as in the kernels, not ordered by a float64 z.
+    z = ((x - m) / T.clamp(min=torch.finfo(torch.float32).tiny)).double()
     z = torch.where(m.isinf(), torch.where(x == m, 0.0, float("-inf")).double(), z)  # +inf wins / all -inf
     # greedy rows: torch.argmax; rows with no mass: token 0 (x.argmax of a row of -inf)
     top = torch.zeros_like(z).scatter(-1, torch.where(T == 0, greedy_top, x.argmax(dim=-1, keepdim=True)), 1.0)
