@@ -381,7 +381,7 @@ def test_train_shards_chooses_the_training_data(tiny_run, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("flags", [["--ttt"], ["--no-curriculum"], ["--loss", "kl"], ["--loss", "ce_tv"], ["--bf16"],
-                                   ["--bf16", "auto"]])
+                                   ["--bf16", "auto"], ["--position-weights", "acceptance"]])
 def test_ablation_switches_run(tiny_run, default_log, tmp_path, flags):
     """Each switch trains, and changes the training: its losses differ from the default
     run's (same seed and data); ``--bf16 auto`` is ``--bf16`` where bf16 matmuls are fast
@@ -576,6 +576,7 @@ def test_resuming_with_other_run_arguments_is_refused(tiny_run, tmp_path):
     (["--eval-every", "0"], "--eval-every must be >= 1"),
     (["--export-dtype", "bf16"], "invalid choice"),
     (["--gamma", "0"], "--gamma must be > 0"),
+    (["--position-weights", "acceptance", "--ttt"], "--position-weights acceptance reads teacher-forced"),
     (["--layers", "0", "--mask-token-id", "1"], "--layers must be >= 1"),
     (["--block-size", "1"], "--block-size must be >= 2"),
     (["--max-shards", "0"], "--max-shards must be >= 1"),

@@ -370,3 +370,61 @@ def test_draft_vocab_batch_loss_is_over_its_tokens(shard, kind, ttt):
     outside = torch.ones(c.vocab_size, dtype=torch.bool)
     outside[vocab] = False
     assert g[outside].abs().max() == 0 and g[vocab].abs().max() > 0
+
+
+def test_acceptance_weights_follow_the_expected_accepted_length():
+    """acceptance_weights gives each position dE[tau]/dq_k (autograd on E[tau] = sum_m
+    prod_{j<=m} q_j), zero at and after an invalid label, scaled to the decay weights'
+    total; a position the drafter already misses early leaves the later ones little."""
+    from training.train import acceptance_weights
+
+    g = torch.Generator().manual_seed(3)
+    q = torch.rand(5, 7, generator=g, dtype=torch.float64).requires_grad_()
+    valid = torch.ones(5, 7, dtype=torch.bool)
+    valid[2, 4] = False  # this block's chain ends before position 4
+    valid[3] = False     # a block without valid labels weighs nothing
+    decay = torch.exp(-torch.arange(7.0) / 7.0).expand(5, 7) * valid
+    got = acceptance_weights(q.float().detach(), decay / decay.sum())
+    qv = torch.where(valid, q, torch.zeros_like(q))
+    expected_tau = torch.cumprod(qv, dim=1).sum()
+    (grad,) = torch.autograd.grad(expected_tau, q)
+    want = torch.where(valid, grad, torch.zeros_like(grad)).float()
+    torch.testing.assert_close(got, want * (1 / want.sum()), rtol=1e-5, atol=1e-7)
+    assert got[2, 4:].eq(0).all() and got[3].eq(0).all() and got[2, :4].gt(0).all()
+    assert torch.isclose(got.sum(), torch.tensor(1.0))
+    # a block the drafter misses at its first position: the later positions barely count
+    low = acceptance_weights(torch.tensor([[0.01, 0.9, 0.9], [0.9, 0.9, 0.9]]), torch.full((2, 3), 1 / 6))
+    assert low[0, 1] < 0.05 * low[1, 1] and low[0, 0] > 0.5 * low[1, 0]
+
+
+def test_acceptance_weighted_batch_loss_uses_the_final_logits_label_probabilities(shard):
+    """forward_batch with acceptance=True weighs the per-position CE by acceptance_weights
+    of the teacher-forced final logits' label probabilities: the same loss as computing
+    those by hand."""
+    from tiny_models import tiny_drafter
+    from training.train import acceptance_weights, forward_batch
+
+    target, _, out = shard
+    model = tiny_drafter(target).bind_target(target).train()
+    c = model.config
+    batch = make_batch(load_shards(out), 3, c.block_size, c.num_drafts, c.mask_token_id,
+                       torch.Generator().manual_seed(2))
+    n = c.num_drafts
+    weights = batch.label_valid.float().view(-1, n) * torch.exp(-torch.arange(n) / 7.0)
+    weights = weights / weights.sum()
+    loss, lb, lf = forward_batch(model, batch, kind="ce", weights=weights, lam=0.25, ttt=False, autocast=False,
+                                 acceptance=True)
+    with torch.no_grad():
+        N, A = batch.anchors.shape
+        h = model.packed_draft_hidden(*batch.backbone_inputs())
+        base = model.lm_head(h)
+        final = base + model.embed_proj[2](model.teacher_forced_head_input(h, batch.teacher.reshape(N * A, -1)))
+        labels = batch.labels.view(-1, n)
+        q = torch.log_softmax(final.float(), -1).gather(-1, labels.clamp(min=0)[..., None])[..., 0].exp()
+        w = acceptance_weights(q, weights)
+        assert not torch.allclose(w, weights)  # another weighting than the decay (control)
+        part = (lambda x: (per_token_loss("ce", x, labels, None, None) * w).sum())
+        ref_b, ref_f = part(base), part(final)
+    torch.testing.assert_close(lf, ref_f, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(lb, ref_b, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(loss.detach(), 0.75 * ref_f + 0.25 * ref_b, rtol=1e-4, atol=1e-5)

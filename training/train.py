@@ -35,7 +35,7 @@ import torch.distributed as dist
 
 from domino.budget import Calibration
 from domino.model import DominoDraftModel
-from training.chunked_loss import chunked_draft_loss
+from training.chunked_loss import chunked_draft_loss, label_logprobs
 from training.data import (AnchorBatch, Conversation, held_out_prompts, load_shards, make_batch, repeats_held_out,
                            restrict_to_draft_vocab, shard_index, shard_prompts, with_target_argmax_labels)
 from training.draft_vocab import most_frequent, response_counts
@@ -57,11 +57,38 @@ def position_weights(n: int, gamma: float) -> torch.Tensor:
     return torch.exp(-torch.arange(n, dtype=torch.float32) / gamma)
 
 
+POSITION_WEIGHTS = ("decay", "acceptance")
+
+
+def acceptance_weights(q: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Loss weights [M, n] that make the CE gradient follow the expected accepted length.
+
+    ``q`` [M, n]: the drafter's probability of each block position's label (teacher-forced,
+    so position k sees the true tokens before it, as a round does once it reaches k);
+    ``weights`` [M, n]: the decay weights (zero where a label is not valid, which also ends
+    a block's chain). With E[tau] = sum_m prod_{j<=m} q_j the block's expected accepted
+    drafts, position k gets c_k = dE[tau]/dq_k = prod_{j<k} q_j * (1 + q_{k+1} +
+    q_{k+1} q_{k+2} + ...): the chance a round reaches it times the run it would unlock.
+    Since d(-log q_k) = -dq_k / q_k, sum_k c_k CE_k descends E[tau] with each term scaled
+    by 1 / q_k, so a position the drafter gets wrong keeps its gradient. Detached, and
+    scaled to the total of ``weights`` (the step's normaliser stays the decay's)."""
+    valid = weights > 0
+    q = torch.where(valid, q.detach().float(), torch.zeros_like(q, dtype=torch.float32))
+    reach = torch.cumprod(torch.cat([torch.ones_like(q[:, :1]), q[:, :-1]], dim=1), dim=1)
+    run = torch.ones_like(q)  # run[k] = 1 + q_{k+1} run[k+1]
+    for k in range(q.shape[1] - 2, -1, -1):
+        run[:, k] = 1 + q[:, k + 1] * run[:, k + 1]
+    c = torch.where(valid, reach * run, torch.zeros_like(q))
+    return c * (weights.sum() / c.sum().clamp_min(torch.finfo(torch.float32).tiny))
+
+
 def forward_batch(model: DominoDraftModel, batch: AnchorBatch, *, kind: str, weights: torch.Tensor, lam: float,
-                  ttt: bool, autocast: bool):
+                  ttt: bool, autocast: bool, acceptance: bool = False):
     """``(loss, loss_base, loss_final)`` float32 scalars for a packed anchor batch:
     ``(1 - lam) * final + lam * base``, the ``kind`` loss per draft position weighted by
-    ``weights`` [N*A, n] (normaliser included). Teacher forcing computes the logits a chunk
+    ``weights`` [N*A, n] (normaliser included), or with ``acceptance`` (teacher forcing
+    only) by :func:`acceptance_weights` of them and the final logits' label probabilities
+    (one more pass over the logits, without gradients). Teacher forcing computes the logits a chunk
     of positions at a time (training/chunked_loss.py); training-time test (``ttt``) feeds
     each position's argmax to the next, so it builds the whole logits [N*A, n, V]. A batch
     restricted to a draft vocabulary (``batch.draft_vocab``) has its loss over those K
@@ -92,6 +119,9 @@ def forward_batch(model: DominoDraftModel, batch: AnchorBatch, *, kind: str, wei
         else:  # no head: final logits are the base logits
             a, w2 = h.new_zeros(R, 1), h.new_zeros(lm_weight.shape[0], 1)
         flat = (lambda t: None if t is None else t.reshape(R, t.shape[-1]))
+        if acceptance:
+            q = label_logprobs(h.reshape(R, -1), a.reshape(R, -1), w2, lm_weight, batch.labels.reshape(R)).exp()
+            weights = acceptance_weights(q.view(-1, n), weights.reshape(-1, n))
         return chunked_draft_loss(kind, h.reshape(R, -1), a.reshape(R, -1), w2, lm_weight,
                                   batch.labels.reshape(R), flat(batch.label_top_ids),
                                   flat(batch.label_top_logprobs), weights.reshape(R), lam)
@@ -100,13 +130,13 @@ def forward_batch(model: DominoDraftModel, batch: AnchorBatch, *, kind: str, wei
 class DrafterForward(torch.nn.Module):
     """The drafter's training forward and loss as a module, so DistributedDataParallel can wrap it."""
 
-    def __init__(self, model: DominoDraftModel, kind: str, ttt: bool, autocast: bool):
+    def __init__(self, model: DominoDraftModel, kind: str, ttt: bool, autocast: bool, acceptance: bool = False):
         super().__init__()
-        self.model, self.kind, self.ttt, self.autocast = model, kind, ttt, autocast
+        self.model, self.kind, self.ttt, self.autocast, self.acceptance = model, kind, ttt, autocast, acceptance
 
     def forward(self, batch: AnchorBatch, weights: torch.Tensor, lam: float):
         return forward_batch(self.model, batch, kind=self.kind, weights=weights, lam=lam, ttt=self.ttt,
-                             autocast=self.autocast)
+                             autocast=self.autocast, acceptance=self.acceptance)
 
 
 def weighted_loss(kind: str, logits: torch.Tensor, batch: AnchorBatch, weights: torch.Tensor) -> torch.Tensor:
@@ -151,7 +181,7 @@ def save_checkpoint(path: Path, model, optim, step: int, args) -> None:
 # checked by loading the weights.)
 RUN_ARGS = ("target", "config", "mask_token_id", "block_size", "init_from_target",
             "draft_vocab_size", "init_from", "steps", "seqs_per_step", "anchors", "lr", "warmup", "clip", "gamma",
-            "ttt", "no_curriculum", "loss", "labels", "seed")
+            "ttt", "no_curriculum", "loss", "labels", "seed", "position_weights")
 
 
 def check_same_run(saved: dict, args, ckpt: Path) -> None:
@@ -307,6 +337,10 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=float, default=0.04)
     p.add_argument("--clip", type=float, default=1.0)
     p.add_argument("--gamma", type=float, default=7.0)
+    p.add_argument("--position-weights", choices=POSITION_WEIGHTS, default="decay",
+                   help="decay: each draft position's loss weighted by exp(-k / gamma) (the paper); acceptance: by "
+                        "how much it moves the block's expected accepted length under the drafter's own label "
+                        "probabilities (acceptance_weights; teacher forcing only), scaled to the decay's total")
     p.add_argument("--ttt", action="store_true", help="training-time test instead of teacher forcing")
     p.add_argument("--no-curriculum", action="store_true", help="lam = 0 throughout")
     p.add_argument("--loss", choices=LOSSES, default="ce",
@@ -344,6 +378,8 @@ def parse_args(argv=None):
         p.error(f"--draft-vocab-size must be >= 0, got {args.draft_vocab_size}")
     if not args.gamma > 0:  # the position decay exp(-k / gamma)
         p.error(f"--gamma must be > 0, got {args.gamma}")
+    if args.position_weights == "acceptance" and args.ttt:
+        p.error("--position-weights acceptance reads teacher-forced label probabilities: drop --ttt")
     for name, least in (("layers", 1), ("rank", 1), ("gru", 1), ("block_size", 2), ("max_shards", 1)):
         if getattr(args, name) is not None and getattr(args, name) < least:
             p.error(f"--{name.replace('_', '-')} must be >= {least}, got {getattr(args, name)}")
@@ -466,7 +502,7 @@ def main(argv=None) -> dict:
         log(f"warning: --bf16 on a {torch.backends.cpu.get_cpu_capability()} CPU without bf16 dot products: "
             "PyTorch's bf16 matmuls fall back to slow generic code here; fp32 (no --bf16) trains ~25x faster")
     log(f"matmuls in {'bf16 (autocast)' if autocast else 'fp32'}")
-    step_fn = DrafterForward(model, args.loss, args.ttt, autocast)
+    step_fn = DrafterForward(model, args.loss, args.ttt, autocast, acceptance=args.position_weights == "acceptance")
     if distributed:  # gradients are averaged over ranks in backward
         step_fn = torch.nn.parallel.DistributedDataParallel(step_fn)
     optim = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
