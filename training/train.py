@@ -8,7 +8,9 @@ borrowed). Per sequence, anchors are sampled over the response; each block
 [x_p, MASK, ...] sees the context strictly before p, all blocks of a sequence in one
 packed forward. The GRU is teacher-forced (``--ttt`` feeds it the drafter's own argmax
 instead). Loss ``(1 - lam) * loss(final) + lam * loss(base)`` with lam going linearly
-1 -> 0 (``--no-curriculum``: lam = 0), both weighted per draft position by exp(-k / gamma);
+1 -> 0 (``--no-curriculum``: lam = 0), both weighted per draft position by exp(-k / gamma)
+(``--position-weights acceptance``: by each position's share of the block's expected accepted
+length under the drafter's own label probabilities, ``acceptance_weights``);
 ``--loss`` is CE on the target's greedy token (default) or a distillation of its stored
 top-K distribution (KL, or CE + total variation). Every ``--eval-every`` steps the log gets
 the acceptance generation would see on held-out conversations (training/evaluate.py) and,
