@@ -213,3 +213,32 @@ def test_tree_children_logprobs_after_tiles_of_minus_inf_are_finite(packed):
     assert torch.equal(t, reference.greedy_children(L, 3))
     torch.testing.assert_close(lp, torch.log_softmax(L, -1).gather(-1, t), atol=1e-5, rtol=1e-5)
     assert bool(torch.isfinite(lp).all())
+
+
+def test_a_per_row_temperature_is_thresholded_at_its_float32_value_in_rollout_and_expand():
+    """The kernels take a per-row temperature in float32, where the float64 9.99999999e-21
+    is 1e-20, at the argmax threshold's sampling side: the references of the rollout and the
+    expand threshold that float32 value too, so both sample between two tied maxima (the
+    references had taken the argmax, token 2, every time)."""
+    b, k, V, r, G = 1, 1, 8, 2, 4
+    base = torch.zeros(b, k, V)
+    base[0, 0, 2] = base[0, 0, 5] = 5.0  # two tied maxima: a sampled row picks either
+    head = [torch.zeros(b, k, r), torch.zeros(b, G), torch.zeros(V, 3 * G), None, torch.zeros(3 * G, G),
+            torch.zeros(r, G), torch.zeros(V, r)]
+    T = torch.tensor([9.99999999e-21], dtype=torch.float64)
+    assert bool(T < 1e-20) and not bool(T.float() < 1e-20)  # the premise: the threshold's two sides
+    picks = {"native": [], "reference": []}
+    for seed in range(8):
+        for name, op in (("native", domino_ops.domino_head_rollout), ("reference", reference.domino_head_rollout)):
+            extra = {"backend": "native"} if name == "native" else {}
+            tokens, _, _ = op(base.clone(), *head, temperature=T, generator=torch.Generator().manual_seed(seed), **extra)
+            picks[name].append(int(tokens))
+    assert picks["native"] == picks["reference"] and set(picks["native"]) == {2, 5}
+    node = (torch.zeros(1, G), torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long))
+    expand_head = head[2:]
+    for seed in range(4):
+        got = domino_ops.domino_head_expand(base.clone(), head[0], *node, *expand_head, num_children=2, temperature=T,
+                                            generator=torch.Generator().manual_seed(seed), backend="native")
+        want = reference.domino_head_expand(base.clone(), head[0], *node, *expand_head, num_children=2,
+                                            temperature=T, generator=torch.Generator().manual_seed(seed))
+        assert torch.equal(got[0], want[0]) and torch.allclose(got[1], want[1])

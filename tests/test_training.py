@@ -359,10 +359,13 @@ def test_resume_continues_with_the_same_data_order(tiny_run, tmp_path):
         assert x["loss_final"] == pytest.approx(y["loss_final"], rel=1e-5)
 
 
-def test_two_processes_match_one_on_the_same_global_batch(tiny_run, tmp_path):
+@pytest.mark.parametrize("flags", [[], ["--position-weights", "acceptance"]])
+def test_two_processes_match_one_on_the_same_global_batch(tiny_run, tmp_path, flags):
+    """Data parallel is the one-process step: the loss's normaliser (and the acceptance
+    weights' scale) over the global batch, not each rank's share."""
     root, _ = tiny_run
-    one = run_train(root, tmp_path / "one", "--steps", "3")
-    two = run_train(root, tmp_path / "two", "--steps", "3", nproc=2)
+    one = run_train(root, tmp_path / "one", "--steps", "3", *flags)
+    two = run_train(root, tmp_path / "two", "--steps", "3", *flags, nproc=2)
     assert len(one) == len(two) == 3
     for x, y in zip(one, two):
         assert x["loss_final"] == pytest.approx(y["loss_final"], rel=1e-4)
@@ -567,6 +570,18 @@ def test_resuming_with_other_run_arguments_is_refused(tiny_run, tmp_path):
             run_train(root, tmp_path / "run", "--steps", "4", "--eval-every", "100", *flags)
     log = run_train(root, tmp_path / "run", "--steps", "4", "--eval-every", "100", "--train-shards", "1", "2")
     assert log[-1]["step"] == 3
+
+
+def test_a_run_saved_before_a_run_argument_existed_had_its_default():
+    """A checkpoint saved before --position-weights existed was a decay run: resuming it
+    with the default passes, with acceptance weights is refused by name."""
+    from training.train import check_same_run, parse_args
+
+    saved = vars(parse_args(["--data", "d", "--out", "o"]))
+    del saved["position_weights"]
+    check_same_run(saved, parse_args(["--data", "d", "--out", "o"]), Path("ckpt"))
+    with pytest.raises(SystemExit, match="--position-weights 'decay' \\(now 'acceptance'\\)"):
+        check_same_run(saved, parse_args(["--data", "d", "--out", "o", "--position-weights", "acceptance"]), Path("ckpt"))
 
 
 @pytest.mark.parametrize("extra, msg", [

@@ -62,26 +62,24 @@ def position_weights(n: int, gamma: float) -> torch.Tensor:
 POSITION_WEIGHTS = ("decay", "acceptance")
 
 
-def acceptance_weights(q: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """Loss weights [M, n] that make the CE gradient follow the expected accepted length.
+def acceptance_weights(q: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Loss weights [M, n], unnormalised, that make the CE gradient follow the expected
+    accepted length.
 
     ``q`` [M, n]: the drafter's probability of each block position's label (teacher-forced,
     so position k sees the true tokens before it, as a round does once it reaches k);
-    ``weights`` [M, n]: the decay weights (zero where a label is not valid, which also ends
-    a block's chain). With E[tau] = sum_m prod_{j<=m} q_j the block's expected accepted
-    drafts, position k gets c_k = dE[tau]/dq_k = prod_{j<k} q_j * (1 + q_{k+1} +
+    ``valid`` [M, n] bool: whether a position has a label (one that has none weighs 0 and
+    ends its block's chain). With E[tau] = sum_m prod_{j<=m} q_j the block's expected
+    accepted drafts, position k gets c_k = dE[tau]/dq_k = prod_{j<k} q_j * (1 + q_{k+1} +
     q_{k+1} q_{k+2} + ...): the chance a round reaches it times the run it would unlock.
     Since d(-log q_k) = -dq_k / q_k, sum_k c_k CE_k descends E[tau] with each term scaled
-    by 1 / q_k, so a position the drafter gets wrong keeps its gradient. Detached, and
-    scaled to the total of ``weights`` (the step's normaliser stays the decay's)."""
-    valid = weights > 0
+    by 1 / q_k, so a position the drafter gets wrong keeps its gradient. Detached."""
     q = torch.where(valid, q.detach().float(), torch.zeros_like(q, dtype=torch.float32))
     reach = torch.cumprod(torch.cat([torch.ones_like(q[:, :1]), q[:, :-1]], dim=1), dim=1)
     run = torch.ones_like(q)  # run[k] = 1 + q_{k+1} run[k+1]
     for k in range(q.shape[1] - 2, -1, -1):
         run[:, k] = 1 + q[:, k + 1] * run[:, k + 1]
-    c = torch.where(valid, reach * run, torch.zeros_like(q))
-    return c * (weights.sum() / c.sum().clamp_min(torch.finfo(torch.float32).tiny))
+    return torch.where(valid, reach * run, torch.zeros_like(q))
 
 
 def forward_batch(model: DominoDraftModel, batch: AnchorBatch, *, kind: str, weights: torch.Tensor, lam: float,
@@ -89,8 +87,9 @@ def forward_batch(model: DominoDraftModel, batch: AnchorBatch, *, kind: str, wei
     """``(loss, loss_base, loss_final)`` float32 scalars for a packed anchor batch:
     ``(1 - lam) * final + lam * base``, the ``kind`` loss per draft position weighted by
     ``weights`` [N*A, n] (normaliser included), or with ``acceptance`` (teacher forcing
-    only) by :func:`acceptance_weights` of them and the final logits' label probabilities
-    (one more pass over the logits, without gradients). Teacher forcing computes the logits a chunk
+    only) by :func:`acceptance_weights` of the final logits' label probabilities (one more
+    pass over the logits, without gradients), scaled to the total of ``weights`` over all
+    ranks. Teacher forcing computes the logits a chunk
     of positions at a time (training/chunked_loss.py); training-time test (``ttt``) feeds
     each position's argmax to the next, so it builds the whole logits [N*A, n, V]. A batch
     restricted to a draft vocabulary (``batch.draft_vocab``) has its loss over those K
@@ -123,7 +122,13 @@ def forward_batch(model: DominoDraftModel, batch: AnchorBatch, *, kind: str, wei
         flat = (lambda t: None if t is None else t.reshape(R, t.shape[-1]))
         if acceptance:
             q = label_logprobs(h.reshape(R, -1), a.reshape(R, -1), w2, lm_weight, batch.labels.reshape(R)).exp()
-            weights = acceptance_weights(q.view(-1, n), weights.reshape(-1, n))
+            c = acceptance_weights(q.view(-1, n), batch.label_valid.reshape(-1, n))
+            # scaled to the decay weights' total, over all ranks' blocks: the step's loss as
+            # one process would make it from the global batch
+            totals = torch.stack([weights.sum(), c.sum()]).float()
+            if dist.is_available() and dist.is_initialized():
+                dist.all_reduce(totals)
+            weights = c * (totals[0] / totals[1].clamp_min(torch.finfo(torch.float32).tiny))
         return chunked_draft_loss(kind, h.reshape(R, -1), a.reshape(R, -1), w2, lm_weight,
                                   batch.labels.reshape(R), flat(batch.label_top_ids),
                                   flat(batch.label_top_logprobs), weights.reshape(R), lam)
@@ -184,11 +189,13 @@ def save_checkpoint(path: Path, model, optim, step: int, args) -> None:
 RUN_ARGS = ("target", "config", "mask_token_id", "block_size", "init_from_target",
             "draft_vocab_size", "init_from", "steps", "seqs_per_step", "anchors", "lr", "warmup", "clip", "gamma",
             "ttt", "no_curriculum", "loss", "labels", "seed", "position_weights")
+# Run arguments added after runs were saved without them: such a run had this value.
+RUN_ARG_DEFAULTS = {"position_weights": "decay"}
 
 
 def check_same_run(saved: dict, args, ckpt: Path) -> None:
     """Raises SystemExit naming the arguments that differ from the checkpoint's run."""
-    saved, now = _plain_args(saved), _plain_args(vars(args))
+    saved, now = {**RUN_ARG_DEFAULTS, **_plain_args(saved)}, _plain_args(vars(args))
     differ = [k for k in RUN_ARGS if k in saved and saved[k] != now.get(k)]
     if differ:
         said = ", ".join(f"--{k.replace('_', '-')} {saved[k]!r} (now {now.get(k)!r})" for k in differ)

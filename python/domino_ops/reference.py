@@ -16,8 +16,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from domino_ops.sampling import (draw_uniforms, effective_temperature, expand_uniforms, filtered_weights,
-                                 may_sample, per_row, repeat_over_rows)
+from domino_ops.sampling import (as_kernel_temperature, draw_uniforms, effective_temperature, expand_uniforms,
+                                 filtered_weights, may_sample, per_row, repeat_over_rows)
 
 __all__ = ["domino_head_rollout", "domino_head_expand", "sample", "filtered_probs", "verify_greedy", "verify_sampling", "sample_from_logits",
            "small_batch_linear", "small_batch_attention", "rms_norm", "silu_mul", "apply_rotary_pos_emb"]
@@ -81,7 +81,8 @@ def domino_head_rollout(base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w
     b, k, V = base_logits.shape
     acc = torch.float64 if w2.dtype == torch.float64 else torch.float32
     uniforms = draw_uniforms((b, k), base_logits.device, generator) if may_sample(temperature) else None
-    greedy_rows = per_row(effective_temperature(temperature), b, torch.float64, base_logits.device)[:, 0] == 0
+    greedy_rows = per_row(effective_temperature(as_kernel_temperature(temperature)), b, torch.float64,
+                          base_logits.device)[:, 0] == 0
     S = state.to(acc).clone()
     tokens = torch.empty(b, k, dtype=torch.int64, device=base_logits.device)
     logprobs = torch.empty(b, k, dtype=torch.float32, device=base_logits.device)
@@ -162,7 +163,7 @@ def domino_head_expand(base_logits, hproj, node_state, node_seq, node_depth, gru
             uniforms = expand_uniforms(node_seq, num_children, generator)
 
         T = temperature[node_seq] if isinstance(temperature, torch.Tensor) else temperature
-        sampled = per_row(effective_temperature(T), Fn, torch.float64, L.device)[:, 0] > 0
+        sampled = per_row(effective_temperature(as_kernel_temperature(T)), Fn, torch.float64, L.device)[:, 0] > 0
 
         def at_sampled(x):  # a [b] per-sequence parameter for the sampled nodes; a number as it is
             return x[node_seq][sampled] if isinstance(x, torch.Tensor) else x

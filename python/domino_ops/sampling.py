@@ -21,7 +21,7 @@ import torch
 from domino_ops import _checks
 
 __all__ = ["draw_uniforms", "expand_uniforms", "filtered_weights", "check_sampling_params", "per_row", "repeat_over_rows",
-           "effective_temperature", "kernel_top_k", "kernel_top_p", "kernel_sampling_args", "may_sample",
+           "effective_temperature", "as_kernel_temperature", "kernel_top_k", "kernel_top_p", "kernel_sampling_args", "may_sample",
            "GREEDY_BELOW", "MIN_TOP_P"]
 
 
@@ -76,6 +76,14 @@ def effective_temperature(temperature):
     return 0.0 if temperature < GREEDY_BELOW else float(temperature)
 
 
+def as_kernel_temperature(temperature):
+    """``temperature`` as the kernels read it: a per-row tensor in float32 (so the greedy
+    threshold of :func:`effective_temperature` sees the float32 value, e.g. a float64
+    9.99999999e-21 is 1e-20 there and samples), a Python number as it is
+    (:func:`kernel_sampling_args` thresholds it in float64 too)."""
+    return temperature.float() if isinstance(temperature, torch.Tensor) else temperature
+
+
 def kernel_top_k(top_k, vocab_size: int):
     """``top_k`` clamped to the vocabulary (k >= V keeps everything, like 0), so any int fits int64."""
     if isinstance(top_k, torch.Tensor):
@@ -105,7 +113,8 @@ def kernel_sampling_args(temperature, top_k, top_p, vocab_size: int) -> tuple:
     scalars = (0.0 if isinstance(temperature, torch.Tensor) else effective_temperature(temperature),
                0 if isinstance(top_k, torch.Tensor) else kernel_top_k(top_k, vocab_size),
                1.0 if isinstance(top_p, torch.Tensor) else kernel_top_p(top_p))
-    rows = (effective_temperature(temperature.float()).contiguous() if isinstance(temperature, torch.Tensor) else None,
+    rows = (effective_temperature(as_kernel_temperature(temperature)).contiguous()
+            if isinstance(temperature, torch.Tensor) else None,
             kernel_top_k(top_k.long(), vocab_size).contiguous() if isinstance(top_k, torch.Tensor) else None,
             kernel_top_p(top_p.float()).contiguous() if isinstance(top_p, torch.Tensor) else None)
     return scalars + rows
@@ -148,9 +157,7 @@ def filtered_weights(logits: torch.Tensor, temperature, top_k, top_p) -> torch.T
     greedy_top = logits.float().argmax(dim=-1, keepdim=True)  # torch.argmax, NaN included
     x = logits.float()
     x = torch.where(torch.isnan(x), torch.full_like(x, float("-inf")), x)
-    # the kernels' float32 temperature (kernel_sampling_args: a per-row one is cast first)
-    T = per_row(effective_temperature(temperature.float() if isinstance(temperature, torch.Tensor) else temperature),
-                n, torch.float32, x.device)
+    T = per_row(effective_temperature(as_kernel_temperature(temperature)), n, torch.float32, x.device)
     k = per_row(kernel_top_k(top_k, V), n, torch.int64, x.device)
     p = per_row(top_p, n, torch.float32, x.device).double()  # the kernels' float32 top_p
     m = x.max(dim=-1, keepdim=True).values
