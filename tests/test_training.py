@@ -581,7 +581,8 @@ def test_a_run_saved_before_a_run_argument_existed_had_its_default():
     del saved["position_weights"]
     check_same_run(saved, parse_args(["--data", "d", "--out", "o"]), Path("ckpt"))
     with pytest.raises(SystemExit, match="--position-weights 'decay' \\(now 'acceptance'\\)"):
-        check_same_run(saved, parse_args(["--data", "d", "--out", "o", "--position-weights", "acceptance"]), Path("ckpt"))
+        check_same_run(saved, parse_args(["--data", "d", "--out", "o", "--position-weights", "acceptance"]),
+                       Path("ckpt"))
 
 
 @pytest.mark.parametrize("extra, msg", [

@@ -21,8 +21,8 @@ import torch
 from domino_ops import _checks
 
 __all__ = ["draw_uniforms", "expand_uniforms", "filtered_weights", "check_sampling_params", "per_row", "repeat_over_rows",
-           "effective_temperature", "as_kernel_temperature", "kernel_top_k", "kernel_top_p", "kernel_sampling_args", "may_sample",
-           "GREEDY_BELOW", "MIN_TOP_P"]
+           "effective_temperature", "as_kernel_temperature", "kernel_top_k", "kernel_top_p", "kernel_sampling_args",
+           "may_sample", "GREEDY_BELOW", "MIN_TOP_P"]
 
 
 def draw_uniforms(shape: Sequence[int], device: torch.device | str,
