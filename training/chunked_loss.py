@@ -81,14 +81,13 @@ def chunked_draft_loss(kind: str, h: torch.Tensor, a: torch.Tensor, w2: torch.Te
 @torch.no_grad()
 def label_logprobs(h: torch.Tensor, a: torch.Tensor, w2: torch.Tensor, lm_weight: torch.Tensor, labels: torch.Tensor,
                    chunk_rows: int = 128) -> torch.Tensor:
-    """[R] float32: log-softmax of the final logits ``h @ lm_weight^T + a @ w2^T`` at each
-    position's label (h [R, H], a [R, r], w2 [V, r], lm_weight [V, H], labels [R] int64; a
-    label outside [0, V) reads index 0: mask it), a chunk of positions at a time as
-    :func:`chunked_draft_loss` makes them, without gradients."""
+    """[R] float32: the log-probability of each position's label under the final logits
+    ``h @ lm_weight^T + a @ w2^T`` (h [R, H], a [R, r], w2 [V, r], lm_weight [V, H], labels
+    [R] int64 in [0, V), as :func:`chunked_draft_loss` takes them): minus the "ce" loss of
+    :func:`per_token_loss`, a chunk of positions at a time, without gradients."""
     out = torch.empty(h.shape[0], dtype=torch.float32, device=h.device)
-    safe = labels.clamp(0, lm_weight.shape[0] - 1)
     for r0 in range(0, h.shape[0], chunk_rows):
         rows = slice(r0, min(h.shape[0], r0 + chunk_rows))
-        logits = (h[rows] @ lm_weight.T + a[rows] @ w2.T).float()
-        out[rows] = logits.gather(-1, safe[rows, None])[:, 0] - torch.logsumexp(logits, dim=-1)
+        logits = h[rows] @ lm_weight.T + a[rows] @ w2.T
+        out[rows] = -per_token_loss("ce", logits[:, None], labels[rows, None], None, None)[:, 0]
     return out
