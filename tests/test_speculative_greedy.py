@@ -93,7 +93,7 @@ def test_a_round_past_the_limit_eos_or_stop_string_is_cut_where_one_token_steps_
     plain = gen.generate_target_only(p, max_new_tokens=40).token_ids
     n = gen.drafter.config.num_drafts
 
-    def spec(**kw):
+    def spec(first_round=n + 1, **kw):
         streamed = []
         rig = RiggedDrafts(gen, [p + plain])  # every draft right: whole-block rounds
         try:
@@ -101,13 +101,14 @@ def test_a_round_past_the_limit_eos_or_stop_string_is_cut_where_one_token_steps_
         finally:
             rig.restore()
         assert streamed == res.token_ids
-        assert res.acceptance_lengths[0] == n + 1  # the first round ran past the cut
+        assert res.acceptance_lengths[0] == first_round  # the first round ran past the cut
         return res
 
-    # the limit falls inside the first round, with an EOS just after it
+    # the limit falls inside the first round, with an EOS just after it: the round drafts
+    # only what the limit can take (test_a_greedy_chain_round_verifies_no_more_than_...)
     limit = next(k for k in range(2, n - 1) if plain[k + 1] not in plain[: k + 1])
     gen.eos_ids = [plain[limit + 1]]
-    assert spec(max_new_tokens=limit).token_ids == plain[:limit]
+    assert spec(max_new_tokens=limit, first_round=limit - 1).token_ids == plain[:limit]
     # an EOS inside the first round, then tokens past it
     j = next(j for j in range(2, n) if plain[j] not in plain[:j])
     gen.eos_ids = [plain[j]]
@@ -306,6 +307,33 @@ def test_no_round_runs_once_the_output_is_complete(mode, rigged):
     finally:
         if rig:
             rig.restore()
+
+
+@pytest.mark.parametrize("mode", [dict(tree=None, num_drafts=7), dict(tree=None)])
+def test_a_greedy_chain_round_verifies_no_more_than_the_output_can_still_take(mode):
+    """A round keeps at most its drafts + 1 tokens, so near the limit a greedy chain round
+    verifies no more than the output can still take (the last round had verified a whole
+    block, every draft past the limit a wasted row of the target's forward). Every draft
+    right: the rounds would otherwise run whole blocks. A sampled round keeps its size
+    (its draws follow it: a seeded request's tokens would depend on its batch)."""
+    gen = tiny_generator("qwen3")
+    cheap_verification(gen, 1)
+    ps = prompts(1, seed=3)
+    full = gen.generate_target_only(ps, max_new_tokens=16).token_ids[0]
+    rig = RiggedDrafts(gen, [ps[0] + full])
+    try:
+        for limit in range(1, 10):
+            res = gen.generate(ps[0], max_new_tokens=limit, **mode)
+            assert res.token_ids == full[:limit]
+            have = 1  # the prefill's token
+            for verified, kept in zip(res.verified_lengths, res.acceptance_lengths):
+                assert verified <= limit - have, (limit, res.verified_lengths, res.acceptance_lengths)
+                have += kept
+    finally:
+        rig.restore()
+    if "num_drafts" in mode:
+        sampled = gen.generate(ps[0], max_new_tokens=3, temperature=1.0, **mode)
+        assert sampled.verified_lengths[0] == 8
 
 
 @pytest.mark.parametrize("mode", [dict(tree=None, num_drafts=3), dict()])

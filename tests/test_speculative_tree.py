@@ -230,9 +230,13 @@ def test_acceptance_through_siblings(topk, depth):
     assert set(spec.acceptance_lengths[2]) == {1}
 
 
-def test_sibling_paths_feed_the_drafter_what_a_chain_feeds():
+def test_sibling_paths_feed_the_drafter_what_a_chain_feeds(monkeypatch):
     """A tree whose path runs through last siblings and a rigged chain accept the same
     tokens; the drafter's context gets the same features, positions and validity."""
+    # the chain's rounds whole to the end, as the tree's (a greedy chain's last rounds draft
+    # only what the output can still take: test_speculative_greedy.py)
+    monkeypatch.setattr(domino.generate.DominoGenerator, "_chain_room",
+                        staticmethod(lambda out_ids, live, max_new_tokens, sampling, position_room: position_room))
     gen = tiny_generator("qwen3")
     ps = prompts(2, seed=12)
     plain = greedy_plain(gen, ps, 30)

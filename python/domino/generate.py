@@ -46,7 +46,8 @@ from domino.model import DominoDraftModel, Draft, DraftContextCache
 from domino.round_kind import ROUND_KINDS, RoundKindChooser
 from domino.sampling_params import RowSampling, SamplingParams
 from domino.stop_strings import stop_length, text_until_stop
-from domino.target import bare_generation_config, cache_kwarg, sliding_window, special_token_ids, target_features
+from domino.target import (bare_generation_config, cache_kwarg, longrope_switch, sliding_window, special_token_ids,
+                           target_features)
 from domino.tree import (DEFAULT_TREE, TreeLinks, TreeShape, check_tree_attention, compact_tree_cache,
                          depths_tried, graft_chains, graft_sizes, path_acceptance, top_chain_counts, tree_attention_mask,
                          tree_attention_supported, tree_links, verify_tree)
@@ -108,6 +109,9 @@ class _Decoding:
     # (features [b, m, n*H], positions [b, m], valid [b, m]) of each round committed since,
     # not yet in dcache: DominoGenerator._drafter_context adds them before the next draft
     pending_context: list = field(default_factory=list)
+    # no verified token's position reaches this (the context window, or a longrope
+    # target's switch: DominoGenerator._position_limit); None: no bound
+    position_limit: int | None = None
 
 
 # The prior acceptance of a grafted chain's new tokens, per kind of graft and position
@@ -214,9 +218,45 @@ class DominoGenerator:
         prompts.check_max_new_tokens(max_new_tokens)
         stop = prompts.check_stop(stop)
         seqs, batch = prompts.encode_all(self.tokenizer, prompt, self.target.config.get_text_config().vocab_size)
-        context = getattr(self.target.config.get_text_config(), "max_position_embeddings", None)
-        prompts.check_context(seqs, max_new_tokens, context, batch)
+        config = self.target.config.get_text_config()
+        prompts.check_context(seqs, max_new_tokens, getattr(config, "max_position_embeddings", None), batch)
+        prompts.check_rope_switch(seqs, max_new_tokens, longrope_switch(config), batch)
         return seqs, batch, stop
+
+    def _position_limit(self, seqs: list[list[int]]) -> int | None:
+        """The position no token a call feeds the target may reach: a longrope target's
+        switch while every prompt is below it (``prompts.check_rope_switch`` keeps a call
+        on one side), else the context window (None: the config names none). Past the
+        window a "dynamic" rotary rescales a whole forward, past the switch a longrope one
+        re-rotates it: a verified block there would not decode as one token at a time does."""
+        config = self.target.config.get_text_config()
+        switch = longrope_switch(config)
+        if switch is not None and max(len(s) for s in seqs) <= switch:
+            return switch
+        return getattr(config, "max_position_embeddings", None)
+
+    @staticmethod
+    def _position_room(seqs, out_ids, live: list[int], limit: int | None) -> int | None:
+        """The most drafts a round may verify with no live sequence's verified positions
+        reaching ``limit`` (None: no limit). A live sequence's anchor sits at its prompt
+        length + its tokens so far - 1, and ``check_context`` leaves it at least one
+        position of room, so the room is >= 1."""
+        return None if limit is None else limit - 1 - max(len(seqs[s]) + len(out_ids[s]) - 1 for s in live)
+
+    @staticmethod
+    def _chain_room(out_ids, live: list[int], max_new_tokens: int, sampling: RowSampling,
+                    position_room: int | None) -> int | None:
+        """The most drafts a chain round may verify (None: no bound): within
+        ``position_room`` and, when every request is greedy, no more than the live sequence
+        that needs the most tokens can still keep (a round keeps at most its drafts + 1; the
+        last round had verified a whole block). A sampled request's draws follow the
+        rounds' sizes, so sampled rounds keep theirs: a seeded request then repeats its
+        tokens alone and in a batch (with a fixed ``num_drafts``) except at the end of the
+        context window."""
+        if sampling.any_sampled:
+            return position_room
+        need = max(max_new_tokens - len(out_ids[s]) for s in live) - 1
+        return need if position_room is None else min(need, position_room)
 
     def _left_pad(self, seqs: Sequence[list[int]]):
         T = max(len(s) for s in seqs)
@@ -275,11 +315,13 @@ class DominoGenerator:
         ``sampling``, one :class:`SamplingParams` for all or one per prompt (each may carry
         its own seed); ``generator`` drives the draws of requests without a seed.
         ``stream(i, new_ids)`` is called with each sequence's newly accepted tokens after
-        every round. ``num_drafts``: tokens drafted and verified per round; None (the
+        every round. ``num_drafts``: tokens drafted and verified per round (fewer in a
+        greedy call's last rounds, where the output can take no more); None (the
         default, fastest) chooses them each round from the measured costs of this machine
         (measured on the first call for a batch size, then cached on disk) and the
         drafter's confidence; it chooses one size for the whole batch, so a seeded request
-        repeats its tokens in another batch only with a fixed ``num_drafts``. The output
+        repeats its tokens in another batch only with a fixed ``num_drafts`` (and away
+        from the end of the context window, where rounds draft less). The output
         is exactly the target's own decoding: greedy at temperature 0, distributed as the
         target's filtered distribution otherwise, per request.
 
@@ -420,14 +462,20 @@ class DominoGenerator:
         return done, ids
 
     def _draft_and_choose(self, st: _Decoding, live, use_head, sampling, costs, num_drafts,
-                          depth_acceptance: DepthAcceptance):
+                          depth_acceptance: DepthAcceptance, room: int | None):
         """This round's drafts [b, k] and, when some sequence samples, their :class:`Draft`
         (what they were drawn from; None at temperature 0: greedy verification compares
         tokens only): n drafted and the
         first k of them kept for verification, fixed (``num_drafts``) or chosen from
         ``costs`` (n planned from the acceptance per depth so far in this call, then k from
-        the calibrated confidence of the live sequences' drafts)."""
-        n = num_drafts if costs is None else budget.best_draft_length(depth_acceptance.rates(), costs, len(live))
+        the calibrated confidence of the live sequences' drafts), at most ``room`` (None:
+        no bound; :meth:`_chain_room`), which is also the size of the chain round that
+        stands in for a fixed-size tree round at the end of the context."""
+        if costs is None:
+            n = room if num_drafts is None else num_drafts
+        else:
+            n = budget.best_draft_length(depth_acceptance.rates(), costs, len(live))
+        n = n if room is None else min(n, room)
         if n == 0:  # a plain decoding step: nothing is worth drafting
             return st.anchor.new_empty(st.anchor.shape[0], 0), None
         draft = self.drafter.draft(self._drafter_context(st), st.anchor, st.anchor_pos, use_head=use_head,
@@ -460,6 +508,10 @@ class DominoGenerator:
         with a tree) each round's kind chosen by ``kinds`` from the measured speed of both."""
         b = len(seqs)
         state, first = self._prefill(seqs, sampling)
+        state.position_limit = self._position_limit(seqs)
+        # the deepest node a tree round may verify: its shape's depth; grafts to num_drafts
+        tree_reach = (0 if tree is None else
+                      max(tree.depth, self.drafter.config.num_drafts if lookup_tokens or datastore_tokens else 0))
         # each sequence's tokens so far (prompt, output), indexed for prompt lookup; the
         # datastore's proposals read the same token lists
         lookups = ([NgramIndex(list(seqs[s]) + [first[s]]) for s in range(b)]
@@ -486,18 +538,24 @@ class DominoGenerator:
         while not all(done):
             live = [s for s in range(b) if not done[s]]
             kind = "chain" if tree is None else "tree" if kinds is None else kinds.choose()
+            position_room = self._position_room(seqs, out_ids, live, state.position_limit)
+            # at the end of the context: a chain round that fits (not timed for the round
+            # kinds: a cut round says nothing of its kind's speed)
+            cut = kind == "tree" and position_room is not None and position_room < tree_reach
+            kind = "chain" if cut else kind
+            room = self._chain_room(out_ids, live, max_new_tokens, sampling, position_room)
             started = kinds.now() if kinds is not None else 0.0
             # the costs at this round's cache length: attention reads every cached position
             now = costs.at(state.cache_mask.shape[1]) if costs is not None else None
             if kind == "chain":
                 kept_list, new_rows, verified_len = self._chain_round(state, sampling, use_head, live, now,
-                                                                      num_drafts, depth_acceptance[kind])
+                                                                      num_drafts, depth_acceptance[kind], room)
             else:
                 kept_list, new_rows, verified_len = self._tree_round(
                     state, sampling, use_head, tree, live, now, depth_acceptance[kind], lookups, lookup_tokens,
                     datastore_tokens, graft_acceptance,
                     chain_acceptance=depth_acceptance["chain"] if kinds is not None else None)
-            if kinds is not None:  # the round's host sync has run: its work is done
+            if kinds is not None and not cut:  # the round's host sync has run: its work is done
                 kinds.record(kind, sum(kept_list[s] for s in live), (kinds.now() - started) * 1e3)
             for s in range(b):
                 if done[s]:
@@ -525,26 +583,48 @@ class DominoGenerator:
         return _Decoding(cache, mask, dcache, anchor, positions[:, -1] + 1), anchor.tolist()
 
     def _chain_round(self, st: _Decoding, sampling: RowSampling, use_head, live: list[int], costs: RoundCosts | None,
-                     num_drafts: int | None, depth_acceptance: DepthAcceptance) -> tuple[list[int], list[list[int]], int]:
-        """One chain round: draft, verify, commit. Returns each sequence's kept length
-        (anchor + accepted drafts), its new tokens (accepted drafts + one target token) and
-        how many tokens the target verified per sequence (the anchor and the drafts)."""
+                     num_drafts: int | None, depth_acceptance: DepthAcceptance,
+                     room: int | None = None) -> tuple[list[int], list[list[int]], int]:
+        """One chain round of at most ``room`` drafts: draft, verify, commit. Returns each
+        sequence's kept length (anchor + accepted drafts; 0 for a finished one), its new
+        tokens (accepted drafts + one target token) and how many tokens the target verified
+        per sequence (the anchor and the drafts)."""
         b, dev = st.anchor.shape[0], st.anchor.device
         draft_tokens, draft = self._draft_and_choose(st, live, use_head, sampling, costs, num_drafts,
-                                                     depth_acceptance)
+                                                     depth_acceptance, room)
         n = draft_tokens.shape[1]
         block = torch.cat([st.anchor[:, None], draft_tokens], dim=1)
-        block_pos = st.anchor_pos[:, None] + torch.arange(n + 1, device=dev)
+        block_pos = self._fed_positions(st, st.anchor_pos[:, None] + torch.arange(n + 1, device=dev))
         logits, features = self._target_forward(block, torch.cat([st.cache_mask, st.cache_mask.new_ones(b, n + 1)], 1),
                                                 block_pos, st.cache)
         verified, num_acc = self._verify_chain(draft_tokens, draft, logits, sampling)
-        kept = num_acc + 1  # anchor + accepted drafts enter the context
+        kept = self._kept_by_live(num_acc + 1, live)  # anchor + accepted drafts enter the context
         host = torch.cat([kept[:, None], verified], dim=1).tolist()  # the one host sync of the round
         kept_list = [row[0] for row in host]
         depth_acceptance.update([n] * len(live), [kept_list[s] - 1 for s in live])
         m = max(kept_list)
         self._commit(st, kept, n + 1, features[:, :m], verified.gather(1, num_acc[:, None])[:, 0])
         return kept_list, [row[1:1 + k] for row, k in zip(host, kept_list)], n + 1
+
+    @staticmethod
+    def _kept_by_live(kept: torch.Tensor, live: list[int]) -> torch.Tensor:
+        """``kept`` [b] with 0 for the finished sequences of the batch, which ride along in
+        every round: they keep nothing, so their positions stay where they ended and the
+        shared cache grows by what the live ones keep (a finished sequence with easy text
+        had grown it, as masked holes, by its whole block every round)."""
+        if len(live) == kept.shape[0]:
+            return kept
+        alive = torch.zeros_like(kept, dtype=torch.bool)
+        alive[live] = True
+        return torch.where(alive, kept, 0)
+
+    @staticmethod
+    def _fed_positions(st: _Decoding, positions: torch.Tensor) -> torch.Tensor:
+        """A round's ``positions`` [b, N] as fed to the target: below ``st.position_limit``.
+        Only a finished sequence's can reach it (its slots are masked and its outputs
+        unread; the room keeps the live ones below), and HF's "dynamic" and longrope
+        rotaries rescale a whole forward, every row, by its largest position."""
+        return positions if st.position_limit is None else positions.clamp(max=st.position_limit - 1)
 
     def _draft_tree(self, st: _Decoding, sampling: RowSampling, use_head, shape: TreeShape, live: list[int],
                     costs: RoundCosts | None) -> tuple[DraftTree, _TreePlan | None]:
@@ -640,9 +720,13 @@ class DominoGenerator:
             tree = dataclasses.replace(tree, candidates=candidates)
         n = tree.candidates.shape[1]
         mask = tree_attention_mask(st.cache_mask, links.ancestors, self.target.dtype)
-        logits, features = self._target_forward(tree.candidates, mask, links.positions, st.cache)
+        logits, features = self._target_forward(tree.candidates, mask, self._fed_positions(st, links.positions), st.cache)
         verified = verify_tree(tree, links, logits, sampling, depth)  # on the host: the round's one sync
-        kept_list = [len(path) for path in verified.path]  # the root (anchor) + accepted drafts enter the context
+        # the root (anchor) + accepted drafts enter the context; a finished sequence keeps
+        # nothing (_kept_by_live)
+        alive = set(live)
+        paths = [path if s in alive else [] for s, path in enumerate(verified.path)]
+        kept_list = [len(path) for path in paths]
         tried = depths_tried(verified)
         depth_acceptance.update([tried[s] for s in live], [kept_list[s] - 1 for s in live])
         if chain_acceptance is not None:
@@ -663,13 +747,13 @@ class DominoGenerator:
         # back on the device in one copy (on a GPU, one wait): the kept counts, the next
         # anchors (the target's tokens) and the kept paths [b, m], root-padded
         back = torch.tensor(kept_list + [t[-1] for t in verified.tokens]
-                            + [u for p in verified.path for u in p + [0] * (m - len(p))], device=tree.candidates.device)
+                            + [u for p in paths for u in p + [0] * (m - len(p))], device=tree.candidates.device)
         kept, next_anchor, path = back[:b], back[b:2 * b], back[2 * b:].view(b, m)
         # Nothing to move when every sequence's kept path already sits in the round's first
         # slots (the root alone, or the root and its first child): common at tau ~2, and the
         # move copies every layer's accepted slots (~0.2 ms a round for SmolLM2's 30 layers in
         # the cache's one storage: benchmarks/engine_steps_micro.py).
-        if any(p != list(range(len(p))) for p in verified.path):
+        if any(p != list(range(len(p))) for p in paths):
             compact_tree_cache(st.cache, path, n)
         path_features = features.gather(1, path[:, :, None].expand(-1, -1, features.shape[2]))
         self._commit(st, kept, n, path_features, next_anchor)

@@ -122,3 +122,26 @@ def check_context(seqs: list[list[int]], max_new_tokens: int, context_len: int |
             name = f"prompt[{i}]" if batch else "prompt"
             raise ValueError(f"{name} has {len(ids)} tokens; with max_new_tokens={max_new_tokens} that exceeds the "
                              f"target's context window of {context_len} tokens: shorten it or lower max_new_tokens")
+
+
+def check_rope_switch(seqs: list[list[int]], max_new_tokens: int, switch: int | None, batch: bool) -> None:
+    """For a target whose rotary frequencies switch at ``switch`` tokens (a longrope
+    target: :func:`domino.target.longrope_switch`; None: nothing to check), every prompt
+    stays on one side of it for the whole call (all its positions below, or the prompt
+    already past it), and a batch's prompts all on the same side: HF rotates a whole
+    forward, every row of a batch, by its largest position."""
+    if switch is None:
+        return
+    for i, ids in enumerate(seqs):
+        if len(ids) <= switch < len(ids) + max_new_tokens:
+            name = f"prompt[{i}]" if batch else "prompt"
+            raise ValueError(f"{name} has {len(ids)} tokens; with max_new_tokens={max_new_tokens} the call would "
+                             f"cross {switch} tokens, where this target's longrope rotary switches every position "
+                             "of a forward from its short to its long factors: a verified block across it would not "
+                             "decode as one token at a time does. Keep the prompt plus max_new_tokens within "
+                             f"{switch} tokens, or give a prompt longer than {switch}")
+    if len({len(ids) > switch for ids in seqs}) > 1:
+        raise ValueError(f"prompt: the batch mixes prompts shorter and longer than {switch} tokens, where this "
+                         "target's longrope rotary switches; HF rotates every row of a forward by the batch's "
+                         "longest position, so the short ones would not decode as they do alone: give them "
+                         "separate calls")

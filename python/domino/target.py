@@ -1,6 +1,7 @@
 """What the engine and the data pipeline read off a HF transformers target: the drafter's
-context features, the special token ids, the KV-cache keyword and its attention window;
-and HF ``generate`` without the checkpoint's own logits processors."""
+context features, the special token ids, the KV-cache keyword, its attention window and
+where its rotary frequencies switch; and HF ``generate`` without the checkpoint's own
+logits processors."""
 
 from __future__ import annotations
 
@@ -40,6 +41,28 @@ def sliding_window(config) -> int | None:
     if layer_types is not None:
         return window if "sliding_attention" in layer_types else None
     return None if getattr(config, "use_sliding_window", True) is False else window
+
+
+def longrope_switch(config) -> int | None:
+    """The length at which a target with ``rope_type`` "longrope" (Phi-3 and Phi-3.5 128k,
+    ...) switches its rotary frequencies: its ``original_max_position_embeddings`` (the
+    smallest over layer types), else None. HF rotates every position of a forward with the
+    long factors once the forward's largest position reaches it (``max(position_ids) + 1 >
+    original``) and with the short ones below, so a verification block that straddles it
+    would rotate its earlier positions unlike decoding one token at a time (and Phi-3's
+    ``generate`` recomputes its cache there). "dynamic" rotary changes its frequencies only
+    past ``max_position_embeddings``, which the engine never feeds (every verified position
+    stays inside the context window)."""
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
+    if not isinstance(params, dict):
+        return None
+    # one dict, or one per layer type ({"full_attention": {...}, "sliding_attention": {...}})
+    per_type = [params] if not all(isinstance(v, dict) for v in params.values()) else list(params.values())
+    switches = [p.get("original_max_position_embeddings") or getattr(config, "original_max_position_embeddings", None)
+                for p in per_type if p.get("rope_type", p.get("type")) == "longrope"]
+    switches = [int(s) for s in switches if s]
+    return min(switches) if switches else None
 
 
 def special_token_ids(target, tokenizer) -> tuple[list[int], int]:
