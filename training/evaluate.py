@@ -24,7 +24,7 @@ from training.data import Conversation, make_batch
 class Round:
     conversation: int  # index into the evaluated conversations
     anchor_pos: int  # position of the anchor (the last verified token)
-    drafts: list[int]  # the drafted tokens
+    drafts: list[int]  # the drafted tokens (as the generator drafts them: no more than max_new_tokens can take)
     advanced: int  # tokens this round adds: accepted drafts + the target's own, cut at the end
 
 
@@ -32,7 +32,10 @@ class Round:
 def stepped_rounds(model: DominoDraftModel, convs: list[Conversation], *, use_head: bool,
                    max_new_tokens: int | None = None, batch_size: int = 32) -> Iterator[Round]:
     """The verification rounds greedy generation makes on each conversation's response
-    (up to ``max_new_tokens`` response tokens), ``batch_size`` conversations in lockstep."""
+    (up to ``max_new_tokens`` response tokens), ``batch_size`` conversations in lockstep.
+    Each round drafts a whole block; like the generator's, a round's drafts stop where
+    ``max_new_tokens`` can take no more (the generator drafts the first tokens of the same
+    block, so the same tokens; what a round advances is the same either way)."""
     c = model.config
     for first in range(0, len(convs), batch_size):
         group = convs[first:first + batch_size]
@@ -49,7 +52,9 @@ def stepped_rounds(model: DominoDraftModel, convs: list[Conversation], *, use_he
             accepted = torch.cumprod(ok.to(torch.int64), dim=1).sum(1).tolist()
             for row, j in enumerate(active):
                 advanced = min(accepted[row] + 1, end[j] - pos[j])
-                yield Round(first + j, pos[j], drafts[row].tolist(), advanced)
+                # the tokens max_new_tokens can still take, less the target's own of the round
+                room = c.num_drafts if max_new_tokens is None else group[j].prompt_len + max_new_tokens - 1 - pos[j] - 1
+                yield Round(first + j, pos[j], drafts[row, :room].tolist(), advanced)
                 pos[j] += advanced
             active = [j for j in active if pos[j] < end[j]]
 
