@@ -64,7 +64,9 @@ class GenerationResult:
     # tokens each verification round advanced the sequence (accepted drafts + the target's
     # own), the last round's counted in full even where max_new_tokens, EOS or a stop string
     # cut the output inside it: what the round achieved, so len(token_ids) can be less than
-    # 1 + sum (the first token comes from the prefill)
+    # 1 + sum (the first token comes from the prefill). A greedy chain round drafts no more
+    # than max_new_tokens can take (the longest-needing sequence of a batch), so there its
+    # count stops at the limit.
     acceptance_lengths: list[int] | list[list[int]]
     tokens_per_second: float
     elapsed_s: float = 0.0
