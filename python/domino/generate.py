@@ -722,7 +722,8 @@ class DominoGenerator:
             tree = dataclasses.replace(tree, candidates=candidates)
         n = tree.candidates.shape[1]
         mask = tree_attention_mask(st.cache_mask, links.ancestors, self.target.dtype)
-        logits, features = self._target_forward(tree.candidates, mask, self._fed_positions(st, links.positions), st.cache)
+        positions = self._fed_positions(st, links.positions)
+        logits, features = self._target_forward(tree.candidates, mask, positions, st.cache)
         verified = verify_tree(tree, links, logits, sampling, depth)  # on the host: the round's one sync
         # the root (anchor) + accepted drafts enter the context; a finished sequence keeps
         # nothing (_kept_by_live)
