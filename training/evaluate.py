@@ -52,8 +52,10 @@ def stepped_rounds(model: DominoDraftModel, convs: list[Conversation], *, use_he
             accepted = torch.cumprod(ok.to(torch.int64), dim=1).sum(1).tolist()
             for row, j in enumerate(active):
                 advanced = min(accepted[row] + 1, end[j] - pos[j])
-                # the tokens max_new_tokens can still take, less the target's own of the round
-                room = c.num_drafts if max_new_tokens is None else group[j].prompt_len + max_new_tokens - 1 - pos[j] - 1
+                # as the generator's: no more drafts than max_new_tokens still takes after the
+                # response's first `taken` tokens (the anchor's included), less the target's own
+                taken = pos[j] - group[j].prompt_len + 1
+                room = c.num_drafts if max_new_tokens is None else max_new_tokens - taken - 1
                 yield Round(first + j, pos[j], drafts[row, :room].tolist(), advanced)
                 pos[j] += advanced
             active = [j for j in active if pos[j] < end[j]]

@@ -219,8 +219,8 @@ class DominoGenerator:
         """Validates a request up front: (token ids per prompt, whether it was a batch, stop strings)."""
         prompts.check_max_new_tokens(max_new_tokens)
         stop = prompts.check_stop(stop)
-        seqs, batch = prompts.encode_all(self.tokenizer, prompt, self.target.config.get_text_config().vocab_size)
         config = self.target.config.get_text_config()
+        seqs, batch = prompts.encode_all(self.tokenizer, prompt, config.vocab_size)
         prompts.check_context(seqs, max_new_tokens, getattr(config, "max_position_embeddings", None), batch)
         prompts.check_rope_switch(seqs, max_new_tokens, longrope_switch(config), batch)
         return seqs, batch, stop
