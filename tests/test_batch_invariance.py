@@ -15,6 +15,7 @@ from domino.kv_cache import GrowingCache
 from domino.tree import TreeShape
 
 OTHER = "Write a python function that checks whether a number is prime."  # a longer neighbour: left padding
+SHORT = "Say only the word yes."  # a neighbour that ends after 3 tokens and leaves the batch
 PROMPT = "Tell me a joke."
 
 
@@ -35,6 +36,18 @@ def test_a_seeded_request_is_the_same_alone_and_in_a_batch(gen, kw, seeds):
         batch = gen.generate([OTHER, PROMPT], max_new_tokens=16, sampling=[SamplingParams(), sp], **kw)
         assert alone.token_ids == batch.token_ids[1], seed
         assert any(a > 1 for a in alone.acceptance_lengths)  # drafts were accepted: the drafter's bits mattered
+
+
+@pytest.mark.parametrize("kw", [dict(tree=None, num_drafts=8), dict(tree=TreeShape(3, 4))], ids=["chain", "tree"])
+def test_a_seeded_request_is_the_same_after_its_neighbour_has_left(gen, kw):
+    """The neighbour ends first and leaves the batch (its rows dropped from the caches,
+    the seeded request moved up to row 0): the seeded request's tokens are still the ones
+    it gets alone."""
+    sp = SamplingParams(temperature=1.0, seed=1)
+    alone = gen.generate(PROMPT, max_new_tokens=16, sampling=sp, **kw)
+    batch = gen.generate([SHORT, PROMPT], max_new_tokens=16, sampling=[SamplingParams(), sp], **kw)
+    assert len(batch.acceptance_lengths[0]) < len(batch.acceptance_lengths[1])  # the neighbour left first
+    assert alone.token_ids == batch.token_ids[1]
 
 
 def test_the_drafters_block_is_the_same_alone_and_padded(gen):

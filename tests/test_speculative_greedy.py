@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from engine_cases import assert_mostly_multi_token, assert_stops_like_the_target, cheap_verification, prompts
-from tiny_models import RiggedDrafts, tiny_generator
+from tiny_models import RiggedDrafts, RowsOfTheRound, tiny_generator
 
 
 @pytest.mark.parametrize("kind", ["qwen3", "llama"])
@@ -207,7 +207,7 @@ def test_plain_steps_queue_the_drafters_context_and_it_is_the_same_when_it_draft
         st, _ = gen._prefill(ps, greedy)
         acceptance = DepthAcceptance(gen.drafter.config.num_drafts, 0.5)
         for n in (0, 0, 0, 2, 0, 0, 3, 0):
-            gen._chain_round(st, greedy, True, [0, 1, 2], None, n, acceptance)
+            gen._chain_round(st, greedy, True, None, n, acceptance)
             if eager:
                 gen._drafter_context(st)
             assert eager or (len(st.pending_context) > 0)
@@ -347,10 +347,11 @@ def test_the_drafters_context_holds_each_position_once_in_order(mode):
     gen.generate(ps, max_new_tokens=2, **mode)  # the budget's cost measurement (its own contexts) out of the way
     seen = [[], []]
     extend = gen.drafter.extend_context
+    rows = RowsOfTheRound(gen)  # a finished sequence leaves the batch
 
     def spy(cache, features, positions, valid):
-        for s in range(len(ps)):
-            seen[s] += positions[s][valid[s]].tolist()
+        for i, s in enumerate(rows.sequences(range(len(ps)), positions.shape[0])):
+            seen[s] += positions[i][valid[i]].tolist()
         return extend(cache, features, positions, valid)
 
     gen.drafter.extend_context = spy
@@ -358,6 +359,7 @@ def test_the_drafters_context_holds_each_position_once_in_order(mode):
         res = gen.generate(ps, max_new_tokens=10, **mode)
     finally:
         del gen.drafter.extend_context
+        rows.restore()
     for s in range(len(ps)):
         assert seen[s] == list(range(len(seen[s])))
         assert len(ps[s]) <= len(seen[s]) <= len(ps[s]) + len(res.token_ids[s])

@@ -19,7 +19,7 @@ from domino.sampling_params import RowSampling
 from domino_ops.tree_draft import DraftTree, tree_size
 from engine_cases import PROMPT, V as SMALL_V, assert_distributed_as_target, assert_mostly_multi_token, check, \
     cheap_verification, prompts
-from tiny_models import RiggedDrafts, tiny_generator
+from tiny_models import RiggedDrafts, RowsOfTheRound, tiny_generator
 from torch_threads import torch_threads
 
 GREEDY = RowSampling(0.0, 0, 1.0, None, False)
@@ -48,6 +48,7 @@ class RiggedTree:
     def __init__(self, gen, full_sequences, alternate=False):
         self.gen, self.full, self.alternate, self.round = gen, full_sequences, alternate, 0
         self.original = gen.drafter.draft_tree
+        self.rows = RowsOfTheRound(gen)
         gen.drafter.draft_tree = self
 
     def __call__(self, cache, anchor, anchor_pos, *, topk, depth, **kw):
@@ -59,7 +60,7 @@ class RiggedTree:
             base = tree_size(topk, s)
             parents += [base + j for j in range(topk - 1)] + [base + topk * topk - 1]
         rows = []
-        for seq, p in zip(self.full, anchor_pos.tolist()):
+        for seq, p in zip(self.rows.sequences(self.full, anchor.shape[0]), anchor_pos.tolist()):
             right = [seq[q] if q < len(seq) else 1 for q in range(p + 1, p + 1 + depth)]
             if wrong_round:
                 right[0] = (right[0] + topk) % vocab  # differs from every sibling: (t + 1 + c) % V, c < topk - 1
@@ -79,6 +80,7 @@ class RiggedTree:
 
     def restore(self):
         self.gen.drafter.draft_tree = self.original
+        self.rows.restore()
 
 
 def greedy_plain(gen, ps, n):
@@ -399,11 +401,11 @@ def test_top_chain_counts_are_what_the_chain_would_have_done(use_head, batch, mo
     tree_round, top_chain_counts = gen._tree_round, domino.generate.top_chain_counts
     pending, seen = [], []
 
-    def spying_tree_round(st, sampling, use_head_, shape, live, *a, **kw):
+    def spying_tree_round(st, sampling, use_head_, shape, *a, **kw):
         chain = gen.drafter.draft(gen._drafter_context(st), st.anchor, st.anchor_pos, use_head=use_head_).tokens
-        pending.append((chain.tolist(), st.anchor_pos.tolist(), live))
+        pending.append((chain.tolist(), st.anchor_pos.tolist(), list(st.rows)))
         try:
-            return tree_round(st, sampling, use_head_, shape, live, *a, **kw)
+            return tree_round(st, sampling, use_head_, shape, *a, **kw)
         finally:
             pending.clear()
 
@@ -422,15 +424,15 @@ def test_top_chain_counts_are_what_the_chain_would_have_done(use_head, batch, mo
         seen.clear()
         res = gen.generate(ps, max_new_tokens=n, use_head=use_head)
         assert res.token_ids == [t[len(p):len(p) + n] for p, t in zip(ps, full)]
-        for chain, anchor_pos, live, tried, acc, nodes in seen:
+        for chain, anchor_pos, requests, tried, acc, nodes in seen:
             cut_trees += nodes < 1 + tree_size(3, 4)
-            for s in live:
+            for s, request in enumerate(requests):  # row s decodes request ``request``
                 truth = 0
-                while truth < 4 and chain[s][truth] == full[s][anchor_pos[s] + 1 + truth]:
+                while truth < 4 and chain[s][truth] == full[request][anchor_pos[s] + 1 + truth]:
                     truth += 1
                 assert acc[s] <= tried[s] <= 4 and acc[s] <= truth
                 if tried[s] > acc[s]:
-                    assert acc[s] == truth, (chain[s][:4], full[s][anchor_pos[s] + 1:anchor_pos[s] + 5], tried[s])
+                    assert acc[s] == truth, (chain[s][:4], full[request][anchor_pos[s] + 1:anchor_pos[s] + 5], tried[s])
                 evidence["accepted"] += acc[s]
                 evidence["rejected"] += tried[s] > acc[s]
                 rows += 1
@@ -474,11 +476,10 @@ def test_tree_rounds_count_their_top_chain_in_the_chains_acceptance(monkeypatch)
     tree_kind, chain_kind = made[:2]  # _speculative makes one per round kind, in ROUND_KINDS order
     assert domino.round_kind.ROUND_KINDS == ("tree", "chain")
     assert len(counted) == len(tree_kind.calls) > 3  # every round a drafted tree
-    expected = []  # the live rows' counts: a finished sequence drops out
-    for r, (tried, acc) in enumerate(counted):
-        live = [s for s in range(2) if r < len(res.verified_lengths[s])]
-        expected.append(([tried[s] for s in live], [acc[s] for s in live]))
-    assert chain_kind.calls == expected
+    # a finished sequence leaves the batch: each round's counts are its rows'
+    assert [len(tried) for tried, _ in counted] == [sum(r < len(v) for v in res.verified_lengths)
+                                                    for r in range(len(counted))]
+    assert chain_kind.calls == counted
     # nothing pays: every tree round a plain step, and the chain's counts fade with the tree's
     made.clear()
     gen._costs[2] = _costs(10.0, 100.0, 50.0)

@@ -65,6 +65,30 @@ def tiny_generator(kind="qwen3", vocab=64, **drafter_kw) -> DominoGenerator:
     return DominoGenerator(target, tiny_drafter(target, **drafter_kw), IdTokenizer())
 
 
+class RowsOfTheRound:
+    """For a rigged drafter: which request each row of a round's batch decodes (a finished
+    request leaves the batch, so row i is request i only until one has), read from the
+    generator's decoding state as it asks for the drafter's context, just before drafting."""
+
+    def __init__(self, gen: DominoGenerator):
+        self.gen, self.rows = gen, None
+        context = gen._drafter_context
+
+        def recording(st):
+            self.rows = list(st.rows)
+            return context(st)
+
+        gen._drafter_context = recording
+
+    def sequences(self, full: list, b: int) -> list:
+        """``full``'s entries (one per request) for the round's b rows."""
+        rows = self.rows if self.rows is not None and len(self.rows) == b else range(b)
+        return [full[r] for r in rows]
+
+    def restore(self):
+        self.gen.__dict__.pop("_drafter_context", None)  # the class's method again
+
+
 class RiggedDrafts:
     """Replaces drafter.draft with the target's known greedy continuation, optionally
     corrupting the first draft on every other round (full and zero acceptance alternate)."""
@@ -72,6 +96,7 @@ class RiggedDrafts:
     def __init__(self, gen: DominoGenerator, full_sequences: list[list[int]], alternate: bool = False):
         self.gen, self.full, self.alternate, self.round = gen, full_sequences, alternate, 0
         self.original = gen.drafter.draft
+        self.rows = RowsOfTheRound(gen)
         gen.drafter.draft = self
 
     def __call__(self, cache, anchor, anchor_pos, **kw):
@@ -80,8 +105,7 @@ class RiggedDrafts:
         n = kw.get("num_drafts") or self.gen.drafter.config.num_drafts
         V = self.gen.drafter.config.vocab_size
         rows = []
-        for s, p in enumerate(anchor_pos.tolist()):
-            seq = self.full[s]
+        for seq, p in zip(self.rows.sequences(self.full, anchor.shape[0]), anchor_pos.tolist()):
             row = [seq[q] if q < len(seq) else 1 for q in range(p + 1, p + 1 + n)]
             if self.alternate and self.round % 2 == 1:
                 row[0] = (row[0] + 1) % V
@@ -93,6 +117,7 @@ class RiggedDrafts:
 
     def restore(self):
         self.gen.drafter.draft = self.original
+        self.rows.restore()
 
 
 def cpu_target(kind: str = "llama", dtype=torch.bfloat16, attn: str | None = None, seed: int = 0):

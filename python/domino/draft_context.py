@@ -97,6 +97,14 @@ class DraftContextCache:
         grown.narrow(dim, 0, self.length).copy_(store.narrow(dim, 0, self.length))
         return grown
 
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Keeps the sequences ``rows`` [b'] (int64 indices) of the batch, in that order (a
+        batch whose other sequences have finished): their context, in stores of the same
+        capacity."""
+        self.key_stores = [s.index_select(0, rows) for s in self.key_stores]
+        self.value_stores = [s.index_select(0, rows) for s in self.value_stores]
+        self.mask_store = self.mask_store.index_select(0, rows)
+
     def append(self, keys: list[torch.Tensor], values: list[torch.Tensor], valid: torch.Tensor) -> None:
         """Appends T slots: each layer's keys and values [b, kvh, T, hd] and which of the
         slots are real [b, T] (bool)."""

@@ -101,7 +101,8 @@ def _sampler_rows(logits: torch.Tensor, sampling: RowSampling) -> torch.Tensor:
 
 @dataclass
 class _Decoding:
-    """What carries over from round to round, for a batch of b sequences."""
+    """What carries over from round to round, for a batch of b sequences still decoding
+    (a sequence that finishes leaves the batch: :meth:`select_rows`)."""
 
     cache: GrowingCache  # the target's KV cache, with holes
     cache_mask: torch.Tensor  # [b, T] bool: which cache slots are real tokens
@@ -114,6 +115,20 @@ class _Decoding:
     # no verified token's position reaches this (the context window, or a longrope
     # target's switch: DominoGenerator._position_limit); None: no bound
     position_limit: int | None = None
+    # the request (its index in the call's batch) each of the b rows decodes
+    rows: list[int] = field(default_factory=list)
+
+    def select_rows(self, keep: list[int]) -> None:
+        """Keeps rows ``keep`` (indices into the b rows, in order) and drops the others:
+        the sequences that have finished leave the batch, so no later forward, draft or
+        cache copy spends anything on them."""
+        index = torch.tensor(keep, dtype=torch.int64, device=self.anchor.device)
+        self.cache.batch_select_indices(index)
+        self.cache_mask = self.cache_mask.index_select(0, index)
+        self.dcache.select_rows(index)
+        self.anchor, self.anchor_pos = self.anchor.index_select(0, index), self.anchor_pos.index_select(0, index)
+        self.pending_context = [tuple(t.index_select(0, index) for t in part) for part in self.pending_context]
+        self.rows = [self.rows[i] for i in keep]
 
 
 # The prior acceptance of a grafted chain's new tokens, per kind of graft and position
@@ -238,26 +253,26 @@ class DominoGenerator:
         return getattr(config, "max_position_embeddings", None)
 
     @staticmethod
-    def _position_room(seqs, out_ids, live: list[int], limit: int | None) -> int | None:
-        """The most drafts a round may verify with no live sequence's verified positions
-        reaching ``limit`` (None: no limit). A live sequence's anchor sits at its prompt
-        length + its tokens so far - 1, and ``check_context`` leaves it at least one
-        position of room, so the room is >= 1."""
-        return None if limit is None else limit - 1 - max(len(seqs[s]) + len(out_ids[s]) - 1 for s in live)
+    def _position_room(seqs, out_ids, rows: list[int], limit: int | None) -> int | None:
+        """The most drafts a round may verify with no verified position of the sequences
+        ``rows`` (those still decoding) reaching ``limit`` (None: no limit). A sequence's
+        anchor sits at its prompt length + its tokens so far - 1, and ``check_context``
+        leaves it at least one position of room, so the room is >= 1."""
+        return None if limit is None else limit - 1 - max(len(seqs[s]) + len(out_ids[s]) - 1 for s in rows)
 
     @staticmethod
-    def _chain_room(out_ids, live: list[int], max_new_tokens: int, sampling: RowSampling,
+    def _chain_room(out_ids, rows: list[int], max_new_tokens: int, sampling: RowSampling,
                     position_room: int | None) -> int | None:
         """The most drafts a chain round may verify (None: no bound): within
-        ``position_room`` and, when every request is greedy, no more than the live sequence
-        that needs the most tokens can still keep (a round keeps at most its drafts + 1; the
+        ``position_room`` and, when every request is greedy, no more than the sequence of
+        ``rows`` (those still decoding) that needs the most tokens can still keep (a round keeps at most its drafts + 1; the
         last round had verified a whole block). A sampled request's draws follow the
         rounds' sizes, so sampled rounds keep theirs: a seeded request then repeats its
         tokens alone and in a batch (with a fixed ``num_drafts``) except at the end of the
         context window."""
         if sampling.any_sampled:
             return position_room
-        need = max(max_new_tokens - len(out_ids[s]) for s in live) - 1
+        need = max(max_new_tokens - len(out_ids[s]) for s in rows) - 1
         return need if position_room is None else min(need, position_room)
 
     def _left_pad(self, seqs: Sequence[list[int]]):
@@ -463,20 +478,20 @@ class DominoGenerator:
                 return True, ids[:n]
         return done, ids
 
-    def _draft_and_choose(self, st: _Decoding, live, use_head, sampling, costs, num_drafts,
+    def _draft_and_choose(self, st: _Decoding, use_head, sampling, costs, num_drafts,
                           depth_acceptance: DepthAcceptance, room: int | None):
         """This round's drafts [b, k] and, when some sequence samples, their :class:`Draft`
         (what they were drawn from; None at temperature 0: greedy verification compares
         tokens only): n drafted and the
         first k of them kept for verification, fixed (``num_drafts``) or chosen from
         ``costs`` (n planned from the acceptance per depth so far in this call, then k from
-        the calibrated confidence of the live sequences' drafts), at most ``room`` (None:
+        the calibrated confidence of the sequences' drafts), at most ``room`` (None:
         no bound; :meth:`_chain_room`), which is also the size of the chain round that
         stands in for a fixed-size tree round at the end of the context."""
         if costs is None:
             n = room if num_drafts is None else num_drafts
         else:
-            n = budget.best_draft_length(depth_acceptance.rates(), costs, len(live))
+            n = budget.best_draft_length(depth_acceptance.rates(), costs, st.anchor.shape[0])
         n = n if room is None else min(n, room)
         if n == 0:  # a plain decoding step: nothing is worth drafting
             return st.anchor.new_empty(st.anchor.shape[0], 0), None
@@ -484,7 +499,7 @@ class DominoGenerator:
                                    sampling=sampling, num_drafts=n)
         k = n
         if costs is not None:
-            accept_probs = self.drafter.calibration(draft.confidence[live])
+            accept_probs = self.drafter.calibration(draft.confidence)
             k = budget.best_verify_length(accept_probs, costs, n)
         return draft.tokens[:, :k], draft.prefix(k) if sampling.any_sampled else None
 
@@ -537,40 +552,56 @@ class DominoGenerator:
             done[s], out_ids[s] = self._finished(out_ids[s], max_new_tokens, stop)
             if stream:
                 stream(s, list(out_ids[s]))
-        while not all(done):
-            live = [s for s in range(b) if not done[s]]
+        sampling = self._leave_finished(state, sampling, done)
+        while state.rows:
+            rows = state.rows
             kind = "chain" if tree is None else "tree" if kinds is None else kinds.choose()
-            position_room = self._position_room(seqs, out_ids, live, state.position_limit)
+            position_room = self._position_room(seqs, out_ids, rows, state.position_limit)
             # at the end of the context: a chain round that fits (not timed for the round
             # kinds: a cut round says nothing of its kind's speed)
             cut = kind == "tree" and position_room is not None and position_room < tree_reach
             kind = "chain" if cut else kind
-            room = self._chain_room(out_ids, live, max_new_tokens, sampling, position_room)
+            room = self._chain_room(out_ids, rows, max_new_tokens, sampling, position_room)
             started = kinds.now() if kinds is not None else 0.0
             # the costs at this round's cache length: attention reads every cached position
             now = costs.at(state.cache_mask.shape[1]) if costs is not None else None
             if kind == "chain":
-                kept_list, new_rows, verified_len = self._chain_round(state, sampling, use_head, live, now,
+                kept_list, new_rows, verified_len = self._chain_round(state, sampling, use_head, now,
                                                                       num_drafts, depth_acceptance[kind], room)
             else:
                 kept_list, new_rows, verified_len = self._tree_round(
-                    state, sampling, use_head, tree, live, now, depth_acceptance[kind], lookups, lookup_tokens,
+                    state, sampling, use_head, tree, now, depth_acceptance[kind],
+                    None if lookups is None else [lookups[s] for s in rows], lookup_tokens,
                     datastore_tokens, graft_acceptance,
                     chain_acceptance=depth_acceptance["chain"] if kinds is not None else None)
             if kinds is not None and not cut:  # the round's host sync has run: its work is done
-                kinds.record(kind, sum(kept_list[s] for s in live), (kinds.now() - started) * 1e3)
-            for s in range(b):
-                if done[s]:
-                    continue
+                kinds.record(kind, sum(kept_list), (kinds.now() - started) * 1e3)
+            for i, s in enumerate(rows):
                 before = len(out_ids[s])
                 if lookups is not None:
-                    lookups[s].extend(new_rows[s])
-                done[s], out_ids[s] = self._finished(out_ids[s] + new_rows[s], max_new_tokens, stop, before)
-                accept[s].append(kept_list[s])
+                    lookups[s].extend(new_rows[i])
+                done[s], out_ids[s] = self._finished(out_ids[s] + new_rows[i], max_new_tokens, stop, before)
+                accept[s].append(kept_list[i])
                 verified[s].append(verified_len)
                 if stream and len(out_ids[s]) > before:
                     stream(s, out_ids[s][before:])
+            sampling = self._leave_finished(state, sampling, done)
         return out_ids, accept, verified
+
+    @staticmethod
+    def _leave_finished(st: _Decoding, sampling: RowSampling, done: list[bool]) -> RowSampling:
+        """Drops the rows of ``st`` whose requests are ``done``; returns the sampling
+        arguments of the rows left. (The budget goes on planning with the costs measured
+        at the call's batch size, as if every row were still in the forward: measuring
+        each smaller batch size would cost seconds.)"""
+        keep = [i for i, s in enumerate(st.rows) if not done[s]]
+        if len(keep) == len(st.rows):
+            return sampling
+        if not keep:
+            st.rows = []
+            return sampling
+        st.select_rows(keep)
+        return sampling.select_rows(keep)
 
     def _prefill(self, seqs, sampling: RowSampling) -> tuple[_Decoding, list[int]]:
         """The target over the left-padded prompts, the first token and the drafter's context."""
@@ -582,54 +613,33 @@ class DominoGenerator:
         anchor = domino_ops.sample(_sampler_rows(logits[:, -1], sampling), **sampling.op_kwargs())
         dcache = self.drafter.new_cache(b, self.device, self.drafter.fc.weight.dtype)
         self.drafter.extend_context(dcache, features, positions, mask)
-        return _Decoding(cache, mask, dcache, anchor, positions[:, -1] + 1), anchor.tolist()
+        return _Decoding(cache, mask, dcache, anchor, positions[:, -1] + 1, rows=list(range(b))), anchor.tolist()
 
-    def _chain_round(self, st: _Decoding, sampling: RowSampling, use_head, live: list[int], costs: RoundCosts | None,
+    def _chain_round(self, st: _Decoding, sampling: RowSampling, use_head, costs: RoundCosts | None,
                      num_drafts: int | None, depth_acceptance: DepthAcceptance,
                      room: int | None = None) -> tuple[list[int], list[list[int]], int]:
         """One chain round of at most ``room`` drafts: draft, verify, commit. Returns each
-        sequence's kept length (anchor + accepted drafts; 0 for a finished one), its new
+        sequence's kept length (anchor + accepted drafts), its new
         tokens (accepted drafts + one target token) and how many tokens the target verified
         per sequence (the anchor and the drafts)."""
         b, dev = st.anchor.shape[0], st.anchor.device
-        draft_tokens, draft = self._draft_and_choose(st, live, use_head, sampling, costs, num_drafts,
+        draft_tokens, draft = self._draft_and_choose(st, use_head, sampling, costs, num_drafts,
                                                      depth_acceptance, room)
         n = draft_tokens.shape[1]
         block = torch.cat([st.anchor[:, None], draft_tokens], dim=1)
-        block_pos = self._fed_positions(st, st.anchor_pos[:, None] + torch.arange(n + 1, device=dev))
+        block_pos = st.anchor_pos[:, None] + torch.arange(n + 1, device=dev)
         logits, features = self._target_forward(block, torch.cat([st.cache_mask, st.cache_mask.new_ones(b, n + 1)], 1),
                                                 block_pos, st.cache)
         verified, num_acc = self._verify_chain(draft_tokens, draft, logits, sampling)
-        kept = self._kept_by_live(num_acc + 1, live)  # anchor + accepted drafts enter the context
+        kept = num_acc + 1  # anchor + accepted drafts enter the context
         host = torch.cat([kept[:, None], verified], dim=1).tolist()  # the one host sync of the round
         kept_list = [row[0] for row in host]
-        depth_acceptance.update([n] * len(live), [kept_list[s] - 1 for s in live])
+        depth_acceptance.update([n] * b, [k - 1 for k in kept_list])
         m = max(kept_list)
         self._commit(st, kept, n + 1, features[:, :m], verified.gather(1, num_acc[:, None])[:, 0])
         return kept_list, [row[1:1 + k] for row, k in zip(host, kept_list)], n + 1
 
-    @staticmethod
-    def _kept_by_live(kept: torch.Tensor, live: list[int]) -> torch.Tensor:
-        """``kept`` [b] with 0 for the finished sequences of the batch, which ride along in
-        every round: they keep nothing, so their positions stay where they ended and the
-        shared cache grows by what the live ones keep (a finished sequence with easy text
-        had grown it, as masked holes, by its whole block every round)."""
-        if len(live) == kept.shape[0]:
-            return kept
-        alive = torch.zeros_like(kept, dtype=torch.bool)
-        alive[live] = True
-        return torch.where(alive, kept, 0)
-
-    @staticmethod
-    def _fed_positions(st: _Decoding, positions: torch.Tensor) -> torch.Tensor:
-        """A round's ``positions`` [b, N] as fed to the target: below ``st.position_limit``.
-        Only a finished sequence's can reach it (its slots are masked and its outputs
-        unread; the room keeps the live ones below), and HF's "dynamic" and longrope
-        rotaries rescale a whole forward, every row, by its largest position."""
-        return positions if st.position_limit is None else positions.clamp(max=st.position_limit - 1)
-
-    def _draft_tree(self, st: _Decoding, sampling: RowSampling, use_head, shape: TreeShape, live: list[int],
-                    costs: RoundCosts | None) -> tuple[DraftTree, _TreePlan | None]:
+    def _draft_tree(self, st: _Decoding, sampling: RowSampling, use_head, shape: TreeShape, costs: RoundCosts | None) -> tuple[DraftTree, _TreePlan | None]:
         """This round's tree: ``shape.num_draft_tokens`` nodes, or at temperature 0 with
         ``costs`` (the adaptive budget) the number of nodes that maximises expected tokens
         per millisecond, given the drafter's calibrated confidence along every path, the
@@ -644,11 +654,11 @@ class DominoGenerator:
         draft_ms = (time.perf_counter() - t0) * 1e3
         paths = path_acceptance(tree, shape.topk, shape.depth, self.drafter.calibration)
         most = min(shape.max_nodes, len(costs.verify_ms) - 1)  # no larger than the measured verify sizes
-        tokens = budget.tree_tokens(paths[live], tree.candidate_scores[live])
+        tokens = budget.tree_tokens(paths, tree.candidate_scores)
         N = budget.best_tree_nodes(tokens, costs, draft_ms, most)
         return select_draft_nodes(tree, N), _TreePlan(tokens[N - 1], draft_ms)
 
-    def _graft(self, tree: DraftTree, links: TreeLinks, depth: int, live: list[int], costs: RoundCosts | None,
+    def _graft(self, tree: DraftTree, links: TreeLinks, depth: int, costs: RoundCosts | None,
                plan: _TreePlan | None, lookups: list[NgramIndex], sources: dict[str, int],
                graft_acceptance: dict[str, DepthAcceptance]) -> tuple[torch.Tensor, TreeLinks, int, list]:
         """Grafts each source's chain (``sources``: "lookup", "datastore" -> its most tokens)
@@ -658,8 +668,7 @@ class DominoGenerator:
         this call of each sequence's kind of graft: :data:`GRAFT_PRIOR`'s keys; the tree's
         size is chosen before, and a datastore chain that extends the lookup's new nodes is
         scored at the datastore's rates). Returns the candidates, links, depth, and per
-        source the grafts offered: (each sequence's kind of graft, None for a sequence not
-        live, the grafts' first node index, each sequence's new nodes after the cut, 0 where
+        source the grafts offered: (each sequence's kind of graft, the grafts' first node index, each sequence's new nodes after the cut, 0 where
         it proposed nothing new or the cut took them all)."""
         candidates, max_depth, made = tree.candidates, self.drafter.config.num_drafts, []
 
@@ -672,16 +681,13 @@ class DominoGenerator:
         for name, most in sources.items():
             if not most:
                 continue
-            chains, graft_kinds = [[] for _ in lookups], [None for _ in lookups]
-            for s in live:
-                chains[s], graft_kinds[s] = propose(name, s, most)
+            chains, graft_kinds = map(list, zip(*(propose(name, s, most) for s in range(len(lookups)))))
             sizes = graft_sizes(candidates, links, chains, max_depth)
             new = [n for _, n in sizes]
             if plan is not None:
-                live_new = [new[s] for s in live]
-                rates = [graft_acceptance[graft_kinds[s]].rates() for s in live]
-                L = budget.best_graft_length(live_new, rates, plan.tokens, candidates.shape[1], costs, plan.draft_ms)
-                plan.tokens += budget.graft_gain(live_new, rates, L)
+                rates = [graft_acceptance[gkind].rates() for gkind in graft_kinds]
+                L = budget.best_graft_length(new, rates, plan.tokens, candidates.shape[1], costs, plan.draft_ms)
+                plan.tokens += budget.graft_gain(new, rates, L)
                 chains = [chain[:i + L] for chain, (i, _) in zip(chains, sizes)]
                 new = [min(n, L) for n in new]
             first = candidates.shape[1]
@@ -690,7 +696,7 @@ class DominoGenerator:
             made.append((graft_kinds, first, new))
         return candidates, links, depth, made
 
-    def _tree_round(self, st: _Decoding, sampling: RowSampling, use_head, shape: TreeShape, live: list[int],
+    def _tree_round(self, st: _Decoding, sampling: RowSampling, use_head, shape: TreeShape,
                     costs: RoundCosts | None, depth_acceptance: DepthAcceptance,
                     lookups: list[NgramIndex] | None = None, lookup_tokens: int = 0,
                     datastore_tokens: int = 0, graft_acceptance: dict[str, DepthAcceptance] | None = None,
@@ -707,46 +713,42 @@ class DominoGenerator:
         chain's draft) fared (:func:`domino.tree.top_chain_counts`)."""
         if graft_acceptance is None:  # a round on its own: no counts from earlier rounds
             graft_acceptance = new_graft_acceptance(lookup_tokens, datastore_tokens)
+        b = st.anchor.shape[0]
         reachable = shape.depth  # the plan reads the depths a tree of this shape has
-        if costs is not None and budget.best_draft_length(depth_acceptance.rates()[:reachable], costs, len(live)) == 0:
+        if costs is not None and budget.best_draft_length(depth_acceptance.rates()[:reachable], costs, b) == 0:
             if chain_acceptance is not None:  # a round that drafted nothing: the evidence fades, as for the tree's
-                chain_acceptance.update([0] * len(live), [0] * len(live))
-            return self._chain_round(st, sampling, use_head, live, None, 0, depth_acceptance)
-        tree, plan = self._draft_tree(st, sampling, use_head, shape, live, costs)
+                chain_acceptance.update([0] * b, [0] * b)
+            return self._chain_round(st, sampling, use_head, None, 0, depth_acceptance)
+        tree, plan = self._draft_tree(st, sampling, use_head, shape, costs)
         links = tree_links(tree, st.anchor_pos, shape.topk, shape.depth)
         depth, grafts = shape.depth, []
         if lookups is not None:  # greedy: the prompt-lookup and datastore chains grafted onto the trees
             candidates, links, depth, grafts = self._graft(
-                tree, links, depth, live, costs, plan, lookups,
+                tree, links, depth, costs, plan, lookups,
                 {"lookup": lookup_tokens, "datastore": datastore_tokens}, graft_acceptance)
             tree = dataclasses.replace(tree, candidates=candidates)
         n = tree.candidates.shape[1]
         mask = tree_attention_mask(st.cache_mask, links.ancestors, self.target.dtype)
-        positions = self._fed_positions(st, links.positions)
-        logits, features = self._target_forward(tree.candidates, mask, positions, st.cache)
+        logits, features = self._target_forward(tree.candidates, mask, links.positions, st.cache)
         verified = verify_tree(tree, links, logits, sampling, depth)  # on the host: the round's one sync
-        # the root (anchor) + accepted drafts enter the context; a finished sequence keeps
-        # nothing (_kept_by_live)
-        alive = set(live)
-        paths = [path if s in alive else [] for s, path in enumerate(verified.path)]
+        # the root (anchor) + accepted drafts enter the context
+        paths = verified.path
         kept_list = [len(path) for path in paths]
-        tried = depths_tried(verified)
-        depth_acceptance.update([tried[s] for s in live], [kept_list[s] - 1 for s in live])
+        depth_acceptance.update(depths_tried(verified), [k - 1 for k in kept_list])
         if chain_acceptance is not None:
-            chain_tried, chain_acc = top_chain_counts(verified, shape.topk)
-            chain_acceptance.update([chain_tried[s] for s in live], [chain_acc[s] for s in live])
+            chain_acceptance.update(*top_chain_counts(verified, shape.topk))
         for graft_kinds, first, new in grafts:  # each graft's new nodes on the accepted paths, by kind of graft
             # Only grafts that were verified count: a kind the budget cut to nothing keeps its
             # evidence until the call ends. Letting it fade back to the prior instead (an
             # update with 0 verified) re-grafted chains that mostly failed: on the Zen 3 VM the
             # default ran 1.02x and the tree 1.00x the adaptive chain, against 1.07x and 1.05x
             # without (results/e2e_graft_fading_zen3_session46.txt).
-            for gkind in {graft_kinds[s] for s in live if new[s]}:
-                offered = [s for s in live if graft_kinds[s] == gkind and new[s]]
+            for gkind in {graft_kinds[s] for s in range(b) if new[s]}:
+                offered = [s for s in range(b) if graft_kinds[s] == gkind and new[s]]
                 graft_acceptance[gkind].update(
                     [new[s] for s in offered],
                     [sum(first <= u < first + new[s] for u in verified.path[s]) for s in offered])
-        m, b = max(kept_list), len(kept_list)
+        m = max(kept_list)
         # back on the device in one copy (on a GPU, one wait): the kept counts, the next
         # anchors (the target's tokens) and the kept paths [b, m], root-padded
         back = torch.tensor(kept_list + [t[-1] for t in verified.tokens]
@@ -821,25 +823,34 @@ class DominoGenerator:
     def _plain_decoding(self, seqs, max_new_tokens: int, sampling: RowSampling, stop: list[str],
                         stream) -> list[list[int]]:
         """Each sequence's tokens, one target forward and one sample per token until every
-        sequence is done (finished ones ride along, as in HF's batched ``generate``)."""
+        sequence is done (a sequence that finishes leaves the batch, as in the speculative
+        loop: HF's batched ``generate`` has finished ones ride along)."""
         b = len(seqs)
         ids, mask = self._left_pad(seqs)
         positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
         cache = GrowingCache()
         out_ids: list[list[int]] = [[] for _ in range(b)]
-        done = [False] * b
-        while not all(done):
+        rows = list(range(b))  # the request each row of the batch decodes
+        while rows:
             logits = self.target(input_ids=ids, attention_mask=mask.long(), position_ids=positions, use_cache=True,
                                  logits_to_keep=1, **{self._cache_kw: cache}).logits
             token = domino_ops.sample(_sampler_rows(logits[:, -1], sampling), **sampling.op_kwargs())
-            for s, t in enumerate(token.tolist()):
-                if not done[s]:
-                    before = len(out_ids[s])
-                    done[s], out_ids[s] = self._finished(out_ids[s] + [t], max_new_tokens, stop, before)
-                    if stream and len(out_ids[s]) > before:
-                        stream(s, out_ids[s][before:])
+            keep = []
+            for i, (s, t) in enumerate(zip(rows, token.tolist())):
+                before = len(out_ids[s])
+                done, out_ids[s] = self._finished(out_ids[s] + [t], max_new_tokens, stop, before)
+                if stream and len(out_ids[s]) > before:
+                    stream(s, out_ids[s][before:])
+                if not done:
+                    keep.append(i)
             ids, positions = token[:, None], positions[:, -1:] + 1
-            mask = torch.cat([mask, mask.new_ones(b, 1)], dim=1)
+            mask = torch.cat([mask, mask.new_ones(len(rows), 1)], dim=1)
+            if len(keep) < len(rows) and keep:
+                index = torch.tensor(keep, dtype=torch.int64, device=ids.device)
+                cache.batch_select_indices(index)
+                ids, positions, mask = ids[index], positions[index], mask[index]
+                sampling = sampling.select_rows(keep)
+            rows = [rows[i] for i in keep]
         return out_ids
 
     @torch.inference_mode()

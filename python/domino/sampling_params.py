@@ -78,6 +78,12 @@ class RowSampling:
         gen = [g for g in self.generator for _ in range(m)] if isinstance(self.generator, list) else self.generator
         return RowSampling(rep(self.temperature), rep(self.top_k), rep(self.top_p), gen, self.any_sampled)
 
+    def select_rows(self, rows: list[int]) -> "RowSampling":
+        """The arguments of rows ``rows`` only (a batch whose other rows have finished)."""
+        pick = (lambda x: x[rows] if isinstance(x, torch.Tensor) else x)
+        gen = [self.generator[r] for r in rows] if isinstance(self.generator, list) else self.generator
+        return RowSampling(pick(self.temperature), pick(self.top_k), pick(self.top_p), gen, self.any_sampled)
+
     def op_kwargs(self) -> dict:
         """The keyword arguments of domino_ops.sample / domino_head_rollout."""
         return dict(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, generator=self.generator)
