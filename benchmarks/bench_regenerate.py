@@ -88,12 +88,12 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
 
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     torch.set_num_threads(args.threads)
     target_dir = smollm2_dir()
     tok = AutoTokenizer.from_pretrained(target_dir)
-    model = target_as_deployed(AutoModelForCausalLM.from_pretrained(target_dir))
+    model = target_as_deployed(target_dir)
     eos, pad = special_token_ids(model, tok)
     eos = set(eos)
     layer_ids = default_drafter_config(model.config).target_layer_ids

@@ -19,6 +19,7 @@ each depth, as the plan counts them. Every run writes its report to
 after a trial run), as the other benchmarks write theirs.
 
     python benchmarks/calibration.py --num-prompts 32 --offset 100 --write
+    python benchmarks/calibration.py --target /path/to/hf-model --drafter training/runs/mine/drafter --write
 
 The prompts used to fit (default HumanEval 100..131) and the held-out ones (132..147) are
 disjoint from those the end-to-end benchmark times (0..19).
@@ -134,7 +135,9 @@ def _bin_masks(c, edges):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--drafter", type=Path, default=DEFAULT_DRAFTER_DIR)
+    parser.add_argument("--target", type=Path, default=None,
+                        help="HF target directory (default: SmolLM2-135M-Instruct); give its --drafter")
+    parser.add_argument("--drafter", type=Path, default=None, help="default: the shipped drafter (default target)")
     parser.add_argument("--num-prompts", type=int, default=32)
     parser.add_argument("--offset", type=int, default=100)
     parser.add_argument("--max-new-tokens", type=int, default=128)
@@ -145,8 +148,12 @@ def main() -> None:
                         help="prompts after the fitting ones on which the fit is scored (0: none)")
     parser.add_argument("--write", action="store_true", help=f"store the fit as {CALIBRATION_FILE} beside the drafter")
     args = parser.parse_args()
+    if args.target is not None and args.drafter is None:
+        parser.error("--target: give the --drafter trained for it")
 
-    gen = domino.load(smollm2_dir(), args.drafter, quiet=False, **DEFAULT_OPTIONS)  # as the engine runs by default
+    drafter_dir = args.drafter or DEFAULT_DRAFTER_DIR
+    gen = domino.load(args.target or smollm2_dir(), drafter_dir, quiet=False,
+                      **DEFAULT_OPTIONS)  # as the engine runs by default
     torch.set_grad_enabled(False)
 
     def run(prompts):
@@ -155,6 +162,9 @@ def main() -> None:
         return collect_tree(gen, prompts, args.max_new_tokens)
 
     conf, acc, depth, extended = run(humaneval_prompts(args.num_prompts, args.offset))
+    if len(conf) == 0:
+        raise SystemExit("no draft was examined: the budget drafted nothing in these rounds (a drafter whose "
+                         "confidence is low everywhere); fit on whole-block chains with --rounds chain")
     fit = Calibration.fit(conf, acc, bins=args.bins, depth=depth)
     if extended is not None:  # trees: the plan's prior is how often the path went on past each depth
         fit.depth_rates = [(went + 0.5) / (reached + 1.0) for reached, went in extended]
@@ -184,8 +194,8 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "calibration.txt").write_text(text + "\n")
     if args.write:
-        fit.save(args.drafter / CALIBRATION_FILE)
-        print(f"wrote {args.drafter / CALIBRATION_FILE}")
+        fit.save(drafter_dir / CALIBRATION_FILE)
+        print(f"wrote {drafter_dir / CALIBRATION_FILE}")
 
 
 if __name__ == "__main__":

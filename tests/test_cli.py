@@ -26,16 +26,18 @@ def no_loading(monkeypatch):
     (["--tree", "3"], "--tree 3: give TOPK,DEPTH"),  # not the usage line's metavar
     (["--tree", "2,x"], "invalid literal"),
     (["--tree", ""], "--tree : give TOPK,DEPTH"),  # not silently the default
-    (["--max-new-tokens", "0"], "max_new_tokens must be >= 1"),
-    (["--temperature", "-1"], "temperature must be finite and >= 0"),
-    (["--top-p", "0"], "top_p"),
-    (["--top-k", "-1"], "top_k"),
+    (["--max-new-tokens", "0"], "generate: error: --max-new-tokens must be >= 1"),
+    (["--temperature", "-1"], "--temperature must be finite and >= 0"),
+    (["--top-p", "0"], "--top-p must be"),
+    (["--top-k", "-1"], "--top-k must be"),
     (["--num-drafts", "-1"], "--num-drafts must be >= 0"),
     (["--compare", "--repeats", "0"], "--repeats must be >= 1"),
     (["--tree", "3,4,16", "--temperature", "0.7"], "num_draft_tokens must be None"),
     (["--tree", "3,4", "--num-drafts", "3"], "--num-drafts is a chain's size"),
     (["--lookup-tokens", "-1"], "--lookup-tokens must be >= 0"),
     (["--datastore-tokens", "-3"], "--datastore-tokens must be >= 0"),
+    (["--target", "/nonexistent/model"], "--target: no directory /nonexistent/model"),
+    (["--drafter", "/nonexistent/drafter"], "--drafter: no directory /nonexistent/drafter"),
 ])
 def test_bad_arguments_fail_before_loading_anything(no_loading, capsys, args, msg):
     with pytest.raises(SystemExit):
@@ -135,3 +137,12 @@ def test_an_error_only_the_loaded_models_can_find_is_a_usage_error(monkeypatch, 
         cli.main(["generate", "hi", "--num-drafts", "20"])
     assert exit_info.value.code == 2
     assert "error: num_drafts must be in [0, 15]" in capsys.readouterr().err
+
+
+def test_a_drafter_directory_that_is_no_checkpoint_is_a_usage_error(tmp_path, capsys):
+    """A directory without a drafter's config (here: empty) ends as a usage error naming the
+    drafter, before the target is loaded, not as a traceback."""
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["generate", "hi", "--drafter", str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert "generate: error: drafter: no config.json in" in capsys.readouterr().err

@@ -85,6 +85,18 @@ def test_mismatched_checkpoint_is_refused(tmp_path):
 def test_target_layer_ids_follow_dflash_rule():
     from domino.config import evenly_spaced_layer_ids
     assert evenly_spaced_layer_ids(36, 5) == [1, 9, 17, 25, 33]
+    assert evenly_spaced_layer_ids(30, 5) == [1, 8, 14, 20, 27]  # SmolLM2's, as the shipped drafter reads
+
+
+@pytest.mark.parametrize("L", range(1, 13))
+def test_a_shallow_target_gets_distinct_layers_that_exist(L):
+    """Below n + 3 layers DFlash's rule repeats layers (4 layers: [1, 1, 1, 1]) and below 4
+    names layer -1 (the embeddings): such a target gets min(n, L) distinct layers of its own."""
+    from domino.config import evenly_spaced_layer_ids
+    for n in range(1, 7):
+        ids = evenly_spaced_layer_ids(L, min(n, L))
+        assert all(0 <= i < L for i in ids) and ids == sorted(set(ids)), (L, n, ids)
+        assert len(ids) == min(n, L)
 
 
 def test_a_drafter_pickled_before_the_hf_attribute_names_still_loads_and_runs(tmp_path):

@@ -164,6 +164,37 @@ def test_load_refuses_a_bad_drafter_or_dtype_by_name():
         domino.load(target, tiny_drafter(target), IdTokenizer(), dtype="bfloat16")
 
 
+# ---- found by a review of the entry points (seventy-second session) -----------------------
+
+def test_load_refuses_a_bad_target_tokenizer_device_or_drafter_directory_by_name(tmp_path):
+    """Each had ended in an error from deep inside (an AttributeError on None's
+    parameters, a KeyError on 'mask_token_id' for a target's directory given as the
+    drafter, HF's hub-id message for a missing directory, torch's for a bad device)."""
+    target = tiny_target("llama")
+    target.save_pretrained(tmp_path / "target")
+    (tmp_path / "empty").mkdir()
+    for bad in (None, 5):
+        with pytest.raises(TypeError, match="target must be a model directory or a loaded HF causal LM"):
+            domino.load(bad)
+    with pytest.raises(ValueError, match="target: cannot load .*no such directory here"):
+        domino.load(tmp_path / "missing", None, IdTokenizer())
+    with pytest.raises(ValueError, match="drafter: .* is not a DFlash or Domino drafter's config"):
+        domino.load(target, tmp_path / "target", IdTokenizer())
+    with pytest.raises(ValueError, match="drafter: no config.json in"):
+        domino.load(target, tmp_path / "empty", IdTokenizer())
+    with pytest.raises(TypeError, match="tokenizer must be a HF tokenizer, its directory or None"):
+        domino.load(target, None, 5)
+    with pytest.raises(ValueError, match="device: 'bogus' is not a torch device"):
+        domino.load(tmp_path / "target", None, IdTokenizer(), device="bogus")
+
+
+@pytest.mark.parametrize("method", ["generate", "generate_plain"])
+@pytest.mark.parametrize("sampling", [5, "greedy", {"temperature": 0.5}])
+def test_sampling_that_is_no_params_or_list_is_refused_by_name(gen, method, sampling):
+    with pytest.raises(TypeError, match="sampling must be a SamplingParams or a list of 1"):
+        getattr(gen, method)([1, 2, 3], max_new_tokens=4, sampling=sampling)
+
+
 # ---- found by a review's adversarial requests (sixty-fourth session) ---------------------
 
 def _greedy(gen, prompt, n):

@@ -40,10 +40,15 @@ def test_a_biased_verifier_is_caught(monkeypatch):
 
 
 def test_a_wrong_token_after_a_fully_accepted_chain_is_caught(monkeypatch):
-    """Negative control of the tokens after the first round: the target's token after a
-    fully accepted chain drawn from the target's distribution at the round's first position
-    instead of after the last draft. With 3 drafts that token is the 5th (the prefill gives
-    the 1st), so a check of the first 3 tokens passes it."""
+    """Negative control of the tokens after the first round: the token after a fully
+    accepted chain drawn from the drafter's distribution at the last draft instead of the
+    target's after it (q for p). With 3 drafts that token is the 5th (the prefill gives
+    the 1st), so a check of the first 3 tokens passes it. (The control before drew it
+    from the target's distribution at the round's first position, which this check caught
+    with the drafter that read target layer 1 four times; since the tiny drafter reads four
+    distinct layers it passes 4,000 draws with every one of 22 drafter seeds tried, and
+    fails 8,000 with one of four: on this 8-token target the two distributions differ too
+    little for the check's power.)"""
     verify = domino.generate.domino_ops.verify_sampling
 
     def wrong_bonus_row(draft_tokens, draft_probs, target_probs, generator=None):
@@ -52,7 +57,7 @@ def test_a_wrong_token_after_a_fully_accepted_chain_is_caught(monkeypatch):
         full = accepted == k
         if k and bool(full.any()):
             out = out.clone()
-            out[full, k] = torch.multinomial(target_probs[full, 0], 1, generator=generator)[:, 0]
+            out[full, k] = torch.multinomial(draft_probs[full, k - 1].float(), 1, generator=generator)[:, 0]
         return out, accepted
 
     monkeypatch.setattr(domino.generate.domino_ops, "verify_sampling", wrong_bonus_row)

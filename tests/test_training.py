@@ -565,7 +565,8 @@ def test_resuming_with_other_run_arguments_is_refused(tiny_run, tmp_path):
     root, _ = tiny_run
     run_train(root, tmp_path / "run", "--steps", "4", "--stop-after", "2", "--eval-every", "100")
     for flags, name in ((["--loss", "kl"], "--loss 'ce'"), (["--lr", "1e-3"], "--lr 0.0006"),
-                        (["--mask-token-id", "62"], "--mask-token-id 63")):
+                        (["--mask-token-id", "62"], "--mask-token-id 63"),
+                        (["--layers", "3"], "--layers 1"), (["--rank", "32"], "--rank 8")):
         with pytest.raises(SystemExit, match=f"is another run's: it was made with {name}"):
             run_train(root, tmp_path / "run", "--steps", "4", "--eval-every", "100", *flags)
     log = run_train(root, tmp_path / "run", "--steps", "4", "--eval-every", "100", "--train-shards", "1", "2")

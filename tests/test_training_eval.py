@@ -149,34 +149,62 @@ def _assert_each_prompts_own_greedy_decoding(target, prompts, data, n: int, eos:
             torch.testing.assert_close(feats.float(), alone.float(), atol=2e-2, rtol=2e-2)
 
 
+def _deployed(target, tmp_path):
+    """``target`` saved, then loaded as generate_data loads a target (``target_as_deployed``)."""
+    target.save_pretrained(tmp_path / "target")
+    return target_as_deployed(tmp_path / "target")
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+def test_the_data_target_is_the_target_the_engine_deploys(kind, tmp_path):
+    """generate_data's target computes the deployed target's logits and features bit for bit
+    (domino.load with DEFAULT_OPTIONS): its responses are the deployed target's own greedy
+    decoding. Loaded in float32 and cast to bf16 it was not (the rotary frequencies rounded
+    too: SmolLM2's logits up to ~1.3 apart)."""
+    import domino
+    from domino.loading import DEFAULT_OPTIONS
+    from tiny_models import IdTokenizer
+
+    tiny_target(kind, vocab=64).save_pretrained(tmp_path / "target")
+    data_target = target_as_deployed(tmp_path / "target")
+    deployed = domino.load(tmp_path / "target", None, IdTokenizer(), **DEFAULT_OPTIONS).target
+    ids = torch.randint(0, 64, (2, 40), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        a = data_target(ids, output_hidden_states=True)
+        b = deployed(ids, output_hidden_states=True)
+    assert torch.equal(a.logits, b.logits)
+    assert all(torch.equal(x, y) for x, y in zip(a.hidden_states, b.hidden_states))
+
+
 @pytest.mark.parametrize("deployed", [False, True], ids=["fp32", "deployed"])
 @pytest.mark.parametrize("prompts", [_random_prompts([1, 12, 2, 5], 11),  # very different lengths
                                      _random_prompts([6, 6, 6], 12),  # equal lengths: no padding at all
                                      _random_prompts([1, 1], 13),  # nothing to prefill
                                      _random_prompts([37, 3, 21, 9, 30, 14], 14)],  # long, ragged
                          ids=["ragged", "equal", "one-token", "long"])
-def test_regenerated_responses_are_each_prompts_own_greedy_decoding(prompts, deployed):
+def test_regenerated_responses_are_each_prompts_own_greedy_decoding(prompts, deployed, tmp_path):
     """Prompts prefilled in length-sorted groups and decoded together: each response is that prompt's
     greedy continuation decoded alone, and its features are those of the prompt and
     response[:-1]. As deployed (bf16 with the batch-invariant kernels, what
     ``generate_data`` runs on the CPU) the features are the solo forward's bits exactly."""
     target = tiny_target("llama", vocab=64)
     if deployed:
-        target = target_as_deployed(target)
+        target = _deployed(target, tmp_path)
         assert next(target.parameters()).dtype == torch.bfloat16
+        assert target.model.rotary_emb.inv_freq.dtype == torch.float32  # loaded in bf16, not cast (as domino.load)
     data = regenerate(target, prompts, [0, 2, 3], eos={1}, pad=0, max_new_tokens=10, top_k=4)
     _assert_each_prompts_own_greedy_decoding(target, prompts, data, 10, {1}, deployed)
 
 
 @pytest.mark.parametrize("deployed", [False, True], ids=["fp32", "deployed"])
-def test_rows_that_finish_leave_the_batch_and_the_others_decode_on(deployed, monkeypatch):
+def test_rows_that_finish_leave_the_batch_and_the_others_decode_on(deployed, monkeypatch, tmp_path):
     """Rows that emit an EOS early leave the batch (the cache is compacted around the rows
     still decoding), at several steps: every response is still its prompt's own greedy
     decoding, with its features and top-k log-probabilities those of a batch that kept
     every row (as deployed: bit for bit)."""
     target = tiny_target("llama", vocab=64)
     if deployed:
-        target = target_as_deployed(target)
+        target = _deployed(target, tmp_path)
     prompts = _random_prompts([5, 12, 3, 8, 7, 2, 10, 4, 6], 15)
     n = 14
     free = [r["response_ids"] for r in regenerate(target, prompts, [0, 2, 3], eos=set(), pad=0,

@@ -106,9 +106,9 @@ def parse_worker(text: str) -> tuple[int, int]:
     return i, n
 
 
-def target_as_deployed(model, device="cpu"):
-    """``model`` (a HF causal LM) moved to ``device`` and set up as the engine runs it, in
-    place; returns it in eval mode.
+def target_as_deployed(target_dir, device="cpu"):
+    """The HF causal LM at ``target_dir``, loaded onto ``device`` as the engine loads and runs
+    it (``domino.load``: ``domino.loading.load_target_model``, then the CPU kernels), in eval mode.
 
     On the CPU: :data:`domino.loading.DEFAULT_OPTIONS` (bf16, the batch-invariant
     small-batch linear and attention kernels, and with the linear the fused RMSNorm and
@@ -120,15 +120,22 @@ def target_as_deployed(model, device="cpu"):
     reads when it runs (fp32 data differs: its responses part from the bf16 target's
     within 64 tokens in most prompts). It is also ~2.5x faster per thread than fp32 with
     PyTorch's matrix products (``benchmarks/bench_regenerate.py``). Elsewhere (``--device
-    cuda``): fp32 with TF32 off, the target's own fp32 greedy decisions."""
-    from domino.loading import DEFAULT_OPTIONS, use_cpu_kernels
+    cuda``): fp32 with TF32 off, the target's own fp32 greedy decisions.
 
-    model = model.to(device).eval()
+    Loaded in its dtype, not loaded in float32 and cast: ``Module.to(bfloat16)`` also
+    rounds the rotary embedding's frequencies (a float32 buffer, which a model loaded in
+    bf16 keeps), and the shards decoded before the seventy-second session (2026-12-07)
+    came from that model: SmolLM2's logits differ from the deployed target's by up to
+    ~1.3, and its greedy responses part from the deployed target's within a few dozen
+    tokens."""
+    from domino.loading import DEFAULT_OPTIONS, load_target_model, use_cpu_kernels
+
     if torch.device(device).type != "cpu":
         torch.backends.cuda.matmul.allow_tf32 = False
-        return model.float()
+        return load_target_model(target_dir, dtype=torch.float32, device=device)
     options = dict(DEFAULT_OPTIONS)
-    return use_cpu_kernels(model.to(options.pop("dtype")), **options)
+    model = load_target_model(target_dir, dtype=options.pop("dtype"), device=device)
+    return use_cpu_kernels(model, **options)
 
 
 def count_tokens(out: Path) -> tuple[int, int]:
@@ -522,7 +529,7 @@ def main() -> None:
     if not (math.isfinite(args.sample_temperature) and args.sample_temperature > 0):
         parser.error(f"--sample-temperature must be a finite number > 0, got {args.sample_temperature}")
 
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from domino.config import default_drafter_config
     from domino.loading import smollm2_dir
@@ -536,7 +543,7 @@ def main() -> None:
             json.dump(tokenized_prompts(tok, args.max_prompt_tokens), f)
         print(f"wrote {args.save_prompts}")
         return
-    model = target_as_deployed(AutoModelForCausalLM.from_pretrained(target_dir), args.device)
+    model = target_as_deployed(target_dir, args.device)
     eos, pad = special_token_ids(model, tok)
     eos = set(eos)
     layer_ids = default_drafter_config(model.config).target_layer_ids

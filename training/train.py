@@ -186,7 +186,7 @@ def save_checkpoint(path: Path, model, optim, step: int, args) -> None:
 # train something else. The shards may change (new ones join at a restart), and so may
 # evaluation, checkpointing and the device. (The drafter's shape, --layers/--rank/--gru, is
 # checked by loading the weights.)
-RUN_ARGS = ("target", "config", "mask_token_id", "block_size", "init_from_target",
+RUN_ARGS = ("target", "config", "layers", "rank", "gru", "mask_token_id", "block_size", "init_from_target",
             "draft_vocab_size", "init_from", "steps", "seqs_per_step", "anchors", "lr", "warmup", "clip", "gamma",
             "ttt", "no_curriculum", "loss", "labels", "seed", "position_weights")
 # Run arguments added after runs were saved without them: such a run had this value.

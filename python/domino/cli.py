@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
+from pathlib import Path
 
 from domino.datastore import DEFAULT_DATASTORE_TOKENS
 from domino.lookup import DEFAULT_LOOKUP_TOKENS
@@ -42,27 +44,35 @@ def main(argv=None) -> int:
     g.add_argument("--drafter", help="drafter checkpoint directory (default: the shipped one, for the default "
                                      "target)")
     g.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
-                   help="the models' dtype with --target (the default model runs bf16: on the CPU, with the "
-                        "batch-invariant kernels, the fastest configuration that stays token-identical)")
+                   help="the models' dtype (default bf16: on the CPU, with the batch-invariant kernels, the "
+                        "fastest configuration that stays token-identical)")
     g.add_argument("--compare", action="store_true",
                    help="also time the target's own decoding against Domino, side by side (both warmed up, "
                         "alternating, streaming off, median of --repeats runs each) and check the outputs match")
     g.add_argument("--repeats", type=int, default=3, help="timed runs of each side with --compare")
     args = parser.parse_args(argv)
-    tree = _tree_shape(parser, args.tree) if args.tree is not None else None if args.chain else "auto"
-    _check_request(parser, args, tree)
+    # errors as the generate subcommand's ("domino generate: error: ..."), with its usage
+    tree = _tree_shape(g, args.tree) if args.tree is not None else None if args.chain else "auto"
+    _check_request(g, args, tree)
+    for flag, path in (("--target", args.target), ("--drafter", args.drafter)):
+        if path is not None and not Path(path).is_dir():
+            g.error(f"{flag}: no directory {path}")
 
     import torch
 
     import domino
-    from domino.loading import DEFAULT_DATASTORE, DEFAULT_OPTIONS, smollm2_dir
+    from domino.loading import DEFAULT_DATASTORE, DEFAULT_DRAFTER_DIR, DEFAULT_OPTIONS, smollm2_dir
 
     print("[domino] loading models (first run converts the GGUF once)...", file=sys.stderr, flush=True)
-    if args.target or args.drafter:
-        # the shipped datastore holds the default target's outputs: with it, and only with it
+    if args.target or args.drafter or args.dtype != "bfloat16":
+        # the shipped drafter and datastore are the default target's: with it, and only with it
+        drafter = args.drafter or (None if args.target else DEFAULT_DRAFTER_DIR)
         datastore = DEFAULT_DATASTORE if not args.target and DEFAULT_DATASTORE.exists() else None
-        gen = domino.load(args.target or smollm2_dir(quiet=False), args.drafter, quiet=False, datastore=datastore,
-                          **{**DEFAULT_OPTIONS, "dtype": getattr(torch, args.dtype)})
+        try:
+            gen = domino.load(args.target or smollm2_dir(quiet=False), drafter, quiet=False, datastore=datastore,
+                              **{**DEFAULT_OPTIONS, "dtype": getattr(torch, args.dtype)})
+        except (ValueError, TypeError) as e:
+            g.error(str(e))
     else:
         gen = domino.load_default(quiet=False)
     kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
@@ -76,7 +86,7 @@ def main(argv=None) -> int:
                            generator=torch.Generator().manual_seed(args.seed), lookup_tokens=args.lookup_tokens,
                            datastore_tokens=args.datastore_tokens, stream=printer, **kw)
     except (ValueError, TypeError) as e:
-        parser.error(str(e))
+        g.error(str(e))
     printer.finish()
     print()
     print(f"[domino] {len(res.token_ids)} tokens, {res.tokens_per_second:.1f} tok/s, "
@@ -167,7 +177,14 @@ def _check_request(parser, args, tree) -> None:
             if value < 0:
                 raise ValueError(f"{flag} must be >= 0, got {value}")
     except (TypeError, ValueError) as e:
-        parser.error(str(e))
+        parser.error(_flag_names(str(e)))
+
+
+def _flag_names(message: str) -> str:
+    """``message`` with the request's Python argument names written as the flags that set them."""
+    for name in ("max_new_tokens", "temperature", "top_k", "top_p", "seed"):
+        message = re.sub(rf"(?<![-\w]){name}\b", "--" + name.replace("_", "-"), message)
+    return message
 
 
 def _tree_shape(parser, text: str):

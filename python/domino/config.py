@@ -11,10 +11,17 @@ from transformers import PretrainedConfig
 
 
 def evenly_spaced_layer_ids(num_target_layers: int, n: int) -> list[int]:
-    """DFlash's target layers: round(1 + i * (L - 4) / (n - 1)) for i in 0..n-1."""
+    """DFlash's target layers: round(1 + i * (L - 4) / (n - 1)) for i in 0..n-1. A target
+    too shallow for n distinct layers there (L < n + 3: the formula repeats layers, and
+    below 4 layers names layer -1, the embeddings) gets min(n, L) distinct layers spread
+    over all of its 0..L-1 instead."""
+    L = num_target_layers
     if n == 1:
-        return [num_target_layers // 2]
-    return [int(round(1 + i * (num_target_layers - 4) / (n - 1))) for i in range(n)]
+        return [L // 2]
+    if L >= n + 3:
+        return [int(round(1 + i * (L - 4) / (n - 1))) for i in range(n)]
+    m = min(n, L)
+    return [L // 2] if m == 1 else [int(round(i * (L - 1) / (m - 1))) for i in range(m)]
 
 
 @dataclass
@@ -126,8 +133,19 @@ class DominoConfig:
 
     @classmethod
     def load(cls, directory: str | Path) -> "DominoConfig":
-        """Reads ``directory/config.json``."""
-        return cls.from_json_dict(json.loads(Path(directory, "config.json").read_text()))
+        """Reads ``directory/config.json``; ValueError where there is none, or it is not a
+        DFlash or Domino drafter's (a target's directory given as the drafter, say)."""
+        path = Path(directory, "config.json")
+        try:
+            d = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise ValueError(f"drafter: no config.json in {directory} (not a DFlash or Domino checkpoint)") from None
+        except (OSError, ValueError) as e:
+            raise ValueError(f"drafter: cannot read {path}: {e}") from None
+        if not isinstance(d, dict) or "mask_token_id" not in (d.get("dflash_config") or {}):
+            raise ValueError(f"drafter: {path} is not a DFlash or Domino drafter's config (it has no "
+                             "dflash_config with a mask_token_id)")
+        return cls.from_json_dict(d)
 
 
 def default_drafter_config(target_config) -> DominoConfig:

@@ -454,6 +454,9 @@ class DominoGenerator:
             raise ValueError("give either sampling= or temperature/top_k/top_p, not both")
         if isinstance(sampling, SamplingParams):
             return [sampling] * b
+        if isinstance(sampling, (str, bytes, dict)) or not hasattr(sampling, "__iter__"):
+            raise TypeError(f"sampling must be a SamplingParams or a list of {b} (one per prompt), got "
+                            f"{type(sampling).__name__}")
         params = list(sampling)
         if len(params) != b or not all(isinstance(p, SamplingParams) for p in params):
             raise ValueError(f"sampling must be a SamplingParams or a list of {b} (one per prompt), got {sampling!r}")

@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from domino.cache_dirs import write_directory
-from domino.config import default_drafter_config
+from domino.config import DominoConfig, default_drafter_config
 from domino.datastore import DATASTORE_FILE, TokenDatastore
 from domino.fast_attention import use_small_batch_attention
 from domino.fast_forward import use_fast_forward
@@ -117,18 +117,39 @@ def _gguf_parsed_once():
         gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
 
 
+def load_target_model(target: str | Path, *, dtype: torch.dtype, device="cpu"):
+    """The HF causal LM at ``target`` (a directory, or a hub id where the hub is reachable),
+    loaded in ``dtype`` onto ``device``, in eval mode: how :func:`load` loads a target, and
+    so what a drafter's training data must come from (``training.generate_data``). Loaded
+    in ``dtype``, not cast to it: ``Module.to(bfloat16)`` would also round the float32
+    buffers a bf16 model keeps (the rotary embedding's frequencies)."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(target, dtype=dtype)
+    except OSError as e:
+        where = "no such directory here" if not Path(target).exists() else "not a HF model directory"
+        raise ValueError(f"target: cannot load {str(target)!r} ({where}): {e}") from e
+    return model.to(device).eval()
+
+
 def load_target(target, tokenizer=None, *, dtype=torch.float32, device="cpu"):
-    """(model, tokenizer) from a path (loaded in ``dtype`` onto ``device``) or an already
-    loaded HF model (kept as it is)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """(model, tokenizer) from a path (loaded in ``dtype`` onto ``device``:
+    :func:`load_target_model`) or an already loaded HF model (kept as it is); ``tokenizer``:
+    a tokenizer, its directory, or None for the target's own."""
+    from transformers import AutoTokenizer
 
     if isinstance(target, (str, Path)):
-        model = AutoModelForCausalLM.from_pretrained(target, dtype=dtype).to(device)
-        tokenizer = tokenizer or AutoTokenizer.from_pretrained(target)
+        model = load_target_model(target, dtype=dtype, device=device)
+        source = target
+    elif isinstance(target, torch.nn.Module) and hasattr(target, "config"):
+        model, source = target, target.config._name_or_path
     else:
-        model = target
-        if tokenizer is None:
-            tokenizer = AutoTokenizer.from_pretrained(model.config._name_or_path)
+        raise TypeError(f"target must be a model directory or a loaded HF causal LM, got {type(target).__name__}")
+    if tokenizer is None or isinstance(tokenizer, (str, Path)):
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer or source)
+    elif not (hasattr(tokenizer, "decode") and hasattr(tokenizer, "eos_token_id")):
+        raise TypeError(f"tokenizer must be a HF tokenizer, its directory or None, got {type(tokenizer).__name__}")
     return model.eval(), tokenizer
 
 
@@ -146,12 +167,13 @@ def random_drafter(target, seed: int = 0) -> DominoDraftModel:
 
 
 def load(target: str | Path | PreTrainedModel, drafter: str | Path | DominoDraftModel | None = None,
-         tokenizer: PreTrainedTokenizerBase | None = None, *, device: torch.device | str | None = None,
+         tokenizer: PreTrainedTokenizerBase | str | Path | None = None, *, device: torch.device | str | None = None,
          dtype: torch.dtype = torch.float32, quiet: bool = True, small_batch_linear: bool = False,
          small_batch_attention: bool = False,
          datastore: TokenDatastore | str | Path | None = None) -> DominoGenerator:
     """A generator for ``target`` (path or HF model) and ``drafter`` (checkpoint path, a
-    DominoDraftModel, or None for an untrained one). On the CPU, ``small_batch_linear=True``
+    DominoDraftModel, or None for an untrained one), ``tokenizer`` the target's (a tokenizer,
+    its directory, or None: the target's own). On the CPU, ``small_batch_linear=True``
     puts both models' linear layers on the batch-invariant kernel (see
     :mod:`domino.fast_linear`; the plain-decoding baseline then uses it too), and
     ``small_batch_attention=True`` the target's attention on the batch-invariant attention
@@ -165,6 +187,15 @@ def load(target: str | Path | PreTrainedModel, drafter: str | Path | DominoDraft
     saved (``.npz``; its index is built once and kept in :func:`cache_dir`), or None."""
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype must be a torch.dtype (e.g. torch.bfloat16), got {dtype!r}")
+    if not isinstance(target, (str, Path, torch.nn.Module)):
+        raise TypeError(f"target must be a model directory or a loaded HF causal LM, got {type(target).__name__}")
+    if device is not None:
+        try:
+            torch.device(device)
+        except (RuntimeError, TypeError) as e:
+            raise ValueError(f"device: {device!r} is not a torch device ({e})") from None
+    if isinstance(drafter, (str, Path)):
+        DominoConfig.load(drafter)  # a directory that is no drafter's fails before the target loads
     if isinstance(datastore, (str, Path)):
         _say(f"loading the datastore {datastore} (indexed once, then cached in {cache_dir()})", quiet)
         datastore = TokenDatastore.load(datastore, index_dir=cache_dir() / "datastore-index")

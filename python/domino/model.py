@@ -771,7 +771,7 @@ class DominoDraftModel(nn.Module):
         config = DominoConfig.load(directory)
         files = sorted(directory.glob("*.safetensors"))
         if not files:
-            raise FileNotFoundError(f"no *.safetensors in {directory}")
+            raise ValueError(f"drafter: no *.safetensors in {directory}")
         state = {}
         for f in files:
             state.update(load_file(str(f)))
