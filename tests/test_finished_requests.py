@@ -28,19 +28,26 @@ def early_eos(gen, ps):
     return None, None
 
 
-def forward_rows(gen):
-    """A list that gets the batch size of every forward of the target."""
+def decode_counting_rows(gen, ps, method: str, num_drafts: int = 3):
+    """``ps`` decoded greedily by ``method`` ("chain": chains of ``num_drafts``, "tree": the
+    default tree, "plain": generate_plain), N tokens at most: (the outputs, the batch size
+    of every forward of the target, in order)."""
     rows = []
-
-    def hook(module, args, kwargs):
-        rows.append(kwargs["input_ids"].shape[0])
-
-    handle = gen.target.register_forward_pre_hook(hook, with_kwargs=True)
-    return rows, handle
+    handle = gen.target.register_forward_pre_hook(lambda m, a, kw: rows.append(kw["input_ids"].shape[0]),
+                                                  with_kwargs=True)
+    try:
+        if method == "plain":
+            return gen.generate_plain(ps, max_new_tokens=N).token_ids, rows
+        kw = dict(tree=None, num_drafts=num_drafts) if method == "chain" else dict(lookup_tokens=0)
+        return gen.generate(ps, max_new_tokens=N, **kw).token_ids, rows
+    finally:
+        handle.remove()
 
 
 @pytest.mark.parametrize("method", ["chain", "tree", "plain"])
 def test_a_finished_request_leaves_the_batch(method):
+    """Request 0 ends at an early EOS while requests 1 and 2 run to the token limit: from
+    then on the target's forwards carry two rows, and every output is the target's own."""
     gen = tiny_generator("qwen3")
     checked = 0
     for seed in range(30):
@@ -52,15 +59,7 @@ def test_a_finished_request_leaves_the_batch(method):
         want = gen.generate_target_only(ps, max_new_tokens=N).token_ids
         if len(want[0]) != short or any(len(w) < N for w in want[1:]):
             continue
-        rows, handle = forward_rows(gen)
-        try:
-            if method == "plain":
-                got = gen.generate_plain(ps, max_new_tokens=N).token_ids
-            else:
-                kw = dict(tree=None, num_drafts=3) if method == "chain" else dict(lookup_tokens=0)
-                got = gen.generate(ps, max_new_tokens=N, **kw).token_ids
-        finally:
-            handle.remove()
+        got, rows = decode_counting_rows(gen, ps, method)
         assert got == want, seed
         # the prefill carries all three; once request 0 has its EOS, two rows (one, once
         # a round has taken request 1 or 2 to the token limit before the other)
@@ -93,12 +92,7 @@ def test_the_middle_rows_leave_and_the_first_goes_on(method):
             continue
         gen.eos_ids = [eos]
         want = gen.generate_target_only(ps, max_new_tokens=N).token_ids
-        rows, handle = forward_rows(gen)
-        try:
-            kw = dict(tree=None, num_drafts=2) if method == "chain" else dict(lookup_tokens=0)
-            got = gen.generate(ps, max_new_tokens=N, **kw).token_ids
-        finally:
-            handle.remove()
+        got, rows = decode_counting_rows(gen, ps, method, num_drafts=2)
         assert got == want, seed
         assert rows[0] == 3 and rows[-1] == 1 and rows == sorted(rows, reverse=True), rows
         checked += 1

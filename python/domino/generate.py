@@ -265,8 +265,8 @@ class DominoGenerator:
                     position_room: int | None) -> int | None:
         """The most drafts a chain round may verify (None: no bound): within
         ``position_room`` and, when every request is greedy, no more than the sequence of
-        ``rows`` (those still decoding) that needs the most tokens can still keep (a round keeps at most its drafts + 1; the
-        last round had verified a whole block). A sampled request's draws follow the
+        ``rows`` (those still decoding) that needs the most tokens can still keep (a round
+        keeps at most its drafts + 1; the last round had verified a whole block). A sampled request's draws follow the
         rounds' sizes, so sampled rounds keep theirs: a seeded request then repeats its
         tokens alone and in a batch (with a fixed ``num_drafts``) except at the end of the
         context window."""
@@ -642,7 +642,8 @@ class DominoGenerator:
         self._commit(st, kept, n + 1, features[:, :m], verified.gather(1, num_acc[:, None])[:, 0])
         return kept_list, [row[1:1 + k] for row, k in zip(host, kept_list)], n + 1
 
-    def _draft_tree(self, st: _Decoding, sampling: RowSampling, use_head, shape: TreeShape, costs: RoundCosts | None) -> tuple[DraftTree, _TreePlan | None]:
+    def _draft_tree(self, st: _Decoding, sampling: RowSampling, use_head, shape: TreeShape,
+                    costs: RoundCosts | None) -> tuple[DraftTree, _TreePlan | None]:
         """This round's tree: ``shape.num_draft_tokens`` nodes, or at temperature 0 with
         ``costs`` (the adaptive budget) the number of nodes that maximises expected tokens
         per millisecond, given the drafter's calibrated confidence along every path, the
@@ -671,8 +672,9 @@ class DominoGenerator:
         this call of each sequence's kind of graft: :data:`GRAFT_PRIOR`'s keys; the tree's
         size is chosen before, and a datastore chain that extends the lookup's new nodes is
         scored at the datastore's rates). Returns the candidates, links, depth, and per
-        source the grafts offered: (each sequence's kind of graft, the grafts' first node index, each sequence's new nodes after the cut, 0 where
-        it proposed nothing new or the cut took them all)."""
+        source the grafts offered: (each sequence's kind of graft, the grafts' first node
+        index, each sequence's new nodes after the cut, 0 where it proposed nothing new or
+        the cut took them all)."""
         candidates, max_depth, made = tree.candidates, self.drafter.config.num_drafts, []
 
         def propose(name: str, s: int, most: int) -> tuple[list[int], str]:
