@@ -89,9 +89,10 @@ def main(argv=None) -> int:
         g.error(str(e))
     printer.finish()
     print()
-    print(f"[domino] {len(res.token_ids)} tokens, {res.tokens_per_second:.1f} tok/s, "
-          f"mean acceptance length {res.mean_acceptance_length:.2f} over {len(res.acceptance_lengths)} rounds",
-          file=sys.stderr)
+    rounds = len(res.acceptance_lengths)
+    accepted = (f"mean acceptance length {res.mean_acceptance_length:.2f} over {rounds} rounds" if rounds
+                else "no rounds (the prompt's forward gave the only token)")
+    print(f"[domino] {len(res.token_ids)} tokens, {res.tokens_per_second:.1f} tok/s, {accepted}", file=sys.stderr)
     if args.compare:
         return _compare(gen, args, tree, kw, res.token_ids)
     return 0
