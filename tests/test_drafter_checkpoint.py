@@ -99,6 +99,42 @@ def test_a_shallow_target_gets_distinct_layers_that_exist(L):
         assert len(ids) == min(n, L)
 
 
+def test_a_bf16_drafter_keeps_float32_rotary_frequencies(tmp_path):
+    """Loaded in bf16 (as deployed), the drafter's rotary tables are the float32 drafter's
+    (as trained): the frequencies are not rounded with the weights (they were, as a float
+    buffer); a drafter pickled with the old float buffer loads with float32 ones."""
+    import io
+    import pickle
+
+    from domino.model import RotaryEmbedding
+
+    drafter = tiny_drafter(tiny_target("qwen3"))
+    drafter.save_pretrained(tmp_path)
+    deployed = DominoDraftModel.from_pretrained(tmp_path, dtype=torch.bfloat16)
+    positions = torch.arange(0, 4000, 7)[None]
+    assert deployed.rotary.inv_freq.dtype == torch.float32
+    for a, b in zip(deployed.rotary(positions, torch.float32), drafter.rotary(positions, torch.float32)):
+        assert torch.equal(a, b)
+
+    class OldPickler(pickle.Pickler):  # the rotary's state as the old class held it: a float buffer
+        def reducer_override(self, obj):
+            if isinstance(obj, RotaryEmbedding):
+                state = dict(obj.__dict__)
+                state["_buffers"] = {"inv_freq": obj.inv_freq.clone()}
+                state["_non_persistent_buffers_set"] = {"inv_freq"}
+                return (type(obj).__new__, (type(obj),), state)
+            return NotImplemented
+
+    buf = io.BytesIO()
+    OldPickler(buf).dump(drafter)
+    buf.seek(0)
+    old = pickle.load(buf)
+    assert torch.equal(old.rotary.inv_freq, drafter.rotary.inv_freq)
+    assert "inv_freq_bits" not in old.state_dict()  # still not persistent
+    for a, b in zip(old.to(torch.bfloat16).rotary(positions, torch.float32), drafter.rotary(positions, torch.float32)):
+        assert torch.equal(a, b)
+
+
 def test_a_drafter_pickled_before_the_hf_attribute_names_still_loads_and_runs(tmp_path):
     """torch.save(drafter) from before its norms stored HF's `variance_epsilon` and its MLPs
     an `act_fn`: torch.load gives a drafter whose forward is the same."""
