@@ -99,13 +99,29 @@ def test_a_shallow_target_gets_distinct_layers_that_exist(L):
         assert len(ids) == min(n, L)
 
 
+def pickled_as_before(model, classes, old_state):
+    """``model`` through pickle with each instance of ``classes`` written as the state
+    ``old_state(obj)`` (a dict), as an older class held it: what torch.load gives for a
+    model saved before that class changed."""
+    import io
+    import pickle
+
+    class OldPickler(pickle.Pickler):
+        def reducer_override(self, obj):
+            if isinstance(obj, classes):
+                return (type(obj).__new__, (type(obj),), old_state(obj))
+            return NotImplemented
+
+    buf = io.BytesIO()
+    OldPickler(buf).dump(model)
+    buf.seek(0)
+    return pickle.load(buf)
+
+
 def test_a_bf16_drafter_keeps_float32_rotary_frequencies(tmp_path):
     """Loaded in bf16 (as deployed), the drafter's rotary tables are the float32 drafter's
     (as trained): the frequencies are not rounded with the weights (they were, as a float
     buffer); a drafter pickled with the old float buffer loads with float32 ones."""
-    import io
-    import pickle
-
     from domino.model import RotaryEmbedding
 
     drafter = tiny_drafter(tiny_target("qwen3"))
@@ -116,19 +132,11 @@ def test_a_bf16_drafter_keeps_float32_rotary_frequencies(tmp_path):
     for a, b in zip(deployed.rotary(positions, torch.float32), drafter.rotary(positions, torch.float32)):
         assert torch.equal(a, b)
 
-    class OldPickler(pickle.Pickler):  # the rotary's state as the old class held it: a float buffer
-        def reducer_override(self, obj):
-            if isinstance(obj, RotaryEmbedding):
-                state = dict(obj.__dict__)
-                state["_buffers"] = {"inv_freq": obj.inv_freq.clone()}
-                state["_non_persistent_buffers_set"] = {"inv_freq"}
-                return (type(obj).__new__, (type(obj),), state)
-            return NotImplemented
+    def float_buffer(obj):  # the rotary's state as the old class held it
+        return {**obj.__dict__, "_buffers": {"inv_freq": obj.inv_freq.clone()},
+                "_non_persistent_buffers_set": {"inv_freq"}}
 
-    buf = io.BytesIO()
-    OldPickler(buf).dump(drafter)
-    buf.seek(0)
-    old = pickle.load(buf)
+    old = pickled_as_before(drafter, RotaryEmbedding, float_buffer)
     assert torch.equal(old.rotary.inv_freq, drafter.rotary.inv_freq)
     assert "inv_freq_bits" not in old.state_dict()  # still not persistent
     for a, b in zip(old.to(torch.bfloat16).rotary(positions, torch.float32), drafter.rotary(positions, torch.float32)):
@@ -138,8 +146,6 @@ def test_a_bf16_drafter_keeps_float32_rotary_frequencies(tmp_path):
 def test_a_drafter_pickled_before_the_hf_attribute_names_still_loads_and_runs(tmp_path):
     """torch.save(drafter) from before its norms stored HF's `variance_epsilon` and its MLPs
     an `act_fn`: torch.load gives a drafter whose forward is the same."""
-    import io
-    import pickle
 
     from domino.model import DraftMLP, RMSNorm
 
@@ -148,22 +154,16 @@ def test_a_drafter_pickled_before_the_hf_attribute_names_still_loads_and_runs(tm
     x = torch.randn(1, 3, drafter.config.hidden_size)
     want = [drafter.layers[0].mlp(x), drafter.norm(x)]
 
-    class OldPickler(pickle.Pickler):  # writes the norms' and MLPs' state as the old classes held it
-        def reducer_override(self, obj):
-            if isinstance(obj, (RMSNorm, DraftMLP)):
-                state = dict(obj.__dict__)
-                state["_modules"] = dict(state["_modules"])
-                if isinstance(obj, RMSNorm):
-                    state["eps"] = state.pop("variance_epsilon")
-                else:
-                    del state["_modules"]["act_fn"]
-                return (type(obj).__new__, (type(obj),), state)
-            return NotImplemented
+    def before_hf_names(obj):  # the norms' and MLPs' state as the old classes held it
+        state = dict(obj.__dict__)
+        state["_modules"] = dict(state["_modules"])
+        if isinstance(obj, RMSNorm):
+            state["eps"] = state.pop("variance_epsilon")
+        else:
+            del state["_modules"]["act_fn"]
+        return state
 
-    buf = io.BytesIO()
-    OldPickler(buf).dump(drafter)
-    buf.seek(0)
-    old = pickle.load(buf)
+    old = pickled_as_before(drafter, (RMSNorm, DraftMLP), before_hf_names)
     assert not hasattr(drafter.norm, "eps")  # the current class is not what was pickled
     torch.testing.assert_close(old.layers[0].mlp(x), want[0], rtol=0, atol=0)
     torch.testing.assert_close(old.norm(x), want[1], rtol=0, atol=0)
