@@ -4,16 +4,11 @@ decoding, in the speculative loop (chains and trees) and in the plain loop alike
 every request's output stays the target's own."""
 
 import pytest
-import torch
 
+from engine_cases import prompts
 from tiny_models import tiny_generator
 
 N = 24
-
-
-def prompts(b, seed, vocab=64):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, vocab, (int(n),), generator=g).tolist() for n in torch.randint(4, 12, (b,), generator=g)]
 
 
 def early_eos(gen, ps):

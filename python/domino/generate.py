@@ -266,10 +266,10 @@ class DominoGenerator:
         """The most drafts a chain round may verify (None: no bound): within
         ``position_room`` and, when every request is greedy, no more than the sequence of
         ``rows`` (those still decoding) that needs the most tokens can still keep (a round
-        keeps at most its drafts + 1; the last round had verified a whole block). A sampled request's draws follow the
-        rounds' sizes, so sampled rounds keep theirs: a seeded request then repeats its
-        tokens alone and in a batch (with a fixed ``num_drafts``) except at the end of the
-        context window."""
+        keeps at most its drafts + 1; the last round had verified a whole block). A sampled
+        request's draws follow the rounds' sizes, so sampled rounds keep theirs: a seeded
+        request then repeats its tokens alone and in a batch (with a fixed ``num_drafts``)
+        except at the end of the context window."""
         if sampling.any_sampled:
             return position_room
         need = max(max_new_tokens - len(out_ids[s]) for s in rows) - 1
@@ -736,9 +736,7 @@ class DominoGenerator:
         mask = tree_attention_mask(st.cache_mask, links.ancestors, self.target.dtype)
         logits, features = self._target_forward(tree.candidates, mask, links.positions, st.cache)
         verified = verify_tree(tree, links, logits, sampling, depth)  # on the host: the round's one sync
-        # the root (anchor) + accepted drafts enter the context
-        paths = verified.path
-        kept_list = [len(path) for path in paths]
+        kept_list = [len(path) for path in verified.path]  # the root (anchor) + accepted drafts enter the context
         depth_acceptance.update(depths_tried(verified), [k - 1 for k in kept_list])
         if chain_acceptance is not None:
             chain_acceptance.update(*top_chain_counts(verified, shape.topk))
@@ -757,13 +755,13 @@ class DominoGenerator:
         # back on the device in one copy (on a GPU, one wait): the kept counts, the next
         # anchors (the target's tokens) and the kept paths [b, m], root-padded
         back = torch.tensor(kept_list + [t[-1] for t in verified.tokens]
-                            + [u for p in paths for u in p + [0] * (m - len(p))], device=tree.candidates.device)
+                            + [u for p in verified.path for u in p + [0] * (m - len(p))], device=tree.candidates.device)
         kept, next_anchor, path = back[:b], back[b:2 * b], back[2 * b:].view(b, m)
         # Nothing to move when every sequence's kept path already sits in the round's first
         # slots (the root alone, or the root and its first child): common at tau ~2, and the
         # move copies every layer's accepted slots (~0.2 ms a round for SmolLM2's 30 layers in
         # the cache's one storage: benchmarks/engine_steps_micro.py).
-        if any(p != list(range(len(p))) for p in paths):
+        if any(p != list(range(len(p))) for p in verified.path):
             compact_tree_cache(st.cache, path, n)
         path_features = features.gather(1, path[:, :, None].expand(-1, -1, features.shape[2]))
         self._commit(st, kept, n, path_features, next_anchor)

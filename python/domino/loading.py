@@ -133,19 +133,23 @@ def load_target_model(target: str | Path, *, dtype: torch.dtype, device="cpu"):
     return model.to(device).eval()
 
 
+def _check_target(target) -> None:
+    """TypeError unless ``target`` is a model directory (or hub id) or a loaded HF model."""
+    if not (isinstance(target, (str, Path)) or (isinstance(target, torch.nn.Module) and hasattr(target, "config"))):
+        raise TypeError(f"target must be a model directory or a loaded HF causal LM, got {type(target).__name__}")
+
+
 def load_target(target, tokenizer=None, *, dtype=torch.float32, device="cpu"):
     """(model, tokenizer) from a path (loaded in ``dtype`` onto ``device``:
     :func:`load_target_model`) or an already loaded HF model (kept as it is); ``tokenizer``:
     a tokenizer, its directory, or None for the target's own."""
     from transformers import AutoTokenizer
 
+    _check_target(target)
     if isinstance(target, (str, Path)):
-        model = load_target_model(target, dtype=dtype, device=device)
-        source = target
-    elif isinstance(target, torch.nn.Module) and hasattr(target, "config"):
-        model, source = target, target.config._name_or_path
+        model, source = load_target_model(target, dtype=dtype, device=device), target
     else:
-        raise TypeError(f"target must be a model directory or a loaded HF causal LM, got {type(target).__name__}")
+        model, source = target, target.config._name_or_path
     if tokenizer is None or isinstance(tokenizer, (str, Path)):
         tokenizer = AutoTokenizer.from_pretrained(tokenizer or source)
     elif not (hasattr(tokenizer, "decode") and hasattr(tokenizer, "eos_token_id")):
@@ -187,8 +191,7 @@ def load(target: str | Path | PreTrainedModel, drafter: str | Path | DominoDraft
     saved (``.npz``; its index is built once and kept in :func:`cache_dir`), or None."""
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype must be a torch.dtype (e.g. torch.bfloat16), got {dtype!r}")
-    if not isinstance(target, (str, Path, torch.nn.Module)):
-        raise TypeError(f"target must be a model directory or a loaded HF causal LM, got {type(target).__name__}")
+    _check_target(target)
     if device is not None:
         try:
             torch.device(device)
