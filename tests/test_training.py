@@ -586,6 +586,24 @@ def test_a_run_saved_before_a_run_argument_existed_had_its_default():
                        Path("ckpt"))
 
 
+def test_a_run_resumes_with_its_paths_spelled_another_way(tmp_path, monkeypatch):
+    """--target, --config and --init-from name paths: the same directory given relative or
+    absolute, or through a symlink, resumes the run; another directory is refused by name."""
+    from training.train import check_same_run, parse_args
+
+    for d in ("target", "other"):
+        (tmp_path / d).mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "target")
+    monkeypatch.chdir(tmp_path)
+    saved = vars(parse_args(["--data", "d", "--out", "o", "--target", "target", "--init-from", "target"]))
+    for spelling in ("target", "./target", str(tmp_path / "target"), "link", "other/../target"):
+        check_same_run(saved, parse_args(["--data", "d", "--out", "o", "--target", spelling, "--init-from", spelling]),
+                       Path("ckpt"))
+    with pytest.raises(SystemExit, match="--target 'target' \\(now 'other'\\)"):
+        check_same_run(saved, parse_args(["--data", "d", "--out", "o", "--target", "other", "--init-from", "target"]),
+                       Path("ckpt"))
+
+
 @pytest.mark.parametrize("extra, msg", [
     (["--init-from", "somewhere", "--layers", "3"], "--init-from takes the saved drafter's config and weights: drop --layers"),
     (["--config", "somewhere", "--block-size", "4"], "--config gives the drafter's shape: drop --block-size"),

@@ -193,10 +193,26 @@ RUN_ARGS = ("target", "config", "layers", "rank", "gru", "mask_token_id", "block
 RUN_ARG_DEFAULTS = {"position_weights": "decay"}
 
 
+# Run arguments that name a file or directory: the same one by another spelling (relative
+# or absolute, through a symlink) is the same argument.
+PATH_RUN_ARGS = ("target", "config", "init_from")
+
+
+def _same_arg(name: str, saved, now) -> bool:
+    """Whether a run argument's saved value and its value now are the same: equal, or for
+    :data:`PATH_RUN_ARGS` two spellings of one path (resolved against the current
+    directory, as the run resolves them)."""
+    if saved == now:
+        return True
+    if name not in PATH_RUN_ARGS or not isinstance(saved, str) or not isinstance(now, str):
+        return False
+    return os.path.realpath(saved) == os.path.realpath(now)
+
+
 def check_same_run(saved: dict, args, ckpt: Path) -> None:
     """Raises SystemExit naming the arguments that differ from the checkpoint's run."""
     saved, now = {**RUN_ARG_DEFAULTS, **_plain_args(saved)}, _plain_args(vars(args))
-    differ = [k for k in RUN_ARGS if k in saved and saved[k] != now.get(k)]
+    differ = [k for k in RUN_ARGS if k in saved and not _same_arg(k, saved[k], now.get(k))]
     if differ:
         said = ", ".join(f"--{k.replace('_', '-')} {saved[k]!r} (now {now.get(k)!r})" for k in differ)
         raise SystemExit(f"{ckpt} is another run's: it was made with {said}. Give its arguments to resume it, "
