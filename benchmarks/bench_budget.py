@@ -18,7 +18,11 @@ against plain decoding (greedy, every output token-identical to plain decoding):
   library before 2026-12-05);
 - ``chain counts alone``: under ``tree="auto"``, the chain rounds' acceptance counted from
   chain rounds only, not also from each tree round's top chain
-  (:func:`domino.tree.top_chain_counts`; the library before the fifty-third session).
+  (:func:`domino.tree.top_chain_counts`; the library before the fifty-third session);
+- ``call-size costs``: every round of a batch planned (and, under "auto", its kind chosen)
+  with the call's batch size's costs, also after requests have finished and left the batch,
+  instead of those of the rows left (:func:`domino.budget.cost_batch_size`; the library
+  before the seventy-third session). With ``--batch-size 1`` it is the default.
 
 Each variant has its own round-kind chooser (:mod:`domino.round_kind`), so that one
 variant's rounds do not move another's choice between trees and chains.
@@ -26,7 +30,10 @@ variant's rounds do not move another's choice between trees and chains.
 Every variant's cost tables are measured in this run, one after another, so a slow moment
 of the machine cannot favour one variant's table (a 2-core VM's tables swing by ~10 % from
 minute to minute); the verification times are the default's for all, so the variants differ
-only in what they change. Plain decoding is the engine's own loop
+only in what they change. With ``--batch-size`` above 1 every table is measured at each
+batch size the call's rounds may be planned with (``domino.budget.cost_batch_sizes``), and
+the tokens/s column counts how many rows the target's forwards carried, against all of
+the call's rows in every round. Plain decoding is the engine's own loop
 (``DominoGenerator.generate_plain``).
 
 Prompts: HumanEval, held-out ShareGPT chat, `make run`'s prompt (three times), and
@@ -53,7 +60,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-VARIANTS = ("default", "no margin", "drafting alone", "warm", "keep", "one context", "chain counts alone")
+VARIANTS = ("default", "no margin", "drafting alone", "warm", "keep", "one context", "chain counts alone",
+            "call-size costs")
 PROMPT_SETS = ("humaneval", "chat", "make-run", "module")
 
 
@@ -84,6 +92,7 @@ def variant_costs(gen, batch_size: int) -> dict:
         del drafter.extend_context, drafter.calibration  # the instance attributes shadowed the class's
         drafter.calibration = calibration
     return {"default": default, "no margin": default, "keep": default, "chain counts alone": default,
+            "call-size costs": default,
             "one context": budget.RoundCosts(default.verify_ms, default.draft_ms, batch_size, default.key,
                                              default.context),
             "drafting alone": dataclasses.replace(default, draft_ms=alone.draft_ms, draft_ms_long=alone.draft_ms_long),
@@ -110,7 +119,9 @@ def main() -> None:
 
     gen = load_default()
     b = args.batch_size
-    costs = variant_costs(gen, b)
+    sizes = budget.cost_batch_sizes(b)
+    by_size = {size: variant_costs(gen, size) for size in sizes}  # [batch size][variant]
+    costs = by_size[b]
     defaults = DepthAcceptance.__init__.__defaults__  # (prior, prior_weight, memory)
     plan = budget.best_draft_length
     settings = {name: (costs[name], float("inf") if name == "keep" else defaults[2],
@@ -131,7 +142,8 @@ def main() -> None:
             "chat": ("chat", lambda: chat_prompts(args.num_prompts)), "make-run": ("make run", lambda: make_run * 3),
             "module": ("module", lambda: humaneval_prompts_in_a_module(args.num_prompts))}
     rounds = {"tree": None} if args.chain else {}
-    choosers = {m: RoundKindChooser() for m in settings}
+    choosers = {m: {size: RoundKindChooser() for size in sizes} for m in settings}
+    rows_left = budget.cost_batch_size
     tree_round = gen._tree_round
 
     def tree_round_blind_chains(*a, **kw):  # the round's top chain not counted in the chain rounds' acceptance
@@ -144,7 +156,9 @@ def main() -> None:
         requests = [prompts[i:i + b] if b > 1 else prompts[i] for i in range(0, len(prompts), b)]
         passes = {m: [] for m in ["plain", *settings]}
         accepted = {m: [] for m in settings}
-        gen._round_kinds.pop(b, None)  # the warm-up gets a chooser of its own, not the last variant's
+        carried = {m: [0, 0] for m in settings}  # rows the target's forwards carried, against all of them
+        for size in sizes:  # the warm-up gets choosers of its own, not the last variant's
+            gen._round_kinds.pop(size, None)
         gen.generate(requests[0], max_new_tokens=8, **rounds)  # warm-up
         gen.generate_plain(requests[0], max_new_tokens=8)
         try:
@@ -167,8 +181,12 @@ def main() -> None:
                         if m == "plain":
                             out = gen.generate_plain(request, max_new_tokens=args.max_new_tokens, stream=stream)
                         else:
-                            gen._costs[b], memory, margin = settings[m]
-                            gen._round_kinds[b] = choosers[m]
+                            _, memory, margin = settings[m]
+                            for size in sizes:
+                                gen._costs[size] = by_size[size][m]
+                                gen._round_kinds[size] = choosers[m][size]
+                            budget.cost_batch_size = ((lambda rows, batch_size: batch_size)
+                                                      if m == "call-size costs" else rows_left)
                             gen._tree_round = tree_round_blind_chains if m == "chain counts alone" else tree_round
                             DepthAcceptance.__init__.__defaults__ = (*defaults[:2], memory)
                             budget.best_draft_length = (lambda rates, c, live=1, margin=margin:
@@ -179,6 +197,8 @@ def main() -> None:
                         if m != "plain":
                             lengths = out.acceptance_lengths if b > 1 else [out.acceptance_lengths]
                             accepted[m] += [a for seq in lengths for a in seq]
+                            carried[m][0] += sum(map(len, lengths))
+                            carried[m][1] += max(map(len, lengths)) * len(lengths)
                         outputs[m] += ids
                         totals[m][0] += sum(map(len, ids)) - len(ids)  # each sequence's first: the prefill's
                         totals[m][1] += seconds
@@ -187,11 +207,14 @@ def main() -> None:
         finally:
             DepthAcceptance.__init__.__defaults__ = defaults
             budget.best_draft_length = plan
-            gen._costs.pop(b, None)
+            budget.cost_batch_size = rows_left
+            for size in sizes:
+                gen._costs.pop(size, None)
             gen._tree_round = tree_round
         tps = {m: statistics.median(v) for m, v in passes.items()}
         cells = [f"{tps['plain']:.1f} tok/s"] + [
-            f"{tps[m]:.1f} ({tps[m] / tps['plain']:.3f}x, tau {sum(accepted[m]) / len(accepted[m]):.2f})"
+            f"{tps[m]:.1f} ({tps[m] / tps['plain']:.3f}x, tau {sum(accepted[m]) / len(accepted[m]):.2f}"
+            + (f", rows {carried[m][0] / carried[m][1]:.2f}" if b > 1 else "") + ")"
             for m in settings]
         differ = [m for m in settings if outputs[m] != outputs["plain"]]
         print(f"{label:10} | " + " | ".join(cells) + f" | identical: {'no: ' + ', '.join(differ) if differ else 'yes'}",

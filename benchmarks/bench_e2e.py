@@ -65,6 +65,7 @@ import torch
 
 import domino
 import domino_ops
+from domino.budget import cost_batch_sizes
 from domino.fast_forward import uses_fast_forward
 from domino.loading import DEFAULT_DATASTORE, DEFAULT_DRAFTER_DIR, smollm2_dir
 from domino_ops import cpu
@@ -233,8 +234,10 @@ def cmd_compare(args) -> None:
         gen = load(config, args.drafter, args.datastore)
         if uses_fast_forward(gen.target):
             fast.append(config)
-        for size in {len(p) if args.batch_size > 1 else 1 for p in prompts}:
-            gen.round_costs(size)  # the adaptive budget's costs: measured (or read) before any timing
+        # the adaptive budget's costs, at every batch size a request's rounds may carry:
+        # measured (or read) before any timing
+        for size in {s for p in prompts for s in cost_batch_sizes(len(p) if args.batch_size > 1 else 1)}:
+            gen.round_costs(size)
         ms = [(name, fn) for name, fn in methods(gen, args, tree)
               if config not in plain_only or name in (plain_name(args), PLAIN_LOOP)]
         for _, fn in ms:

@@ -17,18 +17,28 @@ def prompts(n, seed=0, vocab=64):
             for _ in range(n)]
 
 
+def rig_round_costs(gen, batch_size: int, costs) -> None:
+    """Rigs ``gen``'s round costs (no measuring) for a call of ``batch_size`` requests: the
+    call's own batch size and every smaller one its rounds are planned with once requests
+    have finished (``domino.budget.cost_batch_sizes``) get ``costs``."""
+    from domino.budget import cost_batch_sizes
+
+    for size in cost_batch_sizes(batch_size):
+        gen._costs[size] = costs
+
+
 def cheap_verification(gen, batch_size: int) -> None:
-    """Rigs ``gen``'s round costs for ``batch_size`` (no measuring): verifying more tokens
-    and drafting cost almost nothing, and a plain step (one token verified) twice a
-    verification of more, so the adaptive budget drafts and verifies several tokens every
-    round even with a tiny random drafter, whose measured costs and low acceptance would make
-    most rounds plain one-token steps (and a test of multi-token verification vacuous): a
-    drafting round is expected to beat a plain step by far more than the plan's margin
-    (``domino.budget.DRAFT_MARGIN``) whatever the acceptance."""
+    """Rigs ``gen``'s round costs for ``batch_size`` (:func:`rig_round_costs`): verifying
+    more tokens and drafting cost almost nothing, and a plain step (one token verified)
+    twice a verification of more, so the adaptive budget drafts and verifies several tokens
+    every round even with a tiny random drafter, whose measured costs and low acceptance
+    would make most rounds plain one-token steps (and a test of multi-token verification
+    vacuous): a drafting round is expected to beat a plain step by far more than the plan's
+    margin (``domino.budget.DRAFT_MARGIN``) whatever the acceptance."""
     from domino.budget import RoundCosts
 
-    gen._costs[batch_size] = RoundCosts(tuple([0.0, 20.0] + [10.0 + 0.05 * t for t in range(2, 33)]),
-                                        tuple([0.0] + [0.05 * n for n in range(1, 16)]))
+    rig_round_costs(gen, batch_size, RoundCosts(tuple([0.0, 20.0] + [10.0 + 0.05 * t for t in range(2, 33)]),
+                                                tuple([0.0] + [0.05 * n for n in range(1, 16)])))
 
 
 def assert_mostly_multi_token(res, at_least: float = 0.8) -> None:

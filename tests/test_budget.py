@@ -164,6 +164,25 @@ def test_generation_plans_with_the_costs_at_its_cache_length():
     assert set(long.verified_lengths) == {1}
 
 
+@pytest.mark.parametrize("batch_size,sizes", [(1, (1,)), (2, (1, 2)), (3, (1, 2, 3)), (4, (1, 2, 4)),
+                                               (5, (1, 2, 4, 5)), (64, (1, 2, 4, 8, 16, 32, 64)),
+                                               (100, (1, 2, 4, 8, 16, 32, 64, 100))])
+def test_a_call_plans_with_its_own_batch_size_and_the_powers_of_two_below(batch_size, sizes):
+    """The costs a call measures: its batch size and the powers of two below it; a round of
+    r rows reads the smallest of them at or above r (never a table of fewer rows)."""
+    assert budget.cost_batch_sizes(batch_size) == sizes
+    for rows in range(1, batch_size + 1):
+        size = budget.cost_batch_size(rows, batch_size)
+        assert size in sizes and size >= rows and not any(rows <= s < size for s in sizes)
+
+
+@pytest.mark.parametrize("args,name", [((0, 4), "rows"), ((5, 4), "rows"), ((1, 0), "batch_size"),
+                                       ((1, 2.0), "batch_size")])
+def test_cost_batch_size_names_a_bad_argument(args, name):
+    with pytest.raises(ValueError, match=name):
+        budget.cost_batch_size(*args)
+
+
 def test_depth_acceptance_counts_only_reached_depths():
     d = DepthAcceptance(4, prior=0.5, prior_weight=2.0)
     d.update([4, 4, 2], [4, 1, 0])  # all accepted; first accepted then rejected; first rejected

@@ -5,6 +5,7 @@ every request's output stays the target's own."""
 
 import pytest
 
+from domino.budget import cost_batch_sizes
 from engine_cases import prompts
 from tiny_models import tiny_generator
 
@@ -26,7 +27,11 @@ def early_eos(gen, ps):
 def decode_counting_rows(gen, ps, method: str, num_drafts: int = 3):
     """``ps`` decoded greedily by ``method`` ("chain": chains of ``num_drafts``, "tree": the
     default tree, "plain": generate_plain), N tokens at most: (the outputs, the batch size
-    of every forward of the target, in order)."""
+    of every forward of the target, in order). The budget's costs are measured first, so
+    that their timed forwards are not counted."""
+    if method == "tree":
+        for size in cost_batch_sizes(len(ps)):
+            gen.round_costs(size)
     rows = []
     handle = gen.target.register_forward_pre_hook(lambda m, a, kw: rows.append(kw["input_ids"].shape[0]),
                                                   with_kwargs=True)
@@ -94,3 +99,57 @@ def test_the_middle_rows_leave_and_the_first_goes_on(method):
         if checked == 2:
             break
     assert checked == 2
+
+
+def _costs(verify_one: float, verify_more: float, draft: float):
+    """Rigged round costs: a forward over one token, over 2..32 tokens, drafting 1..15."""
+    from domino.budget import RoundCosts
+
+    return RoundCosts((0.0, verify_one) + (verify_more,) * 31, (0.0,) + (draft,) * 15)
+
+
+@pytest.mark.parametrize("tree", [None, "auto"])
+def test_the_rounds_after_a_request_has_left_are_planned_as_the_smaller_batch(tree):
+    """The budget plans each round with the costs of the batch size of the rows it carries
+    (domino.budget.cost_batch_size): rigged so that at batch 2 no draft pays and alone every
+    draft does, request 1's rounds verify one token while request 0 is in the batch and more
+    once request 0 has ended at its EOS; under "auto" the rounds of each batch size are
+    timed by that size's round-kind chooser. The outputs are the target's own. (Planned
+    with the call's batch size alone, every round is a plain step.)"""
+    gen = tiny_generator("qwen3")
+    for seed in range(30):
+        ps = prompts(2, seed)
+        eos, short = early_eos(gen, ps)
+        if eos is not None:
+            break
+    gen.eos_ids = [eos]
+    gen._costs[2] = _costs(10.0, 100.0, 50.0)  # two rows: verifying more than the anchor never pays
+    gen._costs[1] = _costs(20.0, 10.0, 0.05)  # one row: every draft pays
+    want = gen.generate_target_only(ps, max_new_tokens=N).token_ids
+    assert len(want[0]) == short < len(want[1]) == N
+    res = gen.generate(ps, max_new_tokens=N, tree=tree, lookup_tokens=0)
+    assert res.token_ids == want
+    together = len(res.verified_lengths[0])  # request 0's rounds: the ones with both rows
+    assert set(res.verified_lengths[1][:together]) == {1}
+    alone = res.verified_lengths[1][together:]  # the last one drafts what the token limit leaves room for
+    assert len(alone) > 1 and min(alone[:-1]) > 1, res.verified_lengths
+    if tree == "auto":
+        assert sum(gen._round_kinds[2].rounds.values()) == together
+        assert sum(gen._round_kinds[1].rounds.values()) == len(alone)
+
+
+def test_the_costs_of_every_batch_size_a_call_may_shrink_to_are_ready_before_it_decodes(monkeypatch):
+    """A call of 5 requests has the costs of batch sizes 1, 2, 4 and 5 (measured or read
+    from disk) before the target's first forward, so that no round waits on a measurement."""
+    import domino.generate
+
+    gen = tiny_generator("qwen3")
+    events = []
+    monkeypatch.setattr(domino.generate.budget, "round_costs",
+                        lambda g, size: events.append(size) or _costs(10.0, 100.0, 50.0))
+    handle = gen.target.register_forward_pre_hook(lambda *a: events.append("forward"))
+    try:
+        gen.generate(prompts(5), max_new_tokens=4, tree=None)
+    finally:
+        handle.remove()
+    assert events[:5] == [1, 2, 4, 5, "forward"] and set(events[5:]) == {"forward"}, events

@@ -7,7 +7,7 @@ import domino.generate
 import domino_ops
 from domino import budget
 from domino.budget import RoundCosts
-from engine_cases import V, check
+from engine_cases import V, check, rig_round_costs
 from tiny_models import tiny_generator
 
 @pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 4, 0.9)])
@@ -80,7 +80,7 @@ def test_adaptive_budget_sampling_matches_target(monkeypatch):
     for a random drafter); that a stopping rule cannot tilt the verified drafts is
     tests/test_budget.py::test_verify_length_is_a_stopping_rule."""
     gen = tiny_generator("qwen3", vocab=V, block_size=4, seed=3)
-    gen._costs[4000] = RoundCosts((0.0, 10.0, 10.5, 11.0, 11.5), (0.0, 0.5, 0.5, 0.5))
+    rig_round_costs(gen, 4000, RoundCosts((0.0, 10.0, 10.5, 11.0, 11.5), (0.0, 0.5, 0.5, 0.5)))
     chosen = []
     real = budget.best_verify_length
     monkeypatch.setattr(domino.generate.budget, "best_verify_length",

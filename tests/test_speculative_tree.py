@@ -18,7 +18,7 @@ from domino.fast_attention import use_small_batch_attention
 from domino.sampling_params import RowSampling
 from domino_ops.tree_draft import DraftTree, tree_size
 from engine_cases import PROMPT, V as SMALL_V, assert_distributed_as_target, assert_mostly_multi_token, check, \
-    cheap_verification, prompts
+    cheap_verification, prompts, rig_round_costs
 from tiny_models import RiggedDrafts, RowsOfTheRound, tiny_generator
 from torch_threads import torch_threads
 
@@ -380,9 +380,10 @@ def test_top_chain_counts_by_hand():
 
 
 def _auto_rounds_all_trees(gen, batch: int) -> None:
-    """Under "auto", every round of ``gen`` at ``batch`` a tree round."""
-    chooser = gen._round_kinds.setdefault(batch, domino.round_kind.RoundKindChooser())
-    chooser.choose = lambda: "tree"
+    """Under "auto", every round of ``gen`` in a call of ``batch`` requests a tree round
+    (the choosers of the smaller batch sizes its rounds have once requests finish too)."""
+    for size in domino.budget.cost_batch_sizes(batch):
+        gen._round_kinds.setdefault(size, domino.round_kind.RoundKindChooser()).choose = lambda: "tree"
 
 
 @pytest.mark.parametrize("use_head,batch", [(True, 1), (False, 3), (True, 3)])
@@ -395,8 +396,8 @@ def test_top_chain_counts_are_what_the_chain_would_have_done(use_head, batch, mo
     # over the three cases, against 1-3 with the default seed)
     gen = tiny_generator("qwen3", vocab=SMALL_V, seed=4)
     # verifying costs 1 ms a token more, a plain step twice a small verification: trees are drafted and cut
-    gen._costs[batch] = RoundCosts(tuple([0.0, 20.0] + [8.0 + t for t in range(2, 33)]),
-                                   tuple([0.0] + [0.05 * n for n in range(1, 16)]))
+    rig_round_costs(gen, batch, RoundCosts(tuple([0.0, 20.0] + [8.0 + t for t in range(2, 33)]),
+                                           tuple([0.0] + [0.05 * n for n in range(1, 16)])))
     _auto_rounds_all_trees(gen, batch)
     tree_round, top_chain_counts = gen._tree_round, domino.generate.top_chain_counts
     pending, seen = [], []
@@ -482,7 +483,7 @@ def test_tree_rounds_count_their_top_chain_in_the_chains_acceptance(monkeypatch)
     assert chain_kind.calls == counted
     # nothing pays: every tree round a plain step, and the chain's counts fade with the tree's
     made.clear()
-    gen._costs[2] = _costs(10.0, 100.0, 50.0)
+    rig_round_costs(gen, 2, _costs(10.0, 100.0, 50.0))
     res = gen.generate(ps, max_new_tokens=8)
     assert max(v for row in res.verified_lengths for v in row) == 1 and made[0].calls
     assert made[1].calls == [([0] * len(v), [0] * len(v)) for v, _ in made[0].calls]

@@ -21,7 +21,9 @@ one target forward, so the batch's choice maximises the sum over its live sequen
 The costs (:class:`RoundCosts`) are measured once per target, drafter, dtype, device,
 machine and thread count by :func:`measure_round_costs`, at two cache lengths, and cached on
 disk as JSON (:func:`round_costs`): a different machine, model or dtype gets a fresh
-measurement. Each round reads them at its own cache length (:meth:`RoundCosts.at`).
+measurement. Each round reads them at its own cache length (:meth:`RoundCosts.at`) and
+batch size: once requests of a batch have finished and left it, the rows still running
+(:func:`cost_batch_size`).
 """
 
 from __future__ import annotations
@@ -44,8 +46,8 @@ import domino_ops
 from domino_ops import cpu
 
 __all__ = ["Calibration", "DepthAcceptance", "RoundCosts", "best_draft_length", "best_graft_length", "best_tree_nodes",
-           "best_tree_size", "best_verify_length", "cost_key", "expected_tokens", "graft_gain", "measure_round_costs",
-           "round_costs", "tree_tokens"]
+           "best_tree_size", "best_verify_length", "cost_batch_size", "cost_batch_sizes", "cost_key", "expected_tokens",
+           "graft_gain", "measure_round_costs", "round_costs", "tree_tokens"]
 
 # Sizes timed by measure_round_costs; the others are interpolated linearly between them.
 _TIMED_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
@@ -628,6 +630,36 @@ def measure_round_costs(gen, batch_size: int = 1, contexts: tuple[int, int] = _C
     # more context never costs less: a long-context size timed below the short one was disturbed
     verify_long, draft_long = (tuple(map(max, a, b)) for a, b in zip(tables(long), (verify, draft)))
     return RoundCosts(verify, draft, batch_size, key, short, long, verify_long, draft_long)
+
+
+def cost_batch_sizes(batch_size: int) -> tuple[int, ...]:
+    """The batch sizes whose costs a call of ``batch_size`` requests plans with: the call's
+    own, and the powers of two below it, for the rounds after requests have finished and
+    left the batch (:func:`cost_batch_size`). Ascending.
+
+    Why more than one: a verification's cost grows with the rows it carries, so the call's
+    table overprices a round once rows have left, and the plan then drafts too little for
+    the requests still running. On the Zen 4 VM (SmolLM2, bf16, the shipped drafter, 128
+    cached positions) a 5-token verification costs 19.1 ms at batch 4 and 9.9 ms at batch
+    1, where one token costs 10.9 and 9.9: from the calibration's acceptance per depth, the
+    last request of a batch of 4 planned with batch 4's table drafts 2 tokens a round, and
+    with batch 1's, 7. Why powers of two and not every size: each table is a measurement of
+    seconds (3.7 / 5.1 / 7.8 / 10.2 s at batch 1 / 2 / 3 / 4 there), once per machine, and
+    a batch of 64 on a GPU must not measure 64."""
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+    return tuple(1 << i for i in range(batch_size.bit_length()) if 1 << i < batch_size) + (batch_size,)
+
+
+def cost_batch_size(rows: int, batch_size: int) -> int:
+    """The batch size of the measured costs that plan a round carrying ``rows`` rows in a
+    call of ``batch_size``: the smallest of :func:`cost_batch_sizes` at or above ``rows``
+    (a table of more rows than the round carries overprices it a little; one of fewer would
+    underprice it, and the plan would draft what does not pay)."""
+    sizes = cost_batch_sizes(batch_size)
+    if not isinstance(rows, int) or not 1 <= rows <= batch_size:
+        raise ValueError(f"rows must be an int in 1..{batch_size} (the call's batch size), got {rows!r}")
+    return next(size for size in sizes if size >= rows)
 
 
 def cost_cache_dir() -> Path:

@@ -335,8 +335,10 @@ class DominoGenerator:
         every round. ``num_drafts``: tokens drafted and verified per round (fewer in a
         greedy call's last rounds, where the output can take no more); None (the
         default, fastest) chooses them each round from the measured costs of this machine
-        (measured on the first call for a batch size, then cached on disk) and the
-        drafter's confidence; it chooses one size for the whole batch, so a seeded request
+        (measured on the first call for a batch size, then cached on disk; the rounds
+        after requests have finished read the costs of the rows left,
+        :func:`domino.budget.cost_batch_size`) and the drafter's confidence; it chooses
+        one size for the whole batch, so a seeded request
         repeats its tokens in another batch only with a fixed ``num_drafts`` (and away
         from the end of the context window, where rounds draft less). The output
         is exactly the target's own decoding: greedy at temperature 0, distributed as the
@@ -401,17 +403,19 @@ class DominoGenerator:
         if num_drafts is not None:
             prompts.check_int("num_drafts", num_drafts, lo=0, hi=n_max, none="None or ")
             num_drafts = int(num_drafts)
-        # the budget's costs, measured (or read from disk) before the clock starts
-        # (a sampled tree verifies every draw: no budget)
+        # the budget's costs, for the call's batch size and the smaller ones its rounds may
+        # carry once requests have finished, measured (or read from disk) before the clock
+        # starts (a sampled tree verifies every draw: no budget)
         adaptive = num_drafts is None if tree is None else tree.num_draft_tokens is None and not rows.any_sampled
-        costs = self.round_costs(len(seqs)) if adaptive else None
+        if adaptive:
+            for size in budget.cost_batch_sizes(len(seqs)):
+                self.round_costs(size)
         # "auto" with a tree (greedy, adaptive): each round a tree or a chain, by measured speed
-        kinds = (self._round_kinds.setdefault(len(seqs), RoundKindChooser())
-                 if auto and tree is not None and costs is not None else None)
+        auto = auto and tree is not None and adaptive
         t0 = time.perf_counter()
         with model_fixed(self.target), self.drafter.weights_fixed():
             token_ids, accept, verified = self._speculative(seqs, max_new_tokens, rows, use_head, stop, stream, tree,
-                                                            costs, num_drafts, lookup_tokens, datastore_tokens, kinds)
+                                                            adaptive, num_drafts, lookup_tokens, datastore_tokens, auto)
         return self._result(token_ids, accept, verified, time.perf_counter() - t0, batch, stop)
 
     @staticmethod
@@ -522,10 +526,12 @@ class DominoGenerator:
         return domino_ops.verify_sampling(draft_tokens, draft.probs, p, generator=sampling.generator)
 
     def _speculative(self, seqs, max_new_tokens, sampling: RowSampling, use_head, stop, stream, tree,
-                     costs: RoundCosts | None, num_drafts: int | None, lookup_tokens: int = 0,
-                     datastore_tokens: int = 0, kinds: RoundKindChooser | None = None):
-        """The rounds of one call: chain rounds (``tree`` None), tree rounds, or (``kinds``,
-        with a tree) each round's kind chosen by ``kinds`` from the measured speed of both."""
+                     adaptive: bool, num_drafts: int | None, lookup_tokens: int = 0,
+                     datastore_tokens: int = 0, auto: bool = False):
+        """The rounds of one call: chain rounds (``tree`` None), tree rounds, or (``auto``,
+        with a tree) each round's kind chosen from the measured speed of both. ``adaptive``:
+        each round planned by the budget from the costs of the batch size of the rows it
+        carries (:meth:`_round_plan`)."""
         b = len(seqs)
         state, first = self._prefill(seqs, sampling)
         state.position_limit = self._position_limit(seqs)
@@ -558,6 +564,7 @@ class DominoGenerator:
         sampling = self._leave_finished(state, sampling, done)
         while state.rows:
             rows = state.rows
+            costs, kinds = self._round_plan(len(rows), b, adaptive, auto)
             kind = "chain" if tree is None else "tree" if kinds is None else kinds.choose()
             position_room = self._position_room(seqs, out_ids, rows, state.position_limit)
             # at the end of the context: a chain round that fits (not timed for the round
@@ -591,12 +598,23 @@ class DominoGenerator:
             sampling = self._leave_finished(state, sampling, done)
         return out_ids, accept, verified
 
+    def _round_plan(self, rows: int, batch_size: int, adaptive: bool,
+                    auto: bool) -> tuple[RoundCosts | None, RoundKindChooser | None]:
+        """What plans a round carrying ``rows`` rows of a call of ``batch_size`` requests:
+        the budget's costs (None: not ``adaptive``) and, under ``auto``, the round-kind
+        chooser, both of the batch size :func:`domino.budget.cost_batch_size` picks, so that
+        once requests have finished the rounds of the others are planned and timed as the
+        smaller batch they are (the chooser, kept across calls, is one per such size)."""
+        if not adaptive:
+            return None, None
+        size = budget.cost_batch_size(rows, batch_size)
+        kinds = self._round_kinds.setdefault(size, RoundKindChooser()) if auto else None
+        return self.round_costs(size), kinds
+
     @staticmethod
     def _leave_finished(st: _Decoding, sampling: RowSampling, done: list[bool]) -> RowSampling:
         """Drops the rows of ``st`` whose requests are ``done``; returns the sampling
-        arguments of the rows left. (The budget goes on planning with the costs measured
-        at the call's batch size, as if every row were still in the forward: measuring
-        each smaller batch size would cost seconds.)"""
+        arguments of the rows left."""
         keep = [i for i, s in enumerate(st.rows) if not done[s]]
         if len(keep) == len(st.rows):
             return sampling
