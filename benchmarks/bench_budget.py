@@ -130,13 +130,15 @@ def main() -> None:
     print(f"{cpu.model()} ({cpu.isa()}); SmolLM2-135M-Instruct + the shipped drafter, bf16, small-batch linear + "
           f"attention; {args.max_new_tokens} new tokens per prompt, requests of {b}, "
           f"{'chain rounds' if args.chain else 'rounds as generate runs them'}")
-    for name in dict.fromkeys(("default", *args.variants)):
-        c = costs[name]
+    tables = [(size, name) for name in dict.fromkeys(("default", *args.variants)) for size in sizes
+              if size == b or name == "default"]  # at the smaller batch sizes, the default's printed alone
+    for size, name in tables:
+        c = by_size[size][name]
         for context, draft, verify in ((c.context, c.draft_ms, c.verify_ms),
                                        (c.long_context, c.draft_ms_long, c.verify_ms_long)):
             if draft:
-                print(f"  {name} costs at {context} cached: draft ms n=1..5 {[round(x, 1) for x in draft[1:6]]}, "
-                      f"verify ms t=1..5 {[round(x, 1) for x in verify[1:6]]}")
+                print(f"  {name} costs at batch {size}, {context} cached: draft ms n=1..5 "
+                      f"{[round(x, 1) for x in draft[1:6]]}, verify ms t=1..5 {[round(x, 1) for x in verify[1:6]]}")
     make_run = [[{"role": "user", "content": "Write a Python function that checks whether a number is prime."}]]
     sets = {"humaneval": ("HumanEval", lambda: humaneval_prompts(args.num_prompts)),
             "chat": ("chat", lambda: chat_prompts(args.num_prompts)), "make-run": ("make run", lambda: make_run * 3),

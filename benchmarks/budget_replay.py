@@ -8,8 +8,10 @@ as generation builds it) and how many of them the target accepts, ``L(t)``, are 
 the prompt. A policy then only decides where rounds start and how many drafts they verify,
 and its rounds can be replayed without running the models: a round at position t that
 verifies k drafts advances ``min(L(t), k) + 1`` tokens and costs what the measured cost
-tables (``domino.budget.round_costs``, the batch's own) say drafting n and verifying k + 1
-tokens cost, plus ``--overhead-ms`` of host work per drafting round.
+tables (``domino.budget.round_costs``; the table the engine plans that round with, of the
+batch size ``domino.budget.cost_batch_size`` picks for the sequences still decoding) say
+drafting n and verifying k + 1 tokens cost, plus ``--overhead-ms`` of host work per
+drafting round.
 
 The traces come from the engine as it runs by default (bf16, small-batch kernels): the
 target's continuation by plain greedy decoding, its features from one forward over prompt
@@ -126,21 +128,24 @@ class Library(Plain):
         self.acceptance.update(verified, accepted)
 
 
-def replay(traces: list[Trace], policy, costs: budget.RoundCosts, overhead_ms: float,
+def replay(traces: list[Trace], policy, costs: dict[int, budget.RoundCosts], overhead_ms: float,
            oracle: bool = False) -> tuple[int, float, int]:
     """(tokens, milliseconds, rounds) of one batch decoded under ``policy`` (``oracle``:
     each round the k maximising this round's tokens per millisecond, from the true
-    acceptance)."""
-    pos = [0] * len(traces)
+    acceptance). ``costs``: the tables by batch size, each of
+    ``domino.budget.cost_batch_sizes(len(traces))`` among them."""
+    b = len(traces)
+    pos = [0] * b
     tokens = rounds = 0
     ms = 0.0
-    n_max = min(costs.max_drafts, traces[0].confidence.shape[1])
+    n_max = min(costs[b].max_drafts, traces[0].confidence.shape[1])
     while True:
         live = [s for s, tr in enumerate(traces) if pos[s] < len(tr)]
         if not live:
             return tokens, ms, rounds
         rounds += 1
-        costs_now = costs.at(max(tr.prompt_len for tr in traces) + max(pos))
+        # planned and priced as the engine plans it: at the batch size of the rows left
+        costs_now = costs[budget.cost_batch_size(len(live), b)].at(max(tr.prompt_len for tr in traces) + max(pos))
         if oracle:
             def gain(k):
                 return sum(min(traces[s].accepted[pos[s]], k) + 1 for s in live) / costs_now.round_ms(k, k)
@@ -192,8 +197,8 @@ def main() -> None:
              f"{sum(map(len, traces))} positions, mean drafts accepted of a whole block {mean_L:.2f}; "
              f"overhead {args.overhead_ms} ms a drafting round"]
     for b in args.batch_sizes:
-        costs = gen.round_costs(b)
         batches = [traces[i:i + b] for i in range(0, len(traces), b)]
+        costs = {size: gen.round_costs(size) for bt in batches for size in budget.cost_batch_sizes(len(bt))}
         # a fresh policy per request: each generate call starts its own plan
         makers = ({f"library, margin {m:g}" + (" (its own)" if m == budget.DRAFT_MARGIN else ""):
                    lambda m=m: Library(gen, m) for m in sorted({budget.DRAFT_MARGIN, *args.margins})}

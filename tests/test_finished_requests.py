@@ -140,16 +140,31 @@ def test_the_rounds_after_a_request_has_left_are_planned_as_the_smaller_batch(tr
 
 def test_the_costs_of_every_batch_size_a_call_may_shrink_to_are_ready_before_it_decodes(monkeypatch):
     """A call of 5 requests has the costs of batch sizes 1, 2, 4 and 5 (measured or read
-    from disk) before the target's first forward, so that no round waits on a measurement."""
+    from disk) before the target's first forward, so that no round waits on a measurement;
+    its requests end at different rounds (EOS), and every size its rounds then read is
+    among them."""
     import domino.generate
 
     gen = tiny_generator("qwen3")
-    events = []
+    gen.eos_ids = []
+    ps = prompts(5, seed=3)
+    ends = [gen.generate_target_only(p, max_new_tokens=N).token_ids for p in ps]
+    # an EOS that request 0 writes early and the others later or never: the batch shrinks
+    eos = next(t for t in range(64) if t in ends[0][1:4] and all(t not in e[:4] for e in ends[1:]))
+    gen.eos_ids = [eos]
+    measured, events, read = [], [], []
+    rigged = _costs(20.0, 10.0, 0.05)  # every draft pays: rounds of several tokens
     monkeypatch.setattr(domino.generate.budget, "round_costs",
-                        lambda g, size: events.append(size) or _costs(10.0, 100.0, 50.0))
+                        lambda g, size: measured.append(size) or events.append("measure") or rigged)
+    real = domino.generate.budget.cost_batch_size
+    monkeypatch.setattr(domino.generate.budget, "cost_batch_size",
+                        lambda rows, b: read.append((rows, real(rows, b))) or read[-1][1])
     handle = gen.target.register_forward_pre_hook(lambda *a: events.append("forward"))
     try:
-        gen.generate(prompts(5), max_new_tokens=4, tree=None)
+        res = gen.generate(ps, max_new_tokens=N, tree=None)
     finally:
         handle.remove()
-    assert events[:5] == [1, 2, 4, 5, "forward"] and set(events[5:]) == {"forward"}, events
+    assert measured == [1, 2, 4, 5] and events[:5] == ["measure"] * 4 + ["forward"] and "measure" not in events[5:]
+    assert res.token_ids == gen.generate_target_only(ps, max_new_tokens=N).token_ids
+    assert {rows for rows, _ in read} > {5}  # rounds ran with fewer rows
+    assert all(size in measured for _, size in read)

@@ -654,8 +654,9 @@ def cost_batch_sizes(batch_size: int) -> tuple[int, ...]:
 def cost_batch_size(rows: int, batch_size: int) -> int:
     """The batch size of the measured costs that plan a round carrying ``rows`` rows in a
     call of ``batch_size``: the smallest of :func:`cost_batch_sizes` at or above ``rows``
-    (a table of more rows than the round carries overprices it a little; one of fewer would
-    underprice it, and the plan would draft what does not pay)."""
+    (a table of more rows than the round carries overprices it, by at most the cost of
+    twice its rows, and the plan drafts a little less than would pay; one of fewer rows
+    would underprice it, and the plan would draft what does not pay)."""
     sizes = cost_batch_sizes(batch_size)
     if not isinstance(rows, int) or not 1 <= rows <= batch_size:
         raise ValueError(f"rows must be an int in 1..{batch_size} (the call's batch size), got {rows!r}")

@@ -336,8 +336,9 @@ class DominoGenerator:
         greedy call's last rounds, where the output can take no more); None (the
         default, fastest) chooses them each round from the measured costs of this machine
         (measured on the first call for a batch size, then cached on disk; the rounds
-        after requests have finished read the costs of the rows left,
-        :func:`domino.budget.cost_batch_size`) and the drafter's confidence; it chooses
+        after requests have finished read those of the smallest measured batch size at or
+        above the rows left, :func:`domino.budget.cost_batch_size`) and the drafter's
+        confidence; it chooses
         one size for the whole batch, so a seeded request
         repeats its tokens in another batch only with a fixed ``num_drafts`` (and away
         from the end of the context window, where rounds draft less). The output
