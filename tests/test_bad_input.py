@@ -153,6 +153,57 @@ def test_uniforms_need_one_generator_per_row():
     assert domino_ops.sampling.expand_uniforms(torch.tensor([1, 0, 1]), 2, gens).shape == (3, 2)
 
 
+@pytest.mark.parametrize("shape,device,generator,exc,msg", [
+    ("x", "cpu", None, ValueError, "shape must be a sequence of ints >= 0"),
+    ((2, -1), "cpu", None, ValueError, "shape must be a sequence of ints >= 0"),
+    ((2, 1.5), "cpu", None, ValueError, "shape must be a sequence of ints >= 0"),
+    (torch.Size([2, 3]), 3, None, TypeError, "device must be a torch.device or a string"),
+    ((2, 3), "nowhere", None, ValueError, "device"),
+    ((2, 3), "cpu", [None, None], TypeError, r"generator\[0\] must be a torch.Generator"),
+    ((2, 3), "cpu", 7, TypeError, "generator must be a torch.Generator"),
+    ((2, 3), "meta", torch.Generator(), ValueError, "generator is on cpu but the op runs on meta"),
+])
+def test_draw_uniforms_names_a_bad_argument(shape, device, generator, exc, msg):
+    with pytest.raises(exc, match=msg):
+        domino_ops.draw_uniforms(shape, device, generator)
+    assert domino_ops.draw_uniforms(torch.Size([2, 3]), torch.device("cpu"), None).shape == (2, 3)
+
+
+def _tree_op_cases():
+    """(op, its valid arguments by name, the outputs it writes in place) for the four tree
+    ops, from each op's own test module."""
+    import test_build_tree_kernel_efficient as build
+    import test_tree_speculative_sampling_target_only as target_only
+    import test_verify_tree_greedy as greedy
+    import test_verify_tree_sampling as sampling
+
+    verified = ("predicts", "accept_index", "accept_token_num")
+    return [("build_tree_kernel_efficient", build.good_args,
+             ("tree_mask", "positions", "retrive_index", "retrive_next_token", "retrive_next_sibling")),
+            ("verify_tree_greedy", greedy.good_args, verified),
+            ("tree_speculative_sampling_target_only", target_only.good_args, verified),
+            ("verify_tree_sampling", sampling.good_args, verified)]
+
+
+@pytest.mark.parametrize("backend", ["native", "reference"])
+@pytest.mark.parametrize("op,good_args,outputs", _tree_op_cases(), ids=[c[0] for c in _tree_op_cases()])
+def test_tree_ops_refuse_to_overwrite_an_inference_tensor_outside_inference_mode(op, good_args, outputs, backend):
+    """The tree ops write their outputs in place: an inference tensor outside
+    torch.inference_mode() (which PyTorch refuses to update in place) is refused by name on
+    every backend alike (the native kernels used to write it, the reference to fail inside
+    PyTorch without naming it); inside inference mode the same call runs."""
+    fn = getattr(domino_ops, op)
+    for name in outputs:
+        args = good_args()
+        with torch.inference_mode():
+            args[name] = args[name].clone()
+        with pytest.raises(ValueError, match=f"{name} is overwritten in place, but is an inference tensor"):
+            fn(**args, backend=backend)
+    with torch.inference_mode():
+        args = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in good_args().items()}
+        fn(**args, backend=backend)
+
+
 def test_mixed_devices_meta():
     """Mixed devices are caught before any kernel runs (meta stands in for a GPU here)."""
     with pytest.raises(ValueError, match="w2 is on meta"):

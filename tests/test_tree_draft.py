@@ -319,6 +319,11 @@ def test_bad_input(kw, msg):
     ([1], {}, TypeError, "root_tokens must be a torch.Tensor"),
     (torch.tensor([1]), dict(topk=21), ValueError, r"topk must be an int in \[1, 20\] \(the vocabulary\)"),
     (torch.tensor([1]), dict(num_draft_tokens=3.0), TypeError, "num_draft_tokens must be an int or None"),
+    (torch.tensor([1]), dict(num_draft_tokens=torch.tensor([1, 2])), TypeError, "num_draft_tokens must be an int"),
+    (torch.tensor([1]), dict(num_draft_tokens=torch.tensor([1, 2]), temperature=1.0), TypeError,
+     "num_draft_tokens must be an int"),
+    (torch.tensor([1]), dict(temperature=None), TypeError, "temperature"),
+    (torch.tensor([1]), dict(temperature="x"), TypeError, "temperature"),
     (torch.tensor([1]), dict(base_logits=None), TypeError, "base_logits must be a torch.Tensor"),
     (torch.tensor([1]), dict(base_logits=torch.randn(4, 20)), ValueError, "base_logits must have 3 dimensions"),
 ])
@@ -337,6 +342,23 @@ def test_bad_roots_and_sizes_name_the_argument(roots, over, exc, msg):
     # a root id beyond the (draft) vocabulary is fine: it is the target's
     assert draft_tree(*head_rollout_inputs(1, 4, 20, 4, 5, 3, torch.float32, torch.float32, True, seed=0),
                       torch.tensor([49151]), topk=2, depth=2).candidates[0, 0] == 49151
+
+
+@pytest.mark.parametrize("name", ["w2", "base_logits", "state"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_inputs_that_require_grad_are_refused_in_grad_mode(name, temperature):
+    """draft_tree is an inference kernel like the expand steps it runs: an input that
+    autograd tracks would silently lose its gradient, so with grad mode on it is refused by
+    name (greedy and sampled alike; the trees used to come back untracked); under no_grad
+    the same call runs."""
+    names = ("base_logits", "hproj", "state", "gru_input", "w_ih", "w_hh", "w1s", "w2")
+    inputs = dict(zip(names, head_rollout_inputs(1, 4, 20, 4, 5, 3, torch.float32, torch.float32, True, seed=0)))
+    inputs[name] = inputs[name].clone().requires_grad_()
+    kw = dict(topk=2, depth=2, temperature=temperature, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(RuntimeError, match=f"draft_tree: {name} requires grad and grad mode is on"):
+        draft_tree(*inputs.values(), torch.zeros(1, dtype=torch.long), **kw)
+    with torch.no_grad():
+        draft_tree(*inputs.values(), torch.zeros(1, dtype=torch.long), **kw)
 
 
 @pytest.mark.parametrize("topk,depth", [(1, 3), (2, 1), (2, 4), (3, 3)])

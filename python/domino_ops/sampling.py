@@ -30,7 +30,19 @@ def draw_uniforms(shape: Sequence[int], device: torch.device | str,
                   ) -> torch.Tensor:
     """The uniforms [*shape] float64 in [0, 1) that a sampling op consumes, from one
     torch.Generator (or torch's default for None), or from a list of ``shape[0]``
-    generators, row i drawing its ``shape[1:]`` uniforms from generator i (per-request seeds)."""
+    generators, row i drawing its ``shape[1:]`` uniforms from generator i (per-request seeds).
+    Raises TypeError / ValueError naming ``shape``, ``device`` or ``generator`` for what is
+    not one of these."""
+    if (isinstance(shape, (str, bytes, torch.Tensor)) or not isinstance(shape, Sequence)
+            or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
+        raise ValueError(f"shape must be a sequence of ints >= 0, got {shape!r}")
+    if not isinstance(device, (torch.device, str)):
+        raise TypeError(f"device must be a torch.device or a string, got {type(device).__name__}")
+    try:
+        device = torch.device(device)
+    except RuntimeError as e:
+        raise ValueError(f"device: {e}") from e
+    _checks.generator(generator, device, rows=shape[0] if shape else None)
     if isinstance(generator, (list, tuple)):
         if not shape or len(generator) != shape[0]:
             raise ValueError(f"generator as a list must have one generator per row (shape[0] of {tuple(shape)}), "

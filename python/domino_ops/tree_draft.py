@@ -120,17 +120,8 @@ def draft_tree(base_logits: torch.Tensor, hproj: torch.Tensor, state: torch.Tens
     if isinstance(plain_depths, bool) or not isinstance(plain_depths, int) or plain_depths < 0:
         raise ValueError(f"plain_depths must be an int >= 0, got {plain_depths!r}")
     total = tree_size(topk, depth)
-    sampled = may_sample(temperature)
-    if sampled and num_draft_tokens not in (None, total + 1):
-        raise ValueError(f"num_draft_tokens must be {total + 1} (every candidate) at temperature > 0 or with "
-                         f"temperature given per sequence, got {num_draft_tokens}")
-    if num_draft_tokens is None:
-        num_draft_tokens = total + 1
-    if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, int):
+    if num_draft_tokens is not None and (isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, int)):
         raise TypeError(f"num_draft_tokens must be an int or None, got {type(num_draft_tokens).__name__}")
-    if not 2 <= num_draft_tokens <= total + 1:
-        raise ValueError(f"num_draft_tokens must be in [2, {total + 1}] for topk={topk}, depth={depth}, "
-                         f"got {num_draft_tokens}")
     dev = base_logits.device
     seq = torch.arange(b, device=dev)
     # The arguments are checked once, as the first step sees them; the steps after it run
@@ -139,6 +130,19 @@ def draft_tree(base_logits: torch.Tensor, hproj: torch.Tensor, state: torch.Tens
     chosen, temperature, top_k, top_p = check_expand_args(
         base_logits, hproj, state, seq, torch.zeros_like(seq), gru_input, w_ih, w_hh, w1s, w2, topk, temperature,
         top_k, top_p, generator, backend, w2_packed, w_hh_packed)
+    # an inference kernel: inputs that autograd tracks would silently lose their gradients
+    _checks.no_autograd("draft_tree", [("base_logits", base_logits), ("hproj", hproj), ("state", state),
+                                       ("gru_input", gru_input), ("w_ih", w_ih), ("w_hh", w_hh), ("w1s", w1s),
+                                       ("w2", w2)])
+    sampled = may_sample(temperature)
+    if sampled and num_draft_tokens not in (None, total + 1):
+        raise ValueError(f"num_draft_tokens must be {total + 1} (every candidate) at temperature > 0 or with "
+                         f"temperature given per sequence, got {num_draft_tokens}")
+    if num_draft_tokens is None:
+        num_draft_tokens = total + 1
+    if not 2 <= num_draft_tokens <= total + 1:
+        raise ValueError(f"num_draft_tokens must be in [2, {total + 1}] for topk={topk}, depth={depth}, "
+                         f"got {num_draft_tokens}")
 
     # A plain depth's correction is exactly zero: a rank-1 head of zeros (hproj, w1s, w2)
     # gives L = base + 0, the same bits as the full-rank zero w2 this used to allocate (and

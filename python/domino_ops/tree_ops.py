@@ -47,7 +47,7 @@ import torch
 
 from domino_ops import _checks, reference_tree
 from domino_ops import triton as triton_ops
-from domino_ops.ops import refuse_meta_reference, select_backend
+from domino_ops.ops import _check_writable, refuse_meta_reference, select_backend
 
 __all__ = ["build_tree_kernel_efficient", "verify_tree_greedy", "tree_speculative_sampling_target_only",
            "verify_tree_sampling", "FULL_MASK", "QLEN_ONLY", "QLEN_ONLY_BITPACKING"]
@@ -240,6 +240,9 @@ def build_tree_kernel_efficient(parent_list: torch.Tensor, selected_index: torch
                     ("retrive_next_sibling", retrive_next_sibling)):
         links[name] = _tensor(name, t, ndim=2, dtypes=(torch.int64,), device=dev)
         _shape(name, t, (bs, n))
+    for name, t in (("tree_mask", tree_mask), ("positions", positions), *links.items()):
+        _check_writable(name, t)  # the outputs, written in place by every backend alike
+
     def values():
         _no_alias({"tree_mask": tree_mask, "positions": positions, **links},
                   {"parent_list": parent_list, "selected_index": selected_index, "verified_seq_len": verified_seq_len})
@@ -274,6 +277,8 @@ def _verify_common(predicts, accept_index, accept_token_num, candidates, retrive
                          f"got {list(accept_index.shape)}")
     _tensor("accept_token_num", accept_token_num, ndim=1, dtypes=(torch.int32,), device=dev)
     _shape("accept_token_num", accept_token_num, (bs,))
+    for name, t in (("predicts", predicts), ("accept_index", accept_index), ("accept_token_num", accept_token_num)):
+        _check_writable(name, t)  # the outputs, written in place by every backend alike
     return dev, bs, n
 
 
