@@ -2,8 +2,9 @@
 (fifty-sixth session), medians:
 
 - stop strings: ``domino.stop_strings.stop_length`` on a 2,000- and a 4,000-token output
-  with 3 new tokens, checking the whole output (``clean=0``, what every step did before)
-  against the tail (``clean=n - 3``); SmolLM2's tokenizer;
+  with 3 new tokens, decoding the whole output (what every step did before) against the
+  tail (``clean=n - 3``: each new token checked on the text it can have changed); SmolLM2's
+  tokenizer;
 - a tree round's KV-cache compaction (``domino.tree.compact_tree_cache``): 30 layers of
   [1, 3, 300, 64] bf16, a 12-node round keeping 3, with the layers' storage as one tensor
   against the per-layer path (and one tensor for a batch of 4 sequences), a 128 MB pass between calls to leave the caches cold as a
@@ -49,7 +50,7 @@ def stop_strings() -> None:
     ids = tok.encode(text, add_special_tokens=False)
     stop = ["<|im_end|>x", "\n\n\n\n\n"]
     for n in (2000, 4000):
-        whole = median_us(lambda: stop_length(tok, ids[:n], stop, 0))
+        whole = median_us(lambda: any(s in tok.decode(ids[:n], skip_special_tokens=True) for s in stop))
         tail = median_us(lambda: stop_length(tok, ids[:n], stop, n - 3))
         print(f"stop strings, {n} tokens: whole output {whole:.0f} us, tail {tail:.0f} us a step")
 

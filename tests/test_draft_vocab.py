@@ -100,8 +100,9 @@ def test_subset_drafts_what_the_whole_vocabulary_drafts_from_logits_masked_to_it
     if use_head:
         E, w_ih, w_hh, w1h, w1s, w2 = d.head_weights()
         head = ((h[:, :3] @ w1h.T).float(), d.gru_state(st.anchor[:, None]), E, w_ih, w_hh, w1s, w2)
-        want_tree = domino_ops.draft_tree(masked[:, :3].contiguous(), *head, st.anchor, topk=3, depth=3,
-                                          plain_depths=d.config.pure_draft_prefix_len)
+        with torch.no_grad():  # an inference op: the drafter's weights require grad
+            want_tree = domino_ops.draft_tree(masked[:, :3].contiguous(), *head, st.anchor, topk=3, depth=3,
+                                              plain_depths=d.config.pure_draft_prefix_len)
         assert torch.equal(tree.candidates, want_tree.candidates)
 
 

@@ -121,6 +121,54 @@ def test_a_round_past_the_limit_eos_or_stop_string_is_cut_where_one_token_steps_
     assert res.token_ids == plain[:first] and stop not in res.text
 
 
+class CleanUpTokenizer:
+    """Ids as pieces of text, joined and then with the spaces before punctuation removed,
+    as HF's ``clean_up_tokenization`` does (``clean_up_tokenization_spaces=True``: WordPiece
+    and Unigram tokenizers): a later token can take text away from an earlier prefix's
+    ("a " then "a.")."""
+
+    chat_template = None
+    eos_token_id = None
+    pad_token_id = 0
+    PIECES = ["a", " ", ".", ",", "b", "!", " ", "?"]
+
+    def decode(self, ids, skip_special_tokens=True):
+        text = "".join(self.PIECES[i % len(self.PIECES)] for i in ids)
+        for before, after in ((" .", "."), (" ,", ","), (" !", "!"), (" ?", "?")):
+            text = text.replace(before, after)
+        return text
+
+
+def test_a_stop_string_that_a_later_token_of_the_round_cleans_away_stops_where_one_token_steps_stop():
+    """With a decoder whose longer prefixes need not extend shorter ones' text, a stop
+    string held only by a prefix inside a round (" " before a "." that removes it) stops
+    the generation at that prefix, as one token at a time does; the round checked only its
+    whole new text and went on."""
+    gen = tiny_generator("qwen3")
+    gen.tokenizer = tok = CleanUpTokenizer()
+    n = gen.drafter.config.num_drafts
+    checked = 0
+    for seed in range(60):
+        p = prompts(1, seed=seed)[0]
+        plain = gen.generate_target_only(p, max_new_tokens=40).token_ids
+        texts = [tok.decode(plain[:k]) for k in range(1, 41)]
+        # the first prefix holding a space, which the next token's text cleans away
+        first = next((k for k, t in enumerate(texts, start=1) if " " in t), None)
+        if first is None or first < 2 or first >= 40 or " " in texts[first]:
+            continue
+        rig = RiggedDrafts(gen, [p + plain])  # every draft right: rounds of the whole block
+        try:
+            res = gen.generate(p, max_new_tokens=40, num_drafts=n, tree=None, stop=[" "])
+        finally:
+            rig.restore()
+        assert res.token_ids == plain[:first] == gen.generate_plain(p, max_new_tokens=40, stop=[" "]).token_ids
+        assert max(res.acceptance_lengths) > 1
+        checked += 1
+        if checked == 3:
+            break
+    assert checked == 3
+
+
 def test_the_baseline_ignores_the_checkpoints_generation_defaults():
     """A target whose generation_config carries a repetition penalty (Qwen2.5-Instruct
     does): the plain baseline decodes the model's own greedy tokens, as speculation does."""

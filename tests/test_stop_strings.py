@@ -129,3 +129,47 @@ def test_a_step_completing_a_character_begun_before_it_finds_the_stop_string():
     assert stop_length(tok, ids, ["🦈"], clean=2) == 3 == first_stop(tok, ids, ["🦈"])
     prefix = tok.encode("fish: ", add_special_tokens=False)
     assert stop_length(tok, prefix + ids, ["🦈"], clean=len(prefix) + 2) == len(prefix) + 3
+
+
+class CleanUpDecoder:
+    """A decoder whose text of a longer prefix need not extend a shorter one's: pieces
+    joined, then the spaces before punctuation removed as HF's ``clean_up_tokenization``
+    does (``clean_up_tokenization_spaces=True``, WordPiece and Unigram tokenizers): "a " is
+    the text of [a, " "], and "a." that of [a, " ", "."]."""
+
+    PIECES = ["a", "b", " ", ".", ",", "?", "!", "'s", " n't", "x"]
+
+    def decode(self, ids, skip_special_tokens=True):
+        text = "".join(self.PIECES[i] for i in ids)
+        for before, after in ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
+                              (" 's", "'s")):
+            text = text.replace(before, after)
+        return text
+
+
+def test_a_stop_string_a_later_token_of_the_same_step_cleans_away_still_stops_there():
+    """[a, " ", "."] decodes to "a", "a ", "a.": one token at a time stops at the second
+    token on the stop string "a ", so a step adding the last two at once must stop there too
+    (it checked only the step's whole text, "a.", and went on)."""
+    tok = CleanUpDecoder()
+    assert [tok.decode([0, 2, 3][:k]) for k in (1, 2, 3)] == ["a", "a ", "a."]
+    assert stop_length(tok, [0, 2, 3], ["a "], clean=1) == 2 == first_stop(tok, [0, 2, 3], ["a "])
+    assert stop_length(tok, [0, 2, 3], [" "], clean=0) == 2
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_step_by_step_is_the_whole_prefix_answer_for_a_decoder_that_cleans_up_spaces(data):
+    """As test_step_by_step_is_the_whole_prefix_answer, with the clean-up decoder: stop
+    strings of spaces and punctuation that a later token can remove from the text."""
+    tok = CleanUpDecoder()
+    ids = data.draw(st.lists(st.integers(0, len(tok.PIECES) - 1), min_size=1, max_size=40), label="ids")
+    stops = data.draw(st.lists(st.sampled_from([" ", "a ", " .", "b ,", " n", "x ", " '", "? a"]), min_size=1,
+                               max_size=3), label="stops")
+    expected = first_stop(tok, ids, stops)
+    clean, got = 0, None
+    while clean < len(ids) and got is None:
+        n = min(len(ids), clean + data.draw(st.integers(1, 9), label="step"))
+        got = stop_length(tok, ids[:n], stops, clean)
+        clean = n
+    assert got == expected

@@ -115,7 +115,7 @@ void build_tree_kernel_efficient_cpu(const at::Tensor& parent_list, const at::Te
   const int64_t orphans = std::count(parent.begin(), parent.end(), kOrphan) - bs;  // minus the roots
   if (orphans > 0)
     TORCH_WARN("build_tree_kernel_efficient: invalid eagle tree, ", orphans, " draft token(s) whose parent was "
-               "not selected were left unlinked (NaN draft log-probabilities?)");
+               "not selected were left unlinked (NaN or tied -inf draft scores?)");
 
   // Pass 2: write.
   int64_t* pos = positions.data_ptr<int64_t>();

@@ -110,7 +110,7 @@ def build_tree_kernel_efficient(parent_list, selected_index, verified_seq_len, t
             packed[b * n:(b + 1) * n] = le  # little-endian words
     if orphans:
         warnings.warn(f"build_tree_kernel_efficient: invalid eagle tree, {orphans} draft token(s) whose parent was "
-                      "not selected were left unlinked (NaN draft log-probabilities?)", stacklevel=2)
+                      "not selected were left unlinked (NaN or tied -inf draft scores?)", stacklevel=2)
 
 
 def _walk_links(next_token: list[int], next_sibling: list[int], node: int, n: int):
