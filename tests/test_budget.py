@@ -176,7 +176,7 @@ def test_a_call_plans_with_its_own_batch_size_and_the_powers_of_two_below(batch_
         assert size in sizes and size >= rows and not any(rows <= s < size for s in sizes)
 
 
-@pytest.mark.parametrize("args,name", [((0, 4), "rows"), ((5, 4), "rows"), ((1, 0), "batch_size"),
+@pytest.mark.parametrize("args,name", [((0, 4), "rows"), ((5, 4), "rows"), ((True, 4), "rows"), ((1, 0), "batch_size"),
                                        ((1, 2.0), "batch_size")])
 def test_cost_batch_size_names_a_bad_argument(args, name):
     with pytest.raises(ValueError, match=name):

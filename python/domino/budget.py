@@ -646,7 +646,7 @@ def cost_batch_sizes(batch_size: int) -> tuple[int, ...]:
     with batch 1's, 7. Why powers of two and not every size: each table is a measurement of
     seconds (3.7 / 5.1 / 7.8 / 10.2 s at batch 1 / 2 / 3 / 4 there), once per machine, and
     a batch of 64 on a GPU must not measure 64."""
-    if not isinstance(batch_size, int) or batch_size < 1:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
     return tuple(1 << i for i in range(batch_size.bit_length()) if 1 << i < batch_size) + (batch_size,)
 
@@ -658,7 +658,7 @@ def cost_batch_size(rows: int, batch_size: int) -> int:
     twice its rows, and the plan drafts a little less than would pay; one of fewer rows
     would underprice it, and the plan would draft what does not pay)."""
     sizes = cost_batch_sizes(batch_size)
-    if not isinstance(rows, int) or not 1 <= rows <= batch_size:
+    if isinstance(rows, bool) or not isinstance(rows, int) or not 1 <= rows <= batch_size:
         raise ValueError(f"rows must be an int in 1..{batch_size} (the call's batch size), got {rows!r}")
     return next(size for size in sizes if size >= rows)
 

@@ -338,8 +338,7 @@ class DominoGenerator:
         (measured on the first call for a batch size, then cached on disk; the rounds
         after requests have finished read those of the smallest measured batch size at or
         above the rows left, :func:`domino.budget.cost_batch_size`) and the drafter's
-        confidence; it chooses
-        one size for the whole batch, so a seeded request
+        confidence; it chooses one size for the whole batch, so a seeded request
         repeats its tokens in another batch only with a fixed ``num_drafts`` (and away
         from the end of the context window, where rounds draft less). The output
         is exactly the target's own decoding: greedy at temperature 0, distributed as the
