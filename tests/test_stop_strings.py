@@ -173,3 +173,16 @@ def test_step_by_step_is_the_whole_prefix_answer_for_a_decoder_that_cleans_up_sp
         got = stop_length(tok, ids[:n], stops, clean)
         clean = n
     assert got == expected
+
+
+def test_the_slices_cut_start_and_an_empty_run_before_the_new_token_are_handled():
+    """Two edges of the slice a new token is checked on: its start may cut a character (the
+    slice's text then begins with U+FFFD, which the whole prefix's does not hold), and the
+    tokens before the new one may decode to nothing (a run of special tokens), so the slice
+    must reach back past them to the text a stop string spans."""
+    tok = tokenizer()
+    ids = tok.encode("🦈" * 100 + " ab", add_special_tokens=False)
+    assert stop_length(tok, ids, ["\ufffd"], clean=len(ids) - 1) is None
+    ids = tok.encode("x", add_special_tokens=False) + [tok.all_special_ids[0]] * 100 + tok.encode(
+        "y", add_special_tokens=False)
+    assert stop_length(tok, ids, ["xy"], clean=len(ids) - 1) == len(ids) == first_stop(tok, ids, ["xy"])

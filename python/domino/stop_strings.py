@@ -73,7 +73,12 @@ def stop_length(tokenizer, ids: Sequence[int], stop: Sequence[str], clean: int =
     for n in range(clean + 1, len(ids) + 1):
         if since is None or n - 1 - since > WINDOW_REUSE:
             since, start = n - 1, _window_start(tokenizer, ids, stop, n - 1)
-        if _contains(_decode(tokenizer, ids[start:n]), stop) and (
+        # A new occurrence starts past the slice's first EDGE_CHARS characters (the window
+        # reaches back the longest stop string and twice that margin), where the slice's
+        # text may differ from the whole text's (a character cut at its start as U+FFFD):
+        # searched from there, a stop string holding U+FFFD does not match the cut and
+        # decode the whole prefix to refute it at every token.
+        if _contains(_decode(tokenizer, ids[start:n])[EDGE_CHARS if start else 0:], stop) and (
                 start == 0 or _contains(_decode(tokenizer, ids[:n]), stop)):
             return n
     return None
