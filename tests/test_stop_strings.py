@@ -28,6 +28,17 @@ def first_stop(tok, ids, stop):
     return None
 
 
+def stepped_stop(data, tok, ids, stops):
+    """Where stop_length stops ``ids`` grown by random steps of 1-9 tokens, as rounds grow
+    an output, each step checked with the tokens before it as clean."""
+    clean, got = 0, None
+    while clean < len(ids) and got is None:
+        n = min(len(ids), clean + data.draw(st.integers(1, 9), label="step"))
+        got = stop_length(tok, ids[:n], stops, clean)
+        clean = n
+    return got
+
+
 def awkward_ids(tok):
     """Token ids of text with multi-byte characters (split across byte tokens), spaces,
     newlines and code, and special tokens (which decode to nothing)."""
@@ -55,13 +66,7 @@ def test_step_by_step_is_the_whole_prefix_answer(data):
             stops.append(text[i:i + data.draw(st.integers(1, 12), label="length")])
         else:
             stops.append(data.draw(st.text(min_size=1, max_size=6), label="stop"))
-    expected = first_stop(tok, ids, stops)
-    clean, got = 0, None
-    while clean < len(ids) and got is None:
-        n = min(len(ids), clean + data.draw(st.integers(1, 9), label="step"))
-        got = stop_length(tok, ids[:n], stops, clean)
-        clean = n
-    assert got == expected
+    assert stepped_stop(data, tok, ids, stops) == first_stop(tok, ids, stops)
 
 
 def test_a_step_decodes_only_the_tail():
@@ -166,13 +171,7 @@ def test_step_by_step_is_the_whole_prefix_answer_for_a_decoder_that_cleans_up_sp
     ids = data.draw(st.lists(st.integers(0, len(tok.PIECES) - 1), min_size=1, max_size=40), label="ids")
     stops = data.draw(st.lists(st.sampled_from([" ", "a ", " .", "b ,", " n", "x ", " '", "? a"]), min_size=1,
                                max_size=3), label="stops")
-    expected = first_stop(tok, ids, stops)
-    clean, got = 0, None
-    while clean < len(ids) and got is None:
-        n = min(len(ids), clean + data.draw(st.integers(1, 9), label="step"))
-        got = stop_length(tok, ids[:n], stops, clean)
-        clean = n
-    assert got == expected
+    assert stepped_stop(data, tok, ids, stops) == first_stop(tok, ids, stops)
 
 
 def test_the_slices_cut_start_and_an_empty_run_before_the_new_token_are_handled():
