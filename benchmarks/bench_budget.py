@@ -32,8 +32,8 @@ of the machine cannot favour one variant's table (a 2-core VM's tables swing by 
 minute to minute); the verification times are the default's for all, so the variants differ
 only in what they change. With ``--batch-size`` above 1 every table is measured at each
 batch size the call's rounds may be planned with (``domino.budget.cost_batch_sizes``), and
-the tokens/s column counts how many rows the target's forwards carried, against all of
-the call's rows in every round. Plain decoding is the engine's own loop
+each variant's cell also gives the rows the target's forwards carried, against all of the
+call's rows in every round ("rows"). Plain decoding is the engine's own loop
 (``DominoGenerator.generate_plain``).
 
 Prompts: HumanEval, held-out ShareGPT chat, `make run`'s prompt (three times), and
@@ -121,10 +121,9 @@ def main() -> None:
     b = args.batch_size
     sizes = budget.cost_batch_sizes(b)
     by_size = {size: variant_costs(gen, size) for size in sizes}  # [batch size][variant]
-    costs = by_size[b]
     defaults = DepthAcceptance.__init__.__defaults__  # (prior, prior_weight, memory)
     plan = budget.best_draft_length
-    settings = {name: (costs[name], float("inf") if name == "keep" else defaults[2],
+    settings = {name: (float("inf") if name == "keep" else defaults[2],  # (memory, margin)
                        0.0 if name in ("no margin", "drafting alone") else budget.DRAFT_MARGIN)
                 for name in args.variants}
     print(f"{cpu.model()} ({cpu.isa()}); SmolLM2-135M-Instruct + the shipped drafter, bf16, small-batch linear + "
@@ -183,7 +182,7 @@ def main() -> None:
                         if m == "plain":
                             out = gen.generate_plain(request, max_new_tokens=args.max_new_tokens, stream=stream)
                         else:
-                            _, memory, margin = settings[m]
+                            memory, margin = settings[m]
                             for size in sizes:
                                 gen._costs[size] = by_size[size][m]
                                 gen._round_kinds[size] = choosers[m][size]

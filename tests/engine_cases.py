@@ -17,6 +17,13 @@ def prompts(n, seed=0, vocab=64):
             for _ in range(n)]
 
 
+def flat_costs(verify_one: float, verify_more: float, draft: float):
+    """Rigged round costs: a forward over one token, over 2..32 tokens, drafting 1..15."""
+    from domino.budget import RoundCosts
+
+    return RoundCosts((0.0, verify_one) + (verify_more,) * 31, (0.0,) + (draft,) * 15)
+
+
 def rig_round_costs(gen, batch_size: int, costs) -> None:
     """Rigs ``gen``'s round costs (no measuring) for a call of ``batch_size`` requests: the
     call's own batch size and every smaller one its rounds are planned with once requests

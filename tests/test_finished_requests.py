@@ -6,7 +6,7 @@ every request's output stays the target's own."""
 import pytest
 
 from domino.budget import cost_batch_sizes
-from engine_cases import prompts
+from engine_cases import flat_costs, prompts
 from tiny_models import tiny_generator
 
 N = 24
@@ -101,13 +101,6 @@ def test_the_middle_rows_leave_and_the_first_goes_on(method):
     assert checked == 2
 
 
-def _costs(verify_one: float, verify_more: float, draft: float):
-    """Rigged round costs: a forward over one token, over 2..32 tokens, drafting 1..15."""
-    from domino.budget import RoundCosts
-
-    return RoundCosts((0.0, verify_one) + (verify_more,) * 31, (0.0,) + (draft,) * 15)
-
-
 @pytest.mark.parametrize("tree", [None, "auto"])
 def test_the_rounds_after_a_request_has_left_are_planned_as_the_smaller_batch(tree):
     """The budget plans each round with the costs of the batch size of the rows it carries
@@ -123,8 +116,8 @@ def test_the_rounds_after_a_request_has_left_are_planned_as_the_smaller_batch(tr
         if eos is not None:
             break
     gen.eos_ids = [eos]
-    gen._costs[2] = _costs(10.0, 100.0, 50.0)  # two rows: verifying more than the anchor never pays
-    gen._costs[1] = _costs(20.0, 10.0, 0.05)  # one row: every draft pays
+    gen._costs[2] = flat_costs(10.0, 100.0, 50.0)  # two rows: verifying more than the anchor never pays
+    gen._costs[1] = flat_costs(20.0, 10.0, 0.05)  # one row: every draft pays
     want = gen.generate_target_only(ps, max_new_tokens=N).token_ids
     assert len(want[0]) == short < len(want[1]) == N
     res = gen.generate(ps, max_new_tokens=N, tree=tree, lookup_tokens=0)
@@ -153,7 +146,7 @@ def test_the_costs_of_every_batch_size_a_call_may_shrink_to_are_ready_before_it_
     eos = next(t for t in range(64) if t in ends[0][1:4] and all(t not in e[:4] for e in ends[1:]))
     gen.eos_ids = [eos]
     measured, events, read = [], [], []
-    rigged = _costs(20.0, 10.0, 0.05)  # every draft pays: rounds of several tokens
+    rigged = flat_costs(20.0, 10.0, 0.05)  # every draft pays: rounds of several tokens
     monkeypatch.setattr(domino.generate.budget, "round_costs",
                         lambda g, size: measured.append(size) or events.append("measure") or rigged)
     real = domino.generate.budget.cost_batch_size

@@ -18,7 +18,7 @@ from domino.fast_attention import use_small_batch_attention
 from domino.sampling_params import RowSampling
 from domino_ops.tree_draft import DraftTree, tree_size
 from engine_cases import PROMPT, V as SMALL_V, assert_distributed_as_target, assert_mostly_multi_token, check, \
-    cheap_verification, prompts, rig_round_costs
+    cheap_verification, flat_costs, prompts, rig_round_costs
 from tiny_models import RiggedDrafts, RowsOfTheRound, tiny_generator
 from torch_threads import torch_threads
 
@@ -483,7 +483,7 @@ def test_tree_rounds_count_their_top_chain_in_the_chains_acceptance(monkeypatch)
     assert chain_kind.calls == counted
     # nothing pays: every tree round a plain step, and the chain's counts fade with the tree's
     made.clear()
-    rig_round_costs(gen, 2, _costs(10.0, 100.0, 50.0))
+    rig_round_costs(gen, 2, flat_costs(10.0, 100.0, 50.0))
     res = gen.generate(ps, max_new_tokens=8)
     assert max(v for row in res.verified_lengths for v in row) == 1 and made[0].calls
     assert made[1].calls == [([0] * len(v), [0] * len(v)) for v, _ in made[0].calls]
@@ -494,15 +494,10 @@ def test_tree_rounds_count_their_top_chain_in_the_chains_acceptance(monkeypatch)
     assert made[1].calls == []
 
 
-def _costs(verify_one: float, verify_more: float, draft: float) -> RoundCosts:
-    """Rigged round costs: a forward over one token, over 2..32 tokens, drafting 1..15."""
-    return RoundCosts((0.0, verify_one) + (verify_more,) * 31, (0.0,) + (draft,) * 15)
-
-
 @pytest.mark.parametrize("costs,expect", [
-    (_costs(10.0, 10.0, 0.0), "trees"),  # verifying more is free: a tree every round
-    (_costs(10.0, 100.0, 50.0), "plain"),  # no draft ever pays: plain steps, nothing drafted
-    (_costs(10.0, 12.0, 1.0), "trees, then plain"),  # pays at the prior's 0.5, not at what it sees
+    (flat_costs(10.0, 10.0, 0.0), "trees"),  # verifying more is free: a tree every round
+    (flat_costs(10.0, 100.0, 50.0), "plain"),  # no draft ever pays: plain steps, nothing drafted
+    (flat_costs(10.0, 12.0, 1.0), "trees, then plain"),  # pays at the prior's 0.5, not at what it sees
 ])
 def test_adaptive_tree_is_planned_before_drafting(costs, expect):
     """The adaptive tree plans each round from the acceptance seen so far before drafting, as

@@ -23,7 +23,7 @@ import torch
 from domino_ops import _checks, reference
 from domino_ops import triton as triton_ops
 from domino_ops.linear_packed import PANEL_COLS, PackedLinearWeight, small_batch_linear_packed_supported
-from domino_ops.sampling import draw_uniforms, expand_uniforms, kernel_sampling_args, may_sample, repeat_over_rows
+from domino_ops.sampling import drawn_uniforms, expand_uniforms, kernel_sampling_args, may_sample, repeat_over_rows
 
 __all__ = ["domino_head_rollout", "domino_head_expand", "sample", "filtered_probs", "verify_greedy", "verify_sampling", "has_kernel", "select_backend"]
 
@@ -173,7 +173,7 @@ def domino_head_rollout(base_logits: torch.Tensor, hproj: torch.Tensor, state: t
             base_logits, hproj, state, gru_input, w_ih, w_hh, w1s, w2, temperature=temperature,
             top_k=top_k, top_p=top_p, generator=generator, write_logits=write_logits)
     T, top_k, top_p, row_T, row_k, row_p = kernel_sampling_args(temperature, top_k, top_p, V)
-    uniforms = draw_uniforms((b, k), dev, generator) if may_sample(temperature) else None
+    uniforms = drawn_uniforms((b, k), dev, generator) if may_sample(temperature) else None
     tokens = torch.empty(b, k, dtype=torch.int64, device=dev)
     logprobs = torch.empty(b, k, dtype=torch.float32, device=dev)
     state_out = torch.empty(b, G, dtype=torch.float32, device=dev)
@@ -486,7 +486,7 @@ def sample(logits: torch.Tensor, *, temperature: float | torch.Tensor = 0.0, top
         return reference.sample(logits, temperature=temperature, top_k=top_k, top_p=top_p,
                                 generator=generator)
     T, top_k, top_p, row_T, row_k, row_p = kernel_sampling_args(temperature, top_k, top_p, V)
-    uniforms = draw_uniforms((b,), logits.device, generator) if may_sample(temperature) else None
+    uniforms = drawn_uniforms((b,), logits.device, generator) if may_sample(temperature) else None
     tokens = torch.empty(b, dtype=torch.int64, device=logits.device)
     _kernel("sample", chosen)(logits.contiguous(), T, top_k, top_p, uniforms, tokens, row_T, row_k, row_p)
     return tokens
@@ -592,8 +592,8 @@ def verify_sampling(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, targe
     refuse_meta_reference("verify_sampling", dev, chosen)
     if chosen == "reference":
         return reference.verify_sampling(draft_tokens, draft_probs, target_probs, generator=generator)
-    u_accept = draw_uniforms((b, k1 - 1), dev, generator)
-    u_resample = draw_uniforms((b,), dev, generator)
+    u_accept = drawn_uniforms((b, k1 - 1), dev, generator)
+    u_resample = drawn_uniforms((b,), dev, generator)
     out_tokens = torch.empty(b, k1, dtype=torch.int64, device=dev)
     num_accepted = torch.empty(b, dtype=torch.int64, device=dev)
     _kernel("verify_sampling", chosen)(draft_tokens, draft_probs.contiguous(), target_probs.contiguous(),

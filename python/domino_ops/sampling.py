@@ -43,10 +43,16 @@ def draw_uniforms(shape: Sequence[int], device: torch.device | str,
     except RuntimeError as e:
         raise ValueError(f"device: {e}") from e
     _checks.generator(generator, device, rows=shape[0] if shape else None)
+    return drawn_uniforms(shape, device, generator)
+
+
+def drawn_uniforms(shape: Sequence[int], device: torch.device | str,
+                   generator: torch.Generator | list[torch.Generator] | tuple[torch.Generator, ...] | None
+                   ) -> torch.Tensor:
+    """:func:`draw_uniforms` for the ops, whose own checks have already passed ``generator``
+    (:func:`domino_ops._checks.generator`, with ``shape[0]`` rows for a list): the draw
+    alone, without checking its arguments again at every step."""
     if isinstance(generator, (list, tuple)):
-        if not shape or len(generator) != shape[0]:
-            raise ValueError(f"generator as a list must have one generator per row (shape[0] of {tuple(shape)}), "
-                             f"got {len(generator)}")
         rows = [torch.rand(tuple(shape[1:]), dtype=torch.float64, device=device, generator=g) for g in generator]
         return torch.stack(rows) if rows else torch.empty(shape, dtype=torch.float64, device=device)
     return torch.rand(shape, dtype=torch.float64, device=device, generator=generator)
@@ -63,14 +69,14 @@ def expand_uniforms(node_seq: torch.Tensor, num_children: int,
     ``[0, len(generator))``)."""
     n, dev = node_seq.shape[0], node_seq.device
     if not isinstance(generator, (list, tuple)):
-        return draw_uniforms((n, num_children), dev, generator)
+        return drawn_uniforms((n, num_children), dev, generator)
     seq = node_seq.cpu()
     _checks.in_range("node_seq", seq, 0, len(generator), "hold values")
     u = torch.empty(n, num_children, dtype=torch.float64, device=dev)
     for s, g in enumerate(generator):
         nodes = torch.nonzero(seq == s)[:, 0]
         if nodes.numel():
-            u[nodes.to(dev)] = draw_uniforms((nodes.numel(), num_children), dev, g)
+            u[nodes.to(dev)] = drawn_uniforms((nodes.numel(), num_children), dev, g)
     return u
 
 

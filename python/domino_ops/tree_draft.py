@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from domino_ops import _checks
 from domino_ops.linear_packed import PackedLinearWeight
 from domino_ops.ops import check_expand_args, expand_outputs, filtered_probs, run_expand
-from domino_ops.sampling import draw_uniforms, may_sample
+from domino_ops.sampling import drawn_uniforms, may_sample
 
 __all__ = ["DraftTree", "candidate_parents", "draft_tree", "select_draft_nodes", "tree_size"]
 
@@ -164,7 +164,7 @@ def draft_tree(base_logits: torch.Tensor, hproj: torch.Tensor, state: torch.Tens
         # uniforms in node order, what domino_head_expand would draw, without reading node_seq.
         u = None
         if sampled and isinstance(generator, (list, tuple)):
-            u = draw_uniforms((b, n // b * topk), dev, generator).view(n, topk)
+            u = drawn_uniforms((b, n // b * topk), dev, generator).view(n, topk)
         return run_expand(chosen, base_logits, hp, node_state, node_seq, torch.full_like(node_seq, d), gru_input,
                           w_ih, w_hh, ws, w, topk, temperature, top_k, top_p, generator, wp, w_hh_packed, out, u)
 
