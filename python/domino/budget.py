@@ -640,12 +640,12 @@ def cost_batch_sizes(batch_size: int) -> tuple[int, ...]:
     Why more than one: a verification's cost grows with the rows it carries, so the call's
     table overprices a round once rows have left, and the plan then drafts too little for
     the requests still running. On the Zen 4 VM (SmolLM2, bf16, the shipped drafter, 128
-    cached positions) a 5-token verification costs 19.1 ms at batch 4 and 9.9 ms at batch
-    1, where one token costs 10.9 and 9.9: from the calibration's acceptance per depth, the
+    cached positions) a 5-token verification costs 20.1 ms at batch 4 and 11.0 ms at batch
+    1, where one token costs 11.8 and 11.0: from the calibration's acceptance per depth, the
     last request of a batch of 4 planned with batch 4's table drafts 2 tokens a round, and
     with batch 1's, 7. Why powers of two and not every size: each table is a measurement of
-    seconds (3.7 / 5.1 / 7.8 / 10.2 s at batch 1 / 2 / 3 / 4 there), once per machine, and
-    a batch of 64 on a GPU must not measure 64."""
+    seconds (4.2 / 5.3 / 7.6 / 8.5 s at batch 1 / 2 / 3 / 4 there), once per machine, and
+    a batch of 64 on a GPU must not measure 64 (``benchmarks/round_costs_by_batch.py``)."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
     return tuple(1 << i for i in range(batch_size.bit_length()) if 1 << i < batch_size) + (batch_size,)
