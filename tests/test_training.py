@@ -311,9 +311,11 @@ def run_train(root, out, *extra, nproc=None):
         # when the port was still taken)
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
                "-m", "training.train", *args]
-        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+        # a rank that aborts prints every thread's Python stack (faulthandler)
+        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
         proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, f"torchrun failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
+        assert proc.returncode == 0, (f"torchrun failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n"
+                                      f"{proc.stderr[-6000:]}")
 
     else:
         from training.train import main
