@@ -1,4 +1,4 @@
-"""Training: data shards, packed anchor batches, the loss recipe, resume, and DDP."""
+"""Training: data shards, packed anchor batches, the loss recipe, resume, and data parallel (torchrun)."""
 
 import json
 import os
@@ -309,8 +309,9 @@ def run_train(root, out, *extra, nproc=None):
     if nproc:
         # --standalone: a free rendezvous port each run (a fixed one failed the test once
         # when the port was still taken)
+        # each rank checks the process group is torn down after training (tests/train_rank.py)
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-               "-m", "training.train", *args]
+               str(REPO / "tests" / "train_rank.py"), *args]
         # a rank that aborts prints every thread's Python stack (faulthandler)
         env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
         proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)

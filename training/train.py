@@ -134,16 +134,28 @@ def forward_batch(model: DominoDraftModel, batch: AnchorBatch, *, kind: str, wei
                                   flat(batch.label_top_logprobs), weights.reshape(R), lam)
 
 
-class DrafterForward(torch.nn.Module):
-    """The drafter's training forward and loss as a module, so DistributedDataParallel can wrap it."""
+def broadcast_from_rank0(params: list[torch.nn.Parameter]) -> None:
+    """Rank 0's values of ``params`` on every rank, in place: the trained weights, whose
+    random start may differ by rank (the rest come from the target or a saved drafter)."""
+    for p in params:
+        dist.broadcast(p.data, 0)
 
-    def __init__(self, model: DominoDraftModel, kind: str, ttt: bool, autocast: bool, acceptance: bool = False):
-        super().__init__()
-        self.model, self.kind, self.ttt, self.autocast, self.acceptance = model, kind, ttt, autocast, acceptance
 
-    def forward(self, batch: AnchorBatch, weights: torch.Tensor, lam: float):
-        return forward_batch(self.model, batch, kind=self.kind, weights=weights, lam=lam, ttt=self.ttt,
-                             autocast=self.autocast, acceptance=self.acceptance)
+def sum_gradients_over_ranks(params: list[torch.nn.Parameter]) -> None:
+    """Each gradient of ``params`` summed over the ranks, in place, in one all-reduce per
+    dtype. Every rank runs the same forward, so the same parameters hold gradients on each.
+
+    Each rank's loss is its share of the global batch's loss (the normaliser is the global
+    batch's), so the sum is the global batch's gradient. An explicit collective and not
+    DistributedDataParallel, whose reducer keeps the process group alive after
+    ``destroy_process_group`` (torch 2.14; why that matters: where ``main`` starts the group)."""
+    with_grad = [p for p in params if p.grad is not None]
+    for dtype in dict.fromkeys(p.grad.dtype for p in with_grad):  # the same order on every rank
+        group = [p for p in with_grad if p.grad.dtype == dtype]
+        flat = torch.cat([p.grad.reshape(-1) for p in group])
+        dist.all_reduce(flat)
+        for p, g in zip(group, flat.split([p.numel() for p in group])):
+            p.grad = g.view_as(p)
 
 
 def weighted_loss(kind: str, logits: torch.Tensor, batch: AnchorBatch, weights: torch.Tensor) -> torch.Tensor:
@@ -441,12 +453,9 @@ def main(argv=None) -> dict:
     with its losses, learning rate and any evaluation made at it}."""
     args = parse_args(argv)
     distributed = "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1
-    rank, world = 0, 1
+    # torchrun's rank and world size; the process group itself starts after the target is loaded
+    rank, world = (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])) if distributed else (0, 1)
     if distributed:
-        # rank 0 evaluates (held-out conversations, generator prompts) while the others wait
-        # in the next step's gradient all-reduce: that can outlast gloo's default 30 minutes
-        dist.init_process_group("gloo", timeout=datetime.timedelta(hours=12))
-        rank, world = dist.get_rank(), dist.get_world_size()
         torch.set_num_threads(max(1, (os.cpu_count() or 2) // world))
     log = (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
 
@@ -466,6 +475,16 @@ def main(argv=None) -> dict:
     target = AutoModelForCausalLM.from_pretrained(args.target or smollm2_dir(quiet=True), dtype=torch.float32)
     target = target.to(device).eval()
     target.requires_grad_(False)
+    if distributed:
+        # Started after from_pretrained: a model loaded while a process group is up keeps that
+        # group alive past destroy_process_group (transformers 5.25, torch 2.14; so does
+        # DistributedDataParallel, hence sum_gradients_over_ranks), and with it gloo's worker
+        # threads, which then ran into the interpreter's exit and aborted a rank there
+        # ("terminate called without an active exception") when one finished late on a
+        # loaded machine; tests/train_rank.py checks none is left.
+        # Rank 0 evaluates (held-out conversations, generator prompts) while the others wait
+        # in the next step's gradient all-reduce: that can outlast gloo's default 30 minutes.
+        dist.init_process_group("gloo", timeout=datetime.timedelta(hours=12))
     check_data_target(args.data, target)
     all_shards = sorted(shard_index(f) for f in args.data.glob("shard_*.jsonl"))
     train_shards = [s for s in (args.train_shards or all_shards) if s not in args.eval_shards]
@@ -527,9 +546,7 @@ def main(argv=None) -> dict:
         log(f"warning: --bf16 on a {torch.backends.cpu.get_cpu_capability()} CPU without bf16 dot products: "
             "PyTorch's bf16 matmuls fall back to slow generic code here; fp32 (no --bf16) trains ~25x faster")
     log(f"matmuls in {'bf16 (autocast)' if autocast else 'fp32'}")
-    step_fn = DrafterForward(model, args.loss, args.ttt, autocast, acceptance=args.position_weights == "acceptance")
-    if distributed:  # gradients are averaged over ranks in backward
-        step_fn = torch.nn.parallel.DistributedDataParallel(step_fn)
+    trained = [p for p in model.parameters() if p.requires_grad]
     optim = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
     args.out.mkdir(parents=True, exist_ok=True)
     start = 0
@@ -538,6 +555,8 @@ def main(argv=None) -> dict:
         optim.load_state_dict(state["optim"])
         start = state["step"] + 1
         log(f"resumed from {ckpt} at step {start}")
+    if distributed:
+        broadcast_from_rank0(trained)
     weights = position_weights(c.num_drafts, args.gamma).to(device)
     eval_convs = held[:args.eval_convs]
     history = []
@@ -570,9 +589,13 @@ def main(argv=None) -> dict:
         # No valid label in the step (every one outside a small draft vocabulary): a zero
         # loss, not 0 / 0, whose NaN gradients AdamW would write into every weight.
         w_total = w_total.clamp_min(torch.finfo(w_total.dtype).tiny)
-        loss, loss_base, loss_final = step_fn(batch, w.view(-1, c.num_drafts) / w_total, lam)
+        loss, loss_base, loss_final = forward_batch(model, batch, kind=args.loss, weights=w.view(-1, c.num_drafts) / w_total,
+                                                    lam=lam, ttt=args.ttt, autocast=autocast,
+                                                    acceptance=args.position_weights == "acceptance")
         optim.zero_grad(set_to_none=True)
-        (loss * world).backward()  # DDP averages over ranks; the global normaliser is already in
+        loss.backward()
+        if distributed:
+            sum_gradients_over_ranks(trained)
         torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
         optim.step()
         lb, lf = loss_base.clone(), loss_final.clone()
