@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import domino_ops
+import domino_ops.cpu  # noqa: F401  (kernel_switch; not imported by the package itself)
 from domino.fast_linear import runs_packed, use_small_batch_linear
 
 ENV = "DOMINO_SMALL_BATCH_LINEAR_PACKED_PATH"

@@ -536,3 +536,68 @@ def test_no_packed_copy_outlives_its_use_once_layers_are_fused():
     assert any("_domino_fused_packed" in vars(m) for m in model.modules())
     held = {d.untyped_storage().data_ptr(): d.untyped_storage().nbytes() for d in copies}
     assert sum(held.values()) <= sum(d.numel() * d.element_size() + 128 for d in copies)
+
+
+def test_small_batch_attention_refuses_models_with_their_own_attention_code():
+    """BLOOM computes attention in its own code but builds its mask by the implementation's
+    name: switched, it silently attended to later tokens (the kernel's mask function says
+    "causal, by the kernel's rule"). It is refused by name, and use_cpu_kernels leaves its
+    attention as it was, with a warning, still causal."""
+    import transformers
+
+    from domino.fast_attention import attention_switchable, uses_small_batch_attention
+    from domino.loading import use_cpu_kernels
+
+    torch.manual_seed(0)
+    cfg = transformers.BloomConfig(vocab_size=64, hidden_size=32, n_layer=2, n_head=4)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    assert not attention_switchable(model) and attention_switchable(cpu_target("llama", torch.float32))
+    with pytest.raises(ValueError, match="BloomForCausalLM computes its attention in its own code"):
+        use_small_batch_attention(model)
+    with pytest.warns(UserWarning, match="BloomForCausalLM computes attention in its own code"):
+        use_cpu_kernels(model, small_batch_linear=False, small_batch_attention=True)
+    assert not uses_small_batch_attention(model)
+    ids = torch.randint(0, 64, (1, 6), generator=torch.Generator().manual_seed(1))
+    changed = ids.clone()
+    changed[0, -1] = (ids[0, -1] + 1) % 64
+    with torch.inference_mode():
+        a, b = model(ids).logits, model(changed).logits
+    assert torch.equal(a[:, :-1], b[:, :-1])  # no position sees the last token
+
+
+def test_small_batch_attention_runs_gemma2_softcap_on_its_eager_attention():
+    """Gemma 2 passes a logit softcap the kernel does not compute: that attention runs on the
+    model's own eager attention (it fell back to HF's sdpa, which refuses softcap: the
+    switched model raised where the unswitched one ran)."""
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.Gemma2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                    num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                    attn_logit_softcapping=30.0, attn_implementation="eager")
+    own = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    switched = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    switched.load_state_dict(own.state_dict())
+    use_small_batch_attention(switched)
+    ids = torch.randint(0, 64, (2, 5), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        torch.testing.assert_close(switched(ids).logits, own(ids).logits)
+
+
+@pytest.mark.parametrize("bad", [None, "model", 3, torch.zeros(2)])
+def test_kernel_switches_name_a_bad_model_argument(bad):
+    """Every switch refuses what is not a module with a TypeError naming ``model`` (some
+    failed on an attribute deep inside, some returned the argument as if switched);
+    use_small_batch_attention also wants a HF model."""
+    from domino import fast_attention, fast_forward, fast_layers, fast_linear
+
+    switches = [getattr(mod, f"{verb}_{what}") for mod, what in [(fast_linear, "small_batch_linear"),
+                                                                 (fast_layers, "fused_layers"),
+                                                                 (fast_forward, "fast_forward"),
+                                                                 (fast_attention, "small_batch_attention")]
+                for verb in ("use", "undo", "uses")]
+    for switch in switches:
+        with pytest.raises(TypeError, match="model must be a"):
+            switch(bad)
+    with pytest.raises(TypeError, match="model must be a HF transformers PreTrainedModel, got Sequential"):
+        use_small_batch_attention(torch.nn.Sequential())

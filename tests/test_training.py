@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -298,7 +299,7 @@ def test_training_on_target_argmax_labels_trains_on_other_labels(sampled_run, tm
     assert [r["loss_final"] for r in default] != [r["loss_final"] for r in argmax]
 
 
-def run_train(root, out, *extra, nproc=None):
+def run_train(root, out, *extra, nproc=None, env=None):
     """The trainer on the tiny run's data, in this process (a fresh interpreter per run cost
     ~5 s of imports), or as ``nproc`` data-parallel processes under torchrun; its log."""
     # a new drafter's shape (a saved one, --init-from, brings its own)
@@ -313,7 +314,8 @@ def run_train(root, out, *extra, nproc=None):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
                str(REPO / "tests" / "train_rank.py"), *args]
         # a rank that aborts prints every thread's Python stack (faulthandler)
-        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
+        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1",
+               **(env or {})}
         proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, (f"torchrun failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n"
                                       f"{proc.stderr[-6000:]}")
@@ -840,3 +842,20 @@ def test_features_of_other_layers_are_refused(tiny_run):
     assert load_shards(root / "data", [1], layer_ids=layer_ids)
     with pytest.raises(ValueError, match=r"holds the features of target layers .* but the drafter reads \[0, 1\]"):
         load_shards(root / "data", [1], layer_ids=[0, 1])
+
+
+def test_two_processes_refuse_what_would_train_them_apart(tiny_run, tmp_path):
+    """Under torchrun, a step with fewer sequences than ranks and ranks that load other
+    training shards are refused by name (the first once crashed in a reshape, the second
+    trained each rank on other data silently), and a refused run leaves no gloo thread."""
+    root, _ = tiny_run
+    with pytest.raises(AssertionError, match=r"--seqs-per-step 1: fewer sequences a step than the 2 ranks"):
+        run_train(root, tmp_path / "few", "--steps", "1", "--seqs-per-step", "1", nproc=2)
+    # rank 1 reads a copy of the data without shard 2 (train_rank.py's DATA_FOR_RANK_1)
+    other = tmp_path / "data_rank1"
+    shutil.copytree(root / "data", other)
+    for f in other.glob("shard_00002*"):
+        f.unlink()
+    with pytest.raises(AssertionError, match=r"the ranks loaded different training data") as e:
+        run_train(root, tmp_path / "apart", "--steps", "1", nproc=2, env={"DATA_FOR_RANK_1": str(other)})
+    assert "gloo threads alive" not in str(e.value) and "terminate called" not in str(e.value)

@@ -1,7 +1,8 @@
 """One torchrun rank of ``training.train`` (argv: the trainer's), then a check that the
-process group is gone: gloo's worker threads, alive into the interpreter's exit, once
-aborted a rank there (``training.train.sum_gradients_over_ranks``). Exit status 3 if any is
-left."""
+process group is gone, whether the run trained or was refused: gloo's worker threads,
+alive into the interpreter's exit, once aborted a rank there (where ``training.train.main``
+starts the group). Exit status 3 if any is left. ``DATA_FOR_RANK_1``: another --data for
+rank 1 (a test of ranks that load different shards)."""
 import os
 import sys
 
@@ -20,7 +21,12 @@ def gloo_threads() -> list[str]:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
-    if left := gloo_threads():
-        print(f"rank {os.environ.get('RANK')}: gloo threads alive after training: {left}", file=sys.stderr)
-        sys.exit(3)
+    argv = sys.argv[1:]
+    if os.environ.get("RANK") == "1" and "DATA_FOR_RANK_1" in os.environ:
+        argv[argv.index("--data") + 1] = os.environ["DATA_FOR_RANK_1"]
+    try:
+        main(argv)
+    finally:
+        if left := gloo_threads():
+            print(f"rank {os.environ.get('RANK')}: gloo threads alive after training: {left}", file=sys.stderr)
+            sys.exit(3)

@@ -141,6 +141,21 @@ def broadcast_from_rank0(params: list[torch.nn.Parameter]) -> None:
         dist.broadcast(p.data, 0)
 
 
+def check_same_data_on_every_rank(train: list[Conversation]) -> None:
+    """Raises SystemExit (after closing the process group) unless every rank loaded the
+    same training conversations (their count and response tokens): each rank draws the
+    step's sequences by index from its own list, so ranks that see other shards would
+    train on other data without an error."""
+    n = torch.tensor([len(train), sum(len(x.tokens) - x.prompt_len for x in train)], dtype=torch.float64)
+    lo, hi = n.clone(), n.clone()
+    dist.all_reduce(lo, op=dist.ReduceOp.MIN)
+    dist.all_reduce(hi, op=dist.ReduceOp.MAX)
+    if not torch.equal(lo, hi):
+        dist.destroy_process_group()
+        raise SystemExit(f"--data: the ranks loaded different training data ({int(lo[0])} to {int(hi[0])} "
+                         "conversations): every rank must see the same shards")
+
+
 def sum_gradients_over_ranks(params: list[torch.nn.Parameter]) -> None:
     """Each gradient of ``params`` summed over the ranks, in place, in one all-reduce per
     dtype. Every rank runs the same forward, so the same parameters hold gradients on each.
@@ -456,6 +471,9 @@ def main(argv=None) -> dict:
     # torchrun's rank and world size; the process group itself starts after the target is loaded
     rank, world = (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])) if distributed else (0, 1)
     if distributed:
+        if args.seqs_per_step < world:  # a rank with no sequence would have nothing to train on
+            raise SystemExit(f"--seqs-per-step {args.seqs_per_step}: fewer sequences a step than the {world} ranks "
+                             "that share them")
         torch.set_num_threads(max(1, (os.cpu_count() or 2) // world))
     log = (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
 
@@ -475,16 +493,6 @@ def main(argv=None) -> dict:
     target = AutoModelForCausalLM.from_pretrained(args.target or smollm2_dir(quiet=True), dtype=torch.float32)
     target = target.to(device).eval()
     target.requires_grad_(False)
-    if distributed:
-        # Started after from_pretrained: a model loaded while a process group is up keeps that
-        # group alive past destroy_process_group (transformers 5.25, torch 2.14; so does
-        # DistributedDataParallel, hence sum_gradients_over_ranks), and with it gloo's worker
-        # threads, which then ran into the interpreter's exit and aborted a rank there
-        # ("terminate called without an active exception") when one finished late on a
-        # loaded machine; tests/train_rank.py checks none is left.
-        # Rank 0 evaluates (held-out conversations, generator prompts) while the others wait
-        # in the next step's gradient all-reduce: that can outlast gloo's default 30 minutes.
-        dist.init_process_group("gloo", timeout=datetime.timedelta(hours=12))
     check_data_target(args.data, target)
     all_shards = sorted(shard_index(f) for f in args.data.glob("shard_*.jsonl"))
     train_shards = [s for s in (args.train_shards or all_shards) if s not in args.eval_shards]
@@ -556,6 +564,17 @@ def main(argv=None) -> dict:
         start = state["step"] + 1
         log(f"resumed from {ckpt} at step {start}")
     if distributed:
+        # Started here, after the target is loaded and every argument and data check has
+        # passed: a model loaded while a process group is up keeps that group alive past
+        # destroy_process_group (transformers 5.25, torch 2.14; so does
+        # DistributedDataParallel, hence sum_gradients_over_ranks), and so does an exit by
+        # SystemExit; gloo's worker threads then ran into the interpreter's exit and aborted
+        # a rank there ("terminate called without an active exception") now and then;
+        # tests/train_rank.py checks none is left.
+        # Rank 0 evaluates (held-out conversations, generator prompts) while the others wait
+        # in the next step's gradient all-reduce: that can outlast gloo's default 30 minutes.
+        dist.init_process_group("gloo", timeout=datetime.timedelta(hours=12))
+        check_same_data_on_every_rank(train)
         broadcast_from_rank0(trained)
     weights = position_weights(c.num_drafts, args.gamma).to(device)
     eval_convs = held[:args.eval_convs]
@@ -589,9 +608,9 @@ def main(argv=None) -> dict:
         # No valid label in the step (every one outside a small draft vocabulary): a zero
         # loss, not 0 / 0, whose NaN gradients AdamW would write into every weight.
         w_total = w_total.clamp_min(torch.finfo(w_total.dtype).tiny)
-        loss, loss_base, loss_final = forward_batch(model, batch, kind=args.loss, weights=w.view(-1, c.num_drafts) / w_total,
-                                                    lam=lam, ttt=args.ttt, autocast=autocast,
-                                                    acceptance=args.position_weights == "acceptance")
+        loss, loss_base, loss_final = forward_batch(
+            model, batch, kind=args.loss, weights=w.view(-1, c.num_drafts) / w_total, lam=lam, ttt=args.ttt,
+            autocast=autocast, acceptance=args.position_weights == "acceptance")
         optim.zero_grad(set_to_none=True)
         loss.backward()
         if distributed:

@@ -11,10 +11,12 @@ fp32, for chains, trees and ragged batches alike (a hidden key contributes nothi
 even a rounding). It is also the faster attention for decoding on the CPU (SDPA pays a
 per-call setup that dwarfs a one-row attention): ``benchmarks/bench_attention.py``.
 
-Off the CPU, where autograd needs a graph, with dropout in training, or with what the
-kernel does not compute (a logit softcap, attention sinks, a position bias: any keyword
-HF passes beyond the mask's), the layer falls back to HF's SDPA attention; where attention
-weights are asked for (``output_attentions``), to the model's eager attention.
+Off the CPU, where autograd needs a graph, or with dropout in training, the layer falls
+back to HF's SDPA attention; where attention weights are asked for (``output_attentions``)
+or the kernel does not compute what the model asks (a logit softcap, attention sinks, a
+position bias: any keyword HF passes beyond the mask's), to the model's eager attention.
+Only models whose attention goes through HF's attention interface can be switched
+(:func:`attention_switchable`).
 ``undo_small_batch_attention`` restores the previous implementation.
 """
 
@@ -25,9 +27,10 @@ import warnings
 
 import torch
 
-from domino.fast_linear import cpu_kernel_applies
+from domino.fast_linear import check_module, cpu_kernel_applies
 
-__all__ = ["ATTENTION", "use_small_batch_attention", "undo_small_batch_attention", "uses_small_batch_attention",
+__all__ = ["ATTENTION", "attention_switchable",
+           "use_small_batch_attention", "undo_small_batch_attention", "uses_small_batch_attention",
            "small_batch_attention_forward"]
 
 ATTENTION = "domino_small_batch"
@@ -64,8 +67,11 @@ def _additive_mask(attention_mask, q: int, kv: int, query: torch.Tensor) -> torc
 
 def _hf_attention(module, query, key, value, attention_mask, dropout, scaling, kwargs):
     """HF's own attention for what the kernel does not do: the model's eager attention where
-    attention weights are asked for (sdpa returns none), else sdpa."""
-    if kwargs.get("output_attentions"):
+    attention weights are asked for (sdpa returns none) or a keyword outside
+    :data:`_MASK_ONLY_KWARGS` is given (the model's own math, e.g. Gemma 2's softcap, which
+    HF's sdpa refuses), else sdpa."""
+    own_math = any(v is not None and k not in _MASK_ONLY_KWARGS for k, v in kwargs.items())
+    if kwargs.get("output_attentions") or own_math:
         eager = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
         if eager is not None:
             mask = _additive_mask(attention_mask, query.shape[2], key.shape[2], query)
@@ -89,7 +95,8 @@ def _kernel_computes(module, query, key, value, dropout, kwargs) -> bool:
             if name not in _warned:
                 _warned.add(name)
                 warnings.warn(f"domino small-batch attention: {type(module).__name__} passes {name}=, which the "
-                              "kernel does not compute; that attention runs on HF's sdpa", stacklevel=3)
+                              "kernel does not compute; that attention runs on the model's eager attention",
+                              stacklevel=3)
             return False
     return True
 
@@ -131,9 +138,35 @@ def _register() -> None:
     AttentionMaskInterface.register(ATTENTION, sdpa_mask)  # bool masks, None when nothing is hidden
 
 
+def attention_switchable(model: torch.nn.Module) -> bool:
+    """Whether ``model`` (a HF ``PreTrainedModel``) runs every attention through HF's
+    attention interface, so that :func:`use_small_batch_attention` applies: every HF model
+    class in it declares ``_supports_attention_backend``. Others (BLOOM, XGLM, MPT, ...)
+    compute attention in their own code but build its mask by the implementation's name,
+    and the kernel's mask function means "causal, by the kernel's rule": switched, they
+    attended to later tokens silently, or raised."""
+    from transformers import PreTrainedModel
+
+    models = [m for m in model.modules() if isinstance(m, PreTrainedModel)]
+    return isinstance(model, PreTrainedModel) and all(getattr(type(m), "_supports_attention_backend", False)
+                                                      for m in models)
+
+
 def use_small_batch_attention(model: torch.nn.Module) -> torch.nn.Module:
     """Switches a HF model's attention to :func:`small_batch_attention_forward`, in place;
-    returns ``model``. Idempotent."""
+    returns ``model``. Idempotent. Raises TypeError for a ``model`` that is not a HF
+    ``PreTrainedModel``, ValueError for one whose attention does not go through HF's
+    attention interface (:func:`attention_switchable`). The implementation is the model's
+    config's: another model sharing that config object is switched too (as HF's own
+    ``set_attn_implementation`` does)."""
+    from transformers import PreTrainedModel
+
+    if not isinstance(model, PreTrainedModel):
+        raise TypeError(f"model must be a HF transformers PreTrainedModel, got {type(model).__name__}")
+    if not attention_switchable(model):
+        raise ValueError(f"model: {type(model).__name__} computes its attention in its own code, not through HF's "
+                         "attention interface (_supports_attention_backend is not set): the small-batch attention "
+                         "cannot run under it")
     _register()
     config = model.config
     if config._attn_implementation != ATTENTION:
@@ -144,6 +177,7 @@ def use_small_batch_attention(model: torch.nn.Module) -> torch.nn.Module:
 
 def undo_small_batch_attention(model: torch.nn.Module) -> torch.nn.Module:
     """Restores the attention implementation replaced by :func:`use_small_batch_attention`."""
+    check_module(model)
     previous = getattr(model, _PREVIOUS, None)
     if previous is not None:
         model.config._attn_implementation = previous
@@ -152,5 +186,7 @@ def undo_small_batch_attention(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def uses_small_batch_attention(model: torch.nn.Module) -> bool:
-    """Whether ``model``'s attention runs on the small-batch attention kernel."""
-    return getattr(model.config, "_attn_implementation", None) == ATTENTION
+    """Whether ``model``'s attention runs on the small-batch attention kernel (False for a
+    module without a HF config)."""
+    check_module(model)
+    return getattr(getattr(model, "config", None), "_attn_implementation", None) == ATTENTION

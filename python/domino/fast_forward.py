@@ -76,7 +76,7 @@ from torch.nn.modules.module import _global_forward_hooks, _global_forward_pre_h
 
 from domino.fast_attention import small_batch_attention_forward, uses_small_batch_attention
 from domino.fast_layers import ATTENTION_SOURCE_SHA1, _FLAG as _FUSED_LAYER_FLAG, _is_silu
-from domino.fast_linear import _PACKS, PackedProduct, packed_product, place_packed_weights
+from domino.fast_linear import _PACKS, PackedProduct, check_module, packed_product, place_packed_weights
 from domino.fixed_blocks import fixed_block, fixed_value
 
 __all__ = ["use_fast_forward", "undo_fast_forward", "uses_fast_forward", "fast_forward", "model_fixed", "SOURCE_SHA1"]
@@ -542,6 +542,7 @@ def use_fast_forward(model: torch.nn.Module) -> torch.nn.Module:
     """Switches a Llama, Qwen2 or Qwen3 causal LM already on the CPU kernels to :func:`fast_forward`,
     in place, where it applies (module docstring); returns ``model``. Idempotent; a model
     it does not apply to is left as it is."""
+    check_module(model)
     if getattr(model, _SWITCHED, False):
         return model
     with torch.no_grad():
@@ -558,6 +559,7 @@ def use_fast_forward(model: torch.nn.Module) -> torch.nn.Module:
 
 def undo_fast_forward(model: torch.nn.Module) -> torch.nn.Module:
     """Restores the forward switched by :func:`use_fast_forward`."""
+    check_module(model)
     if getattr(model, _SWITCHED, False):
         del model.forward
         delattr(model, _SWITCHED)
@@ -568,4 +570,5 @@ def undo_fast_forward(model: torch.nn.Module) -> torch.nn.Module:
 
 def uses_fast_forward(model: torch.nn.Module) -> bool:
     """Whether ``model`` runs :func:`fast_forward`."""
+    check_module(model)
     return getattr(model, _SWITCHED, False)

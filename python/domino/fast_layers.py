@@ -47,7 +47,8 @@ import sys
 import torch
 
 import domino_ops
-from domino.fast_linear import cpu_kernel_applies, fused_packed_linear, packed_product, undo_fused_packed_linear
+from domino.fast_linear import (check_module, cpu_kernel_applies, fused_packed_linear, packed_product,
+                                undo_fused_packed_linear)
 from domino.model import DraftAttention, DraftMLP, RMSNorm
 
 __all__ = ["use_fused_layers", "undo_fused_layers", "uses_fused_layers", "draft_layer_weights", "NORM_CLASSES",
@@ -263,6 +264,7 @@ def use_fused_layers(model: torch.nn.Module) -> torch.nn.Module:
     (:data:`ATTENTION_CLASSES` where their forward is HF's,
     :class:`domino.model.DraftAttention`) of ``model`` to the fused kernels, in place;
     returns ``model``. Idempotent; other modules are left alone."""
+    check_module(model)
     import domino_ops  # noqa: F401  (registers torch.ops.domino_ops)
 
     for mod in model.modules():
@@ -287,6 +289,7 @@ def use_fused_layers(model: torch.nn.Module) -> torch.nn.Module:
 
 def undo_fused_layers(model: torch.nn.Module) -> torch.nn.Module:
     """Restores the forwards switched by :func:`use_fused_layers`."""
+    check_module(model)
     for mod in model.modules():
         if getattr(mod, _FLAG, False):
             del mod.forward
@@ -297,4 +300,5 @@ def undo_fused_layers(model: torch.nn.Module) -> torch.nn.Module:
 
 def uses_fused_layers(model: torch.nn.Module) -> bool:
     """Whether any module of ``model`` runs a fused kernel."""
+    check_module(model)
     return any(getattr(mod, _FLAG, False) for mod in model.modules())

@@ -298,9 +298,17 @@ def _cpu_packs() -> tuple:
     return tuple(packs)
 
 
+def check_module(model) -> None:
+    """Raises TypeError naming ``model`` unless it is a ``torch.nn.Module``: the argument of
+    every kernel switch (``use_*``, ``undo_*``, ``uses_*``)."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+
+
 def use_small_batch_linear(model: torch.nn.Module) -> torch.nn.Module:
     """Switches every ``nn.Linear`` of ``model`` (the model itself included) to the
     small-batch kernel, in place; returns ``model``. Idempotent."""
+    check_module(model)
     import domino_ops  # noqa: F401  (registers torch.ops.domino_ops)
 
     packs = _cpu_packs()
@@ -320,6 +328,7 @@ def use_small_batch_linear(model: torch.nn.Module) -> torch.nn.Module:
 def undo_small_batch_linear(model: torch.nn.Module) -> torch.nn.Module:
     """Restores the original ``nn.Linear`` forwards switched by :func:`use_small_batch_linear`
     (and frees the packed concatenations of :func:`fused_packed_linear`)."""
+    check_module(model)
     for mod in model.modules():
         undo_fused_packed_linear(mod)
         if getattr(mod, _FLAG, False):
@@ -332,6 +341,7 @@ def undo_small_batch_linear(model: torch.nn.Module) -> torch.nn.Module:
 
 def uses_small_batch_linear(model: torch.nn.Module) -> bool:
     """Whether any ``nn.Linear`` of ``model`` is switched to the kernel."""
+    check_module(model)
     return any(getattr(mod, _FLAG, False) for mod in model.modules())
 
 

@@ -11,6 +11,7 @@ import importlib.util
 import os
 import sys
 import threading
+import warnings
 from pathlib import Path
 
 import torch
@@ -20,7 +21,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from domino.cache_dirs import write_directory
 from domino.config import DominoConfig, default_drafter_config
 from domino.datastore import DATASTORE_FILE, TokenDatastore
-from domino.fast_attention import use_small_batch_attention
+from domino.fast_attention import attention_switchable, use_small_batch_attention
 from domino.fast_forward import use_fast_forward
 from domino.fast_layers import use_fused_layers
 from domino.fast_linear import use_small_batch_linear
@@ -236,8 +237,12 @@ def use_cpu_kernels(model: torch.nn.Module, *, small_batch_linear: bool, small_b
         if small_batch_linear:
             use_small_batch_linear(model)
             use_fused_layers(model)
-        if small_batch_attention:
+        if small_batch_attention and attention_switchable(model):
             use_small_batch_attention(model)
+        elif small_batch_attention:  # its own attention code: HF's attention, as it was
+            warnings.warn(f"{type(model).__name__} computes attention in its own code: the small-batch attention "
+                          "kernel does not run under it (bf16 verification may then round apart from one-token "
+                          "steps)", stacklevel=2)
         if small_batch_linear and small_batch_attention:
             use_fast_forward(model)
     return model
