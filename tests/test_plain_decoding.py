@@ -82,3 +82,12 @@ def test_a_float16_target_decodes():
     p = prompts(1, seed=3)[0]
     assert gen.generate_plain(p, max_new_tokens=8).token_ids == gen.generate_target_only(p, max_new_tokens=8).token_ids
     assert len(gen.generate_plain(p, max_new_tokens=8, temperature=0.8).token_ids) == 8
+
+
+def test_the_targets_own_beam_search_runs_on_a_target_without_an_end_token():
+    """generate_target_only passes HF generate's keywords on: beam search on a target with
+    no end token once raised an IndexError inside HF (it got eos_token_id=[], not None)."""
+    gen = tiny_generator("llama")
+    assert not gen.eos_ids
+    res = gen.generate_target_only(["1 2 3 4 5", "7 8"], max_new_tokens=6, num_beams=2)
+    assert [len(ids) for ids in res.token_ids] == [6, 6]

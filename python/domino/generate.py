@@ -900,7 +900,9 @@ class DominoGenerator:
         ids, mask = self._left_pad(seqs)
         sampled = domino_ops.sampling.may_sample(temperature)  # below GREEDY_BELOW: the argmax, as generate's
         kw = dict(do_sample=sampled, max_new_tokens=max_new_tokens, pad_token_id=self.pad_id,
-                  eos_token_id=self.eos_ids)
+                  # None, not [], for a target without an end token: HF's beam search reads
+                  # eos_token_id[0] of a non-None list (an IndexError, transformers 5.25)
+                  eos_token_id=self.eos_ids or None)
         if sampled:
             kw.update(temperature=temperature, top_k=top_k or None, top_p=top_p)
         else:
