@@ -70,8 +70,7 @@ def _hf_attention(module, query, key, value, attention_mask, dropout, scaling, k
     attention weights are asked for (sdpa returns none) or a keyword outside
     :data:`_MASK_ONLY_KWARGS` is given (the model's own math, e.g. Gemma 2's softcap, which
     HF's sdpa refuses), else sdpa."""
-    own_math = any(v is not None and k not in _MASK_ONLY_KWARGS for k, v in kwargs.items())
-    if kwargs.get("output_attentions") or own_math:
+    if kwargs.get("output_attentions") or _own_math(kwargs):
         eager = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
         if eager is not None:
             mask = _additive_mask(attention_mask, query.shape[2], key.shape[2], query)
@@ -82,6 +81,12 @@ def _hf_attention(module, query, key, value, attention_mask, dropout, scaling, k
                                   **kwargs)
 
 
+def _own_math(kwargs: dict) -> str | None:
+    """The first keyword given a value outside :data:`_MASK_ONLY_KWARGS` (math of the
+    model's own that the kernel does not compute, e.g. a softcap), or None."""
+    return next((name for name, v in kwargs.items() if v is not None and name not in _MASK_ONLY_KWARGS), None)
+
+
 def _kernel_computes(module, query, key, value, dropout, kwargs) -> bool:
     """Whether the kernel computes this attention exactly as HF would: a causal one, on CPU
     float32 / bfloat16 tensors that need no autograd graph and no autocast, without
@@ -90,15 +95,13 @@ def _kernel_computes(module, query, key, value, dropout, kwargs) -> bool:
     if (not cpu_kernel_applies(query, key, value) or (dropout and module.training) or kwargs.get("output_attentions")
             or not kwargs.get("is_causal", getattr(module, "is_causal", True))):
         return False
-    for name, v in kwargs.items():
-        if v is not None and name not in _MASK_ONLY_KWARGS:
-            if name not in _warned:
-                _warned.add(name)
-                warnings.warn(f"domino small-batch attention: {type(module).__name__} passes {name}=, which the "
-                              "kernel does not compute; that attention runs on the model's eager attention",
-                              stacklevel=3)
-            return False
-    return True
+    if (name := _own_math(kwargs)) is None:
+        return True
+    if name not in _warned:
+        _warned.add(name)
+        warnings.warn(f"domino small-batch attention: {type(module).__name__} passes {name}=, which the "
+                      "kernel does not compute; that attention runs on the model's eager attention", stacklevel=3)
+    return False
 
 
 def small_batch_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
